@@ -1,0 +1,192 @@
+"""PEP 517 build backend: setuptools' plus the captures.
+
+``build-backend = "precompile_build.backend"``. Every ``setuptools.build_meta`` hook
+is re-exported (looked up lazily, so hooks setuptools adds later are inherited);
+``build_wheel`` and ``build_editable`` run the capture scripts first and package
+their pairs; ``build_sdist`` ships the capture scripts and no artifacts; the
+``prepare_metadata_*`` hooks add the same ``Requires-Dist`` lines the wheel gets.
+
+Torch must be importable where the build runs (the scripts run with the build's
+own interpreter): list it in ``build-system.requires`` or build with
+``--no-isolation``. ``get_requires_for_build_wheel`` adds nothing.
+
+Editable installs (PEP 660): the pairs and manifest are written into the *source*
+package directory, ``<package dir>/_precompiled/`` (atomically, replacing an older
+one), since an editable import resolves the package to the source tree. Add
+``_precompiled/`` to ``.gitignore``.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+from typing import Any, Mapping, Optional
+
+__all__ = [
+    "build_editable",
+    "build_sdist",
+    "build_wheel",
+    "get_requires_for_build_editable",
+    "get_requires_for_build_sdist",
+    "get_requires_for_build_wheel",
+    "prepare_metadata_for_build_editable",
+    "prepare_metadata_for_build_wheel",
+]
+
+
+def __getattr__(name: str) -> Any:
+    """Forward every other public hook to ``setuptools.build_meta``."""
+    if name.startswith("_"):
+        raise AttributeError(name)
+    from setuptools import build_meta
+
+    return getattr(build_meta, name)
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))
+
+
+def _setuptools_settings(config_settings: Optional[Mapping[str, Any]]) -> Optional[dict]:
+    if config_settings is None:
+        return None
+    return {k: v for k, v in config_settings.items() if not str(k).startswith("precompile.")}
+
+
+def _settings(config_settings: Optional[Mapping[str, Any]]):
+    from .settings import load_settings
+
+    return load_settings(os.getcwd(), config_settings)
+
+
+def _capture(settings, work: Path) -> dict[str, bytes]:
+    from .manifest_build import assemble
+    from .runner import run_captures
+
+    return assemble(settings.package, run_captures(settings, work))
+
+
+def _package(settings, plain: Path, out_dir: str, files: dict, *, add: bool) -> str:
+    """Rewrite setuptools' wheel ``plain`` into ``out_dir``; ``add``: put ``files``
+    into it (regular wheel) or only take requirements and tags from them (editable)."""
+    from .manifest_build import variants
+    from .wheel import NATIVE_ENGINES, build_requirements, package_wheel
+
+    found = variants(files)
+    native = any(v["engine"] in NATIVE_ENGINES for v in found)
+    requires = build_requirements(found, settings.torch_pin)
+    return package_wheel(plain, out_dir, settings.package, files if add else None,
+                         requires, native=native).name
+
+
+def build_wheel(wheel_directory: str, config_settings: Optional[Mapping[str, Any]] = None,
+                metadata_directory: Optional[str] = None) -> str:
+    """Run the captures, build the wheel with setuptools, add `_precompiled/`.
+
+    Returns the wheel's file name in ``wheel_directory``. Raises ConfigError before
+    any capture, CaptureError for a failed required target; no wheel is left in
+    ``wheel_directory`` on failure.
+    """
+    from setuptools import build_meta
+
+    settings = _settings(config_settings)
+    st_settings = _setuptools_settings(config_settings)
+    if settings.skip:
+        return build_meta.build_wheel(wheel_directory, st_settings, metadata_directory)
+    with tempfile.TemporaryDirectory(prefix="precompile-build-") as tmp:
+        files = _capture(settings, Path(tmp) / "capture")
+        name = build_meta.build_wheel(str(Path(tmp) / "wheel"), st_settings,
+                                      metadata_directory)
+        return _package(settings, Path(tmp) / "wheel" / name, wheel_directory, files,
+                        add=True)
+
+
+def build_editable(wheel_directory: str, config_settings: Optional[Mapping[str, Any]] = None,
+                   metadata_directory: Optional[str] = None) -> str:
+    """PEP 660: run the captures, write them to ``<package dir>/_precompiled/`` in the
+    source tree, then build setuptools' editable wheel (requirements added)."""
+    from setuptools import build_meta
+
+    from .manifest_build import write_dir_atomic
+    from .wheel import PRECOMPILED
+
+    settings = _settings(config_settings)
+    st_settings = _setuptools_settings(config_settings)
+    if settings.skip:
+        return build_meta.build_editable(wheel_directory, st_settings, metadata_directory)
+    with tempfile.TemporaryDirectory(prefix="precompile-build-") as tmp:
+        files = _capture(settings, Path(tmp) / "capture")
+        name = build_meta.build_editable(str(Path(tmp) / "wheel"), st_settings,
+                                         metadata_directory)
+        write_dir_atomic(settings.package_dir / PRECOMPILED, files)
+        return _package(settings, Path(tmp) / "wheel" / name, wheel_directory, files,
+                        add=False)
+
+
+def build_sdist(sdist_directory: str,
+                config_settings: Optional[Mapping[str, Any]] = None) -> str:
+    """setuptools' sdist, plus every capture script, minus `_precompiled/`."""
+    from setuptools import build_meta
+
+    from .sdist import package_sdist
+
+    settings = _settings(config_settings)
+    with tempfile.TemporaryDirectory(prefix="precompile-build-") as tmp:
+        name = build_meta.build_sdist(tmp, _setuptools_settings(config_settings))
+        return package_sdist(Path(tmp) / name, sdist_directory, settings).name
+
+
+def _patch_metadata_dir(settings, metadata_directory: str, dist_info: str) -> str:
+    from .wheel import build_requirements, patch_metadata
+
+    if not settings.skip:
+        path = Path(metadata_directory) / dist_info / "METADATA"
+        text = path.read_text(encoding="utf-8")
+        requires = build_requirements([], settings.torch_pin)
+        path.write_text(patch_metadata(text, requires), encoding="utf-8")
+    return dist_info
+
+
+def prepare_metadata_for_build_wheel(metadata_directory: str,
+                                     config_settings: Optional[Mapping[str, Any]] = None) -> str:
+    """setuptools' metadata plus the Requires-Dist lines the wheel will carry
+    (torch pin from the torch installed here)."""
+    from setuptools import build_meta
+
+    settings = _settings(config_settings)
+    name = build_meta.prepare_metadata_for_build_wheel(
+        metadata_directory, _setuptools_settings(config_settings))
+    return _patch_metadata_dir(settings, metadata_directory, name)
+
+
+def prepare_metadata_for_build_editable(metadata_directory: str,
+                                        config_settings: Optional[Mapping[str, Any]] = None) -> str:
+    """As :func:`prepare_metadata_for_build_wheel`, for editable installs."""
+    from setuptools import build_meta
+
+    settings = _settings(config_settings)
+    name = build_meta.prepare_metadata_for_build_editable(
+        metadata_directory, _setuptools_settings(config_settings))
+    return _patch_metadata_dir(settings, metadata_directory, name)
+
+
+def get_requires_for_build_wheel(config_settings: Optional[Mapping[str, Any]] = None) -> list:
+    """setuptools' requirements; nothing added (torch: see the module docstring)."""
+    from setuptools import build_meta
+
+    return build_meta.get_requires_for_build_wheel(_setuptools_settings(config_settings))
+
+
+def get_requires_for_build_editable(config_settings: Optional[Mapping[str, Any]] = None) -> list:
+    """setuptools' requirements for an editable build; nothing added."""
+    from setuptools import build_meta
+
+    return build_meta.get_requires_for_build_editable(_setuptools_settings(config_settings))
+
+
+def get_requires_for_build_sdist(config_settings: Optional[Mapping[str, Any]] = None) -> list:
+    """setuptools' requirements for an sdist; nothing added."""
+    from setuptools import build_meta
+
+    return build_meta.get_requires_for_build_sdist(_setuptools_settings(config_settings))

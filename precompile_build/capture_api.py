@@ -1,0 +1,140 @@
+"""The capture API: ``precompile_build.capture(fn, ...)``.
+
+It has the shape of ``torch.compiler.precompile.capture``: a context manager; call
+it inside the ``with`` block exactly as ``fn``; each call runs for real and returns
+its result; the pair is written when the block exits cleanly. The first call is
+the example that is captured.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+from typing import Any, Callable
+
+from precompile_runtime.envelope import write_atomic
+
+from . import engines
+from .errors import CaptureError
+
+
+class Capture:
+    """Returned by :func:`capture`; use it as ``with capture(fn) as f: f(...)``."""
+
+    def __init__(self, fn, artifact_path, cache_path, engine, backend, target, options):
+        self._fn = fn
+        self.artifact_path = artifact_path
+        self.cache_path = cache_path
+        self.engine = engine
+        self.backend = backend
+        self.target = target
+        self._options = options
+        self._pair: tuple[bytes, bytes] | None = None
+        self.calls = 0
+
+    def __enter__(self) -> "Capture":
+        return self
+
+    def __call__(self, *args, **kwargs):
+        self.calls += 1
+        if self._pair is not None:
+            return self._fn(*args, **kwargs)  # later calls run for real, uncaptured
+        engine = engines.resolve(self.engine)
+        if self.backend == "eager" and engine == "frozen":
+            engine = "eager"
+        self.engine = engine
+        mod = engines.get(engine)
+        source, cache, result = mod.capture_pair(
+            self._fn, args, kwargs, target=self.target, device=None,
+            options=dict(self._options, backend=self.backend),
+        )
+        self._pair = (source, cache)
+        return result
+
+    def __exit__(self, exc_type, exc, tb) -> bool:
+        if exc_type is not None:
+            print(
+                f"precompile_build.capture: target {self.target!r}: nothing written, "
+                f"the with-block raised {exc_type.__name__}",
+                file=sys.stderr,
+            )
+            return False
+        if self._pair is None:
+            raise CaptureError(
+                f"target {self.target!r}: the with-block made no call, so there is "
+                "nothing to capture; call the object the with-statement gave you "
+                "exactly as you would call the function"
+            )
+        write_pair(self.artifact_path, self._pair[0], self.cache_path, self._pair[1])
+        return False
+
+
+def write_pair(source_path: Path, source: bytes, cache_path: Path, cache: bytes) -> None:
+    """Write both halves so that a reader never sees a mixed pair.
+
+    Each half goes through a temp file beside it, fsync and rename; if the second
+    rename fails, the previous source half is put back. Raises OSError.
+    """
+    source_path, cache_path = Path(source_path), Path(cache_path)
+    for p in (source_path, cache_path):
+        p.parent.mkdir(parents=True, exist_ok=True)
+    backup = source_path.read_bytes() if source_path.exists() else None
+    write_atomic(source_path, source)
+    try:
+        write_atomic(cache_path, cache)
+    except BaseException:
+        if backup is None:
+            source_path.unlink(missing_ok=True)
+        else:
+            write_atomic(source_path, backup)
+        raise
+
+
+def capture(
+    fn: Callable,
+    /,
+    *,
+    artifact_path: str | os.PathLike[str] | None = None,
+    cache_path: str | os.PathLike[str] | None = None,
+    engine: str = "auto",
+    backend: str = "inductor",
+    target: str | None = None,
+    options: dict[str, Any] | None = None,
+) -> Capture:
+    """Capture ``fn`` into an artifact pair.
+
+    Args:
+        fn: the whole computation, e.g. ``lambda model, x: model(x)`` or a training
+            step that calls ``loss.backward()``. nn.Module arguments have their
+            parameters and buffers lifted to inputs: the pair holds no weights.
+        artifact_path: where the source half goes (default: env
+            ``PRECOMPILE_ARTIFACT_PATH``, set by the build backend).
+        cache_path: where the cache half goes (default: env ``PRECOMPILE_CACHE_PATH``).
+        engine: ``"auto"`` (torch where torch has ``torch.compiler.precompile``, else
+            frozen), ``"torch"``, ``"frozen"`` or ``"eager"``.
+        backend: ``"inductor"`` or ``"eager"`` (no kernels).
+        target: the name in messages (default: env ``PRECOMPILE_TARGET``, else the
+            artifact file's stem).
+        options: engine options; ``{"inductor": {...}}`` is passed to Inductor.
+    Returns:
+        a :class:`Capture` context manager.
+    Raises:
+        CaptureError: no paths given and none in the environment; at the first call
+            if the call cannot be captured; at exit if no call was made.
+        ValueError: unknown engine or backend.
+    """
+    if backend not in ("inductor", "eager"):
+        raise ValueError(f"backend={backend!r}: use 'inductor' or 'eager'")
+    if engine != "auto" and engine not in engines.ENGINES:
+        raise ValueError(f"engine={engine!r}: use 'auto', {', '.join(map(repr, engines.ENGINES))}")
+    artifact_path = artifact_path or os.environ.get("PRECOMPILE_ARTIFACT_PATH")
+    cache_path = cache_path or os.environ.get("PRECOMPILE_CACHE_PATH")
+    if not artifact_path or not cache_path:
+        raise CaptureError(
+            "precompile_build.capture needs artifact_path= and cache_path= (or the "
+            "PRECOMPILE_ARTIFACT_PATH / PRECOMPILE_CACHE_PATH variables the build "
+            "backend sets when it runs a capture script)"
+        )
+    target = target or os.environ.get("PRECOMPILE_TARGET") or Path(artifact_path).stem
+    return Capture(fn, Path(artifact_path), Path(cache_path), engine, backend, target, dict(options or {}))

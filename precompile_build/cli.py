@@ -1,0 +1,85 @@
+"""``python -m precompile_build``: capture, inspect, merge.
+
+Exit status: 0 ok, 2 usage or configuration error, 1 any other failure; errors are
+one ``error: ...`` line on stderr, without a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+from pathlib import Path
+from typing import Optional, Sequence
+
+from .errors import ConfigError
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m precompile_build",
+                                description="Precompiled PyTorch artifacts in wheels.")
+    sub = p.add_subparsers(dest="command", required=True)
+    c = sub.add_parser("capture", help="run capture scripts without building a wheel")
+    c.add_argument("--project", default=".", help="project root (default: .)")
+    c.add_argument("--targets", help="comma-separated targets (default: all)")
+    c.add_argument("--out", help="output directory (default: PROJECT/build/precompiled)")
+    c.add_argument("-v", "--verbose", action="store_true", help="stream script output")
+    i = sub.add_parser("inspect", help="describe artifacts and whether this host matches")
+    i.add_argument("where", metavar="WHEEL_OR_DIR",
+                   help="a wheel, a directory with manifest.json, or an installed package")
+    i.add_argument("--json", action="store_true", help="machine-readable output")
+    m = sub.add_parser("merge", help="combine wheels built on different hosts")
+    m.add_argument("wheels", nargs="+", metavar="WHEEL")
+    m.add_argument("-o", "--out", required=True, metavar="OUT_DIR")
+    return p
+
+
+def _capture(args: argparse.Namespace) -> int:
+    from .manifest_build import assemble, write_dir_atomic
+    from .runner import run_captures
+    from .settings import load_settings
+
+    cs = {"precompile.targets": args.targets} if args.targets else {}
+    environ = {k: v for k, v in os.environ.items()
+               if k not in ("PRECOMPILE_SKIP",)}  # capture is explicit: never skipped
+    settings = load_settings(args.project, cs, environ)
+    out = Path(args.out) if args.out else settings.root / "build" / "precompiled"
+    with tempfile.TemporaryDirectory(prefix="precompile-build-") as tmp:
+        results = run_captures(settings, Path(tmp), verbose=args.verbose or None)
+        write_dir_atomic(out, assemble(settings.package, results))
+    print(f"wrote {out}")
+    return 0
+
+
+def _inspect(args: argparse.Namespace) -> int:
+    from .inspect_cmd import format_report, inspect_report
+
+    report = inspect_report(args.where)
+    print(json.dumps(report, indent=2, sort_keys=True) if args.json else format_report(report))
+    return 0
+
+
+def _merge(args: argparse.Namespace) -> int:
+    from .merge import merge_wheels
+
+    print(merge_wheels(args.wheels, args.out))
+    return 0
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    """Run the CLI; returns the exit status (see the module docstring)."""
+    args = _parser().parse_args(argv)
+    try:
+        return {"capture": _capture, "inspect": _inspect, "merge": _merge}[args.command](args)
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("error: interrupted", file=sys.stderr)
+        return 1
+    except Exception as e:  # one line, no traceback
+        msg = str(e).strip() or type(e).__name__
+        print(f"error: {msg}", file=sys.stderr)
+        return 1

@@ -1,0 +1,166 @@
+# ---- driver: the calling convention of the captured function ----------------------
+# This block is copied verbatim into every source half written by the `frozen` and
+# `eager` engines (precompile_build/engines/codegen.py). It needs only torch and the
+# stdlib, and reads the literals PRECOMPILE_METADATA, _graph and (frozen) _make_call
+# defined in the same file.
+import importlib as _importlib
+import os as _os
+
+try:  # the runtime's error type where it is installed; the file stays self-contained
+    from precompile_runtime.errors import CallError
+except ImportError:  # pragma: no cover - runs without precompile-runtime too
+
+    class CallError(ValueError):
+        """A call does not match what was captured."""
+
+
+_META = PRECOMPILE_METADATA
+
+
+def _module_tensors(modules):
+    """Parameters then buffers of each module, tied tensors collapsed by identity,
+    in the order the capture lifted them: returns (names, tensors)."""
+    seen, names, tensors = set(), [], []
+    for i, mod in enumerate(modules):
+        for kind in (mod.named_parameters, mod.named_buffers):
+            for name, t in kind(remove_duplicate=False):
+                if id(t) in seen or t is None:
+                    continue
+                seen.add(id(t))
+                names.append(f"m{i}.{name}")
+                tensors.append(t)
+    return names, tensors
+
+
+def _check_tensor(t, spec, what):
+    if not isinstance(t, torch.Tensor):
+        raise CallError(f"{what}: expected a tensor, got {type(t).__name__}")
+    problems = []
+    if str(t.dtype) != spec["dtype"]:
+        problems.append(f"dtype {t.dtype} (captured {spec['dtype']})")
+    if t.device.type != spec["device_type"]:
+        problems.append(f"device {t.device} (captured {spec['device_type']})")
+    if list(t.shape) != spec["shape"]:
+        problems.append(f"shape {list(t.shape)} (captured {spec['shape']})")
+    elif _META["engine"] == "frozen" and list(t.stride()) != spec["stride"]:
+        problems.append(
+            f"stride {list(t.stride())} (captured {spec['stride']}; "
+            "pass .contiguous() or the captured memory layout)"
+        )
+    if problems:
+        raise CallError(f"target {_META['target']!r}, {what}: " + "; ".join(problems))
+
+
+def _flatten(spec, value, modules, tensors, path):
+    """Walk `value` along the captured input structure `spec`, collecting modules and
+    tensor leaves; constants must equal what was captured."""
+    kind = spec[0]
+    if kind == "module":
+        if not isinstance(value, torch.nn.Module):
+            raise CallError(f"{path}: expected an nn.Module, got {type(value).__name__}")
+        modules.append(value)
+    elif kind == "tensor":
+        tensors.append((value, path))
+    elif kind == "const":
+        if value != spec[1] or type(value) is not type(spec[1]):
+            raise CallError(
+                f"target {_META['target']!r}, {path}: the capture specialised on "
+                f"{spec[1]!r}, got {value!r}; capture again with this value"
+            )
+    elif kind in ("tuple", "list"):
+        if not isinstance(value, (tuple, list)) or len(value) != len(spec[1]):
+            raise CallError(f"{path}: expected a {kind} of {len(spec[1])} items")
+        for i, (s, v) in enumerate(zip(spec[1], value)):
+            _flatten(s, v, modules, tensors, f"{path}[{i}]")
+    elif kind == "dict":
+        if not isinstance(value, dict) or sorted(value) != sorted(k for k, _ in spec[1]):
+            raise CallError(f"{path}: expected a dict with keys {[k for k, _ in spec[1]]}")
+        for k, s in spec[1]:
+            _flatten(s, value[k], modules, tensors, f"{path}[{k!r}]")
+    else:  # pragma: no cover - written by our own codegen
+        raise CallError(f"{path}: unknown input kind {kind!r}")
+
+
+def _import_type(qualname):
+    module, _, name = qualname.partition(":")
+    obj = _importlib.import_module(module)
+    for part in name.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+def _rebuild(spec, outs):
+    kind = spec[0]
+    if kind == "tensor":
+        return outs[spec[1]]
+    if kind == "const":
+        return spec[1]
+    if kind == "tuple":
+        return tuple(_rebuild(s, outs) for s in spec[1])
+    if kind == "list":
+        return [_rebuild(s, outs) for s in spec[1]]
+    if kind == "dict":
+        return {k: _rebuild(s, outs) for k, s in spec[1]}
+    if kind == "namedtuple":
+        return _import_type(spec[1])(*(_rebuild(s, outs) for s in spec[2]))
+    if kind == "dataclass":
+        return _import_type(spec[1])(**{k: _rebuild(s, outs) for k, s in spec[2]})
+    raise CallError(f"unknown output kind {kind!r}")  # pragma: no cover
+
+
+class CompiledArtifact:
+    """The loaded artifact: call it exactly like the captured function.
+
+    Parameters and buffers of nn.Module arguments are read from the modules passed
+    at call time (no weights are stored); parameter gradients computed by a captured
+    backward are accumulated onto ``.grad`` like eager; buffers mutated by the call
+    (BatchNorm statistics, counters) are updated in place. Returned tensors carry no
+    autograd history.
+    """
+
+    def __init__(self, run, uses_kernels):
+        self._run = run
+        self.uses_kernels = uses_kernels
+        self.metadata = _META
+
+    def __call__(self, *args, **kwargs):
+        modules, leaves = [], []
+        _flatten(_META["inputs"], [list(args), kwargs], modules, leaves, "arguments")
+        names, params = _module_tensors(modules)
+        if names != _META["param_names"]:
+            raise CallError(
+                f"target {_META['target']!r}: the model passed has parameters/buffers "
+                f"{names[:4]}... ({len(names)}) but the capture lifted "
+                f"{_META['param_names'][:4]}... ({len(_META['param_names'])}); "
+                "pass a model of the captured structure"
+            )
+        for t, n, s in zip(params, names, _META["params"]):
+            _check_tensor(t, s, f"parameter/buffer {n}")
+        for (t, path), s in zip(leaves, _META["tensor_inputs"]):
+            _check_tensor(t, s, path)
+        flat = [t.detach() for t in params] + [t.detach() for t, _ in leaves]
+        with torch.no_grad():
+            outs = self._run(flat)
+        n_user = _META["num_user_outputs"]
+        for index, g in zip(_META["grad_param_indices"], outs[n_user:]):
+            p = params[index]
+            if p.grad is None:
+                p.grad = g
+            else:
+                p.grad.add_(g)
+        return _rebuild(_META["outputs"], list(outs[:n_user]))
+
+
+def load(kernel_dir):
+    """Return the callable for this pair.
+
+    Args:
+        kernel_dir: directory with the cache's unpacked blobs (frozen kernels), or
+            None to run the captured ATen graph in eager mode (slower, no kernels).
+    Returns:
+        a :class:`CompiledArtifact`.
+    """
+    if kernel_dir is None or _META["engine"] != "frozen":
+        return CompiledArtifact(lambda flat: _graph(None, *flat), uses_kernels=False)
+    call = _make_call(_load_kernels(kernel_dir))
+    return CompiledArtifact(lambda flat: call(list(flat)), uses_kernels=True)

@@ -1,0 +1,245 @@
+"""Capture side of frozen Triton kernels (CUDA): cubin + the launch Inductor chose.
+
+Inductor turns each Triton kernel into a ``CachingAutotuner`` whose launchers are
+small Python functions it generates from text (``CompileResult._gen_launcher_code``
+in torch/_inductor/runtime/triton_heuristics.py)::
+
+    def launcher(in_ptr0, out_ptr0, xnumel, stream):
+        grid_0 = -(xnumel // -1024)
+        grid_1 = 1
+        grid_2 = 1
+        runner(grid_0, grid_1, grid_2, stream, in_ptr0, out_ptr0, xnumel)
+
+For a statically launched kernel (``StaticTritonCompileResult``), ``runner`` is
+``StaticallyLaunchedCudaKernel.run``, which hands the cubin's function to torch's
+built-in C++ launcher ``torch._C._StaticCudaLauncher._launch_kernel``. Freezing a
+kernel keeps exactly that: the launcher text, the cubin bytes, the function name,
+num_warps, shared memory and the argument type string. Serving (the template
+_triton_launcher.py) loads the cubin with ``_StaticCudaLauncher._load_kernel`` and
+runs the launcher text with its own ``runner``: no Triton, no Inductor, no
+benchmarking.
+
+:func:`recording` installs the capture-time hooks that make this recoverable;
+:func:`freeze_triton_kernel` reads one autotuner after the example run.
+"""
+
+from __future__ import annotations
+
+import builtins
+import contextlib
+import hashlib
+import threading
+from typing import Any, Iterator
+
+from ..errors import CaptureError
+
+# attributes our hooks put on Inductor's objects
+_CODE = "_precompile_launcher_code"  # on a launcher function: its source text
+_RESULT = "_precompile_compile_result"  # on a launcher function: the CompileResult
+_CUBIN = "_precompile_cubin"  # on a StaticallyLaunchedCudaKernel: the cubin bytes
+
+_state = threading.local()  # .code: text of the launcher being generated
+_lock = threading.Lock()
+_depth = 0
+_UNSUPPORTED_HINT = "capture this target with engine='torch' or engine='eager'"
+
+
+def _static_kernel_class():
+    """torch's StaticallyLaunchedCudaKernel (module renamed across torch versions)."""
+    try:  # newer torch
+        from torch._inductor.runtime.static_triton_launcher import StaticallyLaunchedCudaKernel
+    except ImportError:  # torch 2.11
+        from torch._inductor.runtime.static_cuda_launcher import StaticallyLaunchedCudaKernel
+    return StaticallyLaunchedCudaKernel
+
+
+def _recording_exec(source, *args, **kwargs):
+    """Stands in for ``exec`` inside triton_heuristics while recording: remembers
+    the text of the launcher being generated, then runs it unchanged."""
+    if isinstance(source, str) and source.startswith("def launcher("):
+        _state.code = source
+    return builtins.exec(source, *args, **kwargs)
+
+
+def _read_cubin(kernel) -> bytes | None:
+    raw = getattr(kernel, "cubin_raw", None)
+    if raw:
+        return bytes(raw)
+    path = getattr(kernel, "cubin_path", None)
+    if path:
+        with open(path, "rb") as f:
+            return f.read()
+    return None
+
+
+@contextlib.contextmanager
+def recording() -> Iterator[None]:
+    """Hooks around Inductor's compile so that each Triton launcher it generates can
+    be frozen afterwards by :func:`freeze_triton_kernel`.
+
+    While active (reentrant; process-wide, so do not compile other graphs
+    concurrently): Triton's static CUDA launcher is forced on, for Inductor's and
+    user-defined (``wrap_triton``) kernels alike, and kernels compile in this process
+    (``compile_threads=1``) so these settings reach the compile.
+    """
+    global _depth
+    import torch._inductor.config as config
+    from torch._inductor.runtime import triton_heuristics as th
+
+    with _lock:
+        _depth += 1
+        outer = _depth == 1
+    if not outer:
+        try:
+            yield
+        finally:
+            with _lock:
+                _depth -= 1
+        return
+
+    static_cls = _static_kernel_class()
+    orig_gen = th.CompileResult._gen_launcher_code
+    orig_load = static_cls.load_kernel
+    had_own_load = "load_kernel" in static_cls.__dict__
+    had_exec = "exec" in vars(th)
+
+    def _gen_launcher_code(self, scope, def_args, runner_args):
+        _state.code = None
+        launcher = orig_gen(self, scope, def_args, runner_args)
+        setattr(launcher, _CODE, _state.code)
+        setattr(launcher, _RESULT, self)
+        return launcher
+
+    def load_kernel(self, *args, **kwargs):
+        # load_kernel drops cubin_path / cubin_raw: keep the bytes first
+        if getattr(self, _CUBIN, None) is None:
+            setattr(self, _CUBIN, _read_cubin(self))
+        return orig_load(self, *args, **kwargs)
+
+    wanted = {
+        "use_static_cuda_launcher": True,
+        "static_launch_user_defined_triton_kernels": True,
+        "compile_threads": 1,
+    }
+    patch = {k: v for k, v in wanted.items() if hasattr(config, k)}
+    th.CompileResult._gen_launcher_code = _gen_launcher_code
+    static_cls.load_kernel = load_kernel
+    th.exec = _recording_exec
+    try:
+        with config.patch(patch):
+            yield
+    finally:
+        th.CompileResult._gen_launcher_code = orig_gen
+        if had_own_load:
+            static_cls.load_kernel = orig_load
+        else:
+            del static_cls.load_kernel
+        if not had_exec:
+            del th.exec
+        with _lock:
+            _depth -= 1
+
+
+def _triton_cache_cubin(result, kernel, launcher) -> bytes | None:
+    """Fallback: the cubin Triton wrote to its cache (``launcher.cache_hash``)."""
+    import os
+
+    cache_hash = getattr(launcher, "cache_hash", None)
+    if not cache_hash:
+        return None
+    try:
+        from torch._inductor.runtime.runtime_utils import triton_cache_dir
+    except ImportError:  # pragma: no cover - moved in some torch versions
+        from torch._inductor.runtime.cache_dir_utils import triton_cache_dir
+    device = (getattr(result, "compile_meta", None) or {}).get("device", 0) or 0
+    path = os.path.join(triton_cache_dir(device), cache_hash, f"{kernel.name}.cubin")
+    if not os.path.exists(path):
+        return None
+    with open(path, "rb") as f:
+        return f.read()
+
+
+def _check_launcher_code(code: str, where: str) -> None:
+    """The launcher must be plain grid arithmetic calling ``runner``: no other names."""
+    module = compile(code, f"<launcher of {where}>", "exec")
+    fn_codes = [c for c in module.co_consts if hasattr(c, "co_names")]
+    if len(fn_codes) != 1 or not code.startswith("def launcher("):
+        raise CaptureError(f"{where}: unexpected launcher code from Inductor:\n{code}")
+    unknown = set(fn_codes[0].co_names) - {"runner"} - set(dir(builtins))
+    if unknown:
+        raise CaptureError(
+            f"{where}: Inductor's launcher needs {sorted(unknown)}, which a frozen pair "
+            f"cannot provide; {_UNSUPPORTED_HINT}. Launcher:\n{code}"
+        )
+
+
+def freeze_triton_kernel(name: str, autotuner: Any, target: str) -> tuple[dict, dict[str, bytes]]:
+    """Freeze one Triton kernel of Inductor's wrapper module after the example run.
+
+    Args:
+        name: the wrapper's global bound to the kernel (``triton_poi_fused_0``).
+        autotuner: that global, a ``CachingAutotuner`` whose autotuning is done
+            (``launchers[0]`` is the winner), built inside :func:`recording`.
+        target: the capture target, for messages.
+    Returns:
+        ``(entry, files)``: ``entry`` a literal-safe dict (``name``, ``kind`` =
+        ``"triton"``, ``file``, ``sha256``, ``function``, ``num_warps``, ``shared``,
+        ``arg_tys``, ``scratch``, ``config``, ``launcher``); ``files`` maps
+        ``entry["file"]`` to the cubin bytes.
+    Raises:
+        CaptureError: the kernel was not launched statically (Inductor fell back to
+            Triton's own launcher), autotuning did not settle, or the launcher was
+            not recorded.
+    """
+    import torch
+
+    where = f"target {target!r}, Triton kernel {name!r}"
+    if torch.version.hip:
+        raise CaptureError(f"{where}: the frozen engine freezes CUDA cubins only (this is ROCm); {_UNSUPPORTED_HINT}")
+    launchers = list(getattr(autotuner, "launchers", None) or [])
+    if len(launchers) != 1:
+        raise CaptureError(
+            f"{where}: has {len(launchers)} launchers after the example run, so no "
+            "configuration was chosen (was the kernel launched by the example call?); "
+            f"{_UNSUPPORTED_HINT}"
+        )
+    launcher = launchers[0]
+    code, result = getattr(launcher, _CODE, None), getattr(launcher, _RESULT, None)
+    if code is None or result is None:
+        raise CaptureError(
+            f"{where}: its launcher was built outside precompile_build's recording "
+            "(Inductor reused a kernel compiled earlier in this process); capture in a "
+            f"fresh process, or {_UNSUPPORTED_HINT}"
+        )
+    kernel = getattr(result, "kernel", None)
+    if not isinstance(kernel, _static_kernel_class()):
+        raise CaptureError(
+            f"{where}: Inductor launches it through Triton's own launcher "
+            f"({type(kernel).__name__}), not torch's static CUDA launcher, so it cannot "
+            "be served without Triton (typical causes: more kernel arguments than the "
+            "static launcher takes, TMA descriptors, num_ctas > 1, global scratch "
+            f"memory, launch attributes); {_UNSUPPORTED_HINT}"
+        )
+    cubin = getattr(kernel, _CUBIN, None) or _triton_cache_cubin(result, kernel, launcher)
+    if not cubin:
+        raise CaptureError(f"{where}: the cubin of {kernel.name!r} could not be read; {_UNSUPPORTED_HINT}")
+    _check_launcher_code(code, where)
+
+    # StaticallyLaunchedCudaKernel.run appends one None per scratch buffer Triton's
+    # ABI declares (global, profile); the frozen runner does the same.
+    scratch = sum(bool(getattr(kernel, a, False)) for a in ("has_global_scratch", "has_profile_scratch"))
+    digest = hashlib.sha256(cubin).hexdigest()
+    entry = {
+        "name": name,
+        "kind": "triton",
+        "file": f"cubin/{digest[:32]}.cubin",
+        "sha256": digest,
+        "function": str(kernel.name),
+        "num_warps": int(kernel.num_warps),
+        "shared": int(kernel.shared),
+        "arg_tys": str(kernel.arg_tys) + "O" * scratch,
+        "scratch": scratch,
+        "config": str(getattr(launcher, "config", "")),
+        "launcher": code,
+    }
+    return entry, {entry["file"]: bytes(cubin)}

@@ -1,0 +1,256 @@
+"""The `frozen` engine: Inductor-compiled kernels frozen into the pair.
+
+Capture: trace the call (tracing.py), compile the flat graph with torch's public
+precompilation API for Inductor (``torch._inductor.standalone_compile``), then take
+Inductor's generated wrapper module (``call(args)``) and the kernels it loaded:
+
+- CPU kernels are the C++ extension modules (``.so``) Inductor built; their bytes go
+  into the cache, so serving never runs a C++ compiler;
+- CUDA kernels are Triton kernels; their cubins and the launch configuration chosen
+  by autotuning go into the cache (see _triton_launcher.py), so serving never runs
+  Triton's compiler nor benchmarks configs.
+
+The wrapper is rewritten (``_rewrite_wrapper``) so that it imports nothing from
+torch._inductor / torch._dynamo: each ``async_compile.*(...)`` kernel definition
+becomes ``_kernels["name"]``. Before the pair is written, the rewritten wrapper is
+run on the example inputs with the frozen kernels and compared with the graph; a
+pair that computes something else is never written.
+"""
+
+from __future__ import annotations
+
+import ast
+import contextlib
+import hashlib
+import os
+from typing import Any
+
+from precompile_runtime.envelope import Envelope, dumps
+
+from ..errors import CaptureError
+from . import codegen
+from .tracing import TracedCall, trace_call
+
+# Names Inductor's wrapper imports from the compiler stack, and what replaces them.
+_SHIMS = {
+    "align": "def align(nbytes):\n    return (nbytes + 63) & -64  # Inductor's ALIGN_BYTES\n",
+}
+_DROPPED_CALLS = {"get_args", "benchmark_compiled_module"}
+
+
+def capture_pair(fn, args, kwargs, *, target: str, device: str, options: dict) -> tuple[bytes, bytes, Any]:
+    """Capture one call of ``fn`` into a frozen pair.
+
+    Returns:
+        ``(source_bytes, cache_bytes, result)``: the two halves and fn's eager result.
+    Raises:
+        CaptureError: the call cannot be captured, a kernel cannot be frozen, or the
+            frozen wrapper's results differ from the captured graph's.
+    """
+    traced = trace_call(fn, args, kwargs, target=target)
+    source, blobs, fingerprint = _compile(traced, target, options)
+    code_hash = hashlib.sha256(source).hexdigest()
+    env = Envelope(
+        engine="frozen", code_hash=code_hash, fingerprint=fingerprint,
+        meta={"target": target, "kernels": len(blobs)}, blobs=blobs,
+    )
+    return source, dumps(env), traced.result
+
+
+def _compile(traced: TracedCall, target: str, options: dict):
+    import torch
+    from torch._inductor.codecache import PyCodeCache
+
+    from precompile_runtime.fingerprint import host_fingerprint
+
+    before = {id(m) for m in PyCodeCache.modules}
+    if traced.metadata["device"] == "cuda":
+        from ._triton_freeze import recording  # records cubins + launch code per kernel
+    else:
+        recording = contextlib.nullcontext
+    try:
+        with torch.no_grad(), recording():
+            compiled = torch._inductor.standalone_compile(
+                traced.graph_module, list(traced.example_inputs),
+                dynamic_shapes="from_example_inputs", options=options.get("inductor") or None,
+            )
+            # run once: loads every kernel and settles Triton autotuning
+            compiled(*[t.clone() for t in traced.example_inputs])
+    except Exception as e:
+        raise CaptureError(f"target {target!r}: Inductor failed: {type(e).__name__}: {e}") from e
+    wrappers = [m for m in PyCodeCache.modules if id(m) not in before and hasattr(m, "call")]
+    if len(wrappers) != 1:
+        raise CaptureError(
+            f"target {target!r}: expected one compiled graph, Inductor produced "
+            f"{len(wrappers)}; the frozen engine supports a single graph per target"
+        )
+    module = wrappers[0]
+    with open(module.__file__, encoding="utf-8") as f:
+        wrapper_src = f.read()
+    kernels, blobs = _freeze_kernels(module, target)
+    wrapper_code = _rewrite_wrapper(wrapper_src, {k["name"] for k in kernels}, module, target)
+
+    device = traced.metadata["device"]
+    fingerprint = host_fingerprint(device)
+    if device == "cpu":
+        fingerprint["cpu_isa"] = _cpu_isa()
+    metadata = dict(traced.metadata, engine="frozen", kernels=kernels)
+    source = codegen.render(metadata, codegen.graph_source(traced.graph_module), wrapper_code)
+    _validate(source, blobs, traced, target)
+    return source.encode("utf-8"), blobs, fingerprint
+
+
+def _cpu_isa() -> str:
+    from torch._inductor import cpu_vec_isa
+
+    return str(cpu_vec_isa.pick_vec_isa()) or "none"
+
+
+def _freeze_kernels(module, target: str) -> tuple[list[dict], dict[str, bytes]]:
+    """Find every compiled kernel the wrapper module bound and read its binary."""
+    kernels, blobs = [], {}
+    for name, value in sorted(vars(module).items()):
+        so_path = getattr(getattr(value, "__self__", None), "__file__", None)
+        if callable(value) and isinstance(so_path, str) and so_path.endswith(".so"):
+            with open(so_path, "rb") as f:
+                data = f.read()
+            digest = hashlib.sha256(data).hexdigest()
+            blob = f"cpp/{digest[:32]}.so"
+            blobs[blob] = data
+            kernels.append({"name": name, "kind": "cpp", "file": blob, "sha256": digest})
+        elif type(value).__name__ in ("CachingAutotuner", "TritonTemplateCaller", "StaticallyLaunchedCudaKernel") \
+                or hasattr(value, "launchers"):
+            from ._triton_freeze import freeze_triton_kernel
+
+            entry, files = freeze_triton_kernel(name, value, target)
+            kernels.append(entry)
+            blobs.update(files)
+    return kernels, blobs
+
+
+def _is_compiler_import(node: ast.stmt) -> bool:
+    if isinstance(node, ast.ImportFrom):
+        mod = node.module or ""
+        return mod.startswith(("torch._inductor", "torch._dynamo"))
+    if isinstance(node, ast.Import):
+        return any(a.name.startswith(("torch._inductor", "torch._dynamo", "triton")) for a in node.names)
+    return False
+
+
+def _kernel_definition(node: ast.stmt) -> str | None:
+    """`name = async_compile.<kind>(...)` -> name."""
+    if (isinstance(node, ast.Assign) and len(node.targets) == 1
+            and isinstance(node.targets[0], ast.Name) and isinstance(node.value, ast.Call)):
+        func = node.value.func
+        if isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name) \
+                and func.value.id == "async_compile":
+            return node.targets[0].id
+    return None
+
+
+def _extern_kernel_bindings(tree: ast.Module, target: str) -> list[str]:
+    """`extern_kernels.X` resolved to `torch.X` (checked to be the same function)."""
+    import torch
+    from torch._inductor.select_algorithm import extern_kernels
+
+    used = sorted({n.attr for n in ast.walk(tree)
+                   if isinstance(n, ast.Attribute) and isinstance(n.value, ast.Name)
+                   and n.value.id == "extern_kernels"})
+    lines = []
+    for attr in used:
+        impl = getattr(extern_kernels, attr, None)
+        if impl is not None and getattr(torch, attr, None) is impl:
+            lines.append(f"    {attr} = torch.{attr}")
+        else:
+            raise CaptureError(
+                f"target {target!r}: Inductor chose the extern kernel {attr!r}, which the "
+                "frozen engine cannot bind without the compiler stack; capture with "
+                "engine='eager' or report this kernel"
+            )
+    return ["class extern_kernels:  # Inductor's extern kernels are torch functions", *lines] if lines else []
+
+
+def _rewrite_wrapper(src: str, kernel_names: set[str], module, target: str) -> str:
+    """Inductor's wrapper module -> body of ``_make_call(_kernels)`` that needs no
+    compiler: compiler imports dropped, kernel definitions bound from ``_kernels``."""
+    tree = ast.parse(src)
+    body: list[str] = []
+    defined: set[str] = set()
+    for node in tree.body:
+        if _is_compiler_import(node):
+            continue
+        if isinstance(node, ast.Import) and [a.name for a in node.names] == ["torch"]:
+            continue  # a module global of the source half already
+        if isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant):
+            continue  # docstring (the compile-time autotuning block)
+        name = _kernel_definition(node)
+        if name is not None:
+            if name not in kernel_names:
+                raise CaptureError(
+                    f"target {target!r}: kernel {name!r} of kind "
+                    f"{ast.unparse(node.value.func)} could not be frozen"
+                )
+            body.append(f"{name} = _kernels[{name!r}]")
+            defined.add(name)
+            continue
+        text = ast.unparse(node)
+        if text.startswith(("async_compile", "del async_compile")):
+            continue
+        if isinstance(node, ast.FunctionDef) and node.name in _DROPPED_CALLS:
+            continue
+        if isinstance(node, ast.If) and "__main__" in text:
+            continue
+        body.append(text)
+    shims = [s for n, s in _SHIMS.items() if n in src]
+    externs = _extern_kernel_bindings(tree, target)
+    code = "\n".join(shims + externs + body)
+    leftovers = [w for w in ("torch._inductor", "torch._dynamo.", "async_compile", "triton.")
+                 if w in code.replace("torch._C._dynamo", "")]
+    if leftovers:
+        raise CaptureError(
+            f"target {target!r}: the generated wrapper still needs the compiler stack "
+            f"({', '.join(leftovers)}); the frozen engine cannot serve it. Use engine='eager'"
+        )
+    return code
+
+
+def _validate(source: str, blobs: dict[str, bytes], traced: TracedCall, target: str) -> None:
+    """Run the source with its frozen kernels and compare with the traced graph."""
+    import tempfile
+
+    import torch
+
+    with tempfile.TemporaryDirectory(prefix="precompile-validate-") as kdir:
+        for name, data in blobs.items():
+            path = os.path.join(kdir, name)
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            with open(path, "wb") as f:
+                f.write(data)
+        namespace: dict = {"__name__": f"precompile_validate_{target}"}
+        exec(compile(source, f"<{target}.py>", "exec"), namespace)
+        call = namespace["_make_call"](namespace["_load_kernels"](kdir))
+        a = [t.clone() for t in traced.example_inputs]
+        b = [t.clone() for t in traced.example_inputs]
+        with torch.no_grad():
+            want = traced.graph_module(*a)
+            got = call(list(b))
+    if len(want) != len(got):
+        raise CaptureError(
+            f"target {target!r}: the frozen wrapper returns {len(got)} outputs, the graph "
+            f"{len(want)}; refusing to write a pair that computes something else"
+        )
+    for i, (w, g) in enumerate(list(zip(want, got)) + list(zip(a, b))):
+        if w.shape != g.shape or w.dtype != g.dtype or not _close(w, g):
+            raise CaptureError(
+                f"target {target!r}: the frozen kernels' value {i} differs from the traced "
+                "graph; refusing to write a pair that computes something else"
+            )
+
+
+def _close(a, b) -> bool:
+    import torch
+
+    if not a.is_floating_point():
+        return bool(torch.equal(a, b))
+    tol = {torch.float16: 1e-2, torch.bfloat16: 5e-2}.get(a.dtype, 1e-4)
+    return bool(torch.allclose(a.float(), b.float(), atol=tol, rtol=tol, equal_nan=True))

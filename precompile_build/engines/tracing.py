@@ -1,0 +1,242 @@
+"""Capture one call as a flat ATen graph with a recorded calling convention.
+
+``trace_call(fn, args, kwargs)`` runs ``make_fx`` (a non-strict trace of the ATen ops
+that run for the example call) over a flat function of tensors:
+
+    flat inputs  = lifted parameters and buffers of every nn.Module argument
+                   (tied tensors collapsed by identity), then the tensor leaves of
+                   the other arguments
+    flat outputs = the tensor leaves of fn's result, then the gradients of the
+                   parameters that received one in a captured ``.backward()``
+
+Non-tensor leaves of the arguments and of the result are specialised (recorded as
+constants and checked at call time). Buffers mutated in place stay in the graph as
+in-place ops on inputs. This is the programming model of torch.compiler.precompile
+(torch/_precompile.py): specialised shapes and control flow, no weights in the pair.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from ..errors import CaptureError
+
+_LITERALS = (int, float, bool, str, type(None))
+
+
+@dataclass
+class TracedCall:
+    """What the engines need: the graph, example inputs and the calling convention."""
+
+    graph_module: Any  # torch.fx.GraphModule over flat tensors
+    example_inputs: list  # flat tensors (clones; safe to run the graph on)
+    metadata: dict  # literal calling convention, see _driver.py
+    result: Any  # fn's real result for the example call
+
+
+def _tensor_spec(t) -> dict:
+    return {
+        "dtype": str(t.dtype),
+        "device_type": t.device.type,
+        "shape": list(t.shape),
+        "stride": list(t.stride()),
+        "requires_grad": bool(t.requires_grad),
+    }
+
+
+def _input_spec(value, modules: list, tensors: list, path: str):
+    import torch
+
+    if isinstance(value, torch.nn.Module):
+        modules.append(value)
+        return ("module", len(modules) - 1)
+    if isinstance(value, torch.Tensor):
+        tensors.append(value)
+        return ("tensor", len(tensors) - 1)
+    if isinstance(value, _LITERALS):
+        return ("const", value)
+    if isinstance(value, (tuple, list)) and not hasattr(value, "_fields"):
+        kind = "tuple" if isinstance(value, tuple) else "list"
+        return (kind, [_input_spec(v, modules, tensors, f"{path}[{i}]") for i, v in enumerate(value)])
+    if isinstance(value, dict) and all(isinstance(k, str) for k in value):
+        return ("dict", [(k, _input_spec(v, modules, tensors, f"{path}[{k!r}]")) for k, v in value.items()])
+    raise CaptureError(
+        f"argument {path} is a {type(value).__name__}; the capture accepts tensors, "
+        "nn.Modules, int/float/bool/str/None and tuples, lists and str-keyed dicts of "
+        "them: pass the tensors it holds instead"
+    )
+
+
+def _qualname(tp) -> str:
+    return f"{tp.__module__}:{tp.__qualname__}"
+
+
+def _output_spec(value, outs: list, path: str):
+    import torch
+
+    if isinstance(value, torch.Tensor):
+        outs.append(value)
+        return ("tensor", len(outs) - 1)
+    if isinstance(value, _LITERALS):
+        return ("const", value)
+    if isinstance(value, tuple) and hasattr(value, "_fields"):
+        return ("namedtuple", _qualname(type(value)),
+                [_output_spec(v, outs, f"{path}.{f}") for f, v in zip(value._fields, value)])
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return ("dataclass", _qualname(type(value)),
+                [(f.name, _output_spec(getattr(value, f.name), outs, f"{path}.{f.name}"))
+                 for f in dataclasses.fields(value) if f.init])
+    if isinstance(value, (tuple, list)):
+        kind = "tuple" if isinstance(value, tuple) else "list"
+        return (kind, [_output_spec(v, outs, f"{path}[{i}]") for i, v in enumerate(value)])
+    if isinstance(value, dict) and all(isinstance(k, str) for k in value):
+        return ("dict", [(k, _output_spec(v, outs, f"{path}[{k!r}]")) for k, v in value.items()])
+    raise CaptureError(
+        f"the result {path} is a {type(value).__name__}; return tensors, constants, "
+        "tuples, lists, str-keyed dicts, named tuples or dataclasses of them"
+    )
+
+
+def _lift(modules) -> tuple[list[str], list]:
+    """Parameters then buffers of each module, tied tensors collapsed (the order the
+    driver re-derives at call time)."""
+    seen, names, tensors = set(), [], []
+    for i, mod in enumerate(modules):
+        for kind in (mod.named_parameters, mod.named_buffers):
+            for name, t in kind(remove_duplicate=False):
+                if t is None or id(t) in seen:
+                    continue
+                seen.add(id(t))
+                names.append(f"m{i}.{name}")
+                tensors.append(t)
+    return names, tensors
+
+
+def _reparametrize(modules, names, tensors):
+    """One context that swaps every module's parameters/buffers for ``tensors``."""
+    import contextlib
+
+    from torch.nn.utils import stateless
+
+    stack = contextlib.ExitStack()
+    per_module: list[dict] = [{} for _ in modules]
+    for name, t in zip(names, tensors):
+        i, _, local = name.partition(".")
+        per_module[int(i[1:])][local] = t
+    for mod, mapping in zip(modules, per_module):
+        # tie_weights: a tied tensor is one input, seen under every name it has
+        stack.enter_context(stateless._reparametrize_module(mod, mapping, tie_weights=True))
+    return stack
+
+
+def trace_call(fn: Callable, args: tuple, kwargs: dict, *, target: str) -> TracedCall:
+    """Trace ``fn(*args, **kwargs)`` into a flat ATen graph.
+
+    Args:
+        fn: the function to capture; nn.Module arguments are lifted.
+        args, kwargs: the real example call.
+        target: the target name, for messages.
+    Returns:
+        a :class:`TracedCall`; its ``result`` is fn's result from a separate eager
+        run on the real arguments (so the caller sees eager's side effects: grads,
+        buffer updates).
+    Raises:
+        CaptureError: unsupported argument/result types, tensor constants baked into
+            the graph (closed-over tensors), or a failure inside the trace.
+    """
+    import torch
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    modules: list = []
+    user_tensors: list = []
+    in_spec = ("list", [
+        ("list", [_input_spec(a, modules, user_tensors, f"args[{i}]") for i, a in enumerate(args)]),
+        ("dict", [(k, _input_spec(v, modules, user_tensors, f"kwargs[{k!r}]")) for k, v in kwargs.items()]),
+    ])
+    names, params = _lift(modules)
+    wants_grad = [isinstance(p, torch.nn.Parameter) and p.requires_grad for p in params]
+    n_params = len(params)
+    out_box: dict = {}
+
+    def rebuild_args(flat_user):
+        it = iter(flat_user)
+        mods = iter(modules)
+
+        def build(spec):
+            kind = spec[0]
+            if kind == "module":
+                return next(mods)
+            if kind == "tensor":
+                return next(it)
+            if kind == "const":
+                return spec[1]
+            if kind in ("tuple", "list"):
+                items = [build(s) for s in spec[1]]
+                return tuple(items) if kind == "tuple" else items
+            return {k: build(s) for k, s in spec[1]}
+
+        a, kw = build(in_spec)
+        return a, kw
+
+    def flat_fn(*flat):
+        leaves = [t.detach().requires_grad_(True) if g else t for t, g in zip(flat[:n_params], wants_grad)]
+        call_args, call_kwargs = rebuild_args(flat[n_params:])
+        with _reparametrize(modules, names, leaves):
+            result = fn(*call_args, **call_kwargs)
+        outs: list = []
+        out_box["spec"] = _output_spec(result, outs, "result")
+        # A returned view would alias an input or an intermediate buffer of the
+        # compiled graph; return a fresh tensor so every output owns its storage.
+        outs = [o.detach().clone() if o._is_view() else o.detach() for o in outs]
+        grads, grad_indices = [], []
+        for i, (leaf, g) in enumerate(zip(leaves, wants_grad)):
+            if g and leaf.grad is not None:
+                grads.append(leaf.grad)
+                grad_indices.append(i)
+        out_box["grad_indices"] = grad_indices
+        out_box["num_user_outputs"] = len(outs)
+        return (*outs, *grads)
+
+    example = [p.detach().clone() for p in params] + [t.detach().clone() for t in user_tensors]
+    trace_inputs = [t.clone() for t in example]
+    try:
+        gm = make_fx(flat_fn, tracing_mode="real")(*trace_inputs)
+    except CaptureError:
+        raise
+    except Exception as e:
+        raise CaptureError(
+            f"target {target!r}: tracing failed: {type(e).__name__}: {e}"
+        ) from e
+    constants = [n.target for n in gm.graph.nodes if n.op == "get_attr"]
+    if constants:
+        raise CaptureError(
+            f"target {target!r}: the function reads tensors that are not inputs "
+            f"({', '.join(constants[:5])}): a closed-over tensor or an attribute that "
+            "is not a registered parameter/buffer. Register it on the module "
+            "(register_buffer) or pass it as an argument"
+        )
+
+    # the real run: the caller gets eager's result and side effects
+    result = fn(*args, **kwargs)
+
+    metadata = {
+        "target": target,
+        "inputs": in_spec,
+        "param_names": names,
+        "params": [_tensor_spec(p) for p in params],
+        "tensor_inputs": [_tensor_spec(t) for t in user_tensors],
+        "outputs": out_box["spec"],
+        "num_user_outputs": out_box["num_user_outputs"],
+        "grad_param_indices": out_box["grad_indices"],
+        "device": _device_of(params + user_tensors),
+    }
+    return TracedCall(graph_module=gm, example_inputs=example, metadata=metadata, result=result)
+
+
+def _device_of(tensors) -> str:
+    types = {t.device.type for t in tensors}
+    if "cuda" in types:
+        return "cuda"
+    return "cpu"

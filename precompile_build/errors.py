@@ -1,0 +1,22 @@
+"""Error types of the build side. Every message begins with what was being done
+("Failed to read `tool.precompile` ...", "Capture of target 'forward' failed ...")."""
+
+from __future__ import annotations
+
+
+class PrecompileBuildError(Exception):
+    """Base of every error precompile-build raises on purpose."""
+
+
+class ConfigError(PrecompileBuildError, ValueError):
+    """`[tool.precompile]`, a PEP 517 config setting or a `PRECOMPILE_*` variable is
+    invalid. Raised before any capture runs."""
+
+
+class CaptureError(PrecompileBuildError):
+    """A capture (a script run by the backend, or the capture API) failed or wrote an
+    artifact pair that does not validate."""
+
+
+class BuildError(PrecompileBuildError):
+    """Packaging failed after the captures: rewriting a wheel or sdist, merging wheels."""

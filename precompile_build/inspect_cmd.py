@@ -1,0 +1,109 @@
+"""Describe the precompiled artifacts of a wheel, a directory or an installed package,
+and whether each variant matches this host."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+from precompile_runtime import fingerprint as fpmod
+from precompile_runtime import manifest as manifest_format
+
+from .errors import BuildError
+from .wheel import PRECOMPILED, read_wheel
+
+
+def _find_manifest(where: str) -> tuple[str, bytes]:
+    path = Path(where)
+    if path.is_file() and path.suffix == ".whl":
+        entries = read_wheel(path)
+        hits = sorted(a for a in entries if a.endswith(f"{PRECOMPILED}/manifest.json"))
+        if not hits:
+            raise BuildError(f"Failed to inspect {where}: the wheel has no "
+                             f"<package>/{PRECOMPILED}/manifest.json")
+        return f"{path.name}:{hits[0]}", entries[hits[0]][0]
+    if path.is_dir():
+        for cand in (path / "manifest.json", path / PRECOMPILED / "manifest.json"):
+            if cand.is_file():
+                return str(cand), cand.read_bytes()
+        raise BuildError(f"Failed to inspect {where}: no manifest.json or "
+                         f"{PRECOMPILED}/manifest.json in it")
+    if not path.exists() and where.isidentifier():
+        spec = importlib.util.find_spec(where)
+        locs = list(spec.submodule_search_locations or []) if spec else []
+        for loc in locs:
+            cand = Path(loc) / PRECOMPILED / "manifest.json"
+            if cand.is_file():
+                return str(cand), cand.read_bytes()
+        raise BuildError(f"Failed to inspect {where}: no installed package with "
+                         f"{PRECOMPILED}/manifest.json")
+    raise BuildError(f"Failed to inspect {where}: not a wheel, a directory or an "
+                     "installed package")
+
+
+def _host(device_type: str, cache: dict) -> Optional[dict]:
+    if device_type not in cache:
+        try:
+            cache[device_type] = fpmod.host_fingerprint(device_type)
+        except Exception:  # no torch here: nothing can match
+            cache[device_type] = None
+    return cache[device_type]
+
+
+def inspect_report(where: str, host: Optional[Callable[[str], Optional[dict]]] = None
+                   ) -> dict[str, Any]:
+    """A JSON-ready description of the artifacts at ``where``.
+
+    Args:
+        where: a ``.whl``, a directory holding ``manifest.json`` (or
+            ``_precompiled/manifest.json``), or an importable package name.
+        host: device type -> this host's fingerprint (default: ``host_fingerprint``).
+    Returns:
+        ``{"source", "package", "targets": {name: {"status", "required", "reason",
+        "variants": [{"id", "engine", "device", "fingerprint", "code_hash",
+        "files", "size", "matches_host", "mismatches"}]}}}``.
+    Raises:
+        BuildError / ManifestError: nothing to inspect, or an invalid manifest.
+    """
+    source, data = _find_manifest(where)
+    doc = manifest_format.parse(data, where=source)
+    cache: dict = {}
+    host = host or (lambda d: _host(d, cache))
+    targets = {}
+    for name, t in doc["targets"].items():
+        out = []
+        for v in t.get("variants", []):
+            dev = v["fingerprint"].get("device_type") or v.get("device") or "cpu"
+            here = host(dev)
+            mism = (fpmod.mismatches(v["fingerprint"], here) if here is not None
+                    else ["torch: not importable on this host"])
+            out.append({**{k: v.get(k) for k in ("id", "engine", "device", "fingerprint",
+                                                  "code_hash", "files")},
+                        "size": sum(f["size"] for f in v["files"].values()),
+                        "matches_host": not mism, "mismatches": mism})
+        targets[name] = {"status": t.get("status", "ok"), "required": t.get("required"),
+                         "reason": t.get("reason"), "variants": out}
+    return {"source": source, "package": doc.get("package"), "targets": targets}
+
+
+def format_report(report: dict[str, Any]) -> str:
+    """Human-readable text of :func:`inspect_report`'s result."""
+    lines = [f"{report['source']} (package {report['package']})"]
+    for name, t in report["targets"].items():
+        req = "required" if t["required"] else "optional"
+        if t["status"] != "ok":
+            lines.append(f"target {name} ({req}): FAILED at build: {t['reason']}")
+            continue
+        lines.append(f"target {name} ({req}): {len(t['variants'])} variant(s)")
+        for v in t["variants"]:
+            sizes = ", ".join(f"{f['path']} {f['size']} B" for f in v["files"].values())
+            lines.append(f"  variant {v['id']}: {v['engine']} on "
+                         f"{fpmod.describe(v['fingerprint'])}")
+            lines.append(f"    files: {sizes}")
+            if v["matches_host"]:
+                lines.append("    this host: matches")
+            else:
+                lines.append("    this host: does not match")
+                lines += [f"      - {m}" for m in v["mismatches"]]
+    return "\n".join(lines)

@@ -1,0 +1,107 @@
+"""Assemble `_precompiled/` contents (manifest.json + pairs) from capture results."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+from precompile_runtime import manifest as manifest_format
+from precompile_runtime.fingerprint import variant_id
+
+from .runner import CaptureResult
+
+MANIFEST_NAME = "manifest.json"
+
+
+def _file_entry(name: str, data: bytes) -> dict[str, Any]:
+    return {"path": name, "size": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+
+
+def _captured_at() -> str:
+    epoch = os.environ.get("SOURCE_DATE_EPOCH")
+    stamp = int(epoch) if epoch and epoch.isdigit() else time.time()
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(stamp))
+
+
+def assemble(package: str, results: Sequence[CaptureResult]) -> dict[str, bytes]:
+    """The files of `<package>/_precompiled/`, by plain file name.
+
+    Args:
+        package: import package receiving the files.
+        results: capture results; ``ok`` ones contribute ``NAME.py``/``NAME.cache``
+            and a variant, ``failed`` ones a target with ``status: failed``.
+    Returns:
+        ``{"manifest.json": bytes, "NAME.py": bytes, "NAME.cache": bytes, ...}``.
+        With ``SOURCE_DATE_EPOCH`` set, ``captured_at`` comes from it and
+        ``capture_seconds`` is left out, so the manifest is reproducible.
+    """
+    reproducible = "SOURCE_DATE_EPOCH" in os.environ
+    files: dict[str, bytes] = {}
+    targets: dict[str, Any] = {}
+    for r in results:
+        entry: dict[str, Any] = {"required": r.required, "status": r.status,
+                                 "reason": r.reason, "variants": []}
+        targets[r.name] = entry
+        if r.status != "ok":
+            continue
+        assert r.info is not None and r.source_path and r.cache_path
+        source, cache = r.source_path.read_bytes(), r.cache_path.read_bytes()
+        src_name, cache_name = f"{r.name}.py", f"{r.name}.cache"
+        files[src_name], files[cache_name] = source, cache
+        fp = dict(r.info.fingerprint)
+        variant = {"id": variant_id(fp), "engine": r.info.engine, "device": r.info.device,
+                   "fingerprint": fp, "code_hash": r.info.code_hash,
+                   "files": {"source": _file_entry(src_name, source),
+                             "cache": _file_entry(cache_name, cache)},
+                   "captured_at": _captured_at()}
+        if not reproducible:
+            variant["capture_seconds"] = round(r.seconds, 1)
+        entry["variants"].append(variant)
+    doc = {"format": manifest_format.FORMAT, "version": manifest_format.VERSION,
+           "package": package, "targets": targets}
+    files[MANIFEST_NAME] = manifest_format.dumps(doc)
+    return files
+
+
+def variants(files: Mapping[str, bytes]) -> list[dict[str, Any]]:
+    """Every variant listed in the manifest of an assembled file set."""
+    doc = manifest_format.parse(files[MANIFEST_NAME], where="assembled manifest")
+    return [v for t in doc["targets"].values() for v in t.get("variants", [])]
+
+
+def write_dir_atomic(dest: str | os.PathLike[str], files: Mapping[str, bytes]) -> Path:
+    """Replace directory ``dest`` with exactly ``files`` (name -> bytes), atomically.
+
+    Writes a temp directory beside ``dest``, then renames it into place; an older
+    ``dest`` is moved aside first and removed after. On failure nothing of the
+    new content is left and the old directory is restored.
+    Returns the path of ``dest``.
+    """
+    dest = Path(dest)
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.tmp-", dir=dest.parent))
+    old = None
+    try:
+        for name, data in sorted(files.items()):
+            with open(tmp / name, "wb") as f:
+                f.write(data)
+                f.flush()
+                os.fsync(f.fileno())
+        if dest.exists():
+            old = Path(tempfile.mkdtemp(prefix=f".{dest.name}.old-", dir=dest.parent))
+            os.rmdir(old)
+            os.replace(dest, old)
+        os.replace(tmp, dest)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        if old is not None and not dest.exists():
+            os.replace(old, dest)
+        raise
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+    return dest

@@ -1,0 +1,327 @@
+"""`[tool.precompile]` -> typed settings, with validation and overrides.
+
+Sources, highest precedence first: ``PRECOMPILE_*`` environment variables, PEP 517
+config settings with the ``precompile.`` prefix, then ``[tool.precompile]`` of
+pyproject.toml. Every problem raises :class:`~precompile_build.errors.ConfigError`
+naming the full dotted key; nothing here runs a capture.
+"""
+
+from __future__ import annotations
+
+import difflib
+import math
+import os
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping
+
+from .errors import ConfigError
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+DEVICES = ("cuda", "cpu", "auto")
+TORCH_PINS = ("exact", "minor", "none")
+DEFAULT_TIMEOUT = 3600.0  # seconds
+_NOT_PACKAGES = {"tests", "test", "testing", "docs", "doc", "examples", "example",
+                 "bench", "benchmarks", "build", "dist", "scripts", "capture"}
+_PREFIX = "tool.precompile"
+
+
+@dataclass(frozen=True)
+class TargetSettings:
+    """One `[tool.precompile.targets.NAME]` table."""
+
+    name: str
+    """Target name: an identifier; the pair is written as NAME.py / NAME.cache."""
+    script: Path
+    """Capture script, absolute and resolved (symlinks followed), inside the project root."""
+    script_rel: str
+    """The script path as written in pyproject.toml (relative to the project root)."""
+    args: tuple[str, ...] = ()
+    """Extra command-line arguments for the script (`args`, list of strings)."""
+    device: str = "auto"
+    """`cuda`, `cpu`, or `auto` (cuda when the build host has one)."""
+    timeout: float = DEFAULT_TIMEOUT
+    """Seconds before the script's whole process group is killed."""
+    env: Mapping[str, str] = field(default_factory=dict)
+    """Extra environment variables for the script (table of strings)."""
+    required: bool = True
+    """A failed required capture fails the build; a failed optional one is left out."""
+
+
+@dataclass(frozen=True)
+class Settings:
+    """The whole resolved configuration of one project."""
+
+    root: Path
+    """Project root (directory of pyproject.toml), resolved."""
+    package: str
+    """Import package that receives `_precompiled/`."""
+    package_dir: Path
+    """Source directory of `package` (root/PKG or root/src/PKG)."""
+    targets: Mapping[str, TargetSettings]
+    """Every declared target, in pyproject order."""
+    selected: tuple[str, ...]
+    """Targets to run (all, or the `targets` override), in pyproject order."""
+    skip: bool = False
+    """`skip` override: build without running captures."""
+    strict: bool = False
+    """`strict` override: treat every target as required."""
+    verbose: bool = False
+    """`verbose` override: stream capture output to stderr."""
+    torch_pin: str = "exact"
+    """`torch-pin`: `exact` (torch==X.Y.Z), `minor` (>=X.Y,<X.Y+1) or `none`."""
+
+
+# Keys of the tables, kebab-case as written in TOML.
+TOP_KEYS = ("package", "targets", "torch-pin")
+TARGET_KEYS = ("script", "args", "device", "timeout", "env", "required")
+# Override keys: config setting `precompile.KEY` / environment variable.
+OVERRIDES = {"skip": "PRECOMPILE_SKIP", "targets": "PRECOMPILE_TARGETS",
+             "strict": "PRECOMPILE_BUILD_STRICT", "verbose": "PRECOMPILE_VERBOSE",
+             "torch-pin": "PRECOMPILE_TORCH_PIN"}
+
+
+def _fail(msg: str) -> ConfigError:
+    return ConfigError(f"Failed to validate `{_PREFIX}` in pyproject.toml: {msg}")
+
+
+def _check_keys(table: Mapping[str, Any], allowed: tuple[str, ...], prefix: str) -> None:
+    for key in table:
+        if key not in allowed:
+            close = difflib.get_close_matches(str(key), allowed, n=1)
+            hint = f"; did you mean `{prefix}.{close[0]}`?" if close else (
+                f"; valid keys: {', '.join(allowed)}")
+            raise _fail(f"unknown key `{prefix}.{key}`{hint}")
+
+
+def _type_name(v: Any) -> str:
+    return {bool: "a boolean", str: "a string", int: "an integer", float: "a number",
+            list: "an array", dict: "a table"}.get(type(v), type(v).__name__)
+
+
+def read_pyproject(root: Path) -> dict[str, Any]:
+    """The `[tool.precompile]` table of ``root/pyproject.toml`` (raw dict).
+
+    Raises ConfigError when the file is missing, unparsable, or has no such table.
+    """
+    path = root / "pyproject.toml"
+    try:
+        with open(path, "rb") as f:
+            doc = tomllib.load(f)
+    except FileNotFoundError:
+        raise ConfigError(f"Failed to read {path}: file not found") from None
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(f"Failed to parse {path}: {e}") from None
+    table = doc.get("tool", {}).get("precompile")
+    if table is None:
+        raise _fail("the table is missing; add `[tool.precompile.targets.NAME]` "
+                    "with a `script`")
+    if not isinstance(table, dict):
+        raise _fail(f"`{_PREFIX}` must be a table, not {_type_name(table)}")
+    return table
+
+
+def _inside(path: Path, root: Path) -> bool:
+    try:
+        path.relative_to(root)
+        return True
+    except ValueError:
+        return False
+
+
+def _parse_target(name: Any, raw: Any, root: Path) -> TargetSettings:
+    key = f"{_PREFIX}.targets.{name}"
+    if not isinstance(name, str) or not name.isidentifier():
+        raise _fail(f"target name {name!r} in `{key}` must be a Python identifier "
+                    "(letters, digits, underscores; not starting with a digit)")
+    if not isinstance(raw, dict):
+        raise _fail(f"`{key}` must be a table, not {_type_name(raw)}")
+    _check_keys(raw, TARGET_KEYS, key)
+    if "script" not in raw:
+        raise _fail(f"`{key}.script` is required (path of the capture script)")
+    script_rel = raw["script"]
+    if not isinstance(script_rel, str) or not script_rel:
+        raise _fail(f"`{key}.script` must be a non-empty string")
+    script = (root / script_rel).resolve()
+    if not _inside(script, root):
+        raise _fail(f"`{key}.script` = {script_rel!r} resolves to {script}, outside "
+                    f"the project root {root}; keep capture scripts inside the project")
+    if not script.is_file():
+        raise _fail(f"`{key}.script` = {script_rel!r}: no such file {script}")
+    args = raw.get("args", [])
+    if not isinstance(args, list) or not all(isinstance(a, str) for a in args):
+        raise _fail(f"`{key}.args` must be an array of strings")
+    device = raw.get("device", "auto")
+    if device not in DEVICES:
+        raise _fail(f"`{key}.device` must be one of {', '.join(map(repr, DEVICES))}, "
+                    f"not {device!r}")
+    timeout = raw.get("timeout", DEFAULT_TIMEOUT)
+    if (isinstance(timeout, bool) or not isinstance(timeout, (int, float))
+            or not math.isfinite(timeout) or timeout <= 0):
+        raise _fail(f"`{key}.timeout` must be a positive number of seconds, "
+                    f"not {timeout!r}")
+    env = raw.get("env", {})
+    if not isinstance(env, dict) or not all(
+            isinstance(k, str) and isinstance(v, str) for k, v in env.items()):
+        raise _fail(f"`{key}.env` must be a table of strings")
+    required = raw.get("required", True)
+    if not isinstance(required, bool):
+        raise _fail(f"`{key}.required` must be a boolean, not {_type_name(required)}")
+    return TargetSettings(name, script, script_rel, tuple(args), device,
+                          float(timeout), dict(env), required)
+
+
+def find_package(root: Path, name: str | None) -> tuple[str, Path]:
+    """Locate the import package that receives `_precompiled/`.
+
+    Args:
+        root: project root.
+        name: the configured `package`, or None to infer it.
+    Returns:
+        (package name, its source directory). Looks in ``root`` and ``root/src``
+        for a directory with ``__init__.py``.
+    Raises:
+        ConfigError: not found, or (when inferring) none or several candidates.
+    """
+    bases = [root, root / "src"]
+    if name is not None:
+        if not isinstance(name, str) or not name.isidentifier():
+            raise _fail(f"`{_PREFIX}.package` must be an import package name, "
+                        f"not {name!r}")
+        for base in bases:
+            if (base / name / "__init__.py").is_file():
+                return name, base / name
+        raise _fail(f"`{_PREFIX}.package` = {name!r} is not in the distribution "
+                    f"(no {name}/__init__.py in {root} or {root / 'src'})")
+    found = sorted({(d.name, d) for base in bases if base.is_dir()
+                    for d in base.iterdir()
+                    if d.is_dir() and d.name.isidentifier() and d.name not in _NOT_PACKAGES
+                    and not d.name.startswith("_") and (d / "__init__.py").is_file()})
+    if len(found) != 1:
+        what = "no import package" if not found else (
+            "several import packages (" + ", ".join(n for n, _ in found) + ")")
+        raise _fail(f"found {what} in {root} or {root / 'src'}; set "
+                    f"`{_PREFIX}.package` to the one that receives `_precompiled/`")
+    return found[0]
+
+
+def _as_bool(value: Any, key: str) -> bool:
+    if isinstance(value, bool):
+        return value
+    text = str(value).strip().lower()
+    if text in ("1", "true", "yes", "on"):
+        return True
+    if text in ("0", "false", "no", "off", ""):
+        return False
+    raise ConfigError(f"Failed to read override {key}: {value!r} is not a boolean "
+                      "(use true/false, 1/0, yes/no, on/off)")
+
+
+def collect_overrides(config_settings: Mapping[str, Any] | None,
+                      environ: Mapping[str, str] | None = None) -> dict[str, tuple[Any, str]]:
+    """Overrides by key, each as ``(raw value, where it came from)``.
+
+    Environment variables win over config settings. Config settings keys outside
+    the ``precompile.`` prefix are left to setuptools.
+
+    Raises:
+        ConfigError: an unknown ``precompile.*`` key (with a suggestion), or both
+            `skip` and `targets` set by the same source (conflicting).
+    """
+    environ = os.environ if environ is None else environ
+    out: dict[str, tuple[Any, str]] = {}
+    by_source: dict[str, set[str]] = {}
+    for raw_key, value in (config_settings or {}).items():
+        if not str(raw_key).startswith("precompile."):
+            continue
+        key = str(raw_key)[len("precompile."):]
+        if key not in OVERRIDES:
+            close = difflib.get_close_matches(key, list(OVERRIDES), n=1)
+            hint = f"; did you mean `precompile.{close[0]}`?" if close else (
+                "; valid keys: " + ", ".join(f"precompile.{k}" for k in OVERRIDES))
+            raise ConfigError(f"Failed to read config settings: unknown key "
+                              f"`{raw_key}`{hint}")
+        if isinstance(value, list):  # pip passes a repeated -C key as a list
+            value = value[-1]
+        out[key] = (value, f"config setting `{raw_key}`")
+        by_source.setdefault("config settings", set()).add(key)
+    for key, var in OVERRIDES.items():
+        if var in environ:
+            out[key] = (environ[var], f"environment variable {var}")
+            by_source.setdefault("environment", set()).add(key)
+    for source, keys in by_source.items():
+        if {"skip", "targets"} <= keys and _as_bool(out["skip"][0], out["skip"][1]):
+            raise ConfigError(f"Failed to read overrides: conflicting {source}: "
+                              "`skip` is true and `targets` selects targets; set one")
+    return out
+
+
+def load_settings(root: str | os.PathLike[str],
+                  config_settings: Mapping[str, Any] | None = None,
+                  environ: Mapping[str, str] | None = None) -> Settings:
+    """Read, validate and override the configuration of the project at ``root``.
+
+    Args:
+        root: project root (holds pyproject.toml).
+        config_settings: PEP 517 config settings (``precompile.*`` keys are ours).
+        environ: environment (default ``os.environ``).
+    Returns:
+        the resolved :class:`Settings`.
+    Raises:
+        ConfigError: any invalid key, type, path, package or override.
+    """
+    root = Path(root).resolve()
+    return settings_from_table(root, read_pyproject(root), config_settings, environ)
+
+
+def settings_from_table(root: Path, table: Mapping[str, Any],
+                        config_settings: Mapping[str, Any] | None = None,
+                        environ: Mapping[str, str] | None = None) -> Settings:
+    """As :func:`load_settings`, from an already-parsed `[tool.precompile]` table
+    (``root`` resolved). Raises ConfigError for anything invalid, including a
+    ``table`` that is not a dict."""
+    if not isinstance(table, dict):
+        raise _fail(f"`{_PREFIX}` must be a table, not {_type_name(table)}")
+    _check_keys(table, TOP_KEYS, _PREFIX)
+    raw_targets = table.get("targets")
+    if raw_targets is None:
+        raise _fail(f"`{_PREFIX}.targets` is missing; add `[{_PREFIX}.targets.NAME]` "
+                    "with a `script`")
+    if not isinstance(raw_targets, dict):
+        raise _fail(f"`{_PREFIX}.targets` must be a table, not {_type_name(raw_targets)}")
+    if not raw_targets:
+        raise _fail(f"`{_PREFIX}.targets` is empty; add `[{_PREFIX}.targets.NAME]`")
+    targets = {n: _parse_target(n, t, root) for n, t in raw_targets.items()}
+    package, package_dir = find_package(root, table.get("package"))
+    overrides = collect_overrides(config_settings, environ)
+    torch_pin = table.get("torch-pin", "exact")
+    where = f"`{_PREFIX}.torch-pin`"
+    if "torch-pin" in overrides:
+        torch_pin, where = overrides["torch-pin"]
+    if torch_pin not in TORCH_PINS:
+        raise _fail(f"{where} must be one of {', '.join(map(repr, TORCH_PINS))}, "
+                    f"not {torch_pin!r}")
+    flags = {k: _as_bool(overrides[k][0], overrides[k][1]) if k in overrides else False
+             for k in ("skip", "strict", "verbose")}
+    selected = tuple(targets)
+    if "targets" in overrides:
+        value, where = overrides["targets"]
+        names = [n.strip() for n in str(value).split(",") if n.strip()]
+        if not names:
+            raise ConfigError(f"Failed to read {where}: it selects no target; "
+                              f"use skip to build without captures")
+        for n in names:
+            if n not in targets:
+                close = difflib.get_close_matches(n, list(targets), n=1)
+                hint = f"; did you mean {close[0]!r}?" if close else ""
+                raise ConfigError(f"Failed to read {where}: no target {n!r} in "
+                                  f"`{_PREFIX}.targets`{hint}")
+        selected = tuple(n for n in targets if n in names)
+    return Settings(root, package, package_dir, targets, selected,
+                    flags["skip"], flags["strict"], flags["verbose"], torch_pin)
+

@@ -1,0 +1,52 @@
+"""precompile-runtime: load the precompiled artifacts a wheel carries.
+
+Importing this package does not import torch; torch is imported only when a pair
+is loaded (or when the serving guard has to patch it).
+
+Public API:
+
+- :func:`load_packaged` -- the compiled callable of a packaged target.
+- :func:`no_compilation` -- serving guard: compiling raises :class:`ServingCompileError`
+  (also on, process-wide and in child processes, with ``PRECOMPILE_NO_COMPILE=1``).
+- the errors (all subclasses of :class:`PrecompileLoadError`) and
+  :class:`HostMismatchWarning`.
+"""
+
+from __future__ import annotations
+
+from ._guard import guard_active, no_compilation
+from .errors import (
+    CallError,
+    HostMismatchError,
+    HostMismatchWarning,
+    IntegrityError,
+    ManifestError,
+    PrecompileLoadError,
+    ServingCompileError,
+    TargetNotFoundError,
+)
+from .loader import load_packaged
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "CallError",
+    "HostMismatchError",
+    "HostMismatchWarning",
+    "IntegrityError",
+    "ManifestError",
+    "PrecompileLoadError",
+    "ServingCompileError",
+    "TargetNotFoundError",
+    "__version__",
+    "guard_active",
+    "load_packaged",
+    "no_compilation",
+]
+
+# PRECOMPILE_NO_COMPILE=1 in the environment: arm the guard now (cheap: it only adds
+# an import hook until torch is imported).
+from . import _guard as _g  # noqa: E402
+
+_g.install_if_env()
+del _g

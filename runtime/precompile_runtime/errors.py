@@ -1,0 +1,44 @@
+"""Error types of the runtime. Every error a load can raise derives from
+:class:`PrecompileLoadError`, so ``except PrecompileLoadError`` catches them all."""
+
+from __future__ import annotations
+
+
+class PrecompileLoadError(RuntimeError):
+    """Loading a packaged artifact failed; the message names the package, the target
+    and what to change."""
+
+
+class ManifestError(PrecompileLoadError):
+    """``_precompiled/manifest.json`` is missing, unreadable, of an unknown format or
+    version, or names a file outside ``_precompiled/``."""
+
+
+class IntegrityError(PrecompileLoadError):
+    """A file of an artifact pair differs from what the manifest or the pair records
+    (size, sha256, code_hash, envelope structure). Nothing from that pair ran."""
+
+
+class HostMismatchError(PrecompileLoadError):
+    """No variant of a target matches this host (raised only in strict mode; otherwise
+    a :class:`HostMismatchWarning` is emitted and a fallback runs)."""
+
+
+class TargetNotFoundError(PrecompileLoadError):
+    """The package has no ``_precompiled/`` data, or its manifest has no such target,
+    or the target's capture failed at build time and was left out."""
+
+
+class CallError(PrecompileLoadError, ValueError):
+    """A call to a loaded artifact does not match what was captured (dtype, device,
+    shape, layout, model structure)."""
+
+
+class ServingCompileError(PrecompileLoadError):
+    """Something tried to compile while the serving guard (``PRECOMPILE_NO_COMPILE=1``
+    or :func:`precompile_runtime.no_compilation`) was on."""
+
+
+class HostMismatchWarning(UserWarning):
+    """Emitted once per target when no variant matches this host and a slower
+    fallback is used instead."""

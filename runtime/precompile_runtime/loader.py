@@ -1,0 +1,452 @@
+"""``load_packaged``: find, verify and load a packaged artifact pair.
+
+Steps (``docs/internals.md``, "Runtime load"):
+
+1. read ``<package>/_precompiled/manifest.json`` through ``importlib.resources``
+   (works from a zip and from a read-only site-packages: the package is only read);
+2. pick the first variant whose fingerprint matches this host
+   (:func:`precompile_runtime.fingerprint.mismatches`);
+3. verify size and sha256 of both files against the manifest, and the code_hash;
+4. by engine: ``frozen``/``eager`` unpack the cache's blobs into the per-user cache
+   directory and call the source's ``load(kernel_dir)``; ``torch`` hands the pair to
+   :func:`precompile_runtime.torch_pairs.load_torch_pair`.
+
+No variant matches: strict mode raises :class:`HostMismatchError`; otherwise one
+:class:`HostMismatchWarning` and a fallback (``load(None)`` of the source, or
+``load_torch_pair(..., fallback=True)``). Every file is verified before any of its
+bytes run, also in the fallback.
+
+Kernel cache directory: ``$PRECOMPILE_CACHE_DIR``, else
+``$XDG_CACHE_HOME/precompile-runtime``, else ``~/.cache/precompile-runtime``; one
+subdirectory per code_hash, written atomically (temp dir beside it, fsync, rename)
+and verified blob by blob before reuse (a corrupt entry is replaced). When that root
+cannot be written, the blobs go to a private temp directory of this process
+(``tempfile.mkdtemp``, removed at exit), so loading still works, only without reuse
+across processes.
+"""
+
+from __future__ import annotations
+
+import atexit
+import hashlib
+import linecache
+import os
+import shutil
+import sys
+import tempfile
+import threading
+import types
+import uuid
+import warnings
+from importlib import resources
+from typing import Any
+
+from . import envelope as _envelope
+from . import fingerprint as _fingerprint
+from . import manifest as _manifest
+from ._guard import install_if_env
+from .errors import (
+    HostMismatchError,
+    HostMismatchWarning,
+    IntegrityError,
+    ManifestError,
+    PrecompileLoadError,
+    TargetNotFoundError,
+)
+
+__all__ = ["load_packaged", "cache_root"]
+
+STRICT_ENV = "PRECOMPILE_STRICT"
+CACHE_ENV = "PRECOMPILE_CACHE_DIR"
+DATA_DIR = "_precompiled"
+
+# (package, name) -> _Loaded ; one lock per key so distinct targets load in parallel
+_loaded: dict[tuple[str, str], "_Loaded"] = {}
+_key_locks: dict[tuple[str, str], threading.Lock] = {}
+_global_lock = threading.Lock()
+_private_dirs: list[str] = []
+
+
+class _Loaded:
+    __slots__ = ("value", "mismatch_text", "fallback")
+
+    def __init__(self, value: Any, mismatch_text: str | None, fallback: str) -> None:
+        self.value = value
+        self.mismatch_text = mismatch_text  # set when this is a fallback
+        self.fallback = fallback  # what the fallback runs, for the warning
+
+
+# --------------------------------------------------------------------------- API
+
+
+def load_packaged(name: str, *, package: str | None = None, strict: bool | None = None) -> Any:
+    """The compiled callable of target ``name`` packaged in ``package``.
+
+    Args:
+        name: the target name (``[tool.precompile.targets.NAME]``).
+        package: the import package that carries ``_precompiled/``; default: the
+            top-level package of the calling module (required when called from a
+            ``__main__`` script that is not part of a package).
+        strict: True: a host that matches no variant raises instead of falling back.
+            None (default): strict when the environment has ``PRECOMPILE_STRICT=1``.
+    Returns:
+        the callable returned by the pair's ``load(kernel_dir)`` (it has the captured
+        ``fn``'s calling convention). The same object for every call in this process
+        with the same (package, name); the first call loads, concurrent callers wait.
+    Raises:
+        TargetNotFoundError: the package cannot be imported, has no ``_precompiled/``
+            data, has no such target, or the target's capture failed at build time.
+        ManifestError: the manifest is unreadable, of a newer format version, or
+            names a file outside ``_precompiled/``.
+        IntegrityError: a file is missing or differs from the manifest (size,
+            sha256), the cache does not belong to the source (code_hash), or the
+            cache envelope is corrupt. Nothing from the pair ran.
+        HostMismatchError: strict mode and no variant matches this host.
+        PrecompileLoadError: anything else the load could not do (e.g. no place to
+            unpack kernels), with the package and target in the message.
+    Warns:
+        HostMismatchWarning: once per (package, name) when no variant matches and a
+            fallback is used.
+    """
+    if package is None:
+        package = _caller_package(sys._getframe(1))
+    if strict is None:
+        strict = os.environ.get(STRICT_ENV, "") == "1"
+    install_if_env()
+    key = (package, name)
+    done = _loaded.get(key)
+    if done is None:
+        with _global_lock:
+            lock = _key_locks.setdefault(key, threading.Lock())
+        with lock:
+            done = _loaded.get(key)
+            if done is None:
+                done = _load(package, name, strict)
+                _loaded[key] = done
+                if done.mismatch_text is not None:
+                    warnings.warn(
+                        done.mismatch_text + " Using the slower fallback: " + done.fallback
+                        + ". Pass strict=True or set PRECOMPILE_STRICT=1 to make this an error.",
+                        HostMismatchWarning,
+                        stacklevel=2,
+                    )
+                return done.value
+    if strict and done.mismatch_text is not None:
+        raise HostMismatchError(done.mismatch_text)
+    return done.value
+
+
+def cache_root() -> str:
+    """The kernel cache root: ``$PRECOMPILE_CACHE_DIR``, else
+    ``$XDG_CACHE_HOME/precompile-runtime``, else ``~/.cache/precompile-runtime``."""
+    root = os.environ.get(CACHE_ENV)
+    if root:
+        return os.path.abspath(os.path.expanduser(root))
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    base = xdg if xdg and os.path.isabs(xdg) else os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "precompile-runtime")
+
+
+# ---------------------------------------------------------------------- internals
+
+
+def _caller_package(frame: Any) -> str:
+    g = frame.f_globals
+    pkg = g.get("__package__") or ""
+    mod = g.get("__name__") or ""
+    if not pkg and mod and mod != "__main__":
+        pkg = mod
+    if not pkg:
+        raise PrecompileLoadError(
+            "load_packaged() was called from a script that is not part of a package "
+            f"(__name__ == {mod!r}); pass package='your_package'"
+        )
+    return pkg.split(".")[0]
+
+
+def _load(package: str, name: str, strict: bool) -> _Loaded:
+    ctx = f"package {package!r}, target {name!r}"
+    data = _package_data(package)
+    manifest_file = data / "manifest.json"
+    try:
+        raw = manifest_file.read_bytes()
+    except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
+        raise TargetNotFoundError(
+            f"package {package!r} has no {DATA_DIR}/manifest.json: it was built without "
+            "precompiled targets (or with the captures skipped); rebuild the wheel with "
+            "the precompile-build backend"
+        ) from None
+    except OSError as e:
+        raise ManifestError(f"package {package!r}: cannot read {DATA_DIR}/manifest.json ({e})") from None
+    doc = _manifest.parse(raw, where=f"package {package!r}: {DATA_DIR}/manifest.json")
+
+    targets = doc["targets"]
+    target = targets.get(name)
+    if target is None:
+        ok = sorted(t for t, v in targets.items() if v.get("status", "ok") == "ok")
+        failed = sorted(t for t, v in targets.items() if v.get("status", "ok") != "ok")
+        msg = f"{ctx}: no such target; the package has {', '.join(map(repr, ok)) or 'no targets'}"
+        if failed:
+            msg += f" (failed at build time: {', '.join(map(repr, failed))})"
+        raise TargetNotFoundError(msg)
+    if target.get("status", "ok") != "ok":
+        raise TargetNotFoundError(
+            f"{ctx}: its capture failed at build time and it was left out of the wheel "
+            f"(reason: {target.get('reason') or 'not recorded'}); fix the capture script and rebuild"
+        )
+    variants = target.get("variants") or []
+    if not variants:
+        raise TargetNotFoundError(f"{ctx}: the manifest lists no variants of it; rebuild the wheel")
+
+    chosen, reports = _select(variants)
+    if chosen is None:
+        text = _mismatch_text(ctx, variants, reports)
+        if strict:
+            raise HostMismatchError(text + " Strict mode (strict=True or PRECOMPILE_STRICT=1): no fallback.")
+        variant = variants[0]
+    else:
+        text = None
+        variant = chosen
+
+    source, cache = _read_pair(data, ctx, variant)
+    engine = variant["engine"]
+    code_hash = _envelope.sha256_hex(source)
+    if engine == "torch":
+        from . import torch_pairs  # lazy: imports torch
+
+        value = torch_pairs.load_torch_pair(source, cache, fallback=chosen is None, where=ctx)
+        return _Loaded(value, text, "torch's own load of the source without the compiled cache")
+    else:
+        cache_name = f"{DATA_DIR}/{variant['files']['cache']['path']}"
+        env = _envelope.loads(cache, what=f"{ctx}: {cache_name}")
+        if env.code_hash != code_hash:
+            raise IntegrityError(
+                f"{ctx}: {cache_name}: code_hash check failed: the cache belongs to a source "
+                f"with sha256 {env.code_hash}, but {DATA_DIR}/{variant['files']['source']['path']} "
+                f"has {code_hash}; the pair was mixed up or tampered with, rebuild the wheel"
+            )
+        if env.engine != engine:
+            raise IntegrityError(
+                f"{ctx}: {cache_name}: engine check failed: the cache says {env.engine!r}, "
+                f"the manifest says {engine!r}"
+            )
+        kernel_dir = None
+        if chosen is not None and engine == "frozen":
+            kernel_dir = _unpack(ctx, code_hash, env)
+        module = _exec_source(package, name, variant["files"]["source"]["path"], source)
+        load = getattr(module, "load", None)
+        if not callable(load):
+            raise PrecompileLoadError(f"{ctx}: the source half defines no load(kernel_dir) function")
+        value = load(kernel_dir)
+        return _Loaded(value, text, "the captured graph from the source file, without precompiled kernels")
+
+
+def _package_data(package: str) -> Any:
+    try:
+        root = resources.files(package)
+    except ModuleNotFoundError as e:
+        raise TargetNotFoundError(
+            f"package {package!r} cannot be imported ({e}); is it installed?"
+        ) from None
+    except TypeError as e:  # a plain module, not a package
+        raise TargetNotFoundError(f"{package!r} is not a package ({e})") from None
+    return root / DATA_DIR
+
+
+def _select(variants: list[dict[str, Any]]) -> tuple[dict[str, Any] | None, list[list[str]]]:
+    hosts: dict[str, dict[str, Any]] = {}
+    reports = []
+    # A CUDA variant that matches wins over a CPU one: a GPU host serves on its GPU
+    # (hide the GPU with CUDA_VISIBLE_DEVICES="" to get the CPU variant).
+    for v in sorted(variants, key=lambda v: (v.get("device") or "cpu") != "cuda"):
+        device = v.get("device") or v["fingerprint"].get("device_type") or "cpu"
+        if device not in hosts:
+            try:
+                hosts[device] = _fingerprint.host_fingerprint(device)
+            except ImportError as e:
+                raise PrecompileLoadError(
+                    f"cannot check this host against the packaged variants: torch does not "
+                    f"import ({e}); install the torch the package was built for"
+                ) from None
+        problems = _fingerprint.mismatches(v["fingerprint"], hosts[device])
+        if not problems:
+            return v, reports
+        reports.append(problems)
+    return None, reports
+
+
+def _mismatch_text(ctx: str, variants: list[dict[str, Any]], reports: list[list[str]]) -> str:
+    lines = [f"{ctx}: no variant matches this host, so its precompiled kernels are not used."]
+    for i, (v, problems) in enumerate(zip(variants, reports)):
+        head = f"variant {i} (id {v.get('id', '?')}, engine {v['engine']}, device {v.get('device', '?')})"
+        lines.append(f"  {head}: " + "; ".join(problems))
+    lines.append(
+        "  To use precompiled kernels here, build the wheel on a host like this one, or add "
+        "such a variant with `python -m precompile_build merge`."
+    )
+    return "\n".join(lines)
+
+
+def _read_pair(data: Any, ctx: str, variant: dict[str, Any]) -> tuple[bytes, bytes]:
+    out = []
+    for role in ("source", "cache"):
+        entry = variant["files"][role]
+        rel = entry["path"]
+        if not _manifest.safe_file_name(rel):  # parse() refuses these; belt and braces
+            raise ManifestError(f"{ctx}: {role} path {rel!r} leaves {DATA_DIR}/ (path traversal refused)")
+        shown = f"{DATA_DIR}/{rel}"
+        try:
+            blob = (data / rel).read_bytes()
+        except (FileNotFoundError, NotADirectoryError, IsADirectoryError, KeyError):
+            raise IntegrityError(
+                f"{ctx}: {shown}: existence check failed: the manifest lists it, the package "
+                "does not have it; reinstall the package"
+            ) from None
+        except OSError as e:
+            raise IntegrityError(f"{ctx}: {shown}: cannot be read ({e})") from None
+        if len(blob) != entry["size"]:
+            raise IntegrityError(
+                f"{ctx}: {shown}: size check failed: the manifest says {entry['size']} bytes, "
+                f"the file has {len(blob)}; the file is truncated or was replaced, reinstall the package"
+            )
+        digest = _envelope.sha256_hex(blob)
+        if digest != entry["sha256"]:
+            raise IntegrityError(
+                f"{ctx}: {shown}: sha256 check failed: the manifest says {entry['sha256']}, "
+                f"the file has {digest}; the file was modified, reinstall the package"
+            )
+        out.append(blob)
+    source, cache = out
+    src_hash = _envelope.sha256_hex(source)
+    if variant["code_hash"] != src_hash:
+        raise IntegrityError(
+            f"{ctx}: {DATA_DIR}/{variant['files']['source']['path']}: code_hash check failed: "
+            f"the manifest records code_hash {variant['code_hash']}, the source has {src_hash}"
+        )
+    return source, cache
+
+
+def _exec_source(package: str, name: str, rel: str, source: bytes) -> types.ModuleType:
+    filename = f"{package}/{DATA_DIR}/{rel}"
+    modname = f"precompile_runtime.pairs.{package}.{name}"
+    code = compile(source, filename, "exec", dont_inherit=True)
+    module = types.ModuleType(modname)
+    module.__file__ = filename
+    text = source.decode("utf-8", errors="replace")
+    linecache.cache[filename] = (len(text), None, text.splitlines(True), filename)
+    sys.modules[modname] = module  # dataclasses, pickle, fx look modules up by name
+    try:
+        exec(code, module.__dict__)
+    except BaseException:
+        sys.modules.pop(modname, None)
+        raise
+    return module
+
+
+# ----------------------------------------------------------- kernel cache on disk
+
+
+def _check_blob_name(ctx: str, name: str) -> list[str]:
+    parts = name.split("/")
+    if (
+        not name
+        or name.startswith("/")
+        or "\\" in name
+        or "\0" in name
+        or any(p in ("", ".", "..") for p in parts)
+        or os.path.isabs(name)
+    ):
+        raise IntegrityError(
+            f"{ctx}: cache blob name {name!r} check failed: it must be a relative path "
+            "without '..' (path traversal refused)"
+        )
+    return parts
+
+
+def _unpack(ctx: str, code_hash: str, env: _envelope.Envelope) -> str:
+    names = {n: _check_blob_name(ctx, n) for n in env.blobs}
+    root = cache_root()
+    try:
+        return _unpack_into(root, code_hash, env, names)
+    except OSError as first:
+        try:
+            private = tempfile.mkdtemp(prefix="precompile-runtime-")
+            _private_dirs.append(private)
+            return _unpack_into(private, code_hash, env, names)
+        except OSError as e:
+            raise PrecompileLoadError(
+                f"{ctx}: cannot unpack the precompiled kernels: the cache directory {root} "
+                f"failed ({first}) and so did a private temp directory ({e}); set "
+                f"{CACHE_ENV} to a writable directory"
+            ) from None
+
+
+def _verify_dir(path: str, env: _envelope.Envelope, names: dict[str, list[str]]) -> bool:
+    for name, parts in names.items():
+        try:
+            with open(os.path.join(path, *parts), "rb") as f:
+                digest = hashlib.sha256(f.read()).hexdigest()
+        except OSError:
+            return False
+        if digest != _envelope.sha256_hex(env.blobs[name]):
+            return False
+    return True
+
+
+def _fsync_dir(path: str) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def _unpack_into(root: str, code_hash: str, env: _envelope.Envelope, names: dict[str, list[str]]) -> str:
+    final = os.path.join(root, code_hash)
+    if os.path.isdir(final) and _verify_dir(final, env, names):
+        return final  # also works on a read-only, pre-filled cache
+    os.makedirs(root, mode=0o700, exist_ok=True)
+    tmp = tempfile.mkdtemp(prefix=f".tmp-{code_hash[:16]}-", dir=root)
+    try:
+        for name, parts in names.items():
+            path = os.path.join(tmp, *parts)
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            with open(path, "wb") as f:
+                f.write(env.blobs[name])
+                f.flush()
+                os.fsync(f.fileno())
+            os.chmod(path, 0o755 if name.endswith((".so", ".pyd", ".dylib")) else 0o644)
+        os.chmod(tmp, 0o755)
+        _fsync_dir(tmp)
+        for _ in range(10):
+            try:
+                os.rename(tmp, final)
+                _fsync_dir(root)
+                return final
+            except OSError:
+                if not os.path.isdir(final):
+                    raise
+            # someone else put a directory there: use it if it is good, replace it if not
+            if _verify_dir(final, env, names):
+                return final
+            trash = os.path.join(root, f".trash-{code_hash[:16]}-{uuid.uuid4().hex}")
+            try:
+                os.rename(final, trash)
+            except FileNotFoundError:
+                continue  # another process moved it already
+            shutil.rmtree(trash, ignore_errors=True)
+        raise OSError(f"could not place {final} after repeated races with other processes")
+    finally:
+        if os.path.exists(tmp):
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+@atexit.register
+def _remove_private_dirs() -> None:
+    for d in _private_dirs:
+        shutil.rmtree(d, ignore_errors=True)

@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# The test suite: installs what the tests need into .venv-test (torch 2.13 CPU) and
+# .venv-torch214 (torch 2.14.1, which has torch.compiler.precompile), then runs
+# pytest in both. Extra arguments go to pytest (e.g. -k runtime, -m "not slow").
+set -euo pipefail
+cd "$(dirname "$0")/.."
+source scripts/_venv.sh
+deps=(pytest hypothesis setuptools wheel build packaging filelock pyproject-hooks)
+
+echo "== tests under torch 2.13 (frozen and eager engines, backend, runtime)"
+make_venv .venv-test "${deps[@]}"
+.venv-test/bin/python -m pip install -q -e ./runtime -e .
+.venv-test/bin/python -m pytest -q -p no:cacheprovider tests example_project/tests "$@"
+
+echo "== tests under torch 2.14.1 (the torch engine)"
+TORCH_SPEC=torch==2.14.1 make_venv .venv-torch214 "${deps[@]}"
+.venv-torch214/bin/python -m pip install -q -e ./runtime -e .
+.venv-torch214/bin/python -m pytest -q -p no:cacheprovider -m torch_engine tests "$@"

@@ -1,0 +1,105 @@
+"""Shared helpers of the build-side tests: fixture projects, in-process builds,
+wheel checks. Imported by test_build_*.py (not a conftest: other suites own that)."""
+
+from __future__ import annotations
+
+import base64
+import csv
+import hashlib
+import io
+import json
+import shutil
+import zipfile
+from pathlib import Path
+
+import pytest
+
+PACKAGES = Path(__file__).parent / "packages"
+MARK = "# --- precompile ---"
+
+
+@pytest.fixture(scope="session")
+def host_fp_json() -> str:
+    from precompile_runtime.fingerprint import host_fingerprint
+
+    return json.dumps(host_fingerprint("cpu"))
+
+
+@pytest.fixture(autouse=True)
+def _clean_env(monkeypatch, host_fp_json):
+    for var in ("PRECOMPILE_SKIP", "PRECOMPILE_TARGETS", "PRECOMPILE_BUILD_STRICT",
+                "PRECOMPILE_VERBOSE", "PRECOMPILE_TORCH_PIN", "SOURCE_DATE_EPOCH"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("FIXTURE_FINGERPRINT", host_fp_json)
+
+
+def make_project(tmp_path: Path, precompile_toml: str | None = None,
+                 name: str = "simple") -> Path:
+    """Copy tests/packages/NAME to tmp_path/proj; replace its [tool.precompile]
+    part (after the MARK line) with ``precompile_toml`` when given."""
+    root = tmp_path / "proj"
+    shutil.copytree(PACKAGES / name, root)
+    if precompile_toml is not None:
+        py = root / "pyproject.toml"
+        head = py.read_text().split(MARK)[0]
+        py.write_text(head + MARK + "\n" + precompile_toml)
+    return root
+
+
+def target_toml(name: str = "double", *, mode: str = "ok", extra: str = "",
+                script: str = "capture/pair.py") -> str:
+    """A [tool.precompile.targets.NAME] table running the fixture script in ``mode``."""
+    return (f'[tool.precompile.targets.{name}]\nscript = "{script}"\n'
+            f'args = ["--mode", "{mode}"]\ntimeout = 60\n{extra}\n')
+
+
+def build(root: Path, monkeypatch, out: Path | None = None, config_settings=None,
+          hook: str = "build_wheel") -> Path:
+    """Run a PEP 517 hook of precompile_build.backend in-process; return the file."""
+    from precompile_build import backend
+
+    out = out or root.parent / "dist"
+    out.mkdir(exist_ok=True)
+    monkeypatch.chdir(root)
+    name = getattr(backend, hook)(str(out), config_settings)
+    return out / name
+
+
+def wheel_names(path: Path) -> list[str]:
+    with zipfile.ZipFile(path) as zf:
+        return sorted(zf.namelist())
+
+
+def read_member(path: Path, suffix: str) -> bytes:
+    with zipfile.ZipFile(path) as zf:
+        (name,) = [n for n in zf.namelist() if n.endswith(suffix)]
+        return zf.read(name)
+
+
+def manifest_of(path: Path) -> dict:
+    return json.loads(read_member(path, "_precompiled/manifest.json"))
+
+
+def check_record(path: Path) -> None:
+    """Every file is in RECORD with the right sha256 and size, and vice versa."""
+    with zipfile.ZipFile(path) as zf:
+        names = [n for n in zf.namelist() if not n.endswith("/")]
+        (record,) = [n for n in names if n.endswith(".dist-info/RECORD")]
+        rows = list(csv.reader(io.StringIO(zf.read(record).decode())))
+        listed = {r[0]: r for r in rows}
+        assert sorted(listed) == sorted(names)
+        for n in names:
+            if n == record:
+                assert listed[n][1:] == ["", ""]
+                continue
+            data = zf.read(n)
+            digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=")
+            assert listed[n][1] == "sha256=" + digest.decode(), n
+            assert int(listed[n][2]) == len(data), n
+        assert names[-1] == record  # .dist-info last, RECORD at the very end
+
+
+def metadata_lines(path: Path, key: str) -> list[str]:
+    text = read_member(path, ".dist-info/METADATA").decode()
+    return [ln.split(":", 1)[1].strip() for ln in text.split("\n\n")[0].splitlines()
+            if ln.startswith(key + ":")]

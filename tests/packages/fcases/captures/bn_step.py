@@ -1,0 +1,12 @@
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import torch  # noqa: E402
+
+import fcases  # noqa: E402
+import precompile_build  # noqa: E402
+
+torch.manual_seed(1)
+with precompile_build.capture(fcases.bn_step, engine="frozen") as f:
+    f(fcases.bn_model(), torch.randn(8, 16), 0.5)

@@ -1,0 +1,9 @@
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import fcases  # noqa: E402
+import precompile_build  # noqa: E402
+
+with precompile_build.capture(fcases.tied_forward, engine="frozen") as f:
+    f(fcases.tied_model(), fcases.example_ids())

@@ -1,0 +1,1 @@
+"""A fixture library: nothing but a package that receives `_precompiled/`."""

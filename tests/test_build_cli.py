@@ -1,0 +1,132 @@
+"""python -m precompile_build: capture, inspect, merge; exit codes."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from _build_helpers import (_clean_env, build, check_record, host_fp_json,  # noqa: F401
+                            make_project, manifest_of, metadata_lines, target_toml,
+                            wheel_names)
+from precompile_build.cli import main
+
+
+def _wheel(tmp_path, monkeypatch, tag, mode="ok", edit=None):
+    root = make_project(tmp_path / tag, target_toml(mode=mode))
+    if edit:
+        edit(root)
+    return build(root, monkeypatch, out=tmp_path / f"dist-{tag}")
+
+
+def test_capture_writes_pairs_and_manifest(tmp_path, monkeypatch, capsys):
+    root = make_project(tmp_path, target_toml("a") + target_toml("b"))
+    out = tmp_path / "out"
+    assert main(["capture", "--project", str(root), "--targets", "a", "--out", str(out)]) == 0
+    assert sorted(p.name for p in out.iterdir()) == ["a.cache", "a.py", "manifest.json"]
+    assert main(["inspect", str(out)]) == 0
+    assert "target a (required): 1 variant(s)" in capsys.readouterr().out
+
+
+def test_inspect_text_and_json(tmp_path, monkeypatch, capsys):
+    whl = _wheel(tmp_path, monkeypatch, "a")
+    assert main(["inspect", str(whl)]) == 0
+    text = capsys.readouterr().out
+    assert "simplepkg/_precompiled/manifest.json (package simplepkg)" in text
+    assert "target double (required): 1 variant(s)" in text
+    assert "eager on cpu" in text and "this host: matches" in text
+    assert "double.py 185 B" in text
+    assert main(["inspect", str(whl), "--json"]) == 0
+    rep = json.loads(capsys.readouterr().out)
+    (v,) = rep["targets"]["double"]["variants"]
+    assert v["matches_host"] is True and v["mismatches"] == []
+    assert v["engine"] == "eager" and v["size"] > 185
+
+
+def test_inspect_reports_every_mismatch(tmp_path, monkeypatch, capsys):
+    whl = _wheel(tmp_path, monkeypatch, "b", mode="cuda-fp")
+    assert main(["inspect", str(whl)]) == 0
+    text = capsys.readouterr().out
+    assert "this host: does not match" in text
+    assert "device_type: built for 'cuda', this host has 'cuda'" not in text
+    assert "compute_capability: built for '9.0', this host has None" in text
+
+
+def test_merge_two_hosts(tmp_path, monkeypatch, capsys):
+    a = _wheel(tmp_path, monkeypatch, "a")
+    b = _wheel(tmp_path, monkeypatch, "b", mode="cuda-fp")
+    assert main(["merge", str(a), str(b), "-o", str(tmp_path / "merged")]) == 0
+    (out,) = (tmp_path / "merged").iterdir()
+    assert out.name == "simplepkg-0.1.0-py3-none-any.whl"
+    check_record(out)
+    m = manifest_of(out)
+    va, vb = m["targets"]["double"]["variants"]
+    assert va["fingerprint"]["device_type"] == "cpu"
+    assert vb["fingerprint"]["device_type"] == "cuda"
+    # identical source halves are stored once; differing caches get the variant id
+    assert va["files"]["source"]["path"] == vb["files"]["source"]["path"] == "double.py"
+    assert va["files"]["cache"]["path"] == "double.cache"
+    assert vb["files"]["cache"]["path"] == f"double.{vb['id']}.cache"
+    pc = [n for n in wheel_names(out) if "_precompiled" in n]
+    assert pc == sorted(f"simplepkg/_precompiled/{n}" for n in (
+        "double.py", "double.cache", f"double.{vb['id']}.cache", "manifest.json"))
+    assert metadata_lines(out, "Requires-Dist") == metadata_lines(a, "Requires-Dist")
+    capsys.readouterr()
+    assert main(["inspect", str(out), "--json"]) == 0
+    rep = json.loads(capsys.readouterr().out)
+    assert [v["matches_host"] for v in rep["targets"]["double"]["variants"]] == [True, False]
+
+
+def test_merge_platform_tag_wins(tmp_path, monkeypatch):
+    from precompile_build.wheel import platform_tag
+
+    a = _wheel(tmp_path, monkeypatch, "a")
+    b = _wheel(tmp_path, monkeypatch, "b", mode="frozen-cuda-fp")
+    assert main(["merge", str(a), str(b), "-o", str(tmp_path / "m")]) == 0
+    (out,) = (tmp_path / "m").iterdir()
+    assert out.name == f"simplepkg-0.1.0-{platform_tag()}.whl"
+    check_record(out)
+
+
+def _bump_version(root):
+    py = root / "pyproject.toml"
+    py.write_text(py.read_text().replace('version = "0.1.0"', 'version = "0.2.0"'))
+
+
+def _edit_code(root):
+    (root / "simplepkg" / "__init__.py").write_text("X = 1\n")
+
+
+@pytest.mark.parametrize("edit, mode, match", [
+    (_bump_version, "cuda-fp", "it is simplepkg 0.2.0, not simplepkg 0.1.0"),
+    (_edit_code, "cuda-fp", "simplepkg/__init__.py differs"),
+    (None, "ok", "variant .* is in two wheels"),
+])
+def test_merge_refuses(tmp_path, monkeypatch, capsys, edit, mode, match):
+    a = _wheel(tmp_path, monkeypatch, "a")
+    b = _wheel(tmp_path, monkeypatch, "b", mode=mode, edit=edit)
+    capsys.readouterr()
+    assert main(["merge", str(a), str(b), "-o", str(tmp_path / "m")]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("error: Failed to merge") and len(err.splitlines()) == 1
+    import re
+
+    assert re.search(match, err)
+    assert not (tmp_path / "m").exists() or list((tmp_path / "m").iterdir()) == []
+
+
+def test_exit_codes(tmp_path, capsys):
+    root = make_project(tmp_path, '[tool.precompile.targets.a]\nscirpt = "x.py"\n')
+    assert main(["capture", "--project", str(root)]) == 2
+    assert capsys.readouterr().err.startswith("error: Failed to validate `tool.precompile`")
+    assert main(["inspect", str(tmp_path / "missing.whl")]) == 1
+    assert capsys.readouterr().err.startswith("error: Failed to inspect")
+    proc = subprocess.run([sys.executable, "-m", "precompile_build", "bogus"],
+                          capture_output=True, text=True)
+    assert proc.returncode == 2 and "invalid choice" in proc.stderr
+    proc = subprocess.run([sys.executable, "-m", "precompile_build", "inspect",
+                           str(tmp_path)], capture_output=True, text=True)
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr
+    assert proc.stderr.startswith("error: Failed to inspect")

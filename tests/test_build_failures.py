@@ -1,0 +1,131 @@
+"""Capture scripts that fail: required targets fail the build (target, reason, log
+tail, no wheel left); optional ones are left out with a warning and recorded."""
+
+from __future__ import annotations
+
+import os
+import time
+
+import pytest
+
+from _build_helpers import (_clean_env, build, check_record, host_fp_json,  # noqa: F401
+                            make_project, manifest_of, target_toml, wheel_names)
+from precompile_build import runner
+from precompile_build.errors import CaptureError
+from precompile_build.runner import CaptureWarning
+
+CASES = {
+    "raise": ("exited with status 1", "RuntimeError: boom from capture script"),
+    "exit": ("exited with status 3", "fixture capture of double (mode exit)"),
+    "segv": ("killed by signal SIGSEGV (11)", "fixture capture of double (mode segv)"),
+    "source-only": ("wrote only double.py, not double.cache", "mode source-only"),
+    "cache-only": ("wrote only double.cache, not double.py", "mode cache-only"),
+    "badhash": ("code_hash mismatch", "mode badhash"),
+    "nothing": ("wrote neither half of the pair", "mode nothing"),
+    "spam": ("exited with status 1", "last words before failing"),
+}
+
+
+@pytest.mark.parametrize("mode", sorted(CASES))
+def test_required_failure_fails_build(tmp_path, monkeypatch, mode):
+    reason, log_line = CASES[mode]
+    root = make_project(tmp_path, target_toml(mode=mode))
+    with pytest.raises(CaptureError) as e:
+        build(root, monkeypatch)
+    msg = str(e.value)
+    assert msg.startswith("Capture of target 'double' failed: ")
+    assert reason in msg and log_line in msg and "last 40 lines of" in msg
+    assert len(msg) < 40 * 420 + 2000  # megabytes of output are not all in the message
+    assert list((tmp_path / "dist").iterdir()) == []
+    assert not (root / "simplepkg" / "_precompiled").exists()
+
+
+def test_hang_times_out_and_kills_the_tree(tmp_path, monkeypatch):
+    pid_file = tmp_path / "child.pid"
+    root = make_project(tmp_path, '[tool.precompile.targets.double]\n'
+                        'script = "capture/pair.py"\ntimeout = 3\n'
+                        f'args = ["--mode", "hang", "--pid-file", "{pid_file}"]\n')
+    start = time.monotonic()
+    with pytest.raises(CaptureError, match=r"'double' failed: timed out after 3 s"):
+        build(root, monkeypatch)
+    assert time.monotonic() - start < 30
+    child = int(pid_file.read_text())
+    for _ in range(50):  # reaped by init shortly after the kill
+        try:
+            os.kill(child, 0)
+        except ProcessLookupError:
+            break
+        with open(f"/proc/{child}/stat") as f:
+            if f.read().split(")")[1].split()[0] == "Z":
+                break
+        time.sleep(0.1)
+    else:
+        pytest.fail(f"child process {child} of the hung script is still alive")
+    assert list((tmp_path / "dist").iterdir()) == []
+
+
+def test_cuda_target_on_host_without_cuda(tmp_path, monkeypatch):
+    monkeypatch.setattr(runner, "cuda_available", lambda: False)
+    root = make_project(tmp_path, target_toml(extra='device = "cuda"'))
+    with pytest.raises(CaptureError, match="'double' failed: needs CUDA .* no CUDA GPU"):
+        build(root, monkeypatch)
+    assert list((tmp_path / "dist").iterdir()) == []
+
+
+@pytest.mark.parametrize("mode", ["raise", "segv", "badhash", "cuda"])
+def test_optional_failure_is_left_out(tmp_path, monkeypatch, mode):
+    monkeypatch.setattr(runner, "cuda_available", lambda: False)
+    extra = 'required = false\ndevice = "cuda"' if mode == "cuda" else "required = false"
+    root = make_project(tmp_path, target_toml("ok") + target_toml(
+        "bad", mode="ok" if mode == "cuda" else mode, extra=extra))
+    with pytest.warns(CaptureWarning, match="optional target 'bad' left out"):
+        whl = build(root, monkeypatch)
+    assert [n for n in wheel_names(whl) if "_precompiled" in n] == [
+        "simplepkg/_precompiled/manifest.json", "simplepkg/_precompiled/ok.cache",
+        "simplepkg/_precompiled/ok.py"]
+    check_record(whl)
+    bad = manifest_of(whl)["targets"]["bad"]
+    assert (bad["status"], bad["required"], bad["variants"]) == ("failed", False, [])
+    assert {"raise": "exited with status 1", "segv": "SIGSEGV", "badhash": "code_hash",
+            "cuda": "needs CUDA"}[mode] in bad["reason"]
+
+
+def test_strict_makes_optional_required(tmp_path, monkeypatch):
+    root = make_project(tmp_path, target_toml(mode="exit", extra="required = false"))
+    with pytest.raises(CaptureError, match="exited with status 3"):
+        build(root, monkeypatch, config_settings={"precompile.strict": "true"})
+
+
+def test_script_environment(tmp_path, monkeypatch):
+    """The env contract: paths absolute, device, CUDA hidden for cpu, target env."""
+    root = make_project(tmp_path)
+    script = root / "capture" / "env.py"
+    script.write_text(
+        "import json, os, sys\n"
+        "keys = ['PRECOMPILE_TARGET', 'PRECOMPILE_ARTIFACT_PATH', 'PRECOMPILE_CACHE_PATH',\n"
+        "        'PRECOMPILE_DEVICE', 'CUDA_VISIBLE_DEVICES', 'EXTRA']\n"
+        "print('ENV=' + json.dumps({k: os.environ.get(k) for k in keys}"
+        " | {'cwd': os.getcwd(), 'argv': sys.argv[1:]}))\n"
+        "sys.exit(5)\n")
+    (root / "pyproject.toml").write_text((root / "pyproject.toml").read_text().replace(
+        'script = "capture/pair.py"',
+        'script = "capture/env.py"\nargs = ["a b", "c"]\ndevice = "cpu"\n'
+        'env = { EXTRA = "yes" }'))
+    with pytest.raises(CaptureError) as e:
+        build(root, monkeypatch)
+    import json
+
+    env = json.loads(str(e.value).split("ENV=")[1].splitlines()[0])
+    assert env["PRECOMPILE_TARGET"] == "double" and env["PRECOMPILE_DEVICE"] == "cpu"
+    assert env["CUDA_VISIBLE_DEVICES"] == "" and env["EXTRA"] == "yes"
+    assert os.path.isabs(env["PRECOMPILE_ARTIFACT_PATH"])
+    assert env["PRECOMPILE_ARTIFACT_PATH"].endswith("double.py")
+    assert env["PRECOMPILE_CACHE_PATH"].endswith("double.cache")
+    assert env["cwd"] == str(root.resolve()) and env["argv"] == ["a b", "c"]
+    assert not os.path.exists(os.path.dirname(env["PRECOMPILE_ARTIFACT_PATH"]))  # cleaned
+
+
+def test_progress_line(tmp_path, monkeypatch, capfd):
+    build(make_project(tmp_path), monkeypatch)
+    err = capfd.readouterr().err
+    assert "precompile: double: ok on cpu in " in err and "source 185 B, cache" in err

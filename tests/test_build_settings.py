@@ -1,0 +1,198 @@
+"""[tool.precompile] validation and overrides (precompile_build.settings)."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+from hypothesis import given, settings as hsettings, strategies as st
+
+from _build_helpers import _clean_env, build, host_fp_json, make_project, target_toml  # noqa: F401
+from precompile_build.errors import ConfigError
+from precompile_build.settings import load_settings, settings_from_table
+
+
+def _load(root, cs=None, env=None):
+    return load_settings(root, cs, env or {})
+
+
+def test_valid_minimal(tmp_path):
+    root = make_project(tmp_path)
+    s = _load(root)
+    assert s.package == "simplepkg" and s.package_dir == root / "simplepkg"
+    t = s.targets["double"]
+    assert (t.script, t.args, t.device, t.timeout, t.env, t.required) == (
+        root / "capture/pair.py", (), "auto", 60.0, {}, True)
+    assert s.selected == ("double",) and not s.skip and s.torch_pin == "exact"
+
+
+@pytest.mark.parametrize("toml, key, suggestion", [
+    ('[tool.precompile]\ntargts = {}\n', "tool.precompile.targts", "tool.precompile.targets"),
+    ('[tool.precompile.targets.forward]\nscirpt = "capture/pair.py"\n',
+     "tool.precompile.targets.forward.scirpt", "tool.precompile.targets.forward.script"),
+    ('[tool.precompile]\ntorch_pin = "exact"\n[tool.precompile.targets.a]\n'
+     'script = "capture/pair.py"\n', "tool.precompile.torch_pin", "tool.precompile.torch-pin"),
+])
+def test_unknown_key_names_dotted_key_and_suggests(tmp_path, toml, key, suggestion):
+    root = make_project(tmp_path, toml)
+    with pytest.raises(ConfigError, match="unknown key") as e:
+        _load(root)
+    assert f"`{key}`" in str(e.value) and f"did you mean `{suggestion}`" in str(e.value)
+    assert str(e.value).startswith("Failed to validate `tool.precompile`")
+
+
+@pytest.mark.parametrize("extra, field", [
+    ('args = "--fast"', "tool.precompile.targets.double.args"),
+    ("args = [1, 2]", "tool.precompile.targets.double.args"),
+    ('device = "gpu"', "tool.precompile.targets.double.device"),
+    ("timeout = -1", "tool.precompile.targets.double.timeout"),
+    ('timeout = "10"', "tool.precompile.targets.double.timeout"),
+    ("timeout = true", "tool.precompile.targets.double.timeout"),
+    ("env = { A = 1 }", "tool.precompile.targets.double.env"),
+    ('required = "yes"', "tool.precompile.targets.double.required"),
+])
+def test_wrong_types_name_the_field(tmp_path, extra, field):
+    root = make_project(tmp_path, f'[tool.precompile.targets.double]\n'
+                                  f'script = "capture/pair.py"\n{extra}\n')
+    with pytest.raises(ConfigError, match=f"`{field}`"):
+        _load(root)
+
+
+@pytest.mark.parametrize("toml, match", [
+    ("", "the table is missing"),
+    ('[tool.precompile]\npackage = "simplepkg"\n', "`tool.precompile.targets` is missing"),
+    ("[tool.precompile.targets]\n", "`tool.precompile.targets` is empty"),
+    ('[tool.precompile]\ntargets = ["a"]\n', "`tool.precompile.targets` must be a table"),
+    ('[tool.precompile.targets.a]\nargs = []\n', "`tool.precompile.targets.a.script` is required"),
+    ('[tool.precompile.targets.my-target]\nscript = "capture/pair.py"\n', "must be a Python identifier"),
+    ('[tool.precompile.targets.1st]\nscript = "capture/pair.py"\n', "must be a Python identifier"),
+    ('[tool.precompile.targets.a]\nscript = "capture/nope.py"\n', "no such file"),
+    ('[tool.precompile.targets.a]\nscript = "capture/pair.py"\n'
+     '[tool.precompile.targets.a]\nscript = "capture/pair.py"\n', "Failed to parse"),
+    ('[tool.precompile]\ntorch-pin = "loose"\n[tool.precompile.targets.a]\n'
+     'script = "capture/pair.py"\n', "`tool.precompile.torch-pin` must be one of"),
+])
+def test_table_errors(tmp_path, toml, match):
+    root = make_project(tmp_path, toml)
+    with pytest.raises(ConfigError, match=match):
+        _load(root)
+
+
+def test_script_outside_root_via_dotdot(tmp_path):
+    root = make_project(tmp_path, '[tool.precompile.targets.a]\nscript = "../outside.py"\n')
+    (tmp_path / "outside.py").write_text("")
+    with pytest.raises(ConfigError, match="outside the project root"):
+        _load(root)
+
+
+def test_script_outside_root_via_symlink(tmp_path):
+    root = make_project(tmp_path, '[tool.precompile.targets.a]\nscript = "capture/link.py"\n')
+    (tmp_path / "outside.py").write_text("")
+    os.symlink(tmp_path / "outside.py", root / "capture" / "link.py")
+    with pytest.raises(ConfigError, match="outside the project root"):
+        _load(root)
+
+
+def test_symlink_inside_root_is_fine(tmp_path):
+    root = make_project(tmp_path, '[tool.precompile.targets.a]\nscript = "link.py"\n')
+    os.symlink(root / "capture" / "pair.py", root / "link.py")
+    assert _load(root).targets["a"].script == root / "capture" / "pair.py"
+
+
+def test_package_not_in_distribution(tmp_path):
+    root = make_project(tmp_path, '[tool.precompile]\npackage = "other"\n'
+                        + target_toml())
+    with pytest.raises(ConfigError, match="`tool.precompile.package` = 'other' is not in"):
+        _load(root)
+
+
+def test_package_ambiguous_and_missing(tmp_path):
+    root = make_project(tmp_path)
+    (root / "second").mkdir()
+    (root / "second" / "__init__.py").write_text("")
+    with pytest.raises(ConfigError, match=r"several import packages \(second, simplepkg\)"):
+        _load(root)
+    (root / "second" / "__init__.py").unlink()
+    (root / "simplepkg" / "__init__.py").unlink()
+    with pytest.raises(ConfigError, match="found no import package"):
+        _load(root)
+
+
+def test_package_inferred_from_src_layout(tmp_path):
+    root = make_project(tmp_path)
+    (root / "src").mkdir()
+    os.replace(root / "simplepkg", root / "src" / "simplepkg")
+    (root / "tests").mkdir()
+    (root / "tests" / "__init__.py").write_text("")  # not a candidate
+    s = _load(root)
+    assert (s.package, s.package_dir) == ("simplepkg", root / "src" / "simplepkg")
+
+
+TWO = target_toml("a") + target_toml("b")
+
+
+def test_override_precedence_env_over_config_over_pyproject(tmp_path):
+    root = make_project(tmp_path, TWO)
+    assert _load(root).selected == ("a", "b")
+    assert _load(root, {"precompile.targets": "b"}).selected == ("b",)
+    assert _load(root, {"precompile.targets": "b"},
+                 {"PRECOMPILE_TARGETS": "a"}).selected == ("a",)
+    assert _load(root, {"precompile.skip": "false"}, {"PRECOMPILE_SKIP": "1"}).skip
+    assert not _load(root, {"precompile.skip": "true"}, {"PRECOMPILE_SKIP": "0"}).skip
+    assert _load(root, {"precompile.skip": ["false", "true"]}).skip  # repeated -C: last
+    assert _load(root, {"precompile.torch-pin": "none"}).torch_pin == "none"
+    assert _load(root, {"precompile.strict": "yes"}).strict
+    assert _load(root, {"--build-option": "x"}).selected == ("a", "b")  # setuptools' key
+
+
+@pytest.mark.parametrize("cs, env, match", [
+    ({"precompile.skipp": "1"}, {}, "unknown key `precompile.skipp`; did you mean `precompile.skip`"),
+    ({"precompile.targets": "c"}, {}, "no target 'c'"),
+    ({}, {"PRECOMPILE_TARGETS": "aa"}, "environment variable PRECOMPILE_TARGETS: no target 'aa'.*did you mean 'a'"),
+    ({}, {"PRECOMPILE_TARGETS": " , "}, "selects no target"),
+    ({}, {"PRECOMPILE_SKIP": "maybe"}, "PRECOMPILE_SKIP: 'maybe' is not a boolean"),
+    ({"precompile.skip": "true", "precompile.targets": "a"}, {}, "conflicting config settings"),
+    ({}, {"PRECOMPILE_SKIP": "1", "PRECOMPILE_TARGETS": "a"}, "conflicting environment"),
+    ({"precompile.torch-pin": "major"}, {}, "config setting `precompile.torch-pin` must be one of"),
+])
+def test_override_errors(tmp_path, cs, env, match):
+    root = make_project(tmp_path, TWO)
+    with pytest.raises(ConfigError, match=match):
+        _load(root, cs, env)
+
+
+def test_config_error_comes_before_any_capture(tmp_path, monkeypatch):
+    marker = tmp_path / "ran"
+    root = make_project(tmp_path, target_toml("a") + f'env = {{ FIXTURE_MARK = "{marker}" }}\n'
+                        + '[tool.precompile.targets.b]\nscript = "capture/pair.py"\nrequred = true\n')
+    with pytest.raises(ConfigError, match="did you mean `tool.precompile.targets.b.required`"):
+        build(root, monkeypatch)
+    assert not marker.exists()
+    assert list((tmp_path / "dist").iterdir()) == []
+    (root / "pyproject.toml").write_text(
+        (root / "pyproject.toml").read_text().replace("requred", "required"))
+    build(root, monkeypatch)  # the same project, fixed: the capture does run
+    assert marker.exists()
+
+
+_keys = st.sampled_from(["package", "targets", "torch-pin", "script", "args", "device",
+                         "timeout", "env", "required", "a", "forward", "x-y", ""])
+_leaf = st.one_of(st.none(), st.booleans(), st.integers(), st.floats(), st.text(max_size=8),
+                  st.sampled_from(["capture/pair.py", "cpu", "auto", "../x", "simplepkg"]))
+_tree = st.recursive(_leaf, lambda c: st.one_of(st.lists(c, max_size=3),
+                                                 st.dictionaries(_keys, c, max_size=4)),
+                     max_leaves=12)
+
+
+@hsettings(max_examples=200, deadline=None)
+@given(table=_tree, cs=st.dictionaries(
+    st.sampled_from(["precompile.skip", "precompile.targets", "precompile.x", "other"]),
+    st.one_of(st.text(max_size=5), st.lists(st.text(max_size=3), max_size=2)), max_size=3))
+def test_fuzz_only_config_errors(tmp_path_factory, table, cs):
+    root = tmp_path_factory.getbasetemp() / "fuzzproj"
+    if not root.exists():
+        root = make_project(tmp_path_factory.mktemp("fuzz")).rename(root)
+    try:
+        settings_from_table(root.resolve(), table, cs, {})
+    except ConfigError:
+        pass

@@ -1,0 +1,276 @@
+"""The `frozen` engine on CUDA: Triton kernels frozen as cubins, served without Triton.
+
+Each test captures a CUDA call with ``engine="frozen"``, then loads the pair in a
+fresh subprocess whose Inductor and Triton cache directories are empty and whose
+serving guard is on (``PRECOMPILE_NO_COMPILE=1``: ``triton.compiler.compile`` and
+Inductor's compile raise). The child runs the artifact on every visible GPU (cuda:0,
+and cuda:1 where there are two), compares with eager results computed here, and
+reports every import of torch._inductor / torch._dynamo / triton it saw (an import
+hook counts them) and whether anything was written to the compile caches.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+try:
+    import torch
+except ImportError:  # pragma: no cover - CI without torch
+    torch = None
+try:
+    import triton
+    import triton.language as tl
+except ImportError:  # pragma: no cover - CPU-only torch
+    triton = None
+
+HAVE_CUDA = torch is not None and torch.cuda.is_available()
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not HAVE_CUDA, reason="needs CUDA")]
+needs_triton = pytest.mark.skipif(triton is None, reason="needs triton")
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+if triton is not None:
+
+    @triton.jit
+    def add_kernel(x_ptr, y_ptr, out_ptr, n, BLOCK: tl.constexpr):
+        offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        mask = offs < n
+        tl.store(out_ptr + offs, tl.load(x_ptr + offs, mask=mask) + tl.load(y_ptr + offs, mask=mask), mask=mask)
+
+    @triton.autotune(
+        configs=[triton.Config({"BLOCK": 128}, num_warps=4), triton.Config({"BLOCK": 512}, num_warps=8)],
+        key=["n"],
+    )
+    @triton.jit
+    def axpy_kernel(x_ptr, y_ptr, out_ptr, n, alpha, BLOCK: tl.constexpr):
+        offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        mask = offs < n
+        x = tl.load(x_ptr + offs, mask=mask)
+        tl.store(out_ptr + offs, alpha * x + tl.load(y_ptr + offs, mask=mask), mask=mask)
+
+
+def user_add(x, y):
+    out = torch.empty_like(x)
+    n = x.numel()
+    torch.library.wrap_triton(add_kernel)[(triton.cdiv(n, 256),)](x, y, out, n, BLOCK=256)
+    return torch.sigmoid(out) * 2
+
+
+def user_axpy(x, y):
+    out = torch.empty_like(x)
+    n = x.numel()
+    torch.library.wrap_triton(axpy_kernel)[lambda meta: (triton.cdiv(n, meta["BLOCK"]),)](x, y, out, n, 0.5)
+    return out.relu()
+
+
+def make_mlp():
+    nn = torch.nn
+    return nn.Sequential(nn.Linear(32, 64), nn.GELU(), nn.LayerNorm(64))
+
+
+def forward(model, x):
+    return model(x)
+
+
+def train_step(model, x):
+    loss = model(x).square().mean()
+    loss.backward()
+    return loss
+
+
+# The child: loads the pair like precompile_runtime's loader does (envelope, code_hash,
+# blobs unpacked, source exec'd, load(kernel_dir)), with nothing of the compiler stack.
+_CHILD = r'''
+import importlib.abc, json, os, sys, tempfile
+seen = []
+
+class _Spy(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name == "triton" or name.startswith(("triton.", "torch._inductor", "torch._dynamo")):
+            seen.append(name)
+        return None
+
+sys.meta_path.insert(0, _Spy())
+import torch
+import precompile_runtime  # PRECOMPILE_NO_COMPILE=1: the serving guard is on
+from precompile_runtime import envelope
+
+spec = json.loads(sys.argv[1])
+src = open(spec["source"], "rb").read()
+env = envelope.loads(open(spec["cache"], "rb").read())
+assert env.engine == "frozen" and env.code_hash == envelope.sha256_hex(src)
+kdir = tempfile.mkdtemp()
+for name, blob in env.blobs.items():
+    path = os.path.join(kdir, name)
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "wb") as f:
+        f.write(blob)
+ns = {"__name__": "pair"}
+exec(compile(src, spec["source"], "exec"), ns)
+art = ns["load"](kdir)
+data = torch.load(spec["data"], weights_only=False)
+report = {"uses_kernels": art.uses_kernels, "errors": {}}
+
+def close(got, want, tol):
+    return torch.allclose(got.float().cpu(), want.float().cpu(), atol=tol, rtol=tol)
+
+for dev in spec["devices"]:
+    with torch.cuda.device(torch.device(dev)):
+        errs = []
+        if spec["case"] in ("forward", "train"):
+            model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.GELU(), torch.nn.LayerNorm(64))
+            model.load_state_dict(data["state"])
+            model = model.to(dev, data["dtype"])
+            x = data["x"].to(dev)
+            for step in range(2):  # the second call reuses the loaded kernels
+                out = art(model, x)
+                if not close(out, data["out"], data["tol"]):
+                    errs.append(f"step {step}: output differs, max err {(out.float().cpu() - data['out'].float()).abs().max()}")
+            if spec["case"] == "train":
+                for n, p in model.named_parameters():
+                    if not close(p.grad / 2, data["grads"][n], data["tol"]):  # two steps accumulated
+                        errs.append(f"grad {n} differs")
+        else:
+            args = [t.to(dev) for t in data["args"]]
+            out = art(*args)
+            if not close(out, data["out"], data["tol"]):
+                errs.append(f"output differs, max err {(out.float().cpu() - data['out'].float()).abs().max()}")
+        torch.cuda.synchronize()
+        report["errors"][dev] = errs
+
+def files(d):
+    return sorted(os.path.join(r, f) for r, _, fs in os.walk(d) for f in fs)
+
+report["import_attempts"] = sorted(set(seen))
+report["forbidden_modules"] = sorted(m for m in sys.modules if m == "triton" or m.startswith(("triton.", "torch._inductor", "torch._dynamo")))
+report["cache_files"] = files(os.environ["TORCHINDUCTOR_CACHE_DIR"]) + files(os.environ["TRITON_CACHE_DIR"])
+print("REPORT " + json.dumps(report))
+'''
+
+
+def _capture(tmp_path, name, fn, *args):
+    import precompile_build
+
+    source, cache = tmp_path / f"{name}.py", tmp_path / f"{name}.cache"
+    with precompile_build.capture(fn, artifact_path=source, cache_path=cache, engine="frozen", target=name) as f:
+        f(*args)
+    text = source.read_text()
+    meta = _metadata(text)
+    kinds = [k["kind"] for k in meta["kernels"]]
+    assert "triton" in kinds, f"{name}: no Triton kernel was frozen ({kinds})"
+    for k in meta["kernels"]:
+        if k["kind"] == "triton":
+            assert k["launcher"].startswith("def launcher(") and "runner(grid_0, grid_1, grid_2, stream" in k["launcher"]
+    assert "import triton" not in text
+    return source, cache
+
+
+def _metadata(text):
+    import ast
+
+    for node in ast.parse(text).body:
+        if isinstance(node, ast.Assign) and getattr(node.targets[0], "id", "") == "PRECOMPILE_METADATA":
+            return ast.literal_eval(node.value)
+    raise AssertionError("no PRECOMPILE_METADATA")
+
+
+def _serve(tmp_path, case, source, cache, data):
+    """Load and run the pair in a fresh process; return its report."""
+    data_path = tmp_path / f"{case}-data.pt"
+    torch.save(data, data_path)
+    devices = [f"cuda:{i}" for i in range(min(torch.cuda.device_count(), 2))]
+    spec = {"source": str(source), "cache": str(cache), "data": str(data_path), "case": case, "devices": devices}
+    env = dict(os.environ)
+    for var in ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR"):
+        d = tmp_path / f"empty-{var.lower()}"
+        d.mkdir(exist_ok=True)
+        env[var] = str(d)
+    env["PRECOMPILE_NO_COMPILE"] = "1"
+    env["PYTHONPATH"] = os.pathsep.join([REPO, os.path.join(REPO, "runtime"), env.get("PYTHONPATH", "")])
+    proc = subprocess.run([sys.executable, "-c", _CHILD, json.dumps(spec)], env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, f"child failed:\n{proc.stdout}\n{proc.stderr}"
+    line = [ln for ln in proc.stdout.splitlines() if ln.startswith("REPORT ")][-1]
+    report = json.loads(line[len("REPORT "):])
+    print(case, json.dumps(report))
+    assert report["uses_kernels"]
+    assert report["import_attempts"] == [], report["import_attempts"]
+    assert report["forbidden_modules"] == [], report["forbidden_modules"]
+    assert report["cache_files"] == [], report["cache_files"]
+    assert set(report["errors"]) == set(devices)
+    for dev, errs in report["errors"].items():
+        assert errs == [], f"{case} on {dev}: {errs}"
+    return report
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_forward_mlp(tmp_path, dtype):
+    dt = getattr(torch, dtype)
+    torch.manual_seed(0)
+    model = make_mlp().cuda().to(dt)
+    x = torch.randn(8, 32, device="cuda", dtype=dt)
+    source, cache = _capture(tmp_path, f"mlp_{dtype}", forward, model, x)
+    with torch.no_grad():
+        want = model(x)
+    state = {k: v.float().cpu() for k, v in model.state_dict().items()}
+    tol = 1e-4 if dt == torch.float32 else 5e-2
+    _serve(tmp_path, "forward", source, cache,
+           {"state": state, "dtype": dt, "x": x.cpu(), "out": want.cpu(), "tol": tol})
+
+
+def test_train_step(tmp_path):
+    torch.manual_seed(0)
+    model = make_mlp().cuda()
+    state = {k: v.detach().cpu().clone() for k, v in model.state_dict().items()}
+    x = torch.randn(8, 32, device="cuda")
+    source, cache = _capture(tmp_path, "train", train_step, model, x)
+    ref = make_mlp().cuda()
+    ref.load_state_dict(state)
+    loss = train_step(ref, x)
+    grads = {n: p.grad.cpu() for n, p in ref.named_parameters()}
+    _serve(tmp_path, "train", source, cache,
+           {"state": state, "dtype": torch.float32, "x": x.cpu(), "out": loss.detach().cpu(),
+            "grads": grads, "tol": 1e-4})
+
+
+@needs_triton
+@pytest.mark.parametrize("fn", [user_add, user_axpy], ids=["jit", "autotune"])
+def test_user_triton_kernel(tmp_path, fn):
+    torch.manual_seed(0)
+    x, y = torch.randn(3000, device="cuda"), torch.randn(3000, device="cuda")
+    source, cache = _capture(tmp_path, fn.__name__, fn, x, y)
+    want = fn(x, y)
+    if fn is user_axpy:  # the frozen launch is the config autotuning picked
+        entry = [k for k in _metadata(source.read_text())["kernels"] if k["kind"] == "triton" and "axpy" in k["function"]]
+        assert len(entry) == 1 and "BLOCK" in entry[0]["config"], entry
+    _serve(tmp_path, "user", source, cache,
+           {"args": [x.cpu(), y.cpu()], "out": want.cpu(), "tol": 1e-5})
+
+
+def test_unfreezable_kernel_is_a_capture_error():
+    """A launcher built without the static CUDA launcher is refused, naming the kernel."""
+    from precompile_build.engines._triton_freeze import freeze_triton_kernel
+    from precompile_build.errors import CaptureError
+
+    class FakeLauncher:
+        pass
+
+    launcher = FakeLauncher()
+    launcher._precompile_launcher_code = "def launcher(a, stream):\n    runner(1, 1, 1, stream, a)"
+    launcher._precompile_compile_result = type("R", (), {"kernel": object()})()
+    autotuner = type("A", (), {"launchers": [launcher]})()
+    with pytest.raises(CaptureError, match=r"triton_poi_fused_0.*engine='torch' or engine='eager'"):
+        freeze_triton_kernel("triton_poi_fused_0", autotuner, "t")
+
+
+def test_template_is_self_contained():
+    """The launcher template needs only names the source half defines."""
+    text = open(os.path.join(REPO, "precompile_build", "engines", "_triton_launcher.py")).read()
+    assert "import" not in text.replace("# ", "")
+    assert textwrap.dedent(text) == text
