@@ -6,6 +6,9 @@ is re-exported (looked up lazily, so hooks setuptools adds later are inherited);
 their pairs; ``build_sdist`` ships the capture scripts and no artifacts; the
 ``prepare_metadata_*`` hooks add the same ``Requires-Dist`` lines the wheel gets.
 
+Captures run side by side and unchanged ones are reused from the capture cache
+(``runner.run_captures``; `jobs`, `cache`, `cache-dir` settings).
+
 Torch must be importable where the build runs (the scripts run with the build's
 own interpreter): list it in ``build-system.requires`` or build with
 ``--no-isolation``. ``get_requires_for_build_wheel`` adds nothing.

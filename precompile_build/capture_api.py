@@ -40,17 +40,19 @@ class Capture:
         self.calls += 1
         if self._pair is not None:
             return self._fn(*args, **kwargs)  # later calls run for real, uncaptured
-        engine = engines.resolve(self.engine)
+        device = _device_of(args, kwargs)
+        engine = engines.resolve(self.engine, device)
         if self.backend == "eager" and engine == "frozen":
             engine = "eager"
         self.engine = engine
-        mod = engines.get(engine)
-        source, cache, result = mod.capture_pair(
-            self._fn, args, kwargs, target=self.target, device=None,
-            options=dict(self._options, backend=self.backend),
+        options = dict(self._options)
+        if engine == "torch":
+            options["backend"] = self.backend
+        # the capture traces clones: the real call below is the only one with effects
+        self._pair = engines.get(engine).capture_pair(
+            self._fn, args, kwargs, target=self.target, device=device, options=options,
         )
-        self._pair = (source, cache)
-        return result
+        return self._fn(*args, **kwargs)
 
     def __exit__(self, exc_type, exc, tb) -> bool:
         if exc_type is not None:
@@ -68,6 +70,25 @@ class Capture:
             )
         write_pair(self.artifact_path, self._pair[0], self.cache_path, self._pair[1])
         return False
+
+
+def _device_of(args, kwargs) -> str:
+    """``"cuda"`` when any tensor argument or module parameter is on CUDA, else ``"cpu"``."""
+    import torch
+
+    stack = [*args, *kwargs.values()]
+    while stack:
+        v = stack.pop()
+        if isinstance(v, torch.Tensor) and v.device.type == "cuda":
+            return "cuda"
+        if isinstance(v, torch.nn.Module):
+            stack.extend(v.parameters())
+            stack.extend(v.buffers())
+        elif isinstance(v, (list, tuple)):
+            stack.extend(v)
+        elif isinstance(v, dict):
+            stack.extend(v.values())
+    return "cpu"
 
 
 def write_pair(source_path: Path, source: bytes, cache_path: Path, cache: bytes) -> None:
@@ -111,8 +132,10 @@ def capture(
         artifact_path: where the source half goes (default: env
             ``PRECOMPILE_ARTIFACT_PATH``, set by the build backend).
         cache_path: where the cache half goes (default: env ``PRECOMPILE_CACHE_PATH``).
-        engine: ``"auto"`` (torch where torch has ``torch.compiler.precompile``, else
-            frozen), ``"torch"``, ``"frozen"`` or ``"eager"``.
+        engine: ``"auto"`` (see :func:`precompile_build.engines.resolve`: the
+            ``PRECOMPILE_ENGINE`` variable, else frozen on CPU, torch on CUDA where
+            torch has ``torch.compiler.precompile``), ``"torch"``, ``"frozen"`` or
+            ``"eager"``.
         backend: ``"inductor"`` or ``"eager"`` (no kernels).
         target: the name in messages (default: env ``PRECOMPILE_TARGET``, else the
             artifact file's stem).

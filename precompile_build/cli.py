@@ -1,4 +1,4 @@
-"""``python -m precompile_build``: capture, inspect, merge.
+"""``python -m precompile_build``: capture, inspect, merge, clean.
 
 Exit status: 0 ok, 2 usage or configuration error, 1 any other failure; errors are
 one ``error: ...`` line on stderr, without a traceback.
@@ -33,6 +33,11 @@ def _parser() -> argparse.ArgumentParser:
     m = sub.add_parser("merge", help="combine wheels built on different hosts")
     m.add_argument("wheels", nargs="+", metavar="WHEEL")
     m.add_argument("-o", "--out", required=True, metavar="OUT_DIR")
+    k = sub.add_parser("clean", help="delete the capture cache")
+    k.add_argument("--cache-dir", metavar="DIR",
+                   help="the cache to delete (default: PRECOMPILE_BUILD_CACHE_DIR, else "
+                        "`cache-dir` of --project's pyproject.toml, else the per-user cache)")
+    k.add_argument("--project", metavar="DIR", help="read `cache-dir` from this project")
     return p
 
 
@@ -68,11 +73,29 @@ def _merge(args: argparse.Namespace) -> int:
     return 0
 
 
+def _clean(args: argparse.Namespace) -> int:
+    from .capture_cache import clean
+    from .settings import default_cache_dir, load_settings
+
+    if args.cache_dir:
+        root = Path(args.cache_dir)
+    elif os.environ.get("PRECOMPILE_BUILD_CACHE_DIR"):
+        root = Path(os.environ["PRECOMPILE_BUILD_CACHE_DIR"])
+    elif args.project:
+        root = load_settings(args.project).cache_dir or default_cache_dir()
+    else:
+        root = default_cache_dir()
+    n = clean(root.absolute())
+    print(f"removed {n} capture cache entr{'y' if n == 1 else 'ies'} from {root}")
+    return 0
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """Run the CLI; returns the exit status (see the module docstring)."""
     args = _parser().parse_args(argv)
     try:
-        return {"capture": _capture, "inspect": _inspect, "merge": _merge}[args.command](args)
+        return {"capture": _capture, "inspect": _inspect, "merge": _merge,
+                "clean": _clean}[args.command](args)
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

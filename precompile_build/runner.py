@@ -1,27 +1,37 @@
-"""Run capture scripts in subprocesses and collect their artifact pairs."""
+"""Run the capture scripts of a build, side by side, reusing cached captures.
+
+Per selected target: resolve its device; with the capture cache on, compute its
+key and, under the key's file lock, reuse a verified entry or run the script
+(:mod:`.script`) in a device slot (:mod:`.slots`), validate the pair and store it.
+Status lines, live progress and the summary table go to stderr (:mod:`.progress`).
+Results come back in config order, whatever order the captures finished in.
+"""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import threading
 import time
 import warnings
-from dataclasses import dataclass
+from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait as wait_all
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Optional
+from typing import Any, Optional, Union
 
+from . import capture_cache
 from .errors import CaptureError
-from .pairs import PairInfo, inspect_pair
+from .pairs import PairInfo
+from .progress import Progress, human_size, summary
+from .script import CANCELLED, LOG_TAIL_LINES, check_pair, log_file, log_tail, run_script
 from .settings import Settings, TargetSettings
+from .slots import Slots
 
-LOG_TAIL_LINES = 40
-_TAIL_BYTES = 64 * 1024
-_LINE_CAP = 400  # characters per shown log line
-_KILL_GRACE = 5.0  # seconds between SIGTERM and SIGKILL
+__all__ = ["CaptureResult", "CaptureWarning", "LOG_TAIL_LINES", "cuda_available",
+           "gpu_ids", "log_tail", "resolve_device", "run_captures", "run_target"]
 
 
 class CaptureWarning(UserWarning):
@@ -39,44 +49,79 @@ class CaptureResult:
     device: str
     """Resolved device: `cpu` or `cuda`."""
     seconds: float = 0.0
+    """Wall seconds this build spent on the target (a reused pair: the lookup)."""
     reason: Optional[str] = None
     source_path: Optional[Path] = None
     cache_path: Optional[Path] = None
     info: Optional[PairInfo] = None
+    device_index: Optional[Union[int, str]] = None
+    """The ``CUDA_VISIBLE_DEVICES`` entry the capture ran on (an int when numeric);
+    None for CPU captures. A reused pair keeps the one it was captured on."""
+    origin: str = "captured"
+    """`captured` (the script ran in this build) or `reused` (from the capture cache)."""
+    why: Optional[str] = None
+    """Why it was captured: `no entry`, `entry corrupt: ...`, `cache off`, ..."""
+    cache_key: Optional[str] = None
+    """The capture cache key (sha256 hex); None with the cache off."""
+    capture_seconds: Optional[float] = None
+    """Seconds the capture itself took (for a reused pair, when it was captured)."""
 
 
-_cuda_cache: Optional[bool] = None
+_cuda_cache: Optional[int] = None
 
 
 def cuda_available() -> bool:
     """Whether this build host has a usable CUDA GPU (cached per process).
 
     ``nvidia-smi -L`` listing a GPU counts; where nvidia-smi is missing but
-    ``/dev/nvidiactl`` exists, asks ``torch.cuda.is_available()`` in a subprocess.
+    ``/dev/nvidiactl`` exists, asks ``torch.cuda.device_count()`` in a subprocess.
     ``CUDA_VISIBLE_DEVICES`` set to ``""`` or ``-1`` means no.
     """
-    global _cuda_cache
     if os.environ.get("CUDA_VISIBLE_DEVICES", None) in ("", "-1"):
         return False
+    return _gpu_count() > 0
+
+
+def gpu_ids() -> list[str]:
+    """``CUDA_VISIBLE_DEVICES`` values of the usable GPUs, one per GPU: the entries
+    of an inherited ``CUDA_VISIBLE_DEVICES``, else ``0..N-1``; [] without CUDA."""
+    if not cuda_available():
+        return []
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None:
+        return [v.strip() for v in visible.split(",") if v.strip()]
+    return [str(i) for i in range(_gpu_count())]
+
+
+def _gpu_count() -> int:
+    global _cuda_cache
     if _cuda_cache is None:
         _cuda_cache = _probe_cuda()
     return _cuda_cache
 
 
-def _probe_cuda() -> bool:
+def _probe_cuda() -> int:
+    """Number of CUDA GPUs of this host (0 when none or unknown)."""
     cmd = None
     if shutil.which("nvidia-smi"):
         cmd = ["nvidia-smi", "-L"]
     elif os.path.exists("/dev/nvidiactl"):
-        cmd = [sys.executable, "-c",
-               "import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)"]
+        cmd = [sys.executable, "-c", "import torch; print(torch.cuda.device_count() "
+               "if torch.cuda.is_available() else 0)"]
     if cmd is None:
-        return False
+        return 0
     try:
-        proc = subprocess.run(cmd, capture_output=True, timeout=120)
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
     except (OSError, subprocess.TimeoutExpired):
-        return False
-    return proc.returncode == 0 and (cmd[0] != "nvidia-smi" or b"GPU" in proc.stdout)
+        return 0
+    if proc.returncode != 0:
+        return 0
+    if cmd[0] == "nvidia-smi":
+        return sum(1 for ln in proc.stdout.splitlines() if ln.startswith("GPU "))
+    try:
+        return int(proc.stdout.split()[-1])
+    except (IndexError, ValueError):
+        return 0
 
 
 def resolve_device(device: str) -> Optional[str]:
@@ -88,189 +133,238 @@ def resolve_device(device: str) -> Optional[str]:
     return device
 
 
-def _size(n: int) -> str:
-    for unit in ("B", "KiB", "MiB"):
-        if n < 1024 or unit == "MiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024  # type: ignore[assignment]
-    return str(n)  # pragma: no cover
+def _index(gpu: Optional[str]) -> Optional[Union[int, str]]:
+    return int(gpu) if gpu is not None and gpu.isdigit() else gpu
 
 
-def log_tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:
-    """The last ``lines`` lines of a log file (long lines cut), for error messages."""
+def _sizes(r: CaptureResult) -> str:
+    assert r.source_path is not None and r.cache_path is not None and r.info is not None
+    return (f"{r.info.engine}; source {human_size(r.source_path.stat().st_size)}, "
+            f"cache {human_size(r.cache_path.stat().st_size)}")
+
+
+class _Cancelled(Exception):
+    """The build stopped (another required target failed, or Ctrl-C) before or while
+    this target ran; it has no result."""
+
+
+@dataclass
+class _Build:
+    """What the targets of one build share."""
+
+    settings: Settings
+    work: Path
+    verbose: bool
+    slots: Slots
+    progress: Progress
+    abort: threading.Event = field(default_factory=threading.Event)
+    cache_root: Optional[Path] = None
+    """None: the cache is off for this build (``cache_off`` says why)."""
+    cache_off: str = "cache off"
+    fingerprints: dict = field(default_factory=dict)
+    package_sha256: str = ""
+
+
+def _plan_cache(b: _Build, devices: set) -> None:
+    """Turn the cache on for this build when the settings want it and the host
+    fingerprint and package digest can be computed (else say why not)."""
+    if not b.settings.cache or not devices:
+        return
     try:
-        with open(path, "rb") as f:
-            f.seek(0, os.SEEK_END)
-            f.seek(max(0, f.tell() - _TAIL_BYTES))
-            text = f.read().decode("utf-8", "replace")
-    except OSError:
-        return "(no log)"
-    out = [ln if len(ln) <= _LINE_CAP else ln[:_LINE_CAP] + " [...]"
-           for ln in text.splitlines()[-lines:]]
-    return "\n".join(out) or "(empty log)"
+        b.fingerprints = capture_cache.host_fingerprints(devices)
+        b.package_sha256 = capture_cache.package_digest(b.settings.package_dir)
+        b.cache_root = capture_cache.cache_root(b.settings)
+    except (CaptureError, OSError, ValueError, subprocess.SubprocessError) as e:
+        b.cache_off = f"cache off: {e}".replace("\n", " ")
+        b.progress.say(f"precompile: capture cache unavailable for this build ({e})")
 
 
-def _kill_group(proc: subprocess.Popen) -> None:
-    """End the script and every process it started in its session."""
-    for sig, wait in ((signal.SIGTERM, _KILL_GRACE), (signal.SIGKILL, None)):
-        try:
-            os.killpg(proc.pid, sig)
-        except (ProcessLookupError, PermissionError):
-            return
-        if wait is None:
-            break
-        try:
-            proc.wait(timeout=wait)
-            # the leader is gone; SIGKILL what is left of its group
-        except subprocess.TimeoutExpired:
-            pass
-    try:
-        proc.wait(timeout=30)
-    except subprocess.TimeoutExpired:  # pragma: no cover
-        pass
-
-
-def _pump(stream: IO[bytes], log: IO[bytes], echo: bool) -> None:
-    for chunk in iter(lambda: stream.read1(65536), b""):  # type: ignore[attr-defined]
-        log.write(chunk)
-        if echo:
-            sys.stderr.buffer.write(chunk)
-            sys.stderr.flush()
-
-
-def _exit_reason(rc: int) -> str:
-    if rc < 0:
-        try:
-            return f"killed by signal {signal.Signals(-rc).name} ({-rc})"
-        except ValueError:
-            return f"killed by signal {-rc}"
-    return f"exited with status {rc}"
-
-
-def _script_env(settings: Settings, target: TargetSettings, device: str,
-                src: Path, cache: Path) -> dict[str, str]:
-    env = dict(os.environ)
-    env.update(target.env)
-    # The script imports the library being built: put its source root first.
-    base = str(settings.package_dir.parent)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (base, env.get("PYTHONPATH")) if p)
-    env.update(PRECOMPILE_TARGET=target.name, PRECOMPILE_ARTIFACT_PATH=str(src),
-               PRECOMPILE_CACHE_PATH=str(cache), PRECOMPILE_DEVICE=device)
-    if device == "cpu":
-        env["CUDA_VISIBLE_DEVICES"] = ""
-    return env
-
-
-def _run_script(settings: Settings, target: TargetSettings, device: str,
-                work: Path, verbose: bool) -> tuple[Optional[str], Path, Path, Path]:
-    """Run one script. Returns (failure reason or None, source, cache, log path)."""
-    out = work / "pairs" / target.name
-    out.mkdir(parents=True, exist_ok=True)
-    (work / "logs").mkdir(exist_ok=True)
-    src, cache = out / f"{target.name}.py", out / f"{target.name}.cache"
-    log_path = work / "logs" / f"{target.name}.log"
-    env = _script_env(settings, target, device, src, cache)
-    cmd = [sys.executable, str(target.script), *target.args]
-    with open(log_path, "wb") as log:
-        proc = subprocess.Popen(cmd, cwd=settings.root, env=env, stdin=subprocess.DEVNULL,
-                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                start_new_session=True)
-        pump = threading.Thread(target=_pump, args=(proc.stdout, log, verbose), daemon=True)
-        pump.start()
-        reason = None
-        try:
-            rc = proc.wait(timeout=target.timeout)
-        except subprocess.TimeoutExpired:
-            _kill_group(proc)
-            reason = f"timed out after {target.timeout:g} s (process group killed)"
-        except BaseException:  # Ctrl-C: end the script's tree, then re-raise
-            _kill_group(proc)
-            raise
-        else:
-            _kill_group(proc)  # leftovers the script started in the background
-            if rc != 0:
-                reason = _exit_reason(rc)
-        pump.join(timeout=10)
-        proc.stdout.close()  # type: ignore[union-attr]
-    return reason, src, cache, log_path
-
-
-def run_target(settings: Settings, target: TargetSettings, work: Path,
-               *, verbose: bool = False) -> CaptureResult:
-    """Run one target's capture script and validate its pair.
-
-    Args:
-        settings: the project's settings.
-        target: the target to run.
-        work: a fresh temp directory of this build (pairs and logs go under it).
-        verbose: stream the script's output to stderr.
-    Returns:
-        a :class:`CaptureResult`: ``ok``, or ``failed`` for an optional target.
-    Raises:
-        CaptureError: a required target (or any target with ``strict``) failed;
-            names the target, the reason and the last lines of its log.
-    """
-    required = target.required or settings.strict
-    device = resolve_device(target.device)
+def _run_one(b: _Build, target: TargetSettings, device: Optional[str]) -> CaptureResult:
+    required = target.required or b.settings.strict
     if device is None:
         reason = "needs CUDA (device = \"cuda\") but this build host has no CUDA GPU"
         if required:
             reason += ("; build on a GPU host, or set `required = false` to leave it "
                        "out of wheels built elsewhere")
-        return _fail_or_skip(target, required, "cuda", reason, None, 0.0)
+        return _fail_or_skip(b, target, required, "cuda", reason, None, 0.0)
     start = time.monotonic()
-    reason, src, cache, log_path = _run_script(settings, target, device, work, verbose)
-    seconds = time.monotonic() - start
+    if b.cache_root is None:
+        return _capture(b, target, device, b.cache_off, None, start)
+    root = b.cache_root
+    try:
+        components = capture_cache.key_components(
+            b.settings, target, device, b.fingerprints[device], b.package_sha256)
+        key = capture_cache.cache_key(components)
+        lock = capture_cache.lock(root, key)
+        if not _acquire(b, target, lock):
+            raise _Cancelled(target.name)
+    except OSError as e:
+        return _capture(b, target, device, f"cache unavailable: {e}", None, start)
+    try:
+        meta, why = capture_cache.fetch(root, key, target.name, b.work / "reused" / target.name)
+        if meta is not None:
+            return _reused(b, target, device, key, meta, start)
+        if why != "no entry":
+            b.progress.say(f"precompile: {target.name}: discarded cache entry "
+                           f"{key[:12]}…: {why[len('entry corrupt: '):]}")
+        result = _capture(b, target, device, why, key, start)
+        if result.status == "ok":
+            try:
+                capture_cache.store(root, key, target.name, result.source_path,  # type: ignore
+                                    result.cache_path, result.info,  # type: ignore[arg-type]
+                                    seconds=result.capture_seconds or 0.0,
+                                    capture_device=result.device_index,
+                                    components=components)
+            except OSError as e:
+                b.progress.say(f"precompile: {target.name}: could not write the capture "
+                               f"cache entry in {root}: {e}")
+        return result
+    finally:
+        lock.release()
+
+
+def _acquire(b: _Build, target: TargetSettings, lock: Any) -> bool:
+    """Take the entry lock; say so when another build holds it. False on abort."""
+    import filelock
+
+    told = False
+    while not b.abort.is_set():
+        try:
+            lock.acquire(timeout=0 if not told else 0.5)
+            return True
+        except filelock.Timeout:
+            if not told:
+                b.progress.say(f"precompile: {target.name}: waiting for another build "
+                               f"capturing the same inputs (lock {lock.lock_file})")
+                told = True
+    return False
+
+
+def _reused(b: _Build, target: TargetSettings, device: str, key: str, meta: dict,
+            start: float) -> CaptureResult:
+    r = CaptureResult(target.name, "ok", target.required, device,
+                      time.monotonic() - start, None,
+                      b.work / "reused" / target.name / f"{target.name}.py",
+                      b.work / "reused" / target.name / f"{target.name}.cache",
+                      meta["info"], meta.get("capture_device"), "reused", None, key,
+                      meta.get("capture_seconds"))
+    b.progress.say(f"precompile: {target.name}: ok on {device} in {r.seconds:.1f} s "
+                   f"({_sizes(r)}), reused (key {key[:12]}…)")
+    return r
+
+
+def _capture(b: _Build, target: TargetSettings, device: str, why: str,
+             key: Optional[str], start: float) -> CaptureResult:
+    """Run the script in a device slot and validate its pair."""
+    required = target.required or b.settings.strict
+    ok, gpu = b.slots.acquire(device, b.abort)
+    if not ok:
+        raise _Cancelled(target.name)
+    where = device if gpu is None else f"cuda:{gpu}"
+    b.progress.started(target.name, where, log_file(b.work, target))
+    run_start = time.monotonic()
+    try:
+        reason, src, cache, log_path = run_script(b.settings, target, device, gpu, b.work,
+                                                  b.verbose, b.abort)
+    finally:
+        b.slots.release(device, gpu)
+        b.progress.finished(target.name)
+    seconds = time.monotonic() - run_start
+    if reason == CANCELLED:
+        raise _Cancelled(target.name)
     info = None
     if reason is None:
-        have = [p.name for p in (src, cache) if p.is_file()]
-        if not have:
-            reason = ("exited 0 but wrote neither half of the pair; did the script run "
-                      "a capture with PRECOMPILE_ARTIFACT_PATH / PRECOMPILE_CACHE_PATH?")
-        elif len(have) == 1:
-            missing = cache.name if have[0] == src.name else src.name
-            reason = f"wrote only {have[0]}, not {missing}: half a pair is unusable"
-        else:
-            try:
-                info = inspect_pair(src, cache)
-            except CaptureError as e:
-                reason = f"wrote an invalid pair: {e}"
+        reason, info = check_pair(src, cache)
     if reason is not None:
-        return _fail_or_skip(target, required, device, reason, log_path, seconds)
-    sizes = f"source {_size(src.stat().st_size)}, cache {_size(cache.stat().st_size)}"
-    print(f"precompile: {target.name}: ok on {device} in {seconds:.1f} s "
-          f"({info.engine}; {sizes})", file=sys.stderr, flush=True)  # type: ignore[union-attr]
-    return CaptureResult(target.name, "ok", target.required, device, seconds,
-                         None, src, cache, info)
+        return _fail_or_skip(b, target, required, where, reason, log_path, seconds)
+    r = CaptureResult(target.name, "ok", target.required, device,
+                      time.monotonic() - start, None, src, cache, info, _index(gpu),
+                      "captured", why, key, seconds)
+    b.progress.say(f"precompile: {target.name}: ok on {where} in {seconds:.1f} s "
+                   f"({_sizes(r)}), captured (why: {why})")
+    return r
 
 
-def _fail_or_skip(target: TargetSettings, required: bool, device: str, reason: str,
-                  log_path: Optional[Path], seconds: float) -> CaptureResult:
+def _fail_or_skip(b: _Build, target: TargetSettings, required: bool, device: str,
+                  reason: str, log_path: Optional[Path], seconds: float) -> CaptureResult:
     if required:
         tail = ""
         if log_path is not None:
             tail = (f"\nlast {LOG_TAIL_LINES} lines of {log_path}:\n"
                     + log_tail(log_path))
         raise CaptureError(f"Capture of target {target.name!r} failed: {reason}" + tail)
-    print(f"precompile: {target.name}: left out ({reason})", file=sys.stderr, flush=True)
-    warnings.warn(f"optional target {target.name!r} left out of the wheel: {reason}",
-                  CaptureWarning, stacklevel=3)
-    return CaptureResult(target.name, "failed", False, device, seconds, reason)
+    b.progress.say(f"precompile: {target.name}: left out ({reason})")
+    return CaptureResult(target.name, "failed", False, device.split(":")[0], seconds, reason)
+
+
+def run_target(settings: Settings, target: TargetSettings, work: Path,
+               *, verbose: bool = False) -> CaptureResult:
+    """Run (or reuse) one target; see :func:`run_captures`."""
+    return run_captures(dataclasses.replace(settings, selected=(target.name,)), work,
+                        verbose=verbose)[0]
 
 
 def run_captures(settings: Settings, work: Path,
                  *, verbose: Optional[bool] = None) -> list[CaptureResult]:
-    """Run every selected target in order (see :func:`run_target`).
+    """Run every selected target, independent ones at the same time.
 
     Args:
-        settings: resolved settings; ``settings.selected`` names the targets.
+        settings: resolved settings; ``selected`` names the targets, ``jobs`` how
+            many run at once, ``cache``/``cache_dir`` the capture cache.
         work: fresh temp directory for pairs and logs (``work/logs/NAME.log``).
-        verbose: default ``settings.verbose``.
+        verbose: default ``settings.verbose``: stream script output to stderr.
     Returns:
-        one :class:`CaptureResult` per selected target.
+        one :class:`CaptureResult` per selected target, in config order. A failed
+        optional target is ``failed`` and warned about (:class:`CaptureWarning`).
     Raises:
-        CaptureError: the first required target that failed.
+        CaptureError: a required target (any target with ``strict``) failed: the
+            first in config order; the other running captures are stopped. The
+            message names the target, the reason and the last lines of its log.
     """
     verbose = settings.verbose if verbose is None else verbose
-    return [run_target(settings, settings.targets[n], Path(work), verbose=verbose)
-            for n in settings.selected]
+    work = Path(work)
+    names = settings.selected
+    devices = {n: resolve_device(settings.targets[n].device) for n in names}
+    gpus = gpu_ids() if "cuda" in devices.values() else []
+    with Progress(live=False if verbose else None) as progress:
+        b = _Build(settings, work, verbose, Slots(settings.jobs, gpus), progress)
+        _plan_cache(b, {d for d in devices.values() if d})
+        with ThreadPoolExecutor(max_workers=max(1, len(names)),
+                                thread_name_prefix="precompile-capture") as pool:
+            futures = {n: pool.submit(_run_one, b, settings.targets[n], devices[n])
+                       for n in names}
+            try:
+                pending = set(futures.values())
+                while pending:
+                    done, pending = wait_all(pending, return_when=FIRST_EXCEPTION)
+                    if any(f.exception() is not None for f in done):
+                        b.abort.set()
+            except BaseException:
+                b.abort.set()
+                raise
+        outcomes = {n: (f.exception() or f.result()) for n, f in futures.items()}
+        progress.say(summary([_row(n, devices[n], outcomes[n]) for n in names]))
+    for n in names:
+        if isinstance(outcomes[n], BaseException) and not isinstance(outcomes[n], _Cancelled):
+            raise outcomes[n]  # type: ignore[misc]
+    results = [outcomes[n] for n in names]
+    for r in results:
+        if r.status != "ok":  # warned here, in the calling thread
+            warnings.warn(f"optional target {r.name!r} left out of the wheel: {r.reason}",
+                          CaptureWarning, stacklevel=2)
+    return results  # type: ignore[return-value]
+
+
+def _row(name: str, device: Optional[str], out: Any) -> tuple:
+    if isinstance(out, _Cancelled):
+        return (name, device or "-", "cancelled", None, None)
+    if isinstance(out, BaseException):
+        return (name, device or "-", "failed", None, None)
+    where = out.device
+    if out.device == "cuda" and out.device_index is not None:
+        where = f"cuda:{out.device_index}"
+    size = None
+    if out.status == "ok":
+        size = out.source_path.stat().st_size + out.cache_path.stat().st_size
+    return (name, where, out.origin if out.status == "ok" else "left out",
+            out.seconds, size)

@@ -11,10 +11,11 @@ from __future__ import annotations
 import difflib
 import math
 import os
+import re
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Mapping, Optional
 
 from .errors import ConfigError
 
@@ -26,6 +27,7 @@ else:  # pragma: no cover
 DEVICES = ("cuda", "cpu", "auto")
 TORCH_PINS = ("exact", "minor", "none")
 DEFAULT_TIMEOUT = 3600.0  # seconds
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _NOT_PACKAGES = {"tests", "test", "testing", "docs", "doc", "examples", "example",
                  "bench", "benchmarks", "build", "dist", "scripts", "capture"}
 _PREFIX = "tool.precompile"
@@ -51,6 +53,9 @@ class TargetSettings:
     """Extra environment variables for the script (table of strings)."""
     required: bool = True
     """A failed required capture fails the build; a failed optional one is left out."""
+    cache_env: tuple[str, ...] = ()
+    """`cache-env`: names of environment variables the capture depends on; their
+    values (unset counts too) are part of the capture cache key."""
 
 
 @dataclass(frozen=True)
@@ -75,15 +80,25 @@ class Settings:
     """`verbose` override: stream capture output to stderr."""
     torch_pin: str = "exact"
     """`torch-pin`: `exact` (torch==X.Y.Z), `minor` (>=X.Y,<X.Y+1) or `none`."""
+    cache: bool = True
+    """`cache`: reuse an earlier capture whose inputs are unchanged (capture_cache.py)."""
+    cache_dir: Optional[Path] = None
+    """`cache-dir`: capture cache directory, absolute; None: the per-user default
+    (:func:`default_cache_dir`)."""
+    jobs: Optional[int] = None
+    """`jobs`: most captures at once; None is `auto` (one per GPU for CUDA targets,
+    ``os.cpu_count() // 2`` (at least 1) for CPU targets)."""
 
 
 # Keys of the tables, kebab-case as written in TOML.
-TOP_KEYS = ("package", "targets", "torch-pin")
-TARGET_KEYS = ("script", "args", "device", "timeout", "env", "required")
-# Override keys: config setting `precompile.KEY` / environment variable.
+TOP_KEYS = ("package", "targets", "torch-pin", "cache", "cache-dir", "jobs")
+TARGET_KEYS = ("script", "args", "device", "timeout", "env", "required", "cache-env")
+# Override keys: config setting `precompile.KEY` / environment variable. Names the
+# runtime also reads get a BUILD_ infix (PRECOMPILE_STRICT, PRECOMPILE_CACHE_DIR).
 OVERRIDES = {"skip": "PRECOMPILE_SKIP", "targets": "PRECOMPILE_TARGETS",
              "strict": "PRECOMPILE_BUILD_STRICT", "verbose": "PRECOMPILE_VERBOSE",
-             "torch-pin": "PRECOMPILE_TORCH_PIN"}
+             "torch-pin": "PRECOMPILE_TORCH_PIN", "cache": "PRECOMPILE_CACHE",
+             "cache-dir": "PRECOMPILE_BUILD_CACHE_DIR", "jobs": "PRECOMPILE_JOBS"}
 
 
 def _fail(msg: str) -> ConfigError:
@@ -134,6 +149,13 @@ def _inside(path: Path, root: Path) -> bool:
         return False
 
 
+def _finite(x: float) -> bool:
+    try:
+        return math.isfinite(x)
+    except OverflowError:  # an int too large for a float
+        return False
+
+
 def _parse_target(name: Any, raw: Any, root: Path) -> TargetSettings:
     key = f"{_PREFIX}.targets.{name}"
     if not isinstance(name, str) or not name.isidentifier():
@@ -145,35 +167,47 @@ def _parse_target(name: Any, raw: Any, root: Path) -> TargetSettings:
     if "script" not in raw:
         raise _fail(f"`{key}.script` is required (path of the capture script)")
     script_rel = raw["script"]
-    if not isinstance(script_rel, str) or not script_rel:
-        raise _fail(f"`{key}.script` must be a non-empty string")
-    script = (root / script_rel).resolve()
+    if not isinstance(script_rel, str) or not script_rel or "\0" in script_rel:
+        raise _fail(f"`{key}.script` must be a non-empty string without NUL characters")
+    try:
+        script = (root / script_rel).resolve()
+        is_file = script.is_file()
+    except (OSError, RuntimeError) as e:  # name too long, symlink loop
+        raise _fail(f"`{key}.script` = {script_rel!r} is not a usable path ({e})") from None
     if not _inside(script, root):
         raise _fail(f"`{key}.script` = {script_rel!r} resolves to {script}, outside "
                     f"the project root {root}; keep capture scripts inside the project")
-    if not script.is_file():
+    if not is_file:
         raise _fail(f"`{key}.script` = {script_rel!r}: no such file {script}")
     args = raw.get("args", [])
-    if not isinstance(args, list) or not all(isinstance(a, str) for a in args):
-        raise _fail(f"`{key}.args` must be an array of strings")
+    if not isinstance(args, list) or not all(isinstance(a, str) and "\0" not in a for a in args):
+        raise _fail(f"`{key}.args` must be an array of strings without NUL characters")
     device = raw.get("device", "auto")
     if device not in DEVICES:
         raise _fail(f"`{key}.device` must be one of {', '.join(map(repr, DEVICES))}, "
                     f"not {device!r}")
     timeout = raw.get("timeout", DEFAULT_TIMEOUT)
     if (isinstance(timeout, bool) or not isinstance(timeout, (int, float))
-            or not math.isfinite(timeout) or timeout <= 0):
+            or not _finite(timeout) or timeout <= 0):
         raise _fail(f"`{key}.timeout` must be a positive number of seconds, "
                     f"not {timeout!r}")
     env = raw.get("env", {})
     if not isinstance(env, dict) or not all(
-            isinstance(k, str) and isinstance(v, str) for k, v in env.items()):
-        raise _fail(f"`{key}.env` must be a table of strings")
+            isinstance(k, str) and _ENV_NAME.match(k) and isinstance(v, str) and "\0" not in v
+            for k, v in env.items()):
+        raise _fail(f"`{key}.env` must be a table of strings whose keys are environment "
+                    "variable names (letters, digits, underscores) and whose values have "
+                    "no NUL characters")
     required = raw.get("required", True)
     if not isinstance(required, bool):
         raise _fail(f"`{key}.required` must be a boolean, not {_type_name(required)}")
+    cache_env = raw.get("cache-env", [])
+    if not isinstance(cache_env, list) or not all(
+            isinstance(n, str) and _ENV_NAME.match(n) for n in cache_env):
+        raise _fail(f"`{key}.cache-env` must be an array of environment variable names "
+                    "(letters, digits, underscores; not starting with a digit)")
     return TargetSettings(name, script, script_rel, tuple(args), device,
-                          float(timeout), dict(env), required)
+                          float(timeout), dict(env), required, tuple(dict.fromkeys(cache_env)))
 
 
 def find_package(root: Path, name: str | None) -> tuple[str, Path]:
@@ -194,8 +228,11 @@ def find_package(root: Path, name: str | None) -> tuple[str, Path]:
             raise _fail(f"`{_PREFIX}.package` must be an import package name, "
                         f"not {name!r}")
         for base in bases:
-            if (base / name / "__init__.py").is_file():
-                return name, base / name
+            try:
+                if (base / name / "__init__.py").is_file():
+                    return name, base / name
+            except OSError as e:  # name too long
+                raise _fail(f"`{_PREFIX}.package` = {name!r} is not a usable name ({e})") from None
         raise _fail(f"`{_PREFIX}.package` = {name!r} is not in the distribution "
                     f"(no {name}/__init__.py in {root} or {root / 'src'})")
     found = sorted({(d.name, d) for base in bases if base.is_dir()
@@ -220,6 +257,47 @@ def _as_bool(value: Any, key: str) -> bool:
         return False
     raise ConfigError(f"Failed to read override {key}: {value!r} is not a boolean "
                       "(use true/false, 1/0, yes/no, on/off)")
+
+
+def default_cache_dir() -> Path:
+    """The per-user capture cache: ``platformdirs.user_cache_dir("precompile-build")``
+    (``~/.cache/precompile-build`` on Linux)."""
+    import platformdirs
+
+    return Path(platformdirs.user_cache_dir("precompile-build"))
+
+
+def _invalid(where: str, msg: str) -> ConfigError:
+    """An invalid value, from pyproject.toml (``where`` a backticked key) or an override."""
+    if where.startswith(f"`{_PREFIX}"):
+        return _fail(f"{where} {msg}")
+    return ConfigError(f"Failed to read {where}: it {msg}")
+
+
+def _cache_dir(table: Mapping[str, Any], overrides: Mapping[str, tuple[Any, str]],
+               root: Path) -> Optional[Path]:
+    value, where = table.get("cache-dir"), f"`{_PREFIX}.cache-dir`"
+    if "cache-dir" in overrides:
+        value, where = overrides["cache-dir"]
+    if value is None:
+        return None
+    if not isinstance(value, str) or not value.strip() or "\x00" in value:
+        raise _invalid(where, f"must be a non-empty directory path, not {value!r}")
+    path = Path(os.path.expanduser(value) if value.startswith("~") else value)
+    return path if path.is_absolute() else root / path
+
+
+def _jobs(table: Mapping[str, Any], overrides: Mapping[str, tuple[Any, str]]) -> Optional[int]:
+    value, where = table.get("jobs", "auto"), f"`{_PREFIX}.jobs`"
+    if "jobs" in overrides:
+        value, where = overrides["jobs"]
+        if isinstance(value, str) and re.fullmatch(r"[0-9]{1,6}", value.strip()):
+            value = int(value.strip())
+    if isinstance(value, str) and value.strip() == "auto":
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise _invalid(where, f"must be \"auto\" or a positive integer, not {value!r}")
+    return value
 
 
 def collect_overrides(config_settings: Mapping[str, Any] | None,
@@ -247,6 +325,8 @@ def collect_overrides(config_settings: Mapping[str, Any] | None,
             raise ConfigError(f"Failed to read config settings: unknown key "
                               f"`{raw_key}`{hint}")
         if isinstance(value, list):  # pip passes a repeated -C key as a list
+            if not value:
+                raise ConfigError(f"Failed to read config settings: `{raw_key}` has no value")
             value = value[-1]
         out[key] = (value, f"config setting `{raw_key}`")
         by_source.setdefault("config settings", set()).add(key)
@@ -308,6 +388,12 @@ def settings_from_table(root: Path, table: Mapping[str, Any],
                     f"not {torch_pin!r}")
     flags = {k: _as_bool(overrides[k][0], overrides[k][1]) if k in overrides else False
              for k in ("skip", "strict", "verbose")}
+    cache = table.get("cache", True)
+    if not isinstance(cache, bool):
+        raise _fail(f"`{_PREFIX}.cache` must be a boolean, not {_type_name(cache)}")
+    if "cache" in overrides:
+        cache = _as_bool(overrides["cache"][0], overrides["cache"][1])
+    cache_dir, jobs = _cache_dir(table, overrides, root), _jobs(table, overrides)
     selected = tuple(targets)
     if "targets" in overrides:
         value, where = overrides["targets"]
@@ -323,5 +409,6 @@ def settings_from_table(root: Path, table: Mapping[str, Any],
                                   f"`{_PREFIX}.targets`{hint}")
         selected = tuple(n for n in targets if n in names)
     return Settings(root, package, package_dir, targets, selected,
-                    flags["skip"], flags["strict"], flags["verbose"], torch_pin)
+                    flags["skip"], flags["strict"], flags["verbose"], torch_pin,
+                    cache, cache_dir, jobs)
 

@@ -1,13 +1,19 @@
 # Sourced by the scripts here: make_venv DIR [pip requirement...]
-# A venv that sees the system's site-packages, so a host whose Python already has
-# torch (a GPU host without a package registry) uses it; elsewhere pip installs what
-# is missing (torch 2.13.0 CPU by default: TORCH_SPEC overrides).
+# A venv that also sees the packages of $PYTHON's own environment (through a .pth
+# file, which works when $PYTHON is itself a venv, as on GPU hosts that ship torch
+# in one), so a host whose Python already has torch uses it and needs no package
+# registry; elsewhere pip installs what is missing (torch 2.13.0 CPU by default:
+# TORCH_SPEC overrides).
 set -euo pipefail
 PYTHON=${PYTHON:-python3}
 make_venv() {
   local dir=$1; shift
   if [ ! -x "$dir/bin/python" ]; then
-    "$PYTHON" -m venv --system-site-packages "$dir"
+    "$PYTHON" -m venv "$dir"
+    local parent site
+    parent=$("$PYTHON" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+    site=$("$dir/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+    echo "$parent" > "$site/_parent_env.pth"
   fi
   if ! "$dir/bin/python" -c "import torch" 2>/dev/null; then
     "$dir/bin/python" -m pip install -q "${TORCH_SPEC:-torch==2.13.0}"

@@ -9,6 +9,7 @@ import hashlib
 import io
 import json
 import shutil
+import sys
 import zipfile
 from pathlib import Path
 
@@ -26,11 +27,14 @@ def host_fp_json() -> str:
 
 
 @pytest.fixture(autouse=True)
-def _clean_env(monkeypatch, host_fp_json):
+def _clean_env(monkeypatch, host_fp_json, tmp_path_factory):
     for var in ("PRECOMPILE_SKIP", "PRECOMPILE_TARGETS", "PRECOMPILE_BUILD_STRICT",
-                "PRECOMPILE_VERBOSE", "PRECOMPILE_TORCH_PIN", "SOURCE_DATE_EPOCH"):
+                "PRECOMPILE_VERBOSE", "PRECOMPILE_TORCH_PIN", "SOURCE_DATE_EPOCH",
+                "PRECOMPILE_CACHE", "PRECOMPILE_JOBS"):
         monkeypatch.delenv(var, raising=False)
     monkeypatch.setenv("FIXTURE_FINGERPRINT", host_fp_json)
+    # every test gets its own capture cache, never the user's
+    monkeypatch.setenv("PRECOMPILE_BUILD_CACHE_DIR", str(tmp_path_factory.mktemp("pcache")))
 
 
 def make_project(tmp_path: Path, precompile_toml: str | None = None,
@@ -61,6 +65,12 @@ def build(root: Path, monkeypatch, out: Path | None = None, config_settings=None
     out = out or root.parent / "dist"
     out.mkdir(exist_ok=True)
     monkeypatch.chdir(root)
+    for name, mod in list(sys.modules.items()):  # distutils' mkpath cache outlives a
+        if not name.endswith("distutils.dir_util"):  # build: a 2nd in-process one needs
+            continue  # it empty
+        cache = getattr(getattr(mod, "SkipRepeatAbsolutePaths", None), "instance", None)
+        if isinstance(cache, set):
+            cache.clear()
     name = getattr(backend, hook)(str(out), config_settings)
     return out / name
 

@@ -193,7 +193,7 @@ def test_inspect_refuses_a_flipped_byte_and_a_swapped_source(inference_pair, eag
     # a byte of the compiled artifact inside the cache
     bad = bytearray(cache)
     bad[len(cache) // 2] ^= 0x01
-    with pytest.raises(CaptureError, match="does not validate"):
+    with pytest.raises(CaptureError, match="Failed to validate the torch pair: the cache is not torch"):
         torch_engine.inspect_torch_pair(src, bytes(bad))
     with pytest.raises(IntegrityError, match="pkg: target 'forward'"):
         torch_pairs.load_torch_pair(src, bytes(bad), fallback=False, where="pkg: target 'forward'")

@@ -151,13 +151,14 @@ def build_model(
 ) -> TinyLM:
     """A :class:`TinyLM` with deterministic initial weights.
 
-    The module is built on the meta device (so construction draws nothing from the
-    global RNG), materialised on the CPU, filled from ``torch.Generator().manual_seed(seed)``
-    and then moved to ``device``: the same seed gives bit-identical weights every time,
-    on every device.
+    The module is built on the CPU, then every weight is refilled from
+    ``torch.Generator().manual_seed(seed)`` and the model moved to ``device``: the same
+    seed gives bit-identical weights every time, on every device. The global RNG's
+    state is saved and restored around construction, so building a model does not
+    change it. (Not built on the meta device: torch's meta-device init imports
+    torch._dynamo, seconds of import a serving process does not need.)
     """
-    with torch.device("meta"):
+    with torch.random.fork_rng(devices=[]):
         model = TinyLM(config)
-    model.to_empty(device="cpu")
     model.init_weights(torch.Generator(device="cpu").manual_seed(seed))
     return model.to(device)

@@ -18,17 +18,32 @@ def torch_has_precompile() -> bool:
     return callable(getattr(torch.compiler, "precompile", None))
 
 
-def resolve(engine: str) -> str:
-    """Map ``"auto"`` to ``"torch"`` where torch has precompile, else ``"frozen"``.
+def resolve(engine: str, device: str = "cpu") -> str:
+    """The engine to use for a capture on ``device`` (``"cpu"`` or ``"cuda"``).
+
+    ``"auto"`` resolves to, in order: the ``PRECOMPILE_ENGINE`` environment variable
+    when set; ``"frozen"`` for CPU captures; ``"torch"`` where the installed torch has
+    ``torch.compiler.precompile``; else ``"frozen"``. CPU captures avoid the torch
+    engine because torch 2.14.1's CPU pairs rebuild their C++ kernels with the
+    compiler at every load (measured: bench/results/torch_engine_load_cpu.md), which
+    breaks "serving compiles nothing"; ``engine="torch"`` still selects it.
 
     Raises:
-        ValueError: ``engine`` is not ``auto`` or one of :data:`ENGINES`.
+        ValueError: ``engine`` (or ``PRECOMPILE_ENGINE``) is not ``auto`` or one of
+            :data:`ENGINES`.
     """
+    import os
+
     if engine == "auto":
-        return "torch" if torch_has_precompile() else "frozen"
+        engine = os.environ.get("PRECOMPILE_ENGINE", "").strip() or "auto"
+    if engine == "auto":
+        if device != "cpu" and torch_has_precompile():
+            return "torch"
+        return "frozen"
     if engine not in ENGINES:
         raise ValueError(
-            f"engine={engine!r} is not one of 'auto', {', '.join(map(repr, ENGINES))}"
+            f"engine={engine!r} is not one of 'auto', {', '.join(map(repr, ENGINES))} "
+            "(from the capture call or PRECOMPILE_ENGINE)"
         )
     return engine
 

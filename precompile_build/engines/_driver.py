@@ -5,6 +5,7 @@
 # defined in the same file.
 import importlib as _importlib
 import os as _os
+from contextlib import nullcontext as _nullcontext
 
 try:  # the runtime's error type where it is installed; the file stays self-contained
     from precompile_runtime.errors import CallError
@@ -139,7 +140,8 @@ class CompiledArtifact:
         for (t, path), s in zip(leaves, _META["tensor_inputs"]):
             _check_tensor(t, s, path)
         flat = [t.detach() for t in params] + [t.detach() for t, _ in leaves]
-        with torch.no_grad():
+        cuda = next((t.device for t in flat if t.device.type == "cuda"), None)
+        with torch.no_grad(), (torch.cuda.device(cuda) if cuda is not None else _nullcontext()):
             outs = self._run(flat)
         n_user = _META["num_user_outputs"]
         for index, g in zip(_META["grad_param_indices"], outs[n_user:]):

@@ -8,7 +8,6 @@ reference the other engines are tested against.
 from __future__ import annotations
 
 import hashlib
-from typing import Any
 
 from precompile_runtime.envelope import Envelope, dumps
 
@@ -16,11 +15,11 @@ from . import codegen
 from .tracing import trace_call
 
 
-def capture_pair(fn, args, kwargs, *, target: str, device: str, options: dict) -> tuple[bytes, bytes, Any]:
+def capture_pair(fn, args, kwargs, *, target: str, device: str, options: dict) -> tuple[bytes, bytes]:
     """Capture one call of ``fn`` as an eager pair.
 
     Returns:
-        ``(source_bytes, cache_bytes, result)``.
+        ``(source_bytes, cache_bytes)``.
     Raises:
         CaptureError: the call cannot be traced (see tracing.trace_call).
     """
@@ -35,4 +34,4 @@ def capture_pair(fn, args, kwargs, *, target: str, device: str, options: dict) -
         fingerprint=host_fingerprint(traced.metadata["device"]),
         meta={"target": target},
     )
-    return source, dumps(env), traced.result
+    return source, dumps(env)

@@ -23,7 +23,6 @@ import ast
 import contextlib
 import hashlib
 import os
-from typing import Any
 
 from precompile_runtime.envelope import Envelope, dumps
 
@@ -34,15 +33,24 @@ from .tracing import TracedCall, trace_call
 # Names Inductor's wrapper imports from the compiler stack, and what replaces them.
 _SHIMS = {
     "align": "def align(nbytes):\n    return (nbytes + 63) & -64  # Inductor's ALIGN_BYTES\n",
+    # torch._inductor.runtime.runtime_utils.assert_tensor_metadata (newer torch)
+    "assert_tensor_metadata": (
+        "def assert_tensor_metadata(tensor, size, stride, dtype, op_name=None):\n"
+        "    if tensor is None:\n"
+        "        return\n"
+        "    if tensor.dtype != dtype:\n"
+        "        raise RuntimeError(f'expected dtype {dtype} but got {tensor.dtype} in {op_name}')\n"
+        "    assert_size_stride(tensor, size, stride, op_name)\n"
+    ),
 }
 _DROPPED_CALLS = {"get_args", "benchmark_compiled_module"}
 
 
-def capture_pair(fn, args, kwargs, *, target: str, device: str, options: dict) -> tuple[bytes, bytes, Any]:
+def capture_pair(fn, args, kwargs, *, target: str, device: str, options: dict) -> tuple[bytes, bytes]:
     """Capture one call of ``fn`` into a frozen pair.
 
     Returns:
-        ``(source_bytes, cache_bytes, result)``: the two halves and fn's eager result.
+        ``(source_bytes, cache_bytes)``: the two halves.
     Raises:
         CaptureError: the call cannot be captured, a kernel cannot be frozen, or the
             frozen wrapper's results differ from the captured graph's.
@@ -54,7 +62,7 @@ def capture_pair(fn, args, kwargs, *, target: str, device: str, options: dict) -
         engine="frozen", code_hash=code_hash, fingerprint=fingerprint,
         meta={"target": target, "kernels": len(blobs)}, blobs=blobs,
     )
-    return source, dumps(env), traced.result
+    return source, dumps(env)
 
 
 def _compile(traced: TracedCall, target: str, options: dict):
@@ -69,7 +77,7 @@ def _compile(traced: TracedCall, target: str, options: dict):
     else:
         recording = contextlib.nullcontext
     try:
-        with torch.no_grad(), recording():
+        with torch.no_grad(), recording(), _reproducible_kernels():
             compiled = torch._inductor.standalone_compile(
                 traced.graph_module, list(traced.example_inputs),
                 dynamic_shapes="from_example_inputs", options=options.get("inductor") or None,
@@ -87,7 +95,8 @@ def _compile(traced: TracedCall, target: str, options: dict):
     module = wrappers[0]
     with open(module.__file__, encoding="utf-8") as f:
         wrapper_src = f.read()
-    kernels, blobs = _freeze_kernels(module, target)
+    defined = [n for n in map(_kernel_definition, ast.parse(wrapper_src).body) if n]
+    kernels, blobs = _freeze_kernels(module, defined, target)
     wrapper_code = _rewrite_wrapper(wrapper_src, {k["name"] for k in kernels}, module, target)
 
     device = traced.metadata["device"]
@@ -100,16 +109,28 @@ def _compile(traced: TracedCall, target: str, options: dict):
     return source.encode("utf-8"), blobs, fingerprint
 
 
+def _reproducible_kernels():
+    """No line tables in the C++ kernels: their DWARF names the build's Inductor cache
+    path, so two builds (or users) would ship different bytes for the same kernel."""
+    from torch._inductor import config
+
+    if hasattr(config, "aot_inductor") and hasattr(config.aot_inductor, "enable_line_tables"):
+        return config.patch({"aot_inductor.enable_line_tables": False})
+    return contextlib.nullcontext()
+
+
 def _cpu_isa() -> str:
     from torch._inductor import cpu_vec_isa
 
     return str(cpu_vec_isa.pick_vec_isa()) or "none"
 
 
-def _freeze_kernels(module, target: str) -> tuple[list[dict], dict[str, bytes]]:
-    """Find every compiled kernel the wrapper module bound and read its binary."""
+def _freeze_kernels(module, names: list[str], target: str) -> tuple[list[dict], dict[str, bytes]]:
+    """Read the binary of each kernel the wrapper defines (``names``: the targets of
+    its ``async_compile.*`` assignments, now bound to loaded kernels)."""
     kernels, blobs = [], {}
-    for name, value in sorted(vars(module).items()):
+    for name in sorted(names):
+        value = getattr(module, name, None)
         so_path = getattr(getattr(value, "__self__", None), "__file__", None)
         if callable(value) and isinstance(so_path, str) and so_path.endswith(".so"):
             with open(so_path, "rb") as f:
@@ -201,6 +222,7 @@ def _rewrite_wrapper(src: str, kernel_names: set[str], module, target: str) -> s
         if isinstance(node, ast.If) and "__main__" in text:
             continue
         body.append(text)
+    body = [_device_independent(line) for line in body]
     shims = [s for n, s in _SHIMS.items() if n in src]
     externs = _extern_kernel_bindings(tree, target)
     code = "\n".join(shims + externs + body)
@@ -211,6 +233,18 @@ def _rewrite_wrapper(src: str, kernel_names: set[str], module, target: str) -> s
             f"target {target!r}: the generated wrapper still needs the compiler stack "
             f"({', '.join(leftovers)}); the frozen engine cannot serve it. Use engine='eager'"
         )
+    return code
+
+
+_DEVICE_CALLS = ("torch.cuda._DeviceGuard(0)", "torch.cuda.set_device(0)", "get_raw_stream(0)")
+
+
+def _device_independent(code: str) -> str:
+    """Inductor's wrapper names CUDA device 0 literally; serve on the current device
+    (the driver makes the inputs' device current), so a pair captured on cuda:0 runs
+    on cuda:1."""
+    for call in _DEVICE_CALLS:
+        code = code.replace(call, call[: -len("(0)")] + "(torch.cuda.current_device())")
     return code
 
 
@@ -233,7 +267,14 @@ def _validate(source: str, blobs: dict[str, bytes], traced: TracedCall, target: 
         b = [t.clone() for t in traced.example_inputs]
         with torch.no_grad():
             want = traced.graph_module(*a)
-            got = call(list(b))
+            try:
+                got = call(list(b))
+            except Exception as e:
+                raise CaptureError(
+                    f"target {target!r}: the frozen wrapper failed on the example inputs "
+                    f"({type(e).__name__}: {e}); this torch's Inductor output needs something "
+                    "the frozen engine does not provide. Use engine='eager' (or 'torch')"
+                ) from e
     if len(want) != len(got):
         raise CaptureError(
             f"target {target!r}: the frozen wrapper returns {len(got)} outputs, the graph "

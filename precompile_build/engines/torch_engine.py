@@ -155,9 +155,9 @@ def capture_pair(
         source, cache = _capture_with_capture_api(api, fn, args, kwargs, backend, tracer, what, target)
 
     try:
-        info = inspect_torch_pair(source, cache)
+        info = inspect_torch_pair(source, cache, what=f"the pair torch wrote for target {target!r}")
     except CaptureError as e:
-        raise CaptureError(f"{what} wrote a pair that does not validate: {e}") from e
+        raise CaptureError(f"{what} failed: {e}") from e
     recorded = info["device"] if isinstance(info, dict) else info.device
     if device in ("cpu", "cuda") and recorded != device:
         raise CaptureError(
@@ -374,7 +374,7 @@ def _cpu_isa() -> str | None:
     return None if isa in ("", "default", "none") else isa
 
 
-def inspect_torch_pair(source_bytes: bytes, cache_bytes: bytes):
+def inspect_torch_pair(source_bytes: bytes, cache_bytes: bytes, *, what: str = "the torch pair"):
     """Validate a torch pair before it enters a wheel, and describe it.
 
     Checks that the cache is torch's envelope (zip CRCs, ``torch.load(weights_only=True)``,
@@ -387,6 +387,7 @@ def inspect_torch_pair(source_bytes: bytes, cache_bytes: bytes):
     Args:
         source_bytes: the exact bytes of the source file (torch's python_code, UTF-8).
         cache_bytes: the exact bytes of the cache file.
+        what: how to name the pair in messages (e.g. its paths).
     Returns:
         ``PairInfo(engine="torch", code_hash, fingerprint, device, meta)`` from
         ``precompile_build.pairs`` (a dict with those keys where that module is absent).
@@ -404,23 +405,23 @@ def inspect_torch_pair(source_bytes: bytes, cache_bytes: bytes):
         blob = read_torch_envelope(cache_bytes)
     except ValueError as e:
         raise CaptureError(
-            f"The torch cache does not validate: {e}. Write it with "
+            f"Failed to validate {what}: the cache is not torch's envelope: {e}. Write it with "
             "torch.compiler.precompile (and do not modify it afterwards)"
         ) from None
     code_hash = hashlib.sha256(source_bytes).hexdigest()
     if blob["code_hash"] != code_hash:
         raise CaptureError(
-            f"The torch pair does not validate: the cache's code_hash {blob['code_hash']} != "
+            f"Failed to validate {what}: the cache's code_hash {blob['code_hash']} != "
             f"sha256 of the source {code_hash}; the two files come from different captures "
             "or the source was modified. Write both halves from the same capture call"
         )
     try:
         meta = read_source_metadata(source_bytes)
     except ValueError as e:
-        raise CaptureError(f"The torch pair does not validate: {e}") from None
+        raise CaptureError(f"Failed to validate {what}: {e}") from None
     if meta["BACKEND"] != blob["backend"]:
         raise CaptureError(
-            f"The torch pair does not validate: the source's BACKEND {meta['BACKEND']!r} "
+            f"Failed to validate {what}: the source's BACKEND {meta['BACKEND']!r} "
             f"differs from the cache's backend tag {blob['backend']!r}"
         )
     tracer = blob.get("tracer", meta.get("TRACER", "make_fx"))

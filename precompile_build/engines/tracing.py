@@ -33,7 +33,6 @@ class TracedCall:
     graph_module: Any  # torch.fx.GraphModule over flat tensors
     example_inputs: list  # flat tensors (clones; safe to run the graph on)
     metadata: dict  # literal calling convention, see _driver.py
-    result: Any  # fn's real result for the example call
 
 
 def _tensor_spec(t) -> dict:
@@ -139,9 +138,8 @@ def trace_call(fn: Callable, args: tuple, kwargs: dict, *, target: str) -> Trace
         args, kwargs: the real example call.
         target: the target name, for messages.
     Returns:
-        a :class:`TracedCall`; its ``result`` is fn's result from a separate eager
-        run on the real arguments (so the caller sees eager's side effects: grads,
-        buffer updates).
+        a :class:`TracedCall`. The trace runs on clones of every tensor: the real
+        arguments (models included) are left untouched.
     Raises:
         CaptureError: unsupported argument/result types, tensor constants baked into
             the graph (closed-over tensors), or a failure inside the trace.
@@ -218,9 +216,6 @@ def trace_call(fn: Callable, args: tuple, kwargs: dict, *, target: str) -> Trace
             "(register_buffer) or pass it as an argument"
         )
 
-    # the real run: the caller gets eager's result and side effects
-    result = fn(*args, **kwargs)
-
     metadata = {
         "target": target,
         "inputs": in_spec,
@@ -232,7 +227,7 @@ def trace_call(fn: Callable, args: tuple, kwargs: dict, *, target: str) -> Trace
         "grad_param_indices": out_box["grad_indices"],
         "device": _device_of(params + user_tensors),
     }
-    return TracedCall(graph_module=gm, example_inputs=example, metadata=metadata, result=result)
+    return TracedCall(graph_module=gm, example_inputs=example, metadata=metadata)
 
 
 def _device_of(tensors) -> str:

@@ -30,6 +30,7 @@ MAGIC = b"PCBCACHE"
 FORMAT = "precompile-build.cache"
 VERSION = 1
 _MAX_HEADER = 16 * 1024 * 1024  # bytes; a header past this is corrupt, not big
+_HEADER_KEYS = {"format", "version", "engine", "code_hash", "fingerprint", "meta", "blobs"}
 
 
 @dataclass
@@ -94,21 +95,29 @@ def loads(data: bytes, *, what: str = "cache") -> Envelope:
         raise IntegrityError(f"{what}: truncated or corrupt header (length {hlen})")
     try:
         header = json.loads(data[start : start + hlen].decode())
-    except (UnicodeDecodeError, ValueError) as e:
-        raise IntegrityError(f"{what}: header is not valid JSON ({e})") from None
+    except (UnicodeDecodeError, ValueError, RecursionError) as e:
+        raise IntegrityError(f"{what}: header is not valid JSON ({type(e).__name__})") from None
     if not isinstance(header, dict) or header.get("format") != FORMAT:
         raise IntegrityError(f"{what}: header format is not {FORMAT!r}")
     version = header.get("version")
-    if not isinstance(version, int) or version > VERSION:
+    if not isinstance(version, int) or isinstance(version, bool) or version < 1:
+        raise IntegrityError(f"{what}: header version {version!r} is not a format version")
+    if version > VERSION:
         raise IntegrityError(
             f"{what}: cache format version {version!r} is newer than this runtime reads "
             f"({VERSION}); upgrade precompile-runtime"
+        )
+    if set(header) != _HEADER_KEYS:
+        raise IntegrityError(
+            f"{what}: header keys {sorted(header)} differ from {sorted(_HEADER_KEYS)}"
         )
     blobs: dict[str, bytes] = {}
     pos = start + hlen
     try:
         for entry in header["blobs"]:
-            name, size, digest = entry["name"], int(entry["size"]), entry["sha256"]
+            name, size, digest = entry["name"], entry["size"], entry["sha256"]
+            if not isinstance(size, int) or isinstance(size, bool) or size < 0:
+                raise IntegrityError(f"{what}: blob {name!r} has a bad size {size!r}")
             chunk = data[pos : pos + size]
             if len(chunk) != size:
                 raise IntegrityError(f"{what}: truncated in blob {name!r}")

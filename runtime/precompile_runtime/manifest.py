@@ -23,7 +23,8 @@ Schema (format ``precompile-build.manifest``, version 1)::
                 "cache":  {"path": "forward.cache", "size": 5678, "sha256": "..."}
               },
               "capture_seconds": 12.3,
-              "captured_at": "2026-11-29T16:00:00Z"
+              "captured_at": "2026-11-29T16:00:00Z",
+              "capture_device": 0      # CUDA device index it ran on; null for cpu
             }
           ]
         }
@@ -67,8 +68,8 @@ def parse(data: bytes, *, where: str) -> dict[str, Any]:
     """
     try:
         doc = json.loads(data.decode("utf-8"))
-    except (UnicodeDecodeError, ValueError) as e:
-        raise ManifestError(f"{where}: manifest is not valid JSON ({e})") from None
+    except (UnicodeDecodeError, ValueError, RecursionError) as e:
+        raise ManifestError(f"{where}: manifest is not valid JSON ({type(e).__name__}: {e})") from None
     if not isinstance(doc, dict) or doc.get("format") != FORMAT:
         raise ManifestError(f"{where}: not a precompile-build manifest (format != {FORMAT!r})")
     version = doc.get("version")

@@ -62,3 +62,19 @@ def tied_forward(model, ids):
 
 def example_ids() -> torch.Tensor:
     return torch.arange(12).reshape(2, 6) % 32
+
+
+def mixed_models(seed: int = 0):
+    """A bf16 model and an fp32 model run under autocast."""
+    torch.manual_seed(seed)
+    low = nn.Sequential(nn.Linear(8, 16), nn.GELU(), nn.Linear(16, 8)).to(torch.bfloat16)
+    auto = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4))
+    return low, auto
+
+
+def mixed(low, auto, x):
+    """bf16 weights and activations; then fp32 weights under bf16 autocast."""
+    y = low(x.to(torch.bfloat16))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        z = auto(x)
+    return y, z

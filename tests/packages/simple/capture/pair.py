@@ -26,6 +26,7 @@ p = argparse.ArgumentParser()
 p.add_argument("--mode", default="ok")
 p.add_argument("--factor", default="2")
 p.add_argument("--pid-file")
+p.add_argument("--sleep", type=float, default=0.0, help="seconds to sleep before writing")
 a = p.parse_args()
 target = os.environ["PRECOMPILE_TARGET"]
 src_path = os.environ["PRECOMPILE_ARTIFACT_PATH"]
@@ -54,6 +55,9 @@ if a.mode == "spam":
     sys.exit(1)
 if a.mode == "nothing":
     sys.exit(0)
+if a.sleep:
+    print(f"sleeping {a.sleep} s", flush=True)
+    time.sleep(a.sleep)
 
 engine = "frozen" if a.mode.startswith("frozen") else "eager"
 source = SOURCE.format(engine=engine, target=target, factor=a.factor).encode()

@@ -1,0 +1,284 @@
+"""Capture cache: reuse an artifact pair whose inputs have not changed.
+
+An entry is ``<cache dir>/<key>/{NAME.py, NAME.cache, entry.json}``; ``key`` is the
+sha256 of :func:`key_components` (capture script bytes, the package's importable
+source, the target's config, the values of the environment variables it declares,
+the host fingerprint, the versions of precompile-build and precompile-runtime).
+Entries are written into a temp directory and renamed into place, under a per-key
+file lock (``<key>.lock``) that a build holds from lookup to store, so a second
+build of the same target waits and then reuses. An entry is verified (sizes,
+sha256s from entry.json, :func:`~precompile_build.pairs.inspect_pair`) on a copy
+taken into the build's work directory before reuse; a bad one is discarded.
+The cache is an optimisation: failing to write it never fails a build.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Iterable, Mapping, Optional
+
+import filelock
+
+from .errors import CaptureError
+from .pairs import PairInfo, inspect_pair
+from .settings import Settings, TargetSettings, default_cache_dir
+
+ENTRY_FORMAT = "precompile-build.capture-cache"
+ENTRY_VERSION = 1
+ENTRY_JSON = "entry.json"
+TAG_NAME = "CACHEDIR.TAG"
+_TAG = (b"Signature: 8a477f597d28d172789f06886806bc55\n"
+        b"# This directory is a precompile-build capture cache; "
+        b"`python -m precompile_build clean` removes it.\n")
+_SKIP_DIRS = ("__pycache__",)
+
+
+def cache_root(settings: Settings) -> Path:
+    """The cache directory of ``settings`` (configured, or the per-user default)."""
+    return settings.cache_dir if settings.cache_dir is not None else default_cache_dir()
+
+
+def _sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def package_digest(package_dir: Path) -> str:
+    """sha256 over every file under ``package_dir`` (path-sorted, relative paths and
+    contents), except the top-level ``_precompiled/`` and any ``__pycache__/``."""
+    files = []
+    for base, dirs, names in os.walk(package_dir):
+        rel_base = Path(base).relative_to(package_dir)
+        dirs[:] = sorted(d for d in dirs if d not in _SKIP_DIRS
+                         and not (rel_base == Path(".") and d == "_precompiled"))
+        files += [(rel_base / n).as_posix() for n in names if not n.endswith(".pyc")]
+    h = hashlib.sha256()
+    for rel in sorted(files):
+        path = package_dir / rel
+        if path.is_file():  # a dangling symlink imports nothing
+            h.update(f"{rel}\0{_sha256_file(path)}\n".encode())
+    return h.hexdigest()
+
+
+_FP_CODE = """
+import json, sys
+from precompile_runtime.fingerprint import host_fingerprint
+out = {}
+for dev in sys.argv[1:]:
+    if dev == "cuda":
+        import torch
+        n = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        out[dev] = [host_fingerprint("cuda", i) for i in range(n)] or [host_fingerprint("cuda")]
+    else:
+        out[dev] = [host_fingerprint(dev)]
+print(json.dumps(out))
+"""
+_fp_memo: dict[tuple, dict[str, Any]] = {}
+
+
+def host_fingerprints(devices: Iterable[str]) -> dict[str, Any]:
+    """Host fingerprint per device type, for the cache key.
+
+    Computed in a subprocess of the build's interpreter (the one that runs the
+    capture scripts), so the build process neither imports torch nor creates a CUDA
+    context on a GPU the captures need. Memoised per process.
+
+    Args:
+        devices: device types (``cpu``, ``cuda``).
+    Returns:
+        ``{device: fingerprint}``; for ``cuda`` the distinct fingerprints of every
+        visible GPU (a capture may be scheduled on any of them), sorted.
+    Raises:
+        CaptureError: the subprocess failed (torch not importable, ...).
+    """
+    devices = tuple(sorted(set(devices)))
+    memo = (sys.executable, devices, os.environ.get("CUDA_VISIBLE_DEVICES"))
+    if memo not in _fp_memo:
+        import precompile_runtime
+
+        path = [str(Path(precompile_runtime.__file__).parent.parent),
+                os.environ.get("PYTHONPATH", "")]
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in path if p))
+        proc = subprocess.run([sys.executable, "-c", _FP_CODE, *devices], env=env,
+                              capture_output=True, text=True, timeout=300)
+        if proc.returncode != 0:
+            last = (proc.stderr.strip().splitlines() or ["no output"])[-1]
+            raise CaptureError(f"Failed to compute the host fingerprint: {last}")
+        raw = json.loads(proc.stdout.strip().splitlines()[-1])
+        _fp_memo[memo] = {d: sorted({json.dumps(fp, sort_keys=True) for fp in fps})
+                          for d, fps in raw.items()}
+    return _fp_memo[memo]
+
+
+# Variables every capture reads (precompile_build.engines.resolve): always in the key.
+CAPTURE_ENV = ("PRECOMPILE_ENGINE",)
+
+
+def key_components(settings: Settings, target: TargetSettings, device: str,
+                   fingerprint: Any, package_sha256: str,
+                   environ: Optional[Mapping[str, str]] = None) -> dict[str, Any]:
+    """Everything a capture's output depends on, as a JSON-able dict.
+
+    ``timeout`` and ``required`` are left out (they change no artifact). The
+    declared ``env`` table is part of the target config; ``cache-env`` names and
+    :data:`CAPTURE_ENV` are looked up in ``environ`` (default ``os.environ``), unset
+    as None.
+    """
+    import precompile_runtime
+    from precompile_runtime.fingerprint import cpu_flags
+
+    from . import __version__
+
+    environ = os.environ if environ is None else environ
+    return {
+        "format": ENTRY_FORMAT, "version": ENTRY_VERSION,
+        "precompile_build": __version__, "precompile_runtime": precompile_runtime.__version__,
+        "script_sha256": _sha256_file(target.script),
+        "package_sha256": package_sha256,
+        "target": {"name": target.name, "script": target.script_rel,
+                   "args": list(target.args), "device": device,
+                   "env": dict(sorted(target.env.items()))},
+        "cache_env": {n: environ.get(n) for n in sorted({*target.cache_env, *CAPTURE_ENV})},
+        "fingerprint": fingerprint,
+        "cpu_flags": hashlib.sha256(" ".join(sorted(cpu_flags())).encode()).hexdigest(),
+    }
+
+
+def cache_key(components: Mapping[str, Any]) -> str:
+    """sha256 hex of the canonical JSON of :func:`key_components`."""
+    return hashlib.sha256(json.dumps(components, sort_keys=True).encode()).hexdigest()
+
+
+def lock(root: Path, key: str) -> filelock.FileLock:
+    """The file lock of entry ``key`` (``<root>/<key>.lock``; creates ``root``)."""
+    _ensure_root(root)
+    return filelock.FileLock(str(root / f"{key}.lock"))
+
+
+def _ensure_root(root: Path) -> None:
+    root.mkdir(parents=True, exist_ok=True)
+    tag = root / TAG_NAME
+    if not tag.exists():
+        try:
+            with open(tag, "xb") as f:
+                f.write(_TAG)
+        except FileExistsError:
+            pass
+
+
+def _file_meta(path: Path) -> dict[str, Any]:
+    return {"size": path.stat().st_size, "sha256": _sha256_file(path)}
+
+
+def fetch(root: Path, key: str, name: str, dest: Path) -> tuple[Optional[dict], str]:
+    """Copy entry ``key`` of target ``name`` to ``dest/NAME.{py,cache}`` and verify it.
+
+    Call with :func:`lock` held; ``dest`` is a directory only this call writes (it
+    is removed again on a miss). Returns ``(entry.json dict with "info": PairInfo,
+    "")`` on a hit, else ``(None, why)``: ``"no entry"`` or ``"entry corrupt: ..."``
+    (the corrupt entry is removed).
+    """
+    entry_dir = root / key
+    if not (entry_dir / ENTRY_JSON).is_file():
+        return None, "no entry"
+    dest.mkdir(parents=True, exist_ok=True)
+    try:
+        meta = json.loads((entry_dir / ENTRY_JSON).read_text(encoding="utf-8"))
+        if meta.get("format") != ENTRY_FORMAT or meta.get("key") != key:
+            raise ValueError(f"{ENTRY_JSON} is not this entry's (format/key differ)")
+        for role, suffix in (("source", ".py"), ("cache", ".cache")):
+            copy = dest / f"{name}{suffix}"
+            shutil.copyfile(entry_dir / f"{name}{suffix}", copy)
+            got, want = _file_meta(copy), meta["files"][role]
+            if got != {"size": want["size"], "sha256": want["sha256"]}:
+                raise ValueError(f"{copy.name}: size/sha256 {got['size']}/"
+                                 f"{got['sha256'][:12]} != recorded {want['size']}/"
+                                 f"{want['sha256'][:12]}")
+        meta["info"] = inspect_pair(dest / f"{name}.py", dest / f"{name}.cache")
+    except (OSError, ValueError, KeyError, TypeError, AttributeError, CaptureError) as e:
+        shutil.rmtree(dest, ignore_errors=True)
+        discard(entry_dir)
+        return None, f"entry corrupt: {type(e).__name__}: {e}".replace("\n", " ")[:300]
+    return meta, ""
+
+
+def store(root: Path, key: str, name: str, source: Path, cache: Path, info: PairInfo,
+          *, seconds: float, capture_device: Any, components: Mapping[str, Any]) -> None:
+    """Write entry ``key`` atomically (temp dir beside it, fsync, rename).
+
+    Call with :func:`lock` held. Raises OSError when the cache cannot be written.
+    """
+    _ensure_root(root)
+    tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{key[:16]}-", dir=root))
+    try:
+        files = {}
+        for role, src in (("source", source), ("cache", cache)):
+            dst = tmp / src.name
+            shutil.copyfile(src, dst)
+            with open(dst, "rb+") as f:
+                os.fsync(f.fileno())
+            files[role] = {"path": src.name, **_file_meta(dst)}
+        meta = {"format": ENTRY_FORMAT, "version": ENTRY_VERSION, "key": key,
+                "target": name, "engine": info.engine, "device": info.device,
+                "capture_seconds": round(seconds, 3), "capture_device": capture_device,
+                "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                "files": files, "components": components}
+        with open(tmp / ENTRY_JSON, "w", encoding="utf-8") as f:
+            json.dump(meta, f, indent=2, sort_keys=True)
+            f.flush()
+            os.fsync(f.fileno())
+        if (root / key).exists():
+            discard(root / key)
+        os.replace(tmp, root / key)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+def discard(entry_dir: Path) -> None:
+    """Remove an entry: rename it aside (atomic for readers), then delete it."""
+    trash = entry_dir.with_name(f".trash-{entry_dir.name[:16]}-{os.getpid()}-{time.time_ns()}")
+    try:
+        os.replace(entry_dir, trash)
+    except OSError:
+        return
+    shutil.rmtree(trash, ignore_errors=True)
+
+
+def clean(root: Path) -> int:
+    """Delete the capture cache at ``root``: only what this module writes (entries,
+    locks, temp dirs, the CACHEDIR.TAG), then ``root`` itself when left empty.
+
+    Returns:
+        the number of entries removed.
+    Raises:
+        OSError: ``root`` exists but cannot be listed.
+    """
+    if not root.is_dir():
+        return 0
+    removed = 0
+    for p in root.iterdir():
+        ours_dir = (len(p.name) == 64 and all(c in "0123456789abcdef" for c in p.name))
+        if p.is_dir() and ours_dir:
+            discard(p)
+            removed += 1
+        elif p.is_dir() and p.name.startswith((".tmp-", ".trash-")):
+            shutil.rmtree(p, ignore_errors=True)
+        elif p.name.endswith(".lock") or p.name == TAG_NAME:
+            p.unlink(missing_ok=True)
+    try:
+        root.rmdir()
+    except OSError:
+        pass  # something else lives there: keep it
+    return removed

@@ -1,0 +1,185 @@
+"""Run one capture script in a subprocess: environment, log, timeout, cancel, check.
+
+The script runs as ``python SCRIPT ARGS...`` in its own session (its whole process
+group is killed on timeout, cancel or Ctrl-C), with the project root as working
+directory; its output goes to ``work/logs/NAME.log``.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import IO, Optional
+
+from .errors import CaptureError
+from .pairs import PairInfo, inspect_pair
+from .settings import Settings, TargetSettings
+
+LOG_TAIL_LINES = 40
+_TAIL_BYTES = 64 * 1024
+_LINE_CAP = 400  # characters per shown log line
+_KILL_GRACE = 5.0  # seconds between SIGTERM and SIGKILL
+CANCELLED = "cancelled"
+"""Failure reason of a script stopped because the build was stopped."""
+
+
+def log_tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:
+    """The last ``lines`` lines of a log file (long lines cut), for error messages."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            f.seek(max(0, f.tell() - _TAIL_BYTES))
+            text = f.read().decode("utf-8", "replace")
+    except OSError:
+        return "(no log)"
+    out = [ln if len(ln) <= _LINE_CAP else ln[:_LINE_CAP] + " [...]"
+           for ln in text.splitlines()[-lines:]]
+    return "\n".join(out) or "(empty log)"
+
+
+def _kill_group(proc: subprocess.Popen) -> None:
+    """End the script and every process it started in its session."""
+    for sig, grace in ((signal.SIGTERM, _KILL_GRACE), (signal.SIGKILL, None)):
+        try:
+            os.killpg(proc.pid, sig)
+        except (ProcessLookupError, PermissionError):
+            return
+        if grace is None:
+            break
+        try:
+            proc.wait(timeout=grace)
+            # the leader is gone; SIGKILL what is left of its group
+        except subprocess.TimeoutExpired:
+            pass
+    try:
+        proc.wait(timeout=30)
+    except subprocess.TimeoutExpired:  # pragma: no cover
+        pass
+
+
+def _pump(stream: IO[bytes], log: IO[bytes], echo: Optional[str]) -> None:
+    """Copy the script's output to its log; with ``echo`` (the target name) also to
+    stderr, each line prefixed with ``[name]`` (captures may run side by side)."""
+    partial = b""
+    for chunk in iter(lambda: stream.read1(65536), b""):  # type: ignore[attr-defined]
+        log.write(chunk)
+        log.flush()  # the live progress line reads the log's last line
+        if echo is not None:
+            *lines, partial = (partial + chunk).split(b"\n")
+            if lines:
+                prefix = f"[{echo}] ".encode()
+                sys.stderr.buffer.write(b"".join(prefix + ln + b"\n" for ln in lines))
+                sys.stderr.flush()
+    if echo is not None and partial:
+        sys.stderr.buffer.write(f"[{echo}] ".encode() + partial + b"\n")
+        sys.stderr.flush()
+
+
+def _exit_reason(rc: int) -> str:
+    if rc < 0:
+        try:
+            return f"killed by signal {signal.Signals(-rc).name} ({-rc})"
+        except ValueError:
+            return f"killed by signal {-rc}"
+    return f"exited with status {rc}"
+
+
+def script_env(settings: Settings, target: TargetSettings, device: str,
+               src: Path, cache: Path, gpu: Optional[str]) -> dict[str, str]:
+    """The script's environment: ours, the target's `env`, the PRECOMPILE_* paths and
+    device, ``CUDA_VISIBLE_DEVICES`` (``""`` for cpu, ``gpu`` for cuda when given)."""
+    env = dict(os.environ)
+    env.update(target.env)
+    # The script imports the library being built: put its source root first.
+    base = str(settings.package_dir.parent)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (base, env.get("PYTHONPATH")) if p)
+    env.update(PRECOMPILE_TARGET=target.name, PRECOMPILE_ARTIFACT_PATH=str(src),
+               PRECOMPILE_CACHE_PATH=str(cache), PRECOMPILE_DEVICE=device)
+    if device == "cpu":
+        env["CUDA_VISIBLE_DEVICES"] = ""
+    elif gpu is not None:
+        env["CUDA_VISIBLE_DEVICES"] = gpu
+    return env
+
+
+def wait(proc: subprocess.Popen, timeout: float, abort: threading.Event) -> Optional[str]:
+    """Wait for the script; returns the failure reason, or None for exit status 0.
+    Kills the script's process group on timeout, ``abort`` or an exception."""
+    deadline = time.monotonic() + timeout
+    try:
+        while True:
+            try:
+                rc = proc.wait(timeout=max(0.0, min(0.5, deadline - time.monotonic())))
+                break
+            except subprocess.TimeoutExpired:
+                if abort.is_set():
+                    _kill_group(proc)
+                    return CANCELLED
+                if time.monotonic() >= deadline:
+                    _kill_group(proc)
+                    return f"timed out after {timeout:g} s (process group killed)"
+    except BaseException:  # Ctrl-C: end the script's tree, then re-raise
+        _kill_group(proc)
+        raise
+    _kill_group(proc)  # leftovers the script started in the background
+    return _exit_reason(rc) if rc != 0 else None
+
+
+def run_script(settings: Settings, target: TargetSettings, device: str, gpu: Optional[str],
+               work: Path, verbose: bool, abort: threading.Event,
+               ) -> tuple[Optional[str], Path, Path, Path]:
+    """Run one target's script (see the module docstring).
+
+    Args:
+        gpu: ``CUDA_VISIBLE_DEVICES`` for a cuda capture (None: inherited).
+        work: the build's temp directory; the pair goes to ``work/pairs/NAME/``.
+        verbose: also stream the output to stderr, lines prefixed ``[NAME]``.
+        abort: set by the build to stop the script (reason :data:`CANCELLED`).
+    Returns:
+        (failure reason or None, source path, cache path, log path).
+    """
+    out = work / "pairs" / target.name
+    out.mkdir(parents=True, exist_ok=True)
+    src, cache = out / f"{target.name}.py", out / f"{target.name}.cache"
+    log_path = log_file(work, target)
+    env = script_env(settings, target, device, src, cache, gpu)
+    cmd = [sys.executable, str(target.script), *target.args]
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen(cmd, cwd=settings.root, env=env, stdin=subprocess.DEVNULL,
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+        pump = threading.Thread(target=_pump, daemon=True, args=(
+            proc.stdout, log, target.name if verbose else None))
+        pump.start()
+        try:
+            reason = wait(proc, target.timeout, abort)
+        finally:
+            pump.join(timeout=10)
+            proc.stdout.close()  # type: ignore[union-attr]
+    return reason, src, cache, log_path
+
+
+def log_file(work: Path, target: TargetSettings) -> Path:
+    """``work/logs/NAME.log`` (its directory created)."""
+    (work / "logs").mkdir(parents=True, exist_ok=True)
+    return work / "logs" / f"{target.name}.log"
+
+
+def check_pair(src: Path, cache: Path) -> tuple[Optional[str], Optional[PairInfo]]:
+    """(failure reason, None) or (None, PairInfo) for what a script that exited 0 wrote."""
+    have = [p.name for p in (src, cache) if p.is_file()]
+    if not have:
+        return ("exited 0 but wrote neither half of the pair; did the script run a "
+                "capture with PRECOMPILE_ARTIFACT_PATH / PRECOMPILE_CACHE_PATH?"), None
+    if len(have) == 1:
+        missing = cache.name if have[0] == src.name else src.name
+        return f"wrote only {have[0]}, not {missing}: half a pair is unusable", None
+    try:
+        return None, inspect_pair(src, cache)
+    except CaptureError as e:
+        return f"wrote an invalid pair: {e}", None

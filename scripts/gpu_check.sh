@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# On a GPU build host: the main job with CUDA targets, then a wheel merged from a CUDA
+# build and a CPU build of the same host (CUDA hidden), served both ways, then the
+# GPU tests. Logs go to $OUT (default /tmp/gpu_check). A host without a package
+# registry can bring missing wheels in .whl/ (PIP_FIND_LINKS, --no-index).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-/tmp/gpu_check}
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1
+if [ -d .whl ]; then export PIP_FIND_LINKS=$PWD/.whl PIP_NO_INDEX=1; fi
+nvidia-smi -L | tee "$OUT/gpus.txt"
+python3 -c 'import torch, triton; print("torch", torch.__version__, "triton", triton.__version__)' | tee -a "$OUT/gpus.txt"
+
+echo "== 1. main job (CUDA targets)"
+bash scripts/main_job.sh > "$OUT/main_job.log" 2>&1; echo "main_job rc=$?" | tee -a "$OUT/summary.txt"
+grep -E "engine=|skip|ERROR|match" "$OUT/main_job.log" | tee -a "$OUT/summary.txt"
+
+echo "== 2. CPU variant (CUDA hidden), merged with the CUDA wheel"
+rm -rf dist-cpu dist-merged .venv-merged
+CUDA_VISIBLE_DEVICES= .venv-main/bin/python -m build --no-isolation --wheel --outdir dist-cpu example_project > "$OUT/merge.log" 2>&1
+.venv-main/bin/python -m precompile_build merge dist/tinylm-*.whl dist-cpu/tinylm-*.whl -o dist-merged >> "$OUT/merge.log" 2>&1
+echo "merge rc=$?" | tee -a "$OUT/summary.txt"
+.venv-main/bin/python -m precompile_build inspect dist-merged/tinylm-*.whl | tee -a "$OUT/summary.txt"
+source scripts/_venv.sh
+make_venv .venv-merged
+.venv-merged/bin/python -m pip install -q --find-links dist dist-merged/tinylm-*.whl >> "$OUT/merge.log" 2>&1
+(cd /tmp && PRECOMPILE_CACHE_DIR=$(mktemp -d) "$OLDPWD/.venv-merged/bin/python" -m tinylm.demo --strict) 2>&1 | sed 's/^/merged, GPU visible: /' | tee -a "$OUT/summary.txt"
+(cd /tmp && CUDA_VISIBLE_DEVICES= PRECOMPILE_CACHE_DIR=$(mktemp -d) "$OLDPWD/.venv-merged/bin/python" -m tinylm.demo --strict) 2>&1 | sed 's/^/merged, CUDA hidden: /' | tee -a "$OUT/summary.txt"
+
+echo "== 3. GPU tests"
+PYTHONPATH=$PWD:$PWD/runtime .venv-main/bin/python -m pytest -q -p no:cacheprovider \
+  tests/test_gpu_frozen.py tests/test_frozen_engine.py tests/test_runtime_loader.py > "$OUT/pytest.log" 2>&1
+echo "pytest rc=$?" | tee -a "$OUT/summary.txt"
+tail -5 "$OUT/pytest.log" | tee -a "$OUT/summary.txt"

@@ -1,0 +1,349 @@
+"""Capture cache (hits, a miss per key component, corrupt entries, off, two builds at
+once, clean), parallel captures (order, devices, fail fast) and progress output."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from _build_helpers import (_clean_env, build, check_record, host_fp_json,  # noqa: F401
+                            make_project, manifest_of, target_toml, wheel_names)
+from precompile_build import capture_cache, progress, runner
+from precompile_build.cli import main
+from precompile_build.errors import CaptureError, ConfigError
+from precompile_build.settings import load_settings
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _cache_dir() -> Path:
+    return Path(os.environ["PRECOMPILE_BUILD_CACHE_DIR"])
+
+
+def _entries() -> list[Path]:
+    d = _cache_dir()
+    return sorted(p for p in d.iterdir() if p.is_dir() and len(p.name) == 64) if d.exists() else []
+
+
+def _built(root, monkeypatch, capfd, tag, cs=None):
+    """Build; return (wheel, whether the script ran, stderr)."""
+    mark = root.parent / f"ran-{tag}"
+    monkeypatch.setenv("FIXTURE_MARK", str(mark))
+    whl = build(root, monkeypatch, out=root.parent / f"dist-{tag}", config_settings=cs)
+    return whl, mark.exists(), capfd.readouterr().err
+
+
+def test_hit_reuses_and_wheel_is_identical(tmp_path, monkeypatch, capfd):
+    monkeypatch.setenv("SOURCE_DATE_EPOCH", "1700000000")
+    root = make_project(tmp_path)
+    whl1, ran1, err1 = _built(root, monkeypatch, capfd, "1")
+    assert ran1 and "ok on cpu in" in err1 and "captured (why: no entry)" in err1
+    (entry,) = _entries()
+    assert sorted(p.name for p in entry.iterdir()) == ["double.cache", "double.py", "entry.json"]
+    whl2, ran2, err2 = _built(root, monkeypatch, capfd, "2")
+    assert not ran2 and f"reused (key {entry.name[:12]}…)" in err2
+    assert whl1.read_bytes() == whl2.read_bytes()
+    check_record(whl2)
+    assert "precompile: summary" in err2 and "reused" in err2.split("summary")[1]
+
+
+def _edit_script(root):
+    (root / "capture" / "pair.py").write_text((root / "capture" / "pair.py").read_text() + "\n#\n")
+
+
+def _edit_package(root):
+    (root / "simplepkg" / "helpers.py").write_text("X = 1\n")
+
+
+EXTRA = 'env = { KNOB = "1" }\ncache-env = ["FIXTURE_KNOB"]'
+
+
+def _edit_config(root):
+    _set_toml(root, target_toml(extra=EXTRA).replace('"ok"]', '"ok", "--factor", "3"]'))
+
+
+def _set_toml(root, text):
+    py = root / "pyproject.toml"
+    py.write_text(py.read_text().split("# --- precompile ---")[0] + "# --- precompile ---\n" + text)
+
+
+def _edit_env(root):
+    _set_toml(root, target_toml(extra=EXTRA.replace('"1"', '"2"')))
+
+
+def _edit_cache_env(monkeypatch):
+    monkeypatch.setenv("FIXTURE_KNOB", "2")
+
+
+def _edit_fingerprint(monkeypatch):
+    real = capture_cache.host_fingerprints
+
+    def other(devices):
+        return {d: fps + ['{"torch": "9.9.9"}'] for d, fps in real(devices).items()}
+
+    monkeypatch.setattr(capture_cache, "host_fingerprints", other)
+
+
+MISSES = {"script": _edit_script, "package": _edit_package, "config": _edit_config,
+          "env": _edit_env, "cache-env": _edit_cache_env, "fingerprint": _edit_fingerprint}
+
+
+@pytest.mark.parametrize("what", sorted(MISSES))
+def test_each_key_component_misses(tmp_path, monkeypatch, capfd, what):
+    root = make_project(tmp_path, target_toml(extra=EXTRA))
+    monkeypatch.setenv("FIXTURE_KNOB", "1")
+    assert _built(root, monkeypatch, capfd, "1")[1]
+    assert not _built(root, monkeypatch, capfd, "2")[1]  # unchanged: a hit
+    edit = MISSES[what]
+    edit(monkeypatch) if what in ("cache-env", "fingerprint") else edit(root)
+    _, ran, err = _built(root, monkeypatch, capfd, "3")
+    assert ran and "captured (why: no entry)" in err
+    assert len(_entries()) == 2
+
+
+@pytest.mark.parametrize("what", ["timeout", "required", "_precompiled", "__pycache__"])
+def test_changes_outside_the_key_still_hit(tmp_path, monkeypatch, capfd, what):
+    root = make_project(tmp_path, target_toml())
+    assert _built(root, monkeypatch, capfd, "1")[1]
+    if what in ("timeout", "required"):
+        _set_toml(root, target_toml().replace("timeout = 60", "timeout = 61") if what ==
+                  "timeout" else target_toml(extra="required = false"))
+    else:
+        (root / "simplepkg" / what).mkdir(exist_ok=True)
+        (root / "simplepkg" / what / "junk.pyc").write_bytes(b"junk")
+    assert not _built(root, monkeypatch, capfd, "2")[1]
+
+
+def _flip_cache(entry):
+    p = entry / "double.cache"
+    data = bytearray(p.read_bytes())
+    data[-1] ^= 1
+    p.write_bytes(bytes(data))
+
+
+def _bad_json(entry):
+    (entry / "entry.json").write_text("{not json")
+
+
+def _drop_source(entry):
+    (entry / "double.py").unlink()
+
+
+def _consistent_but_invalid(entry):
+    """sha256s in entry.json match, yet the pair is invalid (code_hash mismatch)."""
+    src = entry / "double.py"
+    src.write_text(src.read_text() + "\n# edited\n")
+    meta = json.loads((entry / "entry.json").read_text())
+    meta["files"]["source"].update(capture_cache._file_meta(src))
+    (entry / "entry.json").write_text(json.dumps(meta))
+
+
+@pytest.mark.parametrize("damage, said", [
+    (_flip_cache, "double.cache: size/sha256"), (_bad_json, "JSONDecodeError"),
+    (_drop_source, "No such file"), (_consistent_but_invalid, "code_hash mismatch")])
+def test_corrupt_entry_is_discarded_and_recaptured(tmp_path, monkeypatch, capfd, damage, said):
+    root = make_project(tmp_path)
+    whl1, _, _ = _built(root, monkeypatch, capfd, "1")
+    (entry,) = _entries()
+    damage(entry)
+    whl2, ran, err = _built(root, monkeypatch, capfd, "2")
+    assert ran and "captured (why: entry corrupt: " in err and said in err
+    assert f"discarded cache entry {entry.name[:12]}…" in err
+    check_record(whl2)
+    # the recaptured entry replaced the bad one and is reused next time
+    assert not _built(root, monkeypatch, capfd, "3")[1]
+
+
+@pytest.mark.parametrize("how", ["config", "env"])
+def test_cache_off(tmp_path, monkeypatch, capfd, how):
+    root = make_project(tmp_path)
+    cs = {"precompile.cache": "off"} if how == "config" else None
+    if how == "env":
+        monkeypatch.setenv("PRECOMPILE_CACHE", "off")
+    monkeypatch.setattr(capture_cache, "host_fingerprints", None)  # never called
+    for tag in "12":
+        _, ran, err = _built(root, monkeypatch, capfd, tag, cs)
+        assert ran and "captured (why: cache off)" in err
+    assert not _cache_dir().exists() or _entries() == []
+
+
+_BUILD = """
+import sys
+from precompile_build import backend
+print(backend.build_wheel(sys.argv[1]))
+"""
+
+
+def test_two_concurrent_builds(tmp_path, monkeypatch):
+    """Two processes build the same project (two checkouts, one cache) at once:
+    one captures, the other waits for the entry lock and reuses; wheels identical."""
+    toml = target_toml(mode="frozen").replace('"frozen"]', '"frozen", "--sleep", "2"]')
+    roots = [make_project(tmp_path / n, toml) for n in "ab"]
+    env = dict(os.environ, SOURCE_DATE_EPOCH="1700000000",
+               PYTHONPATH=os.pathsep.join([str(REPO), str(REPO / "runtime")]))
+    procs = [subprocess.Popen([sys.executable, "-c", _BUILD, str(r.parent / "dist")],
+                              cwd=r, env=env, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for r in roots]
+    outs = [p.communicate(timeout=120) for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], outs
+    whls = [r.parent / "dist" / o[0].strip().splitlines()[-1] for r, o in zip(roots, outs)]
+    assert whls[0].read_bytes() == whls[1].read_bytes()
+    errs = "".join(o[1] for o in outs)
+    assert errs.count("captured (why: no entry)") == 1 and errs.count("reused (key") == 1
+    assert "waiting for another build" in errs
+    assert len(_entries()) == 1 and not list(_cache_dir().glob(".tmp-*"))
+
+
+def test_parallel_order_and_overlap(tmp_path, monkeypatch, capfd):
+    """The first target sleeps longer and finishes last; results, manifest and wheel
+    do not depend on that (same bytes as a one-at-a-time build)."""
+    monkeypatch.setenv("SOURCE_DATE_EPOCH", "1700000000")
+    toml = (target_toml("slow").replace('"ok"]', '"ok", "--sleep", "1.5"]')
+            + target_toml("fast"))
+    root = make_project(tmp_path, toml)
+    s = load_settings(root, {"precompile.jobs": "2", "precompile.cache": "off"})
+    start = time.monotonic()
+    results = runner.run_captures(s, tmp_path / "work")
+    assert [r.name for r in results] == ["slow", "fast"]
+    err = capfd.readouterr().err
+    assert err.index("fast: ok on cpu") < err.index("slow: ok on cpu")  # ran side by side
+    assert time.monotonic() - start < 1.5 + 2.5
+    whl2 = build(root, monkeypatch, out=tmp_path / "d2",
+                 config_settings={"precompile.jobs": "2", "precompile.cache": "off"})
+    capfd.readouterr()
+    whl1 = build(root, monkeypatch, out=tmp_path / "d1",
+                 config_settings={"precompile.jobs": "1", "precompile.cache": "off"})
+    assert whl1.read_bytes() == whl2.read_bytes()
+    err = capfd.readouterr().err
+    assert err.index("slow: ok on cpu") < err.index("fast: ok on cpu")  # jobs = 1: in order
+
+
+def test_cuda_targets_get_one_gpu_each(tmp_path, monkeypatch, capfd):
+    monkeypatch.setattr(runner, "cuda_available", lambda: True)
+    monkeypatch.setattr(runner, "gpu_ids", lambda: ["0", "1"])
+    script = tmp_path / "proj" / "capture" / "cvd.py"
+    toml = "".join(target_toml(n, script="capture/cvd.py", extra='device = "cuda"')
+                   for n in ("a", "b", "c"))
+    root = make_project(tmp_path, toml)
+    script.write_text(  # record the GPU it got, then run the fixture
+        "import os, runpy, sys, time\n"
+        "open(os.environ['PRECOMPILE_ARTIFACT_PATH'] + '.cvd', 'w')\n"
+        "print('CVD=' + os.environ['CUDA_VISIBLE_DEVICES'], flush=True)\n"
+        "time.sleep(0.5)\n"
+        "sys.argv[0] = 'capture/pair.py'\nrunpy.run_path('capture/pair.py', run_name='__main__')\n")
+    s = load_settings(root, {"precompile.cache": "off"})
+    results = runner.run_captures(s, tmp_path / "work")
+    assert sorted(r.device_index for r in results[:2]) == [0, 1]
+    assert results[2].device_index in (0, 1)
+    for r in results:
+        log = (tmp_path / "work" / "logs" / f"{r.name}.log").read_text()
+        assert f"CVD={r.device_index}" in log
+    table = capfd.readouterr().err.split("precompile: summary")[1]
+    assert "cuda:0" in table and "cuda:1" in table
+    from precompile_build.manifest_build import assemble
+
+    doc = json.loads(assemble("simplepkg", results)["manifest.json"])
+    assert {doc["targets"][n]["variants"][0]["capture_device"] for n in "ab"} == {0, 1}
+
+
+def test_required_failure_stops_the_others(tmp_path, monkeypatch):
+    pid_file = tmp_path / "child.pid"
+    toml = (target_toml("hang", mode="hang").replace(
+        '"hang"]', f'"hang", "--pid-file", "{pid_file}"]') + target_toml("bad", mode="exit"))
+    root = make_project(tmp_path, toml)
+    start = time.monotonic()
+    with pytest.raises(CaptureError, match="'bad' failed: exited with status 3"):
+        build(root, monkeypatch, config_settings={"precompile.jobs": "2"})
+    assert time.monotonic() - start < 30  # the hanging one was stopped, not waited for
+    assert list((tmp_path / "dist").iterdir()) == []
+
+
+def test_progress_lines_and_summary(tmp_path, monkeypatch, capfd):
+    monkeypatch.setattr(progress, "INTERVAL", 0.3)
+    root = make_project(tmp_path, target_toml().replace('"ok"]', '"ok", "--sleep", "1.5"]'))
+    whl = build(root, monkeypatch)
+    err = capfd.readouterr().err
+    assert "precompile: double on cpu: running " in err and "| sleeping 1.5 s" in err
+    assert "\r" not in err and "\x1b[" not in err  # no terminal: plain lines only
+    table = err.split("precompile: summary\n")[1].splitlines()
+    assert table[0].split() == ["target", "device", "result", "seconds", "bytes"]
+    row = table[1].split()
+    assert row[:3] == ["double", "cpu", "captured"] and float(row[3]) >= 1.5
+    assert whl.exists()
+
+
+def test_progress_redraws_in_place_on_a_terminal():
+    out = io.StringIO()
+    p = progress.Progress(out, live=True)
+    p.started("forward", "cuda:0", Path("/nonexistent.log"))
+    p.say("precompile: hello")
+    p.say("precompile: again")
+    assert out.getvalue().startswith("precompile: hello\nprecompile: forward on cuda:0: running")
+    assert "\x1b[1F\x1b[J" in out.getvalue()
+
+
+def test_clean_command(tmp_path, monkeypatch, capfd):
+    root = make_project(tmp_path)
+    _built(root, monkeypatch, capfd, "1")
+    d = _cache_dir()
+    (d / "keep.txt").write_text("not ours")
+    assert main(["clean", "--cache-dir", str(d)]) == 0
+    assert "removed 1 capture cache entry" in capfd.readouterr().out
+    assert sorted(p.name for p in d.iterdir()) == ["keep.txt"]
+    assert _built(root, monkeypatch, capfd, "2")[1]  # captured again
+    (d / "keep.txt").unlink()
+    assert main(["clean"]) == 0  # PRECOMPILE_BUILD_CACHE_DIR
+    assert not d.exists()
+
+
+# ---------------------------------------------------------------------- settings
+
+def test_settings_defaults_and_overrides(tmp_path, monkeypatch):
+    root = make_project(tmp_path, target_toml(extra='cache-env = ["A", "B", "A"]'))
+    s = load_settings(root, {}, {})
+    assert (s.cache, s.cache_dir, s.jobs) == (True, None, None)
+    assert s.targets["double"].cache_env == ("A", "B")
+    s = load_settings(root, {"precompile.cache": "off", "precompile.jobs": "3",
+                             "precompile.cache-dir": "c"}, {"PRECOMPILE_JOBS": "auto"})
+    assert (s.cache, s.cache_dir, s.jobs) == (False, root / "c", None)
+    s = load_settings(root, {}, {"PRECOMPILE_CACHE": "on", "PRECOMPILE_BUILD_CACHE_DIR": "/x"})
+    assert (s.cache, s.cache_dir) == (True, Path("/x"))
+    _set_toml(root, '[tool.precompile]\ncache = false\ncache-dir = "~/pc"\njobs = 2\n'
+              + target_toml())
+    s = load_settings(root, {}, {})
+    assert (s.cache, s.cache_dir, s.jobs) == (False, Path.home() / "pc", 2)
+    from precompile_build.settings import default_cache_dir
+
+    assert default_cache_dir().name == "precompile-build"
+
+
+@pytest.mark.parametrize("toml, cs, env, match", [
+    ('[tool.precompile]\njobs = 0\n', {}, {}, r"`tool.precompile.jobs` must be \"auto\""),
+    ('[tool.precompile]\njobs = "2"\n', {}, {}, "`tool.precompile.jobs`"),
+    ('[tool.precompile]\njobs = true\n', {}, {}, "`tool.precompile.jobs`"),
+    ('[tool.precompile]\ncache = "off"\n', {}, {}, "`tool.precompile.cache` must be a boolean"),
+    ('[tool.precompile]\ncache-dir = 3\n', {}, {}, "`tool.precompile.cache-dir`"),
+    ('[tool.precompile]\ncachedir = "x"\n', {}, {}, "did you mean `tool.precompile.cache-dir`"),
+    ("", {"precompile.jobs": "many"}, {}, "config setting `precompile.jobs`: it must be"),
+    ("", {}, {"PRECOMPILE_JOBS": "-1"}, "environment variable PRECOMPILE_JOBS"),
+    ("", {}, {"PRECOMPILE_CACHE": "maybe"}, "PRECOMPILE_CACHE: 'maybe' is not a boolean"),
+    ("", {"precompile.cahce": "off"}, {}, "did you mean `precompile.cache`"),
+])
+def test_settings_errors(tmp_path, toml, cs, env, match):
+    root = make_project(tmp_path, toml + target_toml())
+    with pytest.raises(ConfigError, match=match):
+        load_settings(root, cs, env)
+
+
+@pytest.mark.parametrize("value", ['"A"', "[1]", '["1A"]', '["A=B"]', '[""]'])
+def test_cache_env_must_be_names(tmp_path, value):
+    root = make_project(tmp_path, target_toml(extra=f"cache-env = {value}"))
+    with pytest.raises(ConfigError, match=r"`tool.precompile.targets.double.cache-env` must"):
+        load_settings(root, {}, {})
