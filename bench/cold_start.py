@@ -175,7 +175,8 @@ def build_wheel(work: Path, device: str) -> None:
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), str(ROOT / "runtime")]))
     env["PRECOMPILE_VERBOSE"] = "1"
     dist = work / "dist"
-    subprocess.run([sys.executable, "-m", "build", "--no-isolation", "--wheel", "--outdir", str(dist),
+    # precompile-build comes from this tree (PYTHONPATH), not an install: skip the check
+    subprocess.run([sys.executable, "-m", "build", "--no-isolation", "--skip-dependency-check", "--wheel", "--outdir", str(dist),
                     str(HERE / "project")], check=True, env=env)
     shutil.rmtree(HERE / "project" / "build", ignore_errors=True)
     wheel = next(dist.glob("benchmodels-*.whl"))

@@ -14,6 +14,7 @@ The cache is an optimisation: failing to write it never fails a build.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -144,6 +145,8 @@ def key_components(settings: Settings, target: TargetSettings, device: str,
     return {
         "format": ENTRY_FORMAT, "version": ENTRY_VERSION,
         "precompile_build": __version__, "precompile_runtime": precompile_runtime.__version__,
+        # the engines write their own code into every pair: a changed engine recaptures
+        "tool_code_sha256": _tool_code_sha256(),
         "script_sha256": _sha256_file(target.script),
         "package_sha256": package_sha256,
         "target": {"name": target.name, "script": target.script_rel,
@@ -153,6 +156,20 @@ def key_components(settings: Settings, target: TargetSettings, device: str,
         "fingerprint": fingerprint,
         "cpu_flags": hashlib.sha256(" ".join(sorted(cpu_flags())).encode()).hexdigest(),
     }
+
+
+@functools.lru_cache(maxsize=None)
+def _tool_code_sha256() -> str:
+    """sha256 over the source files of precompile_build and precompile_runtime."""
+    import precompile_runtime
+
+    from . import __file__ as build_init
+
+    h = hashlib.sha256()
+    for pkg in (Path(build_init).parent, Path(precompile_runtime.__file__).parent):
+        for f in sorted(pkg.rglob("*.py")):
+            h.update(f.relative_to(pkg).as_posix().encode() + b"\0" + f.read_bytes())
+    return h.hexdigest()
 
 
 def cache_key(components: Mapping[str, Any]) -> str:

@@ -30,6 +30,32 @@ make_venv .venv-merged
 
 echo "== 3. GPU tests"
 PYTHONPATH=$PWD:$PWD/runtime .venv-main/bin/python -m pytest -q -p no:cacheprovider \
-  tests/test_gpu_frozen.py tests/test_frozen_engine.py tests/test_runtime_loader.py > "$OUT/pytest.log" 2>&1
+  tests/test_gpu_frozen.py ${GPU_CHECK_TESTS:-} > "$OUT/pytest.log" 2>&1
 echo "pytest rc=$?" | tee -a "$OUT/summary.txt"
 tail -5 "$OUT/pytest.log" | tee -a "$OUT/summary.txt"
+
+echo "== 4. captures spread over the GPUs; artifacts served on each device"
+.venv-main/bin/python - <<'PY' 2>&1 | tee -a "$OUT/summary.txt"
+import glob, json, zipfile
+whl = glob.glob("dist/tinylm-*.whl")[0]
+m = json.loads(zipfile.ZipFile(whl).read("tinylm/_precompiled/manifest.json"))
+total = 0.0
+for name, t in sorted(m["targets"].items()):
+    for v in t["variants"]:
+        total += v.get("capture_seconds") or 0
+        print(f"{name}: engine={v['engine']} capture_device={v.get('capture_device')} "
+              f"gpu={v['fingerprint'].get('gpu_name')} sm_{v['fingerprint'].get('compute_capability')} "
+              f"capture_seconds={v.get('capture_seconds')}")
+print(f"sum of capture seconds: {total:.1f}")
+PY
+grep -E "precompile: (summary|captures took|wall)|captured|reused" "$OUT/main_job.log" | tail -8 | tee -a "$OUT/summary.txt"
+(cd /tmp && "$OLDPWD/.venv-main-user/bin/python" - <<'PY') 2>&1 | tee -a "$OUT/summary.txt"
+import torch, tinylm, precompile_runtime
+from tinylm import steps
+fwd = precompile_runtime.load_packaged("forward", package="tinylm", strict=True)
+for dev in [f"cuda:{i}" for i in range(torch.cuda.device_count())]:
+    model = tinylm.build_model(seed=0, device=dev)
+    ids, _ = tinylm.example_batch(dev)
+    got, want = fwd(model, ids), steps.forward(model, ids)
+    print(f"forward on {dev}: output device {got.device}, max abs err {(got - want).abs().max().item():.2e}")
+PY

@@ -13,7 +13,9 @@ mkdir -p "$dist"
 echo "== build environment (.venv-main)"
 make_venv .venv-main setuptools wheel build packaging filelock
 .venv-main/bin/python -m pip wheel -q --no-deps --no-build-isolation -w "$dist" ./runtime .
-.venv-main/bin/python -m pip install -q --force-reinstall --no-deps "$dist"/precompile_runtime-*.whl "$dist"/precompile_build-*.whl
+ours=("$dist"/precompile_runtime-*.whl "$dist"/precompile_build-*.whl)
+.venv-main/bin/python -m pip install -q --force-reinstall --no-deps "${ours[@]}"  # this tree's code
+.venv-main/bin/python -m pip install -q "${ours[@]}"  # and whatever they need that is missing
 
 echo "== build the tinylm wheel (captures run here)"
 .venv-main/bin/python -m build --no-isolation --wheel --outdir "$dist" example_project

@@ -34,7 +34,8 @@ def installed(tmp_path_factory) -> Path:
     build = tmp_path_factory.mktemp("build") / "fcases"
     shutil.copytree(FIXTURE, build)
     dist = build / "dist"
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), str(ROOT / "runtime")]))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), str(ROOT / "runtime")]),
+               PRECOMPILE_BUILD_CACHE_DIR=str(build.parent / "capture-cache"))  # capture for real
     subprocess.run(
         [sys.executable, "-m", "build", "--no-isolation", "--wheel", "--outdir", str(dist), str(build)],
         check=True, env=env, capture_output=True,

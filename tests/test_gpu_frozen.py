@@ -95,9 +95,18 @@ loaded = []  # forbidden modules actually executed (not mere find_spec probes)
 class _Counter(importlib.abc.MetaPathFinder):
     """Counts executions of forbidden modules; torch probes find_spec("triton")
     without importing it, which is not counted."""
+    busy = set()  # names being looked up: other finders may re-enter the import system
+
     def find_spec(self, name, path=None, target=None):
-        if name != "triton" and not name.startswith(FORBIDDEN):
+        if (name != "triton" and not name.startswith(FORBIDDEN)) or name in self.busy:
             return None
+        self.busy.add(name)
+        try:
+            return self._find(name, path, target)
+        finally:
+            self.busy.discard(name)
+
+    def _find(self, name, path, target):
         for finder in sys.meta_path:
             if finder is not self and hasattr(finder, "find_spec"):
                 spec = finder.find_spec(name, path, target)

@@ -109,6 +109,54 @@ def _rebuild(spec, outs):
     raise CallError(f"unknown output kind {kind!r}")  # pragma: no cover
 
 
+# The full check of a model's parameters (names, dtype, device, shape, stride) walks
+# named_parameters() and costs microseconds per tensor on every call. A model seen
+# before is checked the short way: the same tensor objects (held weakly), each still
+# of the captured dtype, device, shape and stride.
+_SEEN = {}  # tuple of module ids -> [weakref of each lifted tensor]
+_SIGS = [(s["dtype"], s["device_type"], tuple(s["shape"]), tuple(s["stride"])) for s in _META["params"]]
+
+
+def _lifted(modules):
+    """The lifted tensors of ``modules`` in _module_tensors' order, without names."""
+    seen, out = set(), []
+    for mod in modules:
+        subs, stack = [], [mod]
+        while stack:  # pre-order, as named_modules() walks
+            m = stack.pop()
+            subs.append(m)
+            stack.extend(c for c in reversed(list(m._modules.values())) if c is not None)
+        for attr in ("_parameters", "_buffers"):
+            for m in subs:
+                for t in getattr(m, attr).values():
+                    if t is not None and id(t) not in seen:
+                        seen.add(id(t))
+                        out.append(t)
+    return out
+
+
+def _known_params(modules):
+    refs = _SEEN.get(tuple(map(id, modules)))
+    if refs is None:
+        return None
+    params = _lifted(modules)
+    if len(params) != len(refs):
+        return None
+    for t, r, (dtype, device, shape, stride) in zip(params, refs, _SIGS):
+        if (r() is not t or str(t.dtype) != dtype or t.device.type != device
+                or t.shape != shape or t.stride() != stride):
+            return None
+    return params
+
+
+def _remember_params(modules, params):
+    import weakref
+
+    if len(_SEEN) > 16:
+        _SEEN.clear()
+    _SEEN[tuple(map(id, modules))] = [weakref.ref(t) for t in params]
+
+
 class CompiledArtifact:
     """The loaded artifact: call it exactly like the captured function.
 
@@ -127,19 +175,22 @@ class CompiledArtifact:
     def __call__(self, *args, **kwargs):
         modules, leaves = [], []
         _flatten(_META["inputs"], [list(args), kwargs], modules, leaves, "arguments")
-        names, params = _module_tensors(modules)
-        if names != _META["param_names"]:
-            raise CallError(
-                f"target {_META['target']!r}: the model passed has parameters/buffers "
-                f"{names[:4]}... ({len(names)}) but the capture lifted "
-                f"{_META['param_names'][:4]}... ({len(_META['param_names'])}); "
-                "pass a model of the captured structure"
-            )
-        for t, n, s in zip(params, names, _META["params"]):
-            _check_tensor(t, s, f"parameter/buffer {n}")
+        params = _known_params(modules)
+        if params is None:  # a model not seen before, or changed: the full check
+            names, params = _module_tensors(modules)
+            if names != _META["param_names"]:
+                raise CallError(
+                    f"target {_META['target']!r}: the model passed has parameters/buffers "
+                    f"{names[:4]}... ({len(names)}) but the capture lifted "
+                    f"{_META['param_names'][:4]}... ({len(_META['param_names'])}); "
+                    "pass a model of the captured structure"
+                )
+            for t, n, s in zip(params, names, _META["params"]):
+                _check_tensor(t, s, f"parameter/buffer {n}")
+            _remember_params(modules, params)
         for (t, path), s in zip(leaves, _META["tensor_inputs"]):
             _check_tensor(t, s, path)
-        flat = [t.detach() for t in params] + [t.detach() for t, _ in leaves]
+        flat = params + [t for t, _ in leaves]  # no autograd below: run under no_grad
         cuda = next((t.device for t in flat if t.device.type == "cuda"), None)
         with torch.no_grad(), (torch.cuda.device(cuda) if cuda is not None else _nullcontext()):
             outs = self._run(flat)

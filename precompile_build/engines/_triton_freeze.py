@@ -28,6 +28,7 @@ from __future__ import annotations
 import builtins
 import contextlib
 import hashlib
+import logging
 import threading
 from typing import Any, Iterator
 
@@ -122,13 +123,24 @@ def recording() -> Iterator[None]:
         "compile_threads": 1,
     }
     patch = {k: v for k, v in wanted.items() if hasattr(config, k)}
+    # Short kernel names: Triton truncates a cubin's file name to 150 characters, and
+    # Inductor, not finding a long-named kernel's cubin, falls back to Triton's launcher.
+    if hasattr(config, "triton") and hasattr(config.triton, "descriptive_names"):
+        patch["triton.descriptive_names"] = False
     th.CompileResult._gen_launcher_code = _gen_launcher_code
     static_cls.load_kernel = load_kernel
     th.exec = _recording_exec
+    _bypass_reasons.clear()
+    heuristics_log = logging.getLogger(th.__name__)
+    old_level = heuristics_log.level
+    heuristics_log.addHandler(_bypass_handler)
+    heuristics_log.setLevel(min(old_level or logging.INFO, logging.INFO))
     try:
         with config.patch(patch):
             yield
     finally:
+        heuristics_log.removeHandler(_bypass_handler)
+        heuristics_log.setLevel(old_level)
         th.CompileResult._gen_launcher_code = orig_gen
         if had_own_load:
             static_cls.load_kernel = orig_load
@@ -138,6 +150,20 @@ def recording() -> Iterator[None]:
             del th.exec
         with _lock:
             _depth -= 1
+
+
+class _BypassHandler(logging.Handler):
+    """Keeps Inductor's reasons for not launching a kernel statically (it logs
+    "Bypassing StaticallyLaunchedCudaKernel due to ..." at INFO), for our errors."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        msg = record.getMessage()
+        if "Bypassing Statically" in msg:
+            _bypass_reasons.append(msg.split(" due to ", 1)[-1])
+
+
+_bypass_reasons: list[str] = []
+_bypass_handler = _BypassHandler(logging.INFO)
 
 
 def _triton_cache_cubin(result, kernel, launcher) -> bytes | None:
@@ -218,7 +244,8 @@ def freeze_triton_kernel(name: str, autotuner: Any, target: str) -> tuple[dict, 
             f"({type(kernel).__name__}), not torch's static CUDA launcher, so it cannot "
             "be served without Triton (typical causes: more kernel arguments than the "
             "static launcher takes, TMA descriptors, num_ctas > 1, global scratch "
-            f"memory, launch attributes); {_UNSUPPORTED_HINT}"
+            f"memory, launch attributes); {_UNSUPPORTED_HINT}. Inductor's reasons: "
+            + ("; ".join(dict.fromkeys(_bypass_reasons)) or "none logged")
         )
     cubin = getattr(kernel, _CUBIN, None) or _triton_cache_cubin(result, kernel, launcher)
     if not cubin:

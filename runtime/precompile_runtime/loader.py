@@ -18,7 +18,7 @@ bytes run, also in the fallback.
 
 Kernel cache directory: ``$PRECOMPILE_CACHE_DIR``, else
 ``$XDG_CACHE_HOME/precompile-runtime``, else ``~/.cache/precompile-runtime``; one
-subdirectory per code_hash, written atomically (temp dir beside it, fsync, rename)
+subdirectory per code_hash, written atomically (temp dir beside it, then rename)
 and verified blob by blob before reuse (a corrupt entry is replaced). When that root
 cannot be written, the blobs go to a private temp directory of this process
 (``tempfile.mkdtemp``, removed at exit), so loading still works, only without reuse
@@ -393,19 +393,6 @@ def _verify_dir(path: str, env: _envelope.Envelope, names: dict[str, list[str]])
     return True
 
 
-def _fsync_dir(path: str) -> None:
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
-
-
 def _unpack_into(root: str, code_hash: str, env: _envelope.Envelope, names: dict[str, list[str]]) -> str:
     final = os.path.join(root, code_hash)
     if os.path.isdir(final) and _verify_dir(final, env, names):
@@ -416,17 +403,16 @@ def _unpack_into(root: str, code_hash: str, env: _envelope.Envelope, names: dict
         for name, parts in names.items():
             path = os.path.join(tmp, *parts)
             os.makedirs(os.path.dirname(path), exist_ok=True)
+            # No fsync: an entry is used only after every file's sha256 is verified
+            # (above, and on every later load), so one torn by a crash is replaced,
+            # never run; syncing a dozen files would cost more than the whole load.
             with open(path, "wb") as f:
                 f.write(env.blobs[name])
-                f.flush()
-                os.fsync(f.fileno())
             os.chmod(path, 0o755 if name.endswith((".so", ".pyd", ".dylib")) else 0o644)
         os.chmod(tmp, 0o755)
-        _fsync_dir(tmp)
         for _ in range(10):
             try:
                 os.rename(tmp, final)
-                _fsync_dir(root)
                 return final
             except OSError:
                 if not os.path.isdir(final):
