@@ -22,9 +22,10 @@ one), since an editable import resolves the package to the source tree. Add
 from __future__ import annotations
 
 import os
-import tempfile
 from pathlib import Path
 from typing import Any, Mapping, Optional
+
+from .workdir import build_tempdir
 
 __all__ = [
     "build_editable",
@@ -97,7 +98,7 @@ def build_wheel(wheel_directory: str, config_settings: Optional[Mapping[str, Any
     st_settings = _setuptools_settings(config_settings)
     if settings.skip:
         return build_meta.build_wheel(wheel_directory, st_settings, metadata_directory)
-    with tempfile.TemporaryDirectory(prefix="precompile-build-") as tmp:
+    with build_tempdir() as tmp:
         files = _capture(settings, Path(tmp) / "capture")
         name = build_meta.build_wheel(str(Path(tmp) / "wheel"), st_settings,
                                       metadata_directory)
@@ -118,7 +119,7 @@ def build_editable(wheel_directory: str, config_settings: Optional[Mapping[str, 
     st_settings = _setuptools_settings(config_settings)
     if settings.skip:
         return build_meta.build_editable(wheel_directory, st_settings, metadata_directory)
-    with tempfile.TemporaryDirectory(prefix="precompile-build-") as tmp:
+    with build_tempdir() as tmp:
         files = _capture(settings, Path(tmp) / "capture")
         name = build_meta.build_editable(str(Path(tmp) / "wheel"), st_settings,
                                          metadata_directory)
@@ -135,7 +136,7 @@ def build_sdist(sdist_directory: str,
     from .sdist import package_sdist
 
     settings = _settings(config_settings)
-    with tempfile.TemporaryDirectory(prefix="precompile-build-") as tmp:
+    with build_tempdir() as tmp:
         name = build_meta.build_sdist(tmp, _setuptools_settings(config_settings))
         return package_sdist(Path(tmp) / name, sdist_directory, settings).name
 

@@ -10,11 +10,11 @@ import argparse
 import json
 import os
 import sys
-import tempfile
 from pathlib import Path
 from typing import Optional, Sequence
 
 from .errors import ConfigError
+from .workdir import build_tempdir
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -51,7 +51,7 @@ def _capture(args: argparse.Namespace) -> int:
                if k not in ("PRECOMPILE_SKIP",)}  # capture is explicit: never skipped
     settings = load_settings(args.project, cs, environ)
     out = Path(args.out) if args.out else settings.root / "build" / "precompiled"
-    with tempfile.TemporaryDirectory(prefix="precompile-build-") as tmp:
+    with build_tempdir() as tmp:
         results = run_captures(settings, Path(tmp), verbose=args.verbose or None)
         write_dir_atomic(out, assemble(settings.package, results))
     print(f"wrote {out}")

@@ -148,7 +148,7 @@ def run_script(settings: Settings, target: TargetSettings, device: str, gpu: Opt
     src, cache = out / f"{target.name}.py", out / f"{target.name}.cache"
     log_path = log_file(work, target)
     env = script_env(settings, target, device, src, cache, gpu)
-    cmd = [sys.executable, str(target.script), *target.args]
+    cmd = [sys.executable, "-c", _DIE_WITH_PARENT, str(os.getpid()), str(target.script), *target.args]
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(cmd, cwd=settings.root, env=env, stdin=subprocess.DEVNULL,
                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
@@ -162,6 +162,23 @@ def run_script(settings: Settings, target: TargetSettings, device: str, gpu: Opt
             pump.join(timeout=10)
             proc.stdout.close()  # type: ignore[union-attr]
     return reason, src, cache, log_path
+
+
+# Runs the capture script so that it dies with the build: a frontend interrupted by
+# Ctrl-C may SIGKILL the backend, which then cannot end the script (it runs in its own
+# session, so that a timeout can end its whole process group). On Linux the script asks
+# for SIGKILL when its parent dies (prctl PR_SET_PDEATHSIG, kept across exec), then
+# becomes `python SCRIPT ARGS...` with sys.argv as the script expects.
+_DIE_WITH_PARENT = """\
+import os, signal, sys
+parent = int(sys.argv[1])
+if sys.platform.startswith("linux"):
+    import ctypes
+    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    if os.getppid() != parent:  # the build died before the request took effect
+        sys.exit("precompile-build: the build that started this capture is gone")
+os.execv(sys.executable, [sys.executable, *sys.argv[2:]])
+"""
 
 
 def log_file(work: Path, target: TargetSettings) -> Path:

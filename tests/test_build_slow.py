@@ -71,3 +71,20 @@ def test_pip_wheel_no_build_isolation(tmp_path):
           "--no-index", "-w", str(tmp_path / "dist"), str(root)], tmp_path)
     (whl,) = (tmp_path / "dist").iterdir()
     _check_and_load(whl, tmp_path)
+
+
+def test_pip_install_editable_loads_its_artifacts(tmp_path):
+    """`pip install -e`: the pairs land in the source package (an editable import
+    resolves there) and load_packaged serves them from it."""
+    root = make_project(tmp_path)
+    prefix = tmp_path / "prefix"
+    _run([sys.executable, "-m", "pip", "install", "--no-build-isolation", "--no-deps", "--no-index",
+          "--prefix", str(prefix), "-e", str(root)], tmp_path)
+    assert (root / "simplepkg" / "_precompiled" / "manifest.json").is_file()
+    (site_dir,) = prefix.glob("lib/python*/site-packages")
+    code = ("import site, sys; site.addsitedir(sys.argv[1]); import simplepkg; "
+            "from precompile_runtime import load_packaged; "
+            "print(simplepkg.__file__); print(load_packaged('double', package='simplepkg')(21))")
+    out = _run([sys.executable, "-c", code, str(site_dir)], tmp_path).stdout.strip().splitlines()
+    assert out[-2] == str(root / "simplepkg" / "__init__.py")  # imported from the source tree
+    assert out[-1] == "42"

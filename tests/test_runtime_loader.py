@@ -507,10 +507,14 @@ def test_corrupt_cache_entry_is_replaced(pkg, tmp_path):
 def test_full_disk_while_unpacking_leaves_no_entry(pkg, tmp_path, monkeypatch):
     import errno
 
-    def full(fd):
+    import precompile_runtime.loader as loader
+
+    def full(path, data):
+        with open(path, "wb") as f:
+            f.write(data[: len(data) // 2])  # a part made it to disk, then the disk was full
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(os, "fsync", full)
+    monkeypatch.setattr(loader, "_write_file", full)
     with pytest.raises(PrecompileLoadError, match="No space left on device") as ei:
         load_packaged("fwd", package=pkg.name)
     assert repr(pkg.name) in str(ei.value) and "PRECOMPILE_CACHE_DIR" in str(ei.value)

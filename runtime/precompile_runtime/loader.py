@@ -393,6 +393,11 @@ def _verify_dir(path: str, env: _envelope.Envelope, names: dict[str, list[str]])
     return True
 
 
+def _write_file(path: str, data: bytes) -> None:
+    with open(path, "wb") as f:
+        f.write(data)
+
+
 def _unpack_into(root: str, code_hash: str, env: _envelope.Envelope, names: dict[str, list[str]]) -> str:
     final = os.path.join(root, code_hash)
     if os.path.isdir(final) and _verify_dir(final, env, names):
@@ -406,8 +411,7 @@ def _unpack_into(root: str, code_hash: str, env: _envelope.Envelope, names: dict
             # No fsync: an entry is used only after every file's sha256 is verified
             # (above, and on every later load), so one torn by a crash is replaced,
             # never run; syncing a dozen files would cost more than the whole load.
-            with open(path, "wb") as f:
-                f.write(env.blobs[name])
+            _write_file(path, env.blobs[name])
             os.chmod(path, 0o755 if name.endswith((".so", ".pyd", ".dylib")) else 0o644)
         os.chmod(tmp, 0o755)
         for _ in range(10):
