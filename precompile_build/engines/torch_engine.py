@@ -23,10 +23,8 @@ from __future__ import annotations
 
 import ast
 import hashlib
-import io
 import os
 import tempfile
-import zipfile
 from typing import Any, Callable, Mapping
 
 from ..errors import CaptureError
@@ -270,11 +268,9 @@ def is_torch_cache(cache_bytes: bytes) -> bool:
 
 
 def read_torch_envelope(cache_bytes: bytes) -> dict[str, Any]:
-    """Parse torch's cache envelope without running anything in it.
-
-    Every zip member's CRC32 is checked (``torch.load`` alone accepts many flipped
-    bytes), then the envelope is read with ``torch.load(weights_only=True)`` (the way
-    torch's own ``load`` reads it; the inner ``artifact`` stays opaque bytes).
+    """Parse torch's cache envelope (``precompile_runtime.torch_pairs.read_envelope``:
+    zip CRCs, then ``torch.load(weights_only=True)``; nothing in it runs) and check
+    the tags a pair needs before it enters a wheel.
 
     Returns:
         the envelope dict; it has a ``format`` of :data:`CACHE_FORMAT`, an int
@@ -283,30 +279,13 @@ def read_torch_envelope(cache_bytes: bytes) -> dict[str, Any]:
         ValueError: not a zip, a CRC failure, unreadable by ``torch.load``, not a dict,
             or a missing/mistyped tag. Imports torch.
     """
-    if not is_torch_cache(cache_bytes):
-        raise ValueError("not a torch.compiler.precompile cache (no zip magic bytes)")
-    try:
-        with zipfile.ZipFile(io.BytesIO(cache_bytes)) as zf:
-            bad = zf.testzip()
-    except (zipfile.BadZipFile, OSError, EOFError, ValueError, RuntimeError) as e:
-        raise ValueError(f"the cache is a corrupt zip ({type(e).__name__}: {e})") from None
-    if bad is not None:
-        raise ValueError(f"the cache's member {bad!r} fails its CRC32 check (corrupt or tampered)")
-    import torch
+    from precompile_runtime.torch_pairs import read_envelope
 
-    try:
-        blob = torch.load(io.BytesIO(cache_bytes), weights_only=True)
-    except Exception as e:
-        raise ValueError(f"torch.load(weights_only=True) cannot read the cache ({_explain(e)})") from None
-    if not isinstance(blob, dict):
-        raise ValueError(f"the cache holds a {type(blob).__name__}, not torch's envelope dict")
-    if blob.get("format") != CACHE_FORMAT:
-        raise ValueError(f"the cache's format tag is {blob.get('format')!r}, not {CACHE_FORMAT!r}")
-    version = blob.get("version")
-    if not isinstance(version, int) or isinstance(version, bool):
-        raise ValueError(f"the cache's version tag is {version!r}, not an integer")
-    code_hash = blob.get("code_hash")
-    if not isinstance(code_hash, str) or len(code_hash) != 64:
+    blob = read_envelope(cache_bytes)
+    if isinstance(blob["version"], bool):
+        raise ValueError(f"the cache's version tag is {blob['version']!r}, not an integer")
+    code_hash = blob["code_hash"]
+    if len(code_hash) != 64:
         raise ValueError(f"the cache's code_hash is {code_hash!r}, not 64 hex characters")
     if not isinstance(blob.get("backend"), str):
         raise ValueError(f"the cache's backend tag is {blob.get('backend')!r}, not a string")

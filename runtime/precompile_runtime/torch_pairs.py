@@ -50,9 +50,16 @@ CACHE_FORMAT = "torch.compiler.precompile"
 _ZIP_MAGIC = b"PK\x03\x04"
 
 
-def _read_envelope(cache: bytes) -> dict[str, Any]:
-    """Parse torch's envelope (zip CRCs, then ``torch.load(weights_only=True)``).
-    Raises ValueError saying what is wrong."""
+def read_envelope(cache: bytes) -> dict[str, Any]:
+    """Parse torch's cache envelope without running anything in it: every zip
+    member's CRC32 first (``torch.load`` alone accepts many flipped bytes), then
+    ``torch.load(weights_only=True)``, the way torch's own ``load`` reads it.
+
+    Returns:
+        the envelope dict (``format``, int ``version``, str ``code_hash``, ...).
+    Raises:
+        ValueError: saying what is wrong. Imports torch.
+    """
     if cache[:4] != _ZIP_MAGIC:
         raise ValueError("it is not a torch.compiler.precompile cache (no zip magic bytes)")
     try:
@@ -148,7 +155,7 @@ def load_torch_pair(
         raise IntegrityError(f"{where}: the source is not UTF-8 ({e}); rebuild the wheel") from None
     code_hash = hashlib.sha256(source_bytes).hexdigest()
     try:
-        blob: dict[str, Any] | None = _read_envelope(cache_bytes)
+        blob: dict[str, Any] | None = read_envelope(cache_bytes)
     except ValueError as e:
         if not fallback:
             raise IntegrityError(
