@@ -28,6 +28,8 @@ from typing import Any, Iterable, Mapping, Optional
 
 import filelock
 
+from precompile_runtime.envelope import write_atomic
+
 from .errors import CaptureError
 from .pairs import PairInfo, inspect_pair
 from .settings import Settings, TargetSettings, default_cache_dir
@@ -88,15 +90,46 @@ print(json.dumps(out))
 _fp_memo: dict[tuple, dict[str, Any]] = {}
 
 
-def host_fingerprints(devices: Iterable[str]) -> dict[str, Any]:
+def _memo_key(devices: tuple) -> str:
+    """What determines the host fingerprints, read without importing torch: the
+    interpreter, the installed torch/triton versions (package metadata), the GPUs as
+    nvidia-smi lists them, and the fingerprint code itself."""
+    from importlib import metadata
+
+    import precompile_runtime.fingerprint as fingerprint
+
+    def version(dist: str) -> Optional[str]:
+        try:
+            return metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            return None
+
+    gpus = None
+    if "cuda" in devices:
+        try:
+            gpus = subprocess.run(
+                ["nvidia-smi", "--query-gpu=uuid,name,compute_cap", "--format=csv,noheader"],
+                capture_output=True, text=True, timeout=30).stdout
+        except (OSError, subprocess.SubprocessError):
+            gpus = "no nvidia-smi"
+    parts = [sys.executable, sys.version, list(devices), os.environ.get("CUDA_VISIBLE_DEVICES"),
+             [version(d) for d in ("torch", "triton", "pytorch-triton")], gpus,
+             _sha256_file(Path(fingerprint.__file__))]
+    return hashlib.sha256(json.dumps(parts).encode()).hexdigest()
+
+
+def host_fingerprints(devices: Iterable[str], memo_dir: Optional[Path] = None) -> dict[str, Any]:
     """Host fingerprint per device type, for the cache key.
 
     Computed in a subprocess of the build's interpreter (the one that runs the
     capture scripts), so the build process neither imports torch nor creates a CUDA
-    context on a GPU the captures need. Memoised per process.
+    context on a GPU the captures need. Memoised per process, and on disk under
+    ``memo_dir/fingerprints/`` keyed by :func:`_memo_key`, so that a rebuild with
+    nothing changed imports torch nowhere (seconds on a GPU host).
 
     Args:
         devices: device types (``cpu``, ``cuda``).
+        memo_dir: the capture cache's root, or None (no disk memo).
     Returns:
         ``{device: fingerprint}``; for ``cuda`` the distinct fingerprints of every
         visible GPU (a capture may be scheduled on any of them), sorted.
@@ -105,6 +138,12 @@ def host_fingerprints(devices: Iterable[str]) -> dict[str, Any]:
     """
     devices = tuple(sorted(set(devices)))
     memo = (sys.executable, devices, os.environ.get("CUDA_VISIBLE_DEVICES"))
+    disk = Path(memo_dir) / "fingerprints" / f"{_memo_key(devices)}.json" if memo_dir else None
+    if memo not in _fp_memo and disk is not None and disk.is_file():
+        try:
+            _fp_memo[memo] = json.loads(disk.read_text())
+        except (OSError, ValueError):
+            pass  # unreadable memo: compute again
     if memo not in _fp_memo:
         import precompile_runtime
 
@@ -119,6 +158,12 @@ def host_fingerprints(devices: Iterable[str]) -> dict[str, Any]:
         raw = json.loads(proc.stdout.strip().splitlines()[-1])
         _fp_memo[memo] = {d: sorted({json.dumps(fp, sort_keys=True) for fp in fps})
                           for d, fps in raw.items()}
+        if disk is not None:
+            try:
+                disk.parent.mkdir(parents=True, exist_ok=True)
+                write_atomic(disk, json.dumps(_fp_memo[memo]).encode())
+            except OSError:
+                pass  # no memo: the next build computes it again
     return _fp_memo[memo]
 
 
@@ -275,7 +320,8 @@ def discard(entry_dir: Path) -> None:
 
 def clean(root: Path) -> int:
     """Delete the capture cache at ``root``: only what this module writes (entries,
-    locks, temp dirs, the CACHEDIR.TAG), then ``root`` itself when left empty.
+    locks, temp dirs, the fingerprint memo, the CACHEDIR.TAG), then ``root`` itself
+    when left empty.
 
     Returns:
         the number of entries removed.
@@ -290,7 +336,7 @@ def clean(root: Path) -> int:
         if p.is_dir() and ours_dir:
             discard(p)
             removed += 1
-        elif p.is_dir() and p.name.startswith((".tmp-", ".trash-")):
+        elif p.is_dir() and (p.name.startswith((".tmp-", ".trash-")) or p.name == "fingerprints"):
             shutil.rmtree(p, ignore_errors=True)
         elif p.name.endswith(".lock") or p.name == TAG_NAME:
             p.unlink(missing_ok=True)

@@ -171,9 +171,9 @@ def _plan_cache(b: _Build, devices: set) -> None:
     if not b.settings.cache or not devices:
         return
     try:
-        b.fingerprints = capture_cache.host_fingerprints(devices)
-        b.package_sha256 = capture_cache.package_digest(b.settings.package_dir)
         b.cache_root = capture_cache.cache_root(b.settings)
+        b.fingerprints = capture_cache.host_fingerprints(devices, memo_dir=b.cache_root)
+        b.package_sha256 = capture_cache.package_digest(b.settings.package_dir)
     except (CaptureError, OSError, ValueError, subprocess.SubprocessError) as e:
         b.cache_off = f"cache off: {e}".replace("\n", " ")
         b.progress.say(f"precompile: capture cache unavailable for this build ({e})")

@@ -85,8 +85,8 @@ def _edit_cache_env(monkeypatch):
 def _edit_fingerprint(monkeypatch):
     real = capture_cache.host_fingerprints
 
-    def other(devices):
-        return {d: fps + ['{"torch": "9.9.9"}'] for d, fps in real(devices).items()}
+    def other(devices, memo_dir=None):
+        return {d: fps + ['{"torch": "9.9.9"}'] for d, fps in real(devices, memo_dir).items()}
 
     monkeypatch.setattr(capture_cache, "host_fingerprints", other)
 
@@ -347,3 +347,24 @@ def test_cache_env_must_be_names(tmp_path, value):
     root = make_project(tmp_path, target_toml(extra=f"cache-env = {value}"))
     with pytest.raises(ConfigError, match=r"`tool.precompile.targets.double.cache-env` must"):
         load_settings(root, {}, {})
+
+
+def test_fingerprint_memo_on_disk(tmp_path, monkeypatch):
+    """A rebuild with nothing changed reads the host fingerprint from the cache's memo
+    (no torch import: seconds on a GPU host); the memo key changes with what determines
+    the fingerprint (here: the interpreter's torch version)."""
+    from importlib import metadata
+
+    capture_cache._fp_memo.clear()
+    first = capture_cache.host_fingerprints(["cpu"], memo_dir=tmp_path)
+    (memo,) = (tmp_path / "fingerprints").iterdir()
+    capture_cache._fp_memo.clear()
+    monkeypatch.setattr(capture_cache.subprocess, "run", None)  # no subprocess: must read the memo
+    assert capture_cache.host_fingerprints(["cpu"], memo_dir=tmp_path) == first
+    monkeypatch.undo()
+    capture_cache._fp_memo.clear()
+    real_version = metadata.version
+    monkeypatch.setattr(metadata, "version", lambda d: "9.9.9" if d == "torch" else real_version(d))
+    capture_cache.host_fingerprints(["cpu"], memo_dir=tmp_path)
+    assert len(list((tmp_path / "fingerprints").iterdir())) == 2  # a new key, computed again
+    capture_cache._fp_memo.clear()
