@@ -97,7 +97,7 @@ def _compile(traced: TracedCall, target: str, options: dict):
         wrapper_src = f.read()
     defined = [n for n in map(_kernel_definition, ast.parse(wrapper_src).body) if n]
     kernels, blobs = _freeze_kernels(module, defined, target)
-    wrapper_code = _rewrite_wrapper(wrapper_src, {k["name"] for k in kernels}, module, target)
+    wrapper_code = _rewrite_wrapper(wrapper_src, {k["name"] for k in kernels}, target)
 
     device = traced.metadata["device"]
     fingerprint = host_fingerprint(device)
@@ -191,7 +191,7 @@ def _extern_kernel_bindings(tree: ast.Module, target: str) -> list[str]:
     return ["class extern_kernels:  # Inductor's extern kernels are torch functions", *lines] if lines else []
 
 
-def _rewrite_wrapper(src: str, kernel_names: set[str], module, target: str) -> str:
+def _rewrite_wrapper(src: str, kernel_names: set[str], target: str) -> str:
     """Inductor's wrapper module -> body of ``_make_call(_kernels)`` that needs no
     compiler: compiler imports dropped, kernel definitions bound from ``_kernels``."""
     tree = ast.parse(src)
