@@ -38,7 +38,10 @@ def _find_manifest(where: str) -> tuple[str, bytes]:
                 return str(cand), cand.read_bytes()
         raise BuildError(f"Failed to inspect {where}: no installed package with "
                          f"{PRECOMPILED}/manifest.json")
-    raise BuildError(f"Failed to inspect {where}: not a wheel, a directory or an "
+    if not path.exists():
+        raise BuildError(f"Failed to inspect {where}: no such file or directory (and no "
+                         "installed package of that name)")
+    raise BuildError(f"Failed to inspect {where}: not a wheel (.whl), a directory or an "
                      "installed package")
 
 

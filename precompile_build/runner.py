@@ -290,11 +290,26 @@ def _fail_or_skip(b: _Build, target: TargetSettings, required: bool, device: str
     if required:
         tail = ""
         if log_path is not None:
-            tail = (f"\nlast {LOG_TAIL_LINES} lines of {log_path}:\n"
+            kept = _keep_log(log_path, target.name)
+            tail = (f"\nlast {LOG_TAIL_LINES} lines of its log (whole log: {kept}):\n"
                     + log_tail(log_path))
         raise CaptureError(f"Capture of target {target.name!r} failed: {reason}" + tail)
     b.progress.say(f"precompile: {target.name}: left out ({reason})")
     return CaptureResult(target.name, "failed", False, device.split(":")[0], seconds, reason)
+
+
+def _keep_log(log_path: Path, name: str) -> Path:
+    """Copy a failed capture's log out of the build's temp dir (removed when the build
+    ends) to ``<tmp>/precompile-build-logs/NAME-<pid>.log``; returns where it is."""
+    import tempfile
+
+    dest = Path(tempfile.gettempdir()) / "precompile-build-logs" / f"{name}-{os.getpid()}.log"
+    try:
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(log_path, dest)
+    except OSError:
+        return log_path
+    return dest
 
 
 def run_target(settings: Settings, target: TargetSettings, work: Path,

@@ -178,6 +178,8 @@ cases = {
     "constant": lambda: step(m, x, 0.25),
     "structure": lambda: step(torch.nn.Sequential(torch.nn.Linear(16, 4)), x, 0.5),
     "not a module": lambda: step(x, x, 0.5),
+    "eval mode": lambda: step(fcases.bn_model().eval(), x, 0.5),
+    "keywords": lambda: step(model=m, x=x, scale=0.5),
 }
 for name, call in cases.items():
     try:
@@ -195,7 +197,10 @@ def test_calls_unlike_the_capture_are_refused(installed, tmp_path):
     assert ".contiguous()" in r["stride"]
     assert "specialised on 0.5, got 0.25" in r["constant"]
     assert "captured structure" in r["structure"]
-    assert "expected an nn.Module" in r["not a module"]
+    assert "argument 'model': expected an nn.Module" in r["not a module"]
+    assert "argument 'x'" in r["dtype"] and "fixed at capture" in r["dtype"]
+    assert "call model.train()" in r["eval mode"]  # else dropout/batch norm would run in the wrong mode
+    assert "called with 0 positional argument(s) and keyword(s) ['model', 'scale', 'x']" in r["keywords"]
 
 
 def test_fallback_without_kernels_gives_the_same_result(installed, tmp_path):

@@ -49,7 +49,11 @@ def _check_tensor(t, spec, what):
             "pass .contiguous() or the captured memory layout)"
         )
     if problems:
-        raise CallError(f"target {_META['target']!r}, {what}: " + "; ".join(problems))
+        raise CallError(
+            f"target {_META['target']!r}, {what}: " + "; ".join(problems)
+            + ". Shapes, dtypes and devices are fixed at capture: pass what was captured, "
+            "or capture again with these"
+        )
 
 
 def _flatten(spec, value, modules, tensors, path):
@@ -117,15 +121,38 @@ _SEEN = {}  # tuple of module ids -> [weakref of each lifted tensor]
 _SIGS = [(s["dtype"], s["device_type"], tuple(s["shape"]), tuple(s["stride"])) for s in _META["params"]]
 
 
+def _submodules(mod):
+    subs, stack = [], [mod]
+    while stack:  # pre-order, as named_modules() walks
+        m = stack.pop()
+        subs.append(m)
+        stack.extend(c for c in reversed(list(m._modules.values())) if c is not None)
+    return subs
+
+
+def _check_training(modules):
+    """Dropout and batch norm were traced in the captured train/eval mode."""
+    for i, (mod, want) in enumerate(zip(modules, _META.get("training", []))):
+        got = [m.training for m in _submodules(mod)]
+        if got != want:
+            if all(want):
+                fix = "call model.train()"
+            elif not any(want):
+                fix = "call model.eval()"
+            else:
+                fix = "put each submodule back in its train/eval mode of the capture"
+            raise CallError(
+                f"target {_META['target']!r}: model argument {i} is not in the train/eval "
+                f"mode it was captured in (dropout and batch norm trace differently); "
+                f"{fix}, or capture again in this mode"
+            )
+
+
 def _lifted(modules):
     """The lifted tensors of ``modules`` in _module_tensors' order, without names."""
     seen, out = set(), []
     for mod in modules:
-        subs, stack = [], [mod]
-        while stack:  # pre-order, as named_modules() walks
-            m = stack.pop()
-            subs.append(m)
-            stack.extend(c for c in reversed(list(m._modules.values())) if c is not None)
+        subs = _submodules(mod)
         for attr in ("_parameters", "_buffers"):
             for m in subs:
                 for t in getattr(m, attr).values():
@@ -174,7 +201,20 @@ class CompiledArtifact:
 
     def __call__(self, *args, **kwargs):
         modules, leaves = [], []
-        _flatten(_META["inputs"], [list(args), kwargs], modules, leaves, "arguments")
+        arg_spec, kw_spec = _META["inputs"][1]
+        kw_names = sorted(k for k, _ in kw_spec[1])
+        if len(args) != len(arg_spec[1]) or sorted(kwargs) != kw_names:
+            raise CallError(
+                f"target {_META['target']!r}: called with {len(args)} positional argument(s) "
+                f"and keyword(s) {sorted(kwargs)}; the capture was called with "
+                f"{len(arg_spec[1])} positional argument(s) and keyword(s) {kw_names}: call it "
+                "the same way"
+            )
+        names = _META.get("arg_names") or []
+        for i, (s, v) in enumerate(zip(arg_spec[1], args)):
+            _flatten(s, v, modules, leaves, f"argument {names[i]!r}" if names else f"args[{i}]")
+        for k, s in kw_spec[1]:
+            _flatten(s, kwargs[k], modules, leaves, f"keyword argument {k!r}")
         params = _known_params(modules)
         if params is None:  # a model not seen before, or changed: the full check
             names, params = _module_tensors(modules)
@@ -188,6 +228,7 @@ class CompiledArtifact:
             for t, n, s in zip(params, names, _META["params"]):
                 _check_tensor(t, s, f"parameter/buffer {n}")
             _remember_params(modules, params)
+        _check_training(modules)
         for (t, path), s in zip(leaves, _META["tensor_inputs"]):
             _check_tensor(t, s, path)
         flat = params + [t for t, _ in leaves]  # no autograd below: run under no_grad

@@ -226,8 +226,33 @@ def trace_call(fn: Callable, args: tuple, kwargs: dict, *, target: str) -> Trace
         "num_user_outputs": out_box["num_user_outputs"],
         "grad_param_indices": out_box["grad_indices"],
         "device": _device_of(params + user_tensors),
+        "training": [_training_flags(m) for m in modules],
+        "arg_names": _arg_names(fn, len(args)),
     }
     return TracedCall(graph_module=gm, example_inputs=example, metadata=metadata)
+
+
+def _training_flags(module) -> list[bool]:
+    """``.training`` of the module and every submodule, pre-order (as the driver walks
+    them): dropout and batch norm trace differently in train and eval mode."""
+    flags, stack = [], [module]
+    while stack:
+        m = stack.pop()
+        flags.append(bool(m.training))
+        stack.extend(c for c in reversed(list(m._modules.values())) if c is not None)
+    return flags
+
+
+def _arg_names(fn, n: int) -> list[str]:
+    """Names of fn's first ``n`` positional parameters, for messages (may be empty)."""
+    import inspect
+
+    try:
+        params = list(inspect.signature(fn).parameters.values())
+    except (TypeError, ValueError):
+        return []
+    names = [p.name for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    return names[:n] if len(names) >= n else []
 
 
 def _device_of(tensors) -> str:
