@@ -130,10 +130,11 @@ def _submodules(mod):
     return subs
 
 
-def _check_training(modules):
-    """Dropout and batch norm were traced in the captured train/eval mode."""
-    for i, (mod, want) in enumerate(zip(modules, _META.get("training", []))):
-        got = [m.training for m in _submodules(mod)]
+def _check_training(subs):
+    """Dropout and batch norm were traced in the captured train/eval mode
+    (``subs``: each model argument's _submodules)."""
+    for i, (mods, want) in enumerate(zip(subs, _META.get("training", []))):
+        got = [m.training for m in mods]
         if got != want:
             if all(want):
                 fix = "call model.train()"
@@ -148,11 +149,10 @@ def _check_training(modules):
             )
 
 
-def _lifted(modules):
-    """The lifted tensors of ``modules`` in _module_tensors' order, without names."""
+def _lifted(subs_per_module):
+    """The lifted tensors in _module_tensors' order, without names."""
     seen, out = set(), []
-    for mod in modules:
-        subs = _submodules(mod)
+    for subs in subs_per_module:
         for attr in ("_parameters", "_buffers"):
             for m in subs:
                 for t in getattr(m, attr).values():
@@ -162,11 +162,11 @@ def _lifted(modules):
     return out
 
 
-def _known_params(modules):
+def _known_params(modules, subs):
     refs = _SEEN.get(tuple(map(id, modules)))
     if refs is None:
         return None
-    params = _lifted(modules)
+    params = _lifted(subs)
     if len(params) != len(refs):
         return None
     for t, r, (dtype, device, shape, stride) in zip(params, refs, _SIGS):
@@ -215,7 +215,8 @@ class CompiledArtifact:
             _flatten(s, v, modules, leaves, f"argument {names[i]!r}" if names else f"args[{i}]")
         for k, s in kw_spec[1]:
             _flatten(s, kwargs[k], modules, leaves, f"keyword argument {k!r}")
-        params = _known_params(modules)
+        subs = [_submodules(m) for m in modules]  # one walk serves both checks below
+        params = _known_params(modules, subs)
         if params is None:  # a model not seen before, or changed: the full check
             names, params = _module_tensors(modules)
             if names != _META["param_names"]:
@@ -228,7 +229,7 @@ class CompiledArtifact:
             for t, n, s in zip(params, names, _META["params"]):
                 _check_tensor(t, s, f"parameter/buffer {n}")
             _remember_params(modules, params)
-        _check_training(modules)
+        _check_training(subs)
         for (t, path), s in zip(leaves, _META["tensor_inputs"]):
             _check_tensor(t, s, path)
         flat = params + [t for t, _ in leaves]  # no autograd below: run under no_grad
