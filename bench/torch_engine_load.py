@@ -31,7 +31,6 @@ import subprocess
 import sys
 import tempfile
 import textwrap
-import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)

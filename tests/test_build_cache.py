@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from _build_helpers import (_clean_env, build, check_record, host_fp_json,  # noqa: F401
-                            make_project, manifest_of, target_toml, wheel_names)
+                            make_project, target_toml)
 from precompile_build import capture_cache, progress, runner
 from precompile_build.cli import main
 from precompile_build.errors import CaptureError, ConfigError
