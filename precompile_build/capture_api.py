@@ -37,6 +37,8 @@ class Capture:
         return self
 
     def __call__(self, *args, **kwargs):
+        """Call ``fn(*args, **kwargs)`` for real and return its result; the first call
+        is also captured (raises CaptureError when it cannot be)."""
         self.calls += 1
         if self._pair is not None:
             return self._fn(*args, **kwargs)  # later calls run for real, uncaptured
@@ -146,7 +148,10 @@ def capture(
         CaptureError: no paths given and none in the environment; at the first call
             if the call cannot be captured; at exit if no call was made.
         ValueError: unknown engine or backend.
+        TypeError: ``fn`` is not callable.
     """
+    if not callable(fn):
+        raise TypeError(f"precompile_build.capture(fn): fn must be callable, got {type(fn).__name__}")
     if backend not in ("inductor", "eager"):
         raise ValueError(f"backend={backend!r}: use 'inductor' or 'eager'")
     if engine != "auto" and engine not in engines.ENGINES:
