@@ -15,7 +15,7 @@ make_venv .venv-test "${deps[@]}"
 echo "== tests under torch 2.14.1 (the torch engine)"
 TORCH_SPEC=torch==2.14.1 make_venv .venv-torch214 "${deps[@]}"
 .venv-torch214/bin/python -m pip install -q -e ./runtime -e .
-# the torch engine's tests, and the example project built with each engine (the
-# frozen engine must keep working on the newest torch too)
+# the torch engine's tests, and the frozen engine's cases and the example project
+# built with each engine (the frozen engine must keep working on the newest torch too)
 .venv-torch214/bin/python -m pytest -q -p no:cacheprovider \
-  tests/test_torch_engine.py tests/test_example_project.py "$@"
+  tests/test_torch_engine.py tests/test_frozen_engine.py tests/test_example_project.py "$@"

@@ -145,18 +145,32 @@ def run_on(dev):
     errs = []
     with torch.cuda.device(torch.device(dev)):
         if spec["case"] in ("forward", "train"):
-            model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.GELU(), torch.nn.LayerNorm(64))
-            model.load_state_dict(data["state"])
-            model = model.to(dev, data["dtype"])
-            x = data["x"].to(dev)
-            for step in range(2):  # the second call reuses the loaded kernels
-                out = art(model, x)
-                if not close(out, data["out"], data["tol"]):
-                    errs.append(f"step {step}: output differs, max err {(out.float().cpu() - data['out'].float()).abs().max()}")
-            if spec["case"] == "train":
-                for n, p in model.named_parameters():
-                    if not close(p.grad / 2, data["grads"][n], data["tol"]):  # two steps accumulated
-                        errs.append(f"grad {n} differs")
+            # one example, or (dynamic dims) several sizes: (x, output, grads) each
+            for x, want, grads in data.get("sizes") or [(data["x"], data["out"], data.get("grads"))]:
+                model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.GELU(), torch.nn.LayerNorm(64))
+                model.load_state_dict(data["state"])
+                model = model.to(dev, data["dtype"])
+                x, at = x.to(dev), list(x.shape)
+                for step in range(2):  # the second call reuses the loaded kernels
+                    out = art(model, x)
+                    if not close(out, want, data["tol"]):
+                        errs.append(f"{at} step {step}: output differs, max err {(out.float().cpu() - want.float()).abs().max()}")
+                if spec["case"] == "train":
+                    for n, p in model.named_parameters():
+                        if not close(p.grad / 2, grads[n], data["tol"]):  # two steps accumulated
+                            errs.append(f"{at} grad {n} differs")
+        elif spec["case"] == "calls":  # dynamic dims: several sizes served, others refused
+            for call in data["calls"]:
+                out = art(*[t.to(dev) for t in call["args"]])
+                if not close(out, call["out"], data["tol"]):
+                    errs.append(f"{list(call['args'][0].shape)}: output differs, max err "
+                                f"{(out.float().cpu() - call['out'].float()).abs().max()}")
+            for args in data["refuse"]:
+                try:
+                    art(*[t.to(dev) for t in args])
+                    errs.append(f"{list(args[0].shape)}: served, should be refused")
+                except precompile_runtime.CallError:
+                    pass
         else:
             args = [t.to(dev) for t in data["args"]]
             out = art(*args)
@@ -279,6 +293,53 @@ def test_user_triton_kernel(tmp_path, fn):
         assert len(entry) == 1 and "BLOCK" in entry[0]["config"], entry
     _serve(tmp_path, "user", source, cache,
            {"args": [x.cpu(), y.cpu()], "out": want.cpu(), "tol": 1e-5})
+
+
+def attention(x, w):
+    B, T, C = x.shape
+    q = (x @ w).view(B, T, 2, C // 2).transpose(1, 2)
+    y = torch.nn.functional.scaled_dot_product_attention(q, q, q, is_causal=True)
+    return y.transpose(1, 2).reshape(B, T, C).relu()
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_dynamic_batch_and_sequence(tmp_path, dtype):
+    from torch._dynamo import mark_dynamic
+
+    dt = getattr(torch, dtype)
+    torch.manual_seed(0)
+    x, w = torch.randn(3, 40, 64, device="cuda", dtype=dt), torch.randn(64, 64, device="cuda", dtype=dt) / 8
+    mark_dynamic(x, 0, min=2, max=16)
+    mark_dynamic(x, 1, min=2, max=256)
+    source, cache = _capture(tmp_path, f"attention_{dtype}", attention, x, w)
+    assert sorted(_metadata(source.read_text())["dynamic"]["symbols"].values()) == [[2, 16], [2, 256]]
+    calls = []
+    for B, T in [(2, 2), (3, 40), (16, 256), (5, 97)]:
+        xi = torch.randn(B, T, 64, device="cuda", dtype=dt)
+        calls.append({"args": [xi.cpu(), w.cpu()], "out": attention(xi, w).cpu()})
+    refuse = [[torch.randn(17, 8, 64, dtype=dt), w.cpu()], [torch.randn(2, 257, 64, dtype=dt), w.cpu()],
+              [torch.randn(1, 8, 64, dtype=dt), w.cpu()], [torch.randn(2, 8, 32, dtype=dt), w.cpu()]]
+    _serve(tmp_path, "calls", source, cache,
+           {"calls": calls, "refuse": refuse, "tol": 1e-4 if dt == torch.float32 else 8e-2})
+
+
+def test_dynamic_batch_train_step(tmp_path):
+    from torch._dynamo import mark_dynamic
+
+    torch.manual_seed(0)
+    model = make_mlp().cuda()
+    state = {k: v.detach().cpu().clone() for k, v in model.state_dict().items()}
+    x = torch.randn(8, 32, device="cuda")
+    mark_dynamic(x, 0, min=2, max=4096)
+    source, cache = _capture(tmp_path, "train_dyn", train_step, model, x)
+    sizes = []
+    for n in (2, 8, 1000, 4096):
+        ref = make_mlp().cuda()
+        ref.load_state_dict(state)
+        xi = torch.randn(n, 32, device="cuda")
+        loss = train_step(ref, xi)
+        sizes.append((xi.cpu(), loss.detach().cpu(), {k: p.grad.cpu() for k, p in ref.named_parameters()}))
+    _serve(tmp_path, "train", source, cache, {"state": state, "dtype": torch.float32, "sizes": sizes, "tol": 1e-4})
 
 
 def test_unfreezable_kernel_is_a_capture_error():

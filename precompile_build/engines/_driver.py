@@ -4,6 +4,7 @@
 # stdlib, and reads the literals PRECOMPILE_METADATA, _graph and (frozen) _make_call
 # defined in the same file.
 import importlib as _importlib
+import math as _math
 import os as _os
 from contextlib import nullcontext as _nullcontext
 
@@ -33,7 +34,7 @@ def _module_tensors(modules):
     return names, tensors
 
 
-def _check_tensor(t, spec, what):
+def _check_tensor(t, spec, what, check_shape=True):
     if not isinstance(t, torch.Tensor):
         raise CallError(f"{what}: expected a tensor, got {type(t).__name__}")
     problems = []
@@ -41,7 +42,9 @@ def _check_tensor(t, spec, what):
         problems.append(f"dtype {t.dtype} (captured {spec['dtype']})")
     if t.device.type != spec["device_type"]:
         problems.append(f"device {t.device} (captured {spec['device_type']})")
-    if list(t.shape) != spec["shape"]:
+    if not check_shape:  # dynamic dims: _check_dynamic checks shape and stride
+        pass
+    elif list(t.shape) != spec["shape"]:
         problems.append(f"shape {list(t.shape)} (captured {spec['shape']})")
     elif _META["engine"] == "frozen" and list(t.stride()) != spec["stride"]:
         problems.append(
@@ -51,9 +54,82 @@ def _check_tensor(t, spec, what):
     if problems:
         raise CallError(
             f"target {_META['target']!r}, {what}: " + "; ".join(problems)
-            + ". Shapes, dtypes and devices are fixed at capture: pass what was captured, "
-            "or capture again with these"
+            + ". Shapes (but dims marked dynamic), dtypes and devices are fixed at capture: pass what was captured, "
+            "or capture again with these (torch._dynamo.mark_dynamic lets a dim vary)"
         )
+
+
+# ---- dynamic dims: symbols bound from the call's sizes, then ranges and guards ----
+_DYN = _META.get("dynamic")
+_EVAL_SCOPE = {"__builtins__": {}, "math": _math, "max": max, "min": min, "abs": abs}
+_CODE = {}  # expression text -> code object
+
+
+def _eval(expr, sizes):
+    if isinstance(expr, int):
+        return expr
+    code = _CODE.get(expr)
+    if code is None:
+        code = _CODE[expr] = compile(expr, "<shape expression>", "eval")
+    return eval(code, _EVAL_SCOPE, sizes)
+
+
+def _fmt_dim(name):
+    lo, hi = _DYN["symbols"][name]
+    return f"{name} in [{lo}, {'inf' if hi is None else hi}]"
+
+
+def _check_dynamic(leaves):
+    """Check the user tensors of a capture with dynamic dims: static dims exact,
+    marked dims bound to symbols (a symbol seen twice must have one size), then
+    strides, ranges and the capture's guards. Returns the sizes by symbol."""
+    sizes, where = {}, {}
+    for (t, path), spec in zip(leaves, _META["tensor_inputs"]):
+        _check_tensor(t, spec, path, check_shape=False)
+        shape = spec["shape"]
+        bad = t.dim() != len(shape) or any(
+            not isinstance(w, str) and g != w for g, w in zip(t.shape, shape))
+        for d, (g, w) in enumerate(zip(t.shape, shape)):
+            if bad or not isinstance(w, str):
+                continue
+            if w in sizes and sizes[w] != g:
+                raise CallError(
+                    f"target {_META['target']!r}, {path} dim {d}: size {g}, but {where[w]} has "
+                    f"size {sizes[w]} and the capture requires them equal ({w})"
+                )
+            sizes[w] = g
+            where.setdefault(w, f"{path} dim {d}")
+        if bad:
+            captured = [w if not isinstance(w, str) else _fmt_dim(w) for w in shape]
+            raise CallError(
+                f"target {_META['target']!r}, {path}: shape {list(t.shape)} (captured {captured}). "
+                "Only the dims marked dynamic at capture may change size: pass what was "
+                "captured, or capture again with these dims marked"
+            )
+    for name, n in sizes.items():  # in argument order
+        lo, hi = _DYN["symbols"][name]
+        if n < lo or (hi is not None and n > hi):
+            raise CallError(
+                f"target {_META['target']!r}, {where[name]}: size {n} is outside the range "
+                f"[{lo}, {'inf' if hi is None else hi}] it was captured for; pass a size in "
+                "range, or capture again with a wider mark_dynamic(..., min=, max=)"
+            )
+    for guard in _DYN["guards"]:
+        if not _eval(guard, sizes):
+            named = ", ".join(f"{s} = {n} ({where[s]})" for s, n in sizes.items())
+            raise CallError(
+                f"target {_META['target']!r}: the sizes {named} break the condition "
+                f"{guard!r} that the captured code relies on; pass sizes that satisfy it"
+            )
+    if _META["engine"] == "frozen":
+        for (t, path), spec in zip(leaves, _META["tensor_inputs"]):
+            want = [_eval(e, sizes) for e in spec["stride"]]
+            if list(t.stride()) != want:
+                raise CallError(
+                    f"target {_META['target']!r}, {path}: stride {list(t.stride())} (the captured "
+                    f"layout at these sizes is {want}; pass .contiguous() or that layout)"
+                )
+    return sizes
 
 
 def _flatten(spec, value, modules, tensors, path):
@@ -230,8 +306,11 @@ class CompiledArtifact:
                 _check_tensor(t, s, f"parameter/buffer {n}")
             _remember_params(modules, params)
         _check_training(subs)
-        for (t, path), s in zip(leaves, _META["tensor_inputs"]):
-            _check_tensor(t, s, path)
+        if _DYN:
+            _check_dynamic(leaves)
+        else:
+            for (t, path), s in zip(leaves, _META["tensor_inputs"]):
+                _check_tensor(t, s, path)
         flat = params + [t for t, _ in leaves]  # no autograd below: run under no_grad
         cuda = next((t.device for t in flat if t.device.type == "cuda"), None)
         with torch.no_grad(), (torch.cuda.device(cuda) if cuda is not None else _nullcontext()):

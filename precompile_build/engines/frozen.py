@@ -27,7 +27,7 @@ import os
 from precompile_runtime.envelope import Envelope, dumps
 
 from ..errors import CaptureError
-from . import codegen
+from . import codegen, dynamic_dims
 from .tracing import TracedCall, trace_call
 
 # Names Inductor's wrapper imports from the compiler stack, and what replaces them.
@@ -76,16 +76,28 @@ def _compile(traced: TracedCall, target: str, options: dict):
         from ._triton_freeze import recording  # records cubins + launch code per kernel
     else:
         recording = contextlib.nullcontext
+    dynamic = traced.symbolic is not None
+    if dynamic:  # compile against the trace's ShapeEnv: marked dims stay symbolic
+        output = [n for n in traced.graph_module.graph.nodes if n.op == "output"][-1]
+        for node in output.args[0]:  # where standalone_compile looks for the fake mode
+            if isinstance(node, torch.fx.Node) and "val" in node.meta:
+                node.meta["example_value"] = node.meta["val"]
     try:
-        with torch.no_grad(), recording(), _reproducible_kernels():
+        with torch.no_grad(), recording(), _reproducible_kernels(), \
+                (dynamic_dims.size_oblivious() if dynamic else contextlib.nullcontext()), \
+                (dynamic_dims.uncached_compile() if dynamic else contextlib.nullcontext()):
+            # dynamic: the trace's fake inputs, so that Inductor compiles for exactly
+            # the marked symbols (real inputs would be refakeified, every dim a new symbol)
             compiled = torch._inductor.standalone_compile(
-                traced.graph_module, list(traced.example_inputs),
-                dynamic_shapes="from_example_inputs", options=options.get("inductor") or None,
+                traced.graph_module, list(traced.symbolic.inputs if dynamic else traced.example_inputs),
+                dynamic_shapes="from_graph" if dynamic else "from_example_inputs",
+                options=options.get("inductor") or None,
             )
             # run once: loads every kernel and settles Triton autotuning
             compiled(*[t.clone() for t in traced.example_inputs])
     except Exception as e:
         raise CaptureError(f"target {target!r}: Inductor failed: {type(e).__name__}: {e}") from e
+    traced.finish_dynamic(target)  # after the compile: Inductor's guards count too
     wrappers = [m for m in PyCodeCache.modules if id(m) not in before and hasattr(m, "call")]
     if len(wrappers) != 1:
         raise CaptureError(
@@ -249,11 +261,19 @@ def _device_independent(code: str) -> str:
 
 
 def _validate(source: str, blobs: dict[str, bytes], traced: TracedCall, target: str) -> None:
-    """Run the source with its frozen kernels and compare with the traced graph."""
+    """Run the source with its frozen kernels and compare with the traced graph, on the
+    example inputs and, for dynamic dims, at the ends of their ranges."""
     import tempfile
 
-    import torch
-
+    cases = [("the example inputs", traced.example_inputs)]
+    dynamic = traced.metadata.get("dynamic")
+    if dynamic:
+        n_params = len(traced.metadata["params"])
+        params, user = traced.example_inputs[:n_params], traced.example_inputs[n_params:]
+        specs = traced.metadata["tensor_inputs"]
+        for sizes in dynamic_dims.example_sizes(dynamic, specs, user):
+            inputs = params + [dynamic_dims.resized(t, s, sizes) for t, s in zip(user, specs)]
+            cases.append((f"sizes {sizes}", inputs))
     with tempfile.TemporaryDirectory(prefix="precompile-validate-") as kdir:
         for name, data in blobs.items():
             path = os.path.join(kdir, name)
@@ -263,18 +283,25 @@ def _validate(source: str, blobs: dict[str, bytes], traced: TracedCall, target: 
         namespace: dict = {"__name__": f"precompile_validate_{target}"}
         exec(compile(source, f"<{target}.py>", "exec"), namespace)
         call = namespace["_make_call"](namespace["_load_kernels"](kdir))
-        a = [t.clone() for t in traced.example_inputs]
-        b = [t.clone() for t in traced.example_inputs]
-        with torch.no_grad():
-            want = traced.graph_module(*a)
-            try:
-                got = call(list(b))
-            except Exception as e:
-                raise CaptureError(
-                    f"target {target!r}: the frozen wrapper failed on the example inputs "
-                    f"({type(e).__name__}: {e}); this torch's Inductor output needs something "
-                    "the frozen engine does not provide. Use engine='eager' (or 'torch')"
-                ) from e
+        for what, inputs in cases:
+            _compare(call, traced, inputs, what, target)
+
+
+def _compare(call, traced: TracedCall, inputs: list, what: str, target: str) -> None:
+    import torch
+
+    a = [t.clone() for t in inputs]
+    b = [t.clone() for t in inputs]
+    with torch.no_grad():
+        want = traced.graph_module(*a)
+        try:
+            got = call(list(b))
+        except Exception as e:
+            raise CaptureError(
+                f"target {target!r}: the frozen wrapper failed on {what} "
+                f"({type(e).__name__}: {e}); this torch's Inductor output needs something "
+                "the frozen engine does not provide. Use engine='eager' (or 'torch')"
+            ) from e
     if len(want) != len(got):
         raise CaptureError(
             f"target {target!r}: the frozen wrapper returns {len(got)} outputs, the graph "
@@ -284,7 +311,7 @@ def _validate(source: str, blobs: dict[str, bytes], traced: TracedCall, target: 
         if w.shape != g.shape or w.dtype != g.dtype or not _close(w, g):
             raise CaptureError(
                 f"target {target!r}: the frozen kernels' value {i} differs from the traced "
-                "graph; refusing to write a pair that computes something else"
+                f"graph on {what}; refusing to write a pair that computes something else"
             )
 
 

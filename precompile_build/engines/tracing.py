@@ -13,6 +13,8 @@ Non-tensor leaves of the arguments and of the result are specialised (recorded a
 constants and checked at call time). Buffers mutated in place stay in the graph as
 in-place ops on inputs. This is the programming model of torch.compiler.precompile
 (torch/_precompile.py): specialised shapes and control flow, no weights in the pair.
+Dimensions marked with ``torch._dynamo.mark_dynamic`` stay symbolic instead: the
+trace then runs on fake tensors (dynamic_dims.py).
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from ..errors import CaptureError
+from . import dynamic_dims
 
 _LITERALS = (int, float, bool, str, type(None))
 
@@ -33,6 +36,17 @@ class TracedCall:
     graph_module: Any  # torch.fx.GraphModule over flat tensors
     example_inputs: list  # flat tensors (clones; safe to run the graph on)
     metadata: dict  # literal calling convention, see _driver.py
+    symbolic: Any = None  # dynamic_dims.SymbolicTrace when dims are marked dynamic
+
+    def finish_dynamic(self, target: str) -> None:
+        """Record the marked dims' symbols, ranges and guards in the metadata; call it
+        once nothing more will be compiled from the graph (the compiler adds guards)."""
+        if self.symbolic is None:
+            return
+        dynamic, shapes = dynamic_dims.finish(self.symbolic, target)
+        self.metadata["dynamic"] = dynamic
+        for spec, sym in zip(self.metadata["tensor_inputs"], shapes):
+            spec.update(sym)
 
 
 def _tensor_spec(t) -> dict:
@@ -52,7 +66,7 @@ def _input_spec(value, modules: list, tensors: list, path: str):
         modules.append(value)
         return ("module", len(modules) - 1)
     if isinstance(value, torch.Tensor):
-        tensors.append(value)
+        tensors.append((value, path))
         return ("tensor", len(tensors) - 1)
     if isinstance(value, _LITERALS):
         return ("const", value)
@@ -149,10 +163,13 @@ def trace_call(fn: Callable, args: tuple, kwargs: dict, *, target: str) -> Trace
 
     modules: list = []
     user_tensors: list = []
+    arg_names = _arg_names(fn, len(args))
     in_spec = ("list", [
-        ("list", [_input_spec(a, modules, user_tensors, f"args[{i}]") for i, a in enumerate(args)]),
-        ("dict", [(k, _input_spec(v, modules, user_tensors, f"kwargs[{k!r}]")) for k, v in kwargs.items()]),
+        ("list", [_input_spec(a, modules, user_tensors, f"argument {arg_names[i]!r}" if arg_names else f"args[{i}]")
+                  for i, a in enumerate(args)]),
+        ("dict", [(k, _input_spec(v, modules, user_tensors, f"keyword argument {k!r}")) for k, v in kwargs.items()]),
     ])
+    user_tensors, paths = [t for t, _ in user_tensors], [p for _, p in user_tensors]
     names, params = _lift(modules)
     wants_grad = [isinstance(p, torch.nn.Parameter) and p.requires_grad for p in params]
     n_params = len(params)
@@ -198,9 +215,15 @@ def trace_call(fn: Callable, args: tuple, kwargs: dict, *, target: str) -> Trace
         return (*outs, *grads)
 
     example = [p.detach().clone() for p in params] + [t.detach().clone() for t in user_tensors]
-    trace_inputs = [t.clone() for t in example]
+    marks = [dynamic_dims.marked_dims(t) for t in user_tensors]
+    symbolic = None
     try:
-        gm = make_fx(flat_fn, tracing_mode="real")(*trace_inputs)
+        if any(marks):  # marked dims stay symbolic: trace on fake tensors
+            with dynamic_dims.size_oblivious():
+                fakes, symbolic = dynamic_dims.fake_inputs(example, n_params, marks, paths, target)
+                gm = make_fx(flat_fn, tracing_mode="symbolic")(*fakes)
+        else:
+            gm = make_fx(flat_fn, tracing_mode="real")(*[t.clone() for t in example])
     except CaptureError:
         raise
     except Exception as e:
@@ -227,9 +250,9 @@ def trace_call(fn: Callable, args: tuple, kwargs: dict, *, target: str) -> Trace
         "grad_param_indices": out_box["grad_indices"],
         "device": _device_of(params + user_tensors),
         "training": [_training_flags(m) for m in modules],
-        "arg_names": _arg_names(fn, len(args)),
+        "arg_names": arg_names,
     }
-    return TracedCall(graph_module=gm, example_inputs=example, metadata=metadata)
+    return TracedCall(graph_module=gm, example_inputs=example, metadata=metadata, symbolic=symbolic)
 
 
 def _training_flags(module) -> list[bool]:

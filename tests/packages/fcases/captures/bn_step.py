@@ -1,3 +1,4 @@
+import os
 import sys
 from pathlib import Path
 
@@ -7,6 +8,8 @@ import torch  # noqa: E402
 import fcases  # noqa: E402
 import precompile_build  # noqa: E402
 
+dev = os.environ.get("PRECOMPILE_DEVICE", "cpu")  # the target's device = "auto": cuda where there is one
+
 torch.manual_seed(1)
 with precompile_build.capture(fcases.bn_step, engine="frozen") as f:
-    f(fcases.bn_model(), torch.randn(8, 16), 0.5)
+    f(fcases.bn_model(device=dev), torch.randn(8, 16).to(dev), 0.5)

@@ -1,0 +1,279 @@
+"""Dynamic dimensions: sizes that stay symbolic in a captured pair.
+
+A capture script marks a dimension of an example tensor with torch's own markers,
+before the capture call::
+
+    torch._dynamo.mark_dynamic(ids, 0, min=1, max=64)   # batch
+    torch._dynamo.mark_dynamic(ids, 1, min=1, max=512)  # sequence length
+
+(``mark_unbacked`` marks are read the same way.) Every other dimension, and every
+parameter, stays specialised to its example size. A marked dimension without
+``min`` serves sizes from 1 (``min=0`` admits empty tensors); without ``max`` it has
+no upper bound.
+
+The trace then runs on fake tensors whose marked sizes are symbols of one
+``ShapeEnv`` (no duck sizing: two marked dims are unrelated unless the code makes
+them equal), with ``backed_size_oblivious`` so that sizes 0 and 1 are not
+specialised. After Inductor has compiled the graph (it may add guards of its own),
+:func:`finish` reads what the pair needs at call time:
+
+- each marked dim's symbol, refusing a capture where the code or the compiler
+  specialised it to a constant or narrowed its range below what was declared;
+- the guards (conditions over the symbols the compiled code relies on, e.g. two
+  marked dims being equal), printed as Python expressions;
+- each input's shape and strides as symbols / expressions.
+
+The driver (_driver.py) binds the symbols from the call's tensor sizes, checks the
+ranges and guards, and refuses a call that breaks one with a CallError.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..errors import CaptureError
+
+DEFAULT_MIN = 1  # an unmarked lower bound: serve every non-empty size
+
+
+@dataclass
+class SymbolicTrace:
+    """What :func:`finish` needs after the trace (and after Inductor's compile)."""
+
+    shape_env: Any
+    inputs: list  # fake flat inputs (parameters, then user tensors): what Inductor compiles for
+    fakes: list  # fake user tensors, in tensor_inputs order
+    marks: list  # per user tensor: {dim: (min, max|None)}
+    paths: list  # per user tensor: its argument path, for messages
+    symbols: dict = field(default_factory=dict)  # symbol name -> (path, dim)
+
+
+def marked_dims(t) -> dict[int, tuple[int, int | None]]:
+    """``{dim: (min, max or None)}`` from torch's mark_dynamic / mark_unbacked markers
+    on tensor ``t`` (empty when it has none). Negative dims are normalised."""
+    marks: dict[int, tuple[int, int | None]] = {}
+    ranges = {r.dim: (r.min, r.max) for r in getattr(t, "_dynamo_dynamic_range", ())}
+    ranges.update(getattr(t, "_dynamo_unbacked_bounds", {}) or {})
+    dims = set(getattr(t, "_dynamo_dynamic_indices", ())) | set(getattr(t, "_dynamo_unbacked_indices", ()))
+    for d in sorted(dims):
+        lo, hi = ranges.get(d, (None, None))
+        marks[d % max(t.dim(), 1)] = (DEFAULT_MIN if lo is None else int(lo), None if hi is None else int(hi))
+    return marks
+
+
+def _fmt(lo: int, hi: int | None) -> str:
+    return f"[{lo}, {'inf' if hi is None else hi}]"
+
+
+def _check_marks(t, marks: dict, path: str, target: str) -> None:
+    for d, (lo, hi) in marks.items():
+        size = t.shape[d]
+        if lo < 0 or (hi is not None and hi < lo):
+            raise CaptureError(f"target {target!r}: {path} dim {d} is marked with the empty range {_fmt(lo, hi)}")
+        if size < lo or (hi is not None and size > hi):
+            raise CaptureError(
+                f"target {target!r}: {path} dim {d} is marked dynamic in {_fmt(lo, hi)} but the "
+                f"example has size {size}; pass an example inside the range"
+            )
+
+
+def fake_inputs(example: list, n_params: int, marks: list, paths: list, target: str):
+    """Fake tensors for ``example`` (lifted parameters first, then user tensors):
+    marked dims of user tensors become symbols with the declared range, everything
+    else is static. Returns ``(fakes, SymbolicTrace)``."""
+    from torch._dynamo.source import LocalSource
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx.experimental.symbolic_shapes import (
+        DimDynamic,
+        ShapeEnv,
+        StatelessSymbolicContext,
+        StrictMinMaxConstraint,
+    )
+    from torch.utils._sympy.numbers import int_oo
+    from torch.utils._sympy.value_ranges import ValueRanges
+
+    shape_env = ShapeEnv(duck_shape=False)
+    mode = FakeTensorMode(shape_env=shape_env)
+    fakes = []
+    for i, t in enumerate(example):
+        dims = marks[i - n_params] if i >= n_params else {}
+        if dims:
+            _check_marks(t, dims, paths[i - n_params], target)
+        ctx = StatelessSymbolicContext(
+            dynamic_sizes=[DimDynamic.DYNAMIC if d in dims else DimDynamic.STATIC for d in range(t.dim())],
+            constraint_sizes=[
+                StrictMinMaxConstraint(
+                    vr=ValueRanges(dims[d][0], int_oo if dims[d][1] is None else dims[d][1]), warn_only=False
+                ) if d in dims else None
+                for d in range(t.dim())
+            ],
+        )
+        fakes.append(mode.from_tensor(t, source=LocalSource(f"input{i}"), symbolic_context=ctx))
+    return fakes, SymbolicTrace(shape_env=shape_env, inputs=fakes, fakes=fakes[n_params:], marks=marks, paths=paths)
+
+
+def size_oblivious():
+    """Trace and compile without specialising sizes 0 and 1 of marked dims."""
+    from torch.fx.experimental import _config
+
+    return _config.patch(backed_size_oblivious=True)
+
+
+def uncached_compile():
+    """Compile without Inductor's FX graph cache and AOTAutograd's cache: they key
+    their guards on SymInt *arguments*, and ours are tensor sizes, so a cache hit
+    would skip the guards the compiler added (a pair would claim sizes its code does
+    not hold for)."""
+    import contextlib
+
+    import torch
+    from torch._inductor import config
+
+    stack = contextlib.ExitStack()
+    stack.enter_context(config.patch({"fx_graph_cache": False, "fx_graph_remote_cache": False}))
+    stack.enter_context(torch._functorch.config.patch(enable_autograd_cache=False))
+    # without the caches standalone_compile warns that it cannot save its own
+    # artifact; the frozen engine never uses that artifact
+    log = logging.getLogger("torch._inductor.standalone_compile")
+    stack.callback(log.setLevel, log.level)
+    log.setLevel(logging.ERROR)
+    return stack
+
+
+def _printer():
+    from torch.utils._sympy.printers import PythonPrinter
+
+    return PythonPrinter().doprint
+
+
+def finish(sym: SymbolicTrace, target: str) -> tuple[dict, list[dict]]:
+    """Read the symbols, ranges and guards once tracing and compiling are done.
+
+    Returns:
+        ``(dynamic, shapes)``: ``dynamic`` is the metadata's ``{"symbols": {name:
+        [min, max|None]}, "guards": [python expression, ...]}``; ``shapes`` has one ``{"shape": [...], "stride": [...]}`` per user
+        tensor, each entry an int or a symbol / Python expression (str).
+    Raises:
+        CaptureError: a marked dim was specialised to a constant, tied to another dim
+            by an expression, or its range narrowed below the declared one.
+    """
+    import sympy
+    import torch
+    from torch.utils._sympy.numbers import int_oo
+
+    env, pexpr = sym.shape_env, _printer()
+
+    def resolved(v):
+        return env.simplify(sympy.sympify(v.node.expr)) if isinstance(v, torch.SymInt) else sympy.Integer(v)
+
+    symbols: dict[str, list] = {}
+    shapes = []
+    for fake, marks, path in zip(sym.fakes, sym.marks, sym.paths):
+        shape, stride = [], []
+        for d, size in enumerate(fake.shape):
+            expr = resolved(size)
+            if d not in marks:
+                shape.append(int(expr))
+                continue
+            lo, hi = marks[d]
+            if expr.is_number:
+                raise CaptureError(
+                    f"target {target!r}: {path} dim {d} is marked dynamic but the captured code "
+                    f"specialised it to {int(expr)} (a Python branch on the size, a fixed-size "
+                    "view, or a constant-sized partner tensor); make that code size-agnostic, or "
+                    "drop the mark to capture this size only"
+                )
+            if not isinstance(expr, sympy.Symbol):
+                raise CaptureError(
+                    f"target {target!r}: {path} dim {d} is marked dynamic but the captured code "
+                    f"ties it to another marked dim as {pexpr(expr)}; mark only the independent dim"
+                )
+            name = str(expr)
+            vr = env.var_to_range[expr]
+            got_lo = int(vr.lower)
+            got_hi = int(vr.upper) if vr.upper.is_integer and vr.upper.is_finite is not False \
+                and vr.upper not in (int_oo, sympy.oo) else None
+            if got_lo > lo or (got_hi is not None and (hi is None or got_hi < hi)):
+                fix_hi = hi if got_hi is None else got_hi if hi is None else min(hi, got_hi)
+                why = (" (its strides or kernels differ at size 1, e.g. a reshape after a transpose;"
+                       " serve size 1 from a target captured at that size)") if lo <= 1 < got_lo else ""
+                raise CaptureError(
+                    f"target {target!r}: {path} dim {d} is marked dynamic in {_fmt(lo, hi)} but the "
+                    f"captured code only holds for {_fmt(got_lo, got_hi)}{why}; mark it with that range "
+                    f"(torch._dynamo.mark_dynamic(t, {d}, min={got_lo}, max={fix_hi})) or make the code "
+                    "size-agnostic"
+                )
+            symbols[name] = [max(lo, got_lo), hi]
+            shape.append(name)
+        for s in fake.stride():
+            expr = resolved(s)
+            stride.append(int(expr) if expr.is_number else pexpr(expr))
+        shapes.append({"shape": shape, "stride": stride})
+    conditions = [g.expr for g in env.guards]
+    conditions += [a.expr for asserts in env.deferred_runtime_asserts.values() for a in asserts]
+    guards = []
+    for cond in conditions:
+        cond = env.simplify(cond)
+        if cond == sympy.true:
+            continue
+        unknown = {str(s) for s in cond.free_symbols} - set(symbols)
+        if unknown:
+            raise CaptureError(
+                f"target {target!r}: the captured code relies on {pexpr(cond)}, over sizes that "
+                f"are not marked dims ({', '.join(sorted(unknown))}); this engine serves only "
+                "conditions over marked dims: capture with engine='torch' or drop the marks"
+            )
+        text = pexpr(cond)
+        if text not in guards:
+            guards.append(text)
+    return {"symbols": symbols, "guards": guards}, shapes
+
+
+def example_sizes(dynamic: dict, shapes: list[dict], example_user: list) -> list[dict[str, int]]:
+    """Symbol assignments to validate a pair with besides the example: the lower
+    bound of every range and the example size plus one (within range), each kept
+    only when it satisfies the guards."""
+    current: dict[str, int] = {}
+    for spec, t in zip(shapes, example_user):
+        for entry, size in zip(spec["shape"], t.shape):
+            if isinstance(entry, str):
+                current[entry] = int(size)
+    out = []
+    for pick in (lambda lo, hi, n: lo, lambda lo, hi, n: n + 1 if hi is None or n < hi else n - 1):
+        sizes = {s: max(lo, pick(lo, hi, current[s])) for s, (lo, hi) in dynamic["symbols"].items()}
+        if sizes != current and sizes not in out and all(eval_expr(g, sizes) for g in dynamic["guards"]):
+            out.append(sizes)
+    return out
+
+
+def eval_expr(expr: str | int, sizes: dict[str, int]):
+    """Evaluate a printed shape expression / guard with the symbols bound to ``sizes``
+    (the same evaluation the driver does at call time)."""
+    import math
+
+    if isinstance(expr, int):
+        return expr
+    return eval(expr, {"__builtins__": {}, "math": math, "max": max, "min": min, "abs": abs}, dict(sizes))
+
+
+def resized(t, spec: dict, sizes: dict[str, int]):
+    """A tensor like example ``t`` at the sizes ``sizes`` (values repeated or cut along
+    each dim, so integer inputs such as token ids stay valid), with the strides the
+    capture expects."""
+    import torch
+
+    shape = [eval_expr(e, sizes) for e in spec["shape"]]
+    stride = [eval_expr(e, sizes) for e in spec["stride"]]
+    data = t
+    for d, n in enumerate(shape):
+        have = data.shape[d]
+        if n > have:
+            reps = [1] * data.dim()
+            reps[d] = -(-n // max(have, 1))
+            data = data.repeat(*reps) if have else torch.zeros(
+                [*data.shape[:d], n, *data.shape[d + 1:]], dtype=data.dtype, device=data.device)
+        data = data.narrow(d, 0, n)
+    out = torch.empty_strided(shape, stride, dtype=t.dtype, device=t.device)
+    return out.copy_(data)
