@@ -323,12 +323,79 @@ def _dyn(*shape, lo=1, hi=None, dims=(0,)):
      r"captured code only holds for \[1, 8\].*mark_dynamic\(t, 0, min=1, max=8\)"),
     (lambda x: x + 1, _dyn(4, 8, lo=5, hi=9), r"marked dynamic in \[5, 9\] but the example has size 4"),
     (lambda x: x + 1, _dyn(4, 8, lo=3, hi=2), r"empty range \[3, 2\]"),
+    (lambda x: x + 1, _dyn(4, 8, lo=-3, hi=9), r"marked with min=-3; sizes start at 0"),
+    (lambda x: x + 1, _dyn(4, 8, lo=4, hi=4), r"one-size range \[4, 4\]: that is a static size"),
+    (lambda x: x * 2 if x.shape[0] % 2 == 0 else x + 1, _dyn(4, 8, hi=64),
+     r"target 'dyn': argument 'x' dim 0 is marked dynamic in \[1, 64\] but the captured code relies on "
+     r"\(size % 2\) == 0 \(sizes \[1, 3, 5, 7\] break it\)"),
+    (lambda x: (x * 2, x.shape[0]), _dyn(4, 8), r"target 'dyn': the result result\[1\] is a SymInt"),
 ])
 def test_a_dynamic_dim_the_code_cannot_serve_is_a_capture_error(tmp_path, fn, x, message):
     with pytest.raises(CaptureError, match=message):
         with precompile_build.capture(fn, engine="eager", target="dyn", **_paths(tmp_path)) as f:
             f(x)
     assert not list(tmp_path.iterdir())  # nothing half-written
+
+
+@pytest.mark.parametrize("fn, x, message", [
+    # eager squeezes dim 0 at size 1 only: the pair is refused at the range's low end
+    (lambda x: x.squeeze(0) + 1, _dyn(4, 8, hi=16), r"differs from the traced graph on sizes argument 'x' "
+     r"dim 0 = 1;.*narrow the marks \(min=, max=\)"),
+    # amax over an empty dim fails in eager too
+    (lambda x: x.amax(0), _dyn(4, 8, lo=0, hi=64), r"the captured function itself fails at sizes "
+     r"argument 'x' dim 0 = 0 \(IndexError.*declare ranges that exclude these sizes"),
+])
+def test_a_pair_that_fails_inside_its_range_is_never_written(tmp_path, fn, x, message):
+    with pytest.raises(CaptureError, match=message):
+        with precompile_build.capture(fn, engine="frozen", target="dyn", **_paths(tmp_path)) as f:
+            f(x)
+    assert not list(tmp_path.iterdir())
+
+
+def test_batchnorm_training_with_a_dynamic_batch(tmp_path):
+    # BatchNorm's running_var uses N/(N-1): Python float math on the dynamic size
+    import copy
+
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.BatchNorm1d(16)).train()
+    x = _dyn(6, 8, lo=2, hi=32)
+    with precompile_build.capture(lambda m, x: m(x), engine="frozen", **_paths(tmp_path)) as f:
+        f(copy.deepcopy(model), x)
+    served, eager, fn = copy.deepcopy(model), copy.deepcopy(model), _load_pair(tmp_path)
+    assert fn.uses_kernels
+    with torch.no_grad():
+        for n in (2, 3, 17, 32):
+            xn = torch.randn(n, 8)
+            torch.testing.assert_close(fn(served, xn), eager(xn))
+    for (name, b), c in zip(served.named_buffers(), eager.buffers()):
+        torch.testing.assert_close(b, c, msg=name)  # running statistics and the batch counter
+
+
+def test_layouts_the_example_had_are_served(tmp_path):
+    # a slice with gaps, captured without marks: compiled for that layout, served in it
+    x = torch.randn(6, 16)[:, :8]
+    fn = _capture_and_load(tmp_path / "slice", lambda x: x * 3, x)
+    y = torch.randn(6, 16)[:, :8]
+    torch.testing.assert_close(fn(y), y * 3)
+    from precompile_runtime import CallError
+
+    with pytest.raises(CallError, match=r"stride \[8, 1\] \(captured \[16, 1\]"):
+        fn(torch.randn(6, 8))
+    # a dim of size 1 may have any stride (it is never stepped along), as in eager
+    ids = torch.randint(0, 20, (3, 5))
+    torch._dynamo.mark_dynamic(ids, 0, min=1, max=16)
+    torch._dynamo.mark_dynamic(ids, 1, min=1, max=16)
+    emb = torch.nn.Embedding(20, 4)
+    fn = _capture_and_load(tmp_path / "size1", lambda m, ids: m(ids) * 2, emb, ids)
+    last = torch.randint(0, 20, (1, 9))[:, -1:]  # shape [1, 1], stride [9, 1]
+    with torch.no_grad():
+        torch.testing.assert_close(fn(emb, last), emb(last) * 2)
+
+
+def _capture_and_load(tmp, fn, *args):
+    tmp.mkdir()
+    with precompile_build.capture(fn, engine="frozen", **_paths(tmp)) as f:
+        f(*args)
+    return _load_pair(tmp)
 
 
 def _load_pair(tmp_path):

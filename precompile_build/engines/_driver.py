@@ -34,6 +34,12 @@ def _module_tensors(modules):
     return names, tensors
 
 
+def _same_strides(t, want):
+    """Strides equal but on dims of size 1, never stepped along (as Inductor's own
+    assert_size_stride); a size-1 dim's stride is arbitrary in torch."""
+    return all(g == w or n == 1 for g, w, n in zip(t.stride(), want, t.shape))
+
+
 def _check_tensor(t, spec, what, check_shape=True):
     if not isinstance(t, torch.Tensor):
         raise CallError(f"{what}: expected a tensor, got {type(t).__name__}")
@@ -42,11 +48,10 @@ def _check_tensor(t, spec, what, check_shape=True):
         problems.append(f"dtype {t.dtype} (captured {spec['dtype']})")
     if t.device.type != spec["device_type"]:
         problems.append(f"device {t.device} (captured {spec['device_type']})")
-    if not check_shape:  # dynamic dims: _check_dynamic checks shape and stride
-        pass
-    elif list(t.shape) != spec["shape"]:
+    # (with dynamic dims, _check_dynamic checks shape and stride)
+    if check_shape and list(t.shape) != spec["shape"]:
         problems.append(f"shape {list(t.shape)} (captured {spec['shape']})")
-    elif _META["engine"] == "frozen" and list(t.stride()) != spec["stride"]:
+    elif check_shape and _META["engine"] == "frozen" and not _same_strides(t, spec["stride"]):
         problems.append(
             f"stride {list(t.stride())} (captured {spec['stride']}; "
             "pass .contiguous() or the captured memory layout)"
@@ -54,8 +59,9 @@ def _check_tensor(t, spec, what, check_shape=True):
     if problems:
         raise CallError(
             f"target {_META['target']!r}, {what}: " + "; ".join(problems)
-            + ". Shapes (but dims marked dynamic), dtypes and devices are fixed at capture: pass what was captured, "
-            "or capture again with these (torch._dynamo.mark_dynamic lets a dim vary)"
+            + ". Dtypes, devices and shapes (but for dims marked dynamic) are fixed at capture: "
+            "pass what was captured, or capture again with these (torch._dynamo.mark_dynamic "
+            "lets a dim vary)"
         )
 
 
@@ -80,9 +86,10 @@ def _fmt_dim(name):
 
 
 def _check_dynamic(leaves):
-    """Check the user tensors of a capture with dynamic dims: static dims exact,
-    marked dims bound to symbols (a symbol seen twice must have one size), then
-    strides, ranges and the capture's guards. Returns the sizes by symbol."""
+    """Check the user tensors ``leaves`` ([(tensor, path)]) of a capture with dynamic
+    dims: dtype/device, static dims exact, marked dims bound to their symbols (a
+    symbol seen twice must have one size), then ranges, the capture's guards and,
+    for frozen kernels, the strides at these sizes. Raises CallError."""
     sizes, where = {}, {}
     for (t, path), spec in zip(leaves, _META["tensor_inputs"]):
         _check_tensor(t, spec, path, check_shape=False)
@@ -124,12 +131,11 @@ def _check_dynamic(leaves):
     if _META["engine"] == "frozen":
         for (t, path), spec in zip(leaves, _META["tensor_inputs"]):
             want = [_eval(e, sizes) for e in spec["stride"]]
-            if list(t.stride()) != want:
+            if not _same_strides(t, want):
                 raise CallError(
                     f"target {_META['target']!r}, {path}: stride {list(t.stride())} (the captured "
                     f"layout at these sizes is {want}; pass .contiguous() or that layout)"
                 )
-    return sizes
 
 
 def _flatten(spec, value, modules, tensors, path):

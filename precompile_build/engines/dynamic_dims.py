@@ -6,7 +6,8 @@ before the capture call::
     torch._dynamo.mark_dynamic(ids, 0, min=1, max=64)   # batch
     torch._dynamo.mark_dynamic(ids, 1, min=1, max=512)  # sequence length
 
-(``mark_unbacked`` marks are read the same way.) Every other dimension, and every
+(``torch._dynamo.decorators.mark_unbacked`` marks are read the same way.) Every
+other dimension, and every
 parameter, stays specialised to its example size. A marked dimension without
 ``min`` serves sizes from 1 (``min=0`` admits empty tensors); without ``max`` it has
 no upper bound.
@@ -30,7 +31,8 @@ ranges and guards, and refuses a call that breaks one with a CallError.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from unittest import mock
 from typing import Any
 
 from ..errors import CaptureError
@@ -47,7 +49,6 @@ class SymbolicTrace:
     fakes: list  # fake user tensors, in tensor_inputs order
     marks: list  # per user tensor: {dim: (min, max|None)}
     paths: list  # per user tensor: its argument path, for messages
-    symbols: dict = field(default_factory=dict)  # symbol name -> (path, dim)
 
 
 def marked_dims(t) -> dict[int, tuple[int, int | None]]:
@@ -70,8 +71,15 @@ def _fmt(lo: int, hi: int | None) -> str:
 def _check_marks(t, marks: dict, path: str, target: str) -> None:
     for d, (lo, hi) in marks.items():
         size = t.shape[d]
-        if lo < 0 or (hi is not None and hi < lo):
+        if lo < 0:
+            raise CaptureError(f"target {target!r}: {path} dim {d} is marked with min={lo}; sizes start at 0")
+        if hi is not None and hi < lo:
             raise CaptureError(f"target {target!r}: {path} dim {d} is marked with the empty range {_fmt(lo, hi)}")
+        if hi == lo:
+            raise CaptureError(
+                f"target {target!r}: {path} dim {d} is marked dynamic with the one-size range "
+                f"{_fmt(lo, hi)}: that is a static size; drop the mark, or widen the range"
+            )
         if size < lo or (hi is not None and size > hi):
             raise CaptureError(
                 f"target {target!r}: {path} dim {d} is marked dynamic in {_fmt(lo, hi)} but the "
@@ -121,17 +129,32 @@ def size_oblivious():
     return _config.patch(backed_size_oblivious=True)
 
 
-def uncached_compile():
-    """Compile without Inductor's FX graph cache and AOTAutograd's cache: they key
-    their guards on SymInt *arguments*, and ours are tensor sizes, so a cache hit
-    would skip the guards the compiler added (a pair would claim sizes its code does
-    not hold for)."""
+def compile_context(graph_module):
+    """Around Inductor's compile of a symbolic trace: the sizes stay oblivious as in
+    the trace; standalone_compile(dynamic_shapes="from_graph") finds the trace's fake
+    mode on the output nodes (it reads ``example_value``, make_fx writes ``val``); and
+    Inductor's FX graph cache and AOTAutograd's cache are off: they key their guards
+    on SymInt *arguments*, ours are tensor sizes, so a cache hit would skip the guards
+    the compiler added (a pair would claim sizes its code does not hold for)."""
     import contextlib
 
     import torch
     from torch._inductor import config
 
+    output = [n for n in graph_module.graph.nodes if n.op == "output"][-1]
+    for node in output.args[0]:
+        if isinstance(node, torch.fx.Node) and "val" in node.meta:
+            node.meta["example_value"] = node.meta["val"]
     stack = contextlib.ExitStack()
+    stack.enter_context(size_oblivious())
+    # AOTAutograd's tensorify pass turns Python float math on sizes (BatchNorm's
+    # N/(N-1)) into tensors for graphs whose size symbols are SymInt *inputs*, as
+    # Dynamo's are; ours are tensor sizes, which it cannot look up (KeyError). It
+    # exists to avoid recompiles on float arguments, which a pair never has: skip it.
+    from torch._functorch._aot_autograd import graph_compile
+
+    if hasattr(graph_compile, "_apply_tensorify_python_scalars"):
+        stack.enter_context(mock.patch.object(graph_compile, "_apply_tensorify_python_scalars", lambda gm: None))
     stack.enter_context(config.patch({"fx_graph_cache": False, "fx_graph_remote_cache": False}))
     stack.enter_context(torch._functorch.config.patch(enable_autograd_cache=False))
     # without the caches standalone_compile warns that it cannot save its own
@@ -169,6 +192,7 @@ def finish(sym: SymbolicTrace, target: str) -> tuple[dict, list[dict]]:
         return env.simplify(sympy.sympify(v.node.expr)) if isinstance(v, torch.SymInt) else sympy.Integer(v)
 
     symbols: dict[str, list] = {}
+    where: dict[str, str] = {}  # symbol -> "argument 'x' dim 0", for messages
     shapes = []
     for fake, marks, path in zip(sym.fakes, sym.marks, sym.paths):
         shape, stride = [], []
@@ -198,7 +222,7 @@ def finish(sym: SymbolicTrace, target: str) -> tuple[dict, list[dict]]:
             if got_lo > lo or (got_hi is not None and (hi is None or got_hi < hi)):
                 fix_hi = hi if got_hi is None else got_hi if hi is None else min(hi, got_hi)
                 why = (" (its strides or kernels differ at size 1, e.g. a reshape after a transpose;"
-                       " serve size 1 from a target captured at that size)") if lo <= 1 < got_lo else ""
+                       " serve size 1 from a target captured at that size)") if lo <= 1 and got_lo == 2 else ""
                 raise CaptureError(
                     f"target {target!r}: {path} dim {d} is marked dynamic in {_fmt(lo, hi)} but the "
                     f"captured code only holds for {_fmt(got_lo, got_hi)}{why}; mark it with that range "
@@ -206,6 +230,7 @@ def finish(sym: SymbolicTrace, target: str) -> tuple[dict, list[dict]]:
                     "size-agnostic"
                 )
             symbols[name] = [max(lo, got_lo), hi]
+            where.setdefault(name, f"{path} dim {d}")
             shape.append(name)
         for s in fake.stride():
             expr = resolved(s)
@@ -228,7 +253,37 @@ def finish(sym: SymbolicTrace, target: str) -> tuple[dict, list[dict]]:
         text = pexpr(cond)
         if text not in guards:
             guards.append(text)
+    for text in guards:
+        _check_guard_keeps_range(text, symbols, where, target)
     return {"symbols": symbols, "guards": guards}, shapes
+
+
+_RANGE_SCAN = 4096  # sizes of a range checked against a one-symbol guard
+
+
+def _check_guard_keeps_range(guard: str, symbols: dict, where: dict, target: str) -> None:
+    """A guard over one symbol (``s0 % 2 == 0``) excludes sizes of its range: refuse,
+    as the user declared every size in it. (A guard over several symbols relates
+    inputs, e.g. two batch sizes equal, and is checked per call.)"""
+    used = [name for name in symbols if name in guard and _mentions(guard, name)]
+    if len(used) != 1:
+        return
+    name = used[0]
+    lo, hi = symbols[name]
+    top = lo + _RANGE_SCAN if hi is None else min(hi, lo + _RANGE_SCAN)
+    bad = [n for n in range(lo, top + 1) if not eval_expr(guard, {name: n})]
+    if bad:
+        raise CaptureError(
+            f"target {target!r}: {where[name]} is marked dynamic in {_fmt(lo, hi)} but the "
+            f"captured code relies on {guard.replace(name, 'size')} (sizes {bad[:4]} break it): "
+            "make the code size-agnostic, or capture the sizes you need as separate targets"
+        )
+
+
+def _mentions(expr: str, name: str) -> bool:
+    import re
+
+    return re.search(rf"\b{name}\b", expr) is not None
 
 
 def example_sizes(dynamic: dict, shapes: list[dict], example_user: list) -> list[dict[str, int]]:
@@ -246,6 +301,16 @@ def example_sizes(dynamic: dict, shapes: list[dict], example_user: list) -> list
         if sizes != current and sizes not in out and all(eval_expr(g, sizes) for g in dynamic["guards"]):
             out.append(sizes)
     return out
+
+
+def describe(sizes: dict[str, int], shapes: list[dict], paths: list[str]) -> str:
+    """``"argument 'x' dim 0 = 1, ..."`` for symbol sizes, in argument order."""
+    where = {}
+    for spec, path in zip(shapes, paths):
+        for d, entry in enumerate(spec["shape"]):
+            if isinstance(entry, str):
+                where.setdefault(entry, f"{path} dim {d}")
+    return ", ".join(f"{where[s]} = {n}" for s, n in sizes.items())
 
 
 def eval_expr(expr: str | int, sizes: dict[str, int]):

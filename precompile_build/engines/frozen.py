@@ -28,7 +28,7 @@ from precompile_runtime.envelope import Envelope, dumps
 
 from ..errors import CaptureError
 from . import codegen, dynamic_dims
-from .tracing import TracedCall, trace_call
+from .tracing import TracedCall, example_clone, trace_call
 
 # Names Inductor's wrapper imports from the compiler stack, and what replaces them.
 _SHIMS = {
@@ -76,25 +76,20 @@ def _compile(traced: TracedCall, target: str, options: dict):
         from ._triton_freeze import recording  # records cubins + launch code per kernel
     else:
         recording = contextlib.nullcontext
+    # dynamic dims: compile against the trace's ShapeEnv and fake inputs, so that
+    # Inductor compiles for exactly the marked symbols (real inputs would be
+    # refakeified with every dim a new symbol)
     dynamic = traced.symbolic is not None
-    if dynamic:  # compile against the trace's ShapeEnv: marked dims stay symbolic
-        output = [n for n in traced.graph_module.graph.nodes if n.op == "output"][-1]
-        for node in output.args[0]:  # where standalone_compile looks for the fake mode
-            if isinstance(node, torch.fx.Node) and "val" in node.meta:
-                node.meta["example_value"] = node.meta["val"]
     try:
         with torch.no_grad(), recording(), _reproducible_kernels(), \
-                (dynamic_dims.size_oblivious() if dynamic else contextlib.nullcontext()), \
-                (dynamic_dims.uncached_compile() if dynamic else contextlib.nullcontext()):
-            # dynamic: the trace's fake inputs, so that Inductor compiles for exactly
-            # the marked symbols (real inputs would be refakeified, every dim a new symbol)
+                (dynamic_dims.compile_context(traced.graph_module) if dynamic else contextlib.nullcontext()):
             compiled = torch._inductor.standalone_compile(
                 traced.graph_module, list(traced.symbolic.inputs if dynamic else traced.example_inputs),
                 dynamic_shapes="from_graph" if dynamic else "from_example_inputs",
                 options=options.get("inductor") or None,
             )
             # run once: loads every kernel and settles Triton autotuning
-            compiled(*[t.clone() for t in traced.example_inputs])
+            compiled(*[example_clone(t) for t in traced.example_inputs])
     except Exception as e:
         raise CaptureError(f"target {target!r}: Inductor failed: {type(e).__name__}: {e}") from e
     traced.finish_dynamic(target)  # after the compile: Inductor's guards count too
@@ -262,7 +257,7 @@ def _device_independent(code: str) -> str:
 
 def _validate(source: str, blobs: dict[str, bytes], traced: TracedCall, target: str) -> None:
     """Run the source with its frozen kernels and compare with the traced graph, on the
-    example inputs and, for dynamic dims, at the ends of their ranges."""
+    example inputs and, for dynamic dims, at other sizes (dynamic_dims.example_sizes)."""
     import tempfile
 
     cases = [("the example inputs", traced.example_inputs)]
@@ -273,7 +268,7 @@ def _validate(source: str, blobs: dict[str, bytes], traced: TracedCall, target: 
         specs = traced.metadata["tensor_inputs"]
         for sizes in dynamic_dims.example_sizes(dynamic, specs, user):
             inputs = params + [dynamic_dims.resized(t, s, sizes) for t, s in zip(user, specs)]
-            cases.append((f"sizes {sizes}", inputs))
+            cases.append(("sizes " + dynamic_dims.describe(sizes, specs, traced.symbolic.paths), inputs))
     with tempfile.TemporaryDirectory(prefix="precompile-validate-") as kdir:
         for name, data in blobs.items():
             path = os.path.join(kdir, name)
@@ -287,20 +282,36 @@ def _validate(source: str, blobs: dict[str, bytes], traced: TracedCall, target: 
             _compare(call, traced, inputs, what, target)
 
 
+# what to change when the pair fails at other sizes than the example's
+_OTHER_SIZES = ("the compiled code does not hold at these sizes inside the declared ranges: "
+                "narrow the marks (min=, max=) to exclude them, or capture with engine='eager'")
+
+
 def _compare(call, traced: TracedCall, inputs: list, what: str, target: str) -> None:
+    """Run the graph and the frozen wrapper on clones of ``inputs`` (described by
+    ``what``) and compare outputs and mutated inputs; raise CaptureError on any
+    difference."""
     import torch
 
-    a = [t.clone() for t in inputs]
-    b = [t.clone() for t in inputs]
+    example = inputs is traced.example_inputs
+    fix = ("this torch's Inductor output needs something the frozen engine does not "
+           "provide. Use engine='eager' (or 'torch')") if example else _OTHER_SIZES
+    a = [example_clone(t) for t in inputs]
+    b = [example_clone(t) for t in inputs]
     with torch.no_grad():
-        want = traced.graph_module(*a)
+        try:
+            want = traced.graph_module(*a)
+        except Exception as e:  # only at sizes other than the example's
+            raise CaptureError(
+                f"target {target!r}: the captured function itself fails at {what} "
+                f"({type(e).__name__}: {e}); declare ranges that exclude these sizes (min=, max=)"
+            ) from e
         try:
             got = call(list(b))
         except Exception as e:
             raise CaptureError(
                 f"target {target!r}: the frozen wrapper failed on {what} "
-                f"({type(e).__name__}: {e}); this torch's Inductor output needs something "
-                "the frozen engine does not provide. Use engine='eager' (or 'torch')"
+                f"({type(e).__name__}: {e}); {fix}"
             ) from e
     if len(want) != len(got):
         raise CaptureError(
@@ -312,6 +323,7 @@ def _compare(call, traced: TracedCall, inputs: list, what: str, target: str) -> 
             raise CaptureError(
                 f"target {target!r}: the frozen kernels' value {i} differs from the traced "
                 f"graph on {what}; refusing to write a pair that computes something else"
+                + ("" if example else f"; {_OTHER_SIZES}")
             )
 
 

@@ -20,6 +20,7 @@ trace then runs on fake tensors (dynamic_dims.py).
 from __future__ import annotations
 
 import dataclasses
+import warnings
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -49,14 +50,38 @@ class TracedCall:
             spec.update(sym)
 
 
-def _tensor_spec(t) -> dict:
+def _tensor_spec(t, requires_grad: bool) -> dict:
     return {
         "dtype": str(t.dtype),
         "device_type": t.device.type,
         "shape": list(t.shape),
         "stride": list(t.stride()),
-        "requires_grad": bool(t.requires_grad),
+        "requires_grad": bool(requires_grad),
     }
+
+
+def example_clone(t):
+    """A detached copy in the layout the pair is compiled (and its calls checked) for:
+    canonical strides for a contiguous example (torch leaves a size-1 dim's stride
+    arbitrary), the example's own strides otherwise (a slice with gaps, channels-last),
+    contiguous where the example overlaps itself (an expand)."""
+    import torch
+
+    t = t.detach()
+    if t.is_contiguous() or _overlaps(t):
+        return t.clone(memory_format=torch.contiguous_format)
+    return torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=t.device).copy_(t)
+
+
+def _overlaps(t) -> bool:
+    """Whether two indices of ``t`` share memory: its dims, by stride, do not nest."""
+    dims = sorted((st, n) for st, n in zip(t.stride(), t.shape) if n != 1)
+    span = 1
+    for st, n in dims:
+        if st < span:
+            return True
+        span = st * n
+    return False
 
 
 def _input_spec(value, modules: list, tensors: list, path: str):
@@ -164,11 +189,14 @@ def trace_call(fn: Callable, args: tuple, kwargs: dict, *, target: str) -> Trace
     modules: list = []
     user_tensors: list = []
     arg_names = _arg_names(fn, len(args))
-    in_spec = ("list", [
-        ("list", [_input_spec(a, modules, user_tensors, f"argument {arg_names[i]!r}" if arg_names else f"args[{i}]")
-                  for i, a in enumerate(args)]),
-        ("dict", [(k, _input_spec(v, modules, user_tensors, f"keyword argument {k!r}")) for k, v in kwargs.items()]),
-    ])
+    try:
+        in_spec = ("list", [
+            ("list", [_input_spec(a, modules, user_tensors, f"argument {arg_names[i]!r}" if arg_names else f"args[{i}]")
+                      for i, a in enumerate(args)]),
+            ("dict", [(k, _input_spec(v, modules, user_tensors, f"keyword argument {k!r}")) for k, v in kwargs.items()]),
+        ])
+    except CaptureError as e:
+        raise CaptureError(f"target {target!r}: {e}") from None
     user_tensors, paths = [t for t, _ in user_tensors], [p for _, p in user_tensors]
     names, params = _lift(modules)
     wants_grad = [isinstance(p, torch.nn.Parameter) and p.requires_grad for p in params]
@@ -214,8 +242,11 @@ def trace_call(fn: Callable, args: tuple, kwargs: dict, *, target: str) -> Trace
         out_box["num_user_outputs"] = len(outs)
         return (*outs, *grads)
 
-    example = [p.detach().clone() for p in params] + [t.detach().clone() for t in user_tensors]
+    example = [example_clone(t) for t in params + user_tensors]
     marks = [dynamic_dims.marked_dims(t) for t in user_tensors]
+    if any(dynamic_dims.marked_dims(p) for p in params):
+        warnings.warn(f"target {target!r}: a parameter/buffer is marked dynamic; parameters keep "
+                      "their captured sizes, the mark is ignored", stacklevel=2)
     symbolic = None
     try:
         if any(marks):  # marked dims stay symbolic: trace on fake tensors
@@ -223,9 +254,11 @@ def trace_call(fn: Callable, args: tuple, kwargs: dict, *, target: str) -> Trace
                 fakes, symbolic = dynamic_dims.fake_inputs(example, n_params, marks, paths, target)
                 gm = make_fx(flat_fn, tracing_mode="symbolic")(*fakes)
         else:
-            gm = make_fx(flat_fn, tracing_mode="real")(*[t.clone() for t in example])
-    except CaptureError:
-        raise
+            gm = make_fx(flat_fn, tracing_mode="real")(*[example_clone(t) for t in example])
+    except CaptureError as e:
+        if str(e).startswith("target "):
+            raise
+        raise CaptureError(f"target {target!r}: {e}") from None
     except Exception as e:
         raise CaptureError(
             f"target {target!r}: tracing failed: {type(e).__name__}: {e}"
@@ -243,8 +276,8 @@ def trace_call(fn: Callable, args: tuple, kwargs: dict, *, target: str) -> Trace
         "target": target,
         "inputs": in_spec,
         "param_names": names,
-        "params": [_tensor_spec(p) for p in params],
-        "tensor_inputs": [_tensor_spec(t) for t in user_tensors],
+        "params": [_tensor_spec(t, p.requires_grad) for t, p in zip(example, params)],
+        "tensor_inputs": [_tensor_spec(t, u.requires_grad) for t, u in zip(example[n_params:], user_tensors)],
         "outputs": out_box["spec"],
         "num_user_outputs": out_box["num_user_outputs"],
         "grad_param_indices": out_box["grad_indices"],
