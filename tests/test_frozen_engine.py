@@ -508,3 +508,12 @@ def test_eager_engine_pair_round_trip(tmp_path):
     exec(compile((tmp_path / "t.py").read_bytes(), "t.py", "exec"), ns)
     got = ns["load"](None)(lin, x)
     torch.testing.assert_close(got, want)
+
+
+def test_a_mark_on_a_parameter_is_ignored_with_a_warning(tmp_path):
+    lin = torch.nn.Linear(4, 4)
+    torch._dynamo.mark_dynamic(lin.weight, 0)
+    with pytest.warns(UserWarning, match=r"target 'p': a parameter/buffer is marked dynamic; parameters keep"):
+        with precompile_build.capture(lambda m, x: m(x), engine="eager", target="p", **_paths(tmp_path)) as f:
+            f(lin, torch.randn(2, 4))
+    assert (tmp_path / "t.py").exists()
