@@ -31,6 +31,7 @@ ranges and guards, and refuses a call that breaks one with a CallError.
 from __future__ import annotations
 
 import logging
+import re
 from dataclasses import dataclass
 from unittest import mock
 from typing import Any
@@ -265,7 +266,7 @@ def _check_guard_keeps_range(guard: str, symbols: dict, where: dict, target: str
     """A guard over one symbol (``s0 % 2 == 0``) excludes sizes of its range: refuse,
     as the user declared every size in it. (A guard over several symbols relates
     inputs, e.g. two batch sizes equal, and is checked per call.)"""
-    used = [name for name in symbols if name in guard and _mentions(guard, name)]
+    used = [name for name in symbols if re.search(rf"\b{name}\b", guard)]
     if len(used) != 1:
         return
     name = used[0]
@@ -273,17 +274,13 @@ def _check_guard_keeps_range(guard: str, symbols: dict, where: dict, target: str
     top = lo + _RANGE_SCAN if hi is None else min(hi, lo + _RANGE_SCAN)
     bad = [n for n in range(lo, top + 1) if not eval_expr(guard, {name: n})]
     if bad:
+        shown = re.sub(rf"\b{name}\b", "size", guard)
         raise CaptureError(
             f"target {target!r}: {where[name]} is marked dynamic in {_fmt(lo, hi)} but the "
-            f"captured code relies on {guard.replace(name, 'size')} (sizes {bad[:4]} break it): "
+            f"captured code relies on {shown} (sizes {bad[:4]} break it): "
             "make the code size-agnostic, or capture the sizes you need as separate targets"
         )
 
-
-def _mentions(expr: str, name: str) -> bool:
-    import re
-
-    return re.search(rf"\b{name}\b", expr) is not None
 
 
 def example_sizes(dynamic: dict, shapes: list[dict], example_user: list) -> list[dict[str, int]]:
