@@ -164,5 +164,10 @@ def capture(
             "PRECOMPILE_ARTIFACT_PATH / PRECOMPILE_CACHE_PATH variables the build "
             "backend sets when it runs a capture script)"
         )
+    if Path(artifact_path).resolve() == Path(cache_path).resolve():
+        raise CaptureError(
+            f"precompile_build.capture: artifact_path and cache_path are both {str(artifact_path)!r}; "
+            "the source half and the cache half need two files (e.g. NAME.py and NAME.cache)"
+        )
     target = target or os.environ.get("PRECOMPILE_TARGET") or Path(artifact_path).stem
     return Capture(fn, Path(artifact_path), Path(cache_path), engine, backend, target, dict(options or {}))

@@ -517,3 +517,52 @@ def test_a_mark_on_a_parameter_is_ignored_with_a_warning(tmp_path):
         with precompile_build.capture(lambda m, x: m(x), engine="eager", target="p", **_paths(tmp_path)) as f:
             f(lin, torch.randn(2, 4))
     assert (tmp_path / "t.py").exists()
+
+
+def test_a_gapped_example_with_dynamic_dims_is_refused(tmp_path):
+    x = torch.randn(6, 16)[:, :8]  # a slice: its row stride does not follow from its sizes
+    torch._dynamo.mark_dynamic(x, 0, min=1, max=16)
+    with pytest.raises(CaptureError, match=r"argument 'x' has dims marked dynamic but is a view with "
+                       r"gaps \(shape \[6, 8\], stride \[16, 1\]\).*pass a dense example"):
+        with precompile_build.capture(lambda x: x * 3, engine="frozen", **_paths(tmp_path)) as f:
+            f(x)
+    assert not list(tmp_path.iterdir())
+
+
+def test_conditions_with_float_size_math_are_checked_per_call(tmp_path):
+    def f(x, y):
+        return x * 2 if x.shape[1] >= 0.75 * y.shape[1] else x + 1
+
+    x, y = _dyn(2, 6, 4, hi=32, dims=(1,)), _dyn(2, 7, 4, hi=33, dims=(1,))
+    fn = _capture_and_load(tmp_path / "pair", f, x, y)
+    a, b = torch.randn(2, 9, 4), torch.randn(2, 10, 4)
+    torch.testing.assert_close(fn(a, b), f(a, b))
+    from precompile_runtime import CallError
+
+    with pytest.raises(CallError, match=r"argument 'x' dim 1\), .*argument 'y' dim 1\) break the condition"):
+        fn(torch.randn(2, 3, 4), b)
+
+
+def test_an_input_the_function_writes_to_may_not_share_memory_with_another(tmp_path):
+    def ema(avg, x):
+        avg.mul_(0.5).add_(x)
+        return avg * 1.0
+
+    fn = _capture_and_load(tmp_path / "pair", ema, torch.ones(4, 3), torch.ones(4, 3))
+    from precompile_runtime import CallError
+
+    t = torch.ones(4, 3)
+    with pytest.raises(CallError, match=r"argument 'avg' shares memory with argument 'x', and the captured "
+                       r"function writes to it; pass separate tensors"):
+        fn(t, t)
+    torch.testing.assert_close(fn(torch.ones(4, 3), torch.ones(4, 3)), torch.full((4, 3), 1.5))
+    # inputs only read may share memory (ids and targets cut from one buffer)
+    fn = _capture_and_load(tmp_path / "read", lambda a, b: a + b, torch.ones(4, 3), torch.ones(4, 3))
+    buf = torch.arange(24.0)
+    a, b = buf[:12].view(4, 3), buf[12:].view(4, 3)
+    torch.testing.assert_close(fn(a, b), a + b)
+
+
+def test_one_path_for_both_halves_is_refused(tmp_path):
+    with pytest.raises(CaptureError, match=r"artifact_path and cache_path are both .*two files"):
+        precompile_build.capture(lambda x: x, artifact_path=tmp_path / "t", cache_path=tmp_path / "t")

@@ -34,6 +34,17 @@ def _module_tensors(modules):
     return names, tensors
 
 
+def _layout_hint(want, shape):
+    """What to pass to get the captured strides ``want`` for ``shape``."""
+    step, contiguous = 1, []
+    for n in reversed(list(shape)):
+        contiguous.insert(0, step)
+        step *= n
+    if all(w == c or n == 1 for w, c, n in zip(want, contiguous, shape)):
+        return "pass .contiguous()"
+    return "pass a tensor with the captured memory layout, e.g. made as the capture's example was"
+
+
 def _same_strides(t, want):
     """Strides equal but on dims of size 1, never stepped along (as Inductor's own
     assert_size_stride); a size-1 dim's stride is arbitrary in torch."""
@@ -42,7 +53,7 @@ def _same_strides(t, want):
 
 def _check_tensor(t, spec, what, check_shape=True):
     if not isinstance(t, torch.Tensor):
-        raise CallError(f"{what}: expected a tensor, got {type(t).__name__}")
+        raise CallError(f"target {_META['target']!r}, {what}: expected a tensor, got {type(t).__name__}")
     problems = []
     if str(t.dtype) != spec["dtype"]:
         problems.append(f"dtype {t.dtype} (captured {spec['dtype']})")
@@ -52,10 +63,7 @@ def _check_tensor(t, spec, what, check_shape=True):
     if check_shape and list(t.shape) != spec["shape"]:
         problems.append(f"shape {list(t.shape)} (captured {spec['shape']})")
     elif check_shape and _META["engine"] == "frozen" and not _same_strides(t, spec["stride"]):
-        problems.append(
-            f"stride {list(t.stride())} (captured {spec['stride']}; "
-            "pass .contiguous() or the captured memory layout)"
-        )
+        problems.append(f"stride {list(t.stride())} (captured {spec['stride']}; {_layout_hint(spec['stride'], t.shape)})")
     if problems:
         raise CallError(
             f"target {_META['target']!r}, {what}: " + "; ".join(problems)
@@ -67,7 +75,7 @@ def _check_tensor(t, spec, what, check_shape=True):
 
 # ---- dynamic dims: symbols bound from the call's sizes, then ranges and guards ----
 _DYN = _META.get("dynamic")
-_EVAL_SCOPE = {"__builtins__": {}, "math": _math, "max": max, "min": min, "abs": abs}
+_EVAL_SCOPE = {"__builtins__": {}, "math": _math, "torch": torch, "max": max, "min": min, "abs": abs}
 _CODE = {}  # expression text -> code object
 
 
@@ -102,7 +110,7 @@ def _check_dynamic(leaves):
             if w in sizes and sizes[w] != g:
                 raise CallError(
                     f"target {_META['target']!r}, {path} dim {d}: size {g}, but {where[w]} has "
-                    f"size {sizes[w]} and the capture requires them equal ({w})"
+                    f"size {sizes[w]} and the capture requires them equal"
                 )
             sizes[w] = g
             where.setdefault(w, f"{path} dim {d}")
@@ -134,7 +142,20 @@ def _check_dynamic(leaves):
             if not _same_strides(t, want):
                 raise CallError(
                     f"target {_META['target']!r}, {path}: stride {list(t.stride())} (the captured "
-                    f"layout at these sizes is {want}; pass .contiguous() or that layout)"
+                    f"layout at these sizes is {want}; {_layout_hint(want, t.shape)})"
+                )
+
+
+def _check_no_aliases(flat, names):
+    """The compiled code writes to the inputs at _META["mutated_inputs"] and reads the
+    others as separate memory: an input written to must share memory with no other."""
+    ptrs = [t.untyped_storage().data_ptr() if t.numel() else None for t in flat]
+    for i in _META["mutated_inputs"]:
+        for j, ptr in enumerate(ptrs):
+            if j != i and ptr is not None and ptr == ptrs[i]:
+                raise CallError(
+                    f"target {_META['target']!r}: {names[i]} shares memory with {names[j]}, "
+                    "and the captured function writes to it; pass separate tensors (.clone())"
                 )
 
 
@@ -144,7 +165,7 @@ def _flatten(spec, value, modules, tensors, path):
     kind = spec[0]
     if kind == "module":
         if not isinstance(value, torch.nn.Module):
-            raise CallError(f"{path}: expected an nn.Module, got {type(value).__name__}")
+            raise CallError(f"target {_META['target']!r}, {path}: expected an nn.Module, got {type(value).__name__}")
         modules.append(value)
     elif kind == "tensor":
         tensors.append((value, path))
@@ -156,12 +177,12 @@ def _flatten(spec, value, modules, tensors, path):
             )
     elif kind in ("tuple", "list"):
         if not isinstance(value, (tuple, list)) or len(value) != len(spec[1]):
-            raise CallError(f"{path}: expected a {kind} of {len(spec[1])} items")
+            raise CallError(f"target {_META['target']!r}, {path}: expected a {kind} of {len(spec[1])} items")
         for i, (s, v) in enumerate(zip(spec[1], value)):
             _flatten(s, v, modules, tensors, f"{path}[{i}]")
     elif kind == "dict":
         if not isinstance(value, dict) or sorted(value) != sorted(k for k, _ in spec[1]):
-            raise CallError(f"{path}: expected a dict with keys {[k for k, _ in spec[1]]}")
+            raise CallError(f"target {_META['target']!r}, {path}: expected a dict with keys {[k for k, _ in spec[1]]}")
         for k, s in spec[1]:
             _flatten(s, value[k], modules, tensors, f"{path}[{k!r}]")
     else:  # pragma: no cover - written by our own codegen
@@ -318,6 +339,9 @@ class CompiledArtifact:
             for (t, path), s in zip(leaves, _META["tensor_inputs"]):
                 _check_tensor(t, s, path)
         flat = params + [t for t, _ in leaves]  # no autograd below: run under no_grad
+        if _META.get("mutated_inputs") and _META["engine"] == "frozen":
+            _check_no_aliases(flat, [f"parameter/buffer {n}" for n in _META["param_names"]]
+                              + [path for _, path in leaves])
         cuda = next((t.device for t in flat if t.device.type == "cuda"), None)
         with torch.no_grad(), (torch.cuda.device(cuda) if cuda is not None else _nullcontext()):
             outs = self._run(flat)

@@ -81,11 +81,27 @@ def _check_marks(t, marks: dict, path: str, target: str) -> None:
                 f"target {target!r}: {path} dim {d} is marked dynamic with the one-size range "
                 f"{_fmt(lo, hi)}: that is a static size; drop the mark, or widen the range"
             )
+        if not _dense(t):
+            raise CaptureError(
+                f"target {target!r}: {path} has dims marked dynamic but is a view with gaps "
+                f"(shape {list(t.shape)}, stride {list(t.stride())}), whose strides do not follow "
+                "from its sizes; pass a dense example (.contiguous()) and dense tensors at call time"
+            )
         if size < lo or (hi is not None and size > hi):
             raise CaptureError(
                 f"target {target!r}: {path} dim {d} is marked dynamic in {_fmt(lo, hi)} but the "
                 f"example has size {size}; pass an example inside the range"
             )
+
+
+def _dense(t) -> bool:
+    """Whether ``t``'s elements fill its memory without gaps, in some dim order."""
+    span = 1
+    for st, n in sorted((st, n) for st, n in zip(t.stride(), t.shape) if n != 1):
+        if st != span:
+            return False
+        span = st * n
+    return True
 
 
 def fake_inputs(example: list, n_params: int, marks: list, paths: list, target: str):
@@ -315,9 +331,12 @@ def eval_expr(expr: str | int, sizes: dict[str, int]):
     (the same evaluation the driver does at call time)."""
     import math
 
+    import torch
+
     if isinstance(expr, int):
         return expr
-    return eval(expr, {"__builtins__": {}, "math": math, "max": max, "min": min, "abs": abs}, dict(sizes))
+    scope = {"__builtins__": {}, "math": math, "torch": torch, "max": max, "min": min, "abs": abs}
+    return eval(expr, scope, dict(sizes))
 
 
 def resized(t, spec: dict, sizes: dict[str, int]):

@@ -284,8 +284,23 @@ def trace_call(fn: Callable, args: tuple, kwargs: dict, *, target: str) -> Trace
         "device": _device_of(params + user_tensors),
         "training": [_training_flags(m) for m in modules],
         "arg_names": arg_names,
+        "mutated_inputs": _mutated_inputs(gm),
     }
     return TracedCall(graph_module=gm, example_inputs=example, metadata=metadata, symbolic=symbolic)
+
+
+def _mutated_inputs(gm) -> list[int]:
+    """Positions of the flat inputs the graph writes to (buffers, in-place arguments)."""
+    import torch
+
+    inputs = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    written = set()
+    for n in gm.graph.nodes:
+        if n.op == "call_function" and isinstance(n.target, torch._ops.OpOverload):
+            for arg, a in zip(n.target._schema.arguments, n.args):
+                if arg.alias_info is not None and arg.alias_info.is_write and a in inputs:
+                    written.add(inputs.index(a))
+    return sorted(written)
 
 
 def _training_flags(module) -> list[bool]:
