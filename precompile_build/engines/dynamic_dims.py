@@ -7,10 +7,9 @@ before the capture call::
     torch._dynamo.mark_dynamic(ids, 1, min=1, max=512)  # sequence length
 
 (``torch._dynamo.decorators.mark_unbacked`` marks are read the same way.) Every
-other dimension, and every
-parameter, stays specialised to its example size. A marked dimension without
-``min`` serves sizes from 1 (``min=0`` admits empty tensors); without ``max`` it has
-no upper bound.
+other dimension, and every parameter, stays specialised to its example size. A
+marked dimension without ``min`` serves sizes from 1 (``min=0`` admits empty
+tensors); without ``max`` it has no upper bound. A marked example must be dense.
 
 The trace then runs on fake tensors whose marked sizes are symbols of one
 ``ShapeEnv`` (no duck sizing: two marked dims are unrelated unless the code makes
@@ -33,8 +32,8 @@ from __future__ import annotations
 import logging
 import re
 from dataclasses import dataclass
-from unittest import mock
 from typing import Any
+from unittest import mock
 
 from ..errors import CaptureError
 
@@ -193,11 +192,13 @@ def finish(sym: SymbolicTrace, target: str) -> tuple[dict, list[dict]]:
 
     Returns:
         ``(dynamic, shapes)``: ``dynamic`` is the metadata's ``{"symbols": {name:
-        [min, max|None]}, "guards": [python expression, ...]}``; ``shapes`` has one ``{"shape": [...], "stride": [...]}`` per user
-        tensor, each entry an int or a symbol / Python expression (str).
+        [min, max|None]}, "guards": [python expression, ...]}``; ``shapes`` has one
+        ``{"shape": [...], "stride": [...]}`` per user tensor, each entry an int or a
+        symbol / Python expression (str).
     Raises:
         CaptureError: a marked dim was specialised to a constant, tied to another dim
-            by an expression, or its range narrowed below the declared one.
+            by an expression, its range narrowed below the declared one, or a
+            condition over it excludes sizes of that range.
     """
     import sympy
     import torch
@@ -296,7 +297,6 @@ def _check_guard_keeps_range(guard: str, symbols: dict, where: dict, target: str
             f"captured code relies on {shown} (sizes {bad[:4]} break it): "
             "make the code size-agnostic, or capture the sizes you need as separate targets"
         )
-
 
 
 def example_sizes(dynamic: dict, shapes: list[dict], example_user: list) -> list[dict[str, int]]:
