@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import sys
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 from precompile_runtime.envelope import write_atomic
 
@@ -148,7 +148,8 @@ def capture(
         CaptureError: no paths given and none in the environment; at the first call
             if the call cannot be captured; at exit if no call was made.
         ValueError: unknown engine or backend.
-        TypeError: ``fn`` is not callable.
+        TypeError: ``fn`` is not callable; a path is not a str/PathLike or is a
+            directory; ``options`` is not a mapping.
     """
     if not callable(fn):
         raise TypeError(f"precompile_build.capture(fn): fn must be callable, got {type(fn).__name__}")
@@ -164,6 +165,13 @@ def capture(
             "PRECOMPILE_ARTIFACT_PATH / PRECOMPILE_CACHE_PATH variables the build "
             "backend sets when it runs a capture script)"
         )
+    for name, value in (("artifact_path", artifact_path), ("cache_path", cache_path)):
+        if not isinstance(value, (str, os.PathLike)) or Path(value).is_dir():
+            raise TypeError(f"precompile_build.capture: {name}={value!r} must be a file path "
+                            "(str or os.PathLike), not a directory")
+    if options is not None and not isinstance(options, Mapping):
+        raise TypeError(f"precompile_build.capture: options must be a dict, e.g. "
+                        f"{{'inductor': {{...}}}}, not {type(options).__name__}")
     if Path(artifact_path).resolve() == Path(cache_path).resolve():
         raise CaptureError(
             f"precompile_build.capture: artifact_path and cache_path are both {str(artifact_path)!r}; "

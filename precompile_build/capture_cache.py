@@ -30,7 +30,7 @@ import filelock
 
 from precompile_runtime.envelope import write_atomic
 
-from .errors import CaptureError
+from .errors import BuildError, CaptureError
 from .pairs import PairInfo, inspect_pair
 from .settings import Settings, TargetSettings, default_cache_dir
 
@@ -114,7 +114,7 @@ def _memo_key(devices: tuple) -> str:
             gpus = "no nvidia-smi"
     parts = [sys.executable, sys.version, list(devices), os.environ.get("CUDA_VISIBLE_DEVICES"),
              [version(d) for d in ("torch", "triton", "pytorch-triton")], gpus,
-             _sha256_file(Path(fingerprint.__file__))]
+             _sha256_file(Path(fingerprint.__file__)), _FP_CODE]
     return hashlib.sha256(json.dumps(parts).encode()).hexdigest()
 
 
@@ -125,7 +125,8 @@ def host_fingerprints(devices: Iterable[str], memo_dir: Optional[Path] = None) -
     capture scripts), so the build process neither imports torch nor creates a CUDA
     context on a GPU the captures need. Memoised per process, and on disk under
     ``memo_dir/fingerprints/`` keyed by :func:`_memo_key`, so that a rebuild with
-    nothing changed imports torch nowhere (seconds on a GPU host).
+    nothing changed need not import torch for it (seconds on a GPU host; checking a
+    reused `torch`-engine pair still does).
 
     Args:
         devices: device types (``cpu``, ``cuda``).
@@ -155,7 +156,10 @@ def host_fingerprints(devices: Iterable[str], memo_dir: Optional[Path] = None) -
         if proc.returncode != 0:
             last = (proc.stderr.strip().splitlines() or ["no output"])[-1]
             raise CaptureError(f"Failed to compute the host fingerprint: {last}")
-        raw = json.loads(proc.stdout.strip().splitlines()[-1])
+        lines = proc.stdout.strip().splitlines()
+        if not lines:
+            raise CaptureError("Failed to compute the host fingerprint: the probe printed nothing")
+        raw = json.loads(lines[-1])
         _fp_memo[memo] = {d: sorted({json.dumps(fp, sort_keys=True) for fp in fps})
                           for d, fps in raw.items()}
         if disk is not None:
@@ -172,21 +176,18 @@ CAPTURE_ENV = ("PRECOMPILE_ENGINE",)
 
 
 def key_components(settings: Settings, target: TargetSettings, device: str,
-                   fingerprint: Any, package_sha256: str,
-                   environ: Optional[Mapping[str, str]] = None) -> dict[str, Any]:
+                   fingerprint: Any, package_sha256: str) -> dict[str, Any]:
     """Everything a capture's output depends on, as a JSON-able dict.
 
     ``timeout`` and ``required`` are left out (they change no artifact). The
     declared ``env`` table is part of the target config; ``cache-env`` names and
-    :data:`CAPTURE_ENV` are looked up in ``environ`` (default ``os.environ``), unset
-    as None.
+    :data:`CAPTURE_ENV` are looked up in ``os.environ``, unset as None.
     """
     import precompile_runtime
     from precompile_runtime.fingerprint import cpu_flags
 
     from . import __version__
 
-    environ = os.environ if environ is None else environ
     return {
         "format": ENTRY_FORMAT, "version": ENTRY_VERSION,
         "precompile_build": __version__, "precompile_runtime": precompile_runtime.__version__,
@@ -197,7 +198,7 @@ def key_components(settings: Settings, target: TargetSettings, device: str,
         "target": {"name": target.name, "script": target.script_rel,
                    "args": list(target.args), "device": device,
                    "env": dict(sorted(target.env.items()))},
-        "cache_env": {n: environ.get(n) for n in sorted({*target.cache_env, *CAPTURE_ENV})},
+        "cache_env": {n: os.environ.get(n) for n in sorted({*target.cache_env, *CAPTURE_ENV})},
         "fingerprint": fingerprint,
         "cpu_flags": hashlib.sha256(" ".join(sorted(cpu_flags())).encode()).hexdigest(),
     }
@@ -326,20 +327,31 @@ def clean(root: Path) -> int:
     Returns:
         the number of entries removed.
     Raises:
+        BuildError: ``root`` has no CACHEDIR.TAG written by this module (it is not a
+            capture cache: nothing is touched).
         OSError: ``root`` exists but cannot be listed.
     """
     if not root.is_dir():
         return 0
+    tag = root / TAG_NAME
+    if not tag.is_file() or tag.read_bytes() != _TAG:
+        raise BuildError(
+            f"{root} is not a precompile-build capture cache (no CACHEDIR.TAG of ours); "
+            "nothing removed. Pass the directory the build uses (--cache-dir)"
+        )
     removed = 0
     for p in root.iterdir():
-        ours_dir = (len(p.name) == 64 and all(c in "0123456789abcdef" for c in p.name))
-        if p.is_dir() and ours_dir:
+        key = p.name.removesuffix(".lock")
+        if not (len(key) == 64 and all(c in "0123456789abcdef" for c in key)):
+            if p.is_dir() and (p.name.startswith((".tmp-", ".trash-")) or p.name == "fingerprints"):
+                shutil.rmtree(p, ignore_errors=True)
+            continue
+        if p.is_dir():
             discard(p)
             removed += 1
-        elif p.is_dir() and (p.name.startswith((".tmp-", ".trash-")) or p.name == "fingerprints"):
-            shutil.rmtree(p, ignore_errors=True)
-        elif p.name.endswith(".lock") or p.name == TAG_NAME:
+        else:  # <key>.lock
             p.unlink(missing_ok=True)
+    tag.unlink(missing_ok=True)
     try:
         root.rmdir()
     except OSError:

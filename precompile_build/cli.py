@@ -75,14 +75,17 @@ def _merge(args: argparse.Namespace) -> int:
 
 def _clean(args: argparse.Namespace) -> int:
     from .capture_cache import clean
-    from .settings import default_cache_dir, load_settings
+    from .settings import default_cache_dir, load_settings, resolve_cache_dir
 
+    # the directory the build uses: --cache-dir, else the project's settings (which
+    # include PRECOMPILE_BUILD_CACHE_DIR, relative to the project root), else that
+    # variable relative to here, else the per-user default
     if args.cache_dir:
-        root = Path(args.cache_dir)
-    elif os.environ.get("PRECOMPILE_BUILD_CACHE_DIR"):
-        root = Path(os.environ["PRECOMPILE_BUILD_CACHE_DIR"])
+        root = resolve_cache_dir(args.cache_dir, Path.cwd())
     elif args.project:
         root = load_settings(args.project).cache_dir or default_cache_dir()
+    elif os.environ.get("PRECOMPILE_BUILD_CACHE_DIR"):
+        root = resolve_cache_dir(os.environ["PRECOMPILE_BUILD_CACHE_DIR"], Path.cwd())
     else:
         root = default_cache_dir()
     n = clean(root.absolute())

@@ -38,9 +38,10 @@ def assemble(package: str, results: Sequence[CaptureResult]) -> dict[str, bytes]
     Returns:
         ``{"manifest.json": bytes, "NAME.py": bytes, "NAME.cache": bytes, ...}``.
         With ``SOURCE_DATE_EPOCH`` set, ``captured_at`` comes from it and
-        ``capture_seconds`` is left out, so the manifest is reproducible.
-        ``capture_device`` is the CUDA device index the capture ran on (None: cpu);
-        a reused pair keeps its original capture's device and seconds.
+        ``capture_seconds`` and ``capture_device`` are left out, so the manifest is
+        reproducible. ``capture_device`` is the CUDA device the capture ran on (its
+        index, or its CUDA_VISIBLE_DEVICES entry such as a UUID; None: cpu); a reused
+        pair keeps its original capture's device and seconds.
     """
     reproducible = "SOURCE_DATE_EPOCH" in os.environ
     files: dict[str, bytes] = {}
@@ -60,8 +61,9 @@ def assemble(package: str, results: Sequence[CaptureResult]) -> dict[str, bytes]
                    "fingerprint": fp, "code_hash": r.info.code_hash,
                    "files": {"source": _file_entry(src_name, source),
                              "cache": _file_entry(cache_name, cache)},
-                   "captured_at": _captured_at(), "capture_device": r.device_index}
-        if not reproducible:
+                   "captured_at": _captured_at()}
+        if not reproducible:  # which GPU and how long vary from build to build
+            variant["capture_device"] = r.device_index
             seconds = r.capture_seconds if r.capture_seconds is not None else r.seconds
             variant["capture_seconds"] = round(seconds, 1)
         entry["variants"].append(variant)

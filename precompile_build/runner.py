@@ -9,7 +9,6 @@ Results come back in config order, whatever order the captures finished in.
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import shutil
 import subprocess
@@ -30,8 +29,8 @@ from .script import CANCELLED, LOG_TAIL_LINES, check_pair, log_file, log_tail, r
 from .settings import Settings, TargetSettings
 from .slots import Slots
 
-__all__ = ["CaptureResult", "CaptureWarning", "LOG_TAIL_LINES", "cuda_available",
-           "gpu_ids", "log_tail", "resolve_device", "run_captures", "run_target"]
+__all__ = ["CaptureResult", "CaptureWarning", "cuda_available", "gpu_ids", "resolve_device",
+           "run_captures"]
 
 
 class CaptureWarning(UserWarning):
@@ -310,13 +309,6 @@ def _keep_log(log_path: Path, name: str) -> Path:
     except OSError:
         return log_path
     return dest
-
-
-def run_target(settings: Settings, target: TargetSettings, work: Path,
-               *, verbose: bool = False) -> CaptureResult:
-    """Run (or reuse) one target; see :func:`run_captures`."""
-    return run_captures(dataclasses.replace(settings, selected=(target.name,)), work,
-                        verbose=verbose)[0]
 
 
 def run_captures(settings: Settings, work: Path,

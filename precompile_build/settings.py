@@ -283,8 +283,14 @@ def _cache_dir(table: Mapping[str, Any], overrides: Mapping[str, tuple[Any, str]
         return None
     if not isinstance(value, str) or not value.strip() or "\x00" in value:
         raise _invalid(where, f"must be a non-empty directory path, not {value!r}")
-    path = Path(os.path.expanduser(value) if value.startswith("~") else value)
-    return path if path.is_absolute() else root / path
+    return resolve_cache_dir(value, root)
+
+
+def resolve_cache_dir(value: str, base: Path) -> Path:
+    """A `cache-dir` value as a path: ``~`` expanded, a relative path taken from
+    ``base`` (the project root for the build)."""
+    path = Path(os.path.expanduser(value))
+    return path if path.is_absolute() else base / path
 
 
 def _jobs(table: Mapping[str, Any], overrides: Mapping[str, tuple[Any, str]]) -> Optional[int]:

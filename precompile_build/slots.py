@@ -33,7 +33,6 @@ class Slots:
         self._total = jobs if jobs is not None else 1 << 30
         self._cpu = cpu_limit(jobs)
         self._gpus = list(gpus) or [None]
-        self.gpu_count = len(gpus)
 
     def acquire(self, device: str, abort: threading.Event) -> tuple[bool, Optional[str]]:
         """Wait for a slot for a ``cpu`` or ``cuda`` capture.

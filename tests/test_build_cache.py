@@ -303,6 +303,24 @@ def test_clean_command(tmp_path, monkeypatch, capfd):
     assert not d.exists()
 
 
+def test_clean_refuses_a_directory_that_is_not_a_capture_cache(tmp_path, capfd):
+    # a project folder passed by mistake: its lock files and folders are not ours
+    (tmp_path / "poetry.lock").write_text("x")
+    (tmp_path / "fingerprints").mkdir()
+    (tmp_path / ("a" * 64)).mkdir()
+    assert main(["clean", "--cache-dir", str(tmp_path)]) != 0
+    assert "is not a precompile-build capture cache (no CACHEDIR.TAG of ours); nothing removed" \
+        in capfd.readouterr().err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a" * 64, "fingerprints", "poetry.lock"]
+
+
+def test_clean_resolves_the_directory_like_the_build(tmp_path, monkeypatch, capfd):
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.setenv("PRECOMPILE_BUILD_CACHE_DIR", "~/cc")
+    assert main(["clean"]) == 0
+    assert f"from {tmp_path / 'cc'}" in capfd.readouterr().out
+
+
 # ---------------------------------------------------------------------- settings
 
 def test_settings_defaults_and_overrides(tmp_path, monkeypatch):

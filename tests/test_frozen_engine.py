@@ -173,12 +173,23 @@ def test_tied_weights_frozen_param_structured_outputs(installed, tmp_path):
     assert r["spawned"] == [] and r["compiler_modules"] == []
 
 
+# child code: each call in `refused` must raise CallError; its message (or "no error")
+# goes into result[name]
+_COLLECT_REFUSALS = """
+for name, call in refused.items():
+    try:
+        call()
+        result[name] = "no error"
+    except precompile_runtime.CallError as e:
+        result[name] = str(e)
+"""
+
 BAD_CALLS = """
 import fcases
 step = precompile_runtime.load_packaged("bn_step", package="fcases")
 m = fcases.bn_model(device=DEV)
 x = torch.randn(8, 16).to(DEV)
-cases = {
+refused = {
     "dtype": lambda: step(m, x.double(), 0.5),
     "shape": lambda: step(m, torch.randn(4, 16).to(DEV), 0.5),
     "stride": lambda: step(m, torch.randn(16, 8).to(DEV).t(), 0.5),
@@ -188,13 +199,7 @@ cases = {
     "eval mode": lambda: step(fcases.bn_model(device=DEV).eval(), x, 0.5),
     "keywords": lambda: step(model=m, x=x, scale=0.5),
 }
-for name, call in cases.items():
-    try:
-        call()
-        result[name] = "no error"
-    except precompile_runtime.CallError as e:
-        result[name] = str(e)
-"""
+""" + _COLLECT_REFUSALS
 
 
 def test_calls_unlike_the_capture_are_refused(installed, tmp_path):
@@ -271,12 +276,7 @@ refused = {
     "dtype": lambda: step(m, ids.int(), targets),
     "rank": lambda: step(m, ids[0], targets),
 }
-for name, call in refused.items():
-    try:
-        call()
-        result[name] = "no error"
-    except precompile_runtime.CallError as e:
-        result[name] = str(e)
+""" + _COLLECT_REFUSALS + """
 # what serving did, before the eager references run (eager attention may probe libraries)
 result["serving_spawned"] = list(spawned)
 result["serving_modules"] = sorted(m for m in sys.modules if m.startswith(("torch._inductor", "torch._dynamo", "triton")))
@@ -566,3 +566,14 @@ def test_an_input_the_function_writes_to_may_not_share_memory_with_another(tmp_p
 def test_one_path_for_both_halves_is_refused(tmp_path):
     with pytest.raises(CaptureError, match=r"artifact_path and cache_path are both .*two files"):
         precompile_build.capture(lambda x: x, artifact_path=tmp_path / "t", cache_path=tmp_path / "t")
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"artifact_path": 123}, r"artifact_path=123 must be a file path"),
+    ({"cache_path": "."}, r"cache_path='.' must be a file path \(str or os.PathLike\), not a directory"),
+    ({"options": "abc"}, r"options must be a dict, e.g. \{'inductor': \{...\}\}, not str"),
+])
+def test_capture_arguments_of_the_wrong_kind_say_which(tmp_path, kwargs, message):
+    args = dict(_paths(tmp_path), **kwargs)
+    with pytest.raises(TypeError, match=message):
+        precompile_build.capture(lambda x: x, **args)

@@ -18,7 +18,7 @@ def torch_has_precompile() -> bool:
     return callable(getattr(torch.compiler, "precompile", None))
 
 
-def resolve(engine: str, device: str = "cpu") -> str:
+def resolve(engine: str, device: str) -> str:
     """The engine to use for a capture on ``device`` (``"cpu"`` or ``"cuda"``).
 
     ``"auto"`` resolves to, in order: the ``PRECOMPILE_ENGINE`` environment variable

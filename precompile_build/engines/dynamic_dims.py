@@ -69,6 +69,8 @@ def _fmt(lo: int, hi: int | None) -> str:
 
 
 def _check_marks(t, marks: dict, path: str, target: str) -> None:
+    from .tracing import memory_layout  # (tracing imports this module)
+
     for d, (lo, hi) in marks.items():
         size = t.shape[d]
         if lo < 0:
@@ -80,7 +82,7 @@ def _check_marks(t, marks: dict, path: str, target: str) -> None:
                 f"target {target!r}: {path} dim {d} is marked dynamic with the one-size range "
                 f"{_fmt(lo, hi)}: that is a static size; drop the mark, or widen the range"
             )
-        if not _dense(t):
+        if memory_layout(t) != "dense":
             raise CaptureError(
                 f"target {target!r}: {path} has dims marked dynamic but is a view with gaps "
                 f"(shape {list(t.shape)}, stride {list(t.stride())}), whose strides do not follow "
@@ -91,16 +93,6 @@ def _check_marks(t, marks: dict, path: str, target: str) -> None:
                 f"target {target!r}: {path} dim {d} is marked dynamic in {_fmt(lo, hi)} but the "
                 f"example has size {size}; pass an example inside the range"
             )
-
-
-def _dense(t) -> bool:
-    """Whether ``t``'s elements fill its memory without gaps, in some dim order."""
-    span = 1
-    for st, n in sorted((st, n) for st, n in zip(t.stride(), t.shape) if n != 1):
-        if st != span:
-            return False
-        span = st * n
-    return True
 
 
 def fake_inputs(example: list, n_params: int, marks: list, paths: list, target: str):

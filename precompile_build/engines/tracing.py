@@ -68,20 +68,23 @@ def example_clone(t):
     import torch
 
     t = t.detach()
-    if t.is_contiguous() or _overlaps(t):
+    if t.is_contiguous() or memory_layout(t) == "overlapping":
         return t.clone(memory_format=torch.contiguous_format)
     return torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=t.device).copy_(t)
 
 
-def _overlaps(t) -> bool:
-    """Whether two indices of ``t`` share memory: its dims, by stride, do not nest."""
-    dims = sorted((st, n) for st, n in zip(t.stride(), t.shape) if n != 1)
-    span = 1
-    for st, n in dims:
+def memory_layout(t) -> str:
+    """``"dense"`` (the elements fill their memory in some dim order), ``"gapped"``
+    (a slice: unused memory between them) or ``"overlapping"`` (two indices share
+    memory, as after an expand): the tensor's dims, sorted by stride, must nest."""
+    span, kind = 1, "dense"
+    for st, n in sorted((st, n) for st, n in zip(t.stride(), t.shape) if n != 1):
         if st < span:
-            return True
+            return "overlapping"
+        if st > span:
+            kind = "gapped"
         span = st * n
-    return False
+    return kind
 
 
 def _input_spec(value, modules: list, tensors: list, path: str):

@@ -394,6 +394,7 @@ def _verify_dir(path: str, env: _envelope.Envelope, names: dict[str, list[str]])
 
 
 def _write_file(path: str, data: bytes) -> None:
+    """One blob to disk (a seam: the tests fill the disk here)."""
     with open(path, "wb") as f:
         f.write(data)
 

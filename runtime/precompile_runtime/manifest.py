@@ -22,9 +22,9 @@ Schema (format ``precompile-build.manifest``, version 1)::
                 "source": {"path": "forward.py", "size": 1234, "sha256": "..."},
                 "cache":  {"path": "forward.cache", "size": 5678, "sha256": "..."}
               },
-              "capture_seconds": 12.3,
+              "capture_seconds": 12.3,    # absent in reproducible builds, like capture_device
               "captured_at": "2026-11-29T16:00:00Z",
-              "capture_device": 0      # CUDA device index it ran on; null for cpu
+              "capture_device": 0      # CUDA device it ran on (index or UUID); null for cpu
             }
           ]
         }
