@@ -173,6 +173,10 @@ def run(out_md: str | None) -> list[dict]:
 
 FINDINGS = """## What this shows (torch 2.14.1, CPU)
 
+(Written from the runs below and from reading the processes and kernels by hand: the
+`g++ -E` / `openssl` command lines and the `loadu(p, 16)` source are manual
+observations, not recorded by this script.)
+
 - torch's cache does not hold compiled CPU kernels. Its `artifact` is a
   `save_cache_artifacts` bundle with one `inductor` (FX graph cache) entry, which
   `load_cache_artifacts` installs; but the exec'd python_code builds its C++ kernels

@@ -48,7 +48,7 @@ for name, t in sorted(m["targets"].items()):
               f"capture_seconds={v.get('capture_seconds')}")
 print(f"sum of capture seconds: {total:.1f}")
 PY
-grep -E "precompile: (summary|captures took|wall)|captured|reused" "$OUT/main_job.log" | tail -8 | tee -a "$OUT/summary.txt"
+grep -E "precompile: summary|captured|reused" "$OUT/main_job.log" | tail -8 | tee -a "$OUT/summary.txt"
 (cd /tmp && "$OLDPWD/.venv-main-user/bin/python" - <<'PY') 2>&1 | tee -a "$OUT/summary.txt"
 import torch, tinylm, precompile_runtime
 from tinylm import steps
