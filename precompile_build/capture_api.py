@@ -75,22 +75,27 @@ class Capture:
 
 
 def _device_of(args, kwargs) -> str:
-    """``"cuda"`` when any tensor argument or module parameter is on CUDA, else ``"cpu"``."""
+    """``"cuda"`` when any tensor argument or module parameter is on CUDA, else ``"cpu"``.
+
+    Raises:
+        CaptureError: a list, tuple or dict holds itself (the trace walks them).
+    """
     import torch
 
-    stack = [*args, *kwargs.values()]
-    while stack:
-        v = stack.pop()
-        if isinstance(v, torch.Tensor) and v.device.type == "cuda":
-            return "cuda"
+    def on_cuda(v, inside: frozenset) -> bool:
+        if isinstance(v, torch.Tensor):
+            return v.device.type == "cuda"
         if isinstance(v, torch.nn.Module):
-            stack.extend(v.parameters())
-            stack.extend(v.buffers())
-        elif isinstance(v, (list, tuple)):
-            stack.extend(v)
-        elif isinstance(v, dict):
-            stack.extend(v.values())
-    return "cpu"
+            return any(t.device.type == "cuda" for t in (*v.parameters(), *v.buffers()))
+        if isinstance(v, (list, tuple, dict)):
+            if id(v) in inside:
+                raise CaptureError("an argument contains itself (a list, tuple or dict that "
+                                   "holds itself); pass plain nested containers")
+            items = v.values() if isinstance(v, dict) else v
+            return any([on_cuda(x, inside | {id(v)}) for x in items])  # walk all: find cycles
+        return False
+
+    return "cuda" if any(on_cuda(v, frozenset()) for v in (*args, *kwargs.values())) else "cpu"
 
 
 def write_pair(source_path: Path, source: bytes, cache_path: Path, cache: bytes) -> None:

@@ -278,7 +278,9 @@ def fetch(root: Path, key: str, name: str, dest: Path) -> tuple[Optional[dict], 
 
 def store(root: Path, key: str, name: str, source: Path, cache: Path, info: PairInfo,
           *, seconds: float, capture_device: Any, components: Mapping[str, Any]) -> None:
-    """Write entry ``key`` atomically (temp dir beside it, fsync, rename).
+    """Write entry ``key`` atomically (temp dir beside it, then rename; no fsync:
+    :func:`fetch` checks every file's sha256, so an entry torn by a crash is
+    recaptured, never used).
 
     Call with :func:`lock` held. Raises OSError when the cache cannot be written.
     """
@@ -289,18 +291,13 @@ def store(root: Path, key: str, name: str, source: Path, cache: Path, info: Pair
         for role, src in (("source", source), ("cache", cache)):
             dst = tmp / src.name
             shutil.copyfile(src, dst)
-            with open(dst, "rb+") as f:
-                os.fsync(f.fileno())
             files[role] = {"path": src.name, **_file_meta(dst)}
         meta = {"format": ENTRY_FORMAT, "version": ENTRY_VERSION, "key": key,
                 "target": name, "engine": info.engine, "device": info.device,
                 "capture_seconds": round(seconds, 3), "capture_device": capture_device,
                 "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                 "files": files, "components": components}
-        with open(tmp / ENTRY_JSON, "w", encoding="utf-8") as f:
-            json.dump(meta, f, indent=2, sort_keys=True)
-            f.flush()
-            os.fsync(f.fileno())
+        (tmp / ENTRY_JSON).write_text(json.dumps(meta, indent=2, sort_keys=True), encoding="utf-8")
         if (root / key).exists():
             discard(root / key)
         os.replace(tmp, root / key)

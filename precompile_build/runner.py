@@ -241,12 +241,14 @@ def _acquire(b: _Build, target: TargetSettings, lock: Any) -> bool:
 
 def _reused(b: _Build, target: TargetSettings, device: str, key: str, meta: dict,
             start: float) -> CaptureResult:
+    reused = b.work / "reused" / target.name
     r = CaptureResult(target.name, "ok", target.required, device,
-                      time.monotonic() - start, None,
-                      b.work / "reused" / target.name / f"{target.name}.py",
-                      b.work / "reused" / target.name / f"{target.name}.cache",
-                      meta["info"], meta.get("capture_device"), "reused", None, key,
-                      meta.get("capture_seconds"))
+                      seconds=time.monotonic() - start,
+                      source_path=reused / f"{target.name}.py",
+                      cache_path=reused / f"{target.name}.cache",
+                      info=meta["info"], device_index=meta.get("capture_device"),
+                      origin="reused", cache_key=key,
+                      capture_seconds=meta.get("capture_seconds"))
     b.progress.say(f"precompile: {target.name}: ok on {device} in {r.seconds:.1f} s "
                    f"({_sizes(r)}), reused (key {key[:12]}…)")
     return r
@@ -277,8 +279,9 @@ def _capture(b: _Build, target: TargetSettings, device: str, why: str,
     if reason is not None:
         return _fail_or_skip(b, target, required, where, reason, log_path, seconds)
     r = CaptureResult(target.name, "ok", target.required, device,
-                      time.monotonic() - start, None, src, cache, info, _index(gpu),
-                      "captured", why, key, seconds)
+                      seconds=time.monotonic() - start, source_path=src, cache_path=cache,
+                      info=info, device_index=_index(gpu), origin="captured", why=why,
+                      cache_key=key, capture_seconds=seconds)
     b.progress.say(f"precompile: {target.name}: ok on {where} in {seconds:.1f} s "
                    f"({_sizes(r)}), captured (why: {why})")
     return r
@@ -294,7 +297,8 @@ def _fail_or_skip(b: _Build, target: TargetSettings, required: bool, device: str
                     + log_tail(log_path))
         raise CaptureError(f"Capture of target {target.name!r} failed: {reason}" + tail)
     b.progress.say(f"precompile: {target.name}: left out ({reason})")
-    return CaptureResult(target.name, "failed", False, device.split(":")[0], seconds, reason)
+    return CaptureResult(target.name, "failed", False, device.split(":")[0], seconds=seconds,
+                         reason=reason)
 
 
 def _keep_log(log_path: Path, name: str) -> Path:

@@ -577,3 +577,16 @@ def test_capture_arguments_of_the_wrong_kind_say_which(tmp_path, kwargs, message
     args = dict(_paths(tmp_path), **kwargs)
     with pytest.raises(TypeError, match=message):
         precompile_build.capture(lambda x: x, **args)
+
+
+def test_an_argument_that_contains_itself_is_refused(tmp_path):
+    loop = [torch.randn(2)]
+    loop.append(loop)
+    with pytest.raises(CaptureError, match="an argument contains itself"):
+        with precompile_build.capture(lambda x: x[0], engine="eager", **_paths(tmp_path)) as f:
+            f(loop)
+    assert not list(tmp_path.iterdir())
+    shared = [torch.randn(2)]  # the same list twice is fine
+    with precompile_build.capture(lambda a, b: a[0] + b[0], engine="eager", **_paths(tmp_path)) as f:
+        f(shared, shared)
+    assert (tmp_path / "t.py").exists()

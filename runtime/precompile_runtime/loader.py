@@ -28,7 +28,6 @@ across processes.
 from __future__ import annotations
 
 import atexit
-import hashlib
 import linecache
 import os
 import shutil
@@ -208,9 +207,8 @@ def _load(package: str, name: str, strict: bool) -> _Loaded:
         text = None
         variant = chosen
 
-    source, cache = _read_pair(data, ctx, variant)
+    source, cache, code_hash = _read_pair(data, ctx, variant)
     engine = variant["engine"]
-    code_hash = _envelope.sha256_hex(source)
     if engine == "torch":
         from . import torch_pairs  # lazy: imports torch
 
@@ -287,8 +285,10 @@ def _mismatch_text(ctx: str, variants: list[dict[str, Any]], reports: list[list[
     return "\n".join(lines)
 
 
-def _read_pair(data: Any, ctx: str, variant: dict[str, Any]) -> tuple[bytes, bytes]:
-    out = []
+def _read_pair(data: Any, ctx: str, variant: dict[str, Any]) -> tuple[bytes, bytes, str]:
+    """(source, cache, sha256 of the source = its code_hash), both files checked
+    against the manifest's size, sha256 and code_hash."""
+    out, digests = [], []
     for role in ("source", "cache"):
         entry = variant["files"][role]
         rel = entry["path"]
@@ -316,14 +316,14 @@ def _read_pair(data: Any, ctx: str, variant: dict[str, Any]) -> tuple[bytes, byt
                 f"the file has {digest}; the file was modified, reinstall the package"
             )
         out.append(blob)
-    source, cache = out
-    src_hash = _envelope.sha256_hex(source)
+        digests.append(digest)
+    (source, cache), src_hash = out, digests[0]
     if variant["code_hash"] != src_hash:
         raise IntegrityError(
             f"{ctx}: {DATA_DIR}/{variant['files']['source']['path']}: code_hash check failed: "
             f"the manifest records code_hash {variant['code_hash']}, the source has {src_hash}"
         )
-    return source, cache
+    return source, cache, src_hash
 
 
 def _exec_source(package: str, name: str, rel: str, source: bytes) -> types.ModuleType:
@@ -382,13 +382,14 @@ def _unpack(ctx: str, code_hash: str, env: _envelope.Envelope) -> str:
 
 
 def _verify_dir(path: str, env: _envelope.Envelope, names: dict[str, list[str]]) -> bool:
+    """Whether every file of an unpacked entry equals its blob (the blobs were
+    verified against their sha256 when the envelope was read: compare bytes)."""
     for name, parts in names.items():
         try:
             with open(os.path.join(path, *parts), "rb") as f:
-                digest = hashlib.sha256(f.read()).hexdigest()
+                if f.read() != env.blobs[name]:
+                    return False
         except OSError:
-            return False
-        if digest != _envelope.sha256_hex(env.blobs[name]):
             return False
     return True
 
