@@ -58,8 +58,9 @@ def _sha256_file(path: Path) -> str:
 
 
 def package_digest(package_dir: Path) -> str:
-    """sha256 over every file under ``package_dir`` (path-sorted, relative paths and
-    contents), except the top-level ``_precompiled/`` and any ``__pycache__/``."""
+    """sha256 (64 hex characters) over every file under ``package_dir`` (path-sorted,
+    relative paths and contents), except the top-level ``_precompiled/`` and any
+    ``__pycache__/``. Raises OSError when a file cannot be read."""
     files = []
     for base, dirs, names in os.walk(package_dir):
         rel_base = Path(base).relative_to(package_dir)
@@ -182,6 +183,14 @@ def key_components(settings: Settings, target: TargetSettings, device: str,
     ``timeout`` and ``required`` are left out (they change no artifact). The
     declared ``env`` table is part of the target config; ``cache-env`` names and
     :data:`CAPTURE_ENV` are looked up in ``os.environ``, unset as None.
+
+    Args:
+        device: ``"cpu"`` or ``"cuda"``.
+        fingerprint: :func:`host_fingerprints`'s value for ``device``.
+        package_sha256: :func:`package_digest` of the project's package.
+    Raises:
+        OSError: the script or the tool's own files cannot be read (the runner then
+            builds without the cache).
     """
     import precompile_runtime
     from precompile_runtime.fingerprint import cpu_flags
@@ -224,7 +233,8 @@ def cache_key(components: Mapping[str, Any]) -> str:
 
 
 def lock(root: Path, key: str) -> filelock.FileLock:
-    """The file lock of entry ``key`` (``<root>/<key>.lock``; creates ``root``)."""
+    """The file lock of entry ``key`` (``<root>/<key>.lock``; creates ``root``, raising
+    OSError when it cannot)."""
     _ensure_root(root)
     return filelock.FileLock(str(root / f"{key}.lock"))
 
@@ -282,6 +292,11 @@ def store(root: Path, key: str, name: str, source: Path, cache: Path, info: Pair
     :func:`fetch` checks every file's sha256, so an entry torn by a crash is
     recaptured, never used).
 
+    Args:
+        seconds: how long the capture took (wall seconds).
+        capture_device: the CUDA device it ran on (index or CUDA_VISIBLE_DEVICES
+            entry), None for cpu.
+        components: :func:`key_components` of the entry, kept for `why` reports.
     Call with :func:`lock` held. Raises OSError when the cache cannot be written.
     """
     _ensure_root(root)

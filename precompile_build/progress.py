@@ -37,7 +37,7 @@ def last_log_line(path: Path) -> str:
 
 
 def human_size(n: float) -> str:
-    """``185 B``, ``1.2 KiB``, ``3.4 MiB``, ``1.0 GiB``."""
+    """``n`` bytes as ``185 B``, ``1.2 KiB``, ``3.4 MiB``, ``1.0 GiB`` (powers of 1024)."""
     for unit in ("B", "KiB", "MiB"):
         if n < 1024:
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"

@@ -108,8 +108,9 @@ def script_env(settings: Settings, target: TargetSettings, device: str,
 
 
 def wait(proc: subprocess.Popen, timeout: float, abort: threading.Event) -> Optional[str]:
-    """Wait for the script; returns the failure reason, or None for exit status 0.
-    Kills the script's process group on timeout, ``abort`` or an exception."""
+    """Wait for the script at most ``timeout`` seconds; returns the failure reason, or
+    None for exit status 0. Kills the script's process group on timeout, ``abort`` or
+    an exception."""
     deadline = time.monotonic() + timeout
     try:
         while True:
@@ -136,12 +137,18 @@ def run_script(settings: Settings, target: TargetSettings, device: str, gpu: Opt
     """Run one target's script (see the module docstring).
 
     Args:
+        settings: the project's settings (project root, verbosity).
+        target: the target to run (script, args, env, timeout in seconds).
+        device: ``"cpu"`` or ``"cuda"``; sets PRECOMPILE_DEVICE (and hides GPUs for cpu).
         gpu: ``CUDA_VISIBLE_DEVICES`` for a cuda capture (None: inherited).
         work: the build's temp directory; the pair goes to ``work/pairs/NAME/``.
         verbose: also stream the output to stderr, lines prefixed ``[NAME]``.
         abort: set by the build to stop the script (reason :data:`CANCELLED`).
     Returns:
         (failure reason or None, source path, cache path, log path).
+    Raises:
+        OSError: the pair or log directory cannot be created, or the interpreter
+            cannot be started.
     """
     out = work / "pairs" / target.name
     out.mkdir(parents=True, exist_ok=True)

@@ -35,7 +35,7 @@ class Slots:
         self._gpus = list(gpus) or [None]
 
     def acquire(self, device: str, abort: threading.Event) -> tuple[bool, Optional[str]]:
-        """Wait for a slot for a ``cpu`` or ``cuda`` capture.
+        """Wait for a slot for a capture on ``device`` (``"cpu"`` or ``"cuda"``).
 
         Returns:
             ``(True, gpu)`` with the GPU to use (None: cpu, or no GPU list), or

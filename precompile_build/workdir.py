@@ -30,6 +30,8 @@ def _alive(pid: int) -> bool:
 def sweep_stale(parent: str | None = None) -> list[Path]:
     """Remove ``<tmp>/precompile-build-<pid>-*`` dirs whose process no longer runs.
 
+    Args:
+        parent: the directory to sweep (default: ``tempfile.gettempdir()``).
     Returns:
         the paths removed.
     """
@@ -45,7 +47,8 @@ def sweep_stale(parent: str | None = None) -> list[Path]:
 
 @contextlib.contextmanager
 def build_tempdir() -> Iterator[str]:
-    """A fresh temp dir for one build (removed at exit), after sweeping stale ones."""
+    """A fresh temp dir for one build (yields its path, a str; removed at exit), after
+    sweeping stale ones. Raises OSError when it cannot be created."""
     sweep_stale()
     path = tempfile.mkdtemp(prefix=f"{PREFIX}{os.getpid()}-")
     try:

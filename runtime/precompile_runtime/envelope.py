@@ -30,6 +30,7 @@ MAGIC = b"PCBCACHE"
 FORMAT = "precompile-build.cache"
 VERSION = 1
 _MAX_HEADER = 16 * 1024 * 1024  # bytes; a header past this is corrupt, not big
+# exactly these keys: a writer that adds one must bump VERSION (readers refuse others)
 _HEADER_KEYS = {"format", "version", "engine", "code_hash", "fingerprint", "meta", "blobs"}
 
 
