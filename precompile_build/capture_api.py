@@ -16,13 +16,14 @@ from typing import Any, Callable, Mapping
 from precompile_runtime.envelope import write_atomic
 
 from . import engines
+from .engines import tracers
 from .errors import CaptureError
 
 
 class Capture:
     """Returned by :func:`capture`; use it as ``with capture(fn) as f: f(...)``."""
 
-    def __init__(self, fn, artifact_path, cache_path, engine, backend, target, options):
+    def __init__(self, fn, artifact_path, cache_path, engine, backend, target, options, tracer="auto"):
         self._fn = fn
         self.artifact_path = artifact_path
         self.cache_path = cache_path
@@ -30,6 +31,7 @@ class Capture:
         self.backend = backend
         self.target = target
         self._options = options
+        self.tracer = tracer
         self._pair: tuple[bytes, bytes] | None = None
         self.calls = 0
 
@@ -50,6 +52,8 @@ class Capture:
         options = dict(self._options)
         if engine == "torch":
             options["backend"] = self.backend
+        else:  # the torch engine's "tracer" option means torch's own tracers
+            options.setdefault("tracer", self.tracer)
         # the capture traces clones: the real call below is the only one with effects
         self._pair = engines.get(engine).capture_pair(
             self._fn, args, kwargs, target=self.target, device=device, options=options,
@@ -129,6 +133,7 @@ def capture(
     backend: str = "inductor",
     target: str | None = None,
     options: dict[str, Any] | None = None,
+    tracer: str | None = None,
 ) -> Capture:
     """Capture ``fn`` into an artifact pair.
 
@@ -147,12 +152,16 @@ def capture(
         target: the name in messages (default: env ``PRECOMPILE_TARGET``, else the
             artifact file's stem).
         options: engine options; ``{"inductor": {...}}`` is passed to Inductor.
+        tracer: how the frozen and eager engines turn the call into a graph:
+            ``"auto"`` (torch.export, make_fx for a training step or where export
+            fails), ``"export"``, ``"export-strict"`` or ``"make_fx"``; default: env
+            ``PRECOMPILE_TRACER`` (set from the target's ``tracer`` key), else auto.
     Returns:
         a :class:`Capture` context manager.
     Raises:
         CaptureError: no paths given and none in the environment; at the first call
             if the call cannot be captured; at exit if no call was made.
-        ValueError: unknown engine or backend.
+        ValueError: unknown engine, backend or tracer.
         TypeError: ``fn`` is not callable; a path is not a str/PathLike or is a
             directory; ``options`` is not a mapping.
     """
@@ -174,6 +183,7 @@ def capture(
         if not isinstance(value, (str, os.PathLike)) or Path(value).is_dir():
             raise TypeError(f"precompile_build.capture: {name}={value!r} must be a file path "
                             "(str or os.PathLike), not a directory")
+    tracer = tracers.check_tracer(tracer)
     if options is not None and not isinstance(options, Mapping):
         raise TypeError(f"precompile_build.capture: options must be a dict, e.g. "
                         f"{{'inductor': {{...}}}}, not {type(options).__name__}")
@@ -183,4 +193,5 @@ def capture(
             "the source half and the cache half need two files (e.g. NAME.py and NAME.cache)"
         )
     target = target or os.environ.get("PRECOMPILE_TARGET") or Path(artifact_path).stem
-    return Capture(fn, Path(artifact_path), Path(cache_path), engine, backend, target, dict(options or {}))
+    return Capture(fn, Path(artifact_path), Path(cache_path), engine, backend, target, dict(options or {}),
+                   tracer=tracer)

@@ -173,7 +173,7 @@ def host_fingerprints(devices: Iterable[str], memo_dir: Optional[Path] = None) -
 
 
 # Variables every capture reads (precompile_build.engines.resolve): always in the key.
-CAPTURE_ENV = ("PRECOMPILE_ENGINE",)
+CAPTURE_ENV = ("PRECOMPILE_ENGINE", "PRECOMPILE_TRACER")
 
 
 def key_components(settings: Settings, target: TargetSettings, device: str,
@@ -206,7 +206,7 @@ def key_components(settings: Settings, target: TargetSettings, device: str,
         "package_sha256": package_sha256,
         "target": {"name": target.name, "script": target.script_rel,
                    "args": list(target.args), "device": device,
-                   "env": dict(sorted(target.env.items()))},
+                   "env": dict(sorted(target.env.items())), "tracer": target.tracer},
         "cache_env": {n: os.environ.get(n) for n in sorted({*target.cache_env, *CAPTURE_ENV})},
         "fingerprint": fingerprint,
         "cpu_flags": hashlib.sha256(" ".join(sorted(cpu_flags())).encode()).hexdigest(),

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping, Optional
 
+from .engines.tracers import TRACERS
 from .errors import ConfigError
 
 if sys.version_info >= (3, 11):
@@ -56,6 +57,10 @@ class TargetSettings:
     cache_env: tuple[str, ...] = ()
     """`cache-env`: names of environment variables the capture depends on; their
     values (unset counts too) are part of the capture cache key."""
+    tracer: Optional[str] = None
+    """`tracer`: how the frozen/eager engines trace the call: `auto`, `export`,
+    `export-strict` or `make_fx` (engines/tracers.py); passed to the script as
+    PRECOMPILE_TRACER. None: the environment's PRECOMPILE_TRACER, else auto."""
 
 
 @dataclass(frozen=True)
@@ -92,7 +97,7 @@ class Settings:
 
 # Keys of the tables, kebab-case as written in TOML.
 TOP_KEYS = ("package", "targets", "torch-pin", "cache", "cache-dir", "jobs")
-TARGET_KEYS = ("script", "args", "device", "timeout", "env", "required", "cache-env")
+TARGET_KEYS = ("script", "args", "device", "timeout", "env", "required", "cache-env", "tracer")
 # Override keys: config setting `precompile.KEY` / environment variable. Names the
 # runtime also reads get a BUILD_ infix (PRECOMPILE_STRICT, PRECOMPILE_CACHE_DIR).
 OVERRIDES = {"skip": "PRECOMPILE_SKIP", "targets": "PRECOMPILE_TARGETS",
@@ -206,8 +211,12 @@ def _parse_target(name: Any, raw: Any, root: Path) -> TargetSettings:
             isinstance(n, str) and _ENV_NAME.match(n) for n in cache_env):
         raise _fail(f"`{key}.cache-env` must be an array of environment variable names "
                     "(letters, digits, underscores; not starting with a digit)")
+    tracer = raw.get("tracer")
+    if tracer is not None and tracer not in TRACERS:
+        raise _fail(f"`{key}.tracer` must be one of {', '.join(map(repr, TRACERS))}, not {tracer!r}")
     return TargetSettings(name, script, script_rel, tuple(args), device,
-                          float(timeout), dict(env), required, tuple(dict.fromkeys(cache_env)))
+                          float(timeout), dict(env), required, tuple(dict.fromkeys(cache_env)),
+                          tracer=tracer)
 
 
 def find_package(root: Path, name: str | None) -> tuple[str, Path]:

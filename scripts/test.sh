@@ -12,10 +12,14 @@ make_venv .venv-test "${deps[@]}"
 .venv-test/bin/python -m pip install -q -e ./runtime -e .
 .venv-test/bin/python -m pytest -q -p no:cacheprovider tests example_project/tests "$@"
 
-echo "== tests under torch 2.14.1 (the torch engine)"
-TORCH_SPEC=torch==2.14.1 make_venv .venv-torch214 "${deps[@]}"
+echo "== tests under torch 2.14.1 (the torch engine; the transformers/timm model matrix)"
+# torchvision (timm needs it) exists for this torch; transformers pinned: the matrix's
+# tiny configs are tested at this version (the GPU host has it too)
+TORCH_SPEC=torch==2.14.1 make_venv .venv-torch214 "${deps[@]}" torchvision==0.29.1 transformers==5.17.0 timm==1.0.31
 .venv-torch214/bin/python -m pip install -q -e ./runtime -e .
-# the torch engine's tests, and the frozen engine's cases and the example project
+# the torch engine's tests, the frozen engine's cases, the tracers, the example project
 # built with each engine (the frozen engine must keep working on the newest torch too)
+# and the model matrix
 .venv-torch214/bin/python -m pytest -q -p no:cacheprovider \
-  tests/test_torch_engine.py tests/test_frozen_engine.py tests/test_example_project.py "$@"
+  tests/test_torch_engine.py tests/test_frozen_engine.py tests/test_tracers.py \
+  tests/test_example_project.py tests/test_models.py "$@"

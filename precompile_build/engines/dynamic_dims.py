@@ -36,6 +36,7 @@ from typing import Any
 from unittest import mock
 
 from ..errors import CaptureError
+from .layouts import memory_layout
 
 DEFAULT_MIN = 1  # an unmarked lower bound: serve every non-empty size
 
@@ -68,9 +69,7 @@ def _fmt(lo: int, hi: int | None) -> str:
     return f"[{lo}, {'inf' if hi is None else hi}]"
 
 
-def _check_marks(t, marks: dict, path: str, target: str) -> None:
-    from .tracing import memory_layout  # (tracing imports this module)
-
+def check_marks(t, marks: dict, path: str, target: str) -> None:
     for d, (lo, hi) in marks.items():
         size = t.shape[d]
         if lo < 0:
@@ -116,7 +115,7 @@ def fake_inputs(example: list, n_params: int, marks: list, paths: list, target: 
     for i, t in enumerate(example):
         dims = marks[i - n_params] if i >= n_params else {}
         if dims:
-            _check_marks(t, dims, paths[i - n_params], target)
+            check_marks(t, dims, paths[i - n_params], target)
         ctx = StatelessSymbolicContext(
             dynamic_sizes=[DimDynamic.DYNAMIC if d in dims else DimDynamic.STATIC for d in range(t.dim())],
             constraint_sizes=[

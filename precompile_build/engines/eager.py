@@ -25,7 +25,7 @@ def capture_pair(fn, args, kwargs, *, target: str, device: str, options: dict) -
     """
     from precompile_runtime.fingerprint import host_fingerprint
 
-    traced = trace_call(fn, args, kwargs, target=target)
+    traced = trace_call(fn, args, kwargs, target=target, tracer=options.get("tracer"))
     traced.finish_dynamic(target)
     metadata = dict(traced.metadata, engine="eager", kernels=[])
     source = codegen.render(metadata, codegen.graph_source(traced.graph_module), None).encode()

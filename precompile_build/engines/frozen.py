@@ -55,7 +55,7 @@ def capture_pair(fn, args, kwargs, *, target: str, device: str, options: dict) -
         CaptureError: the call cannot be captured, a kernel cannot be frozen, or the
             frozen wrapper's results differ from the captured graph's.
     """
-    traced = trace_call(fn, args, kwargs, target=target)
+    traced = trace_call(fn, args, kwargs, target=target, tracer=options.get("tracer"))
     source, blobs, fingerprint = _compile(traced, target, options)
     code_hash = hashlib.sha256(source).hexdigest()
     env = Envelope(

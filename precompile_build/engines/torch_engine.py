@@ -368,8 +368,8 @@ def inspect_torch_pair(source_bytes: bytes, cache_bytes: bytes, *, what: str = "
         cache_bytes: the exact bytes of the cache file.
         what: how to name the pair in messages (e.g. its paths).
     Returns:
-        ``PairInfo(engine="torch", code_hash, fingerprint, device, meta)`` from
-        ``precompile_build.pairs`` (a dict with those keys where that module is absent).
+        a dict with the keys ``engine`` (``"torch"``), ``code_hash``, ``fingerprint``,
+        ``device`` and ``meta`` (``precompile_build.pairs`` makes it a ``PairInfo``).
         ``fingerprint`` is ``host_fingerprint(device)`` of this (the capture) host, plus
         ``cpu_isa`` for inductor CPU pairs and ``engine_key``; ``device`` is ``"cuda"``
         when torch recorded any CUDA input/param/buffer, else ``"cpu"``; ``meta`` holds
@@ -418,16 +418,6 @@ def inspect_torch_pair(source_bytes: bytes, cache_bytes: bytes, *, what: str = "
         "has_artifact": artifact is not None,
         "artifact_size": len(artifact) if isinstance(artifact, (bytes, bytearray)) else 0,
     }
-    try:
-        from ..pairs import PairInfo
-    except ImportError:
-        return {
-            "engine": "torch",
-            "code_hash": code_hash,
-            "fingerprint": fingerprint,
-            "device": device,
-            "meta": info_meta,
-        }
-    return PairInfo(
-        engine="torch", code_hash=code_hash, fingerprint=fingerprint, device=device, meta=info_meta
-    )
+    # a plain dict: pairs.py (which imports this module lazily) makes it a PairInfo
+    return {"engine": "torch", "code_hash": code_hash, "fingerprint": fingerprint, "device": device,
+            "meta": info_meta}

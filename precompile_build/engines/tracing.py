@@ -1,7 +1,7 @@
 """Capture one call as a flat ATen graph with a recorded calling convention.
 
-``trace_call(fn, args, kwargs)`` runs ``make_fx`` (a non-strict trace of the ATen ops
-that run for the example call) over a flat function of tensors:
+``trace_call(fn, args, kwargs)`` traces (tracers.py: torch.export by default, make_fx
+for a training step) a flat function of tensors:
 
     flat inputs  = lifted parameters and buffers of every nn.Module argument
                    (tied tensors collapsed by identity), then the tensor leaves of
@@ -13,8 +13,8 @@ Non-tensor leaves of the arguments and of the result are specialised (recorded a
 constants and checked at call time). Buffers mutated in place stay in the graph as
 in-place ops on inputs. This is the programming model of torch.compiler.precompile
 (torch/_precompile.py): specialised shapes and control flow, no weights in the pair.
-Dimensions marked with ``torch._dynamo.mark_dynamic`` stay symbolic instead: the
-trace then runs on fake tensors (dynamic_dims.py).
+Dimensions marked with ``torch._dynamo.mark_dynamic`` stay symbolic instead
+(dynamic_dims.py).
 """
 
 from __future__ import annotations
@@ -25,7 +25,8 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from ..errors import CaptureError
-from . import dynamic_dims
+from . import dynamic_dims, tracers
+from .layouts import example_clone  # noqa: F401  (re-exported for the engines)
 
 _LITERALS = (int, float, bool, str, type(None))
 
@@ -58,33 +59,6 @@ def _tensor_spec(t, requires_grad: bool) -> dict:
         "stride": list(t.stride()),
         "requires_grad": bool(requires_grad),
     }
-
-
-def example_clone(t):
-    """A detached copy in the layout the pair is compiled (and its calls checked) for:
-    canonical strides for a contiguous example (torch leaves a size-1 dim's stride
-    arbitrary), the example's own strides otherwise (a slice with gaps, channels-last),
-    contiguous where the example overlaps itself (an expand)."""
-    import torch
-
-    t = t.detach()
-    if t.is_contiguous() or memory_layout(t) == "overlapping":
-        return t.clone(memory_format=torch.contiguous_format)
-    return torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=t.device).copy_(t)
-
-
-def memory_layout(t) -> str:
-    """``"dense"`` (the elements fill their memory in some dim order), ``"gapped"``
-    (a slice: unused memory between them) or ``"overlapping"`` (two indices share
-    memory, as after an expand): the tensor's dims, sorted by stride, must nest."""
-    span, kind = 1, "dense"
-    for st, n in sorted((st, n) for st, n in zip(t.stride(), t.shape) if n != 1):
-        if st < span:
-            return "overlapping"
-        if st > span:
-            kind = "gapped"
-        span = st * n
-    return kind
 
 
 def _input_spec(value, modules: list, tensors: list, path: str):
@@ -172,13 +146,15 @@ def _reparametrize(modules, names, tensors):
     return stack
 
 
-def trace_call(fn: Callable, args: tuple, kwargs: dict, *, target: str) -> TracedCall:
+def trace_call(fn: Callable, args: tuple, kwargs: dict, *, target: str, tracer: str | None = None) -> TracedCall:
     """Trace ``fn(*args, **kwargs)`` into a flat ATen graph.
 
     Args:
         fn: the function to capture; nn.Module arguments are lifted.
         args, kwargs: the real example call.
         target: the target name, for messages.
+        tracer: ``"auto"`` (default; also from ``PRECOMPILE_TRACER``), ``"export"``,
+            ``"export-strict"`` or ``"make_fx"``: see tracers.py.
     Returns:
         a :class:`TracedCall`. The trace runs on clones of every tensor: the real
         arguments (models included) are left untouched.
@@ -187,8 +163,11 @@ def trace_call(fn: Callable, args: tuple, kwargs: dict, *, target: str) -> Trace
             the graph (closed-over tensors), or a failure inside the trace.
     """
     import torch
-    from torch.fx.experimental.proxy_tensor import make_fx
 
+    try:
+        tracer = tracers.check_tracer(tracer)
+    except ValueError as e:
+        raise CaptureError(f"target {target!r}: {e}") from None
     modules: list = []
     user_tensors: list = []
     arg_names = _arg_names(fn, len(args))
@@ -250,22 +229,15 @@ def trace_call(fn: Callable, args: tuple, kwargs: dict, *, target: str) -> Trace
     if any(dynamic_dims.marked_dims(p) for p in params):
         warnings.warn(f"target {target!r}: a parameter/buffer is marked dynamic; parameters keep "
                       "their captured sizes, the mark is ignored", stacklevel=2)
-    symbolic = None
     try:
-        if any(marks):  # marked dims stay symbolic: trace on fake tensors
-            with dynamic_dims.size_oblivious():
-                fakes, symbolic = dynamic_dims.fake_inputs(example, n_params, marks, paths, target)
-                gm = make_fx(flat_fn, tracing_mode="symbolic")(*fakes)
-        else:
-            gm = make_fx(flat_fn, tracing_mode="real")(*[example_clone(t) for t in example])
+        traced = tracers.trace(flat_fn, example, n_params=n_params, marks=marks, paths=paths, target=target,
+                               tracer=tracer,
+                               ran_backward=lambda: bool(out_box.get("grad_indices")))
     except CaptureError as e:
         if str(e).startswith("target "):
             raise
         raise CaptureError(f"target {target!r}: {e}") from None
-    except Exception as e:
-        raise CaptureError(
-            f"target {target!r}: tracing failed: {type(e).__name__}: {e}"
-        ) from e
+    gm, symbolic = traced.graph_module, traced.symbolic
     constants = [n.target for n in gm.graph.nodes if n.op == "get_attr"]
     if constants:
         raise CaptureError(
@@ -288,6 +260,7 @@ def trace_call(fn: Callable, args: tuple, kwargs: dict, *, target: str) -> Trace
         "training": [_training_flags(m) for m in modules],
         "arg_names": arg_names,
         "mutated_inputs": _mutated_inputs(gm),
+        "tracer": traced.tracer,
     }
     return TracedCall(graph_module=gm, example_inputs=example, metadata=metadata, symbolic=symbolic)
 

@@ -1,0 +1,297 @@
+"""Tracers: how the flat function of one captured call becomes an ATen graph.
+
+The flat function (tracing.py) takes the lifted parameters/buffers and the tensor
+leaves of the arguments, and returns the tensor leaves of the result (then the
+parameter gradients of a captured backward). A tracer turns it into a
+``torch.fx.GraphModule`` of ATen ops over the same flat inputs and outputs, with
+in-place writes to inputs (mutated buffers) kept as in-place ops:
+
+=================  ==========================================================  ============
+tracer             what runs                                                   libraries see
+=================  ==========================================================  ============
+``export``         ``torch.export.export(strict=False)``, then                 ``torch.compiler.is_compiling()``
+                   ``run_decompositions({})`` (functional ATen; input           and ``is_exporting()`` True:
+                   mutations become ``copy_`` back into the input)             their trace-friendly paths
+``export-strict``  the same with ``strict=True`` (TorchDynamo reads the         the same
+                   bytecode; slower, refuses more, catches side effects)
+``make_fx``        ``make_fx`` (real tensors; fake tensors with symbols when   the same (set here, as
+                   dims are marked dynamic, see dynamic_dims.py)               export does)
+=================  ==========================================================  ============
+
+``auto`` (the default) is ``export``, with two exceptions. A call that runs a
+backward (``loss.backward()`` inside: the trace produced parameter gradients) is
+traced with ``make_fx``: its joint trace of forward and backward is what the frozen
+engine has always served, where torch.export's IR is an inference graph. And when
+export fails, ``make_fx`` is tried: on real tensors it can take a data-dependent
+branch (``if x.sum() > 0``) that export refuses; a failure of both names both.
+Dynamic dims map onto export's ``dynamic_shapes`` as ``Dim.AUTO(min=, max=)``, so
+export specialises instead of raising and :func:`dynamic_dims.finish` reports what
+the code did to each marked dim with the same messages for every tracer.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import traceback
+import warnings
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from ..errors import CaptureError
+from . import dynamic_dims
+from .layouts import example_clone
+
+TRACERS = ("auto", "export", "export-strict", "make_fx")
+
+
+@dataclass
+class Traced:
+    graph_module: Any  # torch.fx.GraphModule over the flat inputs
+    symbolic: Any  # dynamic_dims.SymbolicTrace, or None when no dim is marked
+    tracer: str  # the tracer that made the graph: "export", "export-strict" or "make_fx"
+
+
+def check_tracer(tracer: str | None) -> str:
+    """``tracer`` (or the ``PRECOMPILE_TRACER`` variable when None/empty), validated.
+
+    Raises:
+        ValueError: not one of :data:`TRACERS`.
+    """
+    value = tracer or os.environ.get("PRECOMPILE_TRACER", "").strip() or "auto"
+    if value not in TRACERS:
+        raise ValueError(f"tracer={value!r} is not one of {', '.join(map(repr, TRACERS))} "
+                         "(from the capture call, the target's `tracer` or PRECOMPILE_TRACER)")
+    return value
+
+
+@contextlib.contextmanager
+def compiling_state():
+    """``torch.compiler.is_compiling()`` and ``is_exporting()`` answer True inside, as
+    under torch.export (torch/export/_trace.py ``_compiling_state_context``): library
+    code (transformers, timm) then skips data-dependent checks such as
+    ``if mask.all():`` and takes the paths it takes under torch.compile."""
+    import torch.compiler as tc
+
+    flags = [f for f in ("_is_compiling_flag", "_is_exporting_flag") if hasattr(tc, f)]
+    saved = {f: getattr(tc, f) for f in flags}
+    for f in flags:
+        setattr(tc, f, True)
+    try:
+        yield
+    finally:
+        for f, v in saved.items():
+            setattr(tc, f, v)
+
+
+def trace(flat_fn: Callable, example: list, *, n_params: int, marks: list, paths: list,
+          target: str, tracer: str, ran_backward: Callable[[], bool]) -> Traced:
+    """Trace ``flat_fn(*example)`` with ``tracer`` (see the module docstring).
+
+    Args:
+        flat_fn: the flat function (tensors in, tuple of tensors out).
+        example: flat example tensors, lifted parameters first (``n_params`` of them);
+            they are cloned for every trace.
+        marks: per user tensor, its marked dims ``{dim: (min, max|None)}``.
+        paths: per user tensor, its argument path, for messages.
+        target: the target name, for messages.
+        tracer: one of :data:`TRACERS` (already checked).
+        ran_backward: answers, after a trace, whether that trace computed parameter
+            gradients (a backward inside the call).
+    Returns:
+        a :class:`Traced`.
+    Raises:
+        CaptureError: the trace failed; the message names the tracer(s), the error,
+            the line of user or library code that raised it, and what to try.
+    """
+    if tracer == "make_fx":
+        return _with_message(lambda: _make_fx(flat_fn, example, n_params, marks, paths, target), "make_fx", target)
+    strict = tracer == "export-strict"
+    name = "export-strict" if strict else "export"
+    try:
+        traced = _export(flat_fn, example, n_params, marks, paths, target, strict)
+    except CaptureError:
+        raise
+    except Exception as e:
+        if tracer != "auto":
+            raise _failure(target, [(name, e)]) from e
+        try:
+            traced = _make_fx(flat_fn, example, n_params, marks, paths, target)
+        except CaptureError:
+            raise
+        except Exception as e2:
+            raise _failure(target, [(name, e), ("make_fx", e2)]) from e2
+        where = _culprit(e)
+        warnings.warn(f"target {target!r}: torch.export failed ({_first_line(e)}"
+                      + (f" at {where}" if where else "") + "); traced with make_fx, which "
+                      "specialises data-dependent branches to the example's path", stacklevel=4)
+        return traced
+    if ran_backward():
+        if tracer != "auto":
+            raise CaptureError(
+                f"target {target!r}: the function runs a backward (loss.backward()), which "
+                f"tracer={tracer!r} does not capture; use tracer='make_fx' or 'auto' (the default), "
+                "which trace forward and backward together")
+        return _with_message(lambda: _make_fx(flat_fn, example, n_params, marks, paths, target), "make_fx", target)
+    return traced
+
+
+def _with_message(run: Callable[[], Traced], name: str, target: str) -> Traced:
+    try:
+        return run()
+    except CaptureError:
+        raise
+    except Exception as e:
+        raise _failure(target, [(name, e)]) from e
+
+
+def _make_fx(flat_fn, example, n_params, marks, paths, target) -> Traced:
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    with compiling_state():
+        if any(marks):  # marked dims stay symbolic: trace on fake tensors
+            with dynamic_dims.size_oblivious():
+                fakes, symbolic = dynamic_dims.fake_inputs(example, n_params, marks, paths, target)
+                gm = make_fx(flat_fn, tracing_mode="symbolic")(*fakes)
+            return Traced(gm, symbolic, "make_fx")
+        gm = make_fx(flat_fn, tracing_mode="real")(*[example_clone(t) for t in example])
+    return Traced(gm, None, "make_fx")
+
+
+def _flat_module(flat_fn):
+    """``flat_fn`` as an nn.Module with no parameters (torch.export exports modules;
+    the parameters are already flat inputs)."""
+    import torch
+
+    class FlatCall(torch.nn.Module):
+        def forward(self, *flat):
+            return flat_fn(*flat)
+
+    return FlatCall()
+
+
+def _export(flat_fn, example, n_params, marks, paths, target, strict: bool) -> Traced:
+    import torch
+    from torch.export import Dim
+
+    for t, dims, path in zip(example[n_params:], marks, paths):
+        if dims:
+            dynamic_dims.check_marks(t, dims, path, target)
+    shapes = [None] * n_params + [
+        {d: Dim.AUTO(min=lo, max=hi) if hi is not None else Dim.AUTO(min=lo) for d, (lo, hi) in dims.items()}
+        if dims else None
+        for dims in marks
+    ]
+    inputs = tuple(example_clone(t) for t in example)
+    with (dynamic_dims.size_oblivious() if any(marks) else contextlib.nullcontext()):
+        ep = torch.export.export(_flat_module(flat_fn), inputs, dynamic_shapes=(tuple(shapes),) if any(marks) else None,
+                                 strict=strict)
+        ep = ep.run_decompositions({})
+    gm = _flat_graph(ep, target)
+    symbolic = None
+    if any(marks):
+        placeholders = [n.meta["val"] for n in gm.graph.nodes if n.op == "placeholder"]
+        shape_env = next((s.node.shape_env for v in placeholders for s in v.shape if isinstance(s, torch.SymInt)), None)
+        if shape_env is None:  # every marked dim specialised: finish() says which
+            from torch.fx.experimental.symbolic_shapes import ShapeEnv
+
+            shape_env = ShapeEnv()
+        symbolic = dynamic_dims.SymbolicTrace(shape_env=shape_env, inputs=placeholders,
+                                              fakes=placeholders[n_params:], marks=marks, paths=paths)
+    return Traced(gm, symbolic, "export-strict" if strict else "export")
+
+
+def _flat_graph(ep, target: str):
+    """The exported program's graph as a flat function of the flat inputs: lifted
+    constants (tensors the trace made, script objects) become attributes read with
+    ``get_attr`` (as make_fx records them), and each mutated input gets its new value
+    copied back in place (``aten.copy_``) instead of being returned."""
+    import torch
+    from torch.export.graph_signature import InputKind, OutputKind
+
+    gm, sig = ep.graph_module, ep.graph_signature
+    graph = gm.graph
+    placeholders = [n for n in graph.nodes if n.op == "placeholder"]
+    user_inputs = {}
+    counts = {"tensor": 0, "obj": 0}
+    for node, spec in zip(placeholders, sig.input_specs):
+        if spec.kind == InputKind.USER_INPUT:
+            user_inputs[spec.arg.name] = node
+            continue
+        if spec.kind not in (InputKind.CONSTANT_TENSOR, InputKind.CUSTOM_OBJ):
+            raise CaptureError(f"target {target!r}: torch.export lifted an input of kind {spec.kind.name} "
+                               f"({spec.target}); use tracer='make_fx'")
+        kind = "tensor" if spec.kind == InputKind.CONSTANT_TENSOR else "obj"
+        attr = f"_tensor_constant{counts[kind]}" if kind == "tensor" else f"_torchbind_obj{counts[kind]}"
+        counts[kind] += 1
+        setattr(gm, attr, ep.constants[spec.target])
+        with graph.inserting_before(node):
+            new = graph.get_attr(attr)
+        new.meta.update(node.meta)
+        node.replace_all_uses_with(new)
+        graph.erase_node(node)
+    output = next(n for n in reversed(graph.nodes) if n.op == "output")
+    results = []
+    for value, spec in zip(output.args[0], sig.output_specs):
+        if spec.kind == OutputKind.USER_OUTPUT:
+            results.append(value)
+        elif spec.kind == OutputKind.USER_INPUT_MUTATION:
+            with graph.inserting_before(output):
+                graph.call_function(torch.ops.aten.copy_.default, (user_inputs[spec.target], value))
+        else:
+            raise CaptureError(f"target {target!r}: torch.export returned an output of kind {spec.kind.name}; "
+                               "use tracer='make_fx'")
+    output.args = (tuple(results),)
+    graph.lint()
+    gm.recompile()
+    return gm
+
+
+_OWN_DIRS = None
+
+
+def _culprit(exc: BaseException) -> str:
+    """``file:line: code`` of the innermost frame outside torch, this package and the
+    standard library: the model or library line that broke the trace ("" if none)."""
+    global _OWN_DIRS
+    import sysconfig
+
+    import torch
+
+    if _OWN_DIRS is None:
+        here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+        _OWN_DIRS = (os.path.dirname(os.path.abspath(torch.__file__)) + os.sep, here + os.sep,
+                     sysconfig.get_paths()["stdlib"] + os.sep)
+    frames = []
+    seen = set()
+    e: BaseException | None = exc
+    while e is not None and id(e) not in seen:  # the cause chain: export re-raises
+        seen.add(id(e))
+        frames = traceback.extract_tb(e.__traceback__) + frames
+        e = e.__cause__ or e.__context__
+    for f in reversed(frames):
+        path = os.path.abspath(f.filename)
+        if not path.startswith(_OWN_DIRS) and not f.filename.startswith("<"):
+            return f"{f.filename}:{f.lineno}: {(f.line or '').strip()}"
+    return ""
+
+
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip().splitlines()
+    return f"{type(e).__name__}: {text[0] if text else ''}"[:400]
+
+
+def _failure(target: str, failures: list[tuple[str, BaseException]]) -> CaptureError:
+    parts = []
+    for name, e in failures:
+        where = _culprit(e)
+        parts.append(f"{name}: {_first_line(e)}" + (f" (at {where})" if where else ""))
+    data_dependent = any("data-dependent" in str(e) or "_local_scalar_dense" in str(e)
+                         or "GuardOnDataDependent" in type(e).__name__ for _, e in failures)
+    advice = ["try another tracer (`tracer = \"export-strict\"` or \"make_fx\" in the target, "
+              "or tracer= in precompile_build.capture)"]
+    if data_dependent:
+        advice.insert(0, "the line reads a tensor's value to decide what to run; guard it with "
+                         "`if not torch.compiler.is_compiling():` or compute it without .item()/bool()")
+    return CaptureError(f"target {target!r}: tracing failed with "
+                        + "; ".join(parts) + ". " + "; ".join(advice))

@@ -1,0 +1,87 @@
+"""The public-model matrix: transformers and timm models (tests/packages/modelzoo,
+tiny random configs, no downloads) built into one wheel by the real backend,
+installed, then served in a fresh process with empty caches and
+PRECOMPILE_NO_COMPILE=1 and compared with eager (outputs; parameters and buffers
+after 3 training steps), with no import of the compiler stack at load or call.
+On a GPU host the same cases capture and serve on CUDA (device = "auto")."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("transformers", reason="the model matrix needs transformers (scripts/test.sh installs it)")
+pytest.importorskip("timm", reason="the model matrix needs timm (scripts/test.sh installs it)")
+
+ROOT = Path(__file__).resolve().parents[1]
+ZOO = ROOT / "tests" / "packages" / "modelzoo"
+sys.path.insert(0, str(ZOO))
+import modelzoo  # noqa: E402
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+# fp32 on both devices; Inductor's kernels reorder reductions
+TOL = 1e-4 if DEVICE == "cpu" else 1e-3
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("models")
+    project = tmp / "modelzoo"
+    shutil.copytree(ZOO, project, ignore=shutil.ignore_patterns("build", "*.egg-info", "_precompiled", "__pycache__"))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), str(ROOT / "runtime")]),
+               TORCHINDUCTOR_CACHE_DIR=str(tmp / "inductor-build"), PRECOMPILE_BUILD_CACHE_DIR=str(tmp / "capture-cache"))
+    for var in ("PRECOMPILE_ENGINE", "PRECOMPILE_TRACER", "PRECOMPILE_TARGETS"):
+        env.pop(var, None)
+    build = subprocess.run([sys.executable, "-m", "build", "--no-isolation", "--wheel", "--outdir", str(tmp / "dist"),
+                            str(project)], env=env, capture_output=True, text=True)
+    assert build.returncode == 0, build.stdout[-6000:] + build.stderr[-6000:]
+    wheel = next((tmp / "dist").glob("modelzoo-*.whl"))
+    site = tmp / "site"
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(site), str(wheel)],
+                   check=True, capture_output=True)
+    run_env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(site), str(ROOT / "runtime")]),
+                   HOME=str(tmp / "home"), TORCHINDUCTOR_CACHE_DIR=str(tmp / "inductor"),
+                   TRITON_CACHE_DIR=str(tmp / "triton"), PRECOMPILE_CACHE_DIR=str(tmp / "kernels"),
+                   PRECOMPILE_NO_COMPILE="1")
+    # run from tmp: a script's own folder comes first on sys.path, and the source tree's
+    # modelzoo (no _precompiled/) must not shadow the installed one
+    shutil.copy(ZOO / "serve_check.py", tmp / "serve_check.py")
+    serve = subprocess.run([sys.executable, str(tmp / "serve_check.py"), DEVICE, *modelzoo.CASES],
+                           env=run_env, capture_output=True, text=True, cwd=tmp)
+    assert serve.returncode == 0, serve.stderr[-6000:]
+    return json.loads(serve.stdout.strip().splitlines()[-1]), build.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", list(modelzoo.CASES))
+def test_model_serves_like_eager(served, name):
+    results, _ = served
+    r = results[name]
+    assert "error" not in r, r.get("error")
+    assert r["max_abs_err"] <= TOL, r
+    # loading and calling imported nothing of the compiler stack (and compiled
+    # nothing: PRECOMPILE_NO_COMPILE=1 turns any compile into an error)
+    assert r["new_compiler_modules"] == [], r["new_compiler_modules"]
+    assert [s for s in r["sizes"]] == modelzoo.CASES[name].serve_sizes
+
+
+@pytest.mark.slow
+def test_model_outputs_keep_their_class(served):
+    results, _ = served
+    assert results["gpt2_forward"]["type"] == "CausalLMOutputWithCrossAttentions"
+    assert results["llama_forward"]["type"] == "CausalLMOutputWithPast"
+    assert results["bart_forward"]["type"] == "Seq2SeqModelOutput"
+
+
+@pytest.mark.slow
+def test_build_summary_names_every_model_target(served):
+    _, log = served
+    for name in modelzoo.CASES:
+        assert name in log, log[-3000:]

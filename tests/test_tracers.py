@@ -1,0 +1,177 @@
+"""The tracers (precompile_build/engines/tracers.py): torch.export by default, so that
+library code takes its trace-friendly paths; make_fx for training steps and where
+export fails; clear errors naming the tracer and the line that broke it."""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import precompile_build  # noqa: E402
+from precompile_build.errors import CaptureError  # noqa: E402
+
+
+class LibraryStyleMask(torch.nn.Module):
+    """What transformers' mask preparation does: a data-dependent shortcut, skipped
+    under torch.compile / torch.export (``torch.compiler.is_compiling()``)."""
+
+    def __init__(self):
+        super().__init__()
+        self.proj = torch.nn.Linear(8, 8)
+
+    def forward(self, x, mask):
+        if not torch.compiler.is_compiling() and mask.all():  # a library's eager-only shortcut
+            return self.proj(x)
+        return self.proj(x) * mask[..., None]
+
+
+def mask_forward(model, x, mask):
+    return model(x, mask)
+
+
+def branchy(x):
+    if x.sum() > 0:  # data-dependent Python branch, unguarded
+        return x * 2
+    return x - 1
+
+
+def _capture(tmp_path, fn, *args, name="t", **kw):
+    src, cache = tmp_path / f"{name}.py", tmp_path / f"{name}.cache"
+    with precompile_build.capture(fn, artifact_path=src, cache_path=cache, target=name, **kw) as f:
+        f(*args)
+    return src, cache
+
+
+def load_pair(src, cache):
+    """The pair, loaded in this process with its frozen kernels (if any)."""
+    from precompile_runtime.envelope import loads
+
+    env = loads(cache.read_bytes())
+    kdir = src.parent / f"{src.stem}-kernels"
+    for name, blob in env.blobs.items():
+        (kdir / name).parent.mkdir(parents=True, exist_ok=True)
+        (kdir / name).write_bytes(blob)
+    ns: dict = {"__name__": "pair"}
+    exec(compile(src.read_text(), src.name, "exec"), ns)
+    return ns["load"](str(kdir) if env.blobs else None)
+
+
+def _tracer_of(src) -> str:
+    import ast
+
+    text = src.read_text()
+    start = text.index("PRECOMPILE_METADATA = ") + len("PRECOMPILE_METADATA = ")
+    meta = ast.literal_eval(text[start:text.index("\n# ----", start)])
+    return meta["tracer"]
+
+
+@pytest.mark.parametrize("tracer", ["auto", "export", "make_fx"])
+def test_library_sees_a_trace_and_takes_its_traceable_path(tmp_path, tracer):
+    torch.manual_seed(0)
+    model = LibraryStyleMask().eval()
+    x = torch.randn(2, 4, 8)
+    mask = torch.ones(2, 4)
+    mask[1, 2:] = 0
+    src, cache = _capture(tmp_path, mask_forward, model, x, mask, tracer=tracer, engine="eager")
+    assert _tracer_of(src) == ("export" if tracer == "auto" else tracer)
+    loaded = load_pair(src, cache)
+    ones = torch.ones(2, 4)  # eager takes the shortcut here; the graph must still be right
+    for m in (mask, ones):
+        torch.testing.assert_close(loaded(model, x, m), mask_forward(model, x, m))
+
+
+def test_export_failure_names_tracer_line_and_advice(tmp_path):
+    x = torch.randn(3, 4).abs()
+    with pytest.raises(CaptureError) as info:
+        _capture(tmp_path, branchy, x, tracer="export", engine="eager")
+    msg = str(info.value)
+    assert msg.startswith("target 't': tracing failed with export:"), msg
+    assert "test_tracers.py:" in msg and "if x.sum() > 0" in msg, msg  # the line that broke it
+    assert "torch.compiler.is_compiling()" in msg and "make_fx" in msg, msg  # what to try
+    assert not (tmp_path / "t.py").exists() and not (tmp_path / "t.cache").exists()
+
+
+def count_branch(x):
+    n = torch.nonzero(x > 0).shape[0]  # a size from data: export cannot branch on it
+    return x * 2 if n > 2 else x - 1
+
+
+def test_auto_falls_back_to_make_fx_with_a_warning(tmp_path):
+    x = torch.randn(3, 4).abs()
+    with pytest.warns(UserWarning, match=r"torch.export failed .*traced with make_fx, which specialises"):
+        src, cache = _capture(tmp_path, count_branch, x, engine="eager")
+    assert _tracer_of(src) == "make_fx"
+    torch.testing.assert_close(load_pair(src, cache)(x), count_branch(x))
+
+
+def test_both_tracers_failing_are_both_named(tmp_path):
+    with pytest.raises(CaptureError) as info:
+        _capture(tmp_path, branchy, torch.randn(3, 4).abs(), engine="eager")
+    msg = str(info.value)
+    assert "tracing failed with export:" in msg and "; make_fx:" in msg, msg
+    assert msg.count("if x.sum() > 0") == 2, msg
+
+
+def test_training_step_is_traced_with_make_fx(tmp_path):
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 2)
+
+    def step(model, x):
+        loss = model(x).square().mean()
+        loss.backward()
+        return loss.detach()
+
+    x = torch.randn(3, 4)
+    src, cache = _capture(tmp_path, step, model, x, engine="eager")
+    assert _tracer_of(src) == "make_fx"
+    with pytest.raises(CaptureError, match=r"runs a backward .*tracer='make_fx' or 'auto'"):
+        _capture(tmp_path, step, model, x, name="u", tracer="export", engine="eager")
+    model.zero_grad()
+    load_pair(src, cache)(model, x)
+    got = model.weight.grad.clone()
+    model.zero_grad()
+    step(model, x)
+    torch.testing.assert_close(got, model.weight.grad)
+
+
+def test_unknown_tracer_is_refused(tmp_path):
+    with pytest.raises(ValueError, match=r"tracer='dynamo' is not one of 'auto', 'export'"):
+        precompile_build.capture(branchy, artifact_path=tmp_path / "a.py", cache_path=tmp_path / "a.cache",
+                                 tracer="dynamo")
+
+
+def test_env_selects_the_tracer(tmp_path, monkeypatch):
+    monkeypatch.setenv("PRECOMPILE_TRACER", "make_fx")
+    src, _ = _capture(tmp_path, lambda x: x * 3, torch.randn(2), engine="eager")
+    assert _tracer_of(src) == "make_fx"
+
+
+def test_target_tracer_key_is_validated_and_reaches_the_script(tmp_path):
+    from precompile_build.errors import ConfigError
+    from precompile_build.settings import settings_from_table
+
+    (tmp_path / "pkg").mkdir()
+    (tmp_path / "pkg" / "__init__.py").write_text("")
+    (tmp_path / "cap.py").write_text("")
+    with pytest.raises(ConfigError, match=r"`tool.precompile.targets.a.tracer` must be one of 'auto'"):
+        settings_from_table(tmp_path, {"package": "pkg", "targets": {"a": {"script": "cap.py", "tracer": "fx"}}})
+    s = settings_from_table(tmp_path, {"package": "pkg", "targets": {"a": {"script": "cap.py", "tracer": "make_fx"}}})
+    from precompile_build.script import script_env
+
+    env = script_env(s, s.targets["a"], "cpu", tmp_path / "a.py", tmp_path / "a.cache", None)
+    assert env["PRECOMPILE_TRACER"] == "make_fx"
+
+
+def test_dynamic_dims_through_export(tmp_path):
+    """Marked dims map onto export's dynamic shapes; the frozen pair serves other sizes."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.GELU(), torch.nn.Linear(16, 4))
+    x = torch.randn(6, 8)
+    torch._dynamo.mark_dynamic(x, 0, min=2, max=64)
+    src, cache = _capture(tmp_path, lambda m, x: m(x).softmax(-1), model, x, engine="frozen")
+    assert _tracer_of(src) == "export"
+    loaded = load_pair(src, cache)
+    for n in (2, 7, 64):
+        y = torch.randn(n, 8)
+        torch.testing.assert_close(loaded(model, y), model(y).softmax(-1))
