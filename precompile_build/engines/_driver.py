@@ -19,6 +19,24 @@ except ImportError:  # pragma: no cover - runs without precompile-runtime too
 _META = PRECOMPILE_METADATA
 
 
+def _decode_constants(specs):
+    """The tensor constants the trace made (graph_attrs.constant_specs), passed after
+    the inputs on every call."""
+    import base64
+
+    out = []
+    for s in specs:
+        dtype = getattr(torch, s["dtype"].rpartition(".")[2])
+        data = bytearray(base64.b64decode(s["data"]))
+        t = torch.frombuffer(data, dtype=dtype).reshape(s["shape"]) if data else torch.empty(s["shape"], dtype=dtype)
+        out.append(t if s["device_type"] == "cpu" else t.to(s["device_type"]))
+    return out
+
+
+_CONSTS = _decode_constants(_META.get("constants") or ())
+_REASSIGNED = _META.get("reassigned_buffers") or ()  # buffers the call reassigns, by lifted index
+
+
 def _module_tensors(modules):
     """Parameters then buffers of each module, tied tensors collapsed by identity,
     in the order the capture lifted them: returns (names, tensors)."""
@@ -338,7 +356,7 @@ class CompiledArtifact:
         else:
             for (t, path), s in zip(leaves, _META["tensor_inputs"]):
                 _check_tensor(t, s, path)
-        flat = params + [t for t, _ in leaves]  # no autograd below: run under no_grad
+        flat = params + [t for t, _ in leaves] + _CONSTS  # no autograd below: run under no_grad
         if _META.get("mutated_inputs") and _META["engine"] == "frozen":
             _check_no_aliases(flat, [f"parameter/buffer {n}" for n in _META["param_names"]]
                               + [path for _, path in leaves])
@@ -352,6 +370,10 @@ class CompiledArtifact:
                 p.grad = g
             else:
                 p.grad.add_(g)
+        if _REASSIGNED:  # `self.steps = self.steps + 1`: the new value, into the caller's buffer
+            with torch.no_grad():
+                for index, new in zip(_REASSIGNED, outs[n_user + len(_META["grad_param_indices"]):]):
+                    params[index].copy_(new)
         return _rebuild(_META["outputs"], list(outs[:n_user]))
 
 
@@ -365,6 +387,6 @@ def load(kernel_dir):
         a :class:`CompiledArtifact`.
     """
     if kernel_dir is None or _META["engine"] != "frozen":
-        return CompiledArtifact(lambda flat: _graph(None, *flat), uses_kernels=False)
+        return CompiledArtifact(lambda flat: _graph(_GRAPH_SELF, *flat), uses_kernels=False)
     call = _make_call(_load_kernels(kernel_dir))
     return CompiledArtifact(lambda flat: call(list(flat)), uses_kernels=True)
