@@ -113,3 +113,12 @@ def test_a_buffer_reassigned_with_another_shape_is_refused(tmp_path):
 
     with pytest.raises(CaptureError, match=r"reassigns buffer 'steps' with a value of shape \[2\]"):
         _capture_and_load(tmp_path, lambda m, x: m(x), Grow(), torch.ones(2))
+
+
+def test_a_tensor_constant_with_a_dynamic_dim(tmp_path):
+    x = torch.randn(4, 3)
+    torch._dynamo.mark_dynamic(x, 0, min=1, max=16)
+    _, loaded = _capture_and_load(tmp_path, _add_literal, x)
+    for n in (1, 7):
+        xn = torch.randn(n, 3)
+        torch.testing.assert_close(loaded(xn), xn + 2.0)

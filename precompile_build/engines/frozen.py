@@ -267,7 +267,8 @@ def _validate(source: str, blobs: dict[str, bytes], traced: TracedCall, target: 
         params, user = traced.example_inputs[:n_params], traced.example_inputs[n_params:]
         specs = traced.metadata["tensor_inputs"]
         for sizes in dynamic_dims.example_sizes(dynamic, specs, user):
-            inputs = params + [dynamic_dims.resized(t, s, sizes) for t, s in zip(user, specs)]
+            inputs = (params + [dynamic_dims.resized(t, s, sizes) for t, s in zip(user, specs)]
+                      + user[len(specs):])  # the trace-made constants (graph_attrs.py)
             cases.append(("sizes " + dynamic_dims.describe(sizes, specs, traced.symbolic.paths), inputs))
     with tempfile.TemporaryDirectory(prefix="precompile-validate-") as kdir:
         for name, data in blobs.items():
