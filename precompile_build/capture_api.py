@@ -16,13 +16,13 @@ from typing import Any, Callable, Mapping
 from precompile_runtime.envelope import write_atomic
 
 from . import engines
-from .errors import CaptureError
+from .errors import CaptureError, CompilerFailed
 
 
 class Capture:
     """Returned by :func:`capture`; use it as ``with capture(fn) as f: f(...)``."""
 
-    def __init__(self, fn, artifact_path, cache_path, engine, backend, target, options):
+    def __init__(self, fn, artifact_path, cache_path, engine, backend, target, options, fallback="none"):
         self._fn = fn
         self.artifact_path = artifact_path
         self.cache_path = cache_path
@@ -30,6 +30,7 @@ class Capture:
         self.backend = backend
         self.target = target
         self._options = options
+        self.fallback = fallback
         self._pair: tuple[bytes, bytes] | None = None
         self.calls = 0
 
@@ -51,9 +52,21 @@ class Capture:
         if engine == "torch":
             options["backend"] = self.backend
         # the capture traces clones: the real call below is the only one with effects
-        self._pair = engines.get(engine).capture_pair(
-            self._fn, args, kwargs, target=self.target, device=device, options=options,
-        )
+        try:
+            self._pair = engines.get(engine).capture_pair(
+                self._fn, args, kwargs, target=self.target, device=device, options=options,
+            )
+        except CompilerFailed as e:
+            if self.fallback != "eager":
+                raise
+            reason = str(e).split("\n")[0]
+            print(f"precompile_build.capture: {reason}; fallback = \"eager\": capturing with "
+                  "the eager engine (no kernels)", file=sys.stderr)
+            self.engine = "eager"
+            self._pair = engines.get("eager").capture_pair(
+                self._fn, args, kwargs, target=self.target, device=device,
+                options=dict(options, fallback_reason=reason),
+            )
         return self._fn(*args, **kwargs)
 
     def __exit__(self, exc_type, exc, tb) -> bool:
@@ -129,6 +142,7 @@ def capture(
     backend: str = "inductor",
     target: str | None = None,
     options: dict[str, Any] | None = None,
+    fallback: str | None = None,
 ) -> Capture:
     """Capture ``fn`` into an artifact pair.
 
@@ -147,12 +161,16 @@ def capture(
         target: the name in messages (default: env ``PRECOMPILE_TARGET``, else the
             artifact file's stem).
         options: engine options; ``{"inductor": {...}}`` is passed to Inductor.
+        fallback: ``"eager"``: when the frozen engine's compiler (Inductor) fails,
+            capture with the eager engine instead and record why in the pair's
+            metadata (``fallback``); ``"none"``: raise. Default: env
+            ``PRECOMPILE_FALLBACK`` (the target's `fallback` setting), else ``"none"``.
     Returns:
         a :class:`Capture` context manager.
     Raises:
         CaptureError: no paths given and none in the environment; at the first call
             if the call cannot be captured; at exit if no call was made.
-        ValueError: unknown engine or backend.
+        ValueError: unknown engine, backend or fallback.
         TypeError: ``fn`` is not callable; a path is not a str/PathLike or is a
             directory; ``options`` is not a mapping.
     """
@@ -160,6 +178,9 @@ def capture(
         raise TypeError(f"precompile_build.capture(fn): fn must be callable, got {type(fn).__name__}")
     if backend not in ("inductor", "eager"):
         raise ValueError(f"backend={backend!r}: use 'inductor' or 'eager'")
+    fallback = fallback or os.environ.get("PRECOMPILE_FALLBACK") or "none"
+    if fallback not in ("none", "eager"):
+        raise ValueError(f"fallback={fallback!r} (or PRECOMPILE_FALLBACK): use 'none' or 'eager'")
     if engine != "auto" and engine not in engines.ENGINES:
         raise ValueError(f"engine={engine!r}: use 'auto', {', '.join(map(repr, engines.ENGINES))}")
     artifact_path = artifact_path or os.environ.get("PRECOMPILE_ARTIFACT_PATH")
@@ -183,4 +204,5 @@ def capture(
             "the source half and the cache half need two files (e.g. NAME.py and NAME.cache)"
         )
     target = target or os.environ.get("PRECOMPILE_TARGET") or Path(artifact_path).stem
-    return Capture(fn, Path(artifact_path), Path(cache_path), engine, backend, target, dict(options or {}))
+    return Capture(fn, Path(artifact_path), Path(cache_path), engine, backend, target, dict(options or {}),
+                   fallback)
