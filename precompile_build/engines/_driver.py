@@ -35,6 +35,45 @@ def _decode_constants(specs):
 
 _CONSTS = _decode_constants(_META.get("constants") or ())
 _REASSIGNED = _META.get("reassigned_buffers") or ()  # buffers the call reassigns, by lifted index
+_DIST = _META.get("collectives")  # {"world_size", "groups": {name: ranks}} (collectives.py)
+_DIST_WORLD = []  # the WORLD group whose groups are registered under the pair's names
+
+
+def _check_dist():
+    """The world size the pair was captured for, and its groups found by ranks in this
+    process and registered under the names the captured code uses. Raises CallError."""
+    import torch.distributed as dist
+
+    want = _DIST["world_size"]
+    got = dist.get_world_size() if dist.is_available() and dist.is_initialized() else None
+    if got != want:
+        raise CallError(
+            f"target {_META['target']!r}: the captured function runs collectives over a world of "
+            f"{want} process(es); this process is in " + ("no process group" if got is None else f"a world of {got}")
+            + f". Serve it with {want} processes (torchrun --nproc_per_node {want} and "
+            "dist.init_process_group), or capture again in this world"
+        )
+    world = dist.group.WORLD
+    if _DIST_WORLD and _DIST_WORLD[0] is world:
+        return
+    from torch._C import _distributed_c10d as _C
+    from torch.distributed import distributed_c10d as c10d
+
+    known = list(c10d._world.pg_group_ranks.items())
+    for name, ranks in _DIST["groups"].items():
+        pg = next((g for g, m in known if sorted(m, key=m.get) == ranks), None)
+        if pg is None:
+            raise CallError(
+                f"target {_META['target']!r}: the captured function runs a collective over the "
+                f"ranks {ranks}, and this process has no group of these ranks; create it on every "
+                f"rank before the call: dist.new_group(ranks={ranks})"
+            )
+        try:
+            _C._unregister_process_group(name)
+        except Exception:
+            pass
+        _C._register_process_group(name, pg)
+    _DIST_WORLD[:] = [world]
 
 
 def _module_tensors(modules):
@@ -322,6 +361,8 @@ class CompiledArtifact:
 
     def __call__(self, *args, **kwargs):
         modules, leaves = [], []
+        if _DIST:
+            _check_dist()
         arg_spec, kw_spec = _META["inputs"][1]
         kw_names = sorted(k for k, _ in kw_spec[1])
         if len(args) != len(arg_spec[1]) or sorted(kwargs) != kw_names:

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from ..errors import CaptureError
-from . import dynamic_dims, graph_attrs
+from . import collectives, dynamic_dims, graph_attrs
 
 _LITERALS = (int, float, bool, str, type(None))
 
@@ -203,6 +203,7 @@ def trace_call(fn: Callable, args: tuple, kwargs: dict, *, target: str) -> Trace
     except CaptureError as e:
         raise CaptureError(f"target {target!r}: {e}") from None
     user_tensors, paths = [t for t, _ in user_tensors], [p for _, p in user_tensors]
+    collectives.refuse_data_parallel(fn, modules, target)
     names, params = _lift(modules)
     wants_grad = [isinstance(p, torch.nn.Parameter) and p.requires_grad for p in params]
     n_params = len(params)
@@ -287,6 +288,7 @@ def trace_call(fn: Callable, args: tuple, kwargs: dict, *, target: str) -> Trace
         "training": [_training_flags(m) for m in modules],
         "arg_names": arg_names,
         "mutated_inputs": _mutated_inputs(gm),
+        "collectives": collectives.canonical_groups(gm, target),  # groups by ranks, world size
         "constants": graph_attrs.constant_specs(constants),  # trace-made: passed after the inputs
         "reassigned_buffers": out_box["reassigned"],  # outputs after the gradients
     }
