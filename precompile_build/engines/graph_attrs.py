@@ -143,7 +143,7 @@ def _writes(node, arg_node) -> bool:
                for a, v in zip(node.target._schema.arguments, node.args))
 
 
-def check_graph_attrs(gm, target: str, *, roots: Iterable[Any] = ()) -> list:
+def check_graph_attrs(gm, target: str, *, roots: Iterable[Any] = (), symbolic=None) -> list:
     """Classify every ``get_attr`` of ``gm`` (see the module docstring) and rewrite
     the graph in place so that it reads no tensor attribute.
 
@@ -153,6 +153,8 @@ def check_graph_attrs(gm, target: str, *, roots: Iterable[Any] = ()) -> list:
         target: the target name, for messages.
         roots: the captured function and its nn.Module arguments, whose reachable
             tensors are the closed-over ones (:func:`reachable_tensors`).
+        symbolic: the trace's dynamic_dims.SymbolicTrace, or None; fake copies of
+            the constants are appended to its ``inputs`` (what Inductor compiles for).
     Returns:
         the trace-made tensor constants, in the order of the placeholders appended
         to ``gm``'s inputs (the caller passes them after the other inputs).
@@ -195,6 +197,8 @@ def check_graph_attrs(gm, target: str, *, roots: Iterable[Any] = ()) -> list:
         nodes.append(node)
     if nodes:
         _lift(gm, nodes)
+        if symbolic is not None:
+            symbolic.inputs = [*symbolic.inputs, *_fake_constants(symbolic.inputs, constants)]
     return constants
 
 
@@ -255,16 +259,18 @@ def _lift(gm, nodes: list) -> None:
 def constant_specs(constants: list) -> list[dict]:
     """The literal form of trace-made constants for PRECOMPILE_METADATA: dtype, shape,
     device type and the bytes (base64) of each, decoded by the driver."""
+    import torch
+
     out = []
     for t in constants:
         flat = t.detach().to("cpu").clone().contiguous()
-        data = bytes(flat.reshape(-1).view(__import__("torch").uint8).tolist()) if flat.numel() else b""
+        data = bytes(flat.reshape(-1).view(torch.uint8).tolist()) if flat.numel() else b""
         out.append({"dtype": str(t.dtype), "shape": list(t.shape), "device_type": t.device.type,
                     "data": base64.b64encode(data).decode("ascii")})
     return out
 
 
-def fake_constants(fake_inputs: list, constants: list) -> list:
+def _fake_constants(fake_inputs: list, constants: list) -> list:
     """``constants`` as fake tensors of the fake mode of ``fake_inputs`` (a symbolic
     trace compiles against fakes)."""
     mode = next((getattr(t, "fake_mode", None) for t in fake_inputs if getattr(t, "fake_mode", None)), None)

@@ -271,9 +271,7 @@ def trace_call(fn: Callable, args: tuple, kwargs: dict, *, target: str) -> Trace
         raise CaptureError(
             f"target {target!r}: tracing failed: {type(e).__name__}: {e}"
         ) from e
-    constants = graph_attrs.check_graph_attrs(gm, target, roots=(fn, *modules))
-    if symbolic is not None and constants:
-        symbolic.inputs = [*symbolic.inputs, *graph_attrs.fake_constants(symbolic.inputs, constants)]
+    constants = graph_attrs.check_graph_attrs(gm, target, roots=(fn, *modules), symbolic=symbolic)
 
     metadata = {
         "target": target,
