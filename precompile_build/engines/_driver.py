@@ -397,7 +397,9 @@ class CompiledArtifact:
         else:
             for (t, path), s in zip(leaves, _META["tensor_inputs"]):
                 _check_tensor(t, s, path)
-        flat = params + [t for t, _ in leaves] + _CONSTS  # no autograd below: run under no_grad
+        flat = params + [t for t, _ in leaves]  # no autograd below: run under no_grad
+        if _CONSTS:  # the trace-made tensor constants, after the inputs
+            flat += _CONSTS
         if _META.get("mutated_inputs") and _META["engine"] == "frozen":
             _check_no_aliases(flat, [f"parameter/buffer {n}" for n in _META["param_names"]]
                               + [path for _, path in leaves])
