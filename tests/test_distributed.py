@@ -88,6 +88,12 @@ def _cases(rank, tmp, backend, ports):
         want = f(x)
     grouped = _load(paths("group")["artifact_path"], paths("group")["cache_path"])
     out["group_meta"] = grouped.metadata.get("collectives")
+    g0 = dist.new_group([0])  # a group of rank 0 alone: only rank 0 runs its collective
+    if rank == 0:
+        with precompile_build.capture(lambda x: funcol.all_reduce(x, "sum", g0) * 3, engine="eager",
+                                      **paths("single")) as f:
+            f(x)
+        single = _load(paths("single")["artifact_path"], paths("single")["cache_path"])
 
     # 3. c10d collectives and DDP wrappers are refused
     def c10d_sum(x):
@@ -113,10 +119,17 @@ def _cases(rank, tmp, backend, ports):
     except CallError as e:
         out["no_world"] = str(e)
     _init(backend, rank, 2, ports[1])
+    if rank == 0:
+        try:
+            single(x)
+        except CallError as e:
+            out["no_group"] = str(e)
     only0 = dist.new_group([0])  # noqa: F841 - takes the registry name the capture's group had
     dist.new_group([0, 1])
     out["group"] = [grouped(x).tolist(), want.tolist()]
     out["world_again"] = served(x).tolist()
+    if rank == 0:
+        out["single"] = single(x).tolist()
     dist.barrier()
     dist.destroy_process_group()
 
@@ -160,6 +173,9 @@ def _run(tmp_path, backend):
         assert "wrapped in DistributedDataParallel" in r["ddp"] and "inner module's step" in r["ddp"]
         assert "a world of 2 process(es); this process is in no process group" in r["no_world"]
     assert "this process is in a world of 1" in results[0]["size"]
+    assert "no group of these ranks; create it on every rank before the call: dist.new_group(ranks=[0])" \
+        in results[0]["no_group"]
+    assert results[0]["single"] == [3.0] * 4
 
 
 def test_collectives_gloo(tmp_path):

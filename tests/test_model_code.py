@@ -84,6 +84,15 @@ def test_torch_cond_is_served_with_both_branches(tmp_path, engine):
     torch.testing.assert_close(loaded(-x), (-x).cos())  # the other branch, at serve time
 
 
+def test_a_tensor_made_inside_a_cond_branch_is_refused(tmp_path):
+    def fn(x):
+        return torch.cond(x.sum() > 0, lambda x: x + torch.tensor(2.0), lambda x: x.cos(), (x,))
+
+    with pytest.raises(CaptureError, match=r"the branch/body true_graph_0 of a control-flow operator "
+                                           r"reads the tensor _tensor_constant0 .* pass it in the operands"):
+        _capture_and_load(tmp_path, fn, torch.ones(2, 3), engine="eager")
+
+
 class _Counter(torch.nn.Module):
     def __init__(self):
         super().__init__()
