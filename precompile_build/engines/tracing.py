@@ -248,7 +248,7 @@ def trace_call(fn: Callable, args: tuple, kwargs: dict, *, target: str) -> Trace
                 grad_indices.append(i)
         out_box["grad_indices"] = grad_indices
         out_box["num_user_outputs"] = len(outs)
-        return (*outs, *grads, *(new.detach() for _, new in reassigned))
+        return (*outs, *grads, *(new.detach().clone() if new._is_view() else new.detach() for _, new in reassigned))
 
     example = [example_clone(t) for t in params + user_tensors]
     marks = [dynamic_dims.marked_dims(t) for t in user_tensors]
