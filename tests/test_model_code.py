@@ -64,12 +64,13 @@ def test_closed_over_tensors_are_still_refused(tmp_path):
         def forward(self, x):
             return x * self.scale
 
+    deep = torch.nn.Sequential(torch.nn.Sequential(torch.nn.Sequential(torch.nn.Sequential(Scaled()))))
     cases = [(lambda x: x + w, "closure variable 'w'"), (lambda x: x + GLOBAL_W, "global 'GLOBAL_W'"),
-             (Scaled(), r"Scaled\.scale")]
+             (Scaled(), r"Scaled\.scale"), (lambda m, x: m(x), r"Sequential\.0\.0\.0\.0\.scale")]
     for i, (fn, where) in enumerate(cases):
         (tmp_path / str(i)).mkdir()
         with pytest.raises(CaptureError, match=rf"not an input \({where}.*register_buffer"):
-            _capture_and_load(tmp_path / str(i), fn, torch.randn(2, 3))
+            _capture_and_load(tmp_path / str(i), fn, *((deep,) if i == 3 else ()), torch.randn(2, 3))
         assert not list((tmp_path / str(i)).iterdir())  # nothing written
 
 

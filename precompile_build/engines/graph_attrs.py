@@ -47,7 +47,8 @@ def reachable_tensors(roots: Iterable[Any], *, max_depth: int = 4, max_objects: 
     function and its nn.Module arguments): closure cells, defaults, the globals its
     code names, a bound method's ``self``, functools.partial arguments, instance
     attributes and the items of lists, tuples, dicts and sets, ``max_depth`` steps
-    deep. Modules (Python modules), classes and builtins are not walked."""
+    deep (the submodules of an nn.Module at any depth). Python modules, classes and
+    builtins are not walked."""
     import functools
 
     import torch
@@ -97,11 +98,14 @@ def reachable_tensors(roots: Iterable[Any], *, max_depth: int = 4, max_objects: 
         else:
             attrs = getattr(obj, "__dict__", None)
             if isinstance(attrs, dict):
-                children += [(v, f"{where}.{k}") for k, v in attrs.items()]
+                modules = isinstance(obj, torch.nn.Module)
+                children += [(v, f"{where}.{k}") for k, v in attrs.items() if not (modules and k == "_modules")]
             if callable(getattr(type(obj), "__call__", None)) and not isinstance(obj, torch.nn.Module):
                 children.append((type(obj).__call__, where))
             if isinstance(obj, torch.nn.Module):
                 children.append((type(obj).forward, f"{type(obj).__name__}.forward"))
+                # submodules at this depth: a deep model's plain tensor attributes count too
+                todo.extend((m, f"{where}.{n}", depth) for n, m in obj._modules.items() if m is not None)
         todo.extend((c, w, depth + 1) for c, w in children)
     return found
 
