@@ -9,6 +9,7 @@ import pytest
 
 import precompile_build
 from precompile_build.errors import CaptureError
+from precompile_runtime import no_compilation
 
 torch = pytest.importorskip("torch")
 
@@ -29,7 +30,15 @@ def _capture_and_load(tmp_path, fn, *args, engine="frozen"):
         (kdir / name).write_bytes(blob)
     ns: dict = {"__name__": "pair"}
     exec(compile(src.read_text(), "t.py", "exec"), ns)
-    return want, ns["load"](str(kdir) if env.blobs else None)
+    loaded = ns["load"](str(kdir) if env.blobs else None)
+    assert loaded.uses_kernels == (engine == "frozen")
+
+    def serve(*a, **kw):  # serving compiles nothing: the compiler's entry points raise
+        with no_compilation():
+            return loaded(*a, **kw)
+
+    serve.metadata = loaded.metadata
+    return want, serve
 
 
 def _add_literal(x):

@@ -33,7 +33,7 @@ def _decode_constants(specs):
     return out
 
 
-_CONSTS = _decode_constants(_META.get("constants") or ())
+_CONSTS = _decode_constants(_META["constants"]) if _META.get("constants") else []
 _REASSIGNED = _META.get("reassigned_buffers") or ()  # buffers the call reassigns, by lifted index
 _DIST = _META.get("collectives")  # {"world_size", "groups": {name: ranks}} (collectives.py)
 _DIST_WORLD = []  # the WORLD group whose groups are registered under the pair's names
