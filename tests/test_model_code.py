@@ -83,6 +83,18 @@ def test_closed_over_tensors_are_still_refused(tmp_path):
         assert not list((tmp_path / str(i)).iterdir())  # nothing written
 
 
+def test_a_tensor_written_in_place_that_is_not_an_input_is_refused(tmp_path):
+    hidden = [[[[[[torch.zeros(3)]]]]]]  # deeper than the search for closed-over tensors
+
+    def bump(x):
+        hidden[0][0][0][0][0][0].add_(1)
+        return x + 1
+
+    with pytest.raises(CaptureError, match=r"writes in place to a tensor that is not an input "
+                                           r"\(_tensor_constant0\).*register_buffer"):
+        _capture_and_load(tmp_path, bump, torch.randn(3), engine="eager")
+
+
 @pytest.mark.parametrize("engine", ["frozen", "eager"])
 def test_torch_cond_is_served_with_both_branches(tmp_path, engine):
     def fn(x):

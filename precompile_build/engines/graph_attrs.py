@@ -14,7 +14,9 @@ A traced graph reads attributes (``get_attr`` nodes) of four kinds:
   global or a closure cell of the function, but not a registered parameter/buffer.
   Refused: its value would be frozen at capture time while the user's object stays
   mutable. Told apart from trace-made constants by identity with the tensors
-  reachable from the function (:func:`reachable_tensors`);
+  reachable from the function (:func:`reachable_tensors`); a constant the graph
+  writes to in place is refused too (``torch.tensor(...)`` constants reach the
+  graph through a copy, ``lift_fresh_copy``, so only a user's tensor is written);
 - **script objects**: a c10d ProcessGroup (a ``torch.distributed`` collective such as
   ``dist.all_reduce(t)``), or another TorchScript class. Refused with what to use.
 
@@ -190,6 +192,12 @@ def check_graph_attrs(gm, target: str, *, roots: Iterable[Any] = (), symbolic=No
         if not made_here:
             if user is None:
                 user = reachable_tensors(roots)
+            if any(_writes(u, node) for u in node.users):  # a trace-made constant is copied first
+                raise CaptureError(
+                    f"target {target!r}: the function writes in place to a tensor that is not an "
+                    f"input ({user.get(id(value), node.target)}); the pair cannot update your object. "
+                    "Register it on the module (register_buffer) or pass it as an argument"
+                )
             if id(value) in user:
                 raise CaptureError(
                     f"target {target!r}: the function reads a tensor that is not an input "
@@ -229,10 +237,7 @@ def _check_subgraphs(gm, target: str) -> None:
 
 
 def _lift(gm, nodes: list) -> None:
-    """Replace each get_attr node with a new trailing placeholder (cloned first when
-    the graph writes to it: eager makes a fresh constant on every call)."""
-    import torch
-
+    """Replace each get_attr node with a new trailing placeholder."""
     graph = gm.graph
     placeholders = [n for n in graph.nodes if n.op == "placeholder"]
     last = placeholders[-1] if placeholders else None
@@ -242,14 +247,8 @@ def _lift(gm, nodes: list) -> None:
             last = graph.placeholder(node.target.replace(".", "_"))
         last.meta.update(node.meta)
         new.append(last)
-    first_op = last.next
     for node, ph in zip(nodes, new):
-        value = ph
-        if any(_writes(u, node) for u in node.users):
-            with graph.inserting_before(first_op):
-                value = graph.call_function(torch.ops.aten.clone.default, (ph,))
-            value.meta.update(node.meta)
-        node.replace_all_uses_with(value)
+        node.replace_all_uses_with(ph)
         graph.erase_node(node)
         owner, _, attr = node.target.rpartition(".")
         try:
