@@ -17,13 +17,14 @@ from precompile_runtime.envelope import write_atomic
 
 from . import engines
 from .engines import tracers
-from .errors import CaptureError
+from .errors import CaptureError, CompilerFailed
 
 
 class Capture:
     """Returned by :func:`capture`; use it as ``with capture(fn) as f: f(...)``."""
 
-    def __init__(self, fn, artifact_path, cache_path, engine, backend, target, options, tracer="auto"):
+    def __init__(self, fn, artifact_path, cache_path, engine, backend, target, options, fallback="none",
+                 tracer="auto"):
         self._fn = fn
         self.artifact_path = artifact_path
         self.cache_path = cache_path
@@ -32,6 +33,7 @@ class Capture:
         self.target = target
         self._options = options
         self.tracer = tracer
+        self.fallback = fallback
         self._pair: tuple[bytes, bytes] | None = None
         self.calls = 0
 
@@ -55,9 +57,21 @@ class Capture:
         else:  # the torch engine's "tracer" option means torch's own tracers
             options.setdefault("tracer", self.tracer)
         # the capture traces clones: the real call below is the only one with effects
-        self._pair = engines.get(engine).capture_pair(
-            self._fn, args, kwargs, target=self.target, device=device, options=options,
-        )
+        try:
+            self._pair = engines.get(engine).capture_pair(
+                self._fn, args, kwargs, target=self.target, device=device, options=options,
+            )
+        except CompilerFailed as e:
+            if self.fallback != "eager":
+                raise
+            reason = str(e).split("\n")[0]
+            print(f"precompile_build.capture: {reason}; fallback = \"eager\": capturing with "
+                  "the eager engine (no kernels)", file=sys.stderr)
+            self.engine = "eager"
+            self._pair = engines.get("eager").capture_pair(
+                self._fn, args, kwargs, target=self.target, device=device,
+                options=dict(options, fallback_reason=reason),
+            )
         return self._fn(*args, **kwargs)
 
     def __exit__(self, exc_type, exc, tb) -> bool:
@@ -134,6 +148,7 @@ def capture(
     target: str | None = None,
     options: dict[str, Any] | None = None,
     tracer: str | None = None,
+    fallback: str | None = None,
 ) -> Capture:
     """Capture ``fn`` into an artifact pair.
 
@@ -156,12 +171,16 @@ def capture(
             ``"auto"`` (torch.export, make_fx for a training step or where export
             fails), ``"export"``, ``"export-strict"`` or ``"make_fx"``; default: env
             ``PRECOMPILE_TRACER`` (set from the target's ``tracer`` key), else auto.
+        fallback: ``"eager"``: when the frozen engine's compiler (Inductor) fails,
+            capture with the eager engine instead and record why in the pair's
+            metadata (``fallback``); ``"none"``: raise. Default: env
+            ``PRECOMPILE_FALLBACK`` (the target's `fallback` setting), else ``"none"``.
     Returns:
         a :class:`Capture` context manager.
     Raises:
         CaptureError: no paths given and none in the environment; at the first call
             if the call cannot be captured; at exit if no call was made.
-        ValueError: unknown engine, backend or tracer.
+        ValueError: unknown engine, backend, fallback or tracer.
         TypeError: ``fn`` is not callable; a path is not a str/PathLike or is a
             directory; ``options`` is not a mapping.
     """
@@ -169,6 +188,9 @@ def capture(
         raise TypeError(f"precompile_build.capture(fn): fn must be callable, got {type(fn).__name__}")
     if backend not in ("inductor", "eager"):
         raise ValueError(f"backend={backend!r}: use 'inductor' or 'eager'")
+    fallback = fallback or os.environ.get("PRECOMPILE_FALLBACK") or "none"
+    if fallback not in ("none", "eager"):
+        raise ValueError(f"fallback={fallback!r} (or PRECOMPILE_FALLBACK): use 'none' or 'eager'")
     if engine != "auto" and engine not in engines.ENGINES:
         raise ValueError(f"engine={engine!r}: use 'auto', {', '.join(map(repr, engines.ENGINES))}")
     artifact_path = artifact_path or os.environ.get("PRECOMPILE_ARTIFACT_PATH")
@@ -194,4 +216,4 @@ def capture(
         )
     target = target or os.environ.get("PRECOMPILE_TARGET") or Path(artifact_path).stem
     return Capture(fn, Path(artifact_path), Path(cache_path), engine, backend, target, dict(options or {}),
-                   tracer=tracer)
+                   fallback, tracer=tracer)

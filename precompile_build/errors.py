@@ -18,5 +18,11 @@ class CaptureError(PrecompileBuildError):
     artifact pair that does not validate."""
 
 
+class CompilerFailed(CaptureError):
+    """The frozen engine's compiler (Inductor) raised while compiling a traced call:
+    an upstream compiler bug, not the user's code. A target with `fallback = "eager"`
+    is then captured with the eager engine instead."""
+
+
 class BuildError(PrecompileBuildError):
     """Packaging failed after the captures: rewriting a wheel or sdist, merging wheels."""

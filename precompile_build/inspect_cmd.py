@@ -65,7 +65,8 @@ def inspect_report(where: str, host: Optional[Callable[[str], Optional[dict]]] =
     Returns:
         ``{"source", "package", "targets": {name: {"status", "required", "reason",
         "variants": [{"id", "engine", "device", "fingerprint", "code_hash",
-        "files", "size", "matches_host", "mismatches"}]}}}``.
+        "files", "fallback" (None, or {"from", "reason"}), "size", "matches_host",
+        "mismatches"}]}}}``.
     Raises:
         BuildError / ManifestError: nothing to inspect, or an invalid manifest.
     """
@@ -82,7 +83,7 @@ def inspect_report(where: str, host: Optional[Callable[[str], Optional[dict]]] =
             mism = (fpmod.mismatches(v["fingerprint"], here) if here is not None
                     else ["torch: not importable on this host"])
             out.append({**{k: v.get(k) for k in ("id", "engine", "device", "fingerprint",
-                                                  "code_hash", "files")},
+                                                  "code_hash", "files", "fallback")},
                         "size": sum(f["size"] for f in v["files"].values()),
                         "matches_host": not mism, "mismatches": mism})
         targets[name] = {"status": t.get("status", "ok"), "required": t.get("required"),
@@ -103,6 +104,8 @@ def format_report(report: dict[str, Any]) -> str:
             sizes = ", ".join(f"{f['path']} {f['size']} B" for f in v["files"].values())
             lines.append(f"  variant {v['id']}: {v['engine']} on "
                          f"{fpmod.describe(v['fingerprint'])}")
+            if v.get("fallback"):
+                lines.append(f"    fallback from {v['fallback'].get('from')}: {v['fallback'].get('reason')}")
             lines.append(f"    files: {sizes}")
             if v["matches_host"]:
                 lines.append("    this host: matches")

@@ -62,6 +62,8 @@ def assemble(package: str, results: Sequence[CaptureResult]) -> dict[str, bytes]
                    "files": {"source": _file_entry(src_name, source),
                              "cache": _file_entry(cache_name, cache)},
                    "captured_at": _captured_at()}
+        if r.info.meta.get("fallback"):  # target `fallback = "eager"`: why not frozen
+            variant["fallback"] = dict(r.info.meta["fallback"])
         if not reproducible:  # which GPU and how long vary from build to build
             variant["capture_device"] = r.device_index
             seconds = r.capture_seconds if r.capture_seconds is not None else r.seconds

@@ -138,7 +138,9 @@ def _index(gpu: Optional[str]) -> Optional[Union[int, str]]:
 
 def _sizes(r: CaptureResult) -> str:
     assert r.source_path is not None and r.cache_path is not None and r.info is not None
-    return (f"{r.info.engine}; source {human_size(r.source_path.stat().st_size)}, "
+    fallback = (r.info.meta.get("fallback") or {}).get("reason")
+    return (f"{r.info.engine}" + (f" (fallback: {fallback})" if fallback else "")
+            + f"; source {human_size(r.source_path.stat().st_size)}, "
             f"cache {human_size(r.cache_path.stat().st_size)}")
 
 

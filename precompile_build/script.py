@@ -99,7 +99,8 @@ def script_env(settings: Settings, target: TargetSettings, device: str,
     base = str(settings.package_dir.parent)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (base, env.get("PYTHONPATH")) if p)
     env.update(PRECOMPILE_TARGET=target.name, PRECOMPILE_ARTIFACT_PATH=str(src),
-               PRECOMPILE_CACHE_PATH=str(cache), PRECOMPILE_DEVICE=device)
+               PRECOMPILE_CACHE_PATH=str(cache), PRECOMPILE_DEVICE=device,
+               PRECOMPILE_FALLBACK=target.fallback)
     if target.tracer:
         env["PRECOMPILE_TRACER"] = target.tracer
     if device == "cpu":

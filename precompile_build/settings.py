@@ -26,6 +26,7 @@ else:  # pragma: no cover
     import tomli as tomllib
 
 DEVICES = ("cuda", "cpu", "auto")
+FALLBACKS = ("none", "eager")
 TORCH_PINS = ("exact", "minor", "none")
 DEFAULT_TIMEOUT = 3600.0  # seconds
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -57,6 +58,11 @@ class TargetSettings:
     cache_env: tuple[str, ...] = ()
     """`cache-env`: names of environment variables the capture depends on; their
     values (unset counts too) are part of the capture cache key."""
+    fallback: str = "none"
+    """`fallback`: `"eager"` captures the target with the eager engine (no kernels)
+    when the frozen engine's compiler (Inductor) fails on it, an upstream bug; the
+    build summary, the manifest and `inspect` say so. `"none"` (default): the
+    compiler's failure fails the capture."""
     tracer: Optional[str] = None
     """`tracer`: how the frozen/eager engines trace the call: `auto`, `export`,
     `export-strict` or `make_fx` (engines/tracers.py); passed to the script as
@@ -97,7 +103,8 @@ class Settings:
 
 # Keys of the tables, kebab-case as written in TOML.
 TOP_KEYS = ("package", "targets", "torch-pin", "cache", "cache-dir", "jobs")
-TARGET_KEYS = ("script", "args", "device", "timeout", "env", "required", "cache-env", "tracer")
+TARGET_KEYS = ("script", "args", "device", "timeout", "env", "required", "cache-env", "fallback",
+               "tracer")
 # Override keys: config setting `precompile.KEY` / environment variable. Names the
 # runtime also reads get a BUILD_ infix (PRECOMPILE_STRICT, PRECOMPILE_CACHE_DIR).
 OVERRIDES = {"skip": "PRECOMPILE_SKIP", "targets": "PRECOMPILE_TARGETS",
@@ -211,12 +218,16 @@ def _parse_target(name: Any, raw: Any, root: Path) -> TargetSettings:
             isinstance(n, str) and _ENV_NAME.match(n) for n in cache_env):
         raise _fail(f"`{key}.cache-env` must be an array of environment variable names "
                     "(letters, digits, underscores; not starting with a digit)")
+    fallback = raw.get("fallback", "none")
+    if fallback not in FALLBACKS:
+        raise _fail(f"`{key}.fallback` must be one of {', '.join(map(repr, FALLBACKS))}, "
+                    f"not {fallback!r}")
     tracer = raw.get("tracer")
     if tracer is not None and tracer not in TRACERS:
         raise _fail(f"`{key}.tracer` must be one of {', '.join(map(repr, TRACERS))}, not {tracer!r}")
     return TargetSettings(name, script, script_rel, tuple(args), device,
                           float(timeout), dict(env), required, tuple(dict.fromkeys(cache_env)),
-                          tracer=tracer)
+                          fallback, tracer=tracer)
 
 
 def find_package(root: Path, name: str | None) -> tuple[str, Path]:

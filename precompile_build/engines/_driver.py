@@ -19,6 +19,63 @@ except ImportError:  # pragma: no cover - runs without precompile-runtime too
 _META = PRECOMPILE_METADATA
 
 
+def _decode_constants(specs):
+    """The tensor constants the trace made (graph_attrs.constant_specs), passed after
+    the inputs on every call."""
+    import base64
+
+    out = []
+    for s in specs:
+        dtype = getattr(torch, s["dtype"].rpartition(".")[2])
+        data = bytearray(base64.b64decode(s["data"]))
+        t = torch.frombuffer(data, dtype=dtype).reshape(s["shape"]) if data else torch.empty(s["shape"], dtype=dtype)
+        out.append(t if s["device_type"] == "cpu" else t.to(s["device_type"]))
+    return out
+
+
+_CONSTS = _decode_constants(_META["constants"]) if _META.get("constants") else []
+_REASSIGNED = _META.get("reassigned_buffers") or ()  # buffers the call reassigns, by lifted index
+_DIST = _META.get("collectives")  # {"world_size", "groups": {name: ranks}} (collectives.py)
+_DIST_WORLD = []  # the WORLD group whose groups are registered under the pair's names
+
+
+def _check_dist():
+    """The world size the pair was captured for, and its groups found by ranks in this
+    process and registered under the names the captured code uses. Raises CallError."""
+    import torch.distributed as dist
+
+    want = _DIST["world_size"]
+    got = dist.get_world_size() if dist.is_available() and dist.is_initialized() else None
+    if got != want:
+        raise CallError(
+            f"target {_META['target']!r}: the captured function runs collectives over a world of "
+            f"{want} process(es); this process is in " + ("no process group" if got is None else f"a world of {got}")
+            + f". Serve it with {want} processes (torchrun --nproc_per_node {want} and "
+            "dist.init_process_group), or capture again in this world"
+        )
+    world = dist.group.WORLD
+    if _DIST_WORLD and _DIST_WORLD[0] is world:
+        return
+    from torch._C import _distributed_c10d as _C
+    from torch.distributed import distributed_c10d as c10d
+
+    known = list(c10d._world.pg_group_ranks.items())
+    for name, ranks in _DIST["groups"].items():
+        pg = next((g for g, m in known if sorted(m, key=m.get) == ranks), None)
+        if pg is None:
+            raise CallError(
+                f"target {_META['target']!r}: the captured function runs a collective over the "
+                f"ranks {ranks}, and this process has no group of these ranks; create it on every "
+                f"rank before the call: dist.new_group(ranks={ranks})"
+            )
+        try:
+            _C._unregister_process_group(name)
+        except Exception:
+            pass
+        _C._register_process_group(name, pg)
+    _DIST_WORLD[:] = [world]
+
+
 def _module_tensors(modules):
     """Parameters then buffers of each module, tied tensors collapsed by identity,
     in the order the capture lifted them: returns (names, tensors)."""
@@ -304,6 +361,8 @@ class CompiledArtifact:
 
     def __call__(self, *args, **kwargs):
         modules, leaves = [], []
+        if _DIST:
+            _check_dist()
         arg_spec, kw_spec = _META["inputs"][1]
         kw_names = sorted(k for k, _ in kw_spec[1])
         if len(args) != len(arg_spec[1]) or sorted(kwargs) != kw_names:
@@ -339,6 +398,8 @@ class CompiledArtifact:
             for (t, path), s in zip(leaves, _META["tensor_inputs"]):
                 _check_tensor(t, s, path)
         flat = params + [t for t, _ in leaves]  # no autograd below: run under no_grad
+        if _CONSTS:  # the trace-made tensor constants, after the inputs
+            flat += _CONSTS
         if _META.get("mutated_inputs") and _META["engine"] == "frozen":
             _check_no_aliases(flat, [f"parameter/buffer {n}" for n in _META["param_names"]]
                               + [path for _, path in leaves])
@@ -352,6 +413,10 @@ class CompiledArtifact:
                 p.grad = g
             else:
                 p.grad.add_(g)
+        if _REASSIGNED:  # `self.steps = self.steps + 1`: the new value, into the caller's buffer
+            with torch.no_grad():
+                for index, new in zip(_REASSIGNED, outs[n_user + len(_META["grad_param_indices"]):]):
+                    params[index].copy_(new)
         return _rebuild(_META["outputs"], list(outs[:n_user]))
 
 
@@ -365,6 +430,6 @@ def load(kernel_dir):
         a :class:`CompiledArtifact`.
     """
     if kernel_dir is None or _META["engine"] != "frozen":
-        return CompiledArtifact(lambda flat: _graph(None, *flat), uses_kernels=False)
+        return CompiledArtifact(lambda flat: _graph(_GRAPH_SELF, *flat), uses_kernels=False)
     call = _make_call(_load_kernels(kernel_dir))
     return CompiledArtifact(lambda flat: call(list(flat)), uses_kernels=True)

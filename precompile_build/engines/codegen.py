@@ -24,13 +24,40 @@ def _template(name: str) -> str:
     return (_HERE / name).read_text(encoding="utf-8")
 
 
-def graph_source(graph_module) -> str:
-    """The fx graph's generated Python as a module-level function ``_graph(self, *args)``."""
-    code = graph_module.code.strip("\n")
-    code = textwrap.dedent(code)
+def _forward_code(graph_module) -> str:
+    code = textwrap.dedent(graph_module.code.strip("\n"))
     if not code.startswith("def forward("):  # pragma: no cover - fx always emits this
         raise AssertionError("unexpected fx code layout")
-    return "def _graph(" + code[len("def forward(") :]
+    return code
+
+
+def _subgraph_attrs(graph_module, prefix: str, classes: list[str]) -> list[str]:
+    """``name = _Graph_x()`` lines for each subgraph child of ``graph_module`` (the
+    branches of torch.cond, ...), appending each child's class to ``classes``."""
+    import torch
+
+    lines = []
+    for name, child in graph_module.named_children():
+        if isinstance(child, torch.fx.GraphModule):
+            cls = f"{prefix}_{name}"
+            attrs = _subgraph_attrs(child, cls, classes)
+            classes.append(f"class {cls}:\n" + "".join(f"    {a}\n" for a in attrs)
+                           + textwrap.indent(_forward_code(child), "    ") + "\n    __call__ = forward\n")
+            lines.append(f"{name} = {cls}()")
+    return lines
+
+
+def graph_source(graph_module) -> str:
+    """The fx graph's generated Python as a module-level function ``_graph(self, *args)``
+    and ``_GRAPH_SELF``, what to pass as ``self``: None, or an object whose attributes
+    are the graph's subgraphs (control-flow branches), each a class with ``forward``."""
+    classes: list[str] = []
+    attrs = _subgraph_attrs(graph_module, "_Graph", classes)
+    code = "def _graph(" + _forward_code(graph_module)[len("def forward(") :]
+    if not attrs:
+        return code + "\n\n\n_GRAPH_SELF = None\n"
+    holder = "class _GraphSelf:  # the graph's subgraphs\n" + "".join(f"    {a}\n" for a in attrs)
+    return "\n\n".join(classes + [holder, "_GRAPH_SELF = _GraphSelf()", code]) + "\n"
 
 
 def render(metadata: dict, graph_code: str, wrapper_code: str | None) -> str:

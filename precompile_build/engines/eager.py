@@ -28,6 +28,8 @@ def capture_pair(fn, args, kwargs, *, target: str, device: str, options: dict) -
     traced = trace_call(fn, args, kwargs, target=target, tracer=options.get("tracer"))
     traced.finish_dynamic(target)
     metadata = dict(traced.metadata, engine="eager", kernels=[])
+    if options.get("fallback_reason"):  # the frozen engine's compiler failed (capture_api)
+        metadata["fallback"] = {"from": "frozen", "reason": options["fallback_reason"]}
     source = codegen.render(metadata, codegen.graph_source(traced.graph_module), None).encode()
     env = Envelope(
         engine="eager",

@@ -26,7 +26,7 @@ import os
 
 from precompile_runtime.envelope import Envelope, dumps
 
-from ..errors import CaptureError
+from ..errors import CaptureError, CompilerFailed
 from . import codegen, dynamic_dims
 from .tracing import TracedCall, example_clone, trace_call
 
@@ -91,7 +91,12 @@ def _compile(traced: TracedCall, target: str, options: dict):
             # run once: loads every kernel and settles Triton autotuning
             compiled(*[example_clone(t) for t in traced.example_inputs])
     except Exception as e:
-        raise CaptureError(f"target {target!r}: Inductor failed: {type(e).__name__}: {e}") from e
+        raise CompilerFailed(
+            f"target {target!r}: Inductor failed: {type(e).__name__}: {e}\nThe compiler failed "
+            "on a call it traced correctly: an upstream torch bug, not your code. Capture this "
+            "target with engine='eager' (no kernels), or set `fallback = \"eager\"` in its "
+            f"[tool.precompile.targets.{target}] table to fall back when this happens"
+        ) from e
     traced.finish_dynamic(target)  # after the compile: Inductor's guards count too
     wrappers = [m for m in PyCodeCache.modules if id(m) not in before and hasattr(m, "call")]
     if len(wrappers) != 1:
@@ -267,7 +272,8 @@ def _validate(source: str, blobs: dict[str, bytes], traced: TracedCall, target: 
         params, user = traced.example_inputs[:n_params], traced.example_inputs[n_params:]
         specs = traced.metadata["tensor_inputs"]
         for sizes in dynamic_dims.example_sizes(dynamic, specs, user):
-            inputs = params + [dynamic_dims.resized(t, s, sizes) for t, s in zip(user, specs)]
+            inputs = (params + [dynamic_dims.resized(t, s, sizes) for t, s in zip(user, specs)]
+                      + user[len(specs):])  # the trace-made constants (graph_attrs.py)
             cases.append(("sizes " + dynamic_dims.describe(sizes, specs, traced.symbolic.paths), inputs))
     with tempfile.TemporaryDirectory(prefix="precompile-validate-") as kdir:
         for name, data in blobs.items():

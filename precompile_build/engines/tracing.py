@@ -5,9 +5,11 @@ for a training step) a flat function of tensors:
 
     flat inputs  = lifted parameters and buffers of every nn.Module argument
                    (tied tensors collapsed by identity), then the tensor leaves of
-                   the other arguments
+                   the other arguments, then the tensor constants the trace made
+                   (graph_attrs.py: their values travel in the source half)
     flat outputs = the tensor leaves of fn's result, then the gradients of the
-                   parameters that received one in a captured ``.backward()``
+                   parameters that received one in a captured ``.backward()``,
+                   then the new values of buffers the call reassigned
 
 Non-tensor leaves of the arguments and of the result are specialised (recorded as
 constants and checked at call time). Buffers mutated in place stay in the graph as
@@ -25,7 +27,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from ..errors import CaptureError
-from . import dynamic_dims, tracers
+from . import collectives, dynamic_dims, graph_attrs, tracers
 from .layouts import example_clone  # noqa: F401  (re-exported for the engines)
 
 _LITERALS = (int, float, bool, str, type(None))
@@ -159,8 +161,8 @@ def trace_call(fn: Callable, args: tuple, kwargs: dict, *, target: str, tracer: 
         a :class:`TracedCall`. The trace runs on clones of every tensor: the real
         arguments (models included) are left untouched.
     Raises:
-        CaptureError: unsupported argument/result types, tensor constants baked into
-            the graph (closed-over tensors), or a failure inside the trace.
+        CaptureError: unsupported argument/result types, closed-over tensors or
+            script objects read by the graph (graph_attrs.py), or a failure inside the trace.
     """
     import torch
 
@@ -180,6 +182,7 @@ def trace_call(fn: Callable, args: tuple, kwargs: dict, *, target: str, tracer: 
     except CaptureError as e:
         raise CaptureError(f"target {target!r}: {e}") from None
     user_tensors, paths = [t for t, _ in user_tensors], [p for _, p in user_tensors]
+    collectives.refuse_data_parallel(fn, modules, target)
     names, params = _lift(modules)
     wants_grad = [isinstance(p, torch.nn.Parameter) and p.requires_grad for p in params]
     n_params = len(params)
@@ -210,6 +213,8 @@ def trace_call(fn: Callable, args: tuple, kwargs: dict, *, target: str, tracer: 
         call_args, call_kwargs = rebuild_args(flat[n_params:])
         with _reparametrize(modules, names, leaves):
             result = fn(*call_args, **call_kwargs)
+            reassigned = graph_attrs.reassigned_buffers(modules, names, leaves, target)
+        out_box["reassigned"] = [i for i, _ in reassigned]
         outs: list = []
         out_box["spec"] = _output_spec(result, outs, "result")
         # A returned view would alias an input or an intermediate buffer of the
@@ -222,7 +227,7 @@ def trace_call(fn: Callable, args: tuple, kwargs: dict, *, target: str, tracer: 
                 grad_indices.append(i)
         out_box["grad_indices"] = grad_indices
         out_box["num_user_outputs"] = len(outs)
-        return (*outs, *grads)
+        return (*outs, *grads, *(new.detach().clone() if new._is_view() else new.detach() for _, new in reassigned))
 
     example = [example_clone(t) for t in params + user_tensors]
     marks = [dynamic_dims.marked_dims(t) for t in user_tensors]
@@ -238,14 +243,7 @@ def trace_call(fn: Callable, args: tuple, kwargs: dict, *, target: str, tracer: 
             raise
         raise CaptureError(f"target {target!r}: {e}") from None
     gm, symbolic = traced.graph_module, traced.symbolic
-    constants = [n.target for n in gm.graph.nodes if n.op == "get_attr"]
-    if constants:
-        raise CaptureError(
-            f"target {target!r}: the function reads tensors that are not inputs "
-            f"({', '.join(constants[:5])}): a closed-over tensor or an attribute that "
-            "is not a registered parameter/buffer. Register it on the module "
-            "(register_buffer) or pass it as an argument"
-        )
+    constants = graph_attrs.check_graph_attrs(gm, target, roots=(fn, *modules), symbolic=symbolic)
 
     metadata = {
         "target": target,
@@ -261,8 +259,11 @@ def trace_call(fn: Callable, args: tuple, kwargs: dict, *, target: str, tracer: 
         "arg_names": arg_names,
         "mutated_inputs": _mutated_inputs(gm),
         "tracer": traced.tracer,
+        "collectives": collectives.canonical_groups(gm, target),  # groups by ranks, world size
+        "constants": graph_attrs.constant_specs(constants),  # trace-made: passed after the inputs
+        "reassigned_buffers": out_box["reassigned"],  # outputs after the gradients
     }
-    return TracedCall(graph_module=gm, example_inputs=example, metadata=metadata, symbolic=symbolic)
+    return TracedCall(graph_module=gm, example_inputs=example + constants, metadata=metadata, symbolic=symbolic)
 
 
 def _mutated_inputs(gm) -> list[int]:

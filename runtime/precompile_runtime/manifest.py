@@ -24,7 +24,8 @@ Schema (format ``precompile-build.manifest``, version 1)::
               },
               "capture_seconds": 12.3,    # absent in reproducible builds, like capture_device
               "captured_at": "2026-11-29T16:00:00Z",
-              "capture_device": 0      # CUDA device it ran on (index or UUID); null for cpu
+              "capture_device": 0,     # CUDA device it ran on (index or UUID); null for cpu
+              "fallback": {"from": "frozen", "reason": "..."}  # only when `fallback = "eager"` was used
             }
           ]
         }

@@ -1,0 +1,151 @@
+"""torch.distributed inside a captured function: the contract.
+
+- **Functional collectives** (``torch.distributed._functional_collectives``:
+  ``funcol.all_reduce(t, "sum", group)``, ``all_gather_tensor``, ``reduce_scatter_tensor``,
+  ``all_to_all_single``, ...) are supported by both engines. They trace to
+  ``_c10d_functional`` ops that name their group by its process-local registry name
+  ("0", "1", ...), which depends on the order a process created its groups. The
+  capture records each group by its **ranks** (in group-rank order) and rewrites the
+  name to ``precompile:ranks=0,1`` (:func:`canonical_groups`); at serve time the
+  driver finds this process's group with those ranks and registers it under that
+  name, so the pair runs over the same ranks however the serving process numbered
+  its groups. A group with these ranks must exist (the world group always does;
+  create a subgroup with ``dist.new_group(ranks)`` on every rank before the call).
+- **World size** is recorded and checked on every call (CallError): a pair captured
+  under ``torchrun --nproc_per_node 2`` serves a world of 2 processes.
+- **c10d collectives** (``dist.all_reduce(t)``) pass a ProcessGroup object, which a
+  pair cannot carry: refused at capture, saying to use functional collectives.
+- **DistributedDataParallel / FSDP** wrappers average gradients in autograd hooks the
+  trace does not see: refused at capture (:func:`refuse_data_parallel`); capture the
+  inner module's step and average gradients outside (or with funcol inside).
+
+Every rank runs the capture (the trace, Inductor's compile and the frozen engine's
+check run the collectives for real), in the same order.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterable
+
+from ..errors import CaptureError
+
+PREFIX = "precompile:ranks="
+_NAMESPACES = ("_c10d_functional", "_c10d_functional_autograd")
+
+
+def _group_args(node) -> list[tuple[int, str]]:
+    """``[(position, name)]`` of the group-name arguments of a functional collective."""
+    import torch
+
+    target = node.target
+    if node.op != "call_function" or not isinstance(target, torch._ops.OpOverload):
+        return []
+    if target.namespace not in _NAMESPACES:
+        return []
+    return [(i, node.args[i]) for i, a in enumerate(target._schema.arguments)
+            if a.name == "group_name" and i < len(node.args) and isinstance(node.args[i], str)]
+
+
+def group_ranks(pg) -> list[int]:
+    """Global ranks of process group ``pg``, in group-rank order."""
+    from torch.distributed import distributed_c10d as c10d
+
+    mapping = c10d._world.pg_group_ranks[pg]  # global rank -> group rank
+    return sorted(mapping, key=mapping.get)
+
+
+def canonical_groups(gm, target: str) -> dict | None:
+    """Rewrite the group names of ``gm``'s functional collectives (subgraphs
+    included) to ``precompile:ranks=...`` names registered in this process, and
+    return what the pair records: ``{"world_size": int, "groups": {name: ranks}}``,
+    or None when the graph runs no collective.
+
+    Raises:
+        CaptureError: a collective names a group this process cannot resolve.
+    """
+    import torch
+    import torch.distributed as dist
+    from torch.distributed import distributed_c10d as c10d
+
+    groups: dict[str, list[int]] = {}
+    for mod in gm.modules():
+        if not isinstance(mod, torch.fx.GraphModule):
+            continue
+        changed = False
+        for node in mod.graph.nodes:
+            for i, name in _group_args(node):
+                if name.startswith(PREFIX):
+                    ranks = [int(r) for r in name[len(PREFIX):].split(",")]
+                else:
+                    try:
+                        pg = c10d._resolve_process_group(name)
+                    except Exception as e:
+                        raise CaptureError(f"target {target!r}: a collective names the process group "
+                                           f"{name!r}, which this process cannot resolve ({e})") from e
+                    ranks = group_ranks(pg)
+                    canonical = PREFIX + ",".join(map(str, ranks))
+                    _register(canonical, pg)
+                    args = list(node.args)
+                    args[i] = canonical
+                    node.args = tuple(args)
+                    changed = True
+                groups[PREFIX + ",".join(map(str, ranks))] = ranks
+        if changed:
+            mod.recompile()
+    if not groups:
+        return None
+    return {"world_size": dist.get_world_size(), "groups": groups}
+
+
+def _register(name: str, pg) -> None:
+    from torch._C import _distributed_c10d as C
+
+    try:
+        C._unregister_process_group(name)
+    except Exception:  # not registered yet
+        pass
+    C._register_process_group(name, pg)
+
+
+def refuse_data_parallel(fn, modules: Iterable[Any], target: str) -> None:
+    """Refuse a capture whose model is wrapped in DistributedDataParallel or FSDP (as
+    an argument, or as the function itself, its ``self`` or a closure variable).
+
+    Raises:
+        CaptureError: naming the wrapper and what to capture instead.
+    """
+    import torch
+
+    if not (torch.distributed.is_available()):
+        return
+    from torch.nn.parallel import DistributedDataParallel
+
+    wrappers: tuple = (DistributedDataParallel,)
+    try:
+        from torch.distributed import fsdp
+
+        wrappers += tuple(getattr(fsdp, n) for n in ("FullyShardedDataParallel", "FSDPModule") if hasattr(fsdp, n))
+    except ImportError:  # pragma: no cover - torch without fsdp
+        pass
+    candidates = [*modules, fn, getattr(fn, "__self__", None)]
+    code = getattr(getattr(fn, "__func__", fn), "__code__", None)
+    for cell in getattr(getattr(fn, "__func__", fn), "__closure__", None) or ():
+        try:
+            candidates.append(cell.cell_contents)
+        except ValueError:
+            pass
+    g = getattr(getattr(fn, "__func__", fn), "__globals__", {})
+    candidates += [g[n] for n in getattr(code, "co_names", ()) if n in g]
+    for c in candidates:
+        if not isinstance(c, torch.nn.Module):
+            continue
+        for m in c.modules():
+            if isinstance(m, wrappers):
+                raise CaptureError(
+                    f"target {target!r}: the model is wrapped in {type(m).__name__}, whose gradient "
+                    "averaging runs in autograd hooks the capture cannot trace (the loaded step "
+                    "would not average gradients across ranks). Capture the inner module's step "
+                    "(pass `wrapped.module`) and average the gradients outside the loaded function "
+                    "(dist.all_reduce(p.grad) / world size per parameter), or average them inside "
+                    "with functional collectives (funcol.all_reduce(p.grad, 'avg', group))"
+                )
