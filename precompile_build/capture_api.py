@@ -48,6 +48,8 @@ class Capture:
             engine = "eager"
         self.engine = engine
         options = dict(self._options)
+        if os.environ.get("PRECOMPILE_CUDA_GRAPHS") == "1":  # the `cuda-graphs` target option
+            options.setdefault("cuda_graphs", True)
         if engine == "torch":
             options["backend"] = self.backend
         # the capture traces clones: the real call below is the only one with effects
@@ -146,7 +148,9 @@ def capture(
         backend: ``"inductor"`` or ``"eager"`` (no kernels).
         target: the name in messages (default: env ``PRECOMPILE_TARGET``, else the
             artifact file's stem).
-        options: engine options; ``{"inductor": {...}}`` is passed to Inductor.
+        options: engine options; ``{"inductor": {...}}`` is passed to Inductor;
+            ``{"cuda_graphs": True}`` (frozen engine, CUDA inference targets; the
+            `cuda-graphs` target option sets it) makes loads replay CUDA graphs.
     Returns:
         a :class:`Capture` context manager.
     Raises:

@@ -100,6 +100,8 @@ def script_env(settings: Settings, target: TargetSettings, device: str,
     env["PYTHONPATH"] = os.pathsep.join(p for p in (base, env.get("PYTHONPATH")) if p)
     env.update(PRECOMPILE_TARGET=target.name, PRECOMPILE_ARTIFACT_PATH=str(src),
                PRECOMPILE_CACHE_PATH=str(cache), PRECOMPILE_DEVICE=device)
+    if target.cuda_graphs:
+        env["PRECOMPILE_CUDA_GRAPHS"] = "1"
     if device == "cpu":
         env["CUDA_VISIBLE_DEVICES"] = ""
     elif gpu is not None:

@@ -56,6 +56,9 @@ class TargetSettings:
     cache_env: tuple[str, ...] = ()
     """`cache-env`: names of environment variables the capture depends on; their
     values (unset counts too) are part of the capture cache key."""
+    cuda_graphs: bool = False
+    """`cuda-graphs`: loads of this (CUDA, inference, frozen) target replay CUDA graphs
+    of its kernels; ``load_packaged(..., cuda_graphs=)`` overrides it."""
 
 
 @dataclass(frozen=True)
@@ -92,7 +95,7 @@ class Settings:
 
 # Keys of the tables, kebab-case as written in TOML.
 TOP_KEYS = ("package", "targets", "torch-pin", "cache", "cache-dir", "jobs")
-TARGET_KEYS = ("script", "args", "device", "timeout", "env", "required", "cache-env")
+TARGET_KEYS = ("script", "args", "device", "timeout", "env", "required", "cache-env", "cuda-graphs")
 # Override keys: config setting `precompile.KEY` / environment variable. Names the
 # runtime also reads get a BUILD_ infix (PRECOMPILE_STRICT, PRECOMPILE_CACHE_DIR).
 OVERRIDES = {"skip": "PRECOMPILE_SKIP", "targets": "PRECOMPILE_TARGETS",
@@ -206,8 +209,12 @@ def _parse_target(name: Any, raw: Any, root: Path) -> TargetSettings:
             isinstance(n, str) and _ENV_NAME.match(n) for n in cache_env):
         raise _fail(f"`{key}.cache-env` must be an array of environment variable names "
                     "(letters, digits, underscores; not starting with a digit)")
+    cuda_graphs = raw.get("cuda-graphs", False)
+    if not isinstance(cuda_graphs, bool):
+        raise _fail(f"`{key}.cuda-graphs` must be a boolean, not {_type_name(cuda_graphs)}")
     return TargetSettings(name, script, script_rel, tuple(args), device,
-                          float(timeout), dict(env), required, tuple(dict.fromkeys(cache_env)))
+                          float(timeout), dict(env), required, tuple(dict.fromkeys(cache_env)),
+                          cuda_graphs)
 
 
 def find_package(root: Path, name: str | None) -> tuple[str, Path]:

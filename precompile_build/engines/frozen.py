@@ -111,6 +111,13 @@ def _compile(traced: TracedCall, target: str, options: dict):
     if device == "cpu":
         fingerprint["cpu_isa"] = _cpu_isa()
     metadata = dict(traced.metadata, engine="frozen", kernels=kernels)
+    if options.get("cuda_graphs"):
+        if device != "cuda" or metadata["grad_param_indices"]:
+            raise CaptureError(
+                f"target {target!r}: cuda-graphs = true needs a CUDA inference target; this "
+                f"one {'runs a backward' if device == 'cuda' else 'was captured on ' + device}: "
+                "drop the option")
+        metadata["cuda_graphs"] = True
     source = codegen.render(metadata, codegen.graph_source(traced.graph_module), wrapper_code)
     _validate(source, blobs, traced, target)
     return source.encode("utf-8"), blobs, fingerprint

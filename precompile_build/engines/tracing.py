@@ -288,6 +288,7 @@ def trace_call(fn: Callable, args: tuple, kwargs: dict, *, target: str) -> Trace
         "training": [_training_flags(m) for m in modules],
         "arg_names": arg_names,
         "mutated_inputs": _mutated_inputs(gm),
+        "ambient": _ambient_state(_device_of(params + user_tensors)),
     }
     return TracedCall(graph_module=gm, example_inputs=example, metadata=metadata, symbolic=symbolic)
 
@@ -304,6 +305,18 @@ def _mutated_inputs(gm) -> list[int]:
                 if arg.alias_info is not None and arg.alias_info.is_write and a in inputs:
                     written.add(inputs.index(a))
     return sorted(written)
+
+
+def _ambient_state(device: str) -> dict:
+    """The caller's state at capture that changes what eager computes and is built
+    into the graph: autocast of the capture's device type (its dtype, absent when
+    off). The driver compares it on every call."""
+    import torch
+
+    autocast = {}
+    if torch.is_autocast_enabled(device):
+        autocast[device] = str(torch.get_autocast_dtype(device))
+    return {"autocast": autocast}
 
 
 def _training_flags(module) -> list[bool]:
