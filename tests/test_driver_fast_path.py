@@ -226,3 +226,14 @@ def test_serving_imports_no_compiler_module(tmp_path):
     assert out.returncode == 0, out.stderr
     r = json.loads(out.stdout.strip().splitlines()[-1])
     assert r == {"guard": "TensorGuards", "equal": True, "compiler_modules": []}
+
+
+def test_cuda_graphs_option_on_a_cpu_target_is_a_capture_error(tmp_path, monkeypatch):
+    """`cuda-graphs = true` reaches the capture as PRECOMPILE_CUDA_GRAPHS=1."""
+    monkeypatch.setenv("PRECOMPILE_CUDA_GRAPHS", "1")
+    paths = {"artifact_path": tmp_path / "t.py", "cache_path": tmp_path / "t.cache"}
+    with pytest.raises(precompile_build.CaptureError, match="cuda-graphs = true needs a CUDA inference "
+                       "target; this one was captured on cpu: drop the option"):
+        with precompile_build.capture(forward, engine="frozen", **paths) as f:
+            f(_model(1), torch.randn(2, 8))
+    assert not (tmp_path / "t.py").exists()
