@@ -237,3 +237,29 @@ def test_cuda_graphs_option_on_a_cpu_target_is_a_capture_error(tmp_path, monkeyp
         with precompile_build.capture(forward, engine="frozen", **paths) as f:
             f(_model(1), torch.randn(2, 8))
     assert not (tmp_path / "t.py").exists()
+
+
+def test_load_packaged_cuda_graphs_override_is_one_twin_per_setting():
+    """load_packaged(cuda_graphs=...) returns one artifact per setting, made once;
+    loads without kernels (fallbacks, eager engine) are returned unchanged."""
+    from precompile_runtime import loader
+
+    made = []
+
+    class Art:
+        uses_kernels, cuda_graphs = True, False
+
+        def with_cuda_graphs(self, enabled):
+            made.append(enabled)
+            twin = Art()
+            twin.cuda_graphs = enabled
+            return twin
+
+    done = loader._Loaded(Art(), None, "")
+    assert loader._with_graphs(done, None) is done.value
+    assert loader._with_graphs(done, False) is done.value
+    on = loader._with_graphs(done, True)
+    assert on.cuda_graphs and loader._with_graphs(done, True) is on and made == [True]
+    plain = Art()
+    plain.uses_kernels = False
+    assert loader._with_graphs(loader._Loaded(plain, None, ""), True) is plain
