@@ -155,8 +155,11 @@ def main():
     ap.add_argument("--cases", nargs="+", default=["decode", "tinylm", "gpt"])
     ap.add_argument("--calls", type=int, default=200)
     ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--threads", type=int, help="torch.set_num_threads (CPU on a shared host)")
     ap.add_argument("--out")
     a = ap.parse_args()
+    if a.threads:
+        torch.set_num_threads(a.threads)
     what = (torch.cuda.get_device_name() if a.device == "cuda"
             else f"{platform.machine()} CPU ({torch.get_num_threads()} threads)")
     lines = [
@@ -165,6 +168,9 @@ def main():
         f"`python bench/steady_state.py {' '.join(sys.argv[1:])}` - torch {torch.__version__}, "
         f"Python {platform.python_version()}, {what}; one process, mechanisms interleaved, "
         f"median of {a.rounds} rounds x {a.calls} calls; ms per call (err: max |result - eager|).",
+        "First call: in this process, after the pair's capture (its kernels are loaded), so it",
+        "is torch.compile's compile time against a loaded pair, not a cold start (that is",
+        "bench/cold_start.py); with graphs on the first call is the warm-up run, the second records.",
         "",
     ]
 
