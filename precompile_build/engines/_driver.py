@@ -560,6 +560,8 @@ class CompiledArtifact:
         try:
             if cuda is None:
                 outs = self._run(flat)
+            elif torch._C._cuda_getDevice() == cuda.index:
+                outs = self._run(flat) if self._graphs is None else self._graphs(flat, cuda)
             else:
                 with torch.cuda.device(cuda):
                     outs = self._run(flat) if self._graphs is None else self._graphs(flat, cuda)
