@@ -263,3 +263,15 @@ def test_load_packaged_cuda_graphs_override_is_one_twin_per_setting():
     plain = Art()
     plain.uses_kernels = False
     assert loader._with_graphs(loader._Loaded(plain, None, ""), True) is plain
+
+
+def test_two_model_arguments_are_cached_as_a_pair(tmp_path):
+    def two(a, b, x):
+        return b(a(x))
+
+    a, b, x = nn.Linear(8, 8), nn.Linear(8, 4), torch.randn(2, 8)
+    fn = _capture(tmp_path, two, a, b, x)["load"](None)
+    torch.testing.assert_close(fn(a, b, x), b(a(x)))
+    other = nn.Linear(8, 4)  # same first model, another second one: not the cached tensors
+    torch.testing.assert_close(fn(a, other, x), other(a(x)))
+    torch.testing.assert_close(fn(a, b, x), b(a(x)))

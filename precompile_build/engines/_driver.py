@@ -231,7 +231,7 @@ def _rebuild(spec, outs):
 # the epoch (documented): ``m.training = ...`` set directly, ``p.data = ...``, and
 # ``requires_grad_()`` on a parameter; CUDA graphs still compare every parameter's
 # address before each replay.
-_FAST = {}  # id(module) -> (weakref(module), epoch, params); see _cached_params
+_FAST = {}  # id(first model) -> (weakref, epoch, lifted tensors, [weakref of each model])
 _TRAINING = _operator.attrgetter("training")
 
 
@@ -318,12 +318,12 @@ def _cached_params(modules):
     epoch = _EPOCH[0]
     entry = _FAST.get(id(modules[0]))
     if entry is not None and entry[1] == epoch and entry[0]() is modules[0] and (
-            len(modules) == 1 or entry[3] == tuple(map(id, modules))):
+            len(modules) == 1 or [r() for r in entry[3]] == modules):
         return entry[2]
     params = _full_params(modules)
     key = id(modules[0])
     ref = _weakref.ref(modules[0], lambda _r, k=key: _FAST.pop(k, None))
-    _FAST[key] = (ref, epoch, params, tuple(map(id, modules)))
+    _FAST[key] = (ref, epoch, params, [_weakref.ref(m) for m in modules])
     return params
 
 
