@@ -43,13 +43,20 @@ class Capture:
         if self._pair is not None:
             return self._fn(*args, **kwargs)  # later calls run for real, uncaptured
         device = _device_of(args, kwargs)
-        engine = engines.resolve(self.engine, device)
-        if self.backend == "eager" and engine == "frozen":
-            engine = "eager"
-        self.engine = engine
         options = dict(self._options)
         if os.environ.get("PRECOMPILE_CUDA_GRAPHS") == "1":  # the `cuda-graphs` target option
             options.setdefault("cuda_graphs", True)
+        # CUDA graphs replay the frozen engine's kernels: auto picks it for them
+        engine = engines.resolve("frozen" if options.get("cuda_graphs") and self.engine == "auto"
+                                 else self.engine, device)
+        if self.backend == "eager" and engine == "frozen":
+            engine = "eager"
+        if options.get("cuda_graphs") and engine != "frozen":
+            raise CaptureError(
+                f"target {self.target!r}: cuda-graphs = true replays the frozen engine's kernels, "
+                f"but this capture uses engine {engine!r}: use engine='frozen' (or 'auto') and "
+                "backend='inductor', or drop the option")
+        self.engine = engine
         if engine == "torch":
             options["backend"] = self.backend
         # the capture traces clones: the real call below is the only one with effects

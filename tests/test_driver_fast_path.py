@@ -275,3 +275,12 @@ def test_two_model_arguments_are_cached_as_a_pair(tmp_path):
     other = nn.Linear(8, 4)  # same first model, another second one: not the cached tensors
     torch.testing.assert_close(fn(a, other, x), other(a(x)))
     torch.testing.assert_close(fn(a, b, x), b(a(x)))
+
+
+def test_cuda_graphs_option_with_another_engine_is_a_capture_error(tmp_path, monkeypatch):
+    monkeypatch.setenv("PRECOMPILE_CUDA_GRAPHS", "1")
+    paths = {"artifact_path": tmp_path / "t.py", "cache_path": tmp_path / "t.cache"}
+    with pytest.raises(precompile_build.CaptureError, match="replays the frozen engine's kernels, "
+                       "but this capture uses engine 'eager'"):
+        with precompile_build.capture(forward, engine="eager", **paths) as f:
+            f(_model(1), torch.randn(2, 8))
