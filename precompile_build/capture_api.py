@@ -47,11 +47,20 @@ class Capture:
         if self._pair is not None:
             return self._fn(*args, **kwargs)  # later calls run for real, uncaptured
         device = _device_of(args, kwargs)
-        engine = engines.resolve(self.engine, device)
+        options = dict(self._options)
+        if os.environ.get("PRECOMPILE_CUDA_GRAPHS") == "1":  # the `cuda-graphs` target option
+            options.setdefault("cuda_graphs", True)
+        # CUDA graphs replay the frozen engine's kernels: auto picks it for them
+        engine = engines.resolve("frozen" if options.get("cuda_graphs") and self.engine == "auto"
+                                 else self.engine, device)
         if self.backend == "eager" and engine == "frozen":
             engine = "eager"
+        if options.get("cuda_graphs") and engine != "frozen":
+            raise CaptureError(
+                f"target {self.target!r}: cuda-graphs = true replays the frozen engine's kernels, "
+                f"but this capture uses engine {engine!r}: use engine='frozen' (or 'auto') and "
+                "backend='inductor', or drop the option")
         self.engine = engine
-        options = dict(self._options)
         if engine == "torch":
             options["backend"] = self.backend
         else:  # the torch engine's "tracer" option means torch's own tracers
@@ -166,7 +175,9 @@ def capture(
         backend: ``"inductor"`` or ``"eager"`` (no kernels).
         target: the name in messages (default: env ``PRECOMPILE_TARGET``, else the
             artifact file's stem).
-        options: engine options; ``{"inductor": {...}}`` is passed to Inductor.
+        options: engine options; ``{"inductor": {...}}`` is passed to Inductor;
+            ``{"cuda_graphs": True}`` (frozen engine, CUDA inference targets; the
+            `cuda-graphs` target option sets it) makes loads replay CUDA graphs.
         tracer: how the frozen and eager engines turn the call into a graph:
             ``"auto"`` (torch.export, make_fx for a training step or where export
             fails), ``"export"``, ``"export-strict"`` or ``"make_fx"``; default: env

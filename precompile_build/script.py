@@ -103,6 +103,8 @@ def script_env(settings: Settings, target: TargetSettings, device: str,
                PRECOMPILE_FALLBACK=target.fallback)
     if target.tracer:
         env["PRECOMPILE_TRACER"] = target.tracer
+    if target.cuda_graphs:
+        env["PRECOMPILE_CUDA_GRAPHS"] = "1"
     if device == "cpu":
         env["CUDA_VISIBLE_DEVICES"] = ""
     elif gpu is not None:

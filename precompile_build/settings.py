@@ -67,6 +67,9 @@ class TargetSettings:
     """`tracer`: how the frozen/eager engines trace the call: `auto`, `export`,
     `export-strict` or `make_fx` (engines/tracers.py); passed to the script as
     PRECOMPILE_TRACER. None: the environment's PRECOMPILE_TRACER, else auto."""
+    cuda_graphs: bool = False
+    """`cuda-graphs`: loads of this (CUDA, inference, frozen) target replay CUDA graphs
+    of its kernels; ``load_packaged(..., cuda_graphs=)`` overrides it."""
 
 
 @dataclass(frozen=True)
@@ -104,7 +107,7 @@ class Settings:
 # Keys of the tables, kebab-case as written in TOML.
 TOP_KEYS = ("package", "targets", "torch-pin", "cache", "cache-dir", "jobs")
 TARGET_KEYS = ("script", "args", "device", "timeout", "env", "required", "cache-env", "fallback",
-               "tracer")
+               "tracer", "cuda-graphs")
 # Override keys: config setting `precompile.KEY` / environment variable. Names the
 # runtime also reads get a BUILD_ infix (PRECOMPILE_STRICT, PRECOMPILE_CACHE_DIR).
 OVERRIDES = {"skip": "PRECOMPILE_SKIP", "targets": "PRECOMPILE_TARGETS",
@@ -225,9 +228,12 @@ def _parse_target(name: Any, raw: Any, root: Path) -> TargetSettings:
     tracer = raw.get("tracer")
     if tracer is not None and tracer not in TRACERS:
         raise _fail(f"`{key}.tracer` must be one of {', '.join(map(repr, TRACERS))}, not {tracer!r}")
+    cuda_graphs = raw.get("cuda-graphs", False)
+    if not isinstance(cuda_graphs, bool):
+        raise _fail(f"`{key}.cuda-graphs` must be a boolean, not {_type_name(cuda_graphs)}")
     return TargetSettings(name, script, script_rel, tuple(args), device,
                           float(timeout), dict(env), required, tuple(dict.fromkeys(cache_env)),
-                          fallback, tracer=tracer)
+                          fallback, tracer=tracer, cuda_graphs=cuda_graphs)
 
 
 def find_package(root: Path, name: str | None) -> tuple[str, Path]:

@@ -50,6 +50,7 @@ def test_unknown_key_names_dotted_key_and_suggests(tmp_path, toml, key, suggesti
     ("timeout = true", "tool.precompile.targets.double.timeout"),
     ("env = { A = 1 }", "tool.precompile.targets.double.env"),
     ('required = "yes"', "tool.precompile.targets.double.required"),
+    ('cuda-graphs = "yes"', "tool.precompile.targets.double.cuda-graphs"),
 ])
 def test_wrong_types_name_the_field(tmp_path, extra, field):
     root = make_project(tmp_path, f'[tool.precompile.targets.double]\n'

@@ -5,8 +5,9 @@
 # defined in the same file.
 import importlib as _importlib
 import math as _math
+import operator as _operator
 import os as _os
-from contextlib import nullcontext as _nullcontext
+import weakref as _weakref
 
 try:  # the runtime's error type where it is installed; the file stays self-contained
     from precompile_runtime.errors import CallError
@@ -205,11 +206,13 @@ def _check_dynamic(leaves):
 
 def _check_no_aliases(flat, names):
     """The compiled code writes to the inputs at _META["mutated_inputs"] and reads the
-    others as separate memory: an input written to must share memory with no other."""
+    others as separate memory: an input written to must share memory with no other.
+    ``names()`` gives each input's name for the message."""
     ptrs = [t.untyped_storage().data_ptr() if t.numel() else None for t in flat]
     for i in _META["mutated_inputs"]:
         for j, ptr in enumerate(ptrs):
             if j != i and ptr is not None and ptr == ptrs[i]:
+                names = names()
                 raise CallError(
                     f"target {_META['target']!r}: {names[i]} shares memory with {names[j]}, "
                     "and the captured function writes to it; pass separate tensors (.clone())"
@@ -273,12 +276,53 @@ def _rebuild(spec, outs):
     raise CallError(f"unknown output kind {kind!r}")  # pragma: no cover
 
 
-# The full check of a model's parameters (names, dtype, device, shape, stride) walks
-# named_parameters() and costs microseconds per tensor on every call. A model seen
-# before is checked the short way: the same tensor objects (held weakly), each still
-# of the captured dtype, device, shape and stride.
-_SEEN = {}  # tuple of module ids -> [weakref of each lifted tensor]
-_SIGS = [(s["dtype"], s["device_type"], tuple(s["shape"]), tuple(s["stride"])) for s in _META["params"]]
+# ---- per-call checks, cached -------------------------------------------------------
+# The full check of a model's parameters (names, dtype, device, shape, stride) and of
+# every submodule's train/eval flag walks the whole model: microseconds per tensor.
+# It runs when a model is seen first and again whenever the model *state epoch*
+# moved: a process-wide counter bumped by torch's global registration hooks (a
+# parameter, buffer or submodule assigned: a swapped checkpoint, load_state_dict(...,
+# assign=True)) and by nn.Module.train / nn.Module._apply (train(), eval(), to(),
+# cuda(), half(), ...), which are wrapped once per process. Between bumps a call
+# costs one dict lookup per model argument, whatever the model's size. Not seen by
+# the epoch (documented): ``m.training = ...`` set directly, ``p.data = ...``, and
+# ``requires_grad_()`` on a parameter; CUDA graphs still compare every parameter's
+# address before each replay.
+_FAST = {}  # id(first model) -> (weakref, epoch, lifted tensors, [weakref of each model])
+_TRAINING = _operator.attrgetter("training")
+
+
+def _state_epoch():
+    """The process-wide model state epoch box ([int]), installed on first use."""
+    M = torch.nn.modules.module
+    box = getattr(M, "_precompile_state_epoch", None)
+    if box is not None:
+        return box
+    box = [0]
+
+    def bump(*_args):
+        box[0] += 1  # returns None: the registration hooks keep the value assigned
+
+    for name in ("parameter", "buffer", "module"):
+        hook = getattr(M, f"register_module_{name}_registration_hook", None)
+        if hook is not None:
+            hook(bump)
+    for name in ("train", "_apply"):
+        orig = getattr(torch.nn.Module, name)
+
+        def wrapped(self, *args, _orig=orig, **kwargs):
+            try:
+                return _orig(self, *args, **kwargs)
+            finally:
+                box[0] += 1
+
+        wrapped.__name__, wrapped.__doc__, wrapped.__wrapped__ = orig.__name__, orig.__doc__, orig
+        setattr(torch.nn.Module, name, wrapped)
+    M._precompile_state_epoch = box
+    return box
+
+
+_EPOCH = _state_epoch()
 
 
 def _submodules(mod):
@@ -290,11 +334,10 @@ def _submodules(mod):
     return subs
 
 
-def _check_training(subs):
-    """Dropout and batch norm were traced in the captured train/eval mode
-    (``subs``: each model argument's _submodules)."""
-    for i, (mods, want) in enumerate(zip(subs, _META.get("training", []))):
-        got = [m.training for m in mods]
+def _check_training(modules):
+    """Dropout and batch norm were traced in the captured train/eval mode."""
+    for i, (mod, want) in enumerate(zip(modules, _META.get("training", []))):
+        got = list(map(_TRAINING, _submodules(mod)))
         if got != want:
             if all(want):
                 fix = "call model.train()"
@@ -309,39 +352,197 @@ def _check_training(subs):
             )
 
 
-def _lifted(subs_per_module):
-    """The lifted tensors in _module_tensors' order, without names."""
-    seen, out = set(), []
-    for subs in subs_per_module:
-        for attr in ("_parameters", "_buffers"):
-            for m in subs:
-                for t in getattr(m, attr).values():
-                    if t is not None and id(t) not in seen:
-                        seen.add(id(t))
-                        out.append(t)
-    return out
-
-
-def _known_params(modules, subs):
-    refs = _SEEN.get(tuple(map(id, modules)))
-    if refs is None:
-        return None
-    params = _lifted(subs)
-    if len(params) != len(refs):
-        return None
-    for t, r, (dtype, device, shape, stride) in zip(params, refs, _SIGS):
-        if (r() is not t or str(t.dtype) != dtype or t.device.type != device
-                or t.shape != shape or t.stride() != stride):
-            return None
+def _full_params(modules):
+    """The full check of the model arguments: returns their lifted tensors."""
+    names, params = _module_tensors(modules)
+    if names != _META["param_names"]:
+        raise CallError(
+            f"target {_META['target']!r}: the model passed has parameters/buffers "
+            f"{names[:4]}... ({len(names)}) but the capture lifted "
+            f"{_META['param_names'][:4]}... ({len(_META['param_names'])}); "
+            "pass a model of the captured structure"
+        )
+    for t, n, s in zip(params, names, _META["params"]):
+        _check_tensor(t, s, f"parameter/buffer {n}")
+    _check_training(modules)
     return params
 
 
-def _remember_params(modules, params):
-    import weakref
+def _cached_params(modules):
+    """The lifted tensors of ``modules``, from the cache while the state epoch stands."""
+    if not modules:
+        return []
+    epoch = _EPOCH[0]
+    entry = _FAST.get(id(modules[0]))
+    if entry is not None and entry[1] == epoch and entry[0]() is modules[0] and (
+            len(modules) == 1 or [r() for r in entry[3]] == modules):
+        return entry[2]
+    params = _full_params(modules)
+    key = id(modules[0])
+    ref = _weakref.ref(modules[0], lambda _r, k=key: _FAST.pop(k, None))
+    _FAST[key] = (ref, epoch, params, [_weakref.ref(m) for m in modules])
+    return params
 
-    if len(_SEEN) > 16:
-        _SEEN.clear()
-    _SEEN[tuple(map(id, modules))] = [weakref.ref(t) for t in params]
+
+# User tensor inputs of a static-shape capture: torch's C tensor check
+# (torch._C._dynamo.guards.TensorGuards: dtype, device, sizes, strides, requires_grad,
+# dispatch keys; part of torch._C, no import of torch._dynamo) built from the last
+# call that passed the full check; a call it rejects takes the full check, which
+# names the problem or rebuilds the guard.
+_TENSOR_GUARDS = getattr(getattr(getattr(torch._C, "_dynamo", None), "guards", None), "TensorGuards", None)
+_INPUT_GUARD = [None]
+
+
+def _check_inputs(tensors, leaves):
+    guard = _INPUT_GUARD[0]
+    if guard is not None and guard.check(*tensors):
+        return
+    if _DYN:
+        _check_dynamic(leaves)
+        return
+    for (t, path), s in zip(leaves, _META["tensor_inputs"]):
+        _check_tensor(t, s, path)
+    if _TENSOR_GUARDS is not None and tensors:
+        try:
+            _INPUT_GUARD[0] = _TENSOR_GUARDS(
+                *tensors, dynamic_dims_sizes=[list(t.shape) for t in tensors],
+                dynamic_dims_strides=[list(t.stride()) for t in tensors])
+        except Exception:  # pragma: no cover - an older/newer signature: keep the Python check
+            _INPUT_GUARD[0] = None
+
+
+# ---- ambient state: what changes what eager computes, checked per call ------------
+_AMBIENT = _META.get("ambient") or {"autocast": {}}
+_ANY_AUTOCAST = getattr(torch._C, "_is_any_autocast_enabled", None)
+_RUNS_BACKWARD = bool(_META.get("grad_param_indices"))
+
+
+def _autocast_state(device_type):
+    if not torch.is_autocast_enabled(device_type):
+        return None
+    return str(torch.get_autocast_dtype(device_type))
+
+
+def _check_ambient():
+    """Raise CallError where the caller's ambient state would make eager compute
+    something else than what was captured: autocast (enabled, dtype) for the
+    capture's device type, and grad mode for a captured backward."""
+    want = _AMBIENT["autocast"]
+    if want or _ANY_AUTOCAST is None or _ANY_AUTOCAST():
+        device_type = _META["device"]
+        got = _autocast_state(device_type)
+        if got != want.get(device_type):
+            cap = want.get(device_type)
+            raise CallError(
+                f"target {_META['target']!r}: called with {device_type} autocast "
+                f"{'to ' + got if got else 'off'}, but captured with it "
+                f"{'to ' + cap if cap else 'off'}: the frozen code has the capture's casts "
+                "built in and would silently return other dtypes than eager. Call it "
+                + ("inside the same torch.autocast(...)" if cap else "outside torch.autocast "
+                   "(torch.autocast(..., enabled=False) around the call)")
+                + ", or capture again under this autocast"
+            )
+    if _RUNS_BACKWARD and not torch.is_grad_enabled():
+        raise CallError(
+            f"target {_META['target']!r}: called with grad disabled (torch.no_grad() or "
+            "torch.inference_mode()), but the captured function runs a backward; eager "
+            "would fail here. Call it with grad enabled"
+        )
+
+
+# ---- CUDA graphs ------------------------------------------------------------------
+# One graph per (device, user input sizes), recorded at the second call of that key
+# (the first is the warm-up: kernels loaded, allocator settled), replayed after.
+# Like torch/_inductor/cudagraph_trees.py: user inputs are copied into static
+# buffers; parameters and buffers are static inputs read in place, their addresses
+# compared before each replay (a swapped checkpoint or a moved model re-records,
+# never replays stale pointers); buffers the code writes are written in place, user
+# inputs it writes are copied back; outputs are copied out of the graph's memory
+# (copy_outputs=False hands out the graph's own output tensors, which the next
+# replay overwrites); graphs of one device share a private memory pool; at most
+# max_graphs graphs are kept, least recently used dropped.
+_DATA_PTRS_EQUAL = getattr(torch._C, "_tensors_data_ptrs_at_indices_equal", None)
+
+
+class _Graph:
+    __slots__ = ("graph", "static_inputs", "outputs", "param_ptrs")
+
+
+class _CudaGraphs:
+    def __init__(self, run, copy_outputs, max_graphs):
+        if _META["device"] != "cuda":
+            raise CallError(f"target {_META['target']!r}: CUDA graphs need a CUDA target; "
+                            f"this one was captured on {_META['device']}")
+        if _RUNS_BACKWARD:
+            raise CallError(
+                f"target {_META['target']!r} runs a backward (a training step): CUDA graphs "
+                "serve inference targets only here; load it with cuda_graphs=False")
+        if not isinstance(max_graphs, int) or max_graphs < 1:
+            raise ValueError(f"max_graphs must be a positive int, not {max_graphs!r}")
+        self._run = run
+        self._copy = bool(copy_outputs)
+        self._max = max_graphs
+        self._graphs = {}  # key -> _Graph, in least-recently-used order
+        self._warm = set()
+        self._pools = {}  # device index -> memory pool handle
+        self._n = len(_META["params"])
+        n = self._n
+        self._param_idx = list(range(n))
+        self._mutated_user = [i - n for i in _META.get("mutated_inputs", []) if i >= n]
+        self.recorded = 0  # graphs recorded so far (tests, benchmarks)
+
+    def __call__(self, flat, device):
+        n = self._n
+        users = flat[n:]
+        key = (device.index, *[t.shape for t in users])
+        g = self._graphs.pop(key, None)
+        if g is not None:
+            if _DATA_PTRS_EQUAL is not None:
+                same = _DATA_PTRS_EQUAL(flat, g.param_ptrs, self._param_idx)
+            else:
+                same = all(t.data_ptr() == p for t, p in zip(flat, g.param_ptrs))
+            if not same:
+                g = None  # parameters moved or swapped: record again
+        if g is None:
+            if key not in self._warm:  # warm-up: a plain run
+                self._warm.add(key)
+                return self._run(flat)
+            g = self._record(flat, device)
+            self.recorded += 1
+        self._graphs[key] = g
+        if len(self._graphs) > self._max:
+            del self._graphs[next(iter(self._graphs))]
+        if users:
+            torch._foreach_copy_(g.static_inputs, users)
+        g.graph.replay()
+        for i in self._mutated_user:
+            users[i].copy_(g.static_inputs[i])
+        if self._copy:
+            return [o.clone() for o in g.outputs]
+        return list(g.outputs)
+
+    def _record(self, flat, device):
+        n = self._n
+        users = flat[n:]
+        pool = self._pools.get(device.index)
+        if pool is None:
+            pool = self._pools[device.index] = torch.cuda.graph_pool_handle()
+        g = _Graph()
+        g.static_inputs = [torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=t.device)
+                           for t in users]
+        if users:
+            torch._foreach_copy_(g.static_inputs, users)
+        g.param_ptrs = [t.data_ptr() for t in flat[:n]]
+        g.graph = torch.cuda.CUDAGraph()
+        torch.cuda.synchronize(device)
+        try:
+            with torch.cuda.graph(g.graph, pool=pool):
+                g.outputs = tuple(self._run(list(flat[:n]) + g.static_inputs))
+        except Exception as e:
+            raise CallError(
+                f"target {_META['target']!r}: recording a CUDA graph failed ({type(e).__name__}: "
+                f"{e}); load it with cuda_graphs=False") from e
+        return g
 
 
 class CompiledArtifact:
@@ -351,18 +552,101 @@ class CompiledArtifact:
     at call time (no weights are stored); parameter gradients computed by a captured
     backward are accumulated onto ``.grad`` like eager; buffers mutated by the call
     (BatchNorm statistics, counters) are updated in place. Returned tensors carry no
-    autograd history.
+    autograd history. ``cuda_graphs`` is True when calls replay CUDA graphs (see
+    :meth:`with_cuda_graphs`).
     """
 
-    def __init__(self, run, uses_kernels):
+    def __init__(self, run, uses_kernels, cuda_graphs=None):
         self._run = run
         self.uses_kernels = uses_kernels
         self.metadata = _META
+        self._graphs = cuda_graphs
+        self.cuda_graphs = cuda_graphs is not None
+
+    def with_cuda_graphs(self, enabled=True, *, copy_outputs=True, max_graphs=8):
+        """A new callable on the same kernels, with CUDA graphs on or off.
+
+        Args:
+            enabled: record the frozen kernels' launches into CUDA graphs and replay
+                them (bool).
+            copy_outputs: True (default): returned tensors are copies the caller
+                owns. False: the graph's own output tensors, overwritten by the next
+                call with the same sizes (no copy; keep them only until then).
+            max_graphs: graphs kept (one per device and input sizes), least recently
+                used dropped first.
+        Returns:
+            a :class:`CompiledArtifact`.
+        Raises:
+            CallError: enabled for a CPU target, a target without frozen kernels, or
+                a target that runs a backward.
+        """
+        if not enabled:
+            return CompiledArtifact(self._run, self.uses_kernels)
+        if not self.uses_kernels:
+            raise CallError(f"target {_META['target']!r}: CUDA graphs replay frozen kernels; "
+                            "this load has none (a fallback or the eager engine)")
+        return CompiledArtifact(self._run, True, _CudaGraphs(self._run, copy_outputs, max_graphs))
 
     def __call__(self, *args, **kwargs):
-        modules, leaves = [], []
+        _check_ambient()
         if _DIST:
             _check_dist()
+        if kwargs or len(args) != _N_POS or not _SIMPLE_ARGS:
+            modules, leaves = self._flatten_args(args, kwargs)
+        else:
+            modules = [args[i] for i in _MODULE_POS]
+            for m in modules:
+                if not isinstance(m, torch.nn.Module):
+                    self._flatten_args(args, kwargs)  # raises, naming the argument
+            leaves = None
+        params = _cached_params(modules)
+        if leaves is None:
+            tensors = [args[i] for i in _TENSOR_POS]
+            guard = _INPUT_GUARD[0]
+            if guard is None or not guard.check(*tensors):
+                _, leaves = self._flatten_args(args, kwargs)
+                _check_inputs(tensors, leaves)
+        else:
+            tensors = [t for t, _ in leaves]
+            _check_inputs(tensors, leaves)
+        flat = params + tensors  # no autograd below: run under no_grad
+        if _CONSTS:  # the trace-made tensor constants, after the inputs
+            flat += _CONSTS
+        if _CHECK_ALIASES:
+            _check_no_aliases(flat, lambda: [f"parameter/buffer {n}" for n in _META["param_names"]]
+                              + _paths(args, kwargs))
+        cuda = next((t.device for t in flat if t.is_cuda), None) if _ON_CUDA else None
+        grad = torch.is_grad_enabled()
+        torch._C._set_grad_enabled(False)
+        try:
+            if cuda is None:
+                outs = self._run(flat)
+            elif torch._C._cuda_getDevice() == cuda.index:
+                outs = self._run(flat) if self._graphs is None else self._graphs(flat, cuda)
+            else:
+                with torch.cuda.device(cuda):
+                    outs = self._run(flat) if self._graphs is None else self._graphs(flat, cuda)
+        finally:
+            torch._C._set_grad_enabled(grad)
+        if _N_GRADS:
+            n_user = _META["num_user_outputs"]
+            for index, g in zip(_META["grad_param_indices"], outs[n_user:]):
+                p = params[index]
+                if p.grad is None:
+                    p.grad = g
+                else:
+                    p.grad.add_(g)
+        if _REASSIGNED:  # `self.steps = self.steps + 1`: the new value, into the caller's buffer
+            with torch.no_grad():
+                for index, new in zip(_REASSIGNED, outs[_META["num_user_outputs"] + _N_GRADS:]):
+                    params[index].copy_(new)
+        if _SINGLE_OUT is not None:
+            return outs[_SINGLE_OUT]
+        return _rebuild(_META["outputs"], list(outs[:_META["num_user_outputs"]]))
+
+    @staticmethod
+    def _flatten_args(args, kwargs):
+        modules, leaves = [], []
         arg_spec, kw_spec = _META["inputs"][1]
         kw_names = sorted(k for k, _ in kw_spec[1])
         if len(args) != len(arg_spec[1]) or sorted(kwargs) != kw_names:
@@ -377,59 +661,47 @@ class CompiledArtifact:
             _flatten(s, v, modules, leaves, f"argument {names[i]!r}" if names else f"args[{i}]")
         for k, s in kw_spec[1]:
             _flatten(s, kwargs[k], modules, leaves, f"keyword argument {k!r}")
-        subs = [_submodules(m) for m in modules]  # one walk serves both checks below
-        params = _known_params(modules, subs)
-        if params is None:  # a model not seen before, or changed: the full check
-            names, params = _module_tensors(modules)
-            if names != _META["param_names"]:
-                raise CallError(
-                    f"target {_META['target']!r}: the model passed has parameters/buffers "
-                    f"{names[:4]}... ({len(names)}) but the capture lifted "
-                    f"{_META['param_names'][:4]}... ({len(_META['param_names'])}); "
-                    "pass a model of the captured structure"
-                )
-            for t, n, s in zip(params, names, _META["params"]):
-                _check_tensor(t, s, f"parameter/buffer {n}")
-            _remember_params(modules, params)
-        _check_training(subs)
-        if _DYN:
-            _check_dynamic(leaves)
-        else:
-            for (t, path), s in zip(leaves, _META["tensor_inputs"]):
-                _check_tensor(t, s, path)
-        flat = params + [t for t, _ in leaves]  # no autograd below: run under no_grad
-        if _CONSTS:  # the trace-made tensor constants, after the inputs
-            flat += _CONSTS
-        if _META.get("mutated_inputs") and _META["engine"] == "frozen":
-            _check_no_aliases(flat, [f"parameter/buffer {n}" for n in _META["param_names"]]
-                              + [path for _, path in leaves])
-        cuda = next((t.device for t in flat if t.device.type == "cuda"), None)
-        with torch.no_grad(), (torch.cuda.device(cuda) if cuda is not None else _nullcontext()):
-            outs = self._run(flat)
-        n_user = _META["num_user_outputs"]
-        for index, g in zip(_META["grad_param_indices"], outs[n_user:]):
-            p = params[index]
-            if p.grad is None:
-                p.grad = g
-            else:
-                p.grad.add_(g)
-        if _REASSIGNED:  # `self.steps = self.steps + 1`: the new value, into the caller's buffer
-            with torch.no_grad():
-                for index, new in zip(_REASSIGNED, outs[n_user + len(_META["grad_param_indices"]):]):
-                    params[index].copy_(new)
-        return _rebuild(_META["outputs"], list(outs[:n_user]))
+        return modules, leaves
 
 
-def load(kernel_dir):
+def _paths(args, kwargs):
+    return [path for _, path in CompiledArtifact._flatten_args(args, kwargs)[1]]
+
+
+# The common calling convention, served without walking the argument spec: only
+# positional arguments, each a model or a tensor; one tensor returned.
+_ARG_SPEC, _KW_SPEC = _META["inputs"][1]
+_N_POS = len(_ARG_SPEC[1])
+_SIMPLE_ARGS = not _KW_SPEC[1] and all(s[0] in ("module", "tensor") for s in _ARG_SPEC[1])
+_MODULE_POS = [i for i, s in enumerate(_ARG_SPEC[1]) if s[0] == "module"]
+_TENSOR_POS = [i for i, s in enumerate(_ARG_SPEC[1]) if s[0] == "tensor"]
+_SINGLE_OUT = _META["outputs"][1] if _META["outputs"][0] == "tensor" else None
+_N_GRADS = len(_META["grad_param_indices"])
+_CHECK_ALIASES = bool(_META.get("mutated_inputs")) and _META["engine"] == "frozen"
+_ON_CUDA = _META["device"] == "cuda"
+
+
+def load(kernel_dir, cuda_graphs=None):
     """Return the callable for this pair.
 
     Args:
         kernel_dir: directory with the cache's unpacked blobs (frozen kernels), or
             None to run the captured ATen graph in eager mode (slower, no kernels).
+        cuda_graphs: True/False: replay CUDA graphs of the frozen kernels or not;
+            None: as the capture recorded (``cuda-graphs`` target option); ignored
+            without kernels.
     Returns:
         a :class:`CompiledArtifact`.
     """
     if kernel_dir is None or _META["engine"] != "frozen":
+        if cuda_graphs:
+            import warnings
+
+            warnings.warn(f"target {_META['target']!r}: cuda_graphs=True ignored: this load "
+                          "runs no frozen kernels", stacklevel=2)
         return CompiledArtifact(lambda flat: _graph(_GRAPH_SELF, *flat), uses_kernels=False)
     call = _make_call(_load_kernels(kernel_dir))
-    return CompiledArtifact(lambda flat: call(list(flat)), uses_kernels=True)
+    art = CompiledArtifact(call, uses_kernels=True)  # call(list) consumes the fresh list
+    if cuda_graphs is None:
+        cuda_graphs = bool(_META.get("cuda_graphs"))
+    return art.with_cuda_graphs() if cuda_graphs else art

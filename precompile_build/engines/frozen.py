@@ -56,6 +56,12 @@ def capture_pair(fn, args, kwargs, *, target: str, device: str, options: dict) -
             frozen wrapper's results differ from the captured graph's.
     """
     traced = trace_call(fn, args, kwargs, target=target, tracer=options.get("tracer"))
+    device = traced.metadata["device"]
+    if options.get("cuda_graphs") and (device != "cuda" or traced.metadata["grad_param_indices"]):
+        raise CaptureError(
+            f"target {target!r}: cuda-graphs = true needs a CUDA inference target; this "
+            f"one {'runs a backward' if device == 'cuda' else 'was captured on ' + device}: "
+            "drop the option")
     source, blobs, fingerprint = _compile(traced, target, options)
     code_hash = hashlib.sha256(source).hexdigest()
     env = Envelope(
@@ -116,6 +122,8 @@ def _compile(traced: TracedCall, target: str, options: dict):
     if device == "cpu":
         fingerprint["cpu_isa"] = _cpu_isa()
     metadata = dict(traced.metadata, engine="frozen", kernels=kernels)
+    if options.get("cuda_graphs"):
+        metadata["cuda_graphs"] = True
     source = codegen.render(metadata, codegen.graph_source(traced.graph_module), wrapper_code)
     _validate(source, blobs, traced, target)
     return source.encode("utf-8"), blobs, fingerprint

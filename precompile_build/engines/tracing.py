@@ -262,6 +262,7 @@ def trace_call(fn: Callable, args: tuple, kwargs: dict, *, target: str, tracer: 
         "collectives": collectives.canonical_groups(gm, target),  # groups by ranks, world size
         "constants": graph_attrs.constant_specs(constants),  # trace-made: passed after the inputs
         "reassigned_buffers": out_box["reassigned"],  # outputs after the gradients
+        "ambient": _ambient_state(_device_of(params + user_tensors)),
     }
     return TracedCall(graph_module=gm, example_inputs=example + constants, metadata=metadata, symbolic=symbolic)
 
@@ -278,6 +279,18 @@ def _mutated_inputs(gm) -> list[int]:
                 if arg.alias_info is not None and arg.alias_info.is_write and a in inputs:
                     written.add(inputs.index(a))
     return sorted(written)
+
+
+def _ambient_state(device: str) -> dict:
+    """The caller's state at capture that changes what eager computes and is built
+    into the graph: autocast of the capture's device type (its dtype, absent when
+    off). The driver compares it on every call."""
+    import torch
+
+    autocast = {}
+    if torch.is_autocast_enabled(device):
+        autocast[device] = str(torch.get_autocast_dtype(device))
+    return {"autocast": autocast}
 
 
 def _training_flags(module) -> list[bool]:

@@ -67,10 +67,11 @@ _private_dirs: list[str] = []
 
 
 class _Loaded:
-    __slots__ = ("value", "mismatch_text", "fallback")
+    __slots__ = ("value", "mismatch_text", "fallback", "twins")
 
     def __init__(self, value: Any, mismatch_text: str | None, fallback: str) -> None:
         self.value = value
+        self.twins: dict[bool, Any] = {}  # cuda_graphs override -> artifact
         self.mismatch_text = mismatch_text  # set when this is a fallback
         self.fallback = fallback  # what the fallback runs, for the warning
 
@@ -78,7 +79,8 @@ class _Loaded:
 # --------------------------------------------------------------------------- API
 
 
-def load_packaged(name: str, *, package: str | None = None, strict: bool | None = None) -> Any:
+def load_packaged(name: str, *, package: str | None = None, strict: bool | None = None,
+                  cuda_graphs: bool | None = None) -> Any:
     """The compiled callable of target ``name`` packaged in ``package``.
 
     Args:
@@ -88,10 +90,15 @@ def load_packaged(name: str, *, package: str | None = None, strict: bool | None 
             ``__main__`` script that is not part of a package).
         strict: True: a host that matches no variant raises instead of falling back.
             None (default): strict when the environment has ``PRECOMPILE_STRICT=1``.
+        cuda_graphs: True/False: replay CUDA graphs of the frozen kernels, or not
+            (frozen CUDA inference targets; see the README on when graphs pay).
+            None (default): as the target's ``cuda-graphs`` option recorded. Ignored
+            by fallbacks and by pairs of the ``torch`` engine.
     Returns:
         the callable returned by the pair's ``load(kernel_dir)`` (it has the captured
         ``fn``'s calling convention). The same object for every call in this process
-        with the same (package, name); the first call loads, concurrent callers wait.
+        with the same (package, name, cuda_graphs); the first call loads, concurrent
+        callers wait.
     Raises:
         TargetNotFoundError: the package cannot be imported, has no ``_precompiled/``
             data, has no such target, or the target's capture failed at build time.
@@ -129,10 +136,23 @@ def load_packaged(name: str, *, package: str | None = None, strict: bool | None 
                         HostMismatchWarning,
                         stacklevel=2,
                     )
-                return done.value
+                return _with_graphs(done, cuda_graphs)
     if strict and done.mismatch_text is not None:
         raise HostMismatchError(done.mismatch_text)
-    return done.value
+    return _with_graphs(done, cuda_graphs)
+
+
+def _with_graphs(done: "_Loaded", cuda_graphs: bool | None) -> Any:
+    """``done.value``, or its CUDA-graph twin (made once, kept on ``done``)."""
+    value = done.value
+    if (cuda_graphs is None or not getattr(value, "uses_kernels", False)
+            or not hasattr(value, "with_cuda_graphs") or value.cuda_graphs == cuda_graphs):
+        return value
+    with _global_lock:
+        twin = done.twins.get(cuda_graphs)
+        if twin is None:
+            twin = done.twins[cuda_graphs] = value.with_cuda_graphs(cuda_graphs)
+    return twin
 
 
 def cache_root() -> str:

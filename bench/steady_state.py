@@ -1,0 +1,205 @@
+"""Steady-state time per call, in one process, mechanisms interleaved: eager,
+torch.compile, torch.compile(mode="reduce-overhead") (CUDA graphs; CUDA only),
+and the precompiled pair with CUDA graphs off and on (on: CUDA only).
+
+Cases (CUDA sizes; ``--device cpu`` uses the tiny analogues in brackets):
+
+- ``decode``: 4 pre-norm transformer blocks, d=512, 8 heads, batch 1 x 1 token,
+  fp32: an LLM decode step, where launches dominate [d=128, 4 heads];
+- ``tinylm``: the example project's TinyLM forward at batch 1 x 32 tokens;
+- ``gpt``: 4 blocks, bf16, batch 8 x 512 tokens x d=1024, 16 heads: compute-bound
+  [fp32, 2 x 32 tokens x d=64, 2 layers].
+
+The pair is captured here with the frozen engine and loaded with the source's
+``load(kernel_dir)``, the call ``load_packaged`` makes after its checks (those run
+once per process and are not in a call's time). Each round runs every mechanism
+``--calls`` times (synchronised before and after); the table gives the median over
+``--rounds`` rounds and each result's largest difference from eager.
+
+    PYTHONPATH=$PWD:$PWD/runtime:$PWD/example_project python bench/steady_state.py \
+        --device cpu --out bench/results/steady_state_cpu.md
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import platform
+import statistics
+import sys
+import tempfile
+import time
+import traceback
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO / "example_project"))
+
+
+class Block(nn.Module):
+    def __init__(self, d, heads):
+        super().__init__()
+        self.heads = heads
+        self.ln1, self.ln2 = nn.LayerNorm(d), nn.LayerNorm(d)
+        self.qkv, self.proj = nn.Linear(d, 3 * d), nn.Linear(d, d)
+        self.up, self.down = nn.Linear(d, 4 * d), nn.Linear(4 * d, d)
+
+    def forward(self, x):
+        b, t, d = x.shape
+        q, k, v = self.qkv(self.ln1(x)).split(d, dim=-1)
+        q, k, v = (z.view(b, t, self.heads, d // self.heads).transpose(1, 2) for z in (q, k, v))
+        a = F.scaled_dot_product_attention(q, k, v, is_causal=t > 1)
+        x = x + self.proj(a.transpose(1, 2).reshape(b, t, d))
+        return x + self.down(F.gelu(self.up(self.ln2(x))))
+
+
+def blocks(n, d, heads):
+    return nn.Sequential(*[Block(d, heads) for _ in range(n)])
+
+
+def forward(model, x):
+    return model(x)
+
+
+def make_case(name, device):
+    torch.manual_seed(0)
+    cuda = device == "cuda"
+    if name == "decode":
+        d, h = (512, 8) if cuda else (128, 4)
+        return blocks(4, d, h).to(device).eval(), torch.randn(1, 1, d, device=device)
+    if name == "tinylm":
+        import tinylm
+
+        ids, _ = tinylm.example_batch(device, batch=1)
+        return tinylm.build_model(seed=0, device=device).eval(), ids
+    if name == "gpt":
+        if cuda:
+            m = blocks(4, 1024, 16).to(device, torch.bfloat16).eval()
+            return m, torch.randn(8, 512, 1024, device=device, dtype=torch.bfloat16)
+        return blocks(2, 64, 4).eval(), torch.randn(2, 32, 64)
+    raise ValueError(name)
+
+
+def load_pair(model, x, tmp: Path):
+    import precompile_build
+    from precompile_runtime.envelope import loads
+
+    paths = {"artifact_path": tmp / "t.py", "cache_path": tmp / "t.cache"}
+    with torch.no_grad(), precompile_build.capture(forward, engine="frozen", **paths) as f:
+        f(model, x)
+    env = loads(paths["cache_path"].read_bytes())
+    for name, blob in env.blobs.items():
+        (tmp / "k" / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp / "k" / name).write_bytes(blob)
+    ns: dict = {"__name__": "pair"}
+    exec(compile(paths["artifact_path"].read_text(), "t.py", "exec"), ns)
+    return ns["load"](str(tmp / "k"), cuda_graphs=False)
+
+
+def mechanisms(model, x, device, tmp: Path):
+    out = {"eager": lambda: model(x)}
+    compiled = torch.compile(model)
+    out["torch.compile"] = lambda: compiled(x)
+    if device == "cuda":
+        ro = torch.compile(model, mode="reduce-overhead")
+        out["torch.compile reduce-overhead"] = lambda: ro(x)
+    pair = load_pair(model, x, tmp)
+    out["pair, graphs off"] = lambda: pair(model, x)
+    if device == "cuda":
+        graphed = pair.with_cuda_graphs()
+        out["pair, graphs on"] = lambda: graphed(model, x)
+    return out
+
+
+def sync(device):
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+def run_case(name, device, calls, rounds, log):
+    model, x = make_case(name, device)
+    with tempfile.TemporaryDirectory() as tmp, torch.no_grad():
+        mechs = mechanisms(model, x, device, Path(tmp))
+        want = model(x).float()
+        errs, first = {}, {}
+        for k, fn in mechs.items():  # warm up: compile, record; first calls timed
+            sync(device)
+            t0 = time.perf_counter()
+            got = fn()
+            sync(device)
+            first[k] = (time.perf_counter() - t0) * 1e3
+            for _ in range(5):
+                got = fn()
+            errs[k] = float((got.float() - want).abs().max())
+        times = {k: [] for k in mechs}
+        for _ in range(rounds):
+            for k, fn in mechs.items():
+                sync(device)
+                t0 = time.perf_counter()
+                for _ in range(calls):
+                    fn()
+                sync(device)
+                times[k].append((time.perf_counter() - t0) * 1e3 / calls)
+    med = {k: statistics.median(v) for k, v in times.items()}
+    log(f"{name}: " + ", ".join(f"{k} {v:.4f} ms" for k, v in med.items()))
+    return med, errs, first
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--cases", nargs="+", default=["decode", "tinylm", "gpt"])
+    ap.add_argument("--calls", type=int, default=200)
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--threads", type=int, help="torch.set_num_threads (CPU on a shared host)")
+    ap.add_argument("--out")
+    a = ap.parse_args()
+    if a.threads:
+        torch.set_num_threads(a.threads)
+    what = (torch.cuda.get_device_name() if a.device == "cuda"
+            else f"{platform.machine()} CPU ({torch.get_num_threads()} threads)")
+    lines = [
+        f"# Steady state per call ({a.device})",
+        "",
+        f"`python bench/steady_state.py {' '.join(sys.argv[1:])}` - torch {torch.__version__}, "
+        f"Python {platform.python_version()}, {what}; one process, mechanisms interleaved, "
+        f"median of {a.rounds} rounds x {a.calls} calls; ms per call (err: max |result - eager|).",
+        "First call: in this process, after the pair's capture (its kernels are loaded), so it",
+        "is torch.compile's compile time against a loaded pair, not a cold start (that is",
+        "bench/cold_start.py); with graphs on the first call is the warm-up run, the second records.",
+        "",
+    ]
+
+    def write():
+        if a.out:
+            Path(a.out).write_text("\n".join(lines) + "\n")
+
+    for name in a.cases:
+        try:
+            med, errs, first = run_case(name, a.device, a.calls, a.rounds, print)
+        except Exception:
+            lines += [f"## {name}", "", "failed:", "```", traceback.format_exc()[-2000:], "```", ""]
+            write()
+            continue
+        ref = med["torch.compile"]
+        ro = med.get("torch.compile reduce-overhead")
+        lines += [f"## {name}", "",
+                  "| mechanism | ms per call | vs torch.compile | vs reduce-overhead | first call ms | err |",
+                  "|---|---|---|---|---|---|"]
+        for k, v in med.items():
+            vs_ro = f"{v / ro:.2f}x" if ro else "-"
+            err = errs[k]
+            lines.append(f"| {k} | {v:.4f} | {v / ref:.2f}x | {vs_ro} | {first[k]:.0f} | "
+                         f"{err:.1e} |" if math.isfinite(err) else f"| {k} | {v:.4f} | | | | nan |")
+        lines.append("")
+        write()
+    print("\n".join(lines))
+    write()
+
+
+if __name__ == "__main__":
+    main()

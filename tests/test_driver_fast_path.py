@@ -1,0 +1,286 @@
+"""The driver's per-call checks: cached between model state changes, still complete.
+
+A model argument is fully checked (structure, every tensor's dtype/device/shape/
+stride, every submodule's train/eval flag) when it is first seen and again after
+anything that bumps the model state epoch; in between a call does no walk over the
+submodules. Each change a user can make between calls is caught; the ambient state
+that changes what eager computes (autocast, grad mode for a captured backward) is
+checked on every call. Pairs of the eager engine keep these tests cheap: the driver
+is the same code for both engines.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import precompile_build  # noqa: E402
+from precompile_runtime.errors import CallError  # noqa: E402
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+nn = torch.nn
+
+
+class Block(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(8, 8)
+        self.drop = nn.Dropout(0.5)
+        self.norm = nn.LayerNorm(8)
+
+    def forward(self, x):
+        return self.norm(self.drop(self.fc(x)).relu())
+
+
+def _model(n=3):
+    torch.manual_seed(0)
+    return nn.Sequential(*[Block() for _ in range(n)]).eval()
+
+
+def forward(m, x):
+    return m(x)
+
+
+def _capture(tmp_path, fn=forward, *args, engine="eager"):
+    paths = {"artifact_path": tmp_path / "t.py", "cache_path": tmp_path / "t.cache"}
+    with precompile_build.capture(fn, engine=engine, **paths) as f:
+        f(*args)
+    ns: dict = {"__name__": "pair"}
+    exec(compile((tmp_path / "t.py").read_text(), "t.py", "exec"), ns)
+    return ns
+
+
+@pytest.fixture()
+def pair(tmp_path):
+    """(namespace of the loaded source, artifact, model, input); counts full checks."""
+    m, x = _model(), torch.randn(2, 8)
+    ns = _capture(tmp_path, forward, m, x)
+    full = ns["_full_params"]
+    ns["full_checks"] = 0
+
+    def counting(modules):
+        ns["full_checks"] += 1
+        return full(modules)
+
+    ns["_full_params"] = counting
+    return ns, ns["load"](None), m, x
+
+
+def test_steady_calls_skip_the_model_walk(pair):
+    ns, fn, m, x = pair
+    for _ in range(20):
+        torch.testing.assert_close(fn(m, x), m(x))
+    assert ns["full_checks"] == 1
+    assert ns["_INPUT_GUARD"][0] is not None  # user tensors checked in C
+
+
+def test_train_mode_of_the_model_or_one_submodule_is_caught(pair):
+    ns, fn, m, x = pair
+    fn(m, x)
+    m.train()
+    with pytest.raises(CallError, match="call model.eval()"):
+        fn(m, x)
+    m.eval()
+    fn(m, x)
+    m[1].drop.train()  # one submodule only
+    with pytest.raises(CallError, match="train/eval mode"):
+        fn(m, x)
+    m[1].drop.eval()
+    torch.testing.assert_close(fn(m, x), m(x))
+
+
+def test_swapped_parameters_and_loaded_checkpoints_are_served(pair):
+    ns, fn, m, x = pair
+    fn(m, x)
+    m[0].fc.weight = nn.Parameter(torch.randn(8, 8))  # a swap: a new tensor object
+    torch.testing.assert_close(fn(m, x), m(x))
+    m.load_state_dict(_model().state_dict() | {"2.fc.bias": torch.randn(8)})  # in place
+    torch.testing.assert_close(fn(m, x), m(x))
+    m.load_state_dict({k: v * 2 for k, v in m.state_dict().items()}, assign=True)
+    torch.testing.assert_close(fn(m, x), m(x))
+    m[2].fc.weight = nn.Parameter(torch.randn(8, 9))
+    with pytest.raises(CallError, match=r"parameter/buffer m0\.2\.fc\.weight: shape \[8, 9\]"):
+        fn(m, x)
+
+
+def test_a_converted_or_restructured_model_is_refused(pair):
+    ns, fn, m, x = pair
+    fn(m, x)
+    m.double()  # to(), cuda(), half() go through the same nn.Module._apply
+    with pytest.raises(CallError, match="dtype torch.float64"):
+        fn(m, x)
+    m.float()
+    fn(m, x)
+    m[1].extra = nn.Linear(2, 2)
+    with pytest.raises(CallError, match="pass a model of the captured structure"):
+        fn(m, x)
+    del m[1].extra
+    torch.testing.assert_close(fn(m, x), m(x))
+    other = _model()  # another model object of the same structure: its own entry
+    torch.testing.assert_close(fn(other, x), other(x))
+
+
+def test_input_checks_after_the_guard_name_the_problem(pair):
+    ns, fn, m, x = pair
+    fn(m, x)
+    with pytest.raises(CallError, match="dtype torch.float64"):
+        fn(m, x.double())
+    with pytest.raises(CallError, match="shape"):
+        fn(m, torch.randn(3, 8))
+    with pytest.raises(CallError, match="expected a tensor"):
+        fn(m, 3)
+    with pytest.raises(CallError, match="expected an nn.Module"):
+        fn(x, x)
+    torch.testing.assert_close(fn(m, x), m(x))
+
+
+def test_autocast_at_call_time_is_refused(pair):
+    ns, fn, m, x = pair
+    fn(m, x)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        with pytest.raises(CallError, match="called with cpu autocast to torch.bfloat16, but captured with it off"):
+            fn(m, x)
+        with torch.autocast("cpu", enabled=False):  # the documented way out
+            assert fn(m, x).dtype == torch.float32
+
+
+def test_captured_under_autocast_needs_it_at_call_time(tmp_path):
+    m, x = _model(1), torch.randn(2, 8)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        ns = _capture(tmp_path, forward, m, x)
+        fn = ns["load"](None)
+        got = fn(m, x)
+        torch.testing.assert_close(got, m(x))
+    assert ns["PRECOMPILE_METADATA"]["ambient"] == {"autocast": {"cpu": "torch.bfloat16"}}
+    with pytest.raises(CallError, match="captured with it to torch.bfloat16"):
+        fn(m, x)
+
+
+def test_a_captured_backward_under_no_grad_is_refused(tmp_path):
+    def step(m, x):
+        loss = m(x).sum()
+        loss.backward()
+        return loss.detach()
+
+    m, x = nn.Linear(8, 2), torch.randn(2, 8)
+    fn = _capture(tmp_path, step, m, x)["load"](None)
+    fn(m, x)
+    for ctx in (torch.no_grad, torch.inference_mode):
+        with ctx(), pytest.raises(CallError, match="runs a backward"):
+            fn(m, x)
+
+
+def test_pairs_without_ambient_metadata_still_load(tmp_path):
+    """Sources written before the ambient record: autocast assumed off."""
+    m, x = _model(1), torch.randn(2, 8)
+    _capture(tmp_path, forward, m, x)
+    src = (tmp_path / "t.py").read_text().replace("'ambient'", "'ambient_unused'")
+    ns: dict = {"__name__": "pair"}
+    exec(compile(src, "t.py", "exec"), ns)
+    fn = ns["load"](None)
+    torch.testing.assert_close(fn(m, x), m(x))
+    with torch.autocast("cpu", dtype=torch.bfloat16), pytest.raises(CallError, match="autocast"):
+        fn(m, x)
+
+
+def test_cuda_graphs_are_refused_for_cpu_targets(pair):
+    ns, fn, m, x = pair
+    with pytest.raises(CallError, match="frozen kernels"):
+        fn.with_cuda_graphs()  # the eager engine has no kernels
+    assert fn.with_cuda_graphs(False)(m, x).shape == (2, 8)
+
+
+SERVE = """
+import json, sys, torch
+ns = {"__name__": "pair"}
+exec(compile(open(sys.argv[1]).read(), "t.py", "exec"), ns)
+fn = ns["load"](None)
+torch.manual_seed(0)
+m = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.LayerNorm(8)).eval()
+x = torch.randn(2, 8)
+for _ in range(5):
+    out = fn(m, x)
+print(json.dumps({
+    "guard": type(ns["_INPUT_GUARD"][0]).__name__,
+    "equal": bool(torch.equal(out, m(x))),
+    "compiler_modules": sorted(k for k in sys.modules if k.startswith(("torch._dynamo", "torch._inductor"))),
+}))
+"""
+
+
+def test_serving_imports_no_compiler_module(tmp_path):
+    """TensorGuards is part of torch._C: using it imports no torch._dynamo."""
+    m = nn.Sequential(nn.Linear(8, 8), nn.LayerNorm(8)).eval()
+    _capture(tmp_path, forward, m, torch.randn(2, 8))
+    (tmp_path / "serve.py").write_text(SERVE)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([REPO, os.path.join(REPO, "runtime")]))
+    out = subprocess.run([sys.executable, str(tmp_path / "serve.py"), str(tmp_path / "t.py")],
+                         capture_output=True, text=True, env=env, timeout=300)
+    assert out.returncode == 0, out.stderr
+    r = json.loads(out.stdout.strip().splitlines()[-1])
+    assert r == {"guard": "TensorGuards", "equal": True, "compiler_modules": []}
+
+
+def test_cuda_graphs_option_on_a_cpu_target_is_a_capture_error(tmp_path, monkeypatch):
+    """`cuda-graphs = true` reaches the capture as PRECOMPILE_CUDA_GRAPHS=1."""
+    monkeypatch.setenv("PRECOMPILE_CUDA_GRAPHS", "1")
+    paths = {"artifact_path": tmp_path / "t.py", "cache_path": tmp_path / "t.cache"}
+    with pytest.raises(precompile_build.CaptureError, match="cuda-graphs = true needs a CUDA inference "
+                       "target; this one was captured on cpu: drop the option"):
+        with precompile_build.capture(forward, engine="frozen", **paths) as f:
+            f(_model(1), torch.randn(2, 8))
+    assert not (tmp_path / "t.py").exists()
+
+
+def test_load_packaged_cuda_graphs_override_is_one_twin_per_setting():
+    """load_packaged(cuda_graphs=...) returns one artifact per setting, made once;
+    loads without kernels (fallbacks, eager engine) are returned unchanged."""
+    from precompile_runtime import loader
+
+    made = []
+
+    class Art:
+        uses_kernels, cuda_graphs = True, False
+
+        def with_cuda_graphs(self, enabled):
+            made.append(enabled)
+            twin = Art()
+            twin.cuda_graphs = enabled
+            return twin
+
+    done = loader._Loaded(Art(), None, "")
+    assert loader._with_graphs(done, None) is done.value
+    assert loader._with_graphs(done, False) is done.value
+    on = loader._with_graphs(done, True)
+    assert on.cuda_graphs and loader._with_graphs(done, True) is on and made == [True]
+    plain = Art()
+    plain.uses_kernels = False
+    assert loader._with_graphs(loader._Loaded(plain, None, ""), True) is plain
+
+
+def test_two_model_arguments_are_cached_as_a_pair(tmp_path):
+    def two(a, b, x):
+        return b(a(x))
+
+    a, b, x = nn.Linear(8, 8), nn.Linear(8, 4), torch.randn(2, 8)
+    fn = _capture(tmp_path, two, a, b, x)["load"](None)
+    torch.testing.assert_close(fn(a, b, x), b(a(x)))
+    other = nn.Linear(8, 4)  # same first model, another second one: not the cached tensors
+    torch.testing.assert_close(fn(a, other, x), other(a(x)))
+    torch.testing.assert_close(fn(a, b, x), b(a(x)))
+
+
+def test_cuda_graphs_option_with_another_engine_is_a_capture_error(tmp_path, monkeypatch):
+    monkeypatch.setenv("PRECOMPILE_CUDA_GRAPHS", "1")
+    paths = {"artifact_path": tmp_path / "t.py", "cache_path": tmp_path / "t.cache"}
+    with pytest.raises(precompile_build.CaptureError, match="replays the frozen engine's kernels, "
+                       "but this capture uses engine 'eager'"):
+        with precompile_build.capture(forward, engine="eager", **paths) as f:
+            f(_model(1), torch.randn(2, 8))

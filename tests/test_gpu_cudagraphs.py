@@ -1,0 +1,213 @@
+"""CUDA graphs over frozen CUDA kernels (``cuda-graphs = true``, ``with_cuda_graphs``).
+
+Each test captures a small CUDA call with the frozen engine, loads the pair in this
+process with graphs on and compares every call with eager: steady replay, weights
+swapped or loaded between calls, a moved model, a parameter's storage replaced
+behind the runtime's back, outputs kept across calls, one graph per dynamic size
+(LRU bounded), inputs the function writes to, and a serving process with the
+compile guard on that imports no compiler module. Skipped without CUDA.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+try:
+    import torch
+except ImportError:  # pragma: no cover - CI without torch
+    torch = None
+
+HAVE_CUDA = torch is not None and torch.cuda.is_available()
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not HAVE_CUDA, reason="needs CUDA")]
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def make_mlp(device="cuda"):
+    nn = torch.nn
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(32, 64), nn.GELU(), nn.LayerNorm(64), nn.Linear(64, 16)).to(device).eval()
+
+
+def forward(model, x):
+    return model(x)
+
+
+def _capture(tmp_path, fn, *args, options=None):
+    import precompile_build
+
+    paths = {"artifact_path": tmp_path / "t.py", "cache_path": tmp_path / "t.cache"}
+    with precompile_build.capture(fn, engine="frozen", options=options, **paths) as f:
+        f(*args)
+    return paths
+
+
+def _load(tmp_path, cuda_graphs=True, **kw):
+    from precompile_runtime.envelope import loads
+
+    env = loads((tmp_path / "t.cache").read_bytes())
+    kdir = tmp_path / "kernels"
+    for name, blob in env.blobs.items():
+        (kdir / name).parent.mkdir(parents=True, exist_ok=True)
+        (kdir / name).write_bytes(blob)
+    ns: dict = {"__name__": "pair"}
+    exec(compile((tmp_path / "t.py").read_text(), "t.py", "exec"), ns)
+    fn = ns["load"](str(kdir), cuda_graphs=False)
+    return fn.with_cuda_graphs(**kw) if cuda_graphs else fn
+
+
+def _eq(got, want):
+    torch.testing.assert_close(got, want, rtol=2e-3, atol=2e-3)
+
+
+@pytest.fixture()
+def mlp_pair(tmp_path):
+    m, x = make_mlp(), torch.randn(4, 32, device="cuda")
+    _capture(tmp_path, forward, m, x)
+    return tmp_path, m
+
+
+def test_replays_equal_eager_and_record_once(mlp_pair):
+    tmp, m = mlp_pair
+    fn = _load(tmp)
+    assert fn.cuda_graphs
+    for i in range(6):
+        x = torch.randn(4, 32, device="cuda")
+        with torch.no_grad():
+            _eq(fn(m, x), m(x))
+    assert fn._graphs.recorded == 1  # call 1 warms up, call 2 records, the rest replay
+
+
+def test_swapped_loaded_and_moved_weights(mlp_pair):
+    tmp, m = mlp_pair
+    fn = _load(tmp)
+    x = torch.randn(4, 32, device="cuda")
+    for _ in range(3):
+        fn(m, x)
+    m[0].weight = torch.nn.Parameter(torch.randn(64, 32, device="cuda"))  # swapped: new address
+    with torch.no_grad():
+        _eq(fn(m, x), m(x))
+    assert fn._graphs.recorded == 2
+    m.load_state_dict({k: v * 0.5 for k, v in m.state_dict().items()})  # in place: same addresses
+    with torch.no_grad():
+        _eq(fn(m, x), m(x))
+    assert fn._graphs.recorded == 2
+    m[3].weight.data = m[3].weight.data.clone() + 1  # behind the runtime's back: address check
+    with torch.no_grad():
+        _eq(fn(m, x), m(x))
+    assert fn._graphs.recorded == 3
+    m.cpu().cuda()  # moved away and back: new addresses
+    with torch.no_grad():
+        _eq(fn(m, x), m(x))
+    assert fn._graphs.recorded == 4
+    if torch.cuda.device_count() > 1:  # another device: its own graph and pool
+        m1, x1 = m.to("cuda:1"), x.to("cuda:1")
+        for _ in range(3):
+            with torch.no_grad():
+                _eq(fn(m1, x1), m1(x1))
+        assert fn._graphs.recorded == 5
+
+
+def test_kept_outputs_are_not_overwritten(mlp_pair):
+    tmp, m = mlp_pair
+    fn = _load(tmp)
+    xs = [torch.randn(4, 32, device="cuda") for _ in range(4)]
+    outs = [fn(m, x) for x in xs]
+    with torch.no_grad():
+        for o, x in zip(outs, xs):
+            _eq(o, m(x))
+    aliasing = _load(tmp, copy_outputs=False)  # explicit opt-in: the graph's own outputs
+    for x in xs[:2]:
+        aliasing(m, x)
+    first = aliasing(m, xs[2])
+    aliasing(m, xs[3])
+    with torch.no_grad():
+        _eq(first, m(xs[3]))  # overwritten by the next replay, as documented
+
+
+def test_one_graph_per_dynamic_size_lru(tmp_path):
+    m, x = make_mlp(), torch.randn(4, 32, device="cuda")
+    torch._dynamo.mark_dynamic(x, 0, min=2, max=64)
+    _capture(tmp_path, forward, m, x)
+    fn = _load(tmp_path, max_graphs=2)
+    for rnd in range(3):
+        for b in (2, 3, 8, 3):
+            x = torch.randn(b, 32, device="cuda")
+            with torch.no_grad():
+                _eq(fn(m, x), m(x))
+    assert len(fn._graphs._graphs) == 2
+    assert fn._graphs.recorded >= 3  # sizes evicted by the LRU are recorded again
+
+
+def test_inputs_the_function_writes_are_copied_back(tmp_path):
+    def ema(avg, x):
+        avg.mul_(0.5).add_(x)
+        return avg * 2
+
+    avg, x = torch.zeros(64, device="cuda"), torch.randn(64, device="cuda")
+    _capture(tmp_path, ema, avg.clone(), x)
+    fn = _load(tmp_path)
+    ref = torch.zeros(64, device="cuda")
+    for i in range(4):
+        x = torch.randn(64, device="cuda")
+        got = fn(avg, x)
+        want = ema(ref, x)
+        _eq(got, want)
+        _eq(avg, ref)
+
+
+def test_training_targets_are_refused(tmp_path):
+    from precompile_runtime.errors import CallError
+
+    def step(m, x):
+        loss = m(x).square().mean()
+        loss.backward()
+        return loss.detach()
+
+    m = make_mlp()
+    _capture(tmp_path, step, m, torch.randn(4, 32, device="cuda"))
+    with pytest.raises(CallError, match="runs a backward"):
+        _load(tmp_path)
+
+
+SERVE = textwrap.dedent("""
+    import json, sys
+    import precompile_runtime  # installs the serving guard (PRECOMPILE_NO_COMPILE=1)
+    import torch
+    sys.path.insert(0, sys.argv[2])
+    from test_gpu_cudagraphs import _load, make_mlp
+    from pathlib import Path
+    fn = _load(Path(sys.argv[1]))
+    m = make_mlp()
+    errs = []
+    for _ in range(5):
+        x = torch.randn(4, 32, device="cuda")
+        with torch.no_grad():
+            errs.append(float((fn(m, x) - m(x)).abs().max()))
+    print(json.dumps({"errs": errs, "recorded": fn._graphs.recorded,
+                      "compiler_modules": sorted(k for k in sys.modules
+                                                 if k.startswith(("torch._inductor", "torch._dynamo", "triton")))}))
+""")
+
+
+def test_recording_compiles_nothing(mlp_pair, tmp_path_factory):
+    tmp, _ = mlp_pair
+    script = tmp_path_factory.mktemp("serve") / "serve.py"
+    script.write_text(SERVE)
+    empty = tmp_path_factory.mktemp("caches")
+    env = dict(os.environ, PRECOMPILE_NO_COMPILE="1", TORCHINDUCTOR_CACHE_DIR=str(empty / "ind"),
+               TRITON_CACHE_DIR=str(empty / "tri"),
+               PYTHONPATH=os.pathsep.join([REPO, os.path.join(REPO, "runtime")]))
+    out = subprocess.run([sys.executable, str(script), str(tmp), os.path.join(REPO, "tests")],
+                         capture_output=True, text=True, env=env, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    r = json.loads(out.stdout.strip().splitlines()[-1])
+    assert max(r["errs"]) < 2e-3 and r["recorded"] == 1
+    assert r["compiler_modules"] == []
+    assert not os.listdir(empty)
