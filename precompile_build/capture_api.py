@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import os
 import sys
+import warnings
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
 from precompile_runtime.envelope import write_atomic
 
 from . import engines
-from .errors import CaptureError
+from .errors import CaptureError, PythonStateWarning
 
 
 class Capture:
@@ -51,9 +52,12 @@ class Capture:
         if engine == "torch":
             options["backend"] = self.backend
         # the capture traces clones: the real call below is the only one with effects
+        before = _python_rng_states()
         self._pair = engines.get(engine).capture_pair(
             self._fn, args, kwargs, target=self.target, device=device, options=options,
         )
+        if engine != "torch":  # ours trace Python once (torch.compile replays random calls)
+            _warn_python_rng(before, _python_rng_states(), self.target)
         return self._fn(*args, **kwargs)
 
     def __exit__(self, exc_type, exc, tb) -> bool:
@@ -72,6 +76,35 @@ class Capture:
             )
         write_pair(self.artifact_path, self._pair[0], self.cache_path, self._pair[1])
         return False
+
+
+def _python_rng_states() -> dict[str, bytes]:
+    """The global RNG states of Python's ``random`` and (when imported) numpy's
+    legacy ``numpy.random``, as bytes to compare."""
+    import pickle
+    import random
+
+    states = {"random": pickle.dumps(random.getstate())}
+    np = sys.modules.get("numpy")
+    if np is not None:
+        try:
+            states["numpy.random"] = pickle.dumps(np.random.get_state())
+        except Exception:  # an unusual numpy: nothing to watch
+            pass
+    return states
+
+
+def _warn_python_rng(before: dict[str, bytes], after: dict[str, bytes], target: str) -> None:
+    """Warn when the trace drew from a Python-level RNG (``random.random()``,
+    ``numpy.random.rand()``): the values it drew are constants of the pair."""
+    moved = [name for name, state in after.items() if before.get(name, state) != state]
+    if moved:
+        warnings.warn(
+            f"target {target!r}: the function drew from {' and '.join(moved)} while it was "
+            "captured; Python code runs once, at capture, and never when the pair is served, "
+            "so the values it drew are frozen into the pair as constants. Use torch's RNG "
+            "(torch.rand, F.dropout: served with a fresh draw per call) or pass the value "
+            "as an argument", PythonStateWarning, stacklevel=3)
 
 
 def _device_of(args, kwargs) -> str:
