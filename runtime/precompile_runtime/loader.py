@@ -315,8 +315,16 @@ def _raise_if_changed(ctx: str, data: Any, raw: bytes, error: PrecompileLoadErro
             f"{ctx}: the installed files changed while they were being loaded (a pip install "
             f"of the package running at the same time?); nothing from them ran. Retry once "
             f"the installation has finished (in a new process if the package was upgraded). "
-            f"What was seen: {error}"
+            f"What was seen: {_what_was_seen(ctx, error)}"
         ) from None
+
+
+def _what_was_seen(ctx: str, error: PrecompileLoadError) -> str:
+    """The finding of ``error`` without its context and its advice (which assumes
+    the files stay as they are)."""
+    text = str(error)
+    text = text[len(ctx) + 2:] if text.startswith(ctx + ": ") else text
+    return text.split("; ")[0]
 
 
 def _package_data(package: str) -> Any:
