@@ -84,6 +84,7 @@ def test_isa_requirement_against_cpu_flags(isa, flags, missing):
 def test_unreadable_cpu_flags_fail_a_requirement():
     assert "cannot be read" in fingerprint.isa_mismatch("avx2", set())
     assert fingerprint.isa_mismatch(None, set()) is None
+    assert "not a list of CPU features" in fingerprint.isa_mismatch(512, set(AVX512_HOST.split()))
 
 
 @pytest.mark.parametrize("isa, host, lacks", [

@@ -155,6 +155,8 @@ def isa_mismatch(cpu_isa: str | None, flags: set[str] | None = None) -> str | No
         None when every needed flag is there. Unreadable flags with a requirement
         count as a mismatch: a kernel for instructions the host may lack never runs.
     """
+    if cpu_isa is not None and not isinstance(cpu_isa, str):
+        return f"cpu_isa: built for {cpu_isa!r}, not a list of CPU features this runtime can check"
     words = (cpu_isa or "").split()
     needed = list(dict.fromkeys(f for w in words for f in ISA_REQUIRES.get(w.lower(), (w,))))
     if not needed:
