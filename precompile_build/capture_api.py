@@ -53,9 +53,10 @@ class Capture:
             options["backend"] = self.backend
         # the capture traces clones: the real call below is the only one with effects
         before = _python_rng_states()
-        self._pair = engines.get(engine).capture_pair(
-            self._fn, args, kwargs, target=self.target, device=device, options=options,
-        )
+        with _torch_rng_kept(device):  # the trace and checks draw too: not the user's RNG
+            self._pair = engines.get(engine).capture_pair(
+                self._fn, args, kwargs, target=self.target, device=device, options=options,
+            )
         if engine != "torch":  # ours trace Python once (torch.compile replays random calls)
             _warn_python_rng(before, _python_rng_states(), self.target)
         return self._fn(*args, **kwargs)
@@ -76,6 +77,15 @@ class Capture:
             )
         write_pair(self.artifact_path, self._pair[0], self.cache_path, self._pair[1])
         return False
+
+
+def _torch_rng_kept(device: str):
+    """torch's RNG state (CPU, and the current CUDA device for a CUDA capture) is put
+    back after the block: the real call after the capture draws what it would have."""
+    import torch
+
+    cuda = [torch.cuda.current_device()] if device == "cuda" else []
+    return torch.random.fork_rng(devices=cuda)
 
 
 def _python_rng_states() -> dict[str, bytes]:
