@@ -316,3 +316,21 @@ def test_tampering_is_still_not_called_a_race(tmp_path, monkeypatch):
 def test_new_errors_are_precompile_load_errors():
     for cls in (CacheDirNotExecutableError, PackageChangedError):
         assert issubclass(cls, PrecompileLoadError)
+
+
+def test_a_zipped_package_without_data_is_not_called_a_race(tmp_path, monkeypatch):
+    """A zip import's __file__ is no path on disk: not a sign of a reinstall."""
+    import importlib
+    import zipfile
+
+    p = make_package(tmp_path)
+    shutil.rmtree(p.data)
+    zpath = tmp_path / "site.zip"
+    with zipfile.ZipFile(zpath, "w") as zf:
+        zf.write(p.dir / "__init__.py", f"{p.name}/__init__.py")
+    shutil.rmtree(p.root)
+    monkeypatch.syspath_prepend(str(zpath))
+    importlib.import_module(p.name)
+    with pytest.raises(TargetNotFoundError, match="rebuild the wheel") as ei:
+        load_packaged("fwd", package=p.name)
+    assert not isinstance(ei.value, PackageChangedError)

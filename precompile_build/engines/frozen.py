@@ -80,7 +80,8 @@ def _compile(traced: TracedCall, target: str, options: dict):
     # Inductor compiles for exactly the marked symbols (real inputs would be
     # refakeified with every dim a new symbol)
     dynamic = traced.symbolic is not None
-    cpu_isa, pin_march = _cpu_target()
+    on_cpu = traced.metadata["device"] == "cpu"
+    cpu_isa, pin_march = _cpu_target() if on_cpu else (None, contextlib.nullcontext())
     try:
         with torch.no_grad(), recording(), _reproducible_kernels(), pin_march, _torch_rng(), \
                 (dynamic_dims.compile_context(traced.graph_module) if dynamic else contextlib.nullcontext()):

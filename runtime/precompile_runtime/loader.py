@@ -285,8 +285,12 @@ def _noexec_text(ctx: str, kernel_dir: str, e: ImportError) -> str:
 
 def _raise_if_package_gone(package: str) -> None:
     """An imported package whose files are gone is being uninstalled or reinstalled."""
-    path = getattr(sys.modules.get(package), "__file__", None)
-    if path and not os.path.exists(path):
+    from importlib.machinery import SourceFileLoader, SourcelessFileLoader
+
+    module = sys.modules.get(package)
+    path = getattr(module, "__file__", None)
+    on_disk = isinstance(getattr(module, "__loader__", None), (SourceFileLoader, SourcelessFileLoader))
+    if path and on_disk and not os.path.exists(path):  # (a zip's __file__ is no path)
         raise PackageChangedError(
             f"package {package!r}: its installed files are gone ({path} no longer exists) "
             "while its precompiled targets were being loaded: it is being uninstalled or "
