@@ -109,6 +109,42 @@ def test_kernels_for_a_cpu_feature_the_host_lacks_never_load(isa, host, lacks, t
         assert load_packaged("fwd", package=p.name)() == ("fallback", None)
 
 
+def _private_mounts_or_skip() -> None:
+    if shutil.which("unshare") is None:
+        pytest.skip("no unshare here")
+    probe = subprocess.run(["unshare", "-m", "true"], capture_output=True)
+    if probe.returncode != 0:
+        pytest.skip(f"no private mount namespace here: {probe.stderr.decode().strip()}")
+
+
+def test_a_real_cpuinfo_without_avx512_refuses_avx512_kernels(tmp_path):
+    """The issue's case without the test seam: a /proc/cpuinfo copy without the avx512
+    flags bind-mounted over the real one, in a private mount namespace."""
+    _private_mounts_or_skip()
+    p = make_package(tmp_path, {"fwd": [{"cpu_isa": "avx512 avx512_vnni x86-64-v4"}]})
+    fake = tmp_path / "cpuinfo"
+    fake.write_text(f"processor\t: 0\nflags\t\t: {AVX2_HOST}\n\n")
+    (tmp_path / "load.py").write_text(textwrap.dedent(f"""
+        import sys
+        sys.path[:0] = [{str(p.root)!r}, {RUNTIME!r}]
+        import precompile_runtime as pr
+        try:
+            pr.load_packaged("fwd", package={p.name!r}, strict=True)
+            print("LOADED")
+        except pr.HostMismatchError as e:
+            print("REFUSED", e)
+        """))
+    env = {k: v for k, v in os.environ.items() if k != fingerprint.CPUINFO_ENV}
+    env["PRECOMPILE_CACHE_DIR"] = str(tmp_path / "kcache")
+    proc = subprocess.run(["unshare", "-m", "sh", "-c", f"mount --bind {fake} /proc/cpuinfo && "
+                           f"{sys.executable} {tmp_path / 'load.py'}"], capture_output=True, text=True, env=env)
+    if proc.returncode != 0 and "mount:" in proc.stderr:
+        pytest.skip(f"cannot bind-mount here: {proc.stderr.strip()}")
+    assert proc.returncode == 0, proc.stderr
+    assert "REFUSED" in proc.stdout and "this CPU lacks avx512f" in proc.stdout, proc.stdout
+    assert not (tmp_path / "kcache").exists()
+
+
 def test_kernels_load_where_the_cpu_has_every_feature(tmp_path, monkeypatch):
     from precompile_build.inspect_cmd import format_report, inspect_report
 
@@ -203,11 +239,9 @@ def test_real_noexec_mount(tmp_path):
     """The kernel cache on a tmpfs mounted noexec (a private mount namespace: needs
     root or user namespaces), a real extension module as the kernel."""
     so = _extension_module()
-    if so is None or shutil.which("unshare") is None:
-        pytest.skip("no extension module .so or no unshare here")
-    probe = subprocess.run(["unshare", "-m", "true"], capture_output=True)
-    if probe.returncode != 0:
-        pytest.skip(f"no private mount namespace here: {probe.stderr.decode().strip()}")
+    if so is None:
+        pytest.skip("no extension module .so here")
+    _private_mounts_or_skip()
     p = make_package(tmp_path)
     source = (REAL_SO_SOURCE % so).encode()
     cache = make_pair(source, blobs={"sub/k.so": Path(so).read_bytes()})
