@@ -8,10 +8,10 @@ Importing this package does not import torch (the build backend imports it).
 from __future__ import annotations
 
 from .capture_api import Capture, capture
-from .errors import BuildError, CaptureError, ConfigError, PrecompileBuildError
+from .errors import BuildError, CaptureError, ConfigError, PrecompileBuildError, PythonStateWarning
 
 __version__ = "0.1.0"
 __all__ = [
     "BuildError", "Capture", "CaptureError", "ConfigError", "PrecompileBuildError",
-    "__version__", "capture",
+    "PythonStateWarning", "__version__", "capture",
 ]

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import sys
+import warnings
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
@@ -17,7 +18,7 @@ from precompile_runtime.envelope import write_atomic
 
 from . import engines
 from .engines import tracers
-from .errors import CaptureError, CompilerFailed
+from .errors import CaptureError, CompilerFailed, PythonStateWarning
 
 
 class Capture:
@@ -66,21 +67,25 @@ class Capture:
         else:  # the torch engine's "tracer" option means torch's own tracers
             options.setdefault("tracer", self.tracer)
         # the capture traces clones: the real call below is the only one with effects
-        try:
-            self._pair = engines.get(engine).capture_pair(
-                self._fn, args, kwargs, target=self.target, device=device, options=options,
-            )
-        except CompilerFailed as e:
-            if self.fallback != "eager":
-                raise
-            reason = str(e).split("\n")[0]
-            print(f"precompile_build.capture: {reason}; fallback = \"eager\": capturing with "
-                  "the eager engine (no kernels)", file=sys.stderr)
-            self.engine = "eager"
-            self._pair = engines.get("eager").capture_pair(
-                self._fn, args, kwargs, target=self.target, device=device,
-                options=dict(options, fallback_reason=reason),
-            )
+        before = _python_rng_states()
+        with _torch_rng_kept(device):  # the trace and checks draw too: not the user's RNG
+            try:
+                self._pair = engines.get(engine).capture_pair(
+                    self._fn, args, kwargs, target=self.target, device=device, options=options,
+                )
+            except CompilerFailed as e:
+                if self.fallback != "eager":
+                    raise
+                reason = str(e).split("\n")[0]
+                print(f"precompile_build.capture: {reason}; fallback = \"eager\": capturing with "
+                      "the eager engine (no kernels)", file=sys.stderr)
+                self.engine = engine = "eager"
+                self._pair = engines.get("eager").capture_pair(
+                    self._fn, args, kwargs, target=self.target, device=device,
+                    options=dict(options, fallback_reason=reason),
+                )
+        if engine != "torch":  # ours trace Python once (torch.compile replays random calls)
+            _warn_python_rng(before, _python_rng_states(), self.target)
         return self._fn(*args, **kwargs)
 
     def __exit__(self, exc_type, exc, tb) -> bool:
@@ -99,6 +104,44 @@ class Capture:
             )
         write_pair(self.artifact_path, self._pair[0], self.cache_path, self._pair[1])
         return False
+
+
+def _torch_rng_kept(device: str):
+    """torch's RNG state (CPU, and the current CUDA device for a CUDA capture) is put
+    back after the block: the real call after the capture draws what it would have."""
+    import torch
+
+    cuda = [torch.cuda.current_device()] if device == "cuda" else []
+    return torch.random.fork_rng(devices=cuda)
+
+
+def _python_rng_states() -> dict[str, bytes]:
+    """The global RNG states of Python's ``random`` and (when imported) numpy's
+    legacy ``numpy.random``, as bytes to compare."""
+    import pickle
+    import random
+
+    states = {"random": pickle.dumps(random.getstate())}
+    np = sys.modules.get("numpy")
+    if np is not None:
+        try:
+            states["numpy.random"] = pickle.dumps(np.random.get_state())
+        except Exception:  # an unusual numpy: nothing to watch
+            pass
+    return states
+
+
+def _warn_python_rng(before: dict[str, bytes], after: dict[str, bytes], target: str) -> None:
+    """Warn when the trace drew from a Python-level RNG (``random.random()``,
+    ``numpy.random.rand()``): the values it drew are constants of the pair."""
+    moved = [name for name, state in after.items() if before.get(name, state) != state]
+    if moved:
+        warnings.warn(
+            f"target {target!r}: the function drew from {' and '.join(moved)} while it was "
+            "captured; Python code runs once, at capture, and never when the pair is served, "
+            "so the values it drew are frozen into the pair as constants. Use torch's RNG "
+            "(torch.rand, F.dropout: served with a fresh draw per call) or pass the value "
+            "as an argument", PythonStateWarning, stacklevel=3)
 
 
 def _device_of(args, kwargs) -> str:

@@ -26,3 +26,9 @@ class CompilerFailed(CaptureError):
 
 class BuildError(PrecompileBuildError):
     """Packaging failed after the captures: rewriting a wheel or sdist, merging wheels."""
+
+
+class PythonStateWarning(UserWarning):
+    """The captured function changed Python-level state while it was traced (the
+    ``random`` module's or numpy's global RNG): Python code runs once, at capture, so
+    what it computed (a ``random.random()`` value) is a constant of the pair."""

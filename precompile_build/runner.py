@@ -286,7 +286,21 @@ def _capture(b: _Build, target: TargetSettings, device: str, why: str,
                       cache_key=key, capture_seconds=seconds)
     b.progress.say(f"precompile: {target.name}: ok on {where} in {seconds:.1f} s "
                    f"({_sizes(r)}), captured (why: {why})")
+    for line in _capture_warnings(log_path):  # the log is in a temp dir: say them here
+        b.progress.say(f"precompile: {target.name}: warning: {line}")
     return r
+
+
+def _capture_warnings(log_path: Optional[Path]) -> list[str]:
+    """The capture API's warnings that a script printed to its log (PythonStateWarning:
+    Python randomness frozen into the pair), each once."""
+    try:
+        text = Path(log_path).read_text(encoding="utf-8", errors="replace") if log_path else ""
+    except OSError:
+        return []
+    found = [ln.split("PythonStateWarning: ", 1)[1].strip() for ln in text.splitlines()
+             if "PythonStateWarning: " in ln]
+    return list(dict.fromkeys(found))
 
 
 def _fail_or_skip(b: _Build, target: TargetSettings, required: bool, device: str,

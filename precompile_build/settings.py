@@ -114,6 +114,9 @@ OVERRIDES = {"skip": "PRECOMPILE_SKIP", "targets": "PRECOMPILE_TARGETS",
              "strict": "PRECOMPILE_BUILD_STRICT", "verbose": "PRECOMPILE_VERBOSE",
              "torch-pin": "PRECOMPILE_TORCH_PIN", "cache": "PRECOMPILE_CACHE",
              "cache-dir": "PRECOMPILE_BUILD_CACHE_DIR", "jobs": "PRECOMPILE_JOBS"}
+# Override keys that take a list: repeating them (`-C precompile.targets=a -C
+# precompile.targets=b`) selects the union; any other key given twice must agree.
+LIST_OVERRIDES = ("targets",)
 
 
 def _fail(msg: str) -> ConfigError:
@@ -332,6 +335,25 @@ def _jobs(table: Mapping[str, Any], overrides: Mapping[str, tuple[Any, str]]) ->
     return value
 
 
+def _repeated(raw_key: str, key: str, values: list) -> Any:
+    """The value of a config setting given several times (``-C K=a -C K=b`` reaches
+    the backend as ``{K: ["a", "b"]}``): the union for a list-valued key
+    (:data:`LIST_OVERRIDES`), the one value for a scalar key given with one value.
+
+    Raises:
+        ConfigError: no value, or a scalar key given different values.
+    """
+    if not values:
+        raise ConfigError(f"Failed to read config settings: `{raw_key}` has no value")
+    if key in LIST_OVERRIDES:  # each value may itself be a comma-separated list
+        return ",".join(str(v) for v in values)
+    if len({str(v) for v in values}) > 1:
+        raise ConfigError(
+            f"Failed to read config settings: `{raw_key}` was given {len(values)} times "
+            f"({', '.join(map(repr, values))}) but takes one value; pass it once")
+    return values[0]
+
+
 def collect_overrides(config_settings: Mapping[str, Any] | None,
                       environ: Mapping[str, str] | None = None) -> dict[str, tuple[Any, str]]:
     """Overrides by key, each as ``(raw value, where it came from)``.
@@ -356,10 +378,8 @@ def collect_overrides(config_settings: Mapping[str, Any] | None,
                 "; valid keys: " + ", ".join(f"precompile.{k}" for k in OVERRIDES))
             raise ConfigError(f"Failed to read config settings: unknown key "
                               f"`{raw_key}`{hint}")
-        if isinstance(value, list):  # pip passes a repeated -C key as a list
-            if not value:
-                raise ConfigError(f"Failed to read config settings: `{raw_key}` has no value")
-            value = value[-1]
+        if isinstance(value, list):  # pip and build pass a repeated -C key as a list
+            value = _repeated(str(raw_key), key, value)
         out[key] = (value, f"config setting `{raw_key}`")
         by_source.setdefault("config settings", set()).add(key)
     for key, var in OVERRIDES.items():

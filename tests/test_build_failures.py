@@ -129,3 +129,13 @@ def test_progress_line(tmp_path, monkeypatch, capfd):
     build(make_project(tmp_path), monkeypatch)
     err = capfd.readouterr().err
     assert "precompile: double: ok on cpu in " in err and "source 185 B, cache" in err
+
+
+def test_python_state_warning_of_a_capture_is_shown_by_the_build(tmp_path, monkeypatch, capfd):
+    """The capture API's PythonStateWarning goes to the script's log, in a temp dir the
+    build removes: the build repeats it."""
+    root = make_project(tmp_path, target_toml(mode="pywarn"))
+    build(root, monkeypatch)
+    err = capfd.readouterr().err
+    assert ("precompile: double: warning: target 'double': the function drew from random "
+            "while it was captured; Python code runs once, at capture") in err

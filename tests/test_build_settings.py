@@ -140,10 +140,27 @@ def test_override_precedence_env_over_config_over_pyproject(tmp_path):
                  {"PRECOMPILE_TARGETS": "a"}).selected == ("a",)
     assert _load(root, {"precompile.skip": "false"}, {"PRECOMPILE_SKIP": "1"}).skip
     assert not _load(root, {"precompile.skip": "true"}, {"PRECOMPILE_SKIP": "0"}).skip
-    assert _load(root, {"precompile.skip": ["false", "true"]}).skip  # repeated -C: last
+    assert _load(root, {"precompile.skip": ["true", "true"]}).skip  # repeated, one value
     assert _load(root, {"precompile.torch-pin": "none"}).torch_pin == "none"
     assert _load(root, {"precompile.strict": "yes"}).strict
     assert _load(root, {"--build-option": "x"}).selected == ("a", "b")  # setuptools' key
+
+
+def test_repeated_config_setting_list_key_is_a_union_scalar_key_is_refused(tmp_path):
+    """`-C precompile.targets=a -C precompile.targets=b` reaches the backend as a list
+    (pip and build): the union is selected, not the last one; a scalar key given two
+    different values is refused rather than one of them silently winning."""
+    root = make_project(tmp_path, TWO)
+    assert _load(root, {"precompile.targets": ["b", "a"]}).selected == ("a", "b")
+    assert _load(root, {"precompile.targets": ["a", "a,b"]}).selected == ("a", "b")
+    assert _load(root, {"precompile.targets": ["b"]}).selected == ("b",)
+    with pytest.raises(ConfigError, match="no target 'c'"):
+        _load(root, {"precompile.targets": ["a", "c"]})
+    with pytest.raises(ConfigError, match=r"`precompile.skip` was given 2 times \('false', "
+                       r"'true'\) but takes one value; pass it once"):
+        _load(root, {"precompile.skip": ["false", "true"]})
+    with pytest.raises(ConfigError, match=r"`precompile.jobs` was given 2 times"):
+        _load(root, {"precompile.jobs": ["2", "4"]})
 
 
 @pytest.mark.parametrize("cs, env, match", [

@@ -14,6 +14,7 @@ import shutil
 import subprocess
 import sys
 import textwrap
+import warnings
 from pathlib import Path
 
 import pytest
@@ -590,3 +591,58 @@ def test_an_argument_that_contains_itself_is_refused(tmp_path):
     with precompile_build.capture(lambda a, b: a[0] + b[0], engine="eager", **_paths(tmp_path)) as f:
         f(shared, shared)
     assert (tmp_path / "t.py").exists()
+
+
+def _random_ops(x):
+    return torch.nn.functional.dropout(x, 0.5, training=True) + torch.rand(x.shape)
+
+
+def test_torch_random_ops_are_served_with_torch_rng(tmp_path):
+    """Dropout and torch.rand in a frozen pair draw from torch's generator, as eager
+    does: a fresh mask per call, and eager's values under torch.manual_seed."""
+    x = torch.randn(4, 64)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", precompile_build.PythonStateWarning)  # torch's RNG: no warning
+        served = _capture_and_load(tmp_path / "p", _random_ops, x)
+    assert served.uses_kernels
+    torch.manual_seed(7)
+    first, second = served(x), served(x)
+    assert not torch.equal(first, second)  # a fresh mask and fresh uniforms per call
+    torch.manual_seed(7)
+    torch.testing.assert_close(served(x), first, rtol=0, atol=0)  # reproducible
+    torch.manual_seed(7)
+    torch.testing.assert_close(first, _random_ops(x))  # the same values as eager
+    torch.manual_seed(3)
+    with precompile_build.capture(_random_ops, engine="frozen", **_paths(tmp_path / "p")) as f:
+        during = f(x)  # the capture's own draws are not taken from the caller's RNG
+    torch.manual_seed(3)
+    torch.testing.assert_close(during, _random_ops(x))
+    dropped = float(served(torch.ones(4, 64)).lt(1).float().mean())  # kept: 2 + U[0, 1)
+    assert 0.2 < dropped < 0.8, dropped
+
+
+@pytest.mark.parametrize("rng", ["random", "numpy.random"])
+def test_python_random_in_the_function_warns_that_it_is_frozen(tmp_path, rng):
+    """Python's random module (and numpy's) runs once, at capture: the value it drew is
+    a constant of the pair. The capture says so."""
+    if rng == "random":
+        import random
+
+        draw = random.random
+    else:
+        draw = pytest.importorskip("numpy").random.rand
+
+    def fn(x):
+        return x * float(draw())
+
+    x = torch.ones(3)
+    with pytest.warns(precompile_build.PythonStateWarning,
+                      match=rf"target 't': the function drew from {rng} while it was captured; "
+                            r"Python code runs once, at capture, and never when the pair is served"):
+        served = _capture_and_load(tmp_path / "p", fn, x)
+    a, b = served(x), served(x)
+    assert torch.equal(a, b)  # frozen: what the warning says
+    if rng == "random":
+        with warnings.catch_warnings():  # a function without Python randomness: no warning
+            warnings.simplefilter("error", precompile_build.PythonStateWarning)
+            _capture_and_load(tmp_path / "q", lambda x: x * 2, x)

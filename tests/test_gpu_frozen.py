@@ -342,6 +342,37 @@ def test_dynamic_batch_train_step(tmp_path):
     _serve(tmp_path, "train", source, cache, {"state": state, "dtype": torch.float32, "sizes": sizes, "tol": 1e-4})
 
 
+def random_ops(x):
+    return torch.nn.functional.dropout(x, 0.5, training=True) + torch.rand(x.shape, device=x.device)
+
+
+def test_torch_random_ops_follow_torch_rng(tmp_path):
+    """Dropout and torch.rand in a frozen CUDA pair draw from torch's CUDA generator as
+    eager does: a fresh mask per call, eager's values under torch.manual_seed."""
+    from precompile_runtime import envelope
+
+    x = torch.randn(64, 256, device="cuda")
+    source, cache = _capture(tmp_path, "random_ops", random_ops, x)
+    env = envelope.loads(cache.read_bytes())
+    kdir = tmp_path / "kernels"
+    for name, blob in env.blobs.items():
+        (kdir / name).parent.mkdir(parents=True, exist_ok=True)
+        (kdir / name).write_bytes(blob)
+    ns = {"__name__": "pair"}
+    exec(compile(source.read_text(), str(source), "exec"), ns)
+    served = ns["load"](str(kdir))
+    assert served.uses_kernels
+    torch.manual_seed(7)
+    first, second = served(x), served(x)
+    assert not torch.equal(first, second)  # a fresh mask and fresh uniforms per call
+    torch.manual_seed(7)
+    assert torch.equal(served(x), first)  # reproducible under torch.manual_seed
+    torch.manual_seed(7)
+    torch.testing.assert_close(first, random_ops(x))  # eager's values
+    dropped = float(served(torch.ones_like(x)).lt(1).float().mean())  # kept: 2 + U[0, 1)
+    assert 0.4 < dropped < 0.6, dropped
+
+
 def test_unfreezable_kernel_is_a_capture_error():
     """A launcher built without the static CUDA launcher is refused, naming the kernel."""
     from precompile_build.engines._triton_freeze import freeze_triton_kernel

@@ -86,8 +86,10 @@ def _compile(traced: TracedCall, target: str, options: dict):
     # Inductor compiles for exactly the marked symbols (real inputs would be
     # refakeified with every dim a new symbol)
     dynamic = traced.symbolic is not None
+    on_cpu = traced.metadata["device"] == "cpu"
+    cpu_isa, pin_march = _cpu_target() if on_cpu else (None, contextlib.nullcontext())
     try:
-        with torch.no_grad(), recording(), _reproducible_kernels(), \
+        with torch.no_grad(), recording(), _reproducible_kernels(), pin_march, _torch_rng(), \
                 (dynamic_dims.compile_context(traced.graph_module) if dynamic else contextlib.nullcontext()):
             compiled = torch._inductor.standalone_compile(
                 traced.graph_module, list(traced.symbolic.inputs if dynamic else traced.example_inputs),
@@ -120,13 +122,23 @@ def _compile(traced: TracedCall, target: str, options: dict):
     device = traced.metadata["device"]
     fingerprint = host_fingerprint(device)
     if device == "cpu":
-        fingerprint["cpu_isa"] = _cpu_isa()
+        fingerprint["cpu_isa"] = cpu_isa
     metadata = dict(traced.metadata, engine="frozen", kernels=kernels)
     if options.get("cuda_graphs"):
         metadata["cuda_graphs"] = True
     source = codegen.render(metadata, codegen.graph_source(traced.graph_module), wrapper_code)
     _validate(source, blobs, traced, target)
     return source.encode("utf-8"), blobs, fingerprint
+
+
+def _torch_rng():
+    """Random ops (dropout, rand, randn, bernoulli...) call torch's own RNG ops instead
+    of Inductor's: served, they draw from torch's generator like eager (a fresh mask
+    per call, the same values as eager under torch.manual_seed), and the validator
+    can compare them with the graph under one seed."""
+    from torch._inductor import config
+
+    return config.patch({"fallback_random": True})
 
 
 def _reproducible_kernels():
@@ -139,10 +151,50 @@ def _reproducible_kernels():
     return contextlib.nullcontext()
 
 
-def _cpu_isa() -> str:
-    from torch._inductor import cpu_vec_isa
+# The x86-64 level pinned with -march for each Inductor vector ISA (Inductor's
+# default, -march=native, lets gcc use every instruction of the build host's CPU).
+_MARCH = {"avx512": "x86-64-v4", "avx2": "x86-64-v3"}
+# gcc -m flags whose /proc/cpuinfo name is not the flag with '-' as '_'
+_CPUINFO_NAME = {"avx512vnni": "avx512_vnni", "avx512bf16": "avx512_bf16",
+                 "avx512fp16": "avx512_fp16", "avx512vbmi2": "avx512_vbmi2"}
 
-    return str(cpu_vec_isa.pick_vec_isa()) or "none"
+
+def _cpu_target():
+    """The instruction-set level the CPU kernels are compiled for, and the Inductor
+    config that pins the compiler to it.
+
+    Returns:
+        ``(cpu_isa, context)``: ``cpu_isa`` is the fingerprint's requirement, space-
+        separated words that ``precompile_runtime.fingerprint.isa_mismatch`` checks
+        against a host's CPU flags: Inductor's vector ISA (``str(pick_vec_isa())``,
+        e.g. ``avx512 avx512_vnni``), the CPU flags of the compiler flags it adds
+        (``avx512_bf16``) and, on x86-64, the ``-march`` level the context pins
+        (``x86-64-v4`` for AVX512). Where this torch has no ``cpp.march`` setting the
+        kernels are compiled for the build host's CPU (``-march=native``): then every
+        vector extension flag of this CPU is required.
+    """
+    import platform
+
+    from precompile_runtime.fingerprint import ISA_REQUIRES, cpu_flags
+    from torch._inductor import config, cpu_vec_isa
+
+    isa = cpu_vec_isa.pick_vec_isa()
+    words = str(isa).split() or ["none"]
+    implied = {f for w in words for f in ISA_REQUIRES.get(w.lower(), (w,))}
+    for flag in (isa.build_arch_flags() if isa else "").split():
+        if flag.startswith("-m") and "=" not in flag and not flag.startswith("-march"):
+            name = _CPUINFO_NAME.get(flag[2:], flag[2:].replace("-", "_"))
+            if name not in implied:
+                words.append(name)
+                implied.add(name)
+    if platform.machine() not in ("x86_64", "AMD64"):
+        return " ".join(words), contextlib.nullcontext()
+    if not hasattr(config.cpp, "march"):  # older torch: -march=native
+        words += sorted(f for f in cpu_flags() - implied
+                        if f.startswith(("avx", "amx", "bmi", "fma", "f16c", "sse", "vaes", "gfni")))
+        return " ".join(words), contextlib.nullcontext()
+    level = next((_MARCH[w] for w in words if w in _MARCH), "x86-64")
+    return " ".join([*words, level]), config.patch({"cpp.march": level})
 
 
 def _freeze_kernels(module, names: list[str], target: str) -> tuple[list[dict], dict[str, bytes]]:
@@ -301,6 +353,9 @@ _OTHER_SIZES = ("the compiled code does not hold at these sizes inside the decla
                 "narrow the marks (min=, max=) to exclude them, or capture with engine='eager'")
 
 
+_SEED = 20240607  # any fixed seed: both sides of a comparison start from it
+
+
 def _compare(call, traced: TracedCall, inputs: list, what: str, target: str) -> None:
     """Run the graph and the frozen wrapper on clones of ``inputs`` (described by
     ``what``) and compare outputs and mutated inputs; raise CaptureError on any
@@ -312,7 +367,10 @@ def _compare(call, traced: TracedCall, inputs: list, what: str, target: str) -> 
            "provide. Use engine='eager' (or 'torch')") if example else _OTHER_SIZES
     a = [example_clone(t) for t in inputs]
     b = [example_clone(t) for t in inputs]
-    with torch.no_grad():
+    cuda = sorted({t.device.index or 0 for t in inputs if t.device.type == "cuda"})
+    # both runs draw from one RNG state (random ops), the caller's state is kept
+    with torch.no_grad(), torch.random.fork_rng(devices=cuda):
+        torch.manual_seed(_SEED)
         try:
             want = traced.graph_module(*a)
         except Exception as e:  # only at sizes other than the example's
@@ -320,6 +378,7 @@ def _compare(call, traced: TracedCall, inputs: list, what: str, target: str) -> 
                 f"target {target!r}: the captured function itself fails at {what} "
                 f"({type(e).__name__}: {e}); declare ranges that exclude these sizes (min=, max=)"
             ) from e
+        torch.manual_seed(_SEED)
         try:
             got = call(list(b))
         except Exception as e:

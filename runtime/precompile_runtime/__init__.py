@@ -16,11 +16,13 @@ from __future__ import annotations
 
 from ._guard import guard_active, no_compilation
 from .errors import (
+    CacheDirNotExecutableError,
     CallError,
     HostMismatchError,
     HostMismatchWarning,
     IntegrityError,
     ManifestError,
+    PackageChangedError,
     PrecompileLoadError,
     ServingCompileError,
     TargetNotFoundError,
@@ -30,11 +32,13 @@ from .loader import load_packaged
 __version__ = "0.1.0"
 
 __all__ = [
+    "CacheDirNotExecutableError",
     "CallError",
     "HostMismatchError",
     "HostMismatchWarning",
     "IntegrityError",
     "ManifestError",
+    "PackageChangedError",
     "PrecompileLoadError",
     "ServingCompileError",
     "TargetNotFoundError",

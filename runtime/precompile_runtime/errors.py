@@ -24,6 +24,17 @@ class HostMismatchError(PrecompileLoadError):
     a :class:`HostMismatchWarning` is emitted and a fallback runs)."""
 
 
+class PackageChangedError(IntegrityError):
+    """The installed files changed while they were being loaded (a ``pip install``
+    of the package ran at the same time); nothing from them ran: retry the load."""
+
+
+class CacheDirNotExecutableError(HostMismatchError):
+    """The kernel cache directory is on a file system that does not allow mapping
+    code (mounted ``noexec``), so the frozen kernels cannot load there (raised only in
+    strict mode; otherwise a :class:`HostMismatchWarning` and the fallback)."""
+
+
 class TargetNotFoundError(PrecompileLoadError):
     """The package has no ``_precompiled/`` data, or its manifest has no such target,
     or the target's capture failed at build time and was left out."""

@@ -13,14 +13,21 @@ must be equal between the capture host and this host for a variant to be used:
 - ``device_type``: ``cpu`` or ``cuda``.
 - ``compute_capability``: ``9.0`` for sm_90; a cubin for another SM is never run.
 
-``cpu_isa`` (the vector ISA the CPU kernels were compiled for, e.g. ``avx512``)
-must be *supported* by this host (not equal). ``gpu_name`` is informational.
+``cpu_isa`` is a requirement, not an equality: the instruction-set level the CPU
+kernels were compiled for, as space-separated words (the frozen engine records
+Inductor's vector ISA and the ``-march`` level it pinned, e.g. ``avx512 avx512_vnni
+x86-64-v4``). Each word is a level of :data:`ISA_REQUIRES` or a CPU flag name as
+``/proc/cpuinfo`` spells it (``amx_tile``); this host must have every flag they
+need (:func:`isa_mismatch`), read from ``/proc/cpuinfo`` without importing the
+compiler. ``gpu_name`` is informational.
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
+import os
 import platform as _platform
 import sys
 import sysconfig
@@ -38,12 +45,29 @@ EXACT_FIELDS = (
 )
 INFO_FIELDS = ("gpu_name", "cpu_isa", "engine_key")
 
-# CPU flags (from /proc/cpuinfo) each inductor vector ISA needs.
-_ISA_FLAGS = {
-    "avx512": ("avx512f", "avx512dq", "avx512vl", "avx512bw"),
-    "avx2": ("avx2", "fma"),
+# The CPU flags (as /proc/cpuinfo names them) that each word of a ``cpu_isa``
+# record needs: Inductor's vector ISAs (``str(pick_vec_isa())``, with the flags its
+# ``build_arch_flags()`` passes to the compiler), ATen's capabilities (the torch
+# engine) and the x86-64 micro-architecture levels the frozen engine pins with
+# ``-march``. A word not listed here is a cpuinfo flag name and needs itself.
+ISA_REQUIRES = {
+    "avx2": ("avx2", "fma", "f16c"),
+    "avx512": ("avx512f", "avx512dq", "avx512vl", "avx512bw", "fma"),
     "amx": ("amx_tile", "avx512f"),
+    "amx_tile": ("amx_tile", "amx_bf16", "amx_int8"),
+    "x86-64": (),
+    "x86-64-v2": ("cx16", "lahf_lm", "popcnt", "pni", "sse4_1", "sse4_2", "ssse3"),
+    "x86-64-v3": ("cx16", "lahf_lm", "popcnt", "pni", "sse4_1", "sse4_2", "ssse3",
+                  "avx", "avx2", "bmi1", "bmi2", "f16c", "fma", "abm", "movbe", "xsave"),
+    "x86-64-v4": ("cx16", "lahf_lm", "popcnt", "pni", "sse4_1", "sse4_2", "ssse3",
+                  "avx", "avx2", "bmi1", "bmi2", "f16c", "fma", "abm", "movbe", "xsave",
+                  "avx512f", "avx512bw", "avx512cd", "avx512dq", "avx512vl"),
+    # the platform field already ties these to their architecture
+    "none": (), "default": (), "invalid_vec_isa": (), "asimd": (), "vsx": (), "zvector": (),
 }
+CPUINFO_ENV = "PRECOMPILE_CPUINFO"
+"""Read CPU flags from this file instead of ``/proc/cpuinfo`` (same format); for
+tests that simulate another CPU."""
 
 
 def _triton_version() -> str | None:
@@ -100,15 +124,51 @@ def variant_id(fp: dict[str, Any]) -> str:
 
 
 def cpu_flags() -> set[str]:
-    """CPU feature flags of this host from /proc/cpuinfo (empty set where unreadable)."""
+    """CPU feature flags of this host: the ``flags`` (x86) or ``Features`` (arm) line
+    of ``/proc/cpuinfo`` (or of the file ``$PRECOMPILE_CPUINFO``); an empty set where
+    unreadable (not Linux)."""
+    return set(_read_flags(os.environ.get(CPUINFO_ENV) or "/proc/cpuinfo"))
+
+
+@functools.lru_cache(maxsize=4)
+def _read_flags(path: str) -> frozenset:
     try:
-        with open("/proc/cpuinfo", encoding="ascii", errors="replace") as f:
+        with open(path, encoding="ascii", errors="replace") as f:
             for line in f:
-                if line.startswith("flags"):
-                    return set(line.split(":", 1)[1].split())
+                if line.startswith(("flags", "Features")) and ":" in line:
+                    return frozenset(line.split(":", 1)[1].split())
     except OSError:
         pass
-    return set()
+    return frozenset()
+
+
+def isa_mismatch(cpu_isa: str | None, flags: set[str] | None = None) -> str | None:
+    """Why this host cannot run CPU kernels compiled for ``cpu_isa``, or None.
+
+    Args:
+        cpu_isa: a fingerprint's ``cpu_isa``: space-separated words, each a level of
+            :data:`ISA_REQUIRES` or a ``/proc/cpuinfo`` flag name; None/empty: no
+            requirement.
+        flags: this host's CPU flags (default: :func:`cpu_flags`).
+    Returns:
+        ``"cpu_isa: built for 'avx512 amx_tile', this CPU lacks amx_tile, ..."``;
+        None when every needed flag is there. Unreadable flags with a requirement
+        count as a mismatch: a kernel for instructions the host may lack never runs.
+    """
+    if cpu_isa is not None and not isinstance(cpu_isa, str):
+        return f"cpu_isa: built for {cpu_isa!r}, not a list of CPU features this runtime can check"
+    words = (cpu_isa or "").split()
+    needed = list(dict.fromkeys(f for w in words for f in ISA_REQUIRES.get(w.lower(), (w,))))
+    if not needed:
+        return None
+    flags = cpu_flags() if flags is None else flags
+    if not flags:
+        return (f"cpu_isa: built for {cpu_isa!r}, and this host's CPU flags cannot be read "
+                "(/proc/cpuinfo) to check it")
+    missing = [f for f in needed if f not in flags]
+    if missing:
+        return f"cpu_isa: built for {cpu_isa!r}, this CPU lacks {', '.join(missing)}"
+    return None
 
 
 def mismatches(recorded: dict[str, Any], host: dict[str, Any]) -> list[str]:
@@ -121,15 +181,10 @@ def mismatches(recorded: dict[str, Any], host: dict[str, Any]) -> list[str]:
     for key in EXACT_FIELDS:
         if recorded.get(key) != host.get(key):
             out.append(f"{key}: built for {recorded.get(key)!r}, this host has {host.get(key)!r}")
-    isa = recorded.get("cpu_isa")
-    if isa and isa in _ISA_FLAGS and recorded.get("device_type") == "cpu":
-        flags = cpu_flags()
-        if flags:  # unreadable cpuinfo (non-Linux): trust the platform field
-            missing = [f for f in _ISA_FLAGS[isa] if f not in flags]
-            if missing:
-                out.append(
-                    f"cpu_isa: built for {isa!r}, this CPU lacks {', '.join(missing)}"
-                )
+    if recorded.get("device_type") == "cpu":
+        isa = isa_mismatch(recorded.get("cpu_isa"))
+        if isa:
+            out.append(isa)
     return out
 
 

@@ -45,10 +45,12 @@ from . import fingerprint as _fingerprint
 from . import manifest as _manifest
 from ._guard import install_if_env
 from .errors import (
+    CacheDirNotExecutableError,
     HostMismatchError,
     HostMismatchWarning,
     IntegrityError,
     ManifestError,
+    PackageChangedError,
     PrecompileLoadError,
     TargetNotFoundError,
 )
@@ -190,6 +192,7 @@ def _load(package: str, name: str, strict: bool) -> _Loaded:
     try:
         raw = manifest_file.read_bytes()
     except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
+        _raise_if_package_gone(package)
         raise TargetNotFoundError(
             f"package {package!r} has no {DATA_DIR}/manifest.json: it was built without "
             "precompiled targets (or with the captures skipped); rebuild the wheel with "
@@ -197,7 +200,11 @@ def _load(package: str, name: str, strict: bool) -> _Loaded:
         ) from None
     except OSError as e:
         raise ManifestError(f"package {package!r}: cannot read {DATA_DIR}/manifest.json ({e})") from None
-    doc = _manifest.parse(raw, where=f"package {package!r}: {DATA_DIR}/manifest.json")
+    try:
+        doc = _manifest.parse(raw, where=f"package {package!r}: {DATA_DIR}/manifest.json")
+    except ManifestError as e:  # a manifest half-written by a reinstall?
+        _raise_if_changed(f"package {package!r}", data, raw, e)
+        raise
 
     targets = doc["targets"]
     target = targets.get(name)
@@ -227,7 +234,11 @@ def _load(package: str, name: str, strict: bool) -> _Loaded:
         text = None
         variant = chosen
 
-    source, cache, code_hash = _read_pair(data, ctx, variant)
+    try:
+        source, cache, code_hash = _read_pair(data, ctx, variant)
+    except IntegrityError as e:  # files replaced by a reinstall after the manifest was read?
+        _raise_if_changed(ctx, data, raw, e, again=lambda: _read_pair(data, ctx, variant))
+        raise
     engine = variant["engine"]
     if engine == "torch":
         from . import torch_pairs  # lazy: imports torch
@@ -236,13 +247,17 @@ def _load(package: str, name: str, strict: bool) -> _Loaded:
         return _Loaded(value, text, "torch's own load of the source without the compiled cache")
     else:
         cache_name = f"{DATA_DIR}/{variant['files']['cache']['path']}"
-        env = _envelope.loads(cache, what=f"{ctx}: {cache_name}")
-        if env.code_hash != code_hash:
-            raise IntegrityError(
-                f"{ctx}: {cache_name}: code_hash check failed: the cache belongs to a source "
-                f"with sha256 {env.code_hash}, but {DATA_DIR}/{variant['files']['source']['path']} "
-                f"has {code_hash}; the pair was mixed up or tampered with, rebuild the wheel"
-            )
+        try:
+            env = _envelope.loads(cache, what=f"{ctx}: {cache_name}")
+            if env.code_hash != code_hash:
+                raise IntegrityError(
+                    f"{ctx}: {cache_name}: code_hash check failed: the cache belongs to a source "
+                    f"with sha256 {env.code_hash}, but {DATA_DIR}/{variant['files']['source']['path']} "
+                    f"has {code_hash}; the pair was mixed up or tampered with, rebuild the wheel"
+                )
+        except IntegrityError as e:
+            _raise_if_changed(ctx, data, raw, e)
+            raise
         if env.engine != engine:
             raise IntegrityError(
                 f"{ctx}: {cache_name}: engine check failed: the cache says {env.engine!r}, "
@@ -255,8 +270,85 @@ def _load(package: str, name: str, strict: bool) -> _Loaded:
         load = getattr(module, "load", None)
         if not callable(load):
             raise PrecompileLoadError(f"{ctx}: the source half defines no load(kernel_dir) function")
-        value = load(kernel_dir)
-        return _Loaded(value, text, "the captured graph from the source file, without precompiled kernels")
+        fallback = "the captured graph from the source file, without precompiled kernels"
+        try:
+            value = load(kernel_dir)
+        except ImportError as e:  # dlopen refused the kernels: a noexec file system
+            if kernel_dir is None or not _cannot_map(kernel_dir, e):
+                raise
+            text = _noexec_text(ctx, kernel_dir, e)
+            if strict:
+                raise CacheDirNotExecutableError(text + " Strict mode (strict=True or "
+                                                 "PRECOMPILE_STRICT=1): no fallback.") from None
+            return _Loaded(load(None), text, fallback)
+        return _Loaded(value, text, fallback)
+
+
+def _cannot_map(kernel_dir: str, e: ImportError) -> bool:
+    """Whether ``e`` is the dynamic loader refusing to map code from ``kernel_dir``."""
+    if "failed to map segment" in str(e):
+        return True
+    try:
+        return bool(os.statvfs(kernel_dir).f_flag & getattr(os, "ST_NOEXEC", 0))
+    except OSError:
+        return False
+
+
+def _noexec_text(ctx: str, kernel_dir: str, e: ImportError) -> str:
+    return (
+        f"{ctx}: the precompiled kernels unpacked in {kernel_dir} cannot be loaded: its file "
+        f"system does not allow mapping code (mounted noexec?): {type(e).__name__}: {e}. "
+        f"Set {CACHE_ENV} to a directory on a file system mounted with exec (e.g. under "
+        "your home directory) to use them."
+    )
+
+
+def _raise_if_package_gone(package: str) -> None:
+    """An imported package whose files are gone is being uninstalled or reinstalled."""
+    from importlib.machinery import SourceFileLoader, SourcelessFileLoader
+
+    module = sys.modules.get(package)
+    path = getattr(module, "__file__", None)
+    on_disk = isinstance(getattr(module, "__loader__", None), (SourceFileLoader, SourcelessFileLoader))
+    if path and on_disk and not os.path.exists(path):  # (a zip's __file__ is no path)
+        raise PackageChangedError(
+            f"package {package!r}: its installed files are gone ({path} no longer exists) "
+            "while its precompiled targets were being loaded: it is being uninstalled or "
+            "reinstalled. Retry once the installation has finished (in a new process if "
+            "the package was upgraded)"
+        )
+
+
+def _raise_if_changed(ctx: str, data: Any, raw: bytes, error: PrecompileLoadError,
+                      again: Any = None) -> None:
+    """Raise :class:`PackageChangedError` when the installed files changed while they
+    were being loaded: the manifest now differs from ``raw`` (what this load read),
+    or ``again`` (re-reading the pair) no longer fails the same way."""
+    try:
+        changed = (data / "manifest.json").read_bytes() != raw
+    except OSError:
+        changed = True  # it was there a moment ago
+    if not changed and again is not None:
+        try:
+            again()
+            changed = True
+        except PrecompileLoadError as e:
+            changed = str(e) != str(error)
+    if changed:
+        raise PackageChangedError(
+            f"{ctx}: the installed files changed while they were being loaded (a pip install "
+            f"of the package running at the same time?); nothing from them ran. Retry once "
+            f"the installation has finished (in a new process if the package was upgraded). "
+            f"What was seen: {_what_was_seen(ctx, error)}"
+        ) from None
+
+
+def _what_was_seen(ctx: str, error: PrecompileLoadError) -> str:
+    """The finding of ``error`` without its context and its advice (which assumes
+    the files stay as they are)."""
+    text = str(error)
+    text = text[len(ctx) + 2:] if text.startswith(ctx + ": ") else text
+    return text.split("; ")[0]
 
 
 def _package_data(package: str) -> Any:

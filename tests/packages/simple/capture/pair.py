@@ -55,6 +55,9 @@ if a.mode == "spam":
     sys.exit(1)
 if a.mode == "nothing":
     sys.exit(0)
+if a.mode == "pywarn":  # what precompile_build.capture prints for random.random() in fn
+    print(f"capture.py:9: PythonStateWarning: target {target!r}: the function drew from "
+          "random while it was captured; Python code runs once, at capture", file=sys.stderr)
 if a.sleep:
     print(f"sleeping {a.sleep} s", flush=True)
     time.sleep(a.sleep)
