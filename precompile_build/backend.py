@@ -80,8 +80,60 @@ def _package(settings, plain: Path, out_dir: str, files: dict, *, add: bool) -> 
     found = variants(files)
     native = any(v["engine"] in NATIVE_ENGINES for v in found)
     requires = build_requirements(found, settings.torch_pin)
+    _warn_static_dependencies(settings.root, requires)
     return package_wheel(plain, out_dir, settings.package, files if add else None,
                          requires, native=native).name
+
+
+def static_dependencies_gap(root: Path, requires: list) -> list:
+    """The build's requirements that ``project.dependencies`` does not already state,
+    when that list is static (not in ``project.dynamic``); [] when it is dynamic.
+
+    Tools that read pyproject.toml (uv) take static dependencies as final, so these
+    would not be installed by them: list them, or make the dependencies dynamic.
+    """
+    import sys
+
+    from packaging.requirements import InvalidRequirement, Requirement
+    from packaging.utils import canonicalize_name
+
+    if sys.version_info >= (3, 11):
+        import tomllib
+    else:  # pragma: no cover
+        import tomli as tomllib
+    try:
+        with open(root / "pyproject.toml", "rb") as f:
+            project = tomllib.load(f).get("project")
+    except (OSError, ValueError):
+        return []
+    if not isinstance(project, dict) or "dependencies" in (project.get("dynamic") or []):
+        return []
+    static = []
+    for line in project.get("dependencies") or []:
+        try:
+            static.append(Requirement(line))
+        except InvalidRequirement:
+            continue
+    gap = []
+    for r in requires:
+        want = Requirement(r)
+        same = [s for s in static if canonicalize_name(s.name) == canonicalize_name(want.name)]
+        if not same or (canonicalize_name(want.name) != "precompile-runtime"
+                        and not any(set(s.specifier) >= set(want.specifier) for s in same)):
+            gap.append(r)
+    return gap
+
+
+def _warn_static_dependencies(root: Path, requires: list) -> None:
+    import sys
+
+    gap = static_dependencies_gap(root, requires)
+    if gap:
+        print("precompile: warning: `project.dependencies` in pyproject.toml is static, but "
+              f"this build adds {', '.join(gap)} to the wheel; tools that read "
+              "pyproject.toml (uv) will not install them. Add \"dependencies\" to "
+              "`project.dynamic` (list your own in `[tool.setuptools.dynamic]`), or add "
+              "these to `project.dependencies` (README: Publishing)", file=sys.stderr)
 
 
 def build_wheel(wheel_directory: str, config_settings: Optional[Mapping[str, Any]] = None,

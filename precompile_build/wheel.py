@@ -150,29 +150,53 @@ def build_requirements(variants: Iterable[Mapping], policy: str) -> list[str]:
     return [runtime_requirement()] + ([pin] if pin else [])
 
 
-def _req_name(line: str) -> Optional[str]:
+def _req(line: str) -> Optional[Requirement]:
     try:
-        return canonicalize_name(Requirement(line.split(":", 1)[1].strip()).name)
+        return Requirement(line.split(":", 1)[1].strip())
     except InvalidRequirement:
         return None
 
 
 def patch_metadata(text: str, requires: Sequence[str]) -> str:
-    """METADATA with ``Requires-Dist`` lines added after the existing ones.
+    """METADATA with the build's requirements merged in: one line per project.
 
-    Idempotent: a line already present is not added again, nor is
-    ``precompile-runtime`` when already required. Headers end at the
-    first blank line; the description body is untouched.
+    A project the metadata already requires is not added again: its existing lines
+    (any markers and extras kept) get the build's version specifier added, so
+    ``torch`` and ``torch==2.13.0`` become one ``torch==2.13.0``; an existing
+    ``precompile-runtime`` line is kept as it is. Other requirements are added after
+    the existing ``Requires-Dist`` lines. Idempotent. Headers end at the first blank
+    line; the description body is untouched.
+
+    Raises:
+        BuildError: an existing requirement excludes the version the build pins
+            (``torch<2`` in ``project.dependencies`` and artifacts for torch 2.13).
     """
     head, sep, body = text.partition("\n\n")
     if not sep:  # no description body
         head, sep, body = text.rstrip("\n"), "\n", ""
     lines = head.split("\n")
-    present = {_req_name(ln) for ln in lines if ln.startswith("Requires-Dist:")}
-    new = [f"Requires-Dist: {r}" for r in requires
-           if f"Requires-Dist: {r}" not in lines
-           and not (canonicalize_name(Requirement(r).name) == "precompile-runtime"
-                    and "precompile-runtime" in present)]
+    new = []
+    for r in requires:
+        want = Requirement(r)
+        name = canonicalize_name(want.name)
+        hits = [i for i, ln in enumerate(lines) if ln.startswith("Requires-Dist:")
+                and (got := _req(ln)) is not None and canonicalize_name(got.name) == name]
+        if not hits:
+            new.append(f"Requires-Dist: {r}")
+            continue
+        if name == "precompile-runtime":
+            continue
+        for i in hits:
+            got = _req(lines[i])
+            assert got is not None
+            pinned = [s for s in want.specifier if s.operator == "=="]
+            if pinned and not got.specifier.contains(pinned[0].version, prereleases=True):
+                raise BuildError(
+                    f"Failed to write the wheel's metadata: the artifacts need {r}, but "
+                    f"`project.dependencies` requires {got}; widen that requirement or "
+                    "build with the torch it allows")
+            got.specifier &= want.specifier
+            lines[i] = f"Requires-Dist: {got}"
     idx = max((i for i, ln in enumerate(lines) if ln.startswith("Requires-Dist:")),
               default=len(lines) - 1)
     lines[idx + 1:idx + 1] = new

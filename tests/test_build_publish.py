@@ -51,3 +51,130 @@ def test_summary_names_the_torch_the_artifacts_are_for(tmp_path, monkeypatch, ca
                     f"{fp['python']}, {fp['platform']} (another torch: pin it in "
                     "`build-system.requires`, or build with --no-isolation where it is "
                     "installed)"]
+
+
+# -- issue 16 case 1: metadata that tells the truth ---------------------------------
+
+def _set_project(root, extra: str) -> None:
+    py = root / "pyproject.toml"
+    py.write_text(py.read_text().replace('requires-python = ">=3.9"\n',
+                                         f'requires-python = ">=3.9"\n{extra}\n'))
+
+
+def test_wheel_requires_each_project_once(tmp_path, monkeypatch):
+    root = make_project(tmp_path)
+    _set_project(root, 'dependencies = ["torch", "numpy>=1"]')
+    whl = build(root, monkeypatch)
+    req = metadata_lines(whl, "Requires-Dist")
+    assert req[:2] == ["torch==2.13.0", "numpy>=1"]
+    assert [r for r in req[2:] if not r.startswith("precompile-runtime")] == []
+    assert len(req) == 3
+
+
+def test_wheel_pin_against_a_static_requirement_that_excludes_it(tmp_path, monkeypatch):
+    from precompile_build.errors import BuildError
+
+    root = make_project(tmp_path)
+    _set_project(root, 'dependencies = ["torch<2"]')
+    with pytest.raises(BuildError, match=r"the artifacts need torch==2.13.0, but "
+                       r"`project.dependencies` requires torch<2"):
+        build(root, monkeypatch)
+
+
+def test_sdist_pkg_info_marks_requires_dist_dynamic(tmp_path, monkeypatch):
+    import tarfile
+
+    sdist = build(make_project(tmp_path), monkeypatch, hook="build_sdist")
+    with tarfile.open(sdist) as tf:
+        infos = {n: tf.extractfile(n).read().decode() for n in tf.getnames()
+                 if n.endswith("PKG-INFO")}
+    assert sorted(infos) == ["simplepkg-0.1.0/PKG-INFO",
+                             "simplepkg-0.1.0/simplepkg.egg-info/PKG-INFO"]
+    for text in infos.values():
+        head = text.split("\n\n")[0].splitlines()
+        assert "Dynamic: Requires-Dist" in head
+        major, minor = map(int, head[0].split(":")[1].split("."))
+        assert head[0].startswith("Metadata-Version:") and (major, minor) >= (2, 2)
+
+
+@pytest.mark.parametrize("deps, warned", [
+    (None, True),  # no `dependencies`: static and empty (PEP 621)
+    ('dependencies = ["torch"]', True),
+    ('dependencies = ["torch==2.13.0", "precompile-runtime"]', False),
+    ('dynamic = ["dependencies"]', False),
+])
+def test_static_dependencies_that_miss_the_build_requirements_warn(tmp_path, monkeypatch,
+                                                                    capfd, deps, warned):
+    root = make_project(tmp_path)
+    if deps:
+        _set_project(root, deps)
+    build(root, monkeypatch)
+    err = capfd.readouterr().err
+    assert ("precompile: warning: `project.dependencies` in pyproject.toml is static, but "
+            "this build adds " in err) is warned
+    if deps == 'dependencies = ["torch"]':
+        assert "adds precompile-runtime>=0.1, torch==2.13.0 to the wheel" in err
+
+
+def _uv() -> "str | None":
+    import shutil
+    from pathlib import Path
+
+    here = Path(sys.executable).parent / "uv"
+    return str(here) if here.exists() else shutil.which("uv")
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(_uv() is None, reason="uv is not installed (pip install uv)")
+@pytest.mark.parametrize("what", ["project", "sdist", "wheel"])
+def test_uv_pip_install_into_a_fresh_venv_loads(tmp_path, what):
+    """`uv pip install .` / SDIST / WHEEL into a fresh venv installs precompile-runtime
+    (uv takes static metadata as final) and the target loads. Offline: the runtime
+    comes from a local wheel, torch from the test's own environment (a path with only
+    torch on it, so nothing else leaks in); the fixture's pin is off so uv need not
+    fetch torch."""
+    import os
+    import subprocess
+    from pathlib import Path
+
+    import torch
+
+    repo = Path(__file__).resolve().parents[1]
+    uv = _uv()
+    root = make_project(tmp_path, '[tool.precompile]\ntorch-pin = "none"\n' + target_toml())
+    _set_project(root, 'dynamic = ["dependencies"]')
+    site = Path(torch.__file__).parents[1]
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(repo), str(repo / "runtime"),
+                                                       str(site)]))
+    env.pop("VIRTUAL_ENV", None)
+
+    def run(*cmd, **kw):
+        proc = subprocess.run([str(c) for c in cmd], capture_output=True, text=True,
+                              timeout=300, cwd=tmp_path, **kw)
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+        return proc.stdout
+
+    links = tmp_path / "links"
+    run(sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation",
+        "--no-index", "-w", links, repo / "runtime", env=env)
+    source = root
+    if what != "project":
+        hook = "--sdist" if what == "sdist" else "--wheel"
+        run(sys.executable, "-m", "build", "--no-isolation", "--skip-dependency-check", hook,
+            "--outdir", tmp_path / "dist", root, env=env)
+        (source,) = (tmp_path / "dist").iterdir()
+    venv = tmp_path / "venv"
+    run(uv, "venv", "-q", "--python", sys.executable, venv)
+    vpy = venv / "bin" / "python"
+    run(uv, "pip", "install", "--python", vpy, "--no-index", "--find-links", links,
+        "--no-build-isolation", "--no-cache", source, env=env)
+    listed = run(uv, "pip", "list", "--python", vpy, env=env)
+    assert "precompile-runtime" in listed and "simplepkg" in listed
+    only_torch = tmp_path / "only-torch"
+    only_torch.mkdir()
+    for name in ("torch", "torchgen", "typing_extensions.py"):
+        (only_torch / name).symlink_to(site / name)
+    code = ("import simplepkg, precompile_runtime; "
+            "print(precompile_runtime.load_packaged('double', package='simplepkg')(21))")
+    out = run(vpy, "-c", code, env=dict(os.environ, PYTHONPATH=str(only_torch)))
+    assert out.strip().splitlines()[-1] == "42"
