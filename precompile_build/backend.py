@@ -82,7 +82,7 @@ def _package(settings, plain: Path, out_dir: str, files: dict, *, add: bool) -> 
     requires = build_requirements(found, settings.torch_pin)
     _warn_static_dependencies(settings.root, requires)
     return package_wheel(plain, out_dir, settings.package, files if add else None,
-                         requires, native=native).name
+                         requires, native=native, kernels=files).name
 
 
 def static_dependencies_gap(root: Path, requires: list) -> list:

@@ -85,7 +85,8 @@ def write_wheel(out_dir: str | os.PathLike[str], name: str, entries: Entries) ->
 
 
 def platform_tag() -> str:
-    """``cpXY-cpXY-<platform>`` of this interpreter, e.g. ``cp311-cp311-linux_x86_64``.
+    """``cpXY-cpXY-<platform>`` of this interpreter, e.g. ``cp311-cp311-linux_x86_64``
+    (the generic one; wheels get :func:`precompile_build.platform_tags.wheel_tags`).
 
     Interpreter and ABI come from ``packaging.tags.sys_tags()``; the platform from
     ``sysconfig.get_platform()`` (as setuptools' bdist_wheel does).
@@ -230,7 +231,8 @@ def wheel_name(parsed: Mapping[str, Optional[str]], tags: Sequence[str]) -> str:
 
 def package_wheel(wheel_path: str | os.PathLike[str], out_dir: str | os.PathLike[str],
                   package: str, files: Optional[Mapping[str, bytes]],
-                  requires: Sequence[str], *, native: bool) -> Path:
+                  requires: Sequence[str], *, native: bool,
+                  kernels: Optional[Mapping[str, bytes]] = None) -> Path:
     """Rewrite a wheel with `_precompiled/` files, requirements and tags.
 
     Args:
@@ -241,7 +243,11 @@ def package_wheel(wheel_path: str | os.PathLike[str], out_dir: str | os.PathLike
         files: ``{file name: bytes}`` (see ``manifest_build.assemble``), or None
             to add nothing (editable wheels).
         requires: requirement strings to add as ``Requires-Dist``.
-        native: retag to :func:`platform_tag` (frozen/torch kernels inside).
+        native: retag for the kernels (frozen/torch engines):
+            :func:`precompile_build.platform_tags.wheel_tags` of the wheel's entries
+            and ``kernels`` (a ``manylinux_X_Y`` tag where a policy fits).
+        kernels: more ``{name: bytes}`` to inspect for the tag (an editable wheel's
+            ``_precompiled/`` files, which live in the source tree).
     Returns:
         path of the new wheel. The input is removed when the name changed.
     Raises:
@@ -263,7 +269,14 @@ def package_wheel(wheel_path: str | os.PathLike[str], out_dir: str | os.PathLike
                          entries[meta_arc][1])
     old_tags = [ln[4:].strip() for ln in entries[wheel_arc][0].decode().splitlines()
                 if ln.startswith("Tag:")]
-    tags = [platform_tag()] if native else old_tags
+    if native:
+        from .platform_tags import wheel_tags
+
+        inspected = {a: d for a, (d, _) in entries.items()}
+        inspected.update({prefix + n: d for n, d in (kernels or {}).items()})
+        tags = wheel_tags(inspected)
+    else:
+        tags = old_tags
     entries[wheel_arc] = (patch_wheel_info(entries[wheel_arc][0].decode(), tags).encode(),
                           entries[wheel_arc][1])
     out = write_wheel(out_dir, wheel_name(parsed, tags), entries)

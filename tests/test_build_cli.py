@@ -80,13 +80,13 @@ def test_merge_two_hosts(tmp_path, monkeypatch, capsys):
 
 
 def test_merge_platform_tag_wins(tmp_path, monkeypatch):
-    from precompile_build.wheel import platform_tag
+    from _build_helpers import manylinux_tag
 
     a = _wheel(tmp_path, monkeypatch, "a")
     b = _wheel(tmp_path, monkeypatch, "b", mode="frozen-cuda-fp")
     assert main(["merge", str(a), str(b), "-o", str(tmp_path / "m")]) == 0
     (out,) = (tmp_path / "m").iterdir()
-    assert out.name == f"simplepkg-0.1.0-{platform_tag()}.whl"
+    assert out.name == f"simplepkg-0.1.0-{manylinux_tag()}.whl"
     check_record(out)
 
 

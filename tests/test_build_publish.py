@@ -178,3 +178,93 @@ def test_uv_pip_install_into_a_fresh_venv_loads(tmp_path, what):
             "print(precompile_runtime.load_packaged('double', package='simplepkg')(21))")
     out = run(vpy, "-c", code, env=dict(os.environ, PYTHONPATH=str(only_torch)))
     assert out.strip().splitlines()[-1] == "42"
+
+
+# -- issue 16 case 2: a platform tag PyPI accepts ------------------------------------
+
+KERNEL_CPP = r"""
+#include <string>
+#include <cmath>
+extern "C" double kernel(const char* s, double x) { return std::string(s).size() * std::exp(x); }
+"""
+
+
+def _compile(tmp_path, name: str, src: str, *flags: str):
+    import shutil
+    import subprocess
+
+    cxx = shutil.which("g++") or shutil.which("c++")
+    if cxx is None:
+        pytest.skip("no C++ compiler (g++) to build a kernel")
+    (tmp_path / f"{name}.cpp").write_text(src)
+    out = tmp_path / f"lib{name}.so"
+    subprocess.run([cxx, "-shared", "-fPIC", "-O2", "-o", str(out), str(tmp_path / f"{name}.cpp"),
+                    *flags], check=True, capture_output=True, timeout=120)
+    return out
+
+
+def _auditwheel_show(tmp_path, so) -> str:
+    """The platform tag `auditwheel show` gives a plain wheel with ``so`` in it."""
+    import re
+    import subprocess
+
+    from precompile_build.wheel import platform_tag, write_wheel
+
+    tag = platform_tag()
+    entries = {"plain/__init__.py": (b"", 0o644), f"plain/{so.name}": (so.read_bytes(), 0o755),
+               "plain-0.1.dist-info/METADATA": (b"Metadata-Version: 2.1\nName: plain\n"
+                                                b"Version: 0.1\n", 0o644),
+               "plain-0.1.dist-info/WHEEL": (f"Wheel-Version: 1.0\nGenerator: t\n"
+                                             f"Root-Is-Purelib: false\nTag: {tag}\n".encode(),
+                                             0o644)}
+    whl = write_wheel(tmp_path / "aw", f"plain-0.1-{tag}.whl", entries)
+    proc = subprocess.run([sys.executable, "-m", "auditwheel", "show", str(whl)],
+                          capture_output=True, text=True, timeout=120)
+    text = " ".join((proc.stdout + proc.stderr).split())
+    m = re.search(r'consistent with the following platform tag: "([^"]+)"', text)
+    assert m, text
+    return m.group(1)
+
+
+def test_frozen_kernels_get_the_manylinux_tag_auditwheel_gives_them(tmp_path, monkeypatch,
+                                                                     capfd):
+    pytest.importorskip("auditwheel")
+    so = _compile(tmp_path, "kern", KERNEL_CPP)
+    expected = _auditwheel_show(tmp_path, so)
+    assert expected.startswith("manylinux_")
+    monkeypatch.setenv("FIXTURE_KERNEL", str(so))
+    whl = build(make_project(tmp_path, target_toml(mode="frozen")), monkeypatch)
+    plat = whl.name[:-4].split("-")[-1].split(".")
+    assert expected in plat and not any(p.startswith("linux_") for p in plat)
+    check_record(whl)
+    assert f"precompile: platform tag {expected}" in capfd.readouterr().err
+
+
+def test_kernels_linking_another_library_stay_linux_with_the_reason(tmp_path, monkeypatch,
+                                                                     capfd):
+    pytest.importorskip("auditwheel")
+    dep = _compile(tmp_path, "private", 'extern "C" int private_fn() { return 1; }')
+    so = _compile(tmp_path, "kern2", 'extern "C" int private_fn();\n'
+                  'extern "C" int kernel() { return private_fn(); }',
+                  f"-L{tmp_path}", "-Wl,--no-as-needed", "-lprivate")
+    monkeypatch.setenv("FIXTURE_KERNEL", str(so))
+    whl = build(make_project(tmp_path, target_toml(mode="frozen")), monkeypatch)
+    assert whl.name.endswith("-linux_x86_64.whl") or "-linux_" in whl.name
+    err = capfd.readouterr().err
+    assert ("the kernels link libraries that neither torch nor the manylinux policy "
+            "provides: libprivate.so (needed by simplepkg/_precompiled/double.cache!kernel.so))") in err
+    assert dep.exists()
+
+
+@pytest.mark.slow
+def test_twine_check_passes_on_a_built_wheel(tmp_path, monkeypatch):
+    import subprocess
+
+    pytest.importorskip("twine")
+    root = make_project(tmp_path, target_toml(mode="frozen"))
+    _set_project(root, 'readme = {text = "A fixture.", content-type = "text/markdown"}')
+    whl = build(root, monkeypatch)
+    assert "manylinux_" in whl.name
+    proc = subprocess.run([sys.executable, "-m", "twine", "check", "--strict", str(whl)],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0 and "PASSED" in proc.stdout, proc.stdout + proc.stderr
