@@ -161,10 +161,16 @@ def build_wheel(wheel_directory: str, config_settings: Optional[Mapping[str, Any
 def build_editable(wheel_directory: str, config_settings: Optional[Mapping[str, Any]] = None,
                    metadata_directory: Optional[str] = None) -> str:
     """PEP 660: run the captures, write them to ``<package dir>/_precompiled/`` in the
-    source tree, then build setuptools' editable wheel (requirements added)."""
+    source tree, then build setuptools' editable wheel (requirements added).
+
+    The manifest records the package source's digest (``editable``), so a load after
+    the source changed serves no stale kernels. With ``editable_mode=strict``
+    (setuptools' link tree under ``build/``), ``_precompiled/`` is written into the
+    link tree too: it holds only what setuptools knew of."""
     from setuptools import build_meta
 
-    from .manifest_build import write_dir_atomic
+    from .capture_cache import package_digest
+    from .manifest_build import mark_editable, write_dir_atomic
     from .wheel import PRECOMPILED
 
     settings = _settings(config_settings)
@@ -172,12 +178,35 @@ def build_editable(wheel_directory: str, config_settings: Optional[Mapping[str, 
     if settings.skip:
         return build_meta.build_editable(wheel_directory, st_settings, metadata_directory)
     with build_tempdir() as tmp:
-        files = _capture(settings, Path(tmp) / "capture")
+        digest = package_digest(settings.package_dir)
+        files = mark_editable(_capture(settings, Path(tmp) / "capture"),
+                              settings.package_dir, digest)
         name = build_meta.build_editable(str(Path(tmp) / "wheel"), st_settings,
                                          metadata_directory)
         write_dir_atomic(settings.package_dir / PRECOMPILED, files)
+        for tree in _link_trees(Path(tmp) / "wheel" / name):
+            pkg = tree.joinpath(*settings.package.split("."))
+            if pkg.is_dir() and pkg.resolve() != settings.package_dir.resolve():
+                write_dir_atomic(pkg / PRECOMPILED, files)
         return _package(settings, Path(tmp) / "wheel" / name, wheel_directory, files,
                         add=False)
+
+
+def _link_trees(editable_wheel: Path) -> list:
+    """Directories an editable wheel's ``.pth`` files put on ``sys.path`` (strict
+    mode: setuptools' link tree; lenient mode: none, or the source tree's root)."""
+    import zipfile
+
+    out = []
+    with zipfile.ZipFile(editable_wheel) as zf:
+        for n in zf.namelist():
+            if "/" in n or not n.endswith(".pth"):
+                continue
+            for line in zf.read(n).decode("utf-8", "replace").splitlines():
+                line = line.strip()
+                if line and not line.startswith(("#", "import ")) and Path(line).is_dir():
+                    out.append(Path(line))
+    return out
 
 
 def build_sdist(sdist_directory: str,

@@ -268,3 +268,41 @@ def test_twine_check_passes_on_a_built_wheel(tmp_path, monkeypatch):
     proc = subprocess.run([sys.executable, "-m", "twine", "check", "--strict", str(whl)],
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0 and "PASSED" in proc.stdout, proc.stdout + proc.stderr
+
+
+# -- issue 16 case 3: editable installs never serve stale kernels -------------------
+
+def test_editable_load_notices_a_changed_source(tmp_path, monkeypatch):
+    import warnings
+
+    from precompile_runtime import StaleArtifactError, StaleArtifactWarning, loader
+
+    root = make_project(tmp_path, target_toml(mode="frozen"))
+    build(root, monkeypatch, hook="build_editable")
+    doc = __import__("json").loads(
+        (root / "simplepkg" / "_precompiled" / "manifest.json").read_bytes())
+    assert doc["editable"]["package_dir"] == str((root / "simplepkg").resolve())
+    monkeypatch.syspath_prepend(str(root))
+    unpacked = []
+    real_unpack = loader._unpack
+    monkeypatch.setattr(loader, "_unpack", lambda *a: unpacked.append(1) or real_unpack(*a))
+    monkeypatch.setenv("PRECOMPILE_CACHE_DIR", str(tmp_path / "kcache"))
+
+    def load(**kw):
+        monkeypatch.setattr(loader, "_loaded", {})
+        return loader.load_packaged("double", package="simplepkg", **kw)
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert load()(21) == 42  # unchanged source: the kernels are served
+    assert unpacked == [1]
+    (root / "simplepkg" / "model.py").write_text("ACT = 'gelu'\n")  # the user edits
+    with pytest.warns(StaleArtifactWarning, match=r"package 'simplepkg', target 'double': "
+                      r"the package source in .* changed since the editable build"):
+        assert load()(21) == 42
+    assert unpacked == [1]  # no kernels this time
+    with pytest.raises(StaleArtifactError, match="Strict mode: no fallback"):
+        load(strict=True)
+    # a regular wheel records nothing, so an installed package never pays for the check
+    whl = build(root, monkeypatch, out=tmp_path / "w")
+    assert "editable" not in manifest_of(whl)

@@ -23,6 +23,8 @@ from .errors import (
     ManifestError,
     PrecompileLoadError,
     ServingCompileError,
+    StaleArtifactError,
+    StaleArtifactWarning,
     TargetNotFoundError,
 )
 from .loader import load_packaged
@@ -37,6 +39,8 @@ __all__ = [
     "ManifestError",
     "PrecompileLoadError",
     "ServingCompileError",
+    "StaleArtifactError",
+    "StaleArtifactWarning",
     "TargetNotFoundError",
     "__version__",
     "guard_active",
