@@ -59,11 +59,19 @@ def parse_name(path: str | os.PathLike[str]) -> dict[str, Optional[str]]:
     return m.groupdict()
 
 
+def normal_mode(mode: Optional[int]) -> int:
+    """0o755 for an executable (any x bit), else 0o644: the builder's umask must not
+    reach the wheel (0o600 under umask 077), as in hatchling's and
+    scikit-build-core's reproducible wheels."""
+    return 0o755 if mode and mode & 0o111 else 0o644
+
+
 def write_wheel(out_dir: str | os.PathLike[str], name: str, entries: Entries) -> Path:
     """Write ``entries`` as wheel ``out_dir/name``, atomically.
 
     Builds in a temp directory beside the output, then renames; on failure no
-    file (partial or temp) is left. Returns the wheel's path.
+    file (partial or temp) is left. Modes are normalised (:func:`normal_mode`).
+    Returns the wheel's path.
     """
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -75,7 +83,7 @@ def write_wheel(out_dir: str | os.PathLike[str], name: str, entries: Entries) ->
             for arc in ordered:
                 data, mode = entries[arc]
                 info = zipfile.ZipInfo(arc, date_time=get_zipinfo_datetime())
-                info.external_attr = ((mode or 0o644) | 0o100000) << 16
+                info.external_attr = (normal_mode(mode) | 0o100000) << 16
                 info.compress_type = zipfile.ZIP_DEFLATED
                 wf.writestr(info, data)
         os.replace(tmp / name, out_dir / name)

@@ -306,3 +306,65 @@ def test_editable_load_notices_a_changed_source(tmp_path, monkeypatch):
     # a regular wheel records nothing, so an installed package never pays for the check
     whl = build(root, monkeypatch, out=tmp_path / "w")
     assert "editable" not in manifest_of(whl)
+
+
+# -- issue 15 case 7: reproducible wheels under another umask -----------------------
+
+def test_same_wheel_and_sdist_under_another_umask(tmp_path, monkeypatch):
+    import os
+    import tarfile
+    import zipfile
+
+    monkeypatch.setenv("SOURCE_DATE_EPOCH", "1700000000")
+    out = {}
+    for mask in (0o022, 0o077):
+        old = os.umask(mask)
+        try:
+            root = make_project(tmp_path / oct(mask), target_toml(mode="frozen"))
+            whl = build(root, monkeypatch, out=tmp_path / f"w{mask}")
+            sdist = build(root, monkeypatch, out=tmp_path / f"s{mask}", hook="build_sdist")
+        finally:
+            os.umask(old)
+        with zipfile.ZipFile(whl) as zf:
+            modes = {i.filename: (i.external_attr >> 16) & 0o777 for i in zf.infolist()}
+        with tarfile.open(sdist) as tf:
+            tmodes = {m.name: m.mode for m in tf.getmembers()}
+        out[mask] = (whl.read_bytes(), modes, tmodes)
+    assert out[0o022][1] == out[0o077][1]
+    assert {m for n, m in out[0o077][1].items()  # RECORD: wheel's own fixed 0o664
+            if not n.endswith("/RECORD")} <= {0o644, 0o755}
+    assert out[0o022][2] == out[0o077][2]
+    assert set(out[0o077][2].values()) <= {0o644, 0o755}
+    assert out[0o022][0] == out[0o077][0]
+
+
+# -- issue 16 case 6: kernel size --------------------------------------------------
+
+def test_strip_kernel_drops_debug_info_and_symtab_and_still_loads(tmp_path):
+    import ctypes
+    import io
+    import shutil
+
+    from elftools.elf.elffile import ELFFile
+
+    from precompile_build.kernel_size import strip_kernel
+
+    if shutil.which("strip") is None:
+        pytest.skip("binutils' strip is not installed")
+    so = _compile(tmp_path, "dbg", KERNEL_CPP, "-g")
+    data = so.read_bytes()
+
+    def sections(blob):
+        return {s.name for s in ELFFile(io.BytesIO(blob)).iter_sections()}
+
+    assert {".symtab", ".debug_info"} <= sections(data)
+    out = strip_kernel(data)
+    assert len(out) < len(data) // 2
+    assert not {n for n in sections(out) if n.startswith(".debug") or n == ".symtab"}
+    assert ".dynsym" in sections(out)
+    assert strip_kernel(data) == out  # deterministic
+    assert strip_kernel(b"not an elf") == b"not an elf"
+    (tmp_path / "s.so").write_bytes(out)
+    lib = ctypes.CDLL(str(tmp_path / "s.so"))
+    lib.kernel.restype, lib.kernel.argtypes = ctypes.c_double, [ctypes.c_char_p, ctypes.c_double]
+    assert lib.kernel(b"abc", 0.0) == 3.0
