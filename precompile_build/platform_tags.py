@@ -131,11 +131,14 @@ def decide_platform(elves: Mapping[str, bytes], opaque: Iterable[str] = ()) -> T
     plat = sysconfig.get_platform().replace("-", "_").replace(".", "_")
     if not plat.startswith("linux_"):
         return TagDecision([plat])
-    from auditwheel.architecture import Architecture
-    from auditwheel.libc import Libc
-    from auditwheel.policy import WheelPolicies
-
     arch = plat[len("linux_"):]
+    try:
+        from auditwheel.architecture import Architecture
+        from auditwheel.libc import Libc
+        from auditwheel.policy import WheelPolicies
+    except ImportError as e:
+        return TagDecision([plat], f"auditwheel is not importable ({e}); install it "
+                           "(`pip install auditwheel`) for a manylinux tag")
     if any("musl" in t.platform for t in list(sys_tags())[:1]):
         return TagDecision([plat], "a musl libc host: musllinux tags are not decided here")
     try:

@@ -8,8 +8,8 @@ import sys
 import pytest
 
 from _build_helpers import (_clean_env, build, check_record, host_fp_json,  # noqa: F401
-                            make_project, manifest_of, metadata_lines, read_member,
-                            target_toml, wheel_names)
+                            make_project, manifest_of, metadata_lines, target_toml,
+                            wheel_names)
 from precompile_build.errors import CaptureError
 
 
@@ -368,3 +368,13 @@ def test_strip_kernel_drops_debug_info_and_symtab_and_still_loads(tmp_path):
     lib = ctypes.CDLL(str(tmp_path / "s.so"))
     lib.kernel.restype, lib.kernel.argtypes = ctypes.c_double, [ctypes.c_char_p, ctypes.c_double]
     assert lib.kernel(b"abc", 0.0) == 3.0
+
+
+def test_without_auditwheel_the_tag_is_linux_with_the_reason(monkeypatch):
+    from precompile_build import platform_tags
+
+    monkeypatch.setitem(sys.modules, "auditwheel.policy", None)
+    said = []
+    tags = platform_tags.wheel_tags({"x.cache": b"opaque"}, say=said.append)
+    assert len(tags) == 1 and tags[0].split("-")[2].startswith("linux_")
+    assert said and "auditwheel is not importable" in said[0] and "pip install auditwheel" in said[0]
