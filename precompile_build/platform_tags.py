@@ -9,7 +9,7 @@ auditwheel does, with auditwheel's own policy data (:class:`auditwheel.policy.Wh
    extension modules); ELF files for other machines (CUDA cubins) need no libc;
 2. the policy is the most compatible one whose glibc/GLIBCXX/CXXABI/GCC symbol
    versions cover every versioned symbol those files need
-   (``WheelPolicies.versioned_symbols_policy``);
+   (``WheelPolicies.versioned_symbols_policy``), but no older than :data:`FLOOR`;
 3. each ``DT_NEEDED`` library must be on that policy's whitelist, or one of torch's
    own (:data:`TORCH_LIBS`: the kernels run inside a process that has imported torch,
    which the wheel requires, so these are loaded already); any other library means no
@@ -32,7 +32,7 @@ from typing import Iterable, Mapping, Optional
 
 from packaging.tags import sys_tags
 
-__all__ = ["TORCH_LIBS", "TagDecision", "decide_platform", "elf_needs", "kernel_files",
+__all__ = ["FLOOR", "TORCH_LIBS", "TagDecision", "decide_platform", "elf_needs", "kernel_files",
            "wheel_tags"]
 
 # Libraries torch's own wheels ship or load (libtorch, c10, OpenMP, the CUDA runtime
@@ -40,6 +40,11 @@ __all__ = ["TORCH_LIBS", "TagDecision", "decide_platform", "elf_needs", "kernel_
 TORCH_LIBS = re.compile(r"^lib(torch|c10|shm|gomp|iomp5|omp|cuda|cudart|nvrtc|cublas|cublasLt|"
                         r"cudnn|cufft|curand|cusolver|cusparse|nccl|nvToolsExt|nvJitLink|"
                         r"triton|amdhip64|hiprtc|rocblas|MIOpen)[\w.+-]*\.so(\.[\d.]+)?$")
+
+# The oldest tag given: kernels that need nothing older (CUDA-only wheels: cubins need
+# no libc) still get manylinux_2_17 (manylinux2014), the oldest policy torch and
+# current pip, auditwheel and manylinux images still build for.
+FLOOR = "manylinux_2_17"
 
 _ELF_MAGIC = b"\x7fELF"
 _MACHINES = {"x86_64": "EM_X86_64", "i686": "EM_386", "aarch64": "EM_AARCH64",
@@ -165,6 +170,9 @@ def decide_platform(elves: Mapping[str, bytes], opaque: Iterable[str] = ()) -> T
     if policy.name == policies.linux.name:
         return TagDecision([plat], "no manylinux policy allows the symbol versions the "
                            f"kernels need ({shown})", shown)
+    floor = [p for p in policies if p.name == f"{FLOOR}_{arch}"]
+    if floor and floor[0].priority < policy.priority:
+        policy = floor[0]
     outside = sorted(lib for lib in libs if lib not in policy.whitelist
                      and not TORCH_LIBS.match(lib) and "ld-linux" not in lib)
     if outside:

@@ -378,3 +378,14 @@ def test_without_auditwheel_the_tag_is_linux_with_the_reason(monkeypatch):
     tags = platform_tags.wheel_tags({"x.cache": b"opaque"}, say=said.append)
     assert len(tags) == 1 and tags[0].split("-")[2].startswith("linux_")
     assert said and "auditwheel is not importable" in said[0] and "pip install auditwheel" in said[0]
+
+
+def test_kernels_that_need_no_libc_get_the_floor_tag():
+    """CUDA-only variants (cubins are ELF files for another machine): manylinux_2_17."""
+    from precompile_build.platform_tags import decide_platform
+
+    cubin = bytearray(open(sys.executable, "rb").read(64))
+    cubin[18:20] = (190).to_bytes(2, "little")  # e_machine EM_CUDA
+    d = decide_platform({"k.cache!triton/k.cubin": bytes(cubin)})
+    assert d.reason is None and d.needs == {}
+    assert d.platforms[0].startswith("manylinux_2_17_")
