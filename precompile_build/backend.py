@@ -80,8 +80,60 @@ def _package(settings, plain: Path, out_dir: str, files: dict, *, add: bool) -> 
     found = variants(files)
     native = any(v["engine"] in NATIVE_ENGINES for v in found)
     requires = build_requirements(found, settings.torch_pin)
+    _warn_static_dependencies(settings.root, requires)
     return package_wheel(plain, out_dir, settings.package, files if add else None,
-                         requires, native=native).name
+                         requires, native=native, kernels=files).name
+
+
+def static_dependencies_gap(root: Path, requires: list) -> list:
+    """The build's requirements that ``project.dependencies`` does not already state,
+    when that list is static (not in ``project.dynamic``); [] when it is dynamic.
+
+    Tools that read pyproject.toml (uv) take static dependencies as final, so these
+    would not be installed by them: list them, or make the dependencies dynamic.
+    """
+    import sys
+
+    from packaging.requirements import InvalidRequirement, Requirement
+    from packaging.utils import canonicalize_name
+
+    if sys.version_info >= (3, 11):
+        import tomllib
+    else:  # pragma: no cover
+        import tomli as tomllib
+    try:
+        with open(root / "pyproject.toml", "rb") as f:
+            project = tomllib.load(f).get("project")
+    except (OSError, ValueError):
+        return []
+    if not isinstance(project, dict) or "dependencies" in (project.get("dynamic") or []):
+        return []
+    static = []
+    for line in project.get("dependencies") or []:
+        try:
+            static.append(Requirement(line))
+        except InvalidRequirement:
+            continue
+    gap = []
+    for r in requires:
+        want = Requirement(r)
+        same = [s for s in static if canonicalize_name(s.name) == canonicalize_name(want.name)]
+        if not same or (canonicalize_name(want.name) != "precompile-runtime"
+                        and not any(set(s.specifier) >= set(want.specifier) for s in same)):
+            gap.append(r)
+    return gap
+
+
+def _warn_static_dependencies(root: Path, requires: list) -> None:
+    import sys
+
+    gap = static_dependencies_gap(root, requires)
+    if gap:
+        print("precompile: warning: `project.dependencies` in pyproject.toml is static, but "
+              f"this build adds {', '.join(gap)} to the wheel; tools that read "
+              "pyproject.toml (uv) will not install them. Add \"dependencies\" to "
+              "`project.dynamic` (list your own in `[tool.setuptools.dynamic]`), or add "
+              "these to `project.dependencies` (README: Publishing)", file=sys.stderr)
 
 
 def build_wheel(wheel_directory: str, config_settings: Optional[Mapping[str, Any]] = None,
@@ -109,10 +161,16 @@ def build_wheel(wheel_directory: str, config_settings: Optional[Mapping[str, Any
 def build_editable(wheel_directory: str, config_settings: Optional[Mapping[str, Any]] = None,
                    metadata_directory: Optional[str] = None) -> str:
     """PEP 660: run the captures, write them to ``<package dir>/_precompiled/`` in the
-    source tree, then build setuptools' editable wheel (requirements added)."""
+    source tree, then build setuptools' editable wheel (requirements added).
+
+    The manifest records the package source's digest (``editable``), so a load after
+    the source changed serves no stale kernels. With ``editable_mode=strict``
+    (setuptools' link tree under ``build/``), ``_precompiled/`` is written into the
+    link tree too: it holds only what setuptools knew of."""
     from setuptools import build_meta
 
-    from .manifest_build import write_dir_atomic
+    from .capture_cache import package_digest
+    from .manifest_build import mark_editable, write_dir_atomic
     from .wheel import PRECOMPILED
 
     settings = _settings(config_settings)
@@ -120,12 +178,35 @@ def build_editable(wheel_directory: str, config_settings: Optional[Mapping[str, 
     if settings.skip:
         return build_meta.build_editable(wheel_directory, st_settings, metadata_directory)
     with build_tempdir() as tmp:
-        files = _capture(settings, Path(tmp) / "capture")
+        digest = package_digest(settings.package_dir)
+        files = mark_editable(_capture(settings, Path(tmp) / "capture"),
+                              settings.package_dir, digest)
         name = build_meta.build_editable(str(Path(tmp) / "wheel"), st_settings,
                                          metadata_directory)
         write_dir_atomic(settings.package_dir / PRECOMPILED, files)
+        for tree in _link_trees(Path(tmp) / "wheel" / name):
+            pkg = tree.joinpath(*settings.package.split("."))
+            if pkg.is_dir() and pkg.resolve() != settings.package_dir.resolve():
+                write_dir_atomic(pkg / PRECOMPILED, files)
         return _package(settings, Path(tmp) / "wheel" / name, wheel_directory, files,
                         add=False)
+
+
+def _link_trees(editable_wheel: Path) -> list:
+    """Directories an editable wheel's ``.pth`` files put on ``sys.path`` (strict
+    mode: setuptools' link tree; lenient mode: none, or the source tree's root)."""
+    import zipfile
+
+    out = []
+    with zipfile.ZipFile(editable_wheel) as zf:
+        for n in zf.namelist():
+            if "/" in n or not n.endswith(".pth"):
+                continue
+            for line in zf.read(n).decode("utf-8", "replace").splitlines():
+                line = line.strip()
+                if line and not line.startswith(("#", "import ")) and Path(line).is_dir():
+                    out.append(Path(line))
+    return out
 
 
 def build_sdist(sdist_directory: str,

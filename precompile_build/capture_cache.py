@@ -41,7 +41,6 @@ TAG_NAME = "CACHEDIR.TAG"
 _TAG = (b"Signature: 8a477f597d28d172789f06886806bc55\n"
         b"# This directory is a precompile-build capture cache; "
         b"`python -m precompile_build clean` removes it.\n")
-_SKIP_DIRS = ("__pycache__",)
 
 
 def cache_root(settings: Settings) -> Path:
@@ -60,19 +59,12 @@ def _sha256_file(path: Path) -> str:
 def package_digest(package_dir: Path) -> str:
     """sha256 (64 hex characters) over every file under ``package_dir`` (path-sorted,
     relative paths and contents), except the top-level ``_precompiled/`` and any
-    ``__pycache__/``. Raises OSError when a file cannot be read."""
-    files = []
-    for base, dirs, names in os.walk(package_dir):
-        rel_base = Path(base).relative_to(package_dir)
-        dirs[:] = sorted(d for d in dirs if d not in _SKIP_DIRS
-                         and not (rel_base == Path(".") and d == "_precompiled"))
-        files += [(rel_base / n).as_posix() for n in names if not n.endswith(".pyc")]
-    h = hashlib.sha256()
-    for rel in sorted(files):
-        path = package_dir / rel
-        if path.is_file():  # a dangling symlink imports nothing
-            h.update(f"{rel}\0{_sha256_file(path)}\n".encode())
-    return h.hexdigest()
+    ``__pycache__/``. Raises OSError when a file cannot be read. (The runtime's
+    :func:`precompile_runtime._digest.package_digest`: an editable install's manifest
+    records it, and the loader compares it.)"""
+    from precompile_runtime._digest import package_digest as digest
+
+    return digest(package_dir)
 
 
 _FP_CODE = """

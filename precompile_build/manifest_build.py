@@ -75,6 +75,18 @@ def assemble(package: str, results: Sequence[CaptureResult]) -> dict[str, bytes]
     return files
 
 
+def mark_editable(files: Mapping[str, bytes], package_dir: Path,
+                  package_sha256: str) -> dict[str, bytes]:
+    """``files`` with the manifest's ``editable`` entry set: the source package
+    directory (absolute) and its :func:`~precompile_runtime._digest.package_digest`
+    at capture time. Only editable builds write it; the loader then compares the
+    digest at load and serves no kernels of a changed source."""
+    doc = manifest_format.parse(files[MANIFEST_NAME], where="assembled manifest")
+    doc["editable"] = {"package_dir": str(Path(package_dir).resolve()),
+                       "package_sha256": package_sha256}
+    return {**files, MANIFEST_NAME: manifest_format.dumps(doc)}
+
+
 def variants(files: Mapping[str, bytes]) -> list[dict[str, Any]]:
     """Every variant listed in the manifest of an assembled file set."""
     doc = manifest_format.parse(files[MANIFEST_NAME], where="assembled manifest")

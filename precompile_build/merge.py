@@ -120,8 +120,9 @@ def merge_wheels(wheels: Sequence[str | os.PathLike[str]],
         wheels: two or more wheels of the same distribution and version.
         out_dir: output directory (the wheel is written atomically).
     Returns:
-        the merged wheel's path. Tags are the union of the inputs' tags
-        (``py3-none-any`` dropped when a platform tag is present).
+        the merged wheel's path. Tags: ``py3-none-any`` when every input has it,
+        else decided from every variant's kernels
+        (:func:`precompile_build.platform_tags.wheel_tags`).
     Raises:
         BuildError: different name/version, a difference outside ``_precompiled/``,
             the WHEEL tags and the torch pin, a variant present twice, a bad manifest.
@@ -143,11 +144,17 @@ def merge_wheels(wheels: Sequence[str | os.PathLike[str]],
         _check_same(parts[0], part, p.name)
     _, files = _merge_manifests(parts, [p.name for p in paths])
     tags = sorted({t for part in parts for t in part["tags"]})
-    if any(not t.endswith("-none-any") for t in tags):
-        tags = [t for t in tags if not t.endswith("-none-any")]
     first = parts[0]
     entries: Entries = dict(first["others"])
     entries.update({first["prefix"] + n: (d, 0o644) for n, d in files.items()})
+    if any(not t.endswith("-none-any") for t in tags):
+        # decided again from every variant's kernels: the union of the inputs' tags
+        # would claim the oldest glibc any input allows for kernels that need newer
+        from .platform_tags import wheel_tags
+
+        native = next(t for t in tags if not t.endswith("-none-any"))
+        tags = wheel_tags({a: d for a, (d, _) in entries.items()},
+                          interpreter_abi=native.rsplit("-", 1)[0])
     di = first["dist_info"]
     wheel_text = "\n".join(first["wheel_rest"] + ["Root-Is-Purelib: true"]) + "\n"
     entries[f"{di}/WHEEL"] = (patch_wheel_info(wheel_text, tags).encode(), 0o644)

@@ -29,8 +29,8 @@ from .script import CANCELLED, LOG_TAIL_LINES, check_pair, log_file, log_tail, r
 from .settings import Settings, TargetSettings
 from .slots import Slots
 
-__all__ = ["CaptureResult", "CaptureWarning", "cuda_available", "gpu_ids", "resolve_device",
-           "run_captures"]
+__all__ = ["CaptureResult", "CaptureWarning", "artifacts_for", "cuda_available", "gpu_ids",
+           "require_torch", "resolve_device", "run_captures"]
 
 
 class CaptureWarning(UserWarning):
@@ -171,10 +171,11 @@ def _plan_cache(b: _Build, devices: set) -> None:
     fingerprint and package digest can be computed (else say why not)."""
     if not b.settings.cache or not devices:
         return
-    try:
-        b.cache_root = capture_cache.cache_root(b.settings)
-        b.fingerprints = capture_cache.host_fingerprints(devices, memo_dir=b.cache_root)
+    try:  # cache_root is set last: a half-planned cache stays off
+        root = capture_cache.cache_root(b.settings)
+        b.fingerprints = capture_cache.host_fingerprints(devices, memo_dir=root)
         b.package_sha256 = capture_cache.package_digest(b.settings.package_dir)
+        b.cache_root = root
     except (CaptureError, OSError, ValueError, subprocess.SubprocessError) as e:
         b.cache_off = f"cache off: {e}".replace("\n", " ")
         b.progress.say(f"precompile: capture cache unavailable for this build ({e})")
@@ -331,6 +332,50 @@ def _keep_log(log_path: Path, name: str) -> Path:
     return dest
 
 
+def require_torch() -> None:
+    """Raise CaptureError unless torch can be imported by the build's interpreter
+    (``sys.executable``, which also runs the capture scripts). Does not import torch."""
+    import importlib.util
+
+    try:
+        found = importlib.util.find_spec("torch") is not None
+    except (ImportError, ValueError):
+        found = False
+    if not found:
+        raise CaptureError(
+            "Failed to run the captures: torch is not installed where the build runs "
+            f"({sys.executable}), and the capture scripts need it. Add torch to "
+            "`build-system.requires` in pyproject.toml, pinned to the torch the artifacts "
+            "are for (e.g. \"torch==2.13.0\"; an unpinned one takes the newest release), or "
+            "install torch into this environment and build without isolation "
+            "(`python -m build --no-isolation`, `pip wheel --no-build-isolation .`)")
+
+
+def artifacts_for(results: Any) -> Optional[str]:
+    """One line naming the torch, CUDA, Triton and Python the captured pairs are
+    for (per device when they differ); None when nothing was captured."""
+    seen: dict[str, str] = {}
+    for r in results:
+        if getattr(r, "status", None) != "ok" or r.info is None:
+            continue
+        fp = r.info.fingerprint
+        desc = f"torch {fp.get('torch') or '?'}, CUDA {fp.get('cuda') or 'none'}"
+        if fp.get("hip"):
+            desc += f", HIP {fp['hip']}"
+        desc += f", Triton {fp.get('triton') or 'none'}"
+        if fp.get("compute_capability"):
+            desc += f", sm {fp['compute_capability']}"
+        desc += f", Python {fp.get('python') or '?'}, {fp.get('platform') or '?'}"
+        seen.setdefault(r.device, desc)
+    if not seen:
+        return None
+    parts = ([next(iter(seen.values()))] if len(set(seen.values())) == 1
+             else [f"{d}: {v}" for d, v in sorted(seen.items())])
+    return ("precompile: the artifacts are for " + "; ".join(parts)
+            + " (another torch: pin it in `build-system.requires`, or build with "
+            "--no-isolation where it is installed)")
+
+
 def run_captures(settings: Settings, work: Path,
                  *, verbose: Optional[bool] = None) -> list[CaptureResult]:
     """Run every selected target, independent ones at the same time.
@@ -344,13 +389,16 @@ def run_captures(settings: Settings, work: Path,
         one :class:`CaptureResult` per selected target, in config order. A failed
         optional target is ``failed`` and warned about (:class:`CaptureWarning`).
     Raises:
-        CaptureError: a required target (any target with ``strict``) failed: the
+        CaptureError: torch is not importable here (:func:`require_torch`), or a
+            required target (any target with ``strict``) failed: the
             first in config order; the other running captures are stopped. The
             message names the target, the reason and the last lines of its log.
     """
     verbose = settings.verbose if verbose is None else verbose
     work = Path(work)
     names = settings.selected
+    if names:
+        require_torch()
     devices = {n: resolve_device(settings.targets[n].device) for n in names}
     gpus = gpu_ids() if "cuda" in devices.values() else []
     with Progress(live=False if verbose else None) as progress:
@@ -371,6 +419,9 @@ def run_captures(settings: Settings, work: Path,
                 raise
         outcomes = {n: (f.exception() or f.result()) for n, f in futures.items()}
         progress.say(summary([_row(n, devices[n], outcomes[n]) for n in names]))
+        line = artifacts_for(o for o in outcomes.values() if isinstance(o, CaptureResult))
+        if line:
+            progress.say(line)
     for n in names:
         if isinstance(outcomes[n], BaseException) and not isinstance(outcomes[n], _Cancelled):
             raise outcomes[n]  # type: ignore[misc]

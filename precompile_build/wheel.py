@@ -59,11 +59,19 @@ def parse_name(path: str | os.PathLike[str]) -> dict[str, Optional[str]]:
     return m.groupdict()
 
 
+def normal_mode(mode: Optional[int]) -> int:
+    """0o755 for an executable (any x bit), else 0o644: the builder's umask must not
+    reach the wheel (0o600 under umask 077), as in hatchling's and
+    scikit-build-core's reproducible wheels."""
+    return 0o755 if mode and mode & 0o111 else 0o644
+
+
 def write_wheel(out_dir: str | os.PathLike[str], name: str, entries: Entries) -> Path:
     """Write ``entries`` as wheel ``out_dir/name``, atomically.
 
     Builds in a temp directory beside the output, then renames; on failure no
-    file (partial or temp) is left. Returns the wheel's path.
+    file (partial or temp) is left. Modes are normalised (:func:`normal_mode`).
+    Returns the wheel's path.
     """
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -75,7 +83,7 @@ def write_wheel(out_dir: str | os.PathLike[str], name: str, entries: Entries) ->
             for arc in ordered:
                 data, mode = entries[arc]
                 info = zipfile.ZipInfo(arc, date_time=get_zipinfo_datetime())
-                info.external_attr = ((mode or 0o644) | 0o100000) << 16
+                info.external_attr = (normal_mode(mode) | 0o100000) << 16
                 info.compress_type = zipfile.ZIP_DEFLATED
                 wf.writestr(info, data)
         os.replace(tmp / name, out_dir / name)
@@ -85,7 +93,8 @@ def write_wheel(out_dir: str | os.PathLike[str], name: str, entries: Entries) ->
 
 
 def platform_tag() -> str:
-    """``cpXY-cpXY-<platform>`` of this interpreter, e.g. ``cp311-cp311-linux_x86_64``.
+    """``cpXY-cpXY-<platform>`` of this interpreter, e.g. ``cp311-cp311-linux_x86_64``
+    (the generic one; wheels get :func:`precompile_build.platform_tags.wheel_tags`).
 
     Interpreter and ABI come from ``packaging.tags.sys_tags()``; the platform from
     ``sysconfig.get_platform()`` (as setuptools' bdist_wheel does).
@@ -150,29 +159,53 @@ def build_requirements(variants: Iterable[Mapping], policy: str) -> list[str]:
     return [runtime_requirement()] + ([pin] if pin else [])
 
 
-def _req_name(line: str) -> Optional[str]:
+def _req(line: str) -> Optional[Requirement]:
     try:
-        return canonicalize_name(Requirement(line.split(":", 1)[1].strip()).name)
+        return Requirement(line.split(":", 1)[1].strip())
     except InvalidRequirement:
         return None
 
 
 def patch_metadata(text: str, requires: Sequence[str]) -> str:
-    """METADATA with ``Requires-Dist`` lines added after the existing ones.
+    """METADATA with the build's requirements merged in: one line per project.
 
-    Idempotent: a line already present is not added again, nor is
-    ``precompile-runtime`` when already required. Headers end at the
-    first blank line; the description body is untouched.
+    A project the metadata already requires is not added again: its existing lines
+    (any markers and extras kept) get the build's version specifier added, so
+    ``torch`` and ``torch==2.13.0`` become one ``torch==2.13.0``; an existing
+    ``precompile-runtime`` line is kept as it is. Other requirements are added after
+    the existing ``Requires-Dist`` lines. Idempotent. Headers end at the first blank
+    line; the description body is untouched.
+
+    Raises:
+        BuildError: an existing requirement excludes the version the build pins
+            (``torch<2`` in ``project.dependencies`` and artifacts for torch 2.13).
     """
     head, sep, body = text.partition("\n\n")
     if not sep:  # no description body
         head, sep, body = text.rstrip("\n"), "\n", ""
     lines = head.split("\n")
-    present = {_req_name(ln) for ln in lines if ln.startswith("Requires-Dist:")}
-    new = [f"Requires-Dist: {r}" for r in requires
-           if f"Requires-Dist: {r}" not in lines
-           and not (canonicalize_name(Requirement(r).name) == "precompile-runtime"
-                    and "precompile-runtime" in present)]
+    new = []
+    for r in requires:
+        want = Requirement(r)
+        name = canonicalize_name(want.name)
+        hits = [i for i, ln in enumerate(lines) if ln.startswith("Requires-Dist:")
+                and (got := _req(ln)) is not None and canonicalize_name(got.name) == name]
+        if not hits:
+            new.append(f"Requires-Dist: {r}")
+            continue
+        if name == "precompile-runtime":
+            continue
+        for i in hits:
+            got = _req(lines[i])
+            assert got is not None
+            pinned = [s for s in want.specifier if s.operator == "=="]
+            if pinned and not got.specifier.contains(pinned[0].version, prereleases=True):
+                raise BuildError(
+                    f"Failed to write the wheel's metadata: the artifacts need {r}, but "
+                    f"`project.dependencies` requires {got}; widen that requirement or "
+                    "build with the torch it allows")
+            got.specifier &= want.specifier
+            lines[i] = f"Requires-Dist: {got}"
     idx = max((i for i, ln in enumerate(lines) if ln.startswith("Requires-Dist:")),
               default=len(lines) - 1)
     lines[idx + 1:idx + 1] = new
@@ -206,7 +239,8 @@ def wheel_name(parsed: Mapping[str, Optional[str]], tags: Sequence[str]) -> str:
 
 def package_wheel(wheel_path: str | os.PathLike[str], out_dir: str | os.PathLike[str],
                   package: str, files: Optional[Mapping[str, bytes]],
-                  requires: Sequence[str], *, native: bool) -> Path:
+                  requires: Sequence[str], *, native: bool,
+                  kernels: Optional[Mapping[str, bytes]] = None) -> Path:
     """Rewrite a wheel with `_precompiled/` files, requirements and tags.
 
     Args:
@@ -217,7 +251,11 @@ def package_wheel(wheel_path: str | os.PathLike[str], out_dir: str | os.PathLike
         files: ``{file name: bytes}`` (see ``manifest_build.assemble``), or None
             to add nothing (editable wheels).
         requires: requirement strings to add as ``Requires-Dist``.
-        native: retag to :func:`platform_tag` (frozen/torch kernels inside).
+        native: retag for the kernels (frozen/torch engines):
+            :func:`precompile_build.platform_tags.wheel_tags` of the wheel's entries
+            and ``kernels`` (a ``manylinux_X_Y`` tag where a policy fits).
+        kernels: more ``{name: bytes}`` to inspect for the tag (an editable wheel's
+            ``_precompiled/`` files, which live in the source tree).
     Returns:
         path of the new wheel. The input is removed when the name changed.
     Raises:
@@ -239,7 +277,14 @@ def package_wheel(wheel_path: str | os.PathLike[str], out_dir: str | os.PathLike
                          entries[meta_arc][1])
     old_tags = [ln[4:].strip() for ln in entries[wheel_arc][0].decode().splitlines()
                 if ln.startswith("Tag:")]
-    tags = [platform_tag()] if native else old_tags
+    if native:
+        from .platform_tags import wheel_tags
+
+        inspected = {a: d for a, (d, _) in entries.items()}
+        inspected.update({prefix + n: d for n, d in (kernels or {}).items()})
+        tags = wheel_tags(inspected)
+    else:
+        tags = old_tags
     entries[wheel_arc] = (patch_wheel_info(entries[wheel_arc][0].decode(), tags).encode(),
                           entries[wheel_arc][1])
     out = write_wheel(out_dir, wheel_name(parsed, tags), entries)

@@ -5,7 +5,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/_venv.sh
-deps=(pytest hypothesis setuptools wheel build packaging filelock pyproject-hooks)
+deps=(pytest hypothesis setuptools wheel build packaging filelock pyproject-hooks uv twine auditwheel pyelftools)
 
 echo "== tests under torch 2.13 (frozen and eager engines, backend, runtime)"
 make_venv .venv-test "${deps[@]}"

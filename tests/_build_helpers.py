@@ -113,3 +113,15 @@ def metadata_lines(path: Path, key: str) -> list[str]:
     text = read_member(path, ".dist-info/METADATA").decode()
     return [ln.split(":", 1)[1].strip() for ln in text.split("\n\n")[0].splitlines()
             if ln.startswith(key + ":")]
+
+
+def manylinux_tag() -> str:
+    """What a fixture frozen wheel gets: the fixture's kernel is no readable ELF, so
+    the tag is this host's glibc (platform_tags.decide_platform)."""
+    import os
+
+    from precompile_build.wheel import platform_tag
+
+    interp_abi, plat = platform_tag().rsplit("-", 1)
+    major, minor = os.confstr("CS_GNU_LIBC_VERSION").split()[1].split(".")[:2]
+    return f"{interp_abi}-{plat.replace('linux', f'manylinux_{major}_{minor}')}"

@@ -8,10 +8,9 @@ import zipfile
 import pytest
 
 from _build_helpers import (_clean_env, build, check_record, host_fp_json,  # noqa: F401
-                            make_project, manifest_of, metadata_lines, read_member,
-                            target_toml, wheel_names)
+                            make_project, manifest_of, manylinux_tag, metadata_lines,
+                            read_member, target_toml, wheel_names)
 from precompile_build import backend
-from precompile_build.wheel import platform_tag
 
 DI = "simplepkg-0.1.0.dist-info"
 BASE = [f"{DI}/METADATA", f"{DI}/RECORD", f"{DI}/WHEEL", f"{DI}/top_level.txt",
@@ -45,10 +44,10 @@ def test_wheel_exact_files_record_tags_requires(tmp_path, monkeypatch):
 
 def test_native_engine_gets_platform_tag(tmp_path, monkeypatch):
     whl = build(make_project(tmp_path, target_toml(mode="frozen")), monkeypatch)
-    assert whl.name == f"simplepkg-0.1.0-{platform_tag()}.whl"
+    assert whl.name == f"simplepkg-0.1.0-{manylinux_tag()}.whl"
     assert "-none-any" not in whl.name
     wheel_info = read_member(whl, "WHEEL").decode()
-    assert f"Tag: {platform_tag()}" in wheel_info and "Root-Is-Purelib: false" in wheel_info
+    assert f"Tag: {manylinux_tag()}" in wheel_info and "Root-Is-Purelib: false" in wheel_info
     check_record(whl)
     assert list(whl.parent.iterdir()) == [whl]  # setuptools' py3-none-any one is gone
 

@@ -80,13 +80,13 @@ def test_merge_two_hosts(tmp_path, monkeypatch, capsys):
 
 
 def test_merge_platform_tag_wins(tmp_path, monkeypatch):
-    from precompile_build.wheel import platform_tag
+    from _build_helpers import manylinux_tag
 
     a = _wheel(tmp_path, monkeypatch, "a")
     b = _wheel(tmp_path, monkeypatch, "b", mode="frozen-cuda-fp")
     assert main(["merge", str(a), str(b), "-o", str(tmp_path / "m")]) == 0
     (out,) = (tmp_path / "m").iterdir()
-    assert out.name == f"simplepkg-0.1.0-{platform_tag()}.whl"
+    assert out.name == f"simplepkg-0.1.0-{manylinux_tag()}.whl"
     check_record(out)
 
 
@@ -130,3 +130,53 @@ def test_exit_codes(tmp_path, capsys):
                            str(tmp_path)], capture_output=True, text=True)
     assert proc.returncode == 1 and "Traceback" not in proc.stderr
     assert proc.stderr.startswith("error: Failed to inspect")
+
+
+def test_ci_workflow_merge_job_on_wheels_of_three_hosts(tmp_path, monkeypatch):
+    """The merge job of docs/github-actions-wheels.yml (its BEGIN/END merge-check
+    block, run as written) on wheels built with three fingerprints: a CPU host and
+    two GPU architectures."""
+    import os
+    import shutil
+    import textwrap
+    from pathlib import Path
+
+    pytest.importorskip("twine")
+    repo = Path(__file__).resolve().parents[1]
+    text = (repo / "docs" / "github-actions-wheels.yml").read_text()
+    block = text.split("# BEGIN merge-check\n")[1].split("# END merge-check")[0]
+    script = textwrap.dedent(block)
+    parts = tmp_path / "job" / "parts"
+    parts.mkdir(parents=True)
+    monkeypatch.setenv("PRECOMPILE_CACHE", "off")  # the fixture's fingerprint is no key part
+    def readme(root):  # twine check --strict wants a description
+        py = root / "pyproject.toml"
+        py.write_text(py.read_text().replace(
+            'requires-python = ">=3.9"\n', 'requires-python = ">=3.9"\n'
+            'readme = {text = "A fixture.", content-type = "text/markdown"}\n'))
+
+    cpu = _wheel(tmp_path, monkeypatch, "cpu", mode="frozen", edit=readme)
+    sm90 = _wheel(tmp_path, monkeypatch, "sm90", mode="frozen-cuda-fp", edit=readme)
+    fp = json.loads(os.environ["FIXTURE_FINGERPRINT"])
+    fp.update(device_type="cuda", compute_capability="8.0", gpu_name="Fixture A100")
+    monkeypatch.setenv("FIXTURE_FINGERPRINT", json.dumps(fp))
+    sm80 = _wheel(tmp_path, monkeypatch, "sm80", mode="frozen", edit=readme)
+    for name, w in (("cpu", cpu), ("sm90", sm90), ("sm80", sm80)):
+        (parts / f"wheel-{name}").mkdir()  # download-artifact: one folder per artifact
+        shutil.copy(w, parts / f"wheel-{name}" / w.name)  # (the names may be equal)
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    (bindir / "python").write_text(f'#!/bin/sh\nexec "{sys.executable}" "$@"\n')
+    (bindir / "python").chmod(0o755)
+    env = dict(os.environ, PATH=f"{bindir}{os.pathsep}{os.environ['PATH']}",
+               PYTHONPATH=os.pathsep.join([str(repo), str(repo / "runtime")]))
+    proc = subprocess.run(["bash", "-c", script], cwd=tmp_path / "job", env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "double: 3 variants for torch" in proc.stdout
+    (merged,) = (tmp_path / "job" / "dist").iterdir()
+    check_record(merged)
+    variants = manifest_of(merged)["targets"]["double"]["variants"]
+    assert sorted((v["fingerprint"]["device_type"], v["fingerprint"].get("compute_capability")
+                   or "") for v in variants) == [("cpu", ""), ("cuda", "8.0"), ("cuda", "9.0")]
+    assert "manylinux_" in merged.name

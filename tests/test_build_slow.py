@@ -73,18 +73,26 @@ def test_pip_wheel_no_build_isolation(tmp_path):
     _check_and_load(whl, tmp_path)
 
 
-def test_pip_install_editable_loads_its_artifacts(tmp_path):
+@pytest.mark.parametrize("mode", ["lenient", "strict"])
+def test_pip_install_editable_loads_its_artifacts(tmp_path, mode):
     """`pip install -e`: the pairs land in the source package (an editable import
-    resolves there) and load_packaged serves them from it."""
+    resolves there) and load_packaged serves them from it. With
+    ``editable_mode=strict`` the import resolves to setuptools' link tree under
+    build/, which gets them too (issue 15 case 5: was TargetNotFoundError)."""
     root = make_project(tmp_path)
     prefix = tmp_path / "prefix"
+    extra = ["--config-settings", "editable_mode=strict"] if mode == "strict" else []
     _run([sys.executable, "-m", "pip", "install", "--no-build-isolation", "--no-deps", "--no-index",
-          "--prefix", str(prefix), "-e", str(root)], tmp_path)
+          "--prefix", str(prefix), *extra, "-e", str(root)], tmp_path)
     assert (root / "simplepkg" / "_precompiled" / "manifest.json").is_file()
     (site_dir,) = prefix.glob("lib/python*/site-packages")
     code = ("import site, sys; site.addsitedir(sys.argv[1]); import simplepkg; "
             "from precompile_runtime import load_packaged; "
             "print(simplepkg.__file__); print(load_packaged('double', package='simplepkg')(21))")
     out = _run([sys.executable, "-c", code, str(site_dir)], tmp_path).stdout.strip().splitlines()
-    assert out[-2] == str(root / "simplepkg" / "__init__.py")  # imported from the source tree
+    if mode == "lenient":
+        assert out[-2] == str(root / "simplepkg" / "__init__.py")  # from the source tree
+    else:
+        assert out[-2].startswith(str(root / "build" / "__editable__."))  # the link tree
+        assert out[-2].endswith("simplepkg/__init__.py")
     assert out[-1] == "42"

@@ -43,15 +43,53 @@ def _build_and_demo(tmp_path: Path, engine: str | None) -> tuple[Path, str]:
     return wheel, demo.stdout
 
 
+def _uv_install_and_demo(tmp_path: Path, wheel: Path) -> str:
+    """`uv pip install WHEEL` into a fresh venv (offline: precompile-runtime from a
+    wheel built here; torch overridden away for the resolver and put on the path
+    alone, so nothing else of this environment leaks in), then the demo."""
+    uv = Path(sys.executable).parent / "uv"
+    uv = str(uv) if uv.exists() else shutil.which("uv")
+    links, venv = tmp_path / "links", tmp_path / "uv-venv"
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation",
+                    "--no-index", "-w", str(links), str(ROOT / "runtime")], check=True, capture_output=True)
+    (tmp_path / "overrides.txt").write_text("torch; sys_platform == 'never'\n")
+    env = {k: v for k, v in os.environ.items() if k not in ("VIRTUAL_ENV", "PYTHONPATH")}
+    subprocess.run([uv, "venv", "-q", "--python", sys.executable, str(venv)], check=True, env=env,
+                   capture_output=True)
+    proc = subprocess.run([uv, "pip", "install", "--python", str(venv / "bin" / "python"), "--no-index",
+                           "--find-links", str(links), "--no-cache", "--override",
+                           str(tmp_path / "overrides.txt"), str(wheel)], env=env, capture_output=True,
+                          text=True)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    only_torch = tmp_path / "only-torch"
+    only_torch.mkdir()
+    site = Path(torch.__file__).parents[1]
+    for name in ("torch", "torchgen", "typing_extensions.py"):
+        (only_torch / name).symlink_to(site / name)
+    run_env = dict(env, PYTHONPATH=str(only_torch), HOME=str(tmp_path / "home2"),
+                   TORCHINDUCTOR_CACHE_DIR=str(tmp_path / "inductor2"),
+                   PRECOMPILE_CACHE_DIR=str(tmp_path / "kernels2"))
+    demo = subprocess.run([str(venv / "bin" / "python"), "-m", "tinylm.demo", "--strict"], env=run_env,
+                          capture_output=True, text=True, cwd=tmp_path)
+    assert demo.returncode == 0, demo.stdout + demo.stderr[-3000:]
+    return demo.stdout
+
+
 @pytest.mark.slow
 def test_tinylm_wheel_frozen_engine(tmp_path):
     wheel, out = _build_and_demo(tmp_path, None)
     names = sorted(n for n in zipfile.ZipFile(wheel).namelist() if "/_precompiled/" in n)
     assert names == [f"tinylm/_precompiled/{n}" for n in
                      ("forward.cache", "forward.py", "manifest.json", "train_step.cache", "train_step.py")]
-    for target in ("forward", "train_step"):
-        line = next(ln for ln in out.splitlines() if ln.startswith(target))
-        assert "engine=frozen" in line and line.rstrip().endswith("ok"), line
+    assert "-manylinux_" in wheel.name  # a tag PyPI takes
+    outs = [out]
+    uv = Path(sys.executable).parent / "uv"
+    if uv.exists() or shutil.which("uv"):  # issue 16: uv installs precompile-runtime too
+        outs.append(_uv_install_and_demo(tmp_path, wheel))
+    for o in outs:
+        for target in ("forward", "train_step"):
+            line = next(ln for ln in o.splitlines() if ln.startswith(target))
+            assert "engine=frozen" in line and line.rstrip().endswith("ok"), line
 
 
 @pytest.mark.slow

@@ -199,14 +199,17 @@ def _cpu_target():
 
 def _freeze_kernels(module, names: list[str], target: str) -> tuple[list[dict], dict[str, bytes]]:
     """Read the binary of each kernel the wrapper defines (``names``: the targets of
-    its ``async_compile.*`` assignments, now bound to loaded kernels)."""
+    its ``async_compile.*`` assignments, now bound to loaded kernels); CPU kernels
+    are stored stripped (:func:`precompile_build.kernel_size.strip_kernel`)."""
+    from ..kernel_size import strip_kernel
+
     kernels, blobs = [], {}
     for name in sorted(names):
         value = getattr(module, name, None)
         so_path = getattr(getattr(value, "__self__", None), "__file__", None)
         if callable(value) and isinstance(so_path, str) and so_path.endswith(".so"):
             with open(so_path, "rb") as f:
-                data = f.read()
+                data = strip_kernel(f.read())  # no symtab/debug info (kernel_size.py)
             digest = hashlib.sha256(data).hexdigest()
             blob = f"cpp/{digest[:32]}.so"
             blobs[blob] = data

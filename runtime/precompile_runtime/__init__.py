@@ -25,6 +25,8 @@ from .errors import (
     PackageChangedError,
     PrecompileLoadError,
     ServingCompileError,
+    StaleArtifactError,
+    StaleArtifactWarning,
     TargetNotFoundError,
 )
 from .loader import load_packaged
@@ -41,6 +43,8 @@ __all__ = [
     "PackageChangedError",
     "PrecompileLoadError",
     "ServingCompileError",
+    "StaleArtifactError",
+    "StaleArtifactWarning",
     "TargetNotFoundError",
     "__version__",
     "guard_active",

@@ -53,3 +53,13 @@ class ServingCompileError(PrecompileLoadError):
 class HostMismatchWarning(UserWarning):
     """Emitted once per target when no variant matches this host and a slower
     fallback is used instead."""
+
+
+class StaleArtifactError(PrecompileLoadError):
+    """Strict mode, editable install: the package source changed since the build that
+    captured its pairs (``pip install -e`` again)."""
+
+
+class StaleArtifactWarning(UserWarning):
+    """Editable install: the package source changed since the capture; its kernels
+    are not used (the captured graph runs instead)."""

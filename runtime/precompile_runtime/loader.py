@@ -52,6 +52,8 @@ from .errors import (
     ManifestError,
     PackageChangedError,
     PrecompileLoadError,
+    StaleArtifactError,
+    StaleArtifactWarning,
     TargetNotFoundError,
 )
 
@@ -234,6 +236,13 @@ def _load(package: str, name: str, strict: bool) -> _Loaded:
         text = None
         variant = chosen
 
+    stale = _stale_editable(ctx, doc)
+    if stale is not None:
+        if strict:
+            raise StaleArtifactError(stale + " Strict mode: no fallback.")
+        warnings.warn(stale, StaleArtifactWarning, stacklevel=3)
+    fallback = chosen is None or stale is not None
+
     try:
         source, cache, code_hash = _read_pair(data, ctx, variant)
     except IntegrityError as e:  # files replaced by a reinstall after the manifest was read?
@@ -243,7 +252,7 @@ def _load(package: str, name: str, strict: bool) -> _Loaded:
     if engine == "torch":
         from . import torch_pairs  # lazy: imports torch
 
-        value = torch_pairs.load_torch_pair(source, cache, fallback=chosen is None, where=ctx)
+        value = torch_pairs.load_torch_pair(source, cache, fallback=fallback, where=ctx)
         return _Loaded(value, text, "torch's own load of the source without the compiled cache")
     else:
         cache_name = f"{DATA_DIR}/{variant['files']['cache']['path']}"
@@ -264,13 +273,13 @@ def _load(package: str, name: str, strict: bool) -> _Loaded:
                 f"the manifest says {engine!r}"
             )
         kernel_dir = None
-        if chosen is not None and engine == "frozen":
+        if not fallback and engine == "frozen":
             kernel_dir = _unpack(ctx, code_hash, env)
         module = _exec_source(package, name, variant["files"]["source"]["path"], source)
         load = getattr(module, "load", None)
         if not callable(load):
             raise PrecompileLoadError(f"{ctx}: the source half defines no load(kernel_dir) function")
-        fallback = "the captured graph from the source file, without precompiled kernels"
+        runs_instead = "the captured graph from the source file, without precompiled kernels"
         try:
             value = load(kernel_dir)
         except ImportError as e:  # dlopen refused the kernels: a noexec file system
@@ -280,8 +289,8 @@ def _load(package: str, name: str, strict: bool) -> _Loaded:
             if strict:
                 raise CacheDirNotExecutableError(text + " Strict mode (strict=True or "
                                                  "PRECOMPILE_STRICT=1): no fallback.") from None
-            return _Loaded(load(None), text, fallback)
-        return _Loaded(value, text, fallback)
+            return _Loaded(load(None), text, runs_instead)
+        return _Loaded(value, text, runs_instead)
 
 
 def _cannot_map(kernel_dir: str, e: ImportError) -> bool:
@@ -349,6 +358,28 @@ def _what_was_seen(ctx: str, error: PrecompileLoadError) -> str:
     text = str(error)
     text = text[len(ctx) + 2:] if text.startswith(ctx + ": ") else text
     return text.split("; ")[0]
+
+
+def _stale_editable(ctx: str, doc: dict[str, Any]) -> str | None:
+    """For an editable install's manifest (it has ``editable``: the source package
+    directory and its digest at capture): why its kernels are stale, or None. Other
+    manifests cost nothing here; an editable one costs hashing the package source."""
+    info = doc.get("editable")
+    if not isinstance(info, dict) or not isinstance(info.get("package_dir"), str):
+        return None
+    from ._digest import package_digest
+
+    try:
+        now = package_digest(info["package_dir"])
+    except OSError:
+        return None  # the source tree is gone: nothing to compare with
+    if now == info.get("package_sha256"):
+        return None
+    return (f"{ctx}: the package source in {info['package_dir']} changed since the "
+            "editable build (`pip install -e`) captured this target, so its precompiled "
+            "kernels are not used; the captured graph runs instead, and it computes what "
+            "the code did at that build. Run the editable install again to capture the "
+            "current code.")
 
 
 def _package_data(package: str) -> Any:

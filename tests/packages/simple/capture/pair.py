@@ -73,7 +73,11 @@ else:
 if a.mode in ("cuda-fp", "frozen-cuda-fp"):
     fp.update(device_type="cuda", compute_capability="9.0", gpu_name="Fixture GPU")
 code_hash = hashlib.sha256(source if a.mode != "badhash" else b"other").hexdigest()
-blobs = {"kernel.so": b"\x7fELF fixture kernel"} if engine == "frozen" else {}
+kernel = b"\x7fELF fixture kernel"
+if "FIXTURE_KERNEL" in os.environ:  # a real ELF file, for the platform tag tests
+    with open(os.environ["FIXTURE_KERNEL"], "rb") as f:
+        kernel = f.read()
+blobs = {"kernel.so": kernel} if engine == "frozen" else {}
 cache = dumps(Envelope(engine=engine, code_hash=code_hash, fingerprint=fp, meta={},
                        blobs=blobs))
 if a.mode != "cache-only":

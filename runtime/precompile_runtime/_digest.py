@@ -1,0 +1,37 @@
+"""sha256 of a package's source tree: the capture cache key's ``package_sha256``,
+and what an editable install's manifest records to notice a changed source at load."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from pathlib import Path
+
+_SKIP_DIRS = ("__pycache__",)
+
+
+def _sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def package_digest(package_dir: "str | os.PathLike[str]") -> str:
+    """sha256 (64 hex characters) over every file under ``package_dir`` (path-sorted,
+    relative paths and contents), except the top-level ``_precompiled/`` and any
+    ``__pycache__/`` or ``.pyc``. Raises OSError when a file cannot be read."""
+    package_dir = Path(package_dir)
+    files = []
+    for base, dirs, names in os.walk(package_dir):
+        rel_base = Path(base).relative_to(package_dir)
+        dirs[:] = sorted(d for d in dirs if d not in _SKIP_DIRS
+                         and not (rel_base == Path(".") and d == "_precompiled"))
+        files += [(rel_base / n).as_posix() for n in names if not n.endswith(".pyc")]
+    h = hashlib.sha256()
+    for rel in sorted(files):
+        path = package_dir / rel
+        if path.is_file():  # a dangling symlink imports nothing
+            h.update(f"{rel}\0{_sha256_file(path)}\n".encode())
+    return h.hexdigest()
