@@ -28,6 +28,7 @@ from typing import Any, Iterable, Mapping, Optional
 
 import filelock
 
+from precompile_runtime._digest import sha256_file  # one file hash for both sides
 from precompile_runtime.envelope import write_atomic
 
 from .errors import BuildError, CaptureError
@@ -46,14 +47,6 @@ _TAG = (b"Signature: 8a477f597d28d172789f06886806bc55\n"
 def cache_root(settings: Settings) -> Path:
     """The cache directory of ``settings`` (configured, or the per-user default)."""
     return settings.cache_dir if settings.cache_dir is not None else default_cache_dir()
-
-
-def _sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def package_digest(package_dir: Path) -> str:
@@ -107,7 +100,7 @@ def _memo_key(devices: tuple) -> str:
             gpus = "no nvidia-smi"
     parts = [sys.executable, sys.version, list(devices), os.environ.get("CUDA_VISIBLE_DEVICES"),
              [version(d) for d in ("torch", "triton", "pytorch-triton")], gpus,
-             _sha256_file(Path(fingerprint.__file__)), _FP_CODE]
+             sha256_file(Path(fingerprint.__file__)), _FP_CODE]
     return hashlib.sha256(json.dumps(parts).encode()).hexdigest()
 
 
@@ -194,7 +187,7 @@ def key_components(settings: Settings, target: TargetSettings, device: str,
         "precompile_build": __version__, "precompile_runtime": precompile_runtime.__version__,
         # the engines write their own code into every pair: a changed engine recaptures
         "tool_code_sha256": _tool_code_sha256(),
-        "script_sha256": _sha256_file(target.script),
+        "script_sha256": sha256_file(target.script),
         "package_sha256": package_sha256,
         "target": {"name": target.name, "script": target.script_rel,
                    "args": list(target.args), "device": device,
@@ -244,7 +237,7 @@ def _ensure_root(root: Path) -> None:
 
 
 def _file_meta(path: Path) -> dict[str, Any]:
-    return {"size": path.stat().st_size, "sha256": _sha256_file(path)}
+    return {"size": path.stat().st_size, "sha256": sha256_file(path)}
 
 
 def fetch(root: Path, key: str, name: str, dest: Path) -> tuple[Optional[dict], str]:

@@ -10,7 +10,8 @@ from pathlib import Path
 _SKIP_DIRS = ("__pycache__",)
 
 
-def _sha256_file(path: Path) -> str:
+def sha256_file(path: "str | os.PathLike[str]") -> str:
+    """sha256 hex digest of a file's bytes, read in 1 MiB chunks. Raises OSError."""
     h = hashlib.sha256()
     with open(path, "rb") as f:
         for chunk in iter(lambda: f.read(1 << 20), b""):
@@ -33,5 +34,5 @@ def package_digest(package_dir: "str | os.PathLike[str]") -> str:
     for rel in sorted(files):
         path = package_dir / rel
         if path.is_file():  # a dangling symlink imports nothing
-            h.update(f"{rel}\0{_sha256_file(path)}\n".encode())
+            h.update(f"{rel}\0{sha256_file(path)}\n".encode())
     return h.hexdigest()
