@@ -30,7 +30,8 @@ make_venv .venv-merged
 
 echo "== 3. GPU tests"
 PYTHONPATH=$PWD:$PWD/runtime .venv-main/bin/python -m pytest -q -p no:cacheprovider \
-  tests/test_gpu_frozen.py tests/test_distributed.py ${GPU_CHECK_TESTS:-} > "$OUT/pytest.log" 2>&1
+  tests/test_gpu_frozen.py tests/test_gpu_cudagraphs.py tests/test_driver_fast_path.py tests/test_distributed.py \
+  ${GPU_CHECK_TESTS:-} > "$OUT/pytest.log" 2>&1
 echo "pytest rc=$?" | tee -a "$OUT/summary.txt"
 tail -5 "$OUT/pytest.log" | tee -a "$OUT/summary.txt"
 
