@@ -485,6 +485,7 @@ class _CudaGraphs:
         self._graphs = {}  # key -> _Graph, in least-recently-used order
         self._warm = set()
         self._pools = {}  # device index -> memory pool handle
+        self._streams = {}  # device index -> capture stream
         self._n = len(_META["params"])
         n = self._n
         self._param_idx = list(range(n))
@@ -527,6 +528,9 @@ class _CudaGraphs:
         pool = self._pools.get(device.index)
         if pool is None:
             pool = self._pools[device.index] = torch.cuda.graph_pool_handle()
+            # torch.cuda.graph's default capture stream is made once, on the device
+            # current then; entering it makes that device current: one stream per device
+            self._streams[device.index] = torch.cuda.Stream(device=device)
         g = _Graph()
         g.static_inputs = [torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=t.device)
                            for t in users]
@@ -536,7 +540,7 @@ class _CudaGraphs:
         g.graph = torch.cuda.CUDAGraph()
         torch.cuda.synchronize(device)
         try:
-            with torch.cuda.graph(g.graph, pool=pool):
+            with torch.cuda.graph(g.graph, pool=pool, stream=self._streams[device.index]):
                 g.outputs = tuple(self._run(list(flat[:n]) + g.static_inputs))
         except Exception as e:
             raise CallError(

@@ -121,6 +121,8 @@ def trace(flat_fn: Callable, example: list, *, n_params: int, marks: list, paths
             raise
         except Exception as e2:
             raise _failure(target, [(name, e), ("make_fx", e2)]) from e2
+        if ran_backward():  # a training step export could not finish: make_fx's job anyway
+            return traced
         where = _culprit(e)
         warnings.warn(f"target {target!r}: torch.export failed ({_first_line(e)}"
                       + (f" at {where}" if where else "") + "); traced with make_fx, which "
