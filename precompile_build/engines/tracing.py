@@ -38,6 +38,7 @@ class TracedCall:
     example_inputs: list  # flat tensors (clones; safe to run the graph on)
     metadata: dict  # literal calling convention, see _driver.py
     symbolic: Any = None  # dynamic_dims.SymbolicTrace when dims are marked dynamic
+    sources: Any = None  # the caller's own flat tensors (params, then arguments), not clones
 
     def finish_dynamic(self, target: str) -> None:
         """Record the marked dims' symbols, ranges and guards in the metadata; call it
@@ -289,7 +290,8 @@ def trace_call(fn: Callable, args: tuple, kwargs: dict, *, target: str) -> Trace
         "arg_names": arg_names,
         "mutated_inputs": _mutated_inputs(gm),
     }
-    return TracedCall(graph_module=gm, example_inputs=example, metadata=metadata, symbolic=symbolic)
+    return TracedCall(graph_module=gm, example_inputs=example, metadata=metadata, symbolic=symbolic,
+                      sources=params + user_tensors)
 
 
 def _mutated_inputs(gm) -> list[int]:
