@@ -104,28 +104,17 @@ class _Reference:
         self.interp = Interp(gm)
 
     def _map_dtypes(self, target, args, kwargs):
-        import torch
-
-        schema = getattr(target, "_schema", None)
-        name = getattr(target, "__name__", "")
-        if name.startswith("view.dtype"):  # a bitcast: the dtype is the bit layout
+        """Every floating dtype argument (``_to_copy(dtype=)``, ``convert_element_type``,
+        ``full(dtype=)``, ``_softmax_backward_data``'s input dtype) -> the reference
+        dtype; not ``view.dtype`` (a bitcast: the dtype is the bit layout)."""
+        name = str(getattr(target, "__name__", ""))
+        if name.startswith("view.dtype"):
             return args, kwargs
-        args, kwargs = list(args), dict(kwargs)
-        if schema is not None:
-            for i, a in enumerate(schema.arguments):
-                if str(a.type) not in ("ScalarType", "Optional[ScalarType]", "ScalarType?"):
-                    continue
-                if i < len(args) and not a.kwarg_only and _float_dtype(args[i]):
-                    args[i] = self.dtype
-                elif a.name in kwargs and _float_dtype(kwargs[a.name]):
-                    kwargs[a.name] = self.dtype
-        elif _float_dtype(kwargs.get("dtype")):
-            kwargs["dtype"] = self.dtype
-        if target is torch.ops.prims.convert_element_type.default and _float_dtype(args[1]):
-            args[1] = self.dtype
+        args = tuple(self.dtype if _float_dtype(a) else a for a in args)
+        kwargs = {k: self.dtype if _float_dtype(v) else v for k, v in kwargs.items()}
         if name.startswith(("_softmax.", "_log_softmax.")) and len(args) > 2:
-            args[2] = False  # half_to_float: there is no half here
-        return tuple(args), kwargs
+            args = (*args[:2], False, *args[3:])  # half_to_float: there is no half here
+        return args, kwargs
 
     def _call(self, node, target, args, kwargs):
         wide_args, wide_kwargs = self._map_dtypes(target, args, kwargs)
