@@ -317,6 +317,7 @@ def _validate(source: str, blobs: dict[str, bytes], traced: TracedCall, target: 
 # what to change when the pair fails at other sizes than the example's
 _OTHER_SIZES = ("the compiled code does not hold at these sizes inside the declared ranges: "
                 "narrow the marks (min=, max=) to exclude them, or capture with engine='eager'")
+_MAX_SUGGESTED = 100  # a larger multiple than this is never rounding: not offered
 _NUMERIC_FIX = ("if this is rounding you accept (a deep bf16/fp16 model), allow a larger multiple "
                 "with options={{'validation_multiple': {m:g}}}; else capture with engine='eager' "
                 "(the graph, no kernels) or engine='torch', and report the kernel")
@@ -395,7 +396,15 @@ def _compare(call, traced: TracedCall, inputs: list, what: str, target: str,
         verdicts.append(v)
         if v.problem:
             numbers = v.describe().format(ref=ref_name) if math.isfinite(v.frozen_error) else ""
-            suggestion = _NUMERIC_FIX.format(m=_suggest(v)) if math.isfinite(_suggest(v)) else fix
+            need = _suggest(v)
+            if not math.isfinite(need):
+                suggestion = fix
+            elif need <= _MAX_SUGGESTED:
+                suggestion = _NUMERIC_FIX.format(m=need)
+            else:
+                suggestion = (f"that is {v.frozen_error / max(v.eager_error, 1e-300):.3g} x eager's error, far "
+                              "past rounding: the compiled code computes something else. Capture with "
+                              "engine='eager' (the graph, no kernels) or engine='torch', and report the kernel")
             raise CaptureError(
                 f"target {target!r}: the frozen kernels' value {i} ({labels[i]}) differs from the "
                 f"traced graph on {what}; {v.problem}" + (f": {numbers}" if numbers else "")
