@@ -42,6 +42,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
+sys.path[:0] = [str(ROOT), str(ROOT / "runtime")]  # this checkout's precompile_build/runtime
 PACKAGE = "scalebench"
 
 CONFIGS = {  # the stacks on the GPU host; small analogues on CPU
