@@ -234,3 +234,20 @@ def test_eager_check_option_is_checked():
     case = frozen._compare(_graph_call(traced), traced, traced.example_inputs, "the example inputs", "t",
                            {}, real)
     assert case["eager_call"]["outcome"] == "ok" and case["eager_call"]["difference"] == 0.0
+
+
+def test_manifest_validation_entry_must_be_an_object():
+    import json
+
+    from precompile_runtime import manifest
+    from precompile_runtime.errors import ManifestError
+
+    entry = {"path": "t.py", "size": 1, "sha256": "0" * 64}
+    variant = {"id": "x", "engine": "frozen", "fingerprint": {}, "code_hash": "0" * 64,
+               "files": {"source": entry, "cache": dict(entry, path="t.cache")}}
+    doc = {"format": manifest.FORMAT, "version": manifest.VERSION, "package": "p",
+           "targets": {"t": {"variants": [dict(variant, validation={"reference": "float64"})]}}}
+    assert manifest.parse(json.dumps(doc).encode(), where="m")["targets"]["t"]["variants"][0]["validation"]
+    doc["targets"]["t"]["variants"][0]["validation"] = 3
+    with pytest.raises(ManifestError, match=r"target 't' variant 0: `validation` must be an object"):
+        manifest.parse(json.dumps(doc).encode(), where="m")
