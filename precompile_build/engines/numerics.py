@@ -165,7 +165,7 @@ def reference_run(gm, inputs: list, device_type: str) -> tuple[list, list, dict]
     import torch
 
     dtype = reference_dtype(device_type)
-    wide = [t.detach().clone().to(dtype) if t.is_floating_point() else t.detach().clone() for t in inputs]
+    wide = [t.detach().to(dtype, copy=True) if t.is_floating_point() else t.detach().clone() for t in inputs]
     ref = _Reference(gm, dtype)
     with torch.no_grad():
         outs = ref.interp.run(*wide)
