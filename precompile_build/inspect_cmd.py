@@ -130,7 +130,8 @@ def _validation_lines(val: Optional[dict]) -> list[str]:
         allowed = w["multiple"] * w["eager_error"] + w["floor"]
         lines.append(f"      {case.get('case')}: worst {w['value']}: frozen error {w['frozen_error']:.3g}, "
                      f"eager {w['eager_error']:.3g}, allowed {w['multiple']:g} x eager + "
-                     f"{w['floor']:.3g} = {allowed:.3g}")
+                     f"{w['floor']:.3g} = {allowed:.3g}"
+                     + (" (within 1e-4 of eager elementwise)" if w.get("accepted_by") == "elementwise" else ""))
     eager = val.get("eager_call")
     if eager:
         text = f"      vs the eager call: {eager.get('outcome')}"

@@ -245,7 +245,8 @@ def test_manifest_and_inspect_carry_the_validation_numbers(installed):
         for case in val["cases"]:
             w = case["worst"]
             assert case["values"] >= 1 and w["value"], name
-            assert 0 <= w["frozen_error"] <= (w["multiple"] * w["eager_error"] + w["floor"]) * 1.01, name
+            assert w["accepted_by"] == "elementwise" or \
+                0 <= w["frozen_error"] <= (w["multiple"] * w["eager_error"] + w["floor"]) * 1.01, name
             assert w["multiple"] in (2.0, 3.0), name
         assert val["eager_call"]["outcome"] == "ok", name
     cases = doc["targets"]["dyn_step"]["variants"][0]["validation"]["cases"]

@@ -184,6 +184,7 @@ class Verdict:
     max_abs: float  # largest elementwise |frozen - eager|
     scale: float  # largest |reference| (magnitude of the values)
     problem: Optional[str] = None  # why refused; None: accepted
+    elementwise: bool = False  # accepted by the elementwise step, not by the multiple
 
     @property
     def allowed(self) -> float:
@@ -197,7 +198,8 @@ class Verdict:
     def numbers(self) -> dict[str, Any]:
         return {"eager_error": sig(self.eager_error), "frozen_error": sig(self.frozen_error),
                 "multiple": self.multiple, "floor": sig(self.floor), "max_abs_diff": sig(self.max_abs),
-                "max_abs_value": sig(self.scale)}
+                "max_abs_value": sig(self.scale),
+                "accepted_by": "elementwise" if self.elementwise else "multiple"}
 
     def describe(self) -> str:
         return (f"error vs the {{ref}} reference {self.frozen_error:.3g} (relative RMS), eager's "
@@ -276,7 +278,7 @@ def judge(eager, frozen, ref) -> Verdict:
         v.problem = "error beyond the allowed multiple of eager's"
         if floating and bool(torch.allclose(frozen, eager, atol=ELEMENTWISE_TOL, rtol=ELEMENTWISE_TOL,
                                             equal_nan=True)):
-            v.problem = None  # torch's first step: elementwise close to eager (values ~ 0: noise)
+            v.problem, v.elementwise = None, True  # torch's first step: close to eager elementwise
     return v
 
 
