@@ -251,3 +251,36 @@ def test_manifest_validation_entry_must_be_an_object():
     doc["targets"]["t"]["variants"][0]["validation"] = 3
     with pytest.raises(ManifestError, match=r"target 't' variant 0: `validation` must be an object"):
         manifest.parse(json.dumps(doc).encode(), where="m")
+
+
+def test_an_op_without_an_fp64_kernel_runs_in_fp32_and_is_listed():
+    @torch.library.custom_op("precompile_test::no_fp64", mutates_args=())
+    def no_fp64(x: torch.Tensor) -> torch.Tensor:
+        if x.dtype == torch.float64:
+            raise RuntimeError("no float64 kernel")
+        return x * 2
+
+    @no_fp64.register_fake
+    def _(x):
+        return torch.empty_like(x)
+
+    x = torch.randn(16, 8)
+    traced = trace_call(lambda x: no_fp64(x.to(torch.bfloat16)).float() + 1, (x,), {}, target="t")
+    (ref,), _, info = numerics.reference_run(traced.graph_module, traced.example_inputs, "cpu")
+    assert info == {"reference": "float64", "fallback_ops": ["no_fp64.default"]}
+    assert ref.dtype == torch.float64
+    torch.testing.assert_close(ref, (x.double() * 2 + 1))  # fp32 inside, not bf16
+    case = frozen._compare(_graph_call(traced), traced, traced.example_inputs, "the example inputs", "t", {})
+    assert case["fallback_ops"] == ["no_fp64.default"]
+
+
+def test_a_graph_that_runs_in_no_wider_dtype_is_a_capture_error(monkeypatch):
+    traced = trace_call(lambda x: x + 1, (torch.ones(3),), {}, target="t")
+
+    def fails(gm, inputs, device_type, dtype=None):
+        raise RuntimeError(f"no kernel for {dtype or 'float64'}")
+    monkeypatch.setattr(numerics, "reference_run", fails)
+    with pytest.raises(CaptureError, match=r"target 't': the traced graph does not run in a wider dtype on "
+                                           r"the example inputs \(fp64: RuntimeError: no kernel for float64; "
+                                           r"fp32: RuntimeError: no kernel for torch.float32\).*engine='eager'"):
+        frozen._compare(_graph_call(traced), traced, traced.example_inputs, "the example inputs", "t", {})

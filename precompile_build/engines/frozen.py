@@ -371,8 +371,7 @@ def _compare(call, traced: TracedCall, inputs: list, what: str, target: str,
                 f"target {target!r}: the frozen wrapper returns {len(got)} outputs, the graph "
                 f"{len(want)}; refusing to write a pair that computes something else"
             )
-        ref_out, ref_in, info = numerics.reference_run(traced.graph_module, inputs,
-                                                       traced.metadata["device"])
+        ref_out, ref_in, info = _reference(traced, inputs, target, what)
     mutated = set(traced.metadata["mutated_inputs"])
     values = list(zip(want, got, ref_out)) + list(zip(a, b, ref_in))
     labels = _labels(traced, len(values))
@@ -421,6 +420,25 @@ def _compare(call, traced: TracedCall, inputs: list, what: str, target: str,
         case["eager_call"] = _against_eager_call(real, got, b, ref_out, ref_in, verdicts, labels,
                                                  len(want), traced, target, options)
     return case
+
+
+def _reference(traced: TracedCall, inputs: list, target: str, what: str):
+    """numerics.reference_run in fp64, else fp32 (an op the interpreter cannot widen,
+    e.g. a user kernel that takes a dict of tensors); CaptureError if neither runs."""
+    import torch
+
+    from . import numerics
+
+    errors = []
+    for dtype in (None, torch.float32):
+        try:
+            return numerics.reference_run(traced.graph_module, inputs, traced.metadata["device"], dtype)
+        except Exception as e:  # the graph ran in its own dtypes: the widening broke it
+            errors.append(f"{type(e).__name__}: {e}")
+    raise CaptureError(
+        f"target {target!r}: the traced graph does not run in a wider dtype on {what} "
+        f"(fp64: {errors[0][:300]}; fp32: {errors[1][:300]}), so the frozen kernels cannot be "
+        "judged against a reference; capture with engine='eager' and report the op")
 
 
 def _suggest(v) -> float:

@@ -127,34 +127,44 @@ class _Reference:
             return target(*wide_args, **wide_kwargs)
         except Exception:
             pass
-        op = str(getattr(target, "__name__", target))
         import torch
+        from torch.fx.node import map_arg
+        from torch.utils._pytree import tree_map
 
         # no kernel in the wide dtype: fp32, else the captured dtypes, widened after
-        natives = [getattr(a.meta.get("val"), "dtype", None) if isinstance(a, torch.fx.Node) else None
-                   for a in node.args]
-        tries = [lambda x, i: _widen(x, torch.float32),
-                 lambda x, i: x.to(natives[i]) if (i is not None and i < len(natives) and natives[i] is not None
-                                                   and isinstance(x, torch.Tensor) and x.is_floating_point()) else x]
+        def captured(n):
+            return getattr(n.meta.get("val"), "dtype", None)
+
+        def to_captured(x, d):
+            if isinstance(x, torch.Tensor) and x.is_floating_point() and isinstance(d, torch.dtype):
+                return x.to(d)
+            return x
+
+        def fp32(x):
+            return _widen(x, torch.float32)
+
+        tries = [lambda: (tree_map(fp32, args), tree_map(fp32, kwargs)),
+                 lambda: (tree_map(to_captured, args, map_arg(node.args, captured)),
+                          tree_map(to_captured, kwargs, map_arg(node.kwargs, captured)))]
         for cast in tries:
             try:
-                a = tuple(cast(x, i) for i, x in enumerate(args))
-                k = {key: _widen(v, torch.float32) for key, v in kwargs.items()}
+                a, k = cast()
                 out = target(*a, **k)
             except Exception:
                 continue
-            self.fallback_ops.add(op)
+            self.fallback_ops.add(str(getattr(target, "__name__", target)))
             return _tree_map(lambda x: _widen(x, self.dtype), out)
         return target(*args, **kwargs)  # raises: the graph itself fails here
 
 
-def reference_run(gm, inputs: list, device_type: str) -> tuple[list, list, dict]:
+def reference_run(gm, inputs: list, device_type: str, dtype=None) -> tuple[list, list, dict]:
     """Run the graph in the reference dtype on copies of ``inputs``.
 
     Args:
         gm: the captured fx GraphModule over flat tensors.
         inputs: flat input tensors (not modified).
         device_type: ``"cpu"``/``"cuda"``: picks fp64 or fp32 (:func:`reference_dtype`).
+        dtype: the reference dtype instead (fp32 when an fp64 run failed).
     Returns:
         ``(outputs, inputs_after, info)``: the reference outputs and the reference
         copies of the inputs after the run (in-place writes applied), and
@@ -164,7 +174,7 @@ def reference_run(gm, inputs: list, device_type: str) -> tuple[list, list, dict]
     """
     import torch
 
-    dtype = reference_dtype(device_type)
+    dtype = dtype or reference_dtype(device_type)
     wide = [t.detach().to(dtype, copy=True) if t.is_floating_point() else t.detach().clone() for t in inputs]
     ref = _Reference(gm, dtype)
     with torch.no_grad():
