@@ -150,7 +150,12 @@ def capture(
         backend: ``"inductor"`` or ``"eager"`` (no kernels).
         target: the name in messages (default: env ``PRECOMPILE_TARGET``, else the
             artifact file's stem).
-        options: engine options; ``{"inductor": {...}}`` is passed to Inductor.
+        options: engine options; ``{"inductor": {...}}`` is passed to Inductor. The
+            frozen engine also reads ``"validation_multiple"`` (a float: the multiple
+            of eager's fp64 error its kernels may have, default 3 for bf16/fp16 and
+            small tensors, 2 otherwise) and ``"eager_check"`` (``"refuse"``, default:
+            a frozen result that differs from the with-block's eager call beyond
+            rounding is a CaptureError; ``"warn"``; ``"off"``).
     Returns:
         a :class:`Capture` context manager.
     Raises:
