@@ -284,3 +284,9 @@ def test_a_graph_that_runs_in_no_wider_dtype_is_a_capture_error(monkeypatch):
                                            r"the example inputs \(fp64: RuntimeError: no kernel for float64; "
                                            r"fp32: RuntimeError: no kernel for torch.float32\).*engine='eager'"):
         frozen._compare(_graph_call(traced), traced, traced.example_inputs, "the example inputs", "t", {})
+
+
+def test_validation_multiple_must_be_a_positive_number(tmp_path):
+    with pytest.raises(CaptureError, match=r"options\['validation_multiple'\] = 'ten': use a positive number"):
+        frozen._validate("", {}, trace_call(lambda x: x + 1, (torch.ones(3),), {}, target="t"), "t",
+                         {"validation_multiple": "ten"})
