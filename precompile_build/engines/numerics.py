@@ -26,7 +26,7 @@ reference; the RMS divided by is the larger of the reference's and eager's (a va
 that is ~0 in exact arithmetic is rounding noise). :func:`judge` accepts a value,
 as torch's ``same`` does, when it is elementwise close to eager (``allclose`` with
 ``ELEMENTWISE_TOL``) or ``frozen <= multiple * eager + floor`` where ``floor`` is
-the dtype's machine epsilon (relative); it refuses new NaN/inf (non-finite where
+the dtype's unit roundoff (half its machine epsilon: one rounding of the result); it refuses new NaN/inf (non-finite where
 eager is finite), other shapes or dtypes.
 """
 
@@ -272,7 +272,7 @@ def judge(eager, frozen, ref) -> Verdict:
         both = mask & fin_f
         if bool(both.any()):
             max_abs = float((frozen[both].to(torch.float64) - eager[both].to(torch.float64)).abs().max())
-        floor = torch.finfo(eager.dtype).eps
+        floor = torch.finfo(eager.dtype).eps / 2  # unit roundoff: one rounding of the result
         if new_bad:
             v = Verdict(_error(eager, ref, mask, denom), math.inf, mult, floor, math.inf, scale,
                         problem=f"{new_bad} NaN/inf element(s) where the graph's own result is finite")
