@@ -66,12 +66,16 @@ class Capture:
             options["backend"] = self.backend
         else:  # the torch engine's "tracer" option means torch's own tracers
             options.setdefault("tracer", self.tracer)
-        # the capture traces clones: the real call below is the only one with effects
+        # the capture traces clones: the real call is the only one with effects
         before = _python_rng_states()
+        box: dict = {}
         with _torch_rng_kept(device):  # the trace and checks draw too: not the user's RNG
             try:
-                self._pair = engines.get(engine).capture_pair(
-                    self._fn, args, kwargs, target=self.target, device=device, options=options,
+                mod, extra = engines.get(engine), {}
+                if getattr(mod, "JUDGES_EAGER_CALL", False):  # the engine compares with the real call
+                    extra["real_call"] = lambda: box.setdefault("result", self._fn(*args, **kwargs))
+                self._pair = mod.capture_pair(
+                    self._fn, args, kwargs, target=self.target, device=device, options=options, **extra,
                 )
             except CompilerFailed as e:
                 if self.fallback != "eager":
@@ -86,7 +90,7 @@ class Capture:
                 )
         if engine != "torch":  # ours trace Python once (torch.compile replays random calls)
             _warn_python_rng(before, _python_rng_states(), self.target)
-        return self._fn(*args, **kwargs)
+        return box["result"] if "result" in box else self._fn(*args, **kwargs)
 
     def __exit__(self, exc_type, exc, tb) -> bool:
         if exc_type is not None:
@@ -218,9 +222,12 @@ def capture(
         backend: ``"inductor"`` or ``"eager"`` (no kernels).
         target: the name in messages (default: env ``PRECOMPILE_TARGET``, else the
             artifact file's stem).
-        options: engine options; ``{"inductor": {...}}`` is passed to Inductor;
-            ``{"cuda_graphs": True}`` (frozen engine, CUDA inference targets; the
-            `cuda-graphs` target option sets it) makes loads replay CUDA graphs.
+        options: engine options; ``{"inductor": {...}}`` is passed to Inductor. The
+            frozen engine also reads ``"validation_multiple"`` (a float: the multiple
+            of eager's fp64 error its kernels may have, default 3 for bf16/fp16 and
+            small tensors, 2 otherwise) and ``"eager_check"`` (``"refuse"``, default:
+            a frozen result that differs from the with-block's eager call beyond
+            rounding is a CaptureError; ``"warn"``; ``"off"``).
         tracer: how the frozen and eager engines turn the call into a graph:
             ``"auto"`` (torch.export, make_fx for a training step or where export
             fails), ``"export"``, ``"export-strict"`` or ``"make_fx"``; default: env

@@ -65,8 +65,9 @@ def inspect_report(where: str, host: Optional[Callable[[str], Optional[dict]]] =
     Returns:
         ``{"source", "package", "targets": {name: {"status", "required", "reason",
         "variants": [{"id", "engine", "device", "fingerprint", "code_hash",
-        "files", "fallback" (None, or {"from", "reason"}), "size", "matches_host",
-        "mismatches"}]}}}``.
+        "files", "fallback" (None, or {"from", "reason"}), "validation", "size",
+        "matches_host", "mismatches"}]}}}`` (``validation``: the capture's numbers, None
+        for pairs without kernels).
     Raises:
         BuildError / ManifestError: nothing to inspect, or an invalid manifest.
     """
@@ -83,7 +84,7 @@ def inspect_report(where: str, host: Optional[Callable[[str], Optional[dict]]] =
             mism = (fpmod.mismatches(v["fingerprint"], here) if here is not None
                     else ["torch: not importable on this host"])
             out.append({**{k: v.get(k) for k in ("id", "engine", "device", "fingerprint",
-                                                  "code_hash", "files", "fallback")},
+                                                  "code_hash", "files", "fallback", "validation")},
                         "size": sum(f["size"] for f in v["files"].values()),
                         "matches_host": not mism, "mismatches": mism})
         targets[name] = {"status": t.get("status", "ok"), "required": t.get("required"),
@@ -107,9 +108,37 @@ def format_report(report: dict[str, Any]) -> str:
             if v.get("fallback"):
                 lines.append(f"    fallback from {v['fallback'].get('from')}: {v['fallback'].get('reason')}")
             lines.append(f"    files: {sizes}")
+            lines += _validation_lines(v.get("validation"))
             if v["matches_host"]:
                 lines.append("    this host: matches")
             else:
                 lines.append("    this host: does not match")
                 lines += [f"      - {m}" for m in v["mismatches"]]
     return "\n".join(lines)
+
+
+def _validation_lines(val: Optional[dict]) -> list[str]:
+    """The capture's validation numbers (frozen engine), one line per case checked."""
+    if not val:
+        return []
+    ref = val.get("reference", "?")
+    if val.get("fallback_ops"):
+        ref += f" (except {', '.join(val['fallback_ops'])})"
+    lines = [f"    validated against a {ref} reference of the traced graph:"]
+    for case in val.get("cases", []):
+        w = case.get("worst")
+        if not w:
+            lines.append(f"      {case.get('case')}: no floating values")
+            continue
+        allowed = w["multiple"] * w["eager_error"] + w["floor"]
+        lines.append(f"      {case.get('case')}: worst {w['value']}: frozen error {w['frozen_error']:.3g}, "
+                     f"eager {w['eager_error']:.3g}, allowed {w['multiple']:g} x eager + "
+                     f"{w['floor']:.3g} = {allowed:.3g}"
+                     + (" (within 1e-4 of eager elementwise)" if w.get("accepted_by") == "elementwise" else ""))
+    eager = val.get("eager_call")
+    if eager:
+        text = f"      vs the eager call: {eager.get('outcome')}"
+        if "difference" in eager:
+            text += f" (difference {eager['difference']}, allowed {eager['allowed']}, {eager.get('value')})"
+        lines.append(text)
+    return lines

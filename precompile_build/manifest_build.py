@@ -64,6 +64,9 @@ def assemble(package: str, results: Sequence[CaptureResult]) -> dict[str, bytes]
                    "captured_at": _captured_at()}
         if r.info.meta.get("fallback"):  # target `fallback = "eager"`: why not frozen
             variant["fallback"] = dict(r.info.meta["fallback"])
+        validation = (r.info.meta or {}).get("validation")
+        if validation is not None:  # the numbers the capture was judged by (frozen engine)
+            variant["validation"] = validation
         if not reproducible:  # which GPU and how long vary from build to build
             variant["capture_device"] = r.device_index
             seconds = r.capture_seconds if r.capture_seconds is not None else r.seconds

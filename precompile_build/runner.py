@@ -145,8 +145,12 @@ def _sizes(r: CaptureResult) -> str:
 
 
 class _Cancelled(Exception):
-    """The build stopped (another required target failed, or Ctrl-C) before or while
-    this target ran; it has no result."""
+    """The build stopped before this target ran (another required target failed: it is
+    not started) or while it ran (Ctrl-C: it was killed); it has no result."""
+
+    def __init__(self, name: str, started: bool = False):
+        super().__init__(name)
+        self.started = started
 
 
 @dataclass
@@ -159,6 +163,10 @@ class _Build:
     slots: Slots
     progress: Progress
     abort: threading.Event = field(default_factory=threading.Event)
+    """Set on Ctrl-C: running scripts are killed."""
+    stop_new: threading.Event = field(default_factory=threading.Event)
+    """Set when a required target failed (and on abort): targets still waiting for a
+    slot or a cache lock are not started; running captures finish and are reported."""
     cache_root: Optional[Path] = None
     """None: the cache is off for this build (``cache_off`` says why)."""
     cache_off: str = "cache off"
@@ -230,7 +238,7 @@ def _acquire(b: _Build, target: TargetSettings, lock: Any) -> bool:
     import filelock
 
     told = False
-    while not b.abort.is_set():
+    while not b.stop_new.is_set():
         try:
             lock.acquire(timeout=0 if not told else 0.5)
             return True
@@ -261,24 +269,26 @@ def _capture(b: _Build, target: TargetSettings, device: str, why: str,
              key: Optional[str], start: float) -> CaptureResult:
     """Run the script in a device slot and validate its pair."""
     required = target.required or b.settings.strict
-    ok, gpu = b.slots.acquire(device, b.abort)
+    ok, gpu = b.slots.acquire(device, b.stop_new)
     if not ok:
         raise _Cancelled(target.name)
     where = device if gpu is None else f"cuda:{gpu}"
     b.progress.started(target.name, where, log_file(b.work, target))
     run_start = time.monotonic()
+    info = None
     try:
         reason, src, cache, log_path = run_script(b.settings, target, device, gpu, b.work,
                                                   b.verbose, b.abort)
+        if reason is None:
+            reason, info = check_pair(src, cache)
+        if reason is not None and reason != CANCELLED and required:
+            b.stop_new.set()  # before the slot is free: no other target starts now
     finally:
         b.slots.release(device, gpu)
         b.progress.finished(target.name)
     seconds = time.monotonic() - run_start
     if reason == CANCELLED:
-        raise _Cancelled(target.name)
-    info = None
-    if reason is None:
-        reason, info = check_pair(src, cache)
+        raise _Cancelled(target.name, started=True)
     if reason is not None:
         return _fail_or_skip(b, target, required, where, reason, log_path, seconds)
     r = CaptureResult(target.name, "ok", target.required, device,
@@ -312,7 +322,9 @@ def _fail_or_skip(b: _Build, target: TargetSettings, required: bool, device: str
             kept = _keep_log(log_path, target.name)
             tail = (f"\nlast {LOG_TAIL_LINES} lines of its log (whole log: {kept}):\n"
                     + log_tail(log_path))
-        raise CaptureError(f"Capture of target {target.name!r} failed: {reason}" + tail)
+        err = CaptureError(f"Capture of target {target.name!r} failed: {reason}" + tail)
+        err.seconds = seconds  # type: ignore[attr-defined]  # for the summary row
+        raise err
     b.progress.say(f"precompile: {target.name}: left out ({reason})")
     return CaptureResult(target.name, "failed", False, device.split(":")[0], seconds=seconds,
                          reason=reason)
@@ -391,8 +403,10 @@ def run_captures(settings: Settings, work: Path,
     Raises:
         CaptureError: torch is not importable here (:func:`require_torch`), or a
             required target (any target with ``strict``) failed: the
-            first in config order; the other running captures are stopped. The
-            message names the target, the reason and the last lines of its log.
+            first in config order. Captures already running finish (their pairs go
+            to the capture cache) and targets not yet started are not started; the
+            summary shows each target's outcome. The message names the target, the
+            reason and the last lines of its log.
     """
     verbose = settings.verbose if verbose is None else verbose
     work = Path(work)
@@ -413,8 +427,9 @@ def run_captures(settings: Settings, work: Path,
                 while pending:
                     done, pending = wait_all(pending, return_when=FIRST_EXCEPTION)
                     if any(f.exception() is not None for f in done):
-                        b.abort.set()
+                        b.stop_new.set()  # the running ones finish and are reported
             except BaseException:
+                b.stop_new.set()
                 b.abort.set()
                 raise
         outcomes = {n: (f.exception() or f.result()) for n, f in futures.items()}
@@ -435,9 +450,9 @@ def run_captures(settings: Settings, work: Path,
 
 def _row(name: str, device: Optional[str], out: Any) -> tuple:
     if isinstance(out, _Cancelled):
-        return (name, device or "-", "cancelled", None, None)
+        return (name, device or "-", "cancelled" if out.started else "not started", None, None)
     if isinstance(out, BaseException):
-        return (name, device or "-", "failed", None, None)
+        return (name, device or "-", "failed", getattr(out, "seconds", None), None)
     where = out.device
     if out.device == "cuda" and out.device_index is not None:
         where = f"cuda:{out.device_index}"

@@ -253,16 +253,33 @@ def test_cuda_targets_get_one_gpu_each(tmp_path, monkeypatch, capfd):
     assert {doc["targets"][n]["variants"][0]["capture_device"] for n in "ab"} == {0, 1}
 
 
-def test_required_failure_stops_the_others(tmp_path, monkeypatch):
+def test_required_failure_lets_the_running_finish_and_reports_each(tmp_path, monkeypatch, capfd):
+    """A failed required target fails the build, but the captures already running
+    finish and the summary shows each outcome (issue 17: a sibling showed "cancelled");
+    the one that succeeded is in the capture cache, so the next build reuses it. With
+    one slot, a target not yet started is not started."""
     pid_file = tmp_path / "child.pid"
-    toml = (target_toml("hang", mode="hang").replace(
-        '"hang"]', f'"hang", "--pid-file", "{pid_file}"]') + target_toml("bad", mode="exit"))
+    toml = (target_toml("slow").replace('"ok"]', '"ok", "--sleep", "1.5"]')
+            + target_toml("hang", mode="hang").replace(
+                '"hang"]', f'"hang", "--pid-file", "{pid_file}"]').replace("timeout = 60", "timeout = 2")
+            + target_toml("bad", mode="exit"))
     root = make_project(tmp_path, toml)
     start = time.monotonic()
-    with pytest.raises(CaptureError, match="'bad' failed: exited with status 3"):
-        build(root, monkeypatch, config_settings={"precompile.jobs": "2"})
-    assert time.monotonic() - start < 30  # the hanging one was stopped, not waited for
+    with pytest.raises(CaptureError, match="'hang' failed: timed out after 2 s"):
+        build(root, monkeypatch, config_settings={"precompile.jobs": "3"})
+    assert time.monotonic() - start < 30
     assert list((tmp_path / "dist").iterdir()) == []
+    err = capfd.readouterr().err
+    rows = {ln.split()[0]: ln.split()[2] for ln in err.split("precompile: summary\n")[1].splitlines()[1:]}
+    assert rows == {"slow": "captured", "hang": "failed", "bad": "failed"}
+    assert len(_entries()) == 1  # slow's pair, kept for the next build
+    toml1 = target_toml("bad", mode="exit") + target_toml("slow")
+    root = make_project(tmp_path / "one", toml1)
+    with pytest.raises(CaptureError, match="'bad' failed"):
+        build(root, monkeypatch, config_settings={"precompile.jobs": "1", "precompile.cache": "off"})
+    rows = {ln.split()[0]: " ".join(ln.split()[2:4]) for ln in
+            capfd.readouterr().err.split("precompile: summary\n")[1].splitlines()[1:]}
+    assert rows["bad"].startswith("failed") and rows["slow"] == "not started"
 
 
 def test_progress_lines_and_summary(tmp_path, monkeypatch, capfd):

@@ -172,8 +172,13 @@ def test_uv_pip_install_into_a_fresh_venv_loads(tmp_path, what):
     assert "precompile-runtime" in listed and "simplepkg" in listed
     only_torch = tmp_path / "only-torch"
     only_torch.mkdir()
-    for name in ("torch", "torchgen", "typing_extensions.py"):
-        (only_torch / name).symlink_to(site / name)
+    import importlib.util
+
+    for name in ("torch", "torchgen", "typing_extensions"):  # wherever each is installed
+        spec = importlib.util.find_spec(name)
+        where = Path(spec.origin)
+        where = where.parent if spec.submodule_search_locations else where
+        (only_torch / where.name).symlink_to(where)
     code = ("import simplepkg, precompile_runtime; "
             "print(precompile_runtime.load_packaged('double', package='simplepkg')(21))")
     out = run(vpy, "-c", code, env=dict(os.environ, PYTHONPATH=str(only_torch)))

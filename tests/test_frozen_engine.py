@@ -233,6 +233,34 @@ def test_fallback_without_kernels_gives_the_same_result(installed, tmp_path):
 
 # ---- capture-time errors: nothing written, a message that says what to change ----
 
+def test_manifest_and_inspect_carry_the_validation_numbers(installed):
+    # issue 17: every target's variant records how its kernels were judged at capture
+    from precompile_build.inspect_cmd import format_report, inspect_report
+
+    doc = json.loads((installed / "fcases" / "_precompiled" / "manifest.json").read_text())
+    assert sorted(doc["targets"]) == ["bn_step", "dyn_step", "mixed", "tied_forward"]
+    for name, t in doc["targets"].items():
+        (v,) = t["variants"]
+        val = v["validation"]
+        assert val["reference"] == "float64", name
+        for case in val["cases"]:
+            w = case["worst"]
+            assert case["values"] >= 1 and w["value"], name
+            assert w["accepted_by"] == "elementwise" or \
+                0 <= w["frozen_error"] <= (w["multiple"] * w["eager_error"] + w["floor"]) * 1.01, name
+            assert w["multiple"] in (2.0, 3.0), name
+        assert val["eager_call"]["outcome"] == "ok", name
+    cases = doc["targets"]["dyn_step"]["variants"][0]["validation"]["cases"]
+    assert cases[0]["case"] == "the example inputs" and len(cases) > 1  # the other sizes too
+    step = doc["targets"]["bn_step"]["variants"][0]["validation"]["cases"][0]
+    assert step["values"] > 3  # outputs, gradients and the buffers it updates
+    text = format_report(inspect_report(str(installed / "fcases")))
+    assert text.count("validated against a float64 reference") == 4
+    assert re.search(r"the example inputs: worst .*: frozen error [0-9.e-]+, eager [0-9.e-]+, "
+                     r"allowed [23] x eager", text)
+    assert text.count("vs the eager call: ok") == 4
+
+
 def _paths(tmp_path):
     return dict(artifact_path=tmp_path / "t.py", cache_path=tmp_path / "t.cache")
 

@@ -46,14 +46,24 @@ _SHIMS = {
 _DROPPED_CALLS = {"get_args", "benchmark_compiled_module"}
 
 
-def capture_pair(fn, args, kwargs, *, target: str, device: str, options: dict) -> tuple[bytes, bytes]:
+JUDGES_EAGER_CALL = True
+"""capture_pair takes ``real_call``: the frozen results are compared with the eager call's."""
+
+
+def capture_pair(fn, args, kwargs, *, target: str, device: str, options: dict,
+                 real_call=None) -> tuple[bytes, bytes]:
     """Capture one call of ``fn`` into a frozen pair.
 
+    Args:
+        real_call: runs the user's call for real (once, after the trace took its
+            clones of the inputs); its results are the eager judge of the pair.
+            None: no eager-call comparison.
     Returns:
         ``(source_bytes, cache_bytes)``: the two halves.
     Raises:
         CaptureError: the call cannot be captured, a kernel cannot be frozen, or the
-            frozen wrapper's results differ from the captured graph's.
+            frozen wrapper's results differ from the captured graph's (judged against
+            an fp64 reference, see numerics.py) or from the eager call's beyond rounding.
     """
     traced = trace_call(fn, args, kwargs, target=target, tracer=options.get("tracer"))
     device = traced.metadata["device"]
@@ -62,7 +72,8 @@ def capture_pair(fn, args, kwargs, *, target: str, device: str, options: dict) -
             f"target {target!r}: cuda-graphs = true needs a CUDA inference target; this "
             f"one {'runs a backward' if device == 'cuda' else 'was captured on ' + device}: "
             "drop the option")
-    source, blobs, fingerprint = _compile(traced, target, options)
+    real = _run_eager(traced, real_call) if real_call is not None else None
+    source, blobs, fingerprint = _compile(traced, target, options, real)
     code_hash = hashlib.sha256(source).hexdigest()
     env = Envelope(
         engine="frozen", code_hash=code_hash, fingerprint=fingerprint,
@@ -71,7 +82,7 @@ def capture_pair(fn, args, kwargs, *, target: str, device: str, options: dict) -
     return source, dumps(env)
 
 
-def _compile(traced: TracedCall, target: str, options: dict):
+def _compile(traced: TracedCall, target: str, options: dict, real: dict | None = None):
     import torch
     from torch._inductor.codecache import PyCodeCache
 
@@ -126,8 +137,11 @@ def _compile(traced: TracedCall, target: str, options: dict):
     metadata = dict(traced.metadata, engine="frozen", kernels=kernels)
     if options.get("cuda_graphs"):
         metadata["cuda_graphs"] = True
-    source = codegen.render(metadata, codegen.graph_source(traced.graph_module), wrapper_code)
-    _validate(source, blobs, traced, target)
+    graph_code = codegen.graph_source(traced.graph_module)
+    source = codegen.render(metadata, graph_code, wrapper_code)
+    # the numbers go into the metadata literal; nothing that runs depends on it
+    metadata["validation"] = _validate(source, blobs, traced, target, options, real)
+    source = codegen.render(metadata, graph_code, wrapper_code)
     return source.encode("utf-8"), blobs, fingerprint
 
 
@@ -323,11 +337,24 @@ def _device_independent(code: str) -> str:
     return code
 
 
-def _validate(source: str, blobs: dict[str, bytes], traced: TracedCall, target: str) -> None:
-    """Run the source with its frozen kernels and compare with the traced graph, on the
-    example inputs and, for dynamic dims, at other sizes (dynamic_dims.example_sizes)."""
+def _validate(source: str, blobs: dict[str, bytes], traced: TracedCall, target: str,
+              options: dict, real: dict | None = None) -> dict:
+    """Run the source with its frozen kernels and judge it against an fp64 reference of
+    the traced graph (numerics.py), on the example inputs and, for dynamic dims, at
+    other sizes (dynamic_dims.example_sizes); on the example inputs also against the
+    eager call's own results ``real`` (:func:`_run_eager`).
+
+    Returns:
+        the numbers for ``PRECOMPILE_METADATA["validation"]``.
+    Raises:
+        CaptureError: a value is refused; the message gives the numbers.
+    """
     import tempfile
 
+    m = options.get("validation_multiple")
+    if m is not None and (isinstance(m, bool) or not isinstance(m, (int, float)) or not m > 0):
+        raise CaptureError(f"target {target!r}: options['validation_multiple'] = {m!r}: use a "
+                           "positive number (the multiple of eager's error allowed, e.g. 10)")
     cases = [("the example inputs", traced.example_inputs)]
     dynamic = traced.metadata.get("dynamic")
     if dynamic:
@@ -338,6 +365,8 @@ def _validate(source: str, blobs: dict[str, bytes], traced: TracedCall, target: 
             inputs = (params + [dynamic_dims.resized(t, s, sizes) for t, s in zip(user, specs)]
                       + user[len(specs):])  # the trace-made constants (graph_attrs.py)
             cases.append(("sizes " + dynamic_dims.describe(sizes, specs, traced.symbolic.paths), inputs))
+    report: dict = {"rule": "frozen_error <= multiple * eager_error + floor (relative RMS vs the reference)",
+                    "cases": []}
     with tempfile.TemporaryDirectory(prefix="precompile-validate-") as kdir:
         for name, data in blobs.items():
             path = os.path.join(kdir, name)
@@ -348,22 +377,50 @@ def _validate(source: str, blobs: dict[str, bytes], traced: TracedCall, target: 
         exec(compile(source, f"<{target}.py>", "exec"), namespace)
         call = namespace["_make_call"](namespace["_load_kernels"](kdir))
         for what, inputs in cases:
-            _compare(call, traced, inputs, what, target)
+            case = _compare(call, traced, inputs, what, target, options,
+                            real if inputs is traced.example_inputs else None)
+            for key in ("reference", "fallback_ops"):
+                report[key] = case.pop(key)
+            if "eager_call" in case:
+                report["eager_call"] = case.pop("eager_call")
+            report["cases"].append(case)
+    return report
 
 
 # what to change when the pair fails at other sizes than the example's
 _OTHER_SIZES = ("the compiled code does not hold at these sizes inside the declared ranges: "
                 "narrow the marks (min=, max=) to exclude them, or capture with engine='eager'")
+_MAX_SUGGESTED = 100  # a larger multiple than this is never rounding: not offered
+_NUMERIC_FIX = ("if this is rounding you accept (a deep bf16/fp16 model), allow a larger multiple "
+                "with options={{'validation_multiple': {m:g}}}; else capture with engine='eager' "
+                "(the graph, no kernels) or engine='torch', and report the kernel")
 
 
 _SEED = 20240607  # any fixed seed: both sides of a comparison start from it
 
 
-def _compare(call, traced: TracedCall, inputs: list, what: str, target: str) -> None:
-    """Run the graph and the frozen wrapper on clones of ``inputs`` (described by
-    ``what``) and compare outputs and mutated inputs; raise CaptureError on any
-    difference."""
+def _labels(traced: TracedCall, n_values: int) -> list[str]:
+    """What each compared value is: outputs, gradients, then the flat inputs."""
+    meta = traced.metadata
+    names, n_user = meta["param_names"], meta["num_user_outputs"]
+    labels = [f"output {i}" for i in range(n_user)]
+    labels += [f"gradient of {names[i]}" for i in meta["grad_param_indices"]]
+    labels += [f"parameter/buffer {n} after the call" for n in names]
+    labels += [f"tensor argument {i} after the call" for i in range(n_values - len(labels))]
+    return labels
+
+
+def _compare(call, traced: TracedCall, inputs: list, what: str, target: str,
+             options: dict, real: dict | None = None) -> dict:
+    """Run the graph (own dtypes and fp64 reference) and the frozen wrapper on clones of
+    ``inputs`` (described by ``what``); judge outputs, gradients and inputs written in
+    place (numerics.judge); on the example inputs also the eager call's results
+    ``real``. Returns this case's numbers; raises CaptureError on a refusal."""
+    import math
+
     import torch
+
+    from . import numerics
 
     example = inputs is traced.example_inputs
     fix = ("this torch's Inductor output needs something the frozen engine does not "
@@ -389,24 +446,170 @@ def _compare(call, traced: TracedCall, inputs: list, what: str, target: str) -> 
                 f"target {target!r}: the frozen wrapper failed on {what} "
                 f"({type(e).__name__}: {e}); {fix}"
             ) from e
-    if len(want) != len(got):
-        raise CaptureError(
-            f"target {target!r}: the frozen wrapper returns {len(got)} outputs, the graph "
-            f"{len(want)}; refusing to write a pair that computes something else"
-        )
-    for i, (w, g) in enumerate(list(zip(want, got)) + list(zip(a, b))):
-        if w.shape != g.shape or w.dtype != g.dtype or not _close(w, g):
+        if len(want) != len(got):
             raise CaptureError(
-                f"target {target!r}: the frozen kernels' value {i} differs from the traced "
-                f"graph on {what}; refusing to write a pair that computes something else"
-                + ("" if example else f"; {_OTHER_SIZES}")
+                f"target {target!r}: the frozen wrapper returns {len(got)} outputs, the graph "
+                f"{len(want)}; refusing to write a pair that computes something else"
             )
+        ref_out, ref_in, info = _reference(traced, inputs, target, what)
+    mutated = set(traced.metadata["mutated_inputs"])
+    values = list(zip(want, got, ref_out)) + list(zip(a, b, ref_in))
+    labels = _labels(traced, len(values))
+    ref_name = info["reference"] + (f" (ops without {info['reference']} kernels: "
+                                    f"{', '.join(info['fallback_ops'])})" if info["fallback_ops"] else "")
+    multiple = options.get("validation_multiple")
+    worst, verdicts = None, []
+    for i, (w, g, r) in enumerate(values):
+        if i >= len(want) and i - len(want) not in mutated and torch.equal(w, inputs[i - len(want)]):
+            # an input the graph leaves alone (one it writes through an op without an
+            # alias annotation, e.g. native_batch_norm's running stats, is judged below)
+            if not torch.equal(w, g):
+                raise CaptureError(
+                    f"target {target!r}: the frozen kernels wrote to {labels[i]}, which the traced "
+                    f"graph leaves alone, on {what}; refusing to write a pair that computes "
+                    f"something else; {fix}")
+            verdicts.append(None)
+            continue
+        v = numerics.judge(w, g, r)
+        if multiple is not None and v.problem and v.problem.startswith("error beyond"):
+            v.multiple = float(multiple)
+            v.problem = None if v.frozen_error <= v.allowed else v.problem
+        verdicts.append(v)
+        if v.problem:
+            numbers = v.describe().format(ref=ref_name) if math.isfinite(v.frozen_error) else ""
+            need = _suggest(v)
+            if not math.isfinite(need):
+                suggestion = fix
+            elif need <= _MAX_SUGGESTED:
+                suggestion = _NUMERIC_FIX.format(m=need)
+            else:
+                suggestion = (f"that is {v.frozen_error / max(v.eager_error, 1e-300):.3g} x eager's error, far "
+                              "past rounding: the compiled code computes something else. Capture with "
+                              "engine='eager' (the graph, no kernels) or engine='torch', and report the kernel")
+            raise CaptureError(
+                f"target {target!r}: the frozen kernels' value {i} ({labels[i]}) differs from the "
+                f"traced graph on {what}; {v.problem}" + (f": {numbers}" if numbers else "")
+                + "; refusing to write a pair that computes something else"
+                + ("" if example else f"; {_OTHER_SIZES}") + ("" if not example else f"; {suggestion}"))
+        if worst is None or v.ratio > verdicts[worst].ratio:
+            worst = i
+    case: dict = {"case": what, "values": sum(v is not None for v in verdicts), **info}
+    if worst is not None:
+        case["worst"] = {"value": labels[worst], **verdicts[worst].numbers()}
+    if real is not None:
+        case["eager_call"] = _against_eager_call(real, got, b, ref_out, ref_in, verdicts, labels,
+                                                 len(want), traced, target, options)
+    return case
 
 
-def _close(a, b) -> bool:
+def _reference(traced: TracedCall, inputs: list, target: str, what: str):
+    """numerics.reference_run in fp64, else fp32 (an op the interpreter cannot widen,
+    e.g. a user kernel that takes a dict of tensors); CaptureError if neither runs."""
     import torch
 
-    if not a.is_floating_point():
-        return bool(torch.equal(a, b))
-    tol = {torch.float16: 1e-2, torch.bfloat16: 5e-2}.get(a.dtype, 1e-4)
-    return bool(torch.allclose(a.float(), b.float(), atol=tol, rtol=tol, equal_nan=True))
+    from . import numerics
+
+    errors = []
+    for dtype in (None, torch.float32):
+        try:
+            return numerics.reference_run(traced.graph_module, inputs, traced.metadata["device"], dtype)
+        except Exception as e:  # the graph ran in its own dtypes: the widening broke it
+            errors.append(f"{type(e).__name__}: {e}")
+    raise CaptureError(
+        f"target {target!r}: the traced graph does not run in a wider dtype on {what} "
+        f"(fp64: {errors[0][:300]}; fp32: {errors[1][:300]}), so the frozen kernels cannot be "
+        "judged against a reference; capture with engine='eager' and report the op")
+
+
+def _suggest(v) -> float:
+    """A multiple that would accept ``v`` (rounded up to a readable number)."""
+    import math
+
+    need = (v.frozen_error - v.floor) / v.eager_error if v.eager_error > 0 else math.inf
+    if not math.isfinite(need):
+        return float("inf")
+    return float(f"{need * 1.25:.2g}")
+
+
+def _run_eager(traced: TracedCall, real_call) -> dict:
+    """Run the user's real call (``real_call()``, once) and collect, in the graph's flat
+    order, its results: tensor outputs, the gradients it added to parameters, and the
+    inputs it wrote to. Returns ``{"result": ..., "outputs": [...], "inputs": {i: t}}``."""
+    from .tracing import _output_spec
+
+    sources = traced.sources or []
+    grad_at = traced.metadata["grad_param_indices"]
+    before = {i: (sources[i].grad.detach().clone() if sources[i].grad is not None else None)
+              for i in grad_at if i < len(sources)}
+    result = real_call()
+    outs: list = []
+    try:
+        _output_spec(result, outs, "result")
+    except CaptureError:
+        outs = []
+    grads = []
+    for i in grad_at:
+        g = sources[i].grad if i < len(sources) else None
+        grads.append(None if g is None else (g - before[i] if before.get(i) is not None else g).detach())
+    inputs = {i: t.detach() for i, t in enumerate(sources)}  # references: those written are judged
+    return {"result": result, "outputs": [o.detach() for o in outs] + grads, "inputs": inputs,
+            "structure_ok": len(outs) == traced.metadata["num_user_outputs"]}
+
+
+def _against_eager_call(real: dict, got, b, ref_out, ref_in, verdicts, labels, n_out: int,
+                        traced: TracedCall, target: str, options: dict) -> dict:
+    """Issue 18: the frozen results vs the eager call's own results on the example
+    inputs. Within the allowed difference: ok; up to numerics.EAGER_WARN_BAND times
+    it: a warning; beyond: CaptureError (``options['eager_check']``: ``'warn'`` only
+    warns, ``'off'`` skips). Returns the numbers."""
+    import math
+    import warnings
+
+    from . import numerics
+
+    mode = options.get("eager_check", "refuse")
+    if mode not in ("refuse", "warn", "off"):
+        raise CaptureError(f"target {target!r}: options['eager_check'] = {mode!r}: use 'refuse' "
+                           "(default), 'warn' or 'off'")
+    if mode == "off":
+        return {"outcome": "off"}
+    if numerics.has_random_ops(traced.graph_module):
+        return {"outcome": "skipped: the function draws random numbers"}
+    if not real.get("structure_ok"):
+        return {"outcome": "skipped: the eager call returned another structure"}
+    pairs = [(i, real["outputs"][i], got[i], ref_out[i]) for i in range(min(n_out, len(real["outputs"])))
+             if real["outputs"][i] is not None]
+    pairs += [(n_out + i, t, b[i], ref_in[i]) for i, t in real["inputs"].items()
+              if verdicts[n_out + i] is not None]
+    worst = None
+    for i, r, g, ref in pairs:
+        v = verdicts[i]
+        if v is None:
+            continue
+        diff, allowed, max_abs = numerics.judge_against_eager_call(r, g, ref, v)
+        ratio = diff / allowed if allowed > 0 else (0.0 if diff == 0 else math.inf)
+        if worst is None or ratio > worst[0]:
+            worst = (ratio, i, diff, allowed, max_abs, v)
+    if worst is None:
+        return {"outcome": "ok", "values": 0}
+    ratio, i, diff, allowed, max_abs, v = worst
+    numbers = {"value": labels[i], "difference": numerics.sig(diff) if math.isfinite(diff) else "inf",
+               "allowed": numerics.sig(allowed), "max_abs_diff": numerics.sig(max_abs) if math.isfinite(max_abs) else "inf",
+               "max_abs_value": numerics.sig(v.scale), "values": len(pairs)}
+    if ratio <= 1:
+        return {"outcome": "ok", **numbers}
+    text = (f"target {target!r}: the frozen result's value {i} ({labels[i]}) differs from what "
+            f"the eager call returned at capture: relative RMS difference {diff:.3g} (allowed "
+            f"{allowed:.3g}, {ratio:.3g} x that), max |frozen - eager call| {max_abs:.3g} at values "
+            f"up to {v.scale:.3g}. The traced graph does not compute what eager computed: eager "
+            "took another code path than the trace (e.g. nn.TransformerEncoder's inference fast "
+            "path zero-fills padded rows; turn it off with "
+            "torch.backends.mha.set_fastpath_enabled(False)), or the function depends on state "
+            "the capture does not see")
+    if ratio <= numerics.EAGER_WARN_BAND or mode == "warn":
+        warnings.warn(text + "; written anyway (options={'eager_check': 'refuse'} refuses)"
+                      if mode == "warn" else text + "; written anyway (within "
+                      f"{numerics.EAGER_WARN_BAND:g} x the allowed difference)", stacklevel=2)
+        return {"outcome": "warned", **numbers}
+    raise CaptureError(text + "; refusing to write the pair. Make eager and the trace take one "
+                       "path, or pass options={'eager_check': 'warn'} to keep the graph's result")

@@ -41,6 +41,7 @@ class TracedCall:
     example_inputs: list  # flat tensors (clones; safe to run the graph on)
     metadata: dict  # literal calling convention, see _driver.py
     symbolic: Any = None  # dynamic_dims.SymbolicTrace when dims are marked dynamic
+    sources: Any = None  # the caller's own flat tensors (params, then arguments), not clones
 
     def finish_dynamic(self, target: str) -> None:
         """Record the marked dims' symbols, ranges and guards in the metadata; call it
@@ -264,7 +265,8 @@ def trace_call(fn: Callable, args: tuple, kwargs: dict, *, target: str, tracer: 
         "reassigned_buffers": out_box["reassigned"],  # outputs after the gradients
         "ambient": _ambient_state(_device_of(params + user_tensors)),
     }
-    return TracedCall(graph_module=gm, example_inputs=example + constants, metadata=metadata, symbolic=symbolic)
+    return TracedCall(graph_module=gm, example_inputs=example + constants, metadata=metadata, symbolic=symbolic,
+                      sources=params + user_tensors)
 
 
 def _mutated_inputs(gm) -> list[int]:

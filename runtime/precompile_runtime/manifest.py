@@ -26,6 +26,16 @@ Schema (format ``precompile-build.manifest``, version 1)::
               "captured_at": "2026-11-29T16:00:00Z",
               "capture_device": 0,     # CUDA device it ran on (index or UUID); null for cpu
               "fallback": {"from": "frozen", "reason": "..."}  # only when `fallback = "eager"` was used
+              "validation": {          # frozen engine: how the capture judged its kernels
+                "reference": "float64",  # the traced graph run in this dtype
+                "fallback_ops": [],    # ops run in a narrower dtype (no kernel in the reference dtype)
+                "rule": "frozen_error <= multiple * eager_error + floor (...)",
+                "cases": [{"case": "the example inputs", "values": 3,
+                           "worst": {"value": "output 0", "eager_error": 0.0021,
+                                     "frozen_error": 0.0024, "multiple": 3.0, "floor": 0.0078,
+                                     "max_abs_diff": 0.0625, "max_abs_value": 5.25}}],
+                "eager_call": {"outcome": "ok", "difference": 0.0, "allowed": 0.0149, ...}
+              }
             }
           ]
         }
@@ -108,6 +118,8 @@ def _check_target(name: str, target: Any, where: str) -> None:
             raise ManifestError(f"{vctx}: `fingerprint` must be an object")
         if not isinstance(v.get("code_hash"), str) or not _HEX64.match(v["code_hash"]):
             raise ManifestError(f"{vctx}: `code_hash` must be 64 hex characters")
+        if "validation" in v and not isinstance(v["validation"], dict):
+            raise ManifestError(f"{vctx}: `validation` must be an object")
         files = v.get("files")
         if not isinstance(files, dict) or set(files) != {"source", "cache"}:
             raise ManifestError(f"{vctx}: `files` must have exactly `source` and `cache`")

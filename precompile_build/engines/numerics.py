@@ -1,0 +1,322 @@
+"""Judge a compiled pair's numbers the way torch judges compiled code.
+
+torch's accuracy checks (``torch._dynamo.utils.same(ref, res, fp64_ref=...)``, used
+by the dynamo benchmark harness) do not compare compiled code with eager
+elementwise: they run the model again in fp64 and accept the compiled result when
+its error against that fp64 run is not much larger than eager's own::
+
+    rmse(compiled, fp64) <= multiplier * rmse(eager, fp64) + floor
+
+with ``multiplier`` 3 for bf16/fp16 (and for tensors of fewer than 1000 elements)
+and 2 otherwise. Here only the captured graph is at hand, so:
+
+- the *reference* is the captured graph interpreted in fp64 (:func:`reference_run`):
+  floating inputs converted to fp64 and every floating dtype argument of the graph
+  (``_to_copy(dtype=bf16)``, ``convert_element_type``, ``full(dtype=...)``) mapped to
+  fp64, as torch's minifier does (``torch._dynamo.debug_utils.cast_dtype_args_to_fp64``).
+  An op that has no fp64 kernel on the device runs in fp32, else in its captured
+  dtype, with its result widened again; those ops are listed as ``fallback_ops``.
+  fp32 is the reference on devices without fp64 (MPS);
+- *eager* is the graph run in its own dtypes (what the fallback path serves);
+- *frozen* is the pair's compiled code.
+
+Errors are root-mean-square differences divided by the reference's RMS (relative
+RMSE); for integer and bool values, the fraction of elements that differ from the
+reference; the RMS divided by is the larger of the reference's and eager's (a value
+that is ~0 in exact arithmetic is rounding noise). :func:`judge` accepts a value,
+as torch's ``same`` does, when it is elementwise close to eager (``allclose`` with
+``ELEMENTWISE_TOL``) or ``frozen <= multiple * eager + floor`` where ``floor`` is
+the dtype's unit roundoff (half its machine epsilon: one rounding of the result); it refuses new NaN/inf (non-finite where
+eager is finite), other shapes or dtypes.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Optional
+
+# torch's same() first accepts values elementwise close to eager (its default tol)
+ELEMENTWISE_TOL = 1e-4
+# the band of the eager-call comparison (issue 18): up to `EAGER_WARN_BAND` times the
+# allowed difference it warns, beyond it refuses
+EAGER_WARN_BAND = 4.0
+_RANDOM_OPS = ("rand", "randn", "randint", "randperm", "bernoulli", "multinomial", "normal",
+               "uniform", "exponential", "geometric", "cauchy", "log_normal", "native_dropout",
+               "poisson", "random_", "rrelu")
+
+
+def sig(x: float) -> float:
+    """``x`` rounded to 3 significant digits (for metadata and messages)."""
+    return float(f"{x:.3g}")
+
+
+def reference_dtype(device_type: str):
+    """fp64 where the device has it, else fp32 (MPS)."""
+    import torch
+
+    return torch.float32 if device_type == "mps" else torch.float64
+
+
+def has_random_ops(gm) -> bool:
+    """True when the graph draws random numbers (two runs of it differ)."""
+    for n in gm.graph.nodes:
+        if n.op == "call_function":
+            name = str(getattr(n.target, "__name__", n.target)).split(".")[0]
+            if any(name == r or name == r + "_" or name.startswith(r + "_") for r in _RANDOM_OPS):
+                return True
+    return False
+
+
+def _float_dtype(d) -> bool:
+    import torch
+
+    return isinstance(d, torch.dtype) and d.is_floating_point
+
+
+def _widen(x, dtype):
+    import torch
+
+    if isinstance(x, torch.Tensor) and x.is_floating_point() and x.dtype != dtype:
+        return x.to(dtype)
+    return x
+
+
+def _tree_map(fn, value):
+    from torch.utils._pytree import tree_map
+
+    return tree_map(fn, value)
+
+
+class _Reference:
+    """The graph interpreted in ``dtype`` (see the module docstring)."""
+
+    def __init__(self, gm, dtype):
+        import torch.fx
+
+        self.dtype = dtype
+        self.fallback_ops: set[str] = set()
+        outer = self
+
+        class Interp(torch.fx.Interpreter):
+            def run_node(self, n):
+                self._node = n
+                return super().run_node(n)
+
+            def call_function(self, target, args, kwargs):
+                return outer._call(self._node, target, args, kwargs)
+
+        self.interp = Interp(gm)
+
+    def _map_dtypes(self, target, args, kwargs):
+        """Every floating dtype argument (``_to_copy(dtype=)``, ``convert_element_type``,
+        ``full(dtype=)``, ``_softmax_backward_data``'s input dtype) -> the reference
+        dtype; not ``view.dtype`` (a bitcast: the dtype is the bit layout)."""
+        name = str(getattr(target, "__name__", ""))
+        if name.startswith("view.dtype"):
+            return args, kwargs
+        args = tuple(self.dtype if _float_dtype(a) else a for a in args)
+        kwargs = {k: self.dtype if _float_dtype(v) else v for k, v in kwargs.items()}
+        if name.startswith(("_softmax.", "_log_softmax.")) and len(args) > 2:
+            args = (*args[:2], False, *args[3:])  # half_to_float: there is no half here
+        return args, kwargs
+
+    def _call(self, node, target, args, kwargs):
+        wide_args, wide_kwargs = self._map_dtypes(target, args, kwargs)
+        try:
+            return target(*wide_args, **wide_kwargs)
+        except Exception:
+            pass
+        import torch
+        from torch.fx.node import map_arg
+        from torch.utils._pytree import tree_map
+
+        # no kernel in the wide dtype: fp32, else the captured dtypes, widened after
+        def captured(n):
+            return getattr(n.meta.get("val"), "dtype", None)
+
+        def to_captured(x, d):
+            if isinstance(x, torch.Tensor) and x.is_floating_point() and isinstance(d, torch.dtype):
+                return x.to(d)
+            return x
+
+        def fp32(x):
+            return _widen(x, torch.float32)
+
+        tries = [lambda: (tree_map(fp32, args), tree_map(fp32, kwargs)),
+                 lambda: (tree_map(to_captured, args, map_arg(node.args, captured)),
+                          tree_map(to_captured, kwargs, map_arg(node.kwargs, captured)))]
+        for cast in tries:
+            try:
+                a, k = cast()
+                out = target(*a, **k)
+            except Exception:
+                continue
+            self.fallback_ops.add(str(getattr(target, "__name__", target)))
+            return _tree_map(lambda x: _widen(x, self.dtype), out)
+        return target(*args, **kwargs)  # raises: the graph itself fails here
+
+
+def reference_run(gm, inputs: list, device_type: str, dtype=None) -> tuple[list, list, dict]:
+    """Run the graph in the reference dtype on copies of ``inputs``.
+
+    Args:
+        gm: the captured fx GraphModule over flat tensors.
+        inputs: flat input tensors (not modified).
+        device_type: ``"cpu"``/``"cuda"``: picks fp64 or fp32 (:func:`reference_dtype`).
+        dtype: the reference dtype instead (fp32 when an fp64 run failed).
+    Returns:
+        ``(outputs, inputs_after, info)``: the reference outputs and the reference
+        copies of the inputs after the run (in-place writes applied), and
+        ``{"reference": "float64", "fallback_ops": [...]}``.
+    Raises:
+        whatever the graph raises on these inputs.
+    """
+    import torch
+
+    dtype = dtype or reference_dtype(device_type)
+    wide = [t.detach().to(dtype, copy=True) if t.is_floating_point() else t.detach().clone() for t in inputs]
+    ref = _Reference(gm, dtype)
+    with torch.no_grad():
+        outs = ref.interp.run(*wide)
+    info = {"reference": str(dtype).replace("torch.", ""), "fallback_ops": sorted(ref.fallback_ops)}
+    return list(outs), wide, info
+
+
+@dataclass
+class Verdict:
+    """The numbers for one value (an output, a gradient, an input written in place)."""
+
+    eager_error: float
+    frozen_error: float
+    multiple: float
+    floor: float
+    max_abs: float  # largest elementwise |frozen - eager|
+    scale: float  # largest |reference| (magnitude of the values)
+    problem: Optional[str] = None  # why refused; None: accepted
+    elementwise: bool = False  # accepted by the elementwise step, not by the multiple
+
+    @property
+    def allowed(self) -> float:
+        return self.multiple * self.eager_error + self.floor
+
+    @property
+    def ratio(self) -> float:
+        """frozen error / allowed (<= 1: accepted)."""
+        return self.frozen_error / self.allowed if self.allowed > 0 else (0.0 if self.frozen_error == 0 else math.inf)
+
+    def numbers(self) -> dict[str, Any]:
+        return {"eager_error": sig(self.eager_error), "frozen_error": sig(self.frozen_error),
+                "multiple": self.multiple, "floor": sig(self.floor), "max_abs_diff": sig(self.max_abs),
+                "max_abs_value": sig(self.scale),
+                "accepted_by": "elementwise" if self.elementwise else "multiple"}
+
+    def describe(self) -> str:
+        return (f"error vs the {{ref}} reference {self.frozen_error:.3g} (relative RMS), eager's "
+                f"{self.eager_error:.3g}, allowed {self.multiple:g} x eager + {self.floor:.3g} = "
+                f"{self.allowed:.3g}; max |frozen - eager| {self.max_abs:.3g} at values up to "
+                f"{self.scale:.3g}")
+
+
+def multiple_for(dtype, numel: int) -> float:
+    """torch's multiplier: 3 for bf16/fp16 and small tensors (< 1000 elements), else 2."""
+    import torch
+
+    return 3.0 if dtype in (torch.bfloat16, torch.float16) or numel < 1000 else 2.0
+
+
+def _error(x, ref, mask, denom) -> float:
+    import torch
+
+    if not x.is_floating_point():
+        return float((x != ref).double().mean()) if x.numel() else 0.0
+    if mask is not None and not bool(mask.all()):
+        x, ref = x[mask], ref[mask]
+    if x.numel() == 0:
+        return 0.0
+    d = x.to(torch.float64) - ref.to(torch.float64)
+    return float(torch.sqrt(torch.mean(d * d))) / denom
+
+
+def judge(eager, frozen, ref) -> Verdict:
+    """Numbers and verdict for one value: ``eager`` (graph in its own dtype),
+    ``frozen`` (the pair's result), ``ref`` (graph in fp64, :func:`reference_run`).
+
+    Refused (``problem`` set): another shape or dtype; NaN/inf in ``frozen`` where
+    ``eager`` is finite; ``frozen_error > multiple * eager_error + floor``.
+    """
+    import torch
+
+    if frozen.shape != eager.shape or frozen.dtype != eager.dtype:
+        return Verdict(0.0, math.inf, 0.0, 0.0, math.inf, 0.0,
+                       problem=f"shape {list(frozen.shape)} {frozen.dtype}, the graph gives "
+                               f"{list(eager.shape)} {eager.dtype}")
+    floating = eager.is_floating_point()
+    ref = ref.to(eager.device)
+    if not floating:
+        ref = ref.to(eager.dtype)
+    mult = multiple_for(eager.dtype, eager.numel())
+    mask, denom, scale, max_abs = None, 1.0, 0.0, 0.0
+    if floating and eager.numel():
+        fin_e, fin_f = torch.isfinite(eager), torch.isfinite(frozen)
+        new_bad = int((fin_e & ~fin_f).sum())
+        mask = fin_e & torch.isfinite(ref)
+        r = ref[mask].to(torch.float64)
+        rms = float(torch.sqrt(torch.mean(r * r))) if r.numel() else 0.0
+        # a value that is ~0 in exact arithmetic (a bias gradient before a norm) is
+        # rounding noise: errors relative to that noise, not to ~1e-18
+        e = eager[mask].to(torch.float64)
+        rms_e = float(torch.sqrt(torch.mean(e * e))) if e.numel() else 0.0
+        denom = max(rms, rms_e) or 1.0
+        scale = float(r.abs().max()) if r.numel() else 0.0
+        both = mask & fin_f
+        if bool(both.any()):
+            max_abs = float((frozen[both].to(torch.float64) - eager[both].to(torch.float64)).abs().max())
+        floor = torch.finfo(eager.dtype).eps / 2  # unit roundoff: one rounding of the result
+        if new_bad:
+            v = Verdict(_error(eager, ref, mask, denom), math.inf, mult, floor, math.inf, scale,
+                        problem=f"{new_bad} NaN/inf element(s) where the graph's own result is finite")
+            return v
+    else:
+        floor = 0.0
+        if eager.numel():
+            max_abs = float((frozen.to(torch.float64) - eager.to(torch.float64)).abs().max()) \
+                if eager.dtype != torch.bool else float((frozen != eager).any())
+    v = Verdict(_error(eager, ref, mask, denom), _error(frozen, ref, mask, denom), mult, floor,
+                max_abs, scale)
+    if v.frozen_error > v.allowed:
+        v.problem = "error beyond the allowed multiple of eager's"
+        if floating and bool(torch.allclose(frozen, eager, atol=ELEMENTWISE_TOL, rtol=ELEMENTWISE_TOL,
+                                            equal_nan=True)):
+            v.problem, v.elementwise = None, True  # torch's first step: close to eager elementwise
+    return v
+
+
+def judge_against_eager_call(real, frozen, ref, graph_verdict: Verdict) -> tuple[float, float, float]:
+    """The eager call's own output ``real`` vs ``frozen`` (issue 18): returns
+    ``(difference, allowed, max_abs)``; ``difference`` is the relative RMS of
+    ``frozen - real`` (mismatch fraction for integers), ``allowed`` is
+    ``(multiple + 1) * eager_error + floor`` (the frozen error may be ``multiple *
+    eager_error + floor`` and the eager call's own error is about eager_error)."""
+    import torch
+
+    if real.shape != frozen.shape or real.dtype != frozen.dtype:
+        return math.inf, 0.0, math.inf
+    ref = ref.to(real.device)
+    if not real.is_floating_point():
+        diff = float((real != frozen).double().mean()) if real.numel() else 0.0
+        return diff, graph_verdict.allowed + graph_verdict.eager_error, float(diff > 0)
+    mask = torch.isfinite(ref) & torch.isfinite(real) & torch.isfinite(frozen)
+    r = ref[mask].to(torch.float64)
+    rms = float(torch.sqrt(torch.mean(r * r))) if r.numel() else 0.0
+    nonfinite = int((torch.isfinite(real) != torch.isfinite(frozen)).sum())
+    if nonfinite:
+        return math.inf, 0.0, math.inf
+    d = (frozen[mask].to(torch.float64) - real[mask].to(torch.float64))
+    e = real[mask].to(torch.float64)
+    denom = max(rms, float(torch.sqrt(torch.mean(e * e))) if e.numel() else 0.0) or 1.0
+    diff = float(torch.sqrt(torch.mean(d * d))) / denom if d.numel() else 0.0
+    if bool(torch.allclose(frozen, real, atol=ELEMENTWISE_TOL, rtol=ELEMENTWISE_TOL, equal_nan=True)):
+        diff = min(diff, graph_verdict.allowed + graph_verdict.eager_error)  # elementwise close: ok
+    max_abs = float(d.abs().max()) if d.numel() else 0.0
+    return diff, graph_verdict.allowed + graph_verdict.eager_error, max_abs

@@ -1,0 +1,292 @@
+"""How the frozen engine judges its kernels at capture (issue 17, issue 18 item 4).
+
+The frozen wrapper's results are judged against an fp64 reference of the traced
+graph, with torch's rule (``same(..., fp64_ref=...)``): accepted when the error is
+within a multiple of the graph-in-its-own-dtype error plus a floor. A wrong kernel
+is refused with the numbers; rounding of another kernel choice is not. The frozen
+result is also compared with what the eager call itself returned at capture.
+
+The judge's unit tests run ``frozen._compare`` on a traced graph with a hand-made
+"frozen wrapper" (no compiler); the end-to-end ones capture tiny functions.
+"""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+import precompile_build
+from precompile_build.engines import frozen, numerics
+from precompile_build.engines.tracing import trace_call
+from precompile_build.errors import CaptureError
+
+torch = pytest.importorskip("torch")
+
+NUM = r"[0-9.e+-]+"
+
+
+def _paths(tmp_path):
+    return dict(artifact_path=tmp_path / "t.py", cache_path=tmp_path / "t.cache")
+
+
+def _meta(tmp_path) -> dict:
+    from precompile_build.pairs import read_source_metadata
+
+    return read_source_metadata((tmp_path / "t.py").read_bytes(), what="pair")
+
+
+def _graph_call(traced, change=None):
+    """A stand-in for the frozen wrapper: the graph itself, its outputs changed by
+    ``change(outputs)`` (a list it may edit in place)."""
+    def call(args):
+        outs = list(traced.graph_module(*args))
+        if change is not None:
+            change(outs)
+        return outs
+    return call
+
+
+def _mlp_bf16(depth=6, d=64, seed=0):
+    torch.manual_seed(seed)
+    layers = []
+    for _ in range(depth):
+        layers += [torch.nn.Linear(d, d), torch.nn.GELU()]
+    return torch.nn.Sequential(*layers).to(torch.bfloat16)
+
+
+def _step(m, x):
+    loss = m(x).float().pow(2).mean()
+    loss.backward()
+    return loss
+
+
+# ---- the judge, without a compiler ------------------------------------------------
+
+def test_bf16_rounding_of_another_kernel_choice_is_accepted_with_numbers():
+    # issue 17's second build: one output off by 0.0625 at values up to ~5 (relative
+    # norm ~0.004): the old elementwise check (atol = rtol = 5e-2) refused it by chance
+    model, x = _mlp_bf16(), torch.randn(64, 64, dtype=torch.bfloat16) * 2
+    traced = trace_call(lambda m, x: x + m(x), (model, x), {}, target="t")  # a residual stream
+    want = traced.graph_module(*traced.example_inputs)[0]
+
+    def other_kernel(outs):
+        o = outs[0].clone()
+        i = int(o.abs().argmin())  # an element near zero, where rtol does not help
+        o.view(-1)[i] += 0.0625
+        outs[0] = o
+    changed = _graph_call(traced, other_kernel)(traced.example_inputs)[0]
+    assert not torch.allclose(changed.float(), want.float(), atol=5e-2, rtol=5e-2)  # old rule: refused
+    case = frozen._compare(_graph_call(traced, other_kernel), traced, traced.example_inputs,
+                           "the example inputs", "t", {})
+    w = case["worst"]
+    assert case["reference"] == "float64" and case["fallback_ops"] == []
+    assert w["value"] == "output 0" and w["multiple"] == 3.0
+    assert 0 < w["eager_error"] < w["frozen_error"] <= 3 * w["eager_error"] + w["floor"]
+    assert w["max_abs_diff"] == 0.0625
+
+
+def test_a_more_accurate_kernel_is_accepted():
+    # a kernel that rounds once (fp32 inside) instead of per op: closer to fp64, passes
+    model, x = _mlp_bf16(depth=8), torch.randn(16, 64, dtype=torch.bfloat16)
+    traced = trace_call(lambda m, x: m(x), (model, x), {}, target="t")
+
+    def fp32_inside(args):
+        n = len(traced.example_inputs) - 1
+        wide = [a.float() for a in args]
+        ps, h = wide[:n], wide[n]
+        for i in range(0, n, 2):
+            h = torch.nn.functional.gelu(h @ ps[i].T + ps[i + 1])
+        return [h.to(torch.bfloat16)]
+    case = frozen._compare(fp32_inside, traced, traced.example_inputs, "the example inputs", "t", {})
+    assert case["worst"]["frozen_error"] < case["worst"]["eager_error"]
+
+
+@pytest.mark.parametrize("change, value, problem", [
+    (lambda outs: outs[0].view(-1).__setitem__(0, outs[0].view(-1)[0] + 1.0), "output 0",
+     rf"error beyond the allowed multiple of eager's: error vs the float64 reference {NUM} \(relative "
+     rf"RMS\), eager's {NUM}, allowed 3 x eager \+ {NUM} = {NUM}; max \|frozen - eager\| 1 at values up "
+     rf"to {NUM}; refusing to write a pair that computes something else; that is {NUM} x eager's error, "
+     r"far past rounding: the compiled code computes something else. Capture with engine='eager'"),
+    (lambda outs: outs[1].mul_(1.02), r"gradient of m0\.0\.weight", "error beyond the allowed multiple"),
+    (lambda outs: outs[2].view(-1).__setitem__(3, float("nan")), r"gradient of m0\.0\.bias",
+     r"1 NaN/inf element\(s\) where the graph's own result is finite"),
+    (lambda outs: outs.__setitem__(0, outs[0].reshape(1, -1)), "output 0",
+     r"shape \[1, 1\] torch.float32, the graph gives \[\] torch.float32"),
+])
+def test_a_wrong_value_is_refused_with_the_numbers(change, value, problem):
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Tanh(), torch.nn.Linear(8, 4))
+    traced = trace_call(_step, (model, torch.randn(4, 8)), {}, target="t")
+    with pytest.raises(CaptureError, match=rf"target 't': the frozen kernels' value \d+ \({value}\) "
+                                           rf"differs from the traced graph on the example inputs; {problem}"):
+        frozen._compare(_graph_call(traced, change), traced, traced.example_inputs,
+                        "the example inputs", "t", {})
+
+
+def test_the_suggested_multiple_accepts_the_pair():
+    model = torch.nn.Linear(64, 64).to(torch.bfloat16)
+    traced = trace_call(lambda m, x: m(x), (model, torch.randn(32, 64, dtype=torch.bfloat16)), {}, target="t")
+
+    def off(outs):
+        outs[0] = outs[0] * 1.02  # ~10 x eager's error: beyond 3x, offered
+    with pytest.raises(CaptureError, match="validation_multiple") as e:
+        frozen._compare(_graph_call(traced, off), traced, traced.example_inputs, "the example inputs", "t", {})
+    suggested = float(re.search(r"'validation_multiple': ([0-9.e+]+)", str(e.value)).group(1))
+    case = frozen._compare(_graph_call(traced, off), traced, traced.example_inputs, "the example inputs",
+                           "t", {"validation_multiple": suggested})
+    assert case["worst"]["multiple"] == suggested > 3
+
+
+def test_bf16_casts_inside_the_graph_run_in_fp64_for_the_reference():
+    # the graph casts to bf16 and back (as a bf16 model under autocast does): the
+    # reference maps those dtype arguments to fp64, so it is not the bf16 result
+    def fn(x):
+        return (x.to(torch.bfloat16) * 3).to(torch.float32).sum(0)
+    x = torch.randn(64, 32)
+    traced = trace_call(fn, (x,), {}, target="t")
+    (ref,), _, info = numerics.reference_run(traced.graph_module, traced.example_inputs, "cpu")
+    assert ref.dtype == torch.float64 and info == {"reference": "float64", "fallback_ops": []}
+    torch.testing.assert_close(ref, x.double().mul(3).sum(0))
+    eager = traced.graph_module(*traced.example_inputs)[0]
+    assert (eager.double() - ref).abs().max() > 1e-3  # eager rounds to bf16; the reference does not
+
+
+# ---- end to end ---------------------------------------------------------------------
+
+def test_a_corrupted_frozen_kernel_is_refused_and_nothing_is_written(tmp_path, monkeypatch):
+    # the frozen wrapper itself (Inductor's code bound to its frozen kernels) returns
+    # one wrong element: refused with the numbers, no pair written
+    rewrite = frozen._rewrite_wrapper
+
+    def corrupting(src, names, target):
+        return rewrite(src, names, target) + (
+            "\n_call = call\n"
+            "def call(args):\n"
+            "    outs = _call(args)\n"
+            "    outs[0].view(-1)[5] += 0.5\n"
+            "    return outs\n")
+    monkeypatch.setattr(frozen, "_rewrite_wrapper", corrupting)
+    with pytest.raises(CaptureError, match=rf"value 0 \(output 0\) differs from the traced graph on the "
+                                           rf"example inputs; error beyond.*eager's {NUM}, allowed 2 x eager"
+                                           r".*max \|frozen - eager\| 0.5 "):
+        with precompile_build.capture(lambda x: x * 2 + 1, engine="frozen", target="t",
+                                      **_paths(tmp_path)) as f:
+            f(torch.randn(32, 64))
+    assert not list(tmp_path.iterdir())
+
+
+def _encoder():
+    torch.manual_seed(0)
+    layer = torch.nn.TransformerEncoderLayer(d_model=8, nhead=2, dim_feedforward=16, batch_first=True)
+    return torch.nn.TransformerEncoder(layer, num_layers=1, enable_nested_tensor=True).eval()
+
+
+def _encode(m, x, mask):
+    return m(x, src_key_padding_mask=mask)
+
+
+def test_eager_fast_path_that_differs_from_the_trace_is_refused(tmp_path):
+    # issue 18 item 4: in eval mode without grad, nn.TransformerEncoder's fast path
+    # zero-fills the padded rows; the traced (slow) path computes values there
+    enc, x = _encoder(), torch.randn(2, 5, 8)
+    mask = torch.tensor([[False] * 5, [False, False, False, True, True]])
+    with torch.no_grad():
+        assert float(enc(x, src_key_padding_mask=mask)[1, 3:].abs().max()) == 0.0  # the fast path ran
+    with pytest.raises(CaptureError, match=rf"target 't': the frozen result's value 0 \(output 0\) differs "
+                                           rf"from what the eager call returned at capture: relative RMS "
+                                           rf"difference {NUM} \(allowed {NUM}, {NUM} x that\), max \|frozen - "
+                                           rf"eager call\| 2.37 .*set_fastpath_enabled\(False\).*'eager_check': 'warn'"):
+        with torch.no_grad(), precompile_build.capture(_encode, engine="frozen", target="t",
+                                                       **_paths(tmp_path)) as f:
+            f(enc, x, mask)
+    assert not list(tmp_path.iterdir())
+    # the user keeps the graph's result on purpose: written, with a warning and the numbers
+    with pytest.warns(UserWarning, match=r"differs from what the eager call returned"):
+        with torch.no_grad(), precompile_build.capture(_encode, engine="frozen", target="t",
+                                                       options={"eager_check": "warn"},
+                                                       **_paths(tmp_path)) as f:
+            got = f(enc, x, mask)
+    assert float(got[1, 3:].abs().max()) == 0.0  # the with-block's call is the real (eager) one
+    val = _meta(tmp_path)["validation"]
+    assert val["eager_call"]["outcome"] == "warned" and val["eager_call"]["max_abs_diff"] > 1
+    # with the fast path off, eager and the trace agree: accepted with no warning
+    torch.backends.mha.set_fastpath_enabled(False)
+    try:
+        import warnings
+
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", UserWarning)
+            warnings.filterwarnings("ignore", message=".*NumPy.*")
+            with torch.no_grad(), precompile_build.capture(_encode, engine="frozen", target="t",
+                                                           **_paths(tmp_path)) as f:
+                f(enc, x, mask)
+    finally:
+        torch.backends.mha.set_fastpath_enabled(True)
+    assert _meta(tmp_path)["validation"]["eager_call"]["outcome"] == "ok"
+
+
+def test_eager_check_option_is_checked():
+    traced = trace_call(lambda x: x + 1, (torch.ones(3),), {}, target="t")
+    real = {"outputs": [torch.ones(3) * 2], "inputs": {}, "structure_ok": True}
+    with pytest.raises(CaptureError, match=r"options\['eager_check'\] = 'maybe': use 'refuse'"):
+        frozen._compare(_graph_call(traced), traced, traced.example_inputs, "the example inputs", "t",
+                        {"eager_check": "maybe"}, real)
+    case = frozen._compare(_graph_call(traced), traced, traced.example_inputs, "the example inputs", "t",
+                           {}, real)
+    assert case["eager_call"]["outcome"] == "ok" and case["eager_call"]["difference"] == 0.0
+
+
+def test_manifest_validation_entry_must_be_an_object():
+    import json
+
+    from precompile_runtime import manifest
+    from precompile_runtime.errors import ManifestError
+
+    entry = {"path": "t.py", "size": 1, "sha256": "0" * 64}
+    variant = {"id": "x", "engine": "frozen", "fingerprint": {}, "code_hash": "0" * 64,
+               "files": {"source": entry, "cache": dict(entry, path="t.cache")}}
+    doc = {"format": manifest.FORMAT, "version": manifest.VERSION, "package": "p",
+           "targets": {"t": {"variants": [dict(variant, validation={"reference": "float64"})]}}}
+    assert manifest.parse(json.dumps(doc).encode(), where="m")["targets"]["t"]["variants"][0]["validation"]
+    doc["targets"]["t"]["variants"][0]["validation"] = 3
+    with pytest.raises(ManifestError, match=r"target 't' variant 0: `validation` must be an object"):
+        manifest.parse(json.dumps(doc).encode(), where="m")
+
+
+def test_an_op_without_an_fp64_kernel_runs_in_fp32_and_is_listed():
+    @torch.library.custom_op("precompile_test::no_fp64", mutates_args=())
+    def no_fp64(x: torch.Tensor) -> torch.Tensor:
+        if x.dtype == torch.float64:
+            raise RuntimeError("no float64 kernel")
+        return x * 2
+
+    @no_fp64.register_fake
+    def _(x):
+        return torch.empty_like(x)
+
+    x = torch.randn(16, 8)
+    traced = trace_call(lambda x: no_fp64(x.to(torch.bfloat16)).float() + 1, (x,), {}, target="t")
+    (ref,), _, info = numerics.reference_run(traced.graph_module, traced.example_inputs, "cpu")
+    assert info == {"reference": "float64", "fallback_ops": ["no_fp64.default"]}
+    assert ref.dtype == torch.float64
+    torch.testing.assert_close(ref, (x.double() * 2 + 1))  # fp32 inside, not bf16
+    case = frozen._compare(_graph_call(traced), traced, traced.example_inputs, "the example inputs", "t", {})
+    assert case["fallback_ops"] == ["no_fp64.default"]
+
+
+def test_a_graph_that_runs_in_no_wider_dtype_is_a_capture_error(monkeypatch):
+    traced = trace_call(lambda x: x + 1, (torch.ones(3),), {}, target="t")
+
+    def fails(gm, inputs, device_type, dtype=None):
+        raise RuntimeError(f"no kernel for {dtype or 'float64'}")
+    monkeypatch.setattr(numerics, "reference_run", fails)
+    with pytest.raises(CaptureError, match=r"target 't': the traced graph does not run in a wider dtype on "
+                                           r"the example inputs \(fp64: RuntimeError: no kernel for float64; "
+                                           r"fp32: RuntimeError: no kernel for torch.float32\).*engine='eager'"):
+        frozen._compare(_graph_call(traced), traced, traced.example_inputs, "the example inputs", "t", {})
+
+
+def test_validation_multiple_must_be_a_positive_number(tmp_path):
+    with pytest.raises(CaptureError, match=r"options\['validation_multiple'\] = 'ten': use a positive number"):
+        frozen._validate("", {}, trace_call(lambda x: x + 1, (torch.ones(3),), {}, target="t"), "t",
+                         {"validation_multiple": "ten"})
