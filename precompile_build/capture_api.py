@@ -18,6 +18,7 @@ from precompile_runtime.envelope import write_atomic
 
 from . import engines
 from .engines import tracers
+from .rng_state import python_rng_states
 from .errors import CaptureError, CompilerFailed, PythonStateWarning
 
 
@@ -67,7 +68,7 @@ class Capture:
         else:  # the torch engine's "tracer" option means torch's own tracers
             options.setdefault("tracer", self.tracer)
         # the capture traces clones: the real call is the only one with effects
-        before = _python_rng_states()
+        before = python_rng_states()
         box: dict = {}
         with _torch_rng_kept(device):  # the trace and checks draw too: not the user's RNG
             try:
@@ -89,7 +90,7 @@ class Capture:
                     options=dict(options, fallback_reason=reason),
                 )
         if engine != "torch":  # ours trace Python once (torch.compile replays random calls)
-            _warn_python_rng(before, _python_rng_states(), self.target)
+            _warn_python_rng(before, python_rng_states(), self.target)
         return box["result"] if "result" in box else self._fn(*args, **kwargs)
 
     def __exit__(self, exc_type, exc, tb) -> bool:
@@ -117,22 +118,6 @@ def _torch_rng_kept(device: str):
 
     cuda = [torch.cuda.current_device()] if device == "cuda" else []
     return torch.random.fork_rng(devices=cuda)
-
-
-def _python_rng_states() -> dict[str, bytes]:
-    """The global RNG states of Python's ``random`` and (when imported) numpy's
-    legacy ``numpy.random``, as bytes to compare."""
-    import pickle
-    import random
-
-    states = {"random": pickle.dumps(random.getstate())}
-    np = sys.modules.get("numpy")
-    if np is not None:
-        try:
-            states["numpy.random"] = pickle.dumps(np.random.get_state())
-        except Exception:  # an unusual numpy: nothing to watch
-            pass
-    return states
 
 
 def _warn_python_rng(before: dict[str, bytes], after: dict[str, bytes], target: str) -> None:

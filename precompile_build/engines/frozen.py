@@ -27,6 +27,7 @@ import os
 from precompile_runtime.envelope import Envelope, dumps
 
 from ..errors import CaptureError, CompilerFailed
+from ..rng_state import python_rng_states
 from . import codegen, dynamic_dims
 from .tracing import TracedCall, example_clone, trace_call
 
@@ -541,7 +542,9 @@ def _run_eager(traced: TracedCall, real_call) -> dict:
     grad_at = traced.metadata["grad_param_indices"]
     before = {i: (sources[i].grad.detach().clone() if sources[i].grad is not None else None)
               for i in grad_at if i < len(sources)}
+    rng_before = python_rng_states()
     result = real_call()
+    python_rng = python_rng_states() != rng_before  # drew a value the trace drew another of
     outs: list = []
     try:
         _output_spec(result, outs, "result")
@@ -553,7 +556,7 @@ def _run_eager(traced: TracedCall, real_call) -> dict:
         grads.append(None if g is None else (g - before[i] if before.get(i) is not None else g).detach())
     inputs = {i: t.detach() for i, t in enumerate(sources)}  # references: those written are judged
     return {"result": result, "outputs": [o.detach() for o in outs] + grads, "inputs": inputs,
-            "structure_ok": len(outs) == traced.metadata["num_user_outputs"]}
+            "structure_ok": len(outs) == traced.metadata["num_user_outputs"], "python_rng": python_rng}
 
 
 def _against_eager_call(real: dict, got, b, ref_out, ref_in, verdicts, labels, n_out: int,
@@ -575,6 +578,8 @@ def _against_eager_call(real: dict, got, b, ref_out, ref_in, verdicts, labels, n
         return {"outcome": "off"}
     if numerics.has_random_ops(traced.graph_module):
         return {"outcome": "skipped: the function draws random numbers"}
+    if real.get("python_rng"):  # the capture warns that the value is frozen (PythonStateWarning)
+        return {"outcome": "skipped: the function draws from Python's random state"}
     if not real.get("structure_ok"):
         return {"outcome": "skipped: the eager call returned another structure"}
     pairs = [(i, real["outputs"][i], got[i], ref_out[i]) for i in range(min(n_out, len(real["outputs"])))
