@@ -106,12 +106,12 @@ def test_swapped_loaded_and_moved_weights(mlp_pair):
     with torch.no_grad():
         _eq(fn(m, x), m(x))
     assert fn._graphs.recorded == 4
-    if torch.cuda.device_count() > 1:  # another device: its own graph and pool
+    if torch.cuda.device_count() > 1:  # another device: the kernels run without a graph
         m1, x1 = m.to("cuda:1"), x.to("cuda:1")
         for _ in range(3):
             with torch.no_grad():
                 _eq(fn(m1, x1), m1(x1))
-        assert fn._graphs.recorded == 5
+        assert fn._graphs.recorded == 4
 
 
 def test_kept_outputs_are_not_overwritten(mlp_pair):

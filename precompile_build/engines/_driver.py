@@ -485,7 +485,7 @@ class _CudaGraphs:
         self._graphs = {}  # key -> _Graph, in least-recently-used order
         self._warm = set()
         self._pools = {}  # device index -> memory pool handle
-        self._streams = {}  # device index -> capture stream
+        self._device = None  # the one device graphs are recorded on (see __call__)
         self._n = len(_META["params"])
         n = self._n
         self._param_idx = list(range(n))
@@ -493,6 +493,15 @@ class _CudaGraphs:
         self.recorded = 0  # graphs recorded so far (tests, benchmarks)
 
     def __call__(self, flat, device):
+        # torch.cuda.graph's capture stream is made once per process, on the device
+        # current then, and entering it makes that device current: a graph recorded
+        # for another device would allocate on the first one (seen on the 2-GPU host).
+        # Graphs are recorded on the first device a call uses; calls on another device
+        # run the frozen kernels without a graph.
+        if self._device is None:
+            self._device = device.index
+        elif device.index != self._device:
+            return self._run(flat)
         n = self._n
         users = flat[n:]
         key = (device.index, *[t.shape for t in users])
@@ -528,9 +537,6 @@ class _CudaGraphs:
         pool = self._pools.get(device.index)
         if pool is None:
             pool = self._pools[device.index] = torch.cuda.graph_pool_handle()
-            # torch.cuda.graph's default capture stream is made once, on the device
-            # current then; entering it makes that device current: one stream per device
-            self._streams[device.index] = torch.cuda.Stream(device=device)
         g = _Graph()
         g.static_inputs = [torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=t.device)
                            for t in users]
@@ -540,7 +546,7 @@ class _CudaGraphs:
         g.graph = torch.cuda.CUDAGraph()
         torch.cuda.synchronize(device)
         try:
-            with torch.cuda.graph(g.graph, pool=pool, stream=self._streams[device.index]):
+            with torch.cuda.graph(g.graph, pool=pool):
                 g.outputs = tuple(self._run(list(flat[:n]) + g.static_inputs))
         except Exception as e:
             raise CallError(
