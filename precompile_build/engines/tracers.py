@@ -180,9 +180,7 @@ def _export(flat_fn, example, n_params, marks, paths, target, strict: bool) -> T
         if dims:
             dynamic_dims.check_marks(t, dims, path, target)
     shapes = [None] * n_params + [
-        {d: Dim.AUTO(min=lo, max=hi) if hi is not None else Dim.AUTO(min=lo) for d, (lo, hi) in dims.items()}
-        if dims else None
-        for dims in marks
+        {d: Dim.AUTO(min=lo, max=hi) for d, (lo, hi) in dims.items()} if dims else None for dims in marks
     ]
     inputs = tuple(example_clone(t) for t in example)
     with (dynamic_dims.size_oblivious() if any(marks) else contextlib.nullcontext()):
