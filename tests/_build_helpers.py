@@ -125,3 +125,22 @@ def manylinux_tag() -> str:
     interp_abi, plat = platform_tag().rsplit("-", 1)
     major, minor = os.confstr("CS_GNU_LIBC_VERSION").split()[1].split(".")[:2]
     return f"{interp_abi}-{plat.replace('linux', f'manylinux_{major}_{minor}')}"
+
+
+def torch_only_path(dest: Path) -> Path:
+    """A folder of links to torch and the modules importing it needs, wherever this
+    environment installed each (a venv that sees its parent's site-packages keeps
+    some there): PYTHONPATH for a fresh venv that must find torch and nothing else
+    of this environment."""
+    import importlib.util
+
+    dest.mkdir(parents=True, exist_ok=True)
+    for name in ("torch", "torchgen", "typing_extensions", "sympy", "mpmath", "filelock",
+                 "networkx", "jinja2", "markupsafe", "fsspec"):
+        spec = importlib.util.find_spec(name)
+        if spec is None or spec.origin is None:
+            continue
+        where = Path(spec.origin)
+        where = where.parent if spec.submodule_search_locations else where
+        (dest / where.name).symlink_to(where)
+    return dest

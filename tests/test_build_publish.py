@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from _build_helpers import (_clean_env, build, check_record, host_fp_json,  # noqa: F401
+from _build_helpers import (_clean_env, build, check_record, host_fp_json, torch_only_path,  # noqa: F401
                             make_project, manifest_of, metadata_lines, target_toml,
                             wheel_names)
 from precompile_build.errors import CaptureError
@@ -170,15 +170,7 @@ def test_uv_pip_install_into_a_fresh_venv_loads(tmp_path, what):
         "--no-build-isolation", "--no-cache", source, env=env)
     listed = run(uv, "pip", "list", "--python", vpy, env=env)
     assert "precompile-runtime" in listed and "simplepkg" in listed
-    only_torch = tmp_path / "only-torch"
-    only_torch.mkdir()
-    import importlib.util
-
-    for name in ("torch", "torchgen", "typing_extensions"):  # wherever each is installed
-        spec = importlib.util.find_spec(name)
-        where = Path(spec.origin)
-        where = where.parent if spec.submodule_search_locations else where
-        (only_torch / where.name).symlink_to(where)
+    only_torch = torch_only_path(tmp_path / "only-torch")
     code = ("import simplepkg, precompile_runtime; "
             "print(precompile_runtime.load_packaged('double', package='simplepkg')(21))")
     out = run(vpy, "-c", code, env=dict(os.environ, PYTHONPATH=str(only_torch)))

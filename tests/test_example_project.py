@@ -12,6 +12,7 @@ import zipfile
 from pathlib import Path
 
 import pytest
+from _build_helpers import torch_only_path
 
 torch = pytest.importorskip("torch")
 
@@ -61,11 +62,7 @@ def _uv_install_and_demo(tmp_path: Path, wheel: Path) -> str:
                            str(tmp_path / "overrides.txt"), str(wheel)], env=env, capture_output=True,
                           text=True)
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    only_torch = tmp_path / "only-torch"
-    only_torch.mkdir()
-    site = Path(torch.__file__).parents[1]
-    for name in ("torch", "torchgen", "typing_extensions.py"):
-        (only_torch / name).symlink_to(site / name)
+    only_torch = torch_only_path(tmp_path / "only-torch")
     run_env = dict(env, PYTHONPATH=str(only_torch), HOME=str(tmp_path / "home2"),
                    TORCHINDUCTOR_CACHE_DIR=str(tmp_path / "inductor2"),
                    PRECOMPILE_CACHE_DIR=str(tmp_path / "kernels2"))

@@ -187,6 +187,9 @@ def _export(flat_fn, example, n_params, marks, paths, target, strict: bool) -> T
         ep = torch.export.export(_flat_module(flat_fn), inputs, dynamic_shapes=(tuple(shapes),) if any(marks) else None,
                                  strict=strict)
         ep = ep.run_decompositions({})
+    if strict:  # TorchDynamo does not replay the flat function's Python side effects
+        # (the recorded calling convention): run it once more, eagerly, for them
+        flat_fn(*[example_clone(t) for t in example])
     gm = _flat_graph(ep, target)
     symbolic = None
     if any(marks):
@@ -291,7 +294,9 @@ def _failure(target: str, failures: list[tuple[str, BaseException]]) -> CaptureE
     advice = ["try another tracer (`tracer = \"export-strict\"` or \"make_fx\" in the target, "
               "or tracer= in precompile_build.capture)"]
     if data_dependent:
-        advice.insert(0, "the line reads a tensor's value to decide what to run; guard it with "
-                         "`if not torch.compiler.is_compiling():` or compute it without .item()/bool()")
+        advice.insert(0, "the line reads a tensor's value to decide what to run. If both paths "
+                         "compute the same result (an eager-only shortcut or check, as libraries "
+                         "have), skip it under a trace with `if not torch.compiler.is_compiling():`; "
+                         "for a real choice on values use torch.where or torch.cond")
     return CaptureError(f"target {target!r}: tracing failed with "
                         + "; ".join(parts) + ". " + "; ".join(advice))

@@ -111,9 +111,11 @@ def _output_spec(value, outs: list, path: str):
         return (kind, [_output_spec(v, outs, f"{path}[{i}]") for i, v in enumerate(value)])
     if isinstance(value, dict) and all(isinstance(k, str) for k in value):
         return ("dict", [(k, _output_spec(v, outs, f"{path}[{k!r}]")) for k, v in value.items()])
+    hint = ("; it is a model's key/value cache: pass use_cache=False, or return the tensors "
+            "you need" if type(value).__name__.endswith("Cache") else "")
     raise CaptureError(
         f"the result {path} is a {type(value).__name__}; return tensors, constants, "
-        "tuples, lists, str-keyed dicts, named tuples or dataclasses of them"
+        f"tuples, lists, str-keyed dicts, named tuples or dataclasses of them{hint}"
     )
 
 
@@ -133,20 +135,27 @@ def _lift(modules) -> tuple[list[str], list]:
 
 
 def _reparametrize(modules, names, tensors):
-    """One context that swaps every module's parameters/buffers for ``tensors``."""
+    """One context that swaps every module's parameters/buffers for ``tensors`` (nested
+    ``with`` blocks, no ExitStack: TorchDynamo, the strict tracer, follows these)."""
     import contextlib
 
     from torch.nn.utils import stateless
 
-    stack = contextlib.ExitStack()
     per_module: list[dict] = [{} for _ in modules]
     for name, t in zip(names, tensors):
         i, _, local = name.partition(".")
         per_module[int(i[1:])][local] = t
-    for mod, mapping in zip(modules, per_module):
+
+    @contextlib.contextmanager
+    def nested(i):
+        if i == len(modules):
+            yield
+            return
         # tie_weights: a tied tensor is one input, seen under every name it has
-        stack.enter_context(stateless._reparametrize_module(mod, mapping, tie_weights=True))
-    return stack
+        with stateless._reparametrize_module(modules[i], per_module[i], tie_weights=True), nested(i + 1):
+            yield
+
+    return nested(0)
 
 
 def trace_call(fn: Callable, args: tuple, kwargs: dict, *, target: str, tracer: str | None = None) -> TracedCall:
@@ -220,7 +229,7 @@ def trace_call(fn: Callable, args: tuple, kwargs: dict, *, target: str, tracer: 
         out_box["spec"] = _output_spec(result, outs, "result")
         # A returned view would alias an input or an intermediate buffer of the
         # compiled graph; return a fresh tensor so every output owns its storage.
-        outs = [o.detach().clone() if o._is_view() else o.detach() for o in outs]
+        outs = [o.detach().clone() if o._base is not None else o.detach() for o in outs]
         grads, grad_indices = [], []
         for i, (leaf, g) in enumerate(zip(leaves, wants_grad)):
             if g and leaf.grad is not None:
@@ -228,7 +237,7 @@ def trace_call(fn: Callable, args: tuple, kwargs: dict, *, target: str, tracer: 
                 grad_indices.append(i)
         out_box["grad_indices"] = grad_indices
         out_box["num_user_outputs"] = len(outs)
-        return (*outs, *grads, *(new.detach().clone() if new._is_view() else new.detach() for _, new in reassigned))
+        return (*outs, *grads, *(new.detach().clone() if new._base is not None else new.detach() for _, new in reassigned))
 
     example = [example_clone(t) for t in params + user_tensors]
     marks = [dynamic_dims.marked_dims(t) for t in user_tensors]
