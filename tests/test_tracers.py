@@ -176,3 +176,25 @@ def test_dynamic_dims_through_export(tmp_path):
     for n in (2, 7, 64):
         y = torch.randn(n, 8)
         torch.testing.assert_close(loaded(model, y), model(y).softmax(-1))
+
+
+def test_a_size_one_cap_on_the_range_keeps_the_declared_upper_bound(tmp_path):
+    """A Conv2d batch marked [1, 64]: the compiler's size-1 guards also cap the range
+    (found by a new user: "only holds for [2, 15]"); the advice raises the lower bound
+    and keeps 64, and marked that way the pair serves the whole range."""
+    torch.manual_seed(0)
+    conv = torch.nn.Conv2d(3, 8, 3, 2, 1).eval()
+    x = torch.randn(2, 3, 16, 16)
+    torch._dynamo.mark_dynamic(x, 0, min=1, max=64)
+    try:
+        src, cache = _capture(tmp_path, lambda m, x: m(x), conv, x, engine="frozen")
+    except CaptureError as e:  # torch's compiler capped the range for size 1
+        assert "min=2, max=64" in str(e), str(e)
+        y = torch.randn(2, 3, 16, 16)
+        torch._dynamo.mark_dynamic(y, 0, min=2, max=64)
+        src, cache = _capture(tmp_path, lambda m, x: m(x), conv, y, name="u", engine="frozen")
+    loaded = load_pair(src, cache)
+    with torch.no_grad():
+        for n in (2, 16, 64):
+            z = torch.randn(n, 3, 16, 16)
+            torch.testing.assert_close(loaded(conv, z), conv(z))

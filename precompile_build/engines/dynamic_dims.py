@@ -230,11 +230,18 @@ def finish(sym: SymbolicTrace, target: str) -> tuple[dict, list[dict]]:
                 and vr.upper not in (int_oo, sympy.oo) else None
             if got_lo > lo or (got_hi is not None and (hi is None or got_hi < hi)):
                 fix_hi = hi if got_hi is None else got_hi if hi is None else min(hi, got_hi)
+                size_one = lo <= 1 and got_lo == 2
                 why = (" (its strides or kernels differ at size 1, e.g. a reshape after a transpose;"
-                       " serve size 1 from a target captured at that size)") if lo <= 1 and got_lo == 2 else ""
+                       " serve size 1 from a target captured at that size)") if size_one else ""
+                advice = "mark it with that range"
+                if size_one and fix_hi != hi:
+                    # the compiler's guards for size 1 can cap the range too (a Conv2d batch
+                    # marked [1, 64] holds for [2, 15] here, [2, 64] marked from 2): raise
+                    # the lower bound first and keep the declared upper one
+                    fix_hi, advice = hi, "mark it from 2 (an upper bound may come from allowing size 1)"
                 raise CaptureError(
                     f"target {target!r}: {path} dim {d} is marked dynamic in {_fmt(lo, hi)} but the "
-                    f"captured code only holds for {_fmt(got_lo, got_hi)}{why}; mark it with that range "
+                    f"captured code only holds for {_fmt(got_lo, got_hi)}{why}; {advice} "
                     f"(torch._dynamo.mark_dynamic(t, {d}, min={got_lo}, max={fix_hi})) or make the code "
                     "size-agnostic"
                 )
