@@ -198,3 +198,21 @@ def test_a_size_one_cap_on_the_range_keeps_the_declared_upper_bound(tmp_path):
         for n in (2, 16, 64):
             z = torch.randn(n, 3, 16, 16)
             torch.testing.assert_close(loaded(conv, z), conv(z))
+
+
+def guarded_branch(x):
+    # a real choice on values hidden from the trace: eager and the graph differ
+    if not torch.compiler.is_compiling() and x.sum() > 0:
+        return x * 2
+    return x - 1
+
+
+@pytest.mark.parametrize("engine", ["eager", "frozen"])
+def test_a_branch_hidden_from_the_trace_is_refused_by_the_eager_call(tmp_path, engine):
+    x = torch.randn(3, 4).abs()
+    with pytest.raises(CaptureError, match=r"differs from what the eager call returned at capture"):
+        _capture(tmp_path, guarded_branch, x, engine=engine)
+    assert not (tmp_path / "t.py").exists()
+    # where eager and the trace agree, the pair is written
+    src, cache = _capture(tmp_path, guarded_branch, -x, name="u", engine=engine)
+    torch.testing.assert_close(load_pair(src, cache)(-x), guarded_branch(-x))

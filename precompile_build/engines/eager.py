@@ -11,22 +11,39 @@ import hashlib
 
 from precompile_runtime.envelope import Envelope, dumps
 
+from ..errors import CaptureError
 from . import codegen
-from .tracing import trace_call
+from .layouts import example_clone
+from .tracing import TracedCall, trace_call
+
+JUDGES_EAGER_CALL = True  # capture_api hands capture_pair the real call (real_call=)
+
+# how far the graph, run op by op, may be from the real call: the same ATen ops,
+# so rounding only (another decomposition of a composite op at most)
+_TOLERANCE = {"torch.float16": 1e-2, "torch.bfloat16": 5e-2}
 
 
-def capture_pair(fn, args, kwargs, *, target: str, device: str, options: dict) -> tuple[bytes, bytes]:
+def capture_pair(fn, args, kwargs, *, target: str, device: str, options: dict,
+                 real_call=None) -> tuple[bytes, bytes]:
     """Capture one call of ``fn`` as an eager pair.
 
+    Args:
+        real_call: runs the user's call for real, once (capture_api); its results
+            judge the traced graph, as in the frozen engine (``options["eager_check"]``:
+            ``"refuse"`` default, ``"warn"``, ``"off"``).
     Returns:
         ``(source_bytes, cache_bytes)``.
     Raises:
-        CaptureError: the call cannot be traced (see tracing.trace_call).
+        CaptureError: the call cannot be traced (see tracing.trace_call), or the traced
+            graph computes something else than the real call (a branch eager took and
+            the trace did not).
     """
     from precompile_runtime.fingerprint import host_fingerprint
 
     traced = trace_call(fn, args, kwargs, target=target, tracer=options.get("tracer"))
     traced.finish_dynamic(target)
+    if real_call is not None:
+        _judge_by_eager_call(traced, real_call, target, options.get("eager_check", "refuse"))
     metadata = dict(traced.metadata, engine="eager", kernels=[])
     if options.get("fallback_reason"):  # the frozen engine's compiler failed (capture_api)
         metadata["fallback"] = {"from": "frozen", "reason": options["fallback_reason"]}
@@ -38,3 +55,43 @@ def capture_pair(fn, args, kwargs, *, target: str, device: str, options: dict) -
         meta={"target": target},
     )
     return source, dumps(env)
+
+
+def _judge_by_eager_call(traced: TracedCall, real_call, target: str, mode: str) -> None:
+    """The graph on the example inputs against the real call's results (outputs, then
+    gradients): CaptureError (or a warning) when they differ beyond rounding."""
+    import warnings
+
+    import torch
+
+    from . import numerics
+    from .frozen import _run_eager
+
+    if mode not in ("refuse", "warn", "off"):
+        raise CaptureError(f"target {target!r}: options['eager_check'] = {mode!r}: use 'refuse' "
+                           "(default), 'warn' or 'off'")
+    real = _run_eager(traced, real_call)
+    if mode == "off" or real["python_rng"] or numerics.has_random_ops(traced.graph_module):
+        return
+    with torch.no_grad():
+        got = traced.graph_module(*[example_clone(t) for t in traced.example_inputs])
+    for i, (g, w) in enumerate(zip(got, real["outputs"])):
+        if w is None:
+            continue
+        tol = _TOLERANCE.get(str(w.dtype), 1e-4)
+        same = g.shape == w.shape and g.dtype == w.dtype and (
+            torch.allclose(g.float(), w.float(), rtol=tol, atol=tol, equal_nan=True)
+            if w.is_floating_point() else torch.equal(g, w))
+        if same:
+            continue
+        diff = ((g.float() - w.float()).abs().max().item() if g.shape == w.shape else None)
+        msg = (f"target {target!r}: the traced graph's value {i} differs from what the eager call "
+               f"returned at capture" + (f" (max abs difference {diff:.3g})" if diff is not None
+                                         else f" (shape {list(g.shape)} vs {list(w.shape)})")
+               + ": eager took a path the trace did not (a branch on values skipped under "
+               "torch.compiler.is_compiling(), an inference fast path); make both take one path "
+               "(torch.where / torch.cond for a real choice), or pass options={'eager_check': 'warn'}")
+        if mode == "warn":
+            warnings.warn(msg, stacklevel=4)
+            return
+        raise CaptureError(msg + "; nothing written")
