@@ -226,7 +226,9 @@ def capture(
     Raises:
         CaptureError: no paths given and none in the environment; at the first call
             if the call cannot be captured; at exit if no call was made.
-        ValueError: unknown engine, backend, fallback or tracer.
+        ValueError: unknown engine, backend, fallback or tracer; a bad
+            ``options['validation_multiple']`` or ``options['eager_check']`` (checked
+            here, before the function runs).
         TypeError: ``fn`` is not callable; a path is not a str/PathLike or is a
             directory; ``options`` is not a mapping.
     """
@@ -252,6 +254,7 @@ def capture(
             raise TypeError(f"precompile_build.capture: {name}={value!r} must be a file path "
                             "(str or os.PathLike), not a directory")
     tracer = tracers.check_tracer(tracer)
+    _check_options(options)
     if options is not None and not isinstance(options, Mapping):
         raise TypeError(f"precompile_build.capture: options must be a dict, e.g. "
                         f"{{'inductor': {{...}}}}, not {type(options).__name__}")
@@ -263,3 +266,20 @@ def capture(
     target = target or os.environ.get("PRECOMPILE_TARGET") or Path(artifact_path).stem
     return Capture(fn, Path(artifact_path), Path(cache_path), engine, backend, target, dict(options or {}),
                    fallback, tracer=tracer)
+
+
+_EAGER_CHECKS = ("refuse", "warn", "off")
+
+
+def _check_options(options: Mapping[str, Any] | None) -> None:
+    """The frozen/eager engines' numeric options, checked before anything runs (the
+    engines read them only after the compile). Raises ValueError."""
+    if not isinstance(options, Mapping):
+        return  # the type is refused below
+    m = options.get("validation_multiple")
+    if m is not None and (isinstance(m, bool) or not isinstance(m, (int, float)) or not m > 0):
+        raise ValueError(f"options['validation_multiple'] = {m!r}: use a positive number "
+                         "(the multiple of eager's error allowed, e.g. 10)")
+    mode = options.get("eager_check", "refuse")
+    if mode not in _EAGER_CHECKS:
+        raise ValueError(f"options['eager_check'] = {mode!r}: use 'refuse' (default), 'warn' or 'off'")

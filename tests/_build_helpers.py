@@ -144,3 +144,32 @@ def torch_only_path(dest: Path) -> Path:
         where = where.parent if spec.submodule_search_locations else where
         (dest / where.name).symlink_to(where)
     return dest
+
+
+def build_and_install(source: Path, tmp: Path, env_overrides: dict | None = None) -> tuple[Path, Path, str]:
+    """Copy the project at ``source`` into ``tmp``, build its wheel with a real frontend
+    (``python -m build --no-isolation``, this repository's backend and runtime on the
+    path, empty Inductor and capture caches; ``PRECOMPILE_ENGINE/TRACER/TARGETS``
+    unset unless ``env_overrides`` sets them) and install it with ``pip --target``.
+    Returns ``(wheel, site folder, the build's stderr)``; fails the test when the
+    build fails, showing its output."""
+    import os
+    import subprocess
+
+    repo = Path(__file__).resolve().parents[1]
+    project = tmp / source.name
+    shutil.copytree(source, project, ignore=shutil.ignore_patterns(
+        "build", "dist", "*.egg-info", "_precompiled", "__pycache__"))
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("PRECOMPILE_ENGINE", "PRECOMPILE_TRACER", "PRECOMPILE_TARGETS")}
+    env.update(PYTHONPATH=os.pathsep.join([str(repo), str(repo / "runtime")]),
+               TORCHINDUCTOR_CACHE_DIR=str(tmp / "inductor-build"),
+               PRECOMPILE_BUILD_CACHE_DIR=str(tmp / "capture-cache"), **(env_overrides or {}))
+    build = subprocess.run([sys.executable, "-m", "build", "--no-isolation", "--wheel", "--outdir",
+                            str(tmp / "dist"), str(project)], env=env, capture_output=True, text=True)
+    assert build.returncode == 0, build.stdout[-6000:] + build.stderr[-6000:]
+    wheel = next((tmp / "dist").glob("*.whl"))
+    site = tmp / "site"
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(site), str(wheel)],
+                   check=True, capture_output=True)
+    return wheel, site, build.stderr

@@ -12,7 +12,7 @@ import zipfile
 from pathlib import Path
 
 import pytest
-from _build_helpers import torch_only_path
+from _build_helpers import build_and_install, torch_only_path
 
 torch = pytest.importorskip("torch")
 
@@ -20,21 +20,8 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def _build_and_demo(tmp_path: Path, engine: str | None) -> tuple[Path, str]:
-    project = tmp_path / "example_project"
-    shutil.copytree(ROOT / "example_project", project,
-                    ignore=shutil.ignore_patterns("build", "dist", "*.egg-info", "_precompiled", "__pycache__"))
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), str(ROOT / "runtime")]),
-               TORCHINDUCTOR_CACHE_DIR=str(tmp_path / "inductor-build"),
-               PRECOMPILE_BUILD_CACHE_DIR=str(tmp_path / "capture-cache"))
-    env.pop("PRECOMPILE_ENGINE", None)
-    if engine:
-        env["PRECOMPILE_ENGINE"] = engine
-    subprocess.run([sys.executable, "-m", "build", "--no-isolation", "--wheel", "--outdir", str(tmp_path / "dist"),
-                    str(project)], check=True, env=env, capture_output=True)
-    wheel = next((tmp_path / "dist").glob("tinylm-*.whl"))
-    site = tmp_path / "site"
-    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(site), str(wheel)],
-                   check=True, capture_output=True)
+    wheel, site, _ = build_and_install(ROOT / "example_project", tmp_path,
+                                       {"PRECOMPILE_ENGINE": engine} if engine else None)
     run_env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(site), str(ROOT / "runtime")]),
                    HOME=str(tmp_path / "home"), TORCHINDUCTOR_CACHE_DIR=str(tmp_path / "inductor"),
                    TRITON_CACHE_DIR=str(tmp_path / "triton"), PRECOMPILE_CACHE_DIR=str(tmp_path / "kernels"))

@@ -24,6 +24,7 @@ ROOT = Path(__file__).resolve().parents[1]
 ZOO = ROOT / "tests" / "packages" / "modelzoo"
 sys.path.insert(0, str(ZOO))
 import modelzoo  # noqa: E402
+from _build_helpers import build_and_install  # noqa: E402
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 # fp32 on both devices; Inductor's kernels reorder reductions
@@ -33,19 +34,7 @@ TOL = 1e-4 if DEVICE == "cpu" else 1e-3
 @pytest.fixture(scope="module")
 def served(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("models")
-    project = tmp / "modelzoo"
-    shutil.copytree(ZOO, project, ignore=shutil.ignore_patterns("build", "*.egg-info", "_precompiled", "__pycache__"))
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), str(ROOT / "runtime")]),
-               TORCHINDUCTOR_CACHE_DIR=str(tmp / "inductor-build"), PRECOMPILE_BUILD_CACHE_DIR=str(tmp / "capture-cache"))
-    for var in ("PRECOMPILE_ENGINE", "PRECOMPILE_TRACER", "PRECOMPILE_TARGETS"):
-        env.pop(var, None)
-    build = subprocess.run([sys.executable, "-m", "build", "--no-isolation", "--wheel", "--outdir", str(tmp / "dist"),
-                            str(project)], env=env, capture_output=True, text=True)
-    assert build.returncode == 0, build.stdout[-6000:] + build.stderr[-6000:]
-    wheel = next((tmp / "dist").glob("modelzoo-*.whl"))
-    site = tmp / "site"
-    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(site), str(wheel)],
-                   check=True, capture_output=True)
+    _, site, build_log = build_and_install(ZOO, tmp)
     run_env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(site), str(ROOT / "runtime")]),
                    HOME=str(tmp / "home"), TORCHINDUCTOR_CACHE_DIR=str(tmp / "inductor"),
                    TRITON_CACHE_DIR=str(tmp / "triton"), PRECOMPILE_CACHE_DIR=str(tmp / "kernels"),
@@ -56,7 +45,7 @@ def served(tmp_path_factory):
     serve = subprocess.run([sys.executable, str(tmp / "serve_check.py"), DEVICE, *modelzoo.CASES],
                            env=run_env, capture_output=True, text=True, cwd=tmp)
     assert serve.returncode == 0, serve.stderr[-6000:]
-    return json.loads(serve.stdout.strip().splitlines()[-1]), build.stderr
+    return json.loads(serve.stdout.strip().splitlines()[-1]), build_log
 
 
 @pytest.mark.slow

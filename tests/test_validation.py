@@ -290,3 +290,15 @@ def test_validation_multiple_must_be_a_positive_number(tmp_path):
     with pytest.raises(CaptureError, match=r"options\['validation_multiple'\] = 'ten': use a positive number"):
         frozen._validate("", {}, trace_call(lambda x: x + 1, (torch.ones(3),), {}, target="t"), "t",
                          {"validation_multiple": "ten"})
+
+
+@pytest.mark.parametrize("options, match", [
+    ({"validation_multiple": "ten"}, r"options\['validation_multiple'\] = 'ten': use a positive number"),
+    ({"eager_check": "maybe"}, r"options\['eager_check'\] = 'maybe': use 'refuse'"),
+])
+def test_bad_numeric_options_are_refused_before_the_function_runs(tmp_path, options, match):
+    ran = []
+    with pytest.raises(ValueError, match=match):
+        precompile_build.capture(lambda x: ran.append(x) or x, artifact_path=tmp_path / "a.py",
+                                 cache_path=tmp_path / "a.cache", options=options)
+    assert ran == []

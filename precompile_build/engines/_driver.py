@@ -322,7 +322,7 @@ def _state_epoch():
     return box
 
 
-_EPOCH = _state_epoch()
+_EPOCH = None  # the epoch box: installed at the first call that passes a model, not at load
 
 
 def _submodules(mod):
@@ -370,8 +370,11 @@ def _full_params(modules):
 
 def _cached_params(modules):
     """The lifted tensors of ``modules``, from the cache while the state epoch stands."""
+    global _EPOCH
     if not modules:
         return []
+    if _EPOCH is None:
+        _EPOCH = _state_epoch()
     epoch = _EPOCH[0]
     entry = _FAST.get(id(modules[0]))
     if entry is not None and entry[1] == epoch and entry[0]() is modules[0] and (

@@ -111,13 +111,25 @@ def load_packaged(name: str, *, package: str | None = None, strict: bool | None 
         IntegrityError: a file is missing or differs from the manifest (size,
             sha256), the cache does not belong to the source (code_hash), or the
             cache envelope is corrupt. Nothing from the pair ran.
-        HostMismatchError: strict mode and no variant matches this host.
+        PackageChangedError: (an IntegrityError) the files changed while they were
+            read (a concurrent reinstall): retry.
+        HostMismatchError: strict mode and no variant matches this host;
+            CacheDirNotExecutableError (one of them): strict mode and the kernel
+            cache directory cannot map code (noexec).
+        StaleArtifactError: strict mode and an editable install's source changed
+            since its capture.
+        ValueError: ``cuda_graphs`` is not None, True or False.
+        CallError: ``cuda_graphs=True`` for a target that cannot replay graphs (CPU,
+            or one that runs a backward).
         PrecompileLoadError: anything else the load could not do (e.g. no place to
             unpack kernels), with the package and target in the message.
     Warns:
         HostMismatchWarning: once per (package, name) when no variant matches and a
-            fallback is used.
+            fallback is used; StaleArtifactWarning: an editable install's source
+            changed (the captured graph runs instead of the kernels).
     """
+    if cuda_graphs not in (None, True, False):
+        raise ValueError(f"load_packaged({name!r}, cuda_graphs={cuda_graphs!r}): use None, True or False")
     if package is None:
         package = _caller_package(sys._getframe(1))
     if strict is None:
@@ -236,7 +248,7 @@ def _load(package: str, name: str, strict: bool) -> _Loaded:
         text = None
         variant = chosen
 
-    stale = _stale_editable(ctx, doc)
+    stale = _stale_editable(ctx, doc) if chosen is not None else None  # a fallback already
     if stale is not None:
         if strict:
             raise StaleArtifactError(stale + " Strict mode: no fallback.")
@@ -367,11 +379,8 @@ def _stale_editable(ctx: str, doc: dict[str, Any]) -> str | None:
     info = doc.get("editable")
     if not isinstance(info, dict) or not isinstance(info.get("package_dir"), str):
         return None
-    from ._digest import package_digest
-
-    try:
-        now = package_digest(info["package_dir"])
-    except OSError:
+    now = _source_digest(info["package_dir"])
+    if now is None:
         return None  # the source tree is gone: nothing to compare with
     if now == info.get("package_sha256"):
         return None
@@ -380,6 +389,15 @@ def _stale_editable(ctx: str, doc: dict[str, Any]) -> str | None:
             "kernels are not used; the captured graph runs instead, and it computes what "
             "the code did at that build. Run the editable install again to capture the "
             "current code.")
+
+
+def _source_digest(package_dir: str) -> "str | None":
+    from ._digest import package_digest
+
+    try:
+        return package_digest(package_dir)
+    except OSError:
+        return None
 
 
 def _package_data(package: str) -> Any:
