@@ -10,11 +10,14 @@ Mechanisms (a row each, where this host's torch has it):
   aoti           AOTInductor package (aoti_compile_and_package / aoti_load_package)
   precompile     torch.compiler.precompile pair (torch 2.14+)
   load_packaged  precompile_runtime.load_packaged from an installed wheel (this project)
+  load_packaged_graphs  the same with cuda_graphs=True (CUDA only): the first call runs
+                 the kernels plainly, the second records the graph, later calls replay
 
 Per mechanism: import seconds (``import torch``), setup seconds (building the model
 and inputs, the same work for every mechanism), load seconds (the mechanism's own
 imports and loading), first-call seconds, ``to_first_result`` (from ``import torch``
-finished to the first result, synchronized: setup + load + first call), steady-state latency (ms, median of 50 calls
+finished to the first result, synchronized: setup + load + first call), second-call
+seconds (with graphs: the recording), steady-state latency (ms, median of 50 calls
 after 10 warm-up calls), artifact bytes, and ratios against eager and against the
 best other compiled mechanism. Each cold-start figure is the median of --repeats
 fresh processes. Writes cold_start_<device>.json and .md under --out.
@@ -35,7 +38,8 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
-MECHANISMS = ("eager", "compile_cold", "compile_warm", "mega_cache", "aoti", "precompile", "load_packaged")
+MECHANISMS = ("eager", "compile_cold", "compile_warm", "mega_cache", "aoti", "precompile", "load_packaged",
+              "load_packaged_graphs")
 
 
 # ---- worker: runs in a fresh process, prints one JSON line ----------------------------
@@ -69,10 +73,12 @@ def worker(mech: str, model_name: str, device: str, work: Path) -> dict:
         cache = (work / f"{model_name}.precompile.cache").read_bytes()
         loaded = torch.compiler.precompile.load(code, cache)
         call = lambda: loaded(model, *args)  # noqa: E731
-    elif mech == "load_packaged":
+    elif mech in ("load_packaged", "load_packaged_graphs"):
         import precompile_runtime
 
-        loaded = precompile_runtime.load_packaged(f"{model_name}_forward", package="benchmodels", strict=True)
+        # graphs: the first call runs the kernels plainly (warm-up), the second records
+        loaded = precompile_runtime.load_packaged(f"{model_name}_forward", package="benchmodels", strict=True,
+                                                  cuda_graphs=mech == "load_packaged_graphs")
         call = lambda: loaded(model, *args)  # noqa: E731
     else:
         raise SystemExit(f"unknown mechanism {mech}")
@@ -80,7 +86,10 @@ def worker(mech: str, model_name: str, device: str, work: Path) -> dict:
     call()
     sync()
     t_first = time.perf_counter()
-    for _ in range(10):
+    call()
+    sync()
+    t_second = time.perf_counter()
+    for _ in range(9):
         call()
     sync()
     times = []
@@ -97,6 +106,7 @@ def worker(mech: str, model_name: str, device: str, work: Path) -> dict:
         # the figure: from `import torch` finished to the first result, so
         # building the model (the same for every mechanism) counts for all
         "to_first_result_s": t_first - t_import,
+        "second_call_s": t_second - t_first,  # with CUDA graphs: the recording
         "steady_ms": statistics.median(times) * 1e3,
         "compiler_imported": sorted({m.split(".")[1] for m in sys.modules
                                      if m.startswith(("torch._inductor", "torch._dynamo"))}),
@@ -157,7 +167,9 @@ def prepare(mech: str, name: str, device: str, work: Path) -> str | None:
         return None
     if mech == "precompile" and not callable(getattr(torch.compiler, "precompile", None)):
         return f"torch {torch.__version__} has no torch.compiler.precompile"
-    if mech == "load_packaged":
+    if mech == "load_packaged_graphs" and device != "cuda":
+        return "CUDA graphs: CUDA only"
+    if mech in ("load_packaged", "load_packaged_graphs"):
         return None  # built once for all models, see build_wheel()
     code = PRIME.format(project=str(HERE / "project"), example=str(ROOT / "example_project"),
                         mech=mech, name=name, device=device, work=str(work))
@@ -196,7 +208,7 @@ def artifact_bytes(mech: str, name: str, work: Path) -> int | None:
         return size(work / f"{name}.pt2")
     if mech == "precompile":
         return size(work / f"{name}.precompile.py") + size(work / f"{name}.precompile.cache")
-    if mech == "load_packaged":
+    if mech in ("load_packaged", "load_packaged_graphs"):
         base = work / "site" / "benchmodels" / "_precompiled" / f"{name}_forward"
         return size(base.with_suffix(".py")) + size(base.with_suffix(".cache"))
     if mech == "compile_warm":
@@ -251,18 +263,18 @@ def markdown(result: dict) -> str:
            f"median of {result['repeats']} fresh processes per cell. Reproduce: `{result['command']}`.", ""]
     for name, rows in result["models"].items():
         out += [f"## {name}", "", result["configs"][name], "",
-                "| mechanism | import s | setup s | load s | first call s | to first result s | steady ms "
+                "| mechanism | import s | setup s | load s | first call s | to first result s | second call s | steady ms "
                 "| artifact bytes | first result / eager | vs best other | steady / eager | steady / best other "
                 "| compiler stack imported |",
-                "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+                "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
         for r in rows:
             if "error" in r:
-                out.append(f"| {r['mechanism']} | not measured: {r['error']} |||||||||||")
+                out.append(f"| {r['mechanism']} | not measured: {r['error']} ||||||||||||")
                 continue
             f = lambda k, fmt="{:.3f}": fmt.format(r[k]) if r.get(k) is not None else "-"  # noqa: E731
             out.append(" | ".join([
                 f"| {r['mechanism']}", f("import_s", "{:.2f}"), f("setup_s"), f("load_s"), f("first_call_s"),
-                f("to_first_result_s"), f("steady_ms", "{:.3f}"), f("artifact_bytes", "{:,}"),
+                f("to_first_result_s"), f("second_call_s"), f("steady_ms", "{:.3f}"), f("artifact_bytes", "{:,}"),
                 f("first_result_vs_eager_first_call", "{:.2f}x"), f("first_result_vs_best_other", "{:.2f}x"),
                 f("steady_vs_eager", "{:.2f}x"), f("steady_vs_best_other", "{:.2f}x"),
                 ", ".join(r.get("compiler_imported") or []) or "no"]) + " |")
@@ -293,7 +305,7 @@ def main() -> int:
 
     work = Path(tempfile.mkdtemp(prefix="bench-cold-start-"))
     mechs = a.mechanisms.split(",")
-    if "load_packaged" in mechs:
+    if {"load_packaged", "load_packaged_graphs"} & set(mechs):
         os.environ["PRECOMPILE_TARGETS"] = ",".join(f"{m}_forward" for m in a.models.split(","))
         build_wheel(work, device)
     host = torch.cuda.get_device_name() if device == "cuda" else (platform.processor() or platform.machine())

@@ -8,7 +8,10 @@ Cases (CUDA sizes; ``--device cpu`` uses the tiny analogues in brackets):
   fp32: an LLM decode step, where launches dominate [d=128, 4 heads];
 - ``tinylm``: the example project's TinyLM forward at batch 1 x 32 tokens;
 - ``gpt``: 4 blocks, bf16, batch 8 x 512 tokens x d=1024, 16 heads: compute-bound
-  [fp32, 2 x 32 tokens x d=64, 2 layers].
+  [fp32, 2 x 32 tokens x d=64, 2 layers];
+- ``bert``: the model matrix's ``bert_embed`` (tests/packages/modelzoo: a tiny random
+  transformers BertModel, mean-pooled over a padded batch of 2 x 16 tokens), the same
+  on both devices.
 
 The pair is captured here with the frozen engine and loaded with the source's
 ``load(kernel_dir)``, the call ``load_packaged`` makes after its checks (those run
@@ -66,31 +69,38 @@ def forward(model, x):
 
 
 def make_case(name, device):
+    """``(model, fn, args)``: the case's model, the captured function, its inputs."""
     torch.manual_seed(0)
     cuda = device == "cuda"
     if name == "decode":
         d, h = (512, 8) if cuda else (128, 4)
-        return blocks(4, d, h).to(device).eval(), torch.randn(1, 1, d, device=device)
+        return blocks(4, d, h).to(device).eval(), forward, (torch.randn(1, 1, d, device=device),)
     if name == "tinylm":
         import tinylm
 
         ids, _ = tinylm.example_batch(device, batch=1)
-        return tinylm.build_model(seed=0, device=device).eval(), ids
+        return tinylm.build_model(seed=0, device=device).eval(), forward, (ids,)
     if name == "gpt":
         if cuda:
             m = blocks(4, 1024, 16).to(device, torch.bfloat16).eval()
-            return m, torch.randn(8, 512, 1024, device=device, dtype=torch.bfloat16)
-        return blocks(2, 64, 4).eval(), torch.randn(2, 32, 64)
+            return m, forward, (torch.randn(8, 512, 1024, device=device, dtype=torch.bfloat16),)
+        return blocks(2, 64, 4).eval(), forward, (torch.randn(2, 32, 64),)
+    if name == "bert":
+        sys.path.insert(0, str(REPO / "tests" / "packages" / "modelzoo"))
+        import modelzoo
+
+        model, args = modelzoo.example("bert_embed", device)
+        return model.eval(), modelzoo.mean_pooled, args
     raise ValueError(name)
 
 
-def load_pair(model, x, tmp: Path):
+def load_pair(model, fn, args, tmp: Path):
     import precompile_build
     from precompile_runtime.envelope import loads
 
     paths = {"artifact_path": tmp / "t.py", "cache_path": tmp / "t.cache"}
-    with torch.no_grad(), precompile_build.capture(forward, engine="frozen", **paths) as f:
-        f(model, x)
+    with torch.no_grad(), precompile_build.capture(fn, engine="frozen", **paths) as f:
+        f(model, *args)
     env = loads(paths["cache_path"].read_bytes())
     for name, blob in env.blobs.items():
         (tmp / "k" / name).parent.mkdir(parents=True, exist_ok=True)
@@ -100,18 +110,18 @@ def load_pair(model, x, tmp: Path):
     return ns["load"](str(tmp / "k"), cuda_graphs=False)
 
 
-def mechanisms(model, x, device, tmp: Path):
-    out = {"eager": lambda: model(x)}
-    compiled = torch.compile(model)
-    out["torch.compile"] = lambda: compiled(x)
+def mechanisms(model, fn, args, device, tmp: Path):
+    out = {"eager": lambda: fn(model, *args)}
+    compiled = torch.compile(fn)
+    out["torch.compile"] = lambda: compiled(model, *args)
     if device == "cuda":
-        ro = torch.compile(model, mode="reduce-overhead")
-        out["torch.compile reduce-overhead"] = lambda: ro(x)
-    pair = load_pair(model, x, tmp)
-    out["pair, graphs off"] = lambda: pair(model, x)
+        ro = torch.compile(fn, mode="reduce-overhead")
+        out["torch.compile reduce-overhead"] = lambda: ro(model, *args)
+    pair = load_pair(model, fn, args, tmp)
+    out["pair, graphs off"] = lambda: pair(model, *args)
     if device == "cuda":
         graphed = pair.with_cuda_graphs()
-        out["pair, graphs on"] = lambda: graphed(model, x)
+        out["pair, graphs on"] = lambda: graphed(model, *args)
     return out
 
 
@@ -121,10 +131,10 @@ def sync(device):
 
 
 def run_case(name, device, calls, rounds, log):
-    model, x = make_case(name, device)
+    model, fn, args = make_case(name, device)
     with tempfile.TemporaryDirectory() as tmp, torch.no_grad():
-        mechs = mechanisms(model, x, device, Path(tmp))
-        want = model(x).float()
+        mechs = mechanisms(model, fn, args, device, Path(tmp))
+        want = fn(model, *args).float()
         errs, first = {}, {}
         for k, fn in mechs.items():  # warm up: compile, record; first calls timed
             sync(device)
@@ -152,7 +162,7 @@ def run_case(name, device, calls, rounds, log):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    ap.add_argument("--cases", nargs="+", default=["decode", "tinylm", "gpt"])
+    ap.add_argument("--cases", nargs="+", default=["decode", "tinylm", "gpt", "bert"])
     ap.add_argument("--calls", type=int, default=200)
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--threads", type=int, help="torch.set_num_threads (CPU on a shared host)")
