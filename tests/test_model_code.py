@@ -62,6 +62,24 @@ def test_tensor_constants_made_by_the_function_are_served(tmp_path, fn, engine):
     torch.testing.assert_close(loaded(x2), fn(x2))
 
 
+def test_executing_a_cuda_pairs_source_touches_no_gpu(tmp_path):
+    """The constants of a CUDA capture are placed at the first call, not when the
+    source runs: load_packaged's fallback on a host without CUDA execs the source and
+    gets a callable whose calls are refused with a CallError, not a RuntimeError."""
+    from precompile_runtime import CallError
+
+    _capture_and_load(tmp_path, _add_literal, torch.randn(2, 3), engine="eager")
+    head, sep, rest = (tmp_path / "t.py").read_text().partition("# ---- the captured ATen graph")
+    assert "'constants': [{" in head
+    ns: dict = {"__name__": "pair"}  # the same pair as if captured on CUDA
+    exec(compile(head.replace("'cpu'", "'cuda'") + sep + rest, "t.py", "exec"), ns)
+    fn = ns["load"](None)
+    assert ns["_CONSTS"] == {}  # nothing placed yet
+    if not torch.cuda.is_available():
+        with pytest.raises(CallError, match=r"device cpu \(captured cuda\)"):
+            fn(torch.randn(2, 3))
+
+
 def test_closed_over_tensors_are_still_refused(tmp_path):
     w = torch.randn(3)
 

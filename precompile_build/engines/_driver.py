@@ -20,9 +20,10 @@ except ImportError:  # pragma: no cover - runs without precompile-runtime too
 _META = PRECOMPILE_METADATA
 
 
-def _decode_constants(specs):
+def _decode_constants(specs, device):
     """The tensor constants the trace made (graph_attrs.constant_specs), passed after
-    the inputs on every call."""
+    the inputs on every call: those captured on a CUDA device go to ``device`` (the
+    call's), the others stay on the CPU."""
     import base64
 
     out = []
@@ -30,11 +31,24 @@ def _decode_constants(specs):
         dtype = getattr(torch, s["dtype"].rpartition(".")[2])
         data = bytearray(base64.b64decode(s["data"]))
         t = torch.frombuffer(data, dtype=dtype).reshape(s["shape"]) if data else torch.empty(s["shape"], dtype=dtype)
-        out.append(t if s["device_type"] == "cpu" else t.to(s["device_type"]))
+        out.append(t if s["device_type"] == "cpu" else t.to(device))
     return out
 
 
-_CONSTS = _decode_constants(_META["constants"]) if _META.get("constants") else []
+# Placed at the first call on each device, never when the source runs: executing the
+# source (load_packaged's fallback on a host without the capture's GPU, a plain exec)
+# touches no GPU, and a pair captured on cuda:0 serves cuda:1 with its constants there.
+_CONST_SPECS = _META.get("constants") or ()
+_CONSTS = {}  # the call's CUDA device (None: no CUDA input) -> the decoded constants
+
+
+def _constants(device):
+    consts = _CONSTS.get(device)
+    if consts is None:  # setdefault: racing threads share one list (graphs keep its addresses)
+        consts = _CONSTS.setdefault(device, _decode_constants(_CONST_SPECS, device or "cuda"))
+    return consts
+
+
 _REASSIGNED = _META.get("reassigned_buffers") or ()  # buffers the call reassigns, by lifted index
 _DIST = _META.get("collectives")  # {"world_size", "groups": {name: ranks}} (collectives.py)
 _DIST_WORLD = []  # the WORLD group whose groups are registered under the pair's names
@@ -623,12 +637,14 @@ class CompiledArtifact:
             tensors = [t for t, _ in leaves]
             _check_inputs(tensors, leaves)
         flat = params + tensors  # no autograd below: run under no_grad
-        if _CONSTS:  # the trace-made tensor constants, after the inputs
-            flat += _CONSTS
+        cuda = next((t.device for t in flat if t.is_cuda), None) if _ON_CUDA else None
+        if _CONST_SPECS:  # the trace-made tensor constants, after the inputs
+            flat += _constants(cuda)
+            if cuda is None and _ON_CUDA:  # no CUDA input: the constants' device
+                cuda = next((t.device for t in flat if t.is_cuda), None)
         if _CHECK_ALIASES:
             _check_no_aliases(flat, lambda: [f"parameter/buffer {n}" for n in _META["param_names"]]
                               + _paths(args, kwargs))
-        cuda = next((t.device for t in flat if t.is_cuda), None) if _ON_CUDA else None
         grad = torch.is_grad_enabled()
         torch._C._set_grad_enabled(False)
         try:
