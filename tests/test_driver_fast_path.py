@@ -284,3 +284,42 @@ def test_cuda_graphs_option_with_another_engine_is_a_capture_error(tmp_path, mon
                        "but this capture uses engine 'eager'"):
         with precompile_build.capture(forward, engine="eager", **paths) as f:
             f(_model(1), torch.randn(2, 8))
+
+
+def _double(x):
+    return x * 2
+
+
+def test_cuda_graph_bookkeeping_is_bounded(tmp_path):
+    """CUDA graphs keep at most max_graphs graphs and max_graphs warm keys without a
+    graph, however many input sizes they see; a size whose graph was dropped is
+    recorded again at its next call, one forgotten warms up again. Checked without a
+    GPU: recording is replaced by a stand-in graph (real graphs: test_gpu_cudagraphs.py)."""
+    ns = _capture(tmp_path, _double, torch.randn(3))
+    ns["_META"]["device"] = "cuda"  # as if captured on CUDA (read when graphs are made)
+    runs = []
+    graphs = ns["_CudaGraphs"](lambda flat: runs.append(len(flat[0])) or [flat[0] * 2], True, 2)
+
+    class Replay:
+        def replay(self):
+            pass
+
+    def record(flat, *_):
+        g = ns["_Graph"]()
+        g.graph, g.static_inputs, g.outputs, g.param_ptrs = Replay(), [flat[0].clone()], (flat[0],), []
+        return g
+
+    graphs._record = record
+    cuda0 = torch.device("cuda", 0)
+    for n in range(1, 11):  # each size twice: a warm-up, then a recording
+        graphs([torch.ones(n)], cuda0)
+        graphs([torch.ones(n)], cuda0)
+    assert graphs.recorded == 10 and runs == list(range(1, 11))
+    assert [k[1][0] for k in graphs._graphs] == [9, 10] and len(graphs._warm) == 2
+    graphs([torch.ones(8)], cuda0)  # dropped recently: still warm, recorded at once
+    assert graphs.recorded == 11
+    graphs([torch.ones(1)], cuda0)  # dropped long ago: forgotten, warms up again
+    assert graphs.recorded == 11 and runs[-1] == 1
+    for n in range(11, 50):  # sizes seen once
+        graphs([torch.ones(n)], cuda0)
+    assert len(graphs._warm) == 2 and len(graphs._graphs) == 2

@@ -468,16 +468,6 @@ def _check_ambient():
 
 
 # ---- CUDA graphs ------------------------------------------------------------------
-# One graph per (device, user input sizes), recorded at the second call of that key
-# (the first is the warm-up: kernels loaded, allocator settled), replayed after.
-# Like torch/_inductor/cudagraph_trees.py: user inputs are copied into static
-# buffers; parameters and buffers are static inputs read in place, their addresses
-# compared before each replay (a swapped checkpoint or a moved model re-records,
-# never replays stale pointers); buffers the code writes are written in place, user
-# inputs it writes are copied back; outputs are copied out of the graph's memory
-# (copy_outputs=False hands out the graph's own output tensors, which the next
-# replay overwrites); graphs of one device share a private memory pool; at most
-# max_graphs graphs are kept, least recently used dropped.
 _DATA_PTRS_EQUAL = getattr(torch._C, "_tensors_data_ptrs_at_indices_equal", None)
 
 
@@ -486,6 +476,23 @@ class _Graph:
 
 
 class _CudaGraphs:
+    """CUDA graphs of the frozen kernels, one per user input sizes on one device.
+
+    Each key (device, user input sizes) is recorded at its second call (the first is
+    the warm-up: kernels loaded, allocator settled) and replayed after. Like
+    torch/_inductor/cudagraph_trees.py: user inputs are copied into static buffers;
+    parameters and buffers are static inputs read in place, their addresses compared
+    before each replay (a swapped checkpoint or a moved model records again, never
+    replays stale pointers); buffers the code writes are written in place, user
+    inputs it writes are copied back; outputs are copied out of the graph's memory
+    (copy_outputs=False hands out the graph's own output tensors, which the next
+    replay overwrites). Graphs are recorded on the first device a call uses (see
+    __call__) and share one private memory pool. Bounded: at most max_graphs graphs
+    are kept, least recently used dropped (its key stays warm: recorded again at its
+    next call), and at most max_graphs warm keys without a graph, oldest forgotten
+    (such a key warms up again).
+    """
+
     def __init__(self, run, copy_outputs, max_graphs):
         if _META["device"] != "cuda":
             raise CallError(f"target {_META['target']!r}: CUDA graphs need a CUDA target; "
@@ -500,8 +507,8 @@ class _CudaGraphs:
         self._copy = bool(copy_outputs)
         self._max = max_graphs
         self._graphs = {}  # key -> _Graph, in least-recently-used order
-        self._warm = set()
-        self._pools = {}  # device index -> memory pool handle
+        self._warm = {}  # warm keys without a graph (-> None), oldest first
+        self._pool = None  # the graphs' private memory pool, made at the first recording
         self._device = None  # the one device graphs are recorded on (see __call__)
         self._n = len(_META["params"])
         n = self._n
@@ -529,15 +536,18 @@ class _CudaGraphs:
             else:
                 same = all(t.data_ptr() == p for t, p in zip(flat, g.param_ptrs))
             if not same:
-                g = None  # parameters moved or swapped: record again
+                g = None  # parameters moved or swapped: record again, no warm-up
+                self._warm[key] = None
         if g is None:
             if key not in self._warm:  # warm-up: a plain run
-                self._warm.add(key)
+                self._keep_warm(key)
                 return self._run(flat)
-            g = self._record(flat, device)
+            g = self._record(flat)
+            del self._warm[key]  # the graph cache holds it now
             self.recorded += 1
         self._graphs[key] = g
-        if len(self._graphs) > self._max:
+        if len(self._graphs) > self._max:  # dropped: its key is warm, recorded at its next call
+            self._keep_warm(next(iter(self._graphs)))
             del self._graphs[next(iter(self._graphs))]
         if users:
             torch._foreach_copy_(g.static_inputs, users)
@@ -548,12 +558,16 @@ class _CudaGraphs:
             return [o.clone() for o in g.outputs]
         return list(g.outputs)
 
-    def _record(self, flat, device):
+    def _keep_warm(self, key):
+        self._warm[key] = None
+        if len(self._warm) > self._max:
+            del self._warm[next(iter(self._warm))]
+
+    def _record(self, flat):
         n = self._n
         users = flat[n:]
-        pool = self._pools.get(device.index)
-        if pool is None:
-            pool = self._pools[device.index] = torch.cuda.graph_pool_handle()
+        if self._pool is None:
+            self._pool = torch.cuda.graph_pool_handle()
         g = _Graph()
         g.static_inputs = [torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=t.device)
                            for t in users]
@@ -561,9 +575,9 @@ class _CudaGraphs:
             torch._foreach_copy_(g.static_inputs, users)
         g.param_ptrs = [t.data_ptr() for t in flat[:n]]
         g.graph = torch.cuda.CUDAGraph()
-        torch.cuda.synchronize(device)
+        torch.cuda.synchronize(self._device)
         try:
-            with torch.cuda.graph(g.graph, pool=pool):
+            with torch.cuda.graph(g.graph, pool=self._pool):
                 g.outputs = tuple(self._run(list(flat[:n]) + g.static_inputs))
         except Exception as e:
             raise CallError(
