@@ -107,7 +107,7 @@ def load_pair(model, fn, args, tmp: Path):
         (tmp / "k" / name).write_bytes(blob)
     ns: dict = {"__name__": "pair"}
     exec(compile(paths["artifact_path"].read_text(), "t.py", "exec"), ns)
-    return ns["load"](str(tmp / "k"), cuda_graphs=False)
+    return ns["load"](str(tmp / "k")).with_cuda_graphs(False)
 
 
 def mechanisms(model, fn, args, device, tmp: Path):

@@ -58,8 +58,7 @@ def _load(tmp_path, cuda_graphs=True, **kw):
         (kdir / name).write_bytes(blob)
     ns: dict = {"__name__": "pair"}
     exec(compile((tmp_path / "t.py").read_text(), "t.py", "exec"), ns)
-    fn = ns["load"](str(kdir), cuda_graphs=False)
-    return fn.with_cuda_graphs(**kw) if cuda_graphs else fn
+    return ns["load"](str(kdir)).with_cuda_graphs(cuda_graphs, **kw)
 
 
 def _eq(got, want):

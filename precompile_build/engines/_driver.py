@@ -724,27 +724,19 @@ _CHECK_ALIASES = bool(_META.get("mutated_inputs")) and _META["engine"] == "froze
 _ON_CUDA = _META["device"] == "cuda"
 
 
-def load(kernel_dir, cuda_graphs=None):
+def load(kernel_dir):
     """Return the callable for this pair.
 
     Args:
         kernel_dir: directory with the cache's unpacked blobs (frozen kernels), or
             None to run the captured ATen graph in eager mode (slower, no kernels).
-        cuda_graphs: True/False: replay CUDA graphs of the frozen kernels or not;
-            None: as the capture recorded (``cuda-graphs`` target option); ignored
-            without kernels.
     Returns:
-        a :class:`CompiledArtifact`.
+        a :class:`CompiledArtifact`; with frozen kernels, it replays CUDA graphs when
+        the capture recorded the ``cuda-graphs`` target option
+        (``.with_cuda_graphs(enabled)`` gives the other setting).
     """
     if kernel_dir is None or _META["engine"] != "frozen":
-        if cuda_graphs:
-            import warnings
-
-            warnings.warn(f"target {_META['target']!r}: cuda_graphs=True ignored: this load "
-                          "runs no frozen kernels", stacklevel=2)
         return CompiledArtifact(lambda flat: _graph(_GRAPH_SELF, *flat), uses_kernels=False)
     call = _make_call(_load_kernels(kernel_dir))
     art = CompiledArtifact(call, uses_kernels=True)  # call(list) consumes the fresh list
-    if cuda_graphs is None:
-        cuda_graphs = bool(_META.get("cuda_graphs"))
-    return art.with_cuda_graphs() if cuda_graphs else art
+    return art.with_cuda_graphs() if _META.get("cuda_graphs") else art
