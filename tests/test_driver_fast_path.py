@@ -323,3 +323,36 @@ def test_cuda_graph_bookkeeping_is_bounded(tmp_path):
     for n in range(11, 50):  # sizes seen once
         graphs([torch.ones(n)], cuda0)
     assert len(graphs._warm) == 2 and len(graphs._graphs) == 2
+
+
+def test_load_packaged_cuda_graphs_on_a_cpu_target_is_a_load_error(tmp_path, monkeypatch):
+    """cuda_graphs=True for a target that can never replay graphs is refused when
+    loading, with a LoadOptionError (a PrecompileLoadError and a ValueError) that says
+    what to pass; the loaded target stays usable."""
+    from test_runtime_loader import file_entry, make_package, on_path
+
+    from precompile_runtime import LoadOptionError, PrecompileLoadError, load_packaged
+    from precompile_runtime.envelope import sha256_hex
+
+    monkeypatch.setenv("PRECOMPILE_CACHE_DIR", str(tmp_path / "kcache"))
+    monkeypatch.delenv("PRECOMPILE_STRICT", raising=False)
+    p = on_path(monkeypatch, make_package(tmp_path))  # then its pair replaced by a real one
+    paths = {"artifact_path": p.data / "fwd.py", "cache_path": p.data / "fwd.cache"}
+    with precompile_build.capture(_double, engine="frozen", **paths) as f:
+        f(torch.randn(3))
+    source, cache = paths["artifact_path"].read_bytes(), paths["cache_path"].read_bytes()
+    doc = p.manifest()
+    doc["targets"]["fwd"]["variants"][0].update(
+        code_hash=sha256_hex(source),
+        files={"source": file_entry("fwd.py", source), "cache": file_entry("fwd.cache", cache)})
+    p.write_manifest(doc)
+    with pytest.raises(LoadOptionError, match=rf"package '{p.name}', target 'fwd': load_packaged\(\.\.\., "
+                       r"cuda_graphs=True\): CUDA graphs replay the frozen kernels of CUDA inference "
+                       r"targets, and this target was captured on cpu\. Drop cuda_graphs=True \(pass "
+                       r"None or False\); or capture it on a CUDA device") as ei:
+        load_packaged("fwd", package=p.name, cuda_graphs=True)
+    assert isinstance(ei.value, PrecompileLoadError) and isinstance(ei.value, ValueError)
+    fn = load_packaged("fwd", package=p.name, cuda_graphs=False)
+    assert fn.uses_kernels and not fn.cuda_graphs and torch.equal(fn(torch.ones(3)), torch.full((3,), 2.0))
+    with pytest.raises(LoadOptionError, match="use None, True or False"):
+        load_packaged("fwd", package=p.name, cuda_graphs="yes")

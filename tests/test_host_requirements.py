@@ -199,6 +199,8 @@ def test_noexec_kernel_dir_is_a_mismatch_with_advice(tmp_path, monkeypatch):
     with pytest.warns(HostMismatchWarning, match="Set PRECOMPILE_CACHE_DIR") as rec:
         assert load_packaged("fwd", package=p.name)() == ("fallback", None)
     assert "Using the slower fallback" in str(rec[0].message)
+    with pytest.raises(CacheDirNotExecutableError):  # the cached fallback, to a strict caller
+        load_packaged("fwd", package=p.name, strict=True)
 
 
 def test_other_import_errors_of_a_pair_are_not_called_noexec(tmp_path, monkeypatch):

@@ -33,6 +33,8 @@ from precompile_runtime import (
     IntegrityError,
     ManifestError,
     PrecompileLoadError,
+    StaleArtifactError,
+    StaleArtifactWarning,
     TargetNotFoundError,
     load_packaged,
 )
@@ -243,6 +245,21 @@ def test_strict_true_raises_with_same_text(tmp_path, monkeypatch):
     # a cached fallback still refuses strict callers
     with pytest.raises(HostMismatchError):
         load_packaged("fwd", package=p.name, strict=True)
+
+
+def test_a_stale_editable_fallback_cached_without_strict_still_refuses_strict(tmp_path, monkeypatch):
+    """An editable install whose source changed: the fallback a non-strict load cached
+    is not handed to a later strict caller, who gets the StaleArtifactError that a
+    first strict load would have raised."""
+    p = on_path(monkeypatch, make_package(tmp_path))
+    doc = p.manifest()
+    doc["editable"] = {"package_dir": str(p.dir), "package_sha256": "0" * 64}  # not its digest now
+    p.write_manifest(doc)
+    with pytest.warns(StaleArtifactWarning):
+        assert load_packaged("fwd", package=p.name)() == ("fallback", None)
+    with pytest.raises(StaleArtifactError, match="changed since the editable build .* Strict mode: no fallback"):
+        load_packaged("fwd", package=p.name, strict=True)
+    assert p.execs() == 1
 
 
 def test_strict_env_raises(tmp_path, monkeypatch):

@@ -40,6 +40,12 @@ class TargetNotFoundError(PrecompileLoadError):
     or the target's capture failed at build time and was left out."""
 
 
+class LoadOptionError(PrecompileLoadError, ValueError):
+    """An argument of ``load_packaged`` is invalid, or cannot apply to this target
+    (``cuda_graphs=True`` for a target captured on the CPU or one that runs a
+    backward); the message says what to pass instead."""
+
+
 class CallError(PrecompileLoadError, ValueError):
     """A call to a loaded artifact does not match what was captured (dtype, device,
     shape, layout, model structure)."""

@@ -49,6 +49,7 @@ from .errors import (
     HostMismatchError,
     HostMismatchWarning,
     IntegrityError,
+    LoadOptionError,
     ManifestError,
     PackageChangedError,
     PrecompileLoadError,
@@ -62,6 +63,7 @@ __all__ = ["load_packaged", "cache_root"]
 STRICT_ENV = "PRECOMPILE_STRICT"
 CACHE_ENV = "PRECOMPILE_CACHE_DIR"
 DATA_DIR = "_precompiled"
+_NO_FALLBACK = " Strict mode (strict=True or PRECOMPILE_STRICT=1): no fallback."
 
 # (package, name) -> _Loaded ; one lock per key so distinct targets load in parallel
 _loaded: dict[tuple[str, str], "_Loaded"] = {}
@@ -71,13 +73,17 @@ _private_dirs: list[str] = []
 
 
 class _Loaded:
-    __slots__ = ("value", "mismatch_text", "fallback", "twins")
+    __slots__ = ("value", "mismatch_text", "fallback", "refusal", "twins")
 
-    def __init__(self, value: Any, mismatch_text: str | None, fallback: str) -> None:
+    def __init__(self, value: Any, mismatch_text: str | None, fallback: str,
+                 refusal: "tuple[type[PrecompileLoadError], str] | None" = None) -> None:
         self.value = value
         self.twins: dict[bool, Any] = {}  # cuda_graphs override -> artifact
-        self.mismatch_text = mismatch_text  # set when this is a fallback
+        self.mismatch_text = mismatch_text  # set when this is a fallback for the host
         self.fallback = fallback  # what the fallback runs, for the warning
+        # (error class, message) that strict mode raises instead of this fallback (a
+        # host mismatch, a noexec cache directory, a stale editable install), or None
+        self.refusal = refusal
 
 
 # --------------------------------------------------------------------------- API
@@ -117,10 +123,11 @@ def load_packaged(name: str, *, package: str | None = None, strict: bool | None 
             CacheDirNotExecutableError (one of them): strict mode and the kernel
             cache directory cannot map code (noexec).
         StaleArtifactError: strict mode and an editable install's source changed
-            since its capture.
-        ValueError: ``cuda_graphs`` is not None, True or False.
-        CallError: ``cuda_graphs=True`` for a target that cannot replay graphs (CPU,
-            or one that runs a backward).
+            since its capture (also when a non-strict load of this process already
+            fell back for that reason).
+        LoadOptionError: (a ValueError) ``cuda_graphs`` is not None, True or False,
+            or ``cuda_graphs=True`` for a target that cannot replay CUDA graphs (one
+            captured on the CPU, or one that runs a backward).
         PrecompileLoadError: anything else the load could not do (e.g. no place to
             unpack kernels), with the package and target in the message.
     Warns:
@@ -129,7 +136,7 @@ def load_packaged(name: str, *, package: str | None = None, strict: bool | None 
             changed (the captured graph runs instead of the kernels).
     """
     if cuda_graphs not in (None, True, False):
-        raise ValueError(f"load_packaged({name!r}, cuda_graphs={cuda_graphs!r}): use None, True or False")
+        raise LoadOptionError(f"load_packaged({name!r}, cuda_graphs={cuda_graphs!r}): use None, True or False")
     if package is None:
         package = _caller_package(sys._getframe(1))
     if strict is None:
@@ -142,7 +149,7 @@ def load_packaged(name: str, *, package: str | None = None, strict: bool | None 
             lock = _key_locks.setdefault(key, threading.Lock())
         with lock:
             done = _loaded.get(key)
-            if done is None:
+            if done is None:  # (a strict load that would fall back raises here)
                 done = _load(package, name, strict)
                 _loaded[key] = done
                 if done.mismatch_text is not None:
@@ -152,10 +159,32 @@ def load_packaged(name: str, *, package: str | None = None, strict: bool | None 
                         HostMismatchWarning,
                         stacklevel=2,
                     )
-                return _with_graphs(done, cuda_graphs)
-    if strict and done.mismatch_text is not None:
-        raise HostMismatchError(done.mismatch_text)
+    if strict and done.refusal is not None:  # a fallback cached by a non-strict load
+        error, message = done.refusal
+        raise error(message)
+    _check_cuda_graphs(package, name, done.value, cuda_graphs)
     return _with_graphs(done, cuda_graphs)
+
+
+def _check_cuda_graphs(package: str, name: str, value: Any, cuda_graphs: bool | None) -> None:
+    """Raise :class:`LoadOptionError` for ``cuda_graphs=True`` on a target that can
+    never replay CUDA graphs (its pair's metadata: captured on the CPU, or runs a
+    backward), whichever variant this host loaded; pairs of the ``torch`` engine
+    ignore the option."""
+    meta = getattr(value, "metadata", None)
+    if not cuda_graphs or not hasattr(value, "with_cuda_graphs") or not isinstance(meta, dict):
+        return
+    if meta.get("device") != "cuda":
+        why, fix = f"was captured on {meta.get('device')}", "; or capture it on a CUDA device"
+    elif meta.get("grad_param_indices"):
+        why, fix = "runs a backward (a training step)", ""
+    else:
+        return
+    raise LoadOptionError(
+        f"package {package!r}, target {name!r}: load_packaged(..., cuda_graphs=True): CUDA "
+        f"graphs replay the frozen kernels of CUDA inference targets, and this target {why}. "
+        f"Drop cuda_graphs=True (pass None or False){fix}"
+    )
 
 
 def _with_graphs(done: "_Loaded", cuda_graphs: bool | None) -> Any:
@@ -239,21 +268,20 @@ def _load(package: str, name: str, strict: bool) -> _Loaded:
         raise TargetNotFoundError(f"{ctx}: the manifest lists no variants of it; rebuild the wheel")
 
     chosen, reports = _select(variants)
+    text = stale = refusal = None  # refusal: what strict mode raises instead of a fallback
     if chosen is None:
         text = _mismatch_text(ctx, variants, reports)
-        if strict:
-            raise HostMismatchError(text + " Strict mode (strict=True or PRECOMPILE_STRICT=1): no fallback.")
-        variant = variants[0]
+        refusal = (HostMismatchError, text + _NO_FALLBACK)
     else:
-        text = None
-        variant = chosen
-
-    stale = _stale_editable(ctx, doc) if chosen is not None else None  # a fallback already
+        stale = _stale_editable(ctx, doc)
+        if stale is not None:
+            refusal = (StaleArtifactError, stale + " Strict mode: no fallback.")
+    if strict and refusal is not None:
+        raise refusal[0](refusal[1])
     if stale is not None:
-        if strict:
-            raise StaleArtifactError(stale + " Strict mode: no fallback.")
         warnings.warn(stale, StaleArtifactWarning, stacklevel=3)
-    fallback = chosen is None or stale is not None
+    variant = chosen if chosen is not None else variants[0]
+    fallback = refusal is not None
 
     try:
         source, cache, code_hash = _read_pair(data, ctx, variant)
@@ -265,7 +293,7 @@ def _load(package: str, name: str, strict: bool) -> _Loaded:
         from . import torch_pairs  # lazy: imports torch
 
         value = torch_pairs.load_torch_pair(source, cache, fallback=fallback, where=ctx)
-        return _Loaded(value, text, "torch's own load of the source without the compiled cache")
+        return _Loaded(value, text, "torch's own load of the source without the compiled cache", refusal)
     else:
         cache_name = f"{DATA_DIR}/{variant['files']['cache']['path']}"
         try:
@@ -299,10 +327,9 @@ def _load(package: str, name: str, strict: bool) -> _Loaded:
                 raise
             text = _noexec_text(ctx, kernel_dir, e)
             if strict:
-                raise CacheDirNotExecutableError(text + " Strict mode (strict=True or "
-                                                 "PRECOMPILE_STRICT=1): no fallback.") from None
-            return _Loaded(load(None), text, runs_instead)
-        return _Loaded(value, text, runs_instead)
+                raise CacheDirNotExecutableError(text + _NO_FALLBACK) from None
+            return _Loaded(load(None), text, runs_instead, (CacheDirNotExecutableError, text + _NO_FALLBACK))
+        return _Loaded(value, text, runs_instead, refusal)
 
 
 def _cannot_map(kernel_dir: str, e: ImportError) -> bool:
