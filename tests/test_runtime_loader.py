@@ -474,6 +474,16 @@ def test_tampered_artifacts_are_refused_and_never_run(tamper, tmp_path, monkeypa
 # ---------------------------------------------------------------------- installs
 
 
+def test_each_file_is_hashed_once(pkg, monkeypatch):
+    """The cache file's sha256 (checked against the manifest) covers its header and
+    every blob: the blobs' own sha256s are not computed again."""
+    hashed = []
+    real = envelope.sha256_hex
+    monkeypatch.setattr(envelope, "sha256_hex", lambda data: hashed.append(bytes(data)) or real(data))
+    assert load_packaged("fwd", package=pkg.name)() == ("kernels", BLOB)
+    assert sorted(hashed) == sorted([(pkg.data / "fwd.py").read_bytes(), (pkg.data / "fwd.cache").read_bytes()])
+
+
 def test_read_only_package_dir(pkg, tmp_path):
     before = sorted(str(q) for q in pkg.root.rglob("*"))
     modes = []

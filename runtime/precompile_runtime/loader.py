@@ -297,7 +297,9 @@ def _load(package: str, name: str, strict: bool) -> _Loaded:
     else:
         cache_name = f"{DATA_DIR}/{variant['files']['cache']['path']}"
         try:
-            env = _envelope.loads(cache, what=f"{ctx}: {cache_name}")
+            # _read_pair verified the whole file's sha256 against the manifest: header
+            # and blobs, these very bytes; the blobs' own sha256s are not hashed again
+            env = _envelope.loads(cache, what=f"{ctx}: {cache_name}", check_blobs=False)
             if env.code_hash != code_hash:
                 raise IntegrityError(
                     f"{ctx}: {cache_name}: code_hash check failed: the cache belongs to a source "
@@ -571,7 +573,7 @@ def _unpack(ctx: str, code_hash: str, env: _envelope.Envelope) -> str:
 
 def _verify_dir(path: str, env: _envelope.Envelope, names: dict[str, list[str]]) -> bool:
     """Whether every file of an unpacked entry equals its blob (the blobs were
-    verified against their sha256 when the envelope was read: compare bytes)."""
+    verified with the cache file's sha256 before the envelope was read: compare bytes)."""
     for name, parts in names.items():
         try:
             with open(os.path.join(path, *parts), "rb") as f:
