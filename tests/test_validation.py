@@ -302,3 +302,19 @@ def test_bad_numeric_options_are_refused_before_the_function_runs(tmp_path, opti
         precompile_build.capture(lambda x: ran.append(x) or x, artifact_path=tmp_path / "a.py",
                                  cache_path=tmp_path / "a.cache", options=options)
     assert ran == []
+
+
+@pytest.mark.parametrize("options, match", [
+    ({"validaton_multiple": 10}, r"unknown key 'validaton_multiple' in options; did you mean "
+                                 r"'validation_multiple'\? accepted keys: cuda_graphs, eager_check, "
+                                 r"inductor, tracer, validation_multiple"),
+    ({"mode": "max-autotune"}, r"unknown key 'mode' in options; accepted keys: cuda_graphs, "),
+])
+def test_unknown_option_keys_are_refused_before_the_function_runs(tmp_path, options, match):
+    """An option no engine reads (a typo) is refused, naming the key, the target and the
+    accepted keys, instead of being ignored."""
+    ran = []
+    with pytest.raises(ValueError, match=r"precompile_build.capture: target 'a': " + match):
+        precompile_build.capture(lambda x: ran.append(x) or x, artifact_path=tmp_path / "a.py",
+                                 cache_path=tmp_path / "a.cache", options=options)
+    assert ran == []
