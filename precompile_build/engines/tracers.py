@@ -39,10 +39,8 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from ..errors import CaptureError
-from . import dynamic_dims
+from . import TRACERS, dynamic_dims
 from .layouts import example_clone
-
-TRACERS = ("auto", "export", "export-strict", "make_fx")
 
 
 @dataclass
