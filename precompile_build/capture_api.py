@@ -322,6 +322,8 @@ def _check_options(options: Mapping[str, Any], target: str) -> None:
     if m is not None and (isinstance(m, bool) or not isinstance(m, (int, float)) or not m > 0):
         raise ValueError(f"options['validation_multiple'] = {m!r}: use a positive number "
                          "(the multiple of eager's error allowed, e.g. 10)")
+    from .engines.numerics import EAGER_CHECKS
+
     mode = options.get("eager_check", "refuse")
-    if mode not in ("refuse", "warn", "off"):
+    if mode not in EAGER_CHECKS:
         raise ValueError(f"options['eager_check'] = {mode!r}: use 'refuse' (default), 'warn' or 'off'")

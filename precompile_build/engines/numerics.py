@@ -292,6 +292,33 @@ def judge(eager, frozen, ref) -> Verdict:
     return v
 
 
+EAGER_CHECKS = ("refuse", "warn", "off")
+"""Values of ``options["eager_check"]``: what a difference from the eager call does."""
+
+
+def eager_check_mode(options: dict, target: str) -> str:
+    """``options["eager_check"]`` (default ``"refuse"``), validated: one of
+    :data:`EAGER_CHECKS`. Raises CaptureError naming the target and the values."""
+    from ..errors import CaptureError
+
+    mode = options.get("eager_check", "refuse")
+    if mode not in EAGER_CHECKS:
+        raise CaptureError(f"target {target!r}: options['eager_check'] = {mode!r}: use 'refuse' "
+                           "(default), 'warn' or 'off'")
+    return mode
+
+
+def eager_check_skipped(gm, real: dict) -> Optional[str]:
+    """Why the eager-call check cannot compare (the graph ``gm`` draws random numbers,
+    or the call drew from Python's RNG: ``real["python_rng"]`` of
+    :func:`precompile_build.engines.tracing.run_real_call`), or None: it can."""
+    if has_random_ops(gm):
+        return "the function draws random numbers"
+    if real.get("python_rng"):  # the capture warns that the value is frozen (PythonStateWarning)
+        return "the function draws from Python's random state"
+    return None
+
+
 def judge_against_eager_call(real, frozen, ref, graph_verdict: Verdict) -> tuple[float, float, float]:
     """The eager call's own output ``real`` vs ``frozen`` (issue 18): returns
     ``(difference, allowed, max_abs)``; ``difference`` is the relative RMS of
