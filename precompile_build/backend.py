@@ -97,6 +97,9 @@ def static_dependencies_gap(project: Optional[Mapping[str, Any]], requires: list
     Returns:
         those of ``requires`` that a static ``dependencies`` lacks (or pins to
         something else); [] when ``dependencies`` is dynamic or ``project`` is None.
+    Raises:
+        nothing: an unparsable line of ``dependencies`` is skipped (setuptools
+        reports it).
 
     Tools that read pyproject.toml (uv) take static dependencies as final, so these
     would not be installed by them: list them, or make the dependencies dynamic.
