@@ -80,33 +80,34 @@ def _package(settings, plain: Path, out_dir: str, files: dict, *, add: bool) -> 
     found = variants(files)
     native = any(v["engine"] in NATIVE_ENGINES for v in found)
     requires = build_requirements(found, settings.torch_pin)
-    _warn_static_dependencies(settings.root, requires)
+    _warn_static_dependencies(settings.project, requires)
     return package_wheel(plain, out_dir, settings.package, files if add else None,
                          requires, native=native, kernels=files).name
 
 
-def static_dependencies_gap(root: Path, requires: list) -> list:
+def static_dependencies_gap(project: Optional[Mapping[str, Any]], requires: list) -> list:
     """The build's requirements that ``project.dependencies`` does not already state,
     when that list is static (not in ``project.dynamic``); [] when it is dynamic.
+
+    Args:
+        project: the `[project]` table of pyproject.toml as parsed
+            (:attr:`precompile_build.settings.Settings.project`; None: no such table,
+            the metadata comes from setup.py/setup.cfg).
+        requires: requirement strings the build adds (``wheel.build_requirements``).
+    Returns:
+        those of ``requires`` that a static ``dependencies`` lacks (or pins to
+        something else); [] when ``dependencies`` is dynamic or ``project`` is None.
+    Raises:
+        nothing: an unparsable line of ``dependencies`` is skipped (setuptools
+        reports it).
 
     Tools that read pyproject.toml (uv) take static dependencies as final, so these
     would not be installed by them: list them, or make the dependencies dynamic.
     """
-    import sys
-
     from packaging.requirements import InvalidRequirement, Requirement
     from packaging.utils import canonicalize_name
 
-    if sys.version_info >= (3, 11):
-        import tomllib
-    else:  # pragma: no cover
-        import tomli as tomllib
-    try:
-        with open(root / "pyproject.toml", "rb") as f:
-            project = tomllib.load(f).get("project")
-    except (OSError, ValueError):
-        return []
-    if not isinstance(project, dict) or "dependencies" in (project.get("dynamic") or []):
+    if not isinstance(project, Mapping) or "dependencies" in (project.get("dynamic") or []):
         return []
     static = []
     for line in project.get("dependencies") or []:
@@ -124,10 +125,10 @@ def static_dependencies_gap(root: Path, requires: list) -> list:
     return gap
 
 
-def _warn_static_dependencies(root: Path, requires: list) -> None:
+def _warn_static_dependencies(project: Optional[Mapping[str, Any]], requires: list) -> None:
     import sys
 
-    gap = static_dependencies_gap(root, requires)
+    gap = static_dependencies_gap(project, requires)
     if gap:
         print("precompile: warning: `project.dependencies` in pyproject.toml is static, but "
               f"this build adds {', '.join(gap)} to the wheel; tools that read "

@@ -8,6 +8,7 @@ the example that is captured.
 
 from __future__ import annotations
 
+import difflib
 import os
 import sys
 import warnings
@@ -17,7 +18,6 @@ from typing import Any, Callable, Mapping
 from precompile_runtime.envelope import write_atomic
 
 from . import engines
-from .engines import tracers
 from .rng_state import python_rng_states
 from .errors import CaptureError, CompilerFailed, PythonStateWarning
 
@@ -62,6 +62,8 @@ class Capture:
                 f"target {self.target!r}: cuda-graphs = true replays the frozen engine's kernels, "
                 f"but this capture uses engine {engine!r}: use engine='frozen' (or 'auto') and "
                 "backend='inductor', or drop the option")
+        if engine == "torch":
+            self._refuse_frozen_only_settings()
         self.engine = engine
         if engine == "torch":
             options["backend"] = self.backend
@@ -92,6 +94,30 @@ class Capture:
         if engine != "torch":  # ours trace Python once (torch.compile replays random calls)
             _warn_python_rng(before, python_rng_states(), self.target)
         return box["result"] if "result" in box else self._fn(*args, **kwargs)
+
+    def _refuse_frozen_only_settings(self) -> None:
+        """``tracer`` and ``fallback`` mean nothing to the torch engine (torch traces
+        with its own tracers, and a compiler failure there has no fallback): refuse them
+        rather than ignore them. Raises CaptureError."""
+        given = []
+        if self.tracer != "auto":
+            given.append(f"tracer={self.tracer!r} applies to the frozen and eager engines only")
+        if self.fallback != "none":
+            given.append(f"fallback={self.fallback!r} applies to the frozen engine only")
+        if not given:
+            return
+        if self.engine != "auto":
+            why = ""
+        elif os.environ.get("PRECOMPILE_ENGINE", "").strip():
+            why = " (from PRECOMPILE_ENGINE)"
+        else:
+            why = " (engine='auto' picks it for CUDA captures where torch has torch.compiler.precompile)"
+        raise CaptureError(
+            f"target {self.target!r}: {'; '.join(given)}, but this capture uses engine 'torch'{why}, "
+            "which would ignore it. Pass engine='frozen' to precompile_build.capture(), or drop "
+            "the setting (the target's `tracer`/`fallback` key in pyproject.toml, the capture's "
+            "tracer=/fallback=, PRECOMPILE_TRACER/PRECOMPILE_FALLBACK); the torch engine's own "
+            "tracer is options={'tracer': 'make_fx'}; nothing written")
 
     def __exit__(self, exc_type, exc, tb) -> bool:
         if exc_type is not None:
@@ -207,26 +233,35 @@ def capture(
         backend: ``"inductor"`` or ``"eager"`` (no kernels).
         target: the name in messages (default: env ``PRECOMPILE_TARGET``, else the
             artifact file's stem).
-        options: engine options; ``{"inductor": {...}}`` is passed to Inductor. The
-            frozen engine also reads ``"validation_multiple"`` (a float: the multiple
-            of eager's fp64 error its kernels may have, default 3 for bf16/fp16 and
-            small tensors, 2 otherwise) and ``"eager_check"`` (``"refuse"``, default:
-            a frozen result that differs from the with-block's eager call beyond
-            rounding is a CaptureError; ``"warn"``; ``"off"``).
+        options: engine options, keys from :data:`OPTIONS` (any other key is a
+            ValueError): ``"inductor"`` (a dict passed to Inductor's compile, frozen
+            engine); ``"validation_multiple"`` (frozen engine: a positive number, the
+            multiple of eager's fp64 error its kernels may have, default 3 for
+            bf16/fp16 and small tensors, 2 otherwise); ``"eager_check"`` (frozen and
+            eager engines: ``"refuse"``, default: a result that differs from the
+            with-block's eager call beyond rounding is a CaptureError; ``"warn"``;
+            ``"off"``); ``"cuda_graphs"`` (bool, frozen CUDA inference targets: the
+            target's `cuda-graphs` key); ``"tracer"`` (the torch engine: torch's own
+            tracer, ``"make_fx"`` or ``"dynamo"``; the other engines: as ``tracer=``).
         tracer: how the frozen and eager engines turn the call into a graph:
             ``"auto"`` (torch.export, make_fx for a training step or where export
             fails), ``"export"``, ``"export-strict"`` or ``"make_fx"``; default: env
             ``PRECOMPILE_TRACER`` (set from the target's ``tracer`` key), else auto.
+            Another value than auto with the torch engine is a CaptureError.
         fallback: ``"eager"``: when the frozen engine's compiler (Inductor) fails,
             capture with the eager engine instead and record why in the pair's
             metadata (``fallback``); ``"none"``: raise. Default: env
             ``PRECOMPILE_FALLBACK`` (the target's `fallback` setting), else ``"none"``.
+            ``"eager"`` with the torch engine is a CaptureError.
     Returns:
         a :class:`Capture` context manager.
     Raises:
         CaptureError: no paths given and none in the environment; at the first call
-            if the call cannot be captured; at exit if no call was made.
-        ValueError: unknown engine, backend, fallback or tracer; a bad
+            (before ``fn`` runs) if ``tracer``/``fallback`` is set and the engine
+            resolves to ``"torch"``, or if the call cannot be captured; at exit if no
+            call was made.
+        ValueError: unknown engine, backend, fallback or tracer; an unknown key in
+            ``options`` (named, with the accepted keys), a bad
             ``options['validation_multiple']`` or ``options['eager_check']`` (checked
             here, before the function runs).
         TypeError: ``fn`` is not callable; a path is not a str/PathLike or is a
@@ -253,33 +288,42 @@ def capture(
         if not isinstance(value, (str, os.PathLike)) or Path(value).is_dir():
             raise TypeError(f"precompile_build.capture: {name}={value!r} must be a file path "
                             "(str or os.PathLike), not a directory")
-    tracer = tracers.check_tracer(tracer)
-    _check_options(options)
+    from .engines.tracers import check_tracer  # lazily: `import precompile_build` stays light
+
+    tracer = check_tracer(tracer)
     if options is not None and not isinstance(options, Mapping):
         raise TypeError(f"precompile_build.capture: options must be a dict, e.g. "
                         f"{{'inductor': {{...}}}}, not {type(options).__name__}")
+    target = target or os.environ.get("PRECOMPILE_TARGET") or Path(artifact_path).stem
+    _check_options(options or {}, target)
     if Path(artifact_path).resolve() == Path(cache_path).resolve():
         raise CaptureError(
             f"precompile_build.capture: artifact_path and cache_path are both {str(artifact_path)!r}; "
             "the source half and the cache half need two files (e.g. NAME.py and NAME.cache)"
         )
-    target = target or os.environ.get("PRECOMPILE_TARGET") or Path(artifact_path).stem
     return Capture(fn, Path(artifact_path), Path(cache_path), engine, backend, target, dict(options or {}),
                    fallback, tracer=tracer)
 
 
-_EAGER_CHECKS = ("refuse", "warn", "off")
+OPTIONS = ("cuda_graphs", "eager_check", "inductor", "tracer", "validation_multiple")
+"""The keys ``capture(options=...)`` accepts (see :func:`capture`)."""
 
 
-def _check_options(options: Mapping[str, Any] | None) -> None:
-    """The frozen/eager engines' numeric options, checked before anything runs (the
-    engines read them only after the compile). Raises ValueError."""
-    if not isinstance(options, Mapping):
-        return  # the type is refused below
+def _check_options(options: Mapping[str, Any], target: str) -> None:
+    """Unknown keys and the frozen/eager engines' numeric options, checked before
+    anything runs (the engines read them only after the compile). Raises ValueError."""
+    for key in options:
+        if key not in OPTIONS:
+            close = difflib.get_close_matches(str(key), OPTIONS, n=1)
+            hint = f"did you mean {close[0]!r}? " if close else ""
+            raise ValueError(f"precompile_build.capture: target {target!r}: unknown key {key!r} in "
+                             f"options; {hint}accepted keys: {', '.join(OPTIONS)}")
     m = options.get("validation_multiple")
     if m is not None and (isinstance(m, bool) or not isinstance(m, (int, float)) or not m > 0):
         raise ValueError(f"options['validation_multiple'] = {m!r}: use a positive number "
                          "(the multiple of eager's error allowed, e.g. 10)")
+    from .engines.numerics import EAGER_CHECKS
+
     mode = options.get("eager_check", "refuse")
-    if mode not in _EAGER_CHECKS:
+    if mode not in EAGER_CHECKS:
         raise ValueError(f"options['eager_check'] = {mode!r}: use 'refuse' (default), 'warn' or 'off'")

@@ -64,12 +64,20 @@ class TagDecision:
 
 
 def kernel_files(files: Mapping[str, bytes]) -> tuple[dict[str, bytes], list[str]]:
-    """ELF files among ``files`` (``{name: bytes}``, e.g. a wheel's entries or a
-    ``_precompiled/`` set) and inside their ``.cache`` envelopes.
+    """ELF files among ``files`` and inside their ``.cache`` envelopes.
 
+    Args:
+        files: ``{name: bytes}``, e.g. a wheel's entries (archive paths) or a
+            ``_precompiled/`` set (file names).
     Returns:
-        ``({"NAME.cache!blob" or name: bytes}, [names of caches that are not
-        envelopes, whose contents cannot be inspected])``.
+        ``(elves, opaque)``: ``elves`` maps ``name`` (an ELF file itself) or
+        ``"NAME.cache!BLOB"`` (an ELF blob of an envelope) to its bytes; ``opaque``
+        lists, in ``files`` order, the ``.cache`` files whose kernels cannot be
+        inspected (not an envelope: the torch engine's own format; or an envelope of
+        another engine than frozen/eager, whose ELF blobs are still collected).
+    Raises:
+        precompile_runtime.errors.IntegrityError: a ``.cache`` that starts like an
+            envelope but is corrupt (truncated, a blob's sha256 differs).
     """
     from precompile_runtime.envelope import MAGIC, loads
 
@@ -130,8 +138,20 @@ def _host_glibc() -> Optional[tuple[int, int]]:
 def decide_platform(elves: Mapping[str, bytes], opaque: Iterable[str] = ()) -> TagDecision:
     """The platform tags for a wheel holding ``elves`` (see :func:`kernel_files`).
 
-    Returns a :class:`TagDecision`; its ``reason`` says why ``linux_*`` (or this
-    host's glibc, for opaque caches) was chosen. Off Linux: this platform, no reason.
+    Args:
+        elves: ``{name: ELF bytes}``; one that cannot be parsed counts as opaque, one
+            for another machine (a CUDA cubin) needs nothing.
+        opaque: names of files whose kernels cannot be inspected.
+    Returns:
+        a :class:`TagDecision`: ``platforms`` as wheel tag parts, most specific
+        first (``["manylinux_2_17_x86_64", "manylinux2014_x86_64"]``, or
+        ``["linux_x86_64"]``), never older than :data:`FLOOR`; its ``reason`` says
+        why ``linux_*`` was chosen (no policy allows the symbol versions, a library
+        outside torch's and the policy's, auditwheel missing or without policies
+        here, a musl host) or why this host's glibc was (opaque files). Off Linux:
+        ``sysconfig.get_platform()``, no reason.
+    Raises:
+        nothing of its own: every problem is a ``reason``.
     """
     plat = sysconfig.get_platform().replace("-", "_").replace(".", "_")
     if not plat.startswith("linux_"):

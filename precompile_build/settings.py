@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping, Optional
 
-from .engines.tracers import TRACERS
+from .engines import TRACERS
 from .errors import ConfigError
 
 if sys.version_info >= (3, 11):
@@ -102,6 +102,9 @@ class Settings:
     jobs: Optional[int] = None
     """`jobs`: most captures at once; None is `auto` (one per GPU for CUDA targets,
     ``os.cpu_count() // 2`` (at least 1) for CPU targets)."""
+    project: Optional[Mapping[str, Any]] = None
+    """The `[project]` table of pyproject.toml as parsed (None when absent or not a
+    table): the build compares its static `dependencies` with what it adds."""
 
 
 # Keys of the tables, kebab-case as written in TOML.
@@ -137,20 +140,29 @@ def _type_name(v: Any) -> str:
             list: "an array", dict: "a table"}.get(type(v), type(v).__name__)
 
 
+def _read_toml(root: Path) -> dict[str, Any]:
+    """``root/pyproject.toml``, parsed. Raises ConfigError: missing or unparsable."""
+    path = root / "pyproject.toml"
+    try:
+        with open(path, "rb") as f:
+            return tomllib.load(f)
+    except FileNotFoundError:
+        raise ConfigError(f"Failed to read {path}: file not found") from None
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(f"Failed to parse {path}: {e}") from None
+
+
 def read_pyproject(root: Path) -> dict[str, Any]:
     """The `[tool.precompile]` table of ``root/pyproject.toml`` (raw dict).
 
     Raises ConfigError when the file is missing, unparsable, or has no such table.
     """
-    path = root / "pyproject.toml"
-    try:
-        with open(path, "rb") as f:
-            doc = tomllib.load(f)
-    except FileNotFoundError:
-        raise ConfigError(f"Failed to read {path}: file not found") from None
-    except tomllib.TOMLDecodeError as e:
-        raise ConfigError(f"Failed to parse {path}: {e}") from None
-    table = doc.get("tool", {}).get("precompile")
+    return _precompile_table(_read_toml(root))
+
+
+def _precompile_table(doc: Mapping[str, Any]) -> dict[str, Any]:
+    tool = doc.get("tool", {})
+    table = tool.get("precompile") if isinstance(tool, dict) else None
     if table is None:
         raise _fail("the table is missing; add `[tool.precompile.targets.NAME]` "
                     "with a `script`")
@@ -408,15 +420,19 @@ def load_settings(root: str | os.PathLike[str],
         ConfigError: any invalid key, type, path, package or override.
     """
     root = Path(root).resolve()
-    return settings_from_table(root, read_pyproject(root), config_settings, environ)
+    doc = _read_toml(root)
+    return settings_from_table(root, _precompile_table(doc), config_settings, environ,
+                               project=doc.get("project"))
 
 
 def settings_from_table(root: Path, table: Mapping[str, Any],
                         config_settings: Mapping[str, Any] | None = None,
-                        environ: Mapping[str, str] | None = None) -> Settings:
+                        environ: Mapping[str, str] | None = None, *,
+                        project: Any = None) -> Settings:
     """As :func:`load_settings`, from an already-parsed `[tool.precompile]` table
-    (``root`` resolved). Raises ConfigError for anything invalid, including a
-    ``table`` that is not a dict."""
+    (``root`` resolved) and `[project]` table (``project``: kept as
+    :attr:`Settings.project`, None unless a dict). Raises ConfigError for anything
+    invalid, including a ``table`` that is not a dict."""
     if not isinstance(table, dict):
         raise _fail(f"`{_PREFIX}` must be a table, not {_type_name(table)}")
     _check_keys(table, TOP_KEYS, _PREFIX)
@@ -462,5 +478,5 @@ def settings_from_table(root: Path, table: Mapping[str, Any],
         selected = tuple(n for n in targets if n in names)
     return Settings(root, package, package_dir, targets, selected,
                     flags["skip"], flags["strict"], flags["verbose"], torch_pin,
-                    cache, cache_dir, jobs)
+                    cache, cache_dir, jobs, project if isinstance(project, dict) else None)
 

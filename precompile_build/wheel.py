@@ -10,14 +10,12 @@ from __future__ import annotations
 import importlib.metadata
 import os
 import shutil
-import sysconfig
 import tempfile
 import zipfile
 from pathlib import Path
 from typing import Iterable, Mapping, Optional, Sequence
 
 from packaging.requirements import InvalidRequirement, Requirement
-from packaging.tags import sys_tags
 from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
 from wheel.wheelfile import WHEEL_INFO_RE, WheelFile, get_zipinfo_datetime
@@ -90,18 +88,6 @@ def write_wheel(out_dir: str | os.PathLike[str], name: str, entries: Entries) ->
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return out_dir / name
-
-
-def platform_tag() -> str:
-    """``cpXY-cpXY-<platform>`` of this interpreter, e.g. ``cp311-cp311-linux_x86_64``
-    (the generic one; wheels get :func:`precompile_build.platform_tags.wheel_tags`).
-
-    Interpreter and ABI come from ``packaging.tags.sys_tags()``; the platform from
-    ``sysconfig.get_platform()`` (as setuptools' bdist_wheel does).
-    """
-    first = next(iter(sys_tags()))
-    plat = sysconfig.get_platform().replace("-", "_").replace(".", "_")
-    return f"{first.interpreter}-{first.abi}-{plat}"
 
 
 def _installed_version(dist: str) -> Optional[str]:

@@ -115,14 +115,26 @@ def metadata_lines(path: Path, key: str) -> list[str]:
             if ln.startswith(key + ":")]
 
 
+def generic_tag() -> str:
+    """``cpXY-cpXY-<platform>`` of this interpreter, e.g. ``cp311-cp311-linux_x86_64``:
+    interpreter and ABI as ``platform_tags.wheel_tags`` takes them (the first of
+    ``packaging.tags.sys_tags()``), the platform as ``platform_tags.decide_platform``
+    falls back to (``sysconfig.get_platform()``, as setuptools' bdist_wheel)."""
+    import sysconfig
+
+    from packaging.tags import sys_tags
+
+    first = next(iter(sys_tags()))
+    plat = sysconfig.get_platform().replace("-", "_").replace(".", "_")
+    return f"{first.interpreter}-{first.abi}-{plat}"
+
+
 def manylinux_tag() -> str:
     """What a fixture frozen wheel gets: the fixture's kernel is no readable ELF, so
     the tag is this host's glibc (platform_tags.decide_platform)."""
     import os
 
-    from precompile_build.wheel import platform_tag
-
-    interp_abi, plat = platform_tag().rsplit("-", 1)
+    interp_abi, plat = generic_tag().rsplit("-", 1)
     major, minor = os.confstr("CS_GNU_LIBC_VERSION").split()[1].split(".")[:2]
     return f"{interp_abi}-{plat.replace('linux', f'manylinux_{major}_{minor}')}"
 

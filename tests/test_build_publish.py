@@ -116,6 +116,18 @@ def test_static_dependencies_that_miss_the_build_requirements_warn(tmp_path, mon
         assert "adds precompile-runtime>=0.1, torch==2.13.0 to the wheel" in err
 
 
+def test_static_dependencies_gap_takes_the_parsed_project_table():
+    """The backend passes `[project]` as settings parsed it; nothing reads pyproject.toml again."""
+    from precompile_build.backend import static_dependencies_gap
+
+    req = ["precompile-runtime>=0.1", "torch==2.13.0"]
+    assert static_dependencies_gap({"dependencies": ["torch==2.13.0"]}, req) == ["precompile-runtime>=0.1"]
+    assert static_dependencies_gap({"dependencies": ["torch"]}, req) == req
+    assert static_dependencies_gap({}, req) == req  # no `dependencies`: static and empty
+    assert static_dependencies_gap({"dynamic": ["dependencies"]}, req) == []
+    assert static_dependencies_gap(None, req) == []  # no [project]: setup.py/setup.cfg metadata
+
+
 def _uv() -> "str | None":
     import shutil
     from pathlib import Path
@@ -205,9 +217,10 @@ def _auditwheel_show(tmp_path, so) -> str:
     import re
     import subprocess
 
-    from precompile_build.wheel import platform_tag, write_wheel
+    from _build_helpers import generic_tag
+    from precompile_build.wheel import write_wheel
 
-    tag = platform_tag()
+    tag = generic_tag()
     entries = {"plain/__init__.py": (b"", 0o644), f"plain/{so.name}": (so.read_bytes(), 0o755),
                "plain-0.1.dist-info/METADATA": (b"Metadata-Version: 2.1\nName: plain\n"
                                                 b"Version: 0.1\n", 0o644),

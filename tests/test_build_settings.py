@@ -24,6 +24,21 @@ def test_valid_minimal(tmp_path):
     assert (t.script, t.args, t.device, t.timeout, t.env, t.required) == (
         root / "capture/pair.py", (), "auto", 60.0, {}, True)
     assert s.selected == ("double",) and not s.skip and s.torch_pin == "exact"
+    assert s.project["name"] == "simplepkg"  # parsed once, for the backend's checks
+
+
+def test_config_parsing_imports_no_engine_module():
+    """settings.py validates `tracer` without importing precompile_build.engines.tracers
+    (nor torch): config parsing stays apart from the engines."""
+    import subprocess
+    import sys
+
+    code = ("import sys, precompile_build.settings; "
+            "print(sorted(m for m in sys.modules if m.startswith('precompile_build.engines.') "
+            "or m == 'torch'))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]"
 
 
 @pytest.mark.parametrize("toml, key, suggestion", [

@@ -216,3 +216,26 @@ def test_a_branch_hidden_from_the_trace_is_refused_by_the_eager_call(tmp_path, e
     # where eager and the trace agree, the pair is written
     src, cache = _capture(tmp_path, guarded_branch, -x, name="u", engine=engine)
     torch.testing.assert_close(load_pair(src, cache)(-x), guarded_branch(-x))
+
+
+@pytest.mark.parametrize("kw, env, match", [
+    ({"engine": "torch", "tracer": "make_fx"}, {},
+     r"tracer='make_fx' applies to the frozen and eager engines only, but this capture uses engine "
+     r"'torch', which would ignore it. Pass engine='frozen'"),
+    ({"engine": "torch", "fallback": "eager"}, {},
+     r"fallback='eager' applies to the frozen engine only, but this capture uses engine 'torch', "),
+    ({}, {"PRECOMPILE_ENGINE": "torch", "PRECOMPILE_FALLBACK": "eager", "PRECOMPILE_TRACER": "export"},
+     r"tracer='export' applies to the frozen and eager engines only; fallback='eager' applies to "
+     r"the frozen engine only, but this capture uses engine 'torch' \(from PRECOMPILE_ENGINE\)"),
+])
+def test_tracer_and_fallback_are_refused_with_the_torch_engine(tmp_path, monkeypatch, kw, env, match):
+    """The torch engine traces with torch's own tracers and has no fallback: a `tracer`
+    or `fallback` given for it is refused before the function runs, not ignored."""
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    ran = []
+    with pytest.raises(CaptureError, match=r"target 't': " + match):
+        with precompile_build.capture(lambda x: ran.append(x) or x * 2, artifact_path=tmp_path / "t.py",
+                                      cache_path=tmp_path / "t.cache", **kw) as f:
+            f(torch.ones(2))
+    assert ran == [] and not (tmp_path / "t.py").exists()

@@ -302,3 +302,45 @@ def test_bad_numeric_options_are_refused_before_the_function_runs(tmp_path, opti
         precompile_build.capture(lambda x: ran.append(x) or x, artifact_path=tmp_path / "a.py",
                                  cache_path=tmp_path / "a.cache", options=options)
     assert ran == []
+
+
+@pytest.mark.parametrize("options, match", [
+    ({"validaton_multiple": 10}, r"unknown key 'validaton_multiple' in options; did you mean "
+                                 r"'validation_multiple'\? accepted keys: cuda_graphs, eager_check, "
+                                 r"inductor, tracer, validation_multiple"),
+    ({"mode": "max-autotune"}, r"unknown key 'mode' in options; accepted keys: cuda_graphs, "),
+])
+def test_unknown_option_keys_are_refused_before_the_function_runs(tmp_path, options, match):
+    """An option no engine reads (a typo) is refused, naming the key, the target and the
+    accepted keys, instead of being ignored."""
+    ran = []
+    with pytest.raises(ValueError, match=r"precompile_build.capture: target 'a': " + match):
+        precompile_build.capture(lambda x: ran.append(x) or x, artifact_path=tmp_path / "a.py",
+                                 cache_path=tmp_path / "a.cache", options=options)
+    assert ran == []
+
+
+def test_the_eager_engine_checks_the_eager_call_without_the_frozen_engine(tmp_path):
+    """The eager engine's eager-call check shares running the call (tracing.run_real_call)
+    and the option and skip rules (numerics) with the frozen engine, without importing
+    the frozen engine; an eager_check value it cannot use is refused the same way."""
+    import subprocess
+    import sys
+
+    from precompile_build.engines import eager
+
+    code = (
+        "import sys, torch, precompile_build\n"
+        f"with precompile_build.capture(lambda x: x * 2, engine='eager', artifact_path={str(tmp_path / 'e.py')!r},"
+        f" cache_path={str(tmp_path / 'e.cache')!r}) as f:\n"
+        "    f(torch.ones(3))\n"
+        "print('precompile_build.engines.frozen' in sys.modules)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip().splitlines()[-1] == "False"
+    traced = trace_call(lambda x: x + 1, (torch.ones(3),), {}, target="t")
+    with pytest.raises(CaptureError, match=r"target 't': options\['eager_check'\] = 'maybe': use 'refuse'"):
+        eager._judge_by_eager_call(traced, lambda: torch.ones(3) + 1, "t", {"eager_check": "maybe"})
+    assert numerics.eager_check_skipped(traced.graph_module, {"python_rng": True}) == (
+        "the function draws from Python's random state")
+    assert numerics.eager_check_skipped(traced.graph_module, {"python_rng": False}) is None

@@ -8,6 +8,9 @@ writes the two halves atomically. ``available()`` says whether an engine can run
 from __future__ import annotations
 
 ENGINES = ("frozen", "torch", "eager")
+TRACERS = ("auto", "export", "export-strict", "make_fx")
+"""Values of the `tracer` setting (tracers.py says what each does). Defined here, not
+in tracers.py, so that config parsing (settings.py) imports no engine module."""
 
 
 def torch_has_precompile() -> bool:

@@ -46,11 +46,30 @@ def _group_args(node) -> list[tuple[int, str]]:
             if a.name == "group_name" and i < len(node.args) and isinstance(node.args[i], str)]
 
 
-def group_ranks(pg) -> list[int]:
-    """Global ranks of process group ``pg``, in group-rank order."""
+def group_ranks(pg, *, name: str, target: str) -> list[int]:
+    """Global ranks of process group ``pg``, in group-rank order.
+
+    Args:
+        pg: a ``ProcessGroup``, as resolved from ``name``.
+        name: the registry name a collective gave for it (for the message).
+        target: the target name (for the message).
+    Returns:
+        the global ranks, e.g. ``[0, 1]``.
+    Raises:
+        CaptureError: c10d does not know ``pg``'s ranks (it is not in
+            ``distributed_c10d._world.pg_group_ranks``: destroyed, or made without
+            ``dist.new_group``/``init_process_group``).
+    """
     from torch.distributed import distributed_c10d as c10d
 
-    mapping = c10d._world.pg_group_ranks[pg]  # global rank -> group rank
+    mapping = c10d._world.pg_group_ranks.get(pg)  # global rank -> group rank
+    if mapping is None:
+        raise CaptureError(
+            f"target {target!r}: a collective names the process group {name!r}, which "
+            "torch.distributed does not list among its groups (destroyed, or made without "
+            "dist.new_group / dist.init_process_group), so the pair cannot record its ranks. "
+            "Create the group with dist.new_group(ranks) on every rank, keep it alive during "
+            "the capture, and pass it (or the default world group) to the collective")
     return sorted(mapping, key=mapping.get)
 
 
@@ -61,7 +80,8 @@ def canonical_groups(gm, target: str) -> dict | None:
     or None when the graph runs no collective.
 
     Raises:
-        CaptureError: a collective names a group this process cannot resolve.
+        CaptureError: a collective names a group this process cannot resolve, or
+            one whose ranks c10d does not know (:func:`group_ranks`).
     """
     import torch
     import torch.distributed as dist
@@ -82,7 +102,7 @@ def canonical_groups(gm, target: str) -> dict | None:
                     except Exception as e:
                         raise CaptureError(f"target {target!r}: a collective names the process group "
                                            f"{name!r}, which this process cannot resolve ({e})") from e
-                    ranks = group_ranks(pg)
+                    ranks = group_ranks(pg, name=name, target=target)
                     canonical = PREFIX + ",".join(map(str, ranks))
                     _register(canonical, pg)
                     args = list(node.args)

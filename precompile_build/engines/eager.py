@@ -14,7 +14,7 @@ from precompile_runtime.envelope import Envelope, dumps
 from ..errors import CaptureError
 from . import codegen
 from .layouts import example_clone
-from .tracing import TracedCall, trace_call
+from .tracing import TracedCall, run_real_call, trace_call
 
 JUDGES_EAGER_CALL = True  # capture_api hands capture_pair the real call (real_call=)
 
@@ -43,7 +43,7 @@ def capture_pair(fn, args, kwargs, *, target: str, device: str, options: dict,
     traced = trace_call(fn, args, kwargs, target=target, tracer=options.get("tracer"))
     traced.finish_dynamic(target)
     if real_call is not None:
-        _judge_by_eager_call(traced, real_call, target, options.get("eager_check", "refuse"))
+        _judge_by_eager_call(traced, real_call, target, options)
     metadata = dict(traced.metadata, engine="eager", kernels=[])
     if options.get("fallback_reason"):  # the frozen engine's compiler failed (capture_api)
         metadata["fallback"] = {"from": "frozen", "reason": options["fallback_reason"]}
@@ -57,21 +57,23 @@ def capture_pair(fn, args, kwargs, *, target: str, device: str, options: dict,
     return source, dumps(env)
 
 
-def _judge_by_eager_call(traced: TracedCall, real_call, target: str, mode: str) -> None:
+def _judge_by_eager_call(traced: TracedCall, real_call, target: str, options: dict) -> None:
     """The graph on the example inputs against the real call's results (outputs, then
-    gradients): CaptureError (or a warning) when they differ beyond rounding."""
+    gradients): CaptureError (or a warning, ``options["eager_check"]``) when they differ
+    beyond rounding. The mode, running the call and when to skip are shared with the
+    frozen engine (numerics.eager_check_mode, tracing.run_real_call,
+    numerics.eager_check_skipped); the comparison is this engine's own: the graph and
+    the call run the same ATen ops, so rounding is all that may differ (the frozen
+    engine judges its kernels against an fp64 reference instead)."""
     import warnings
 
     import torch
 
     from . import numerics
-    from .frozen import _run_eager
 
-    if mode not in ("refuse", "warn", "off"):
-        raise CaptureError(f"target {target!r}: options['eager_check'] = {mode!r}: use 'refuse' "
-                           "(default), 'warn' or 'off'")
-    real = _run_eager(traced, real_call)
-    if mode == "off" or real["python_rng"] or numerics.has_random_ops(traced.graph_module):
+    mode = numerics.eager_check_mode(options, target)
+    real = run_real_call(traced, real_call)
+    if mode == "off" or numerics.eager_check_skipped(traced.graph_module, real):
         return
     with torch.no_grad():
         got = traced.graph_module(*[example_clone(t) for t in traced.example_inputs])

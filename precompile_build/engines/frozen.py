@@ -27,9 +27,8 @@ import os
 from precompile_runtime.envelope import Envelope, dumps
 
 from ..errors import CaptureError, CompilerFailed
-from ..rng_state import python_rng_states
 from . import codegen, dynamic_dims
-from .tracing import TracedCall, example_clone, trace_call
+from .tracing import TracedCall, example_clone, run_real_call, trace_call
 
 # Names Inductor's wrapper imports from the compiler stack, and what replaces them.
 _SHIMS = {
@@ -73,7 +72,7 @@ def capture_pair(fn, args, kwargs, *, target: str, device: str, options: dict,
             f"target {target!r}: cuda-graphs = true needs a CUDA inference target; this "
             f"one {'runs a backward' if device == 'cuda' else 'was captured on ' + device}: "
             "drop the option")
-    real = _run_eager(traced, real_call) if real_call is not None else None
+    real = run_real_call(traced, real_call) if real_call is not None else None
     source, blobs, fingerprint = _compile(traced, target, options, real)
     code_hash = hashlib.sha256(source).hexdigest()
     env = Envelope(
@@ -343,7 +342,7 @@ def _validate(source: str, blobs: dict[str, bytes], traced: TracedCall, target: 
     """Run the source with its frozen kernels and judge it against an fp64 reference of
     the traced graph (numerics.py), on the example inputs and, for dynamic dims, at
     other sizes (dynamic_dims.example_sizes); on the example inputs also against the
-    eager call's own results ``real`` (:func:`_run_eager`).
+    eager call's own results ``real`` (:func:`.tracing.run_real_call`).
 
     Returns:
         the numbers for ``PRECOMPILE_METADATA["validation"]``.
@@ -532,33 +531,6 @@ def _suggest(v) -> float:
     return float(f"{need * 1.25:.2g}")
 
 
-def _run_eager(traced: TracedCall, real_call) -> dict:
-    """Run the user's real call (``real_call()``, once) and collect, in the graph's flat
-    order, its results: tensor outputs, the gradients it added to parameters, and the
-    inputs it wrote to. Returns ``{"result": ..., "outputs": [...], "inputs": {i: t}}``."""
-    from .tracing import _output_spec
-
-    sources = traced.sources or []
-    grad_at = traced.metadata["grad_param_indices"]
-    before = {i: (sources[i].grad.detach().clone() if sources[i].grad is not None else None)
-              for i in grad_at if i < len(sources)}
-    rng_before = python_rng_states()
-    result = real_call()
-    python_rng = python_rng_states() != rng_before  # drew a value the trace drew another of
-    outs: list = []
-    try:
-        _output_spec(result, outs, "result")
-    except CaptureError:
-        outs = []
-    grads = []
-    for i in grad_at:
-        g = sources[i].grad if i < len(sources) else None
-        grads.append(None if g is None else (g - before[i] if before.get(i) is not None else g).detach())
-    inputs = {i: t.detach() for i, t in enumerate(sources)}  # references: those written are judged
-    return {"result": result, "outputs": [o.detach() for o in outs] + grads, "inputs": inputs,
-            "structure_ok": len(outs) == traced.metadata["num_user_outputs"], "python_rng": python_rng}
-
-
 def _against_eager_call(real: dict, got, b, ref_out, ref_in, verdicts, labels, n_out: int,
                         traced: TracedCall, target: str, options: dict) -> dict:
     """Issue 18: the frozen results vs the eager call's own results on the example
@@ -570,16 +542,12 @@ def _against_eager_call(real: dict, got, b, ref_out, ref_in, verdicts, labels, n
 
     from . import numerics
 
-    mode = options.get("eager_check", "refuse")
-    if mode not in ("refuse", "warn", "off"):
-        raise CaptureError(f"target {target!r}: options['eager_check'] = {mode!r}: use 'refuse' "
-                           "(default), 'warn' or 'off'")
+    mode = numerics.eager_check_mode(options, target)
     if mode == "off":
         return {"outcome": "off"}
-    if numerics.has_random_ops(traced.graph_module):
-        return {"outcome": "skipped: the function draws random numbers"}
-    if real.get("python_rng"):  # the capture warns that the value is frozen (PythonStateWarning)
-        return {"outcome": "skipped: the function draws from Python's random state"}
+    skipped = numerics.eager_check_skipped(traced.graph_module, real)
+    if skipped:
+        return {"outcome": f"skipped: {skipped}"}
     if not real.get("structure_ok"):
         return {"outcome": "skipped: the eager call returned another structure"}
     pairs = [(i, real["outputs"][i], got[i], ref_out[i]) for i in range(min(n_out, len(real["outputs"])))

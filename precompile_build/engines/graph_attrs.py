@@ -260,8 +260,19 @@ def _lift(gm, nodes: list) -> None:
 
 
 def constant_specs(constants: list) -> list[dict]:
-    """The literal form of trace-made constants for PRECOMPILE_METADATA: dtype, shape,
-    device type and the bytes (base64) of each, decoded by the driver."""
+    """The literal form of trace-made constants for PRECOMPILE_METADATA, decoded by
+    the driver at load.
+
+    Args:
+        constants: the tensors the trace made (``x + torch.tensor(2.0)``), on any
+            device, any layout; they are copied to the CPU here, not changed.
+    Returns:
+        one dict per tensor, in order: ``{"dtype": "torch.float32", "shape": [2, 3],
+        "device_type": "cpu"|"cuda", "data": base64 (ASCII) of its raw bytes in
+        C-contiguous order ("" for an empty tensor)}``.
+    Raises:
+        RuntimeError: (torch) a tensor that has no byte view (sparse, quantized).
+    """
     import torch
 
     out = []

@@ -185,33 +185,60 @@ def reference_run(gm, inputs: list, device_type: str, dtype=None) -> tuple[list,
 
 @dataclass
 class Verdict:
-    """The numbers for one value (an output, a gradient, an input written in place)."""
+    """The numbers and the verdict for one value (an output, a gradient, an input
+    written in place), made by :func:`judge`.
+
+    Errors are against the reference run (:func:`reference_run`): the RMS of the
+    difference divided by the larger RMS of the reference and of eager (relative, no
+    unit); for integer and bool values, the fraction of elements that differ (0..1).
+    """
 
     eager_error: float
+    """Error of the graph run in its own dtypes (what eager gets), >= 0."""
     frozen_error: float
+    """Error of the pair's result, >= 0; ``inf`` when refused for another shape or
+    dtype or for new NaN/inf."""
     multiple: float
+    """How many times eager's error the frozen error may be (:func:`multiple_for`, or
+    ``options["validation_multiple"]``)."""
     floor: float
-    max_abs: float  # largest elementwise |frozen - eager|
-    scale: float  # largest |reference| (magnitude of the values)
-    problem: Optional[str] = None  # why refused; None: accepted
-    elementwise: bool = False  # accepted by the elementwise step, not by the multiple
+    """Error always allowed: the dtype's unit roundoff (half its machine epsilon,
+    e.g. 5.96e-08 for fp32); 0 for integer and bool values."""
+    max_abs: float
+    """Largest elementwise ``|frozen - eager|`` in the value's own units, over the
+    elements finite in eager, frozen and the reference (1.0/0.0 for bool: any
+    differ); ``inf`` when refused for shape/dtype or new NaN/inf."""
+    scale: float
+    """Largest ``|reference|`` over the finite elements (the values' magnitude, in
+    their units); 0 for integer and bool values."""
+    problem: Optional[str] = None
+    """Why the value is refused, a phrase for the message; None: accepted."""
+    elementwise: bool = False
+    """True: accepted because ``frozen`` is elementwise close to eager
+    (:data:`ELEMENTWISE_TOL`) although beyond the multiple."""
 
     @property
     def allowed(self) -> float:
+        """The largest accepted frozen error: ``multiple * eager_error + floor``."""
         return self.multiple * self.eager_error + self.floor
 
     @property
     def ratio(self) -> float:
-        """frozen error / allowed (<= 1: accepted)."""
+        """frozen error / allowed (<= 1: accepted by the multiple; 0 or inf when
+        nothing is allowed and the error is 0 or not)."""
         return self.frozen_error / self.allowed if self.allowed > 0 else (0.0 if self.frozen_error == 0 else math.inf)
 
     def numbers(self) -> dict[str, Any]:
+        """The numbers for ``PRECOMPILE_METADATA["validation"]`` and the manifest
+        (JSON types; floats to 3 significant digits)."""
         return {"eager_error": sig(self.eager_error), "frozen_error": sig(self.frozen_error),
                 "multiple": self.multiple, "floor": sig(self.floor), "max_abs_diff": sig(self.max_abs),
                 "max_abs_value": sig(self.scale),
                 "accepted_by": "elementwise" if self.elementwise else "multiple"}
 
     def describe(self) -> str:
+        """The numbers as a sentence for a message; ``{ref}`` in it is left for the
+        caller to fill with the reference's name (``.format(ref="float64")``)."""
         return (f"error vs the {{ref}} reference {self.frozen_error:.3g} (relative RMS), eager's "
                 f"{self.eager_error:.3g}, allowed {self.multiple:g} x eager + {self.floor:.3g} = "
                 f"{self.allowed:.3g}; max |frozen - eager| {self.max_abs:.3g} at values up to "
@@ -239,11 +266,21 @@ def _error(x, ref, mask, denom) -> float:
 
 
 def judge(eager, frozen, ref) -> Verdict:
-    """Numbers and verdict for one value: ``eager`` (graph in its own dtype),
-    ``frozen`` (the pair's result), ``ref`` (graph in fp64, :func:`reference_run`).
+    """Numbers and verdict for one value.
 
-    Refused (``problem`` set): another shape or dtype; NaN/inf in ``frozen`` where
-    ``eager`` is finite; ``frozen_error > multiple * eager_error + floor``.
+    Args:
+        eager: the value from the graph run in its own dtypes (a tensor, any shape).
+        frozen: the same value from the pair's compiled code; judged, not trusted:
+            it may have another shape or dtype.
+        ref: the same value from the reference run (:func:`reference_run`: fp64, or
+            fp32), ``eager``'s shape; moved to ``eager``'s device here.
+    Returns:
+        a :class:`Verdict`. Refused (``problem`` set): another shape or dtype than
+        ``eager``; NaN/inf in ``frozen`` where ``eager`` is finite; ``frozen_error >
+        multiple * eager_error + floor`` unless elementwise close to ``eager``.
+        Errors are computed over the elements finite in ``eager`` and ``ref``.
+    Raises:
+        nothing of its own (a tensor op's error only for inputs that are no tensors).
     """
     import torch
 
@@ -290,6 +327,33 @@ def judge(eager, frozen, ref) -> Verdict:
                                             equal_nan=True)):
             v.problem, v.elementwise = None, True  # torch's first step: close to eager elementwise
     return v
+
+
+EAGER_CHECKS = ("refuse", "warn", "off")
+"""Values of ``options["eager_check"]``: what a difference from the eager call does."""
+
+
+def eager_check_mode(options: dict, target: str) -> str:
+    """``options["eager_check"]`` (default ``"refuse"``), validated: one of
+    :data:`EAGER_CHECKS`. Raises CaptureError naming the target and the values."""
+    from ..errors import CaptureError
+
+    mode = options.get("eager_check", "refuse")
+    if mode not in EAGER_CHECKS:
+        raise CaptureError(f"target {target!r}: options['eager_check'] = {mode!r}: use 'refuse' "
+                           "(default), 'warn' or 'off'")
+    return mode
+
+
+def eager_check_skipped(gm, real: dict) -> Optional[str]:
+    """Why the eager-call check cannot compare (the graph ``gm`` draws random numbers,
+    or the call drew from Python's RNG: ``real["python_rng"]`` of
+    :func:`precompile_build.engines.tracing.run_real_call`), or None: it can."""
+    if has_random_ops(gm):
+        return "the function draws random numbers"
+    if real.get("python_rng"):  # the capture warns that the value is frozen (PythonStateWarning)
+        return "the function draws from Python's random state"
+    return None
 
 
 def judge_against_eager_call(real, frozen, ref, graph_verdict: Verdict) -> tuple[float, float, float]:

@@ -39,17 +39,24 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from ..errors import CaptureError
-from . import dynamic_dims
+from . import TRACERS, dynamic_dims
 from .layouts import example_clone
-
-TRACERS = ("auto", "export", "export-strict", "make_fx")
 
 
 @dataclass
 class Traced:
-    graph_module: Any  # torch.fx.GraphModule over the flat inputs
-    symbolic: Any  # dynamic_dims.SymbolicTrace, or None when no dim is marked
-    tracer: str  # the tracer that made the graph: "export", "export-strict" or "make_fx"
+    """What :func:`trace` returns: one call's ATen graph and how it was made."""
+
+    graph_module: Any
+    """``torch.fx.GraphModule`` over the flat inputs (lifted parameters/buffers, then
+    the user's tensors) returning the flat function's outputs (tensor results, then
+    parameter gradients, see tracing.py); writes to inputs stay in-place ops."""
+    symbolic: Any
+    """``dynamic_dims.SymbolicTrace`` (the marked dims' symbols and fake inputs), or
+    None when no dim is marked."""
+    tracer: str
+    """The tracer that made the graph: ``"export"``, ``"export-strict"`` or
+    ``"make_fx"`` (never ``"auto"``)."""
 
 
 def check_tracer(tracer: str | None) -> str:

@@ -278,6 +278,45 @@ def trace_call(fn: Callable, args: tuple, kwargs: dict, *, target: str, tracer: 
                       sources=params + user_tensors)
 
 
+def run_real_call(traced: TracedCall, real_call: Callable[[], Any]) -> dict:
+    """Run the user's real call (``real_call()``, once, after the trace took its clones)
+    and collect its results in the graph's flat order, for the engines' eager-call check.
+
+    Args:
+        traced: the trace of this call (its ``sources`` are the caller's own tensors).
+        real_call: runs ``fn(*args, **kwargs)`` for real and returns its result.
+    Returns:
+        ``{"result": what the call returned, "outputs": [tensor outputs (detached),
+        then per captured parameter gradient what the call added to ``.grad``, or
+        None], "inputs": {flat index: the caller's tensor (to judge those written)},
+        "structure_ok": bool (as many tensor outputs as the trace), "python_rng":
+        bool (the call drew from Python's or numpy's RNG)}``.
+    Raises:
+        whatever the call raises.
+    """
+    from ..rng_state import python_rng_states
+
+    sources = traced.sources or []
+    grad_at = traced.metadata["grad_param_indices"]
+    before = {i: (sources[i].grad.detach().clone() if sources[i].grad is not None else None)
+              for i in grad_at if i < len(sources)}
+    rng_before = python_rng_states()
+    result = real_call()
+    python_rng = python_rng_states() != rng_before  # drew a value the trace drew another of
+    outs: list = []
+    try:
+        _output_spec(result, outs, "result")
+    except CaptureError:
+        outs = []
+    grads = []
+    for i in grad_at:
+        g = sources[i].grad if i < len(sources) else None
+        grads.append(None if g is None else (g - before[i] if before.get(i) is not None else g).detach())
+    inputs = {i: t.detach() for i, t in enumerate(sources)}  # references: those written are judged
+    return {"result": result, "outputs": [o.detach() for o in outs] + grads, "inputs": inputs,
+            "structure_ok": len(outs) == traced.metadata["num_user_outputs"], "python_rng": python_rng}
+
+
 def _mutated_inputs(gm) -> list[int]:
     """Positions of the flat inputs the graph writes to (buffers, in-place arguments)."""
     import torch
