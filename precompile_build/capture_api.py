@@ -52,8 +52,11 @@ class Capture:
         options = dict(self._options)
         if os.environ.get("PRECOMPILE_CUDA_GRAPHS") == "1":  # the `cuda-graphs` target option
             options.setdefault("cuda_graphs", True)
-        # CUDA graphs replay the frozen engine's kernels: auto picks it for them
-        engine = engines.resolve("frozen" if options.get("cuda_graphs") and self.engine == "auto"
+        # CUDA graphs replay the frozen engine's kernels, and tracer/fallback are its
+        # settings: auto picks it for them (PRECOMPILE_ENGINE still decides when set)
+        wants_frozen = (options.get("cuda_graphs") or self.tracer != "auto" or self.fallback != "none")
+        engine = engines.resolve("frozen" if wants_frozen and self.engine == "auto"
+                                 and not os.environ.get("PRECOMPILE_ENGINE", "").strip()
                                  else self.engine, device)
         if self.backend == "eager" and engine == "frozen":
             engine = "eager"
@@ -106,12 +109,7 @@ class Capture:
             given.append(f"fallback={self.fallback!r} applies to the frozen engine only")
         if not given:
             return
-        if self.engine != "auto":
-            why = ""
-        elif os.environ.get("PRECOMPILE_ENGINE", "").strip():
-            why = " (from PRECOMPILE_ENGINE)"
-        else:
-            why = " (engine='auto' picks it for CUDA captures where torch has torch.compiler.precompile)"
+        why = " (from PRECOMPILE_ENGINE)" if self.engine == "auto" else ""
         raise CaptureError(
             f"target {self.target!r}: {'; '.join(given)}, but this capture uses engine 'torch'{why}, "
             "which would ignore it. Pass engine='frozen' to precompile_build.capture(), or drop "
@@ -228,8 +226,9 @@ def capture(
         cache_path: where the cache half goes (default: env ``PRECOMPILE_CACHE_PATH``).
         engine: ``"auto"`` (see :func:`precompile_build.engines.resolve`: the
             ``PRECOMPILE_ENGINE`` variable, else frozen on CPU, torch on CUDA where
-            torch has ``torch.compiler.precompile``), ``"torch"``, ``"frozen"`` or
-            ``"eager"``.
+            torch has ``torch.compiler.precompile``; frozen whenever ``tracer``,
+            ``fallback`` or the ``cuda_graphs`` option is given, since they are its
+            settings), ``"torch"``, ``"frozen"`` or ``"eager"``.
         backend: ``"inductor"`` or ``"eager"`` (no kernels).
         target: the name in messages (default: env ``PRECOMPILE_TARGET``, else the
             artifact file's stem).

@@ -239,3 +239,17 @@ def test_tracer_and_fallback_are_refused_with_the_torch_engine(tmp_path, monkeyp
                                       cache_path=tmp_path / "t.cache", **kw) as f:
             f(torch.ones(2))
     assert ran == [] and not (tmp_path / "t.py").exists()
+
+
+@pytest.mark.parametrize("kw", [{"tracer": "make_fx"}, {"fallback": "eager"}])
+def test_tracer_or_fallback_make_auto_pick_the_frozen_engine(tmp_path, monkeypatch, kw):
+    """engine="auto" would pick torch for a CUDA capture where torch has
+    torch.compiler.precompile; a target that sets the frozen engine's settings gets
+    the frozen engine there instead of an error on GPU hosts only."""
+    from precompile_build import engines
+
+    asked, real = [], engines.resolve
+    monkeypatch.setattr(engines, "resolve", lambda e, d: asked.append(e) or real(e, d))
+    src, cache = _capture(tmp_path, lambda x: x * 2, torch.ones(2), **kw)
+    assert asked == ["frozen"]
+    torch.testing.assert_close(load_pair(src, cache)(torch.ones(2)), torch.full((2,), 2.0))
