@@ -219,7 +219,12 @@ def trace_call(fn: Callable, args: tuple, kwargs: dict, *, target: str, tracer: 
         return a, kw
 
     def flat_fn(*flat):
-        leaves = [t.detach().requires_grad_(True) if g else t for t, g in zip(flat[:n_params], wants_grad)]
+        if torch.compiler.is_dynamo_compiling():
+            # export-strict: Dynamo (torch 2.11) refuses requires_grad_(); its graphs are
+            # forward-only (a backward inside fails there), so the inputs serve as leaves
+            leaves = list(flat[:n_params])
+        else:
+            leaves = [t.detach().requires_grad_(True) if g else t for t, g in zip(flat[:n_params], wants_grad)]
         call_args, call_kwargs = rebuild_args(flat[n_params:])
         with _reparametrize(modules, names, leaves):
             result = fn(*call_args, **call_kwargs)
