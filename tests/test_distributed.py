@@ -15,7 +15,6 @@ GPU variant (run by the lead on the 2-GPU host):
 from __future__ import annotations
 
 import json
-import os
 import socket
 import traceback
 
@@ -38,17 +37,9 @@ def _init(backend, rank, world, port):
 
 
 def _load(src, cache):
-    from precompile_runtime.envelope import loads
+    from _pairs import load_pair
 
-    env = loads(open(cache, "rb").read())
-    kdir = f"{src}.kernels"
-    for name, blob in env.blobs.items():
-        os.makedirs(os.path.dirname(os.path.join(kdir, name)), exist_ok=True)
-        with open(os.path.join(kdir, name), "wb") as f:
-            f.write(blob)
-    ns: dict = {"__name__": "pair"}
-    exec(compile(open(src).read(), src, "exec"), ns)
-    return ns["load"](kdir if env.blobs else None)
+    return load_pair(src, cache, f"{src}.kernels")
 
 
 def _cases(rank, tmp, backend, ports):

@@ -429,16 +429,9 @@ def _capture_and_load(tmp, fn, *args):
 
 def _load_pair(tmp_path):
     """The pair at _paths(tmp_path), loaded in this process with its frozen kernels."""
-    from precompile_runtime.envelope import loads
+    from _pairs import load_pair
 
-    env = loads((tmp_path / "t.cache").read_bytes())
-    kdir = tmp_path / "kernels"
-    for name, blob in env.blobs.items():
-        (kdir / name).parent.mkdir(parents=True, exist_ok=True)
-        (kdir / name).write_bytes(blob)
-    ns: dict = {"__name__": "pair"}
-    exec(compile((tmp_path / "t.py").read_text(), "t.py", "exec"), ns)
-    return ns["load"](str(kdir) if env.blobs else None)
+    return load_pair(tmp_path / "t.py", tmp_path / "t.cache")
 
 
 def test_size_one_is_refused_at_capture_or_served_correctly(tmp_path):

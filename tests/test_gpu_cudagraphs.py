@@ -49,16 +49,9 @@ def _capture(tmp_path, fn, *args, options=None):
 
 
 def _load(tmp_path, cuda_graphs=True, **kw):
-    from precompile_runtime.envelope import loads
+    from _pairs import load_pair
 
-    env = loads((tmp_path / "t.cache").read_bytes())
-    kdir = tmp_path / "kernels"
-    for name, blob in env.blobs.items():
-        (kdir / name).parent.mkdir(parents=True, exist_ok=True)
-        (kdir / name).write_bytes(blob)
-    ns: dict = {"__name__": "pair"}
-    exec(compile((tmp_path / "t.py").read_text(), "t.py", "exec"), ns)
-    return ns["load"](str(kdir)).with_cuda_graphs(cuda_graphs, **kw)
+    return load_pair(tmp_path / "t.py", tmp_path / "t.cache").with_cuda_graphs(cuda_graphs, **kw)
 
 
 def _eq(got, want):

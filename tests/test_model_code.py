@@ -18,19 +18,12 @@ GLOBAL_W = torch.ones(3)
 
 def _capture_and_load(tmp_path, fn, *args, engine="frozen"):
     """Capture ``fn(*args)`` into tmp_path and return (eager result, loaded callable)."""
-    from precompile_runtime.envelope import loads
+    from _pairs import load_pair
 
     src, cache = tmp_path / "t.py", tmp_path / "t.cache"
     with precompile_build.capture(fn, engine=engine, artifact_path=src, cache_path=cache) as f:
         want = f(*args)
-    env = loads(cache.read_bytes())
-    kdir = tmp_path / "kernels"
-    for name, blob in env.blobs.items():
-        (kdir / name).parent.mkdir(parents=True, exist_ok=True)
-        (kdir / name).write_bytes(blob)
-    ns: dict = {"__name__": "pair"}
-    exec(compile(src.read_text(), "t.py", "exec"), ns)
-    loaded = ns["load"](str(kdir) if env.blobs else None)
+    loaded = load_pair(src, cache)
     assert loaded.uses_kernels == (engine == "frozen")
 
     def serve(*a, **kw):  # serving compiles nothing: the compiler's entry points raise

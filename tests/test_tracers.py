@@ -10,6 +10,7 @@ torch = pytest.importorskip("torch")
 
 import precompile_build  # noqa: E402
 from precompile_build.errors import CaptureError  # noqa: E402
+from _pairs import load_pair  # noqa: E402
 
 
 class LibraryStyleMask(torch.nn.Module):
@@ -41,20 +42,6 @@ def _capture(tmp_path, fn, *args, name="t", **kw):
     with precompile_build.capture(fn, artifact_path=src, cache_path=cache, target=name, **kw) as f:
         f(*args)
     return src, cache
-
-
-def load_pair(src, cache):
-    """The pair, loaded in this process with its frozen kernels (if any)."""
-    from precompile_runtime.envelope import loads
-
-    env = loads(cache.read_bytes())
-    kdir = src.parent / f"{src.stem}-kernels"
-    for name, blob in env.blobs.items():
-        (kdir / name).parent.mkdir(parents=True, exist_ok=True)
-        (kdir / name).write_bytes(blob)
-    ns: dict = {"__name__": "pair"}
-    exec(compile(src.read_text(), src.name, "exec"), ns)
-    return ns["load"](str(kdir) if env.blobs else None)
 
 
 def _tracer_of(src) -> str:
