@@ -164,3 +164,47 @@ def test_a_tensor_constant_with_a_dynamic_dim(tmp_path):
     for n in (1, 7):
         xn = torch.randn(n, 3)
         torch.testing.assert_close(loaded(xn), xn + 2.0)
+
+
+class _Configured(torch.nn.Module):
+    """Settings that are not parameters: a head count, an eps, an activation function
+    (as transformers' configs set them on each layer)."""
+
+    def __init__(self, heads=2, eps=1e-5, act=torch.nn.functional.gelu):
+        super().__init__()
+        self.heads, self.eps, self.act = heads, eps, act
+        self.proj = torch.nn.Linear(8, 8)
+        self.norm = torch.nn.LayerNorm(8, eps=eps)
+
+    def forward(self, x):
+        b, n = x.shape
+        h = self.proj(x).view(b, self.heads, n // self.heads).softmax(-1).reshape(b, n)
+        return self.act(self.norm(h))
+
+
+def _copy_of(model, **settings):
+    other = _Configured(**settings).eval()
+    other.load_state_dict(model.state_dict())
+    return other
+
+
+@pytest.mark.parametrize("engine", ["frozen", "eager"])
+@pytest.mark.parametrize("settings, named", [
+    ({"heads": 4}, r"heads=2"),
+    ({"eps": 1e-3}, r"eps=1e-05"),  # also the LayerNorm's own eps
+    ({"act": torch.nn.functional.relu}, r"act=\S*gelu"),
+])
+def test_a_model_with_other_settings_and_the_same_parameters_is_refused(tmp_path, engine, settings, named):
+    """Equal parameters, another config: the frozen code has the captured settings
+    built in, so the call is refused (naming the first difference), not served wrong."""
+    from precompile_runtime import CallError
+
+    model, x = _Configured().eval(), torch.randn(3, 8)
+    want, serve = _capture_and_load(tmp_path, lambda m, x: m(x), model, x, engine=engine)
+    torch.testing.assert_close(serve(model, x), want)
+    torch.testing.assert_close(serve(_copy_of(model), x), want)  # same settings: served
+    other = _copy_of(model, **settings)
+    assert not torch.allclose(other(x), want, atol=1e-6)  # eager really differs
+    with pytest.raises(CallError, match=r"model argument 0 has other settings than the captured model "
+                                        r"\(captured '[^']*" + named):
+        serve(other, x)

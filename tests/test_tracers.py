@@ -240,3 +240,30 @@ def test_tracer_or_fallback_make_auto_pick_the_frozen_engine(tmp_path, monkeypat
     src, cache = _capture(tmp_path, lambda x: x * 2, torch.ones(2), **kw)
     assert asked == ["frozen"]
     torch.testing.assert_close(load_pair(src, cache)(torch.ones(2)), torch.full((2,), 2.0))
+
+
+@pytest.mark.parametrize("change", [{"num_attention_heads": 4}, {"hidden_act": "relu"}, {"layer_norm_eps": 1e-3}])
+def test_a_library_model_of_another_config_is_refused(tmp_path, change):
+    """A transformers BertModel with the captured parameters but another config (heads,
+    activation, eps: a new user's trial found these served silently wrong) is refused
+    at the call; one of the captured config is served."""
+    transformers = pytest.importorskip("transformers")
+    from precompile_runtime import CallError
+
+    def bert(**kw):
+        cfg = dict(vocab_size=64, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+                   intermediate_size=64, max_position_embeddings=32)
+        torch.manual_seed(0)
+        return transformers.BertModel(transformers.BertConfig(**{**cfg, **kw}), add_pooling_layer=False).eval()
+
+    def embed(model, ids):
+        return model(input_ids=ids).last_hidden_state.mean(1)
+
+    model, ids = bert(), torch.randint(0, 64, (2, 8))
+    src, cache = _capture(tmp_path, embed, model, ids, engine="eager")
+    loaded = load_pair(src, cache)
+    torch.testing.assert_close(loaded(bert(), ids), embed(model, ids))
+    other = bert(**change)
+    assert not torch.allclose(embed(other, ids), embed(model, ids), atol=1e-6)
+    with pytest.raises(CallError, match=r"model argument 0 has other settings than the captured model"):
+        loaded(other, ids)

@@ -366,6 +366,49 @@ def _check_training(modules):
             )
 
 
+_SETTING_TYPES = (bool, int, float, str, type(None))
+
+
+def _module_settings(module):
+    # the same lines as precompile_build.engines.tracing.module_settings (tested equal)
+    import types
+
+    lines, stack = [], [("", module)]
+    while stack:
+        path, m = stack.pop()
+        words = [f"{path or '.'}: {type(m).__module__}.{type(m).__qualname__}"]
+        for k, v in sorted(vars(m).items()):
+            if k.startswith("_") or k == "training":
+                continue
+            if isinstance(v, _SETTING_TYPES) or (
+                    isinstance(v, (tuple, list)) and len(v) <= 16 and all(isinstance(x, _SETTING_TYPES) for x in v)):
+                words.append(f"{k}={v!r}")
+            elif isinstance(v, (types.FunctionType, types.BuiltinFunctionType)):
+                words.append(f"{k}={getattr(v, '__module__', '')}.{v.__qualname__}")
+        lines.append(" ".join(words))
+        stack.extend((f"{path}.{k}" if path else k, c) for k, c in reversed(list(m._modules.items())) if c is not None)
+    return lines
+
+
+def _check_settings(modules):
+    """The models' Python settings (heads, eps, activation...) are the captured ones:
+    the frozen code has them built in, so another config with the same parameters
+    would be served silently wrong."""
+    for i, (mod, want) in enumerate(zip(modules, _META.get("module_settings") or [])):
+        got = _module_settings(mod)
+        if got == want:
+            continue
+        diff = next(((w, g) for w, g in zip(want, got) if w != g), None)
+        shown = (f"captured {diff[0]!r}, got {diff[1]!r}" if diff
+                 else f"captured {len(want)} submodules, got {len(got)}")
+        raise CallError(
+            f"target {_META['target']!r}: model argument {i} has other settings than the "
+            f"captured model ({shown}); the frozen code has the captured values built in "
+            "and would compute something else. Pass a model built with the captured "
+            "configuration, or capture this one"
+        )
+
+
 def _full_params(modules):
     """The full check of the model arguments: returns their lifted tensors."""
     names, params = _module_tensors(modules)
@@ -379,6 +422,7 @@ def _full_params(modules):
     for t, n, s in zip(params, names, _META["params"]):
         _check_tensor(t, s, f"parameter/buffer {n}")
     _check_training(modules)
+    _check_settings(modules)
     return params
 
 

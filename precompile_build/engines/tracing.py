@@ -194,6 +194,7 @@ def trace_call(fn: Callable, args: tuple, kwargs: dict, *, target: str, tracer: 
     user_tensors, paths = [t for t, _ in user_tensors], [p for _, p in user_tensors]
     collectives.refuse_data_parallel(fn, modules, target)
     names, params = _lift(modules)
+    settings = [module_settings(m) for m in modules]  # before the call: as the trace sees them
     wants_grad = [isinstance(p, torch.nn.Parameter) and p.requires_grad for p in params]
     n_params = len(params)
     out_box: dict = {}
@@ -271,6 +272,7 @@ def trace_call(fn: Callable, args: tuple, kwargs: dict, *, target: str, tracer: 
         "grad_param_indices": out_box["grad_indices"],
         "device": _device_of(params + user_tensors),
         "training": [_training_flags(m) for m in modules],
+        "module_settings": settings,
         "arg_names": arg_names,
         "mutated_inputs": _mutated_inputs(gm),
         "tracer": traced.tracer,
@@ -346,6 +348,36 @@ def _ambient_state(device: str) -> dict:
     if torch.is_autocast_enabled(device):
         autocast[device] = str(torch.get_autocast_dtype(device))
     return {"autocast": autocast}
+
+
+_SETTING_TYPES = (bool, int, float, str, type(None))
+
+
+def module_settings(module) -> list[str]:
+    """What the trace froze in of ``module``'s Python settings, one line per submodule
+    (pre-order, as the driver walks them): ``"path: Class a=1 b='gelu'"``, with each
+    public attribute of a plain type (bool/int/float/str/None, or a tuple/list of
+    them) and the name of a function stored as an attribute. Two models with equal
+    parameters but another config (heads, eps, activation) differ here; the driver
+    compares this list at the first call with each model (_driver._check_settings).
+    """
+    import types
+
+    lines, stack = [], [("", module)]
+    while stack:
+        path, m = stack.pop()
+        words = [f"{path or '.'}: {type(m).__module__}.{type(m).__qualname__}"]
+        for k, v in sorted(vars(m).items()):
+            if k.startswith("_") or k == "training":
+                continue
+            if isinstance(v, _SETTING_TYPES) or (
+                    isinstance(v, (tuple, list)) and len(v) <= 16 and all(isinstance(x, _SETTING_TYPES) for x in v)):
+                words.append(f"{k}={v!r}")
+            elif isinstance(v, (types.FunctionType, types.BuiltinFunctionType)):
+                words.append(f"{k}={getattr(v, '__module__', '')}.{v.__qualname__}")
+        lines.append(" ".join(words))
+        stack.extend((f"{path}.{k}" if path else k, c) for k, c in reversed(list(m._modules.items())) if c is not None)
+    return lines
 
 
 def _training_flags(module) -> list[bool]:
