@@ -1,7 +1,8 @@
 """The serving guard: while it is on, anything that would compile raises
 :class:`~precompile_runtime.errors.ServingCompileError`.
 
-It is on when the environment has ``PRECOMPILE_NO_COMPILE=1`` (read at each call,
+It is on when the environment has ``PRECOMPILE_NO_COMPILE=1`` (or ``true``/``yes``/``on``,
+any case; see :func:`precompile_runtime._env.env_flag`; read at each call,
 so it is process-wide and inherited by child processes) or inside
 :func:`no_compilation` (process-wide, all threads, nestable; it does not change the
 environment of child processes).
@@ -33,11 +34,11 @@ from __future__ import annotations
 import contextlib
 import functools
 import importlib.abc
-import os
 import sys
 import threading
 from typing import Any, Callable, Iterator
 
+from ._env import env_flag
 from .errors import ServingCompileError
 
 ENV = "PRECOMPILE_NO_COMPILE"
@@ -61,8 +62,12 @@ _MARK = "__precompile_guarded__"
 
 def guard_active() -> bool:
     """True while the serving guard is on (``PRECOMPILE_NO_COMPILE=1`` or inside
-    :func:`no_compilation`)."""
-    return _depth > 0 or os.environ.get(ENV, "") == "1"
+    :func:`no_compilation`).
+
+    Raises:
+        ValueError: ``PRECOMPILE_NO_COMPILE`` has a value that is not a boolean.
+    """
+    return _depth > 0 or env_flag(ENV)
 
 
 def _wrap(fn: Callable[..., Any], what: str) -> Callable[..., Any]:
@@ -148,8 +153,8 @@ def install() -> None:
 
 
 def install_if_env() -> None:
-    """:func:`install` when ``PRECOMPILE_NO_COMPILE=1`` is set."""
-    if os.environ.get(ENV, "") == "1":
+    """:func:`install` when ``PRECOMPILE_NO_COMPILE`` is on (ValueError: not a boolean)."""
+    if env_flag(ENV):
         install()
 
 

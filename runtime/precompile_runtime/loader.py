@@ -43,6 +43,7 @@ from typing import Any
 from . import envelope as _envelope
 from . import fingerprint as _fingerprint
 from . import manifest as _manifest
+from ._env import env_flag
 from ._guard import install_if_env
 from .errors import (
     CacheDirNotExecutableError,
@@ -99,11 +100,12 @@ def load_packaged(name: str, *, package: str | None = None, strict: bool | None 
             top-level package of the calling module (required when called from a
             ``__main__`` script that is not part of a package).
         strict: True: a host that matches no variant raises instead of falling back.
-            None (default): strict when the environment has ``PRECOMPILE_STRICT=1``.
+            None (default): strict when the environment variable ``PRECOMPILE_STRICT``
+            is on (``1``, ``true``, ``yes``, ``on``, any case). A bool or None only.
         cuda_graphs: True/False: replay CUDA graphs of the frozen kernels, or not
             (frozen CUDA inference targets; see the README on when graphs pay).
             None (default): as the target's ``cuda-graphs`` option recorded. Ignored
-            by fallbacks and by pairs of the ``torch`` engine.
+            by fallbacks and by pairs of the ``torch`` engine. A bool or None only.
     Returns:
         the callable returned by the pair's ``load(kernel_dir)`` (it has the captured
         ``fn``'s calling convention). The same object for every call in this process
@@ -125,9 +127,13 @@ def load_packaged(name: str, *, package: str | None = None, strict: bool | None 
         StaleArtifactError: strict mode and an editable install's source changed
             since its capture (also when a non-strict load of this process already
             fell back for that reason).
-        LoadOptionError: (a ValueError) ``cuda_graphs`` is not None, True or False,
-            or ``cuda_graphs=True`` for a target that cannot replay CUDA graphs (one
+        LoadOptionError: (a ValueError) ``strict`` or ``cuda_graphs`` is not None,
+            True or False (``"false"``, ``1`` and other non-bools are refused), or
+            ``cuda_graphs=True`` for a target that cannot replay CUDA graphs (one
             captured on the CPU, or one that runs a backward).
+        ValueError: ``strict`` is None and ``PRECOMPILE_STRICT``, or
+            ``PRECOMPILE_NO_COMPILE``, is set to a value that is not a boolean (on:
+            1/true/yes/on; off: 0/false/no/off/empty); the message names the variable.
         PrecompileLoadError: anything else the load could not do (e.g. no place to
             unpack kernels), with the package and target in the message.
     Warns:
@@ -135,12 +141,16 @@ def load_packaged(name: str, *, package: str | None = None, strict: bool | None 
             fallback is used; StaleArtifactWarning: an editable install's source
             changed (the captured graph runs instead of the kernels).
     """
-    if cuda_graphs not in (None, True, False):
-        raise LoadOptionError(f"load_packaged({name!r}, cuda_graphs={cuda_graphs!r}): use None, True or False")
+    for option, value in (("strict", strict), ("cuda_graphs", cuda_graphs)):
+        if value is not None and not isinstance(value, bool):  # "false" and 1 are not bools
+            raise LoadOptionError(
+                f"load_packaged({name!r}, {option}={value!r}): {option} must be None, True "
+                f"or False (a bool, not {type(value).__name__})"
+            )
     if package is None:
         package = _caller_package(sys._getframe(1))
     if strict is None:
-        strict = os.environ.get(STRICT_ENV, "") == "1"
+        strict = env_flag(STRICT_ENV)
     install_if_env()
     key = (package, name)
     done = _loaded.get(key)
