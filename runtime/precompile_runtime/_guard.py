@@ -15,7 +15,10 @@ while the guard is off. Wrapped, where they exist:
   dynamo's ``inductor`` backend looks ``compile_fx`` up at call time, so it is caught),
 - ``triton.compile``, ``triton.compiler.compile``, ``triton.compiler.compiler.compile``
   (kernel compile, including autotuning's precompile),
-- ``torch.utils.cpp_extension.load`` / ``load_inline`` (C++/CUDA extension builds).
+- ``torch.utils.cpp_extension.load`` / ``load_inline`` (C++/CUDA extension builds),
+- ``torch._inductor.cpp_builder.run_compile_cmd`` (every C++ compile of Inductor's
+  ``CppBuilder``: what torch 2.14's own ``torch.compiler.precompile.load`` runs for CPU
+  pairs, whose cache does not hold the compiled kernels).
 
 Nothing here imports torch or triton. A module already imported is patched when the
 guard is installed; one imported later is patched right after its import by a
@@ -49,6 +52,7 @@ _TARGETS: dict[str, tuple[str, ...]] = {
     "torch._dynamo": ("optimize",),
     "torch._inductor.compile_fx": ("compile_fx", "compile_fx_inner"),
     "torch.utils.cpp_extension": ("load", "load_inline"),
+    "torch._inductor.cpp_builder": ("run_compile_cmd",),
     "triton": ("compile",),
     "triton.compiler": ("compile",),
     "triton.compiler.compiler": ("compile",),
