@@ -333,8 +333,9 @@ def test_unknown_target_names_what_exists(tmp_path, monkeypatch):
 def test_package_without_data(tmp_path, monkeypatch):
     p = on_path(monkeypatch, make_package(tmp_path))
     shutil.rmtree(p.data)
-    with pytest.raises(TargetNotFoundError, match="no _precompiled/manifest.json"):
+    with pytest.raises(TargetNotFoundError, match="no _precompiled/manifest.json") as ei:
         load_packaged("fwd", package=p.name)
+    assert f"in {p.dir} (is this the installed package? a source checkout on sys.path shadows it)" in str(ei.value)
     with pytest.raises(TargetNotFoundError, match="cannot be imported"):
         load_packaged("fwd", package="pcb_no_such_package_xyz")
 

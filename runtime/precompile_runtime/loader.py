@@ -247,9 +247,10 @@ def _load(package: str, name: str, strict: bool) -> _Loaded:
     except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
         _raise_if_package_gone(package)
         raise TargetNotFoundError(
-            f"package {package!r} has no {DATA_DIR}/manifest.json: it was built without "
-            "precompiled targets (or with the captures skipped); rebuild the wheel with "
-            "the precompile-build backend"
+            f"package {package!r} has no {DATA_DIR}/manifest.json in {_shown_dir(package, data)} "
+            "(is this the installed package? a source checkout on sys.path shadows it): it "
+            "was built without precompiled targets (or with the captures skipped); rebuild "
+            "the wheel with the precompile-build backend"
         ) from None
     except OSError as e:
         raise ManifestError(f"package {package!r}: cannot read {DATA_DIR}/manifest.json ({e})") from None
@@ -361,6 +362,12 @@ def _noexec_text(ctx: str, kernel_dir: str, e: ImportError) -> str:
         f"Set {CACHE_ENV} to a directory on a file system mounted with exec (e.g. under "
         "your home directory) to use them."
     )
+
+
+def _shown_dir(package: str, data: Any) -> str:
+    """The folder searched for ``_precompiled/``: the package's ``__file__`` folder."""
+    path = getattr(sys.modules.get(package), "__file__", None)
+    return os.path.dirname(path) if path else str(data.parent) if hasattr(data, "parent") else "?"
 
 
 def _raise_if_package_gone(package: str) -> None:
