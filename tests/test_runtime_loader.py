@@ -704,6 +704,6 @@ def test_guard_env_accepts_true_spellings(monkeypatch):
 def test_strict_and_cuda_graphs_take_bools_only(option, value, pkg):
     from precompile_runtime import LoadOptionError
 
-    with pytest.raises(LoadOptionError, match=f"{option} must be None, True or False"):
+    with pytest.raises(LoadOptionError, match=rf"{option}={value!r}\): use None, True or False \({option} takes a bool"):
         load_packaged("fwd", package=pkg.name, **{option: value})
     assert pkg.execs() == 0

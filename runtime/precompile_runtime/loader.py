@@ -144,8 +144,8 @@ def load_packaged(name: str, *, package: str | None = None, strict: bool | None 
     for option, value in (("strict", strict), ("cuda_graphs", cuda_graphs)):
         if value is not None and not isinstance(value, bool):  # "false" and 1 are not bools
             raise LoadOptionError(
-                f"load_packaged({name!r}, {option}={value!r}): {option} must be None, True "
-                f"or False (a bool, not {type(value).__name__})"
+                f"load_packaged({name!r}, {option}={value!r}): use None, True or False "
+                f"({option} takes a bool, not a {type(value).__name__})"
             )
     if package is None:
         package = _caller_package(sys._getframe(1))
