@@ -357,7 +357,7 @@ def _dyn(*shape, lo=1, hi=None, dims=(0,)):
     (lambda x: x * 2 if x.shape[0] % 2 == 0 else x + 1, _dyn(4, 8, hi=64),
      r"target 'dyn': argument 'x' dim 0 is marked dynamic in \[1, 64\] but the captured code relies on "
      r"\(size % 2\) == 0 \(sizes \[1, 3, 5, 7\] break it\)"),
-    (lambda x: (x * 2, x.shape[0]), _dyn(4, 8), r"target 'dyn': the result result\[1\] is a SymInt"),
+    (lambda x: (x * 2, x.shape[0]), _dyn(4, 8), r"target 'dyn': the result's part result\[1\] is a Python number computed while tracing \(SymInt"),
 ])
 def test_a_dynamic_dim_the_code_cannot_serve_is_a_capture_error(tmp_path, fn, x, message):
     with pytest.raises(CaptureError, match=message):
@@ -473,6 +473,36 @@ def test_eager_engine_serves_dynamic_dims_from_the_graph(tmp_path):
             torch.testing.assert_close(fn(model, xn), model(xn).cumsum(0))
     with pytest.raises(CallError, match=r"size 33 is outside the range \[1, 32\]"):
         fn(model, torch.randn(33, 8))
+
+
+def test_call_errors_name_what_differs(tmp_path):
+    """A shape error shows dynamic dims as ranges (no internal symbol); a structure
+    error shows the first parameter names that differ, captured vs given."""
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU(), torch.nn.Linear(8, 8))
+    x = _dyn(2, 4, 8, lo=2, hi=64, dims=(1,))
+    with precompile_build.capture(lambda m, x: m(x), engine="eager", **_paths(tmp_path)) as f:
+        f(model, x)
+    from precompile_runtime import CallError
+
+    fn = _load_pair(tmp_path)
+    with pytest.raises(CallError) as ei:
+        fn(model, torch.randn(3, 5, 8))
+    assert "shape [3, 5, 8] (captured [2, 2..64, 8])" in str(ei.value)
+    assert "'s" not in str(ei.value)
+    other = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Linear(8, 8), torch.nn.ReLU())
+    with pytest.raises(CallError, match=re.escape(
+            "has 4 parameters/buffers, the capture lifted 4; they first differ at #2: captured "
+            "['m0.2.weight', 'm0.2.bias'], given ['m0.1.weight', 'm0.1.bias']")):
+        fn(other, torch.randn(2, 4, 8))
+
+
+def test_a_python_number_result_says_return_the_tensor(tmp_path):
+    with pytest.raises(CaptureError, match=r"the result is a Python number computed while tracing "
+                       r"\(Sym\w+: from \.item\(\).*cannot be a result.*return the tensor instead"):
+        with precompile_build.capture(lambda x: (x * 2).sum().item(), engine="eager",
+                                      **_paths(tmp_path)) as f:
+            f(torch.randn(4, 8))
+    assert not list(tmp_path.iterdir())
 
 
 def test_closed_over_tensor_is_refused(tmp_path):

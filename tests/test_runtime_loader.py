@@ -333,8 +333,9 @@ def test_unknown_target_names_what_exists(tmp_path, monkeypatch):
 def test_package_without_data(tmp_path, monkeypatch):
     p = on_path(monkeypatch, make_package(tmp_path))
     shutil.rmtree(p.data)
-    with pytest.raises(TargetNotFoundError, match="no _precompiled/manifest.json"):
+    with pytest.raises(TargetNotFoundError, match="no _precompiled/manifest.json") as ei:
         load_packaged("fwd", package=p.name)
+    assert f"in {p.dir} (is this the installed package? a source checkout on sys.path shadows it)" in str(ei.value)
     with pytest.raises(TargetNotFoundError, match="cannot be imported"):
         load_packaged("fwd", package="pcb_no_such_package_xyz")
 
@@ -660,3 +661,49 @@ def test_import_does_not_import_torch():
 def test_errors_are_precompile_load_errors():
     for cls in (HostMismatchError, IntegrityError, ManifestError, TargetNotFoundError):
         assert issubclass(cls, PrecompileLoadError)
+
+
+# ------------------------------------------------------ boolean options and env vars
+
+
+@pytest.mark.parametrize("value", ["1", "true", "TRUE", "Yes", "on", " on "])
+def test_strict_env_accepts_true_spellings(value, tmp_path, monkeypatch):
+    p = on_path(monkeypatch, make_package(tmp_path, {"fwd": [{"platform": "plan9"}]}))
+    monkeypatch.setenv("PRECOMPILE_STRICT", value)
+    with pytest.raises(HostMismatchError):
+        load_packaged("fwd", package=p.name)
+
+
+@pytest.mark.parametrize("value", ["0", "false", "No", "OFF", ""])
+def test_strict_env_accepts_false_spellings(value, tmp_path, monkeypatch):
+    p = on_path(monkeypatch, make_package(tmp_path, {"fwd": [{"platform": "plan9"}]}))
+    monkeypatch.setenv("PRECOMPILE_STRICT", value)
+    with pytest.warns(HostMismatchWarning):
+        assert load_packaged("fwd", package=p.name)() == ("fallback", None)
+
+
+@pytest.mark.parametrize("var", ["PRECOMPILE_STRICT", "PRECOMPILE_NO_COMPILE"])
+def test_env_flag_other_values_are_an_error(var, pkg, monkeypatch):
+    monkeypatch.setenv(var, "enabled")
+    with pytest.raises(ValueError, match=f"{var}='enabled' is not a boolean: use 1, true, yes or on"):
+        load_packaged("fwd", package=pkg.name)
+    assert pkg.execs() == 0
+
+
+def test_guard_env_accepts_true_spellings(monkeypatch):
+    from precompile_runtime import guard_active
+
+    for value, on in (("yes", True), ("On", True), ("TRUE", True), ("1", True),
+                      ("no", False), ("0", False), ("", False)):
+        monkeypatch.setenv("PRECOMPILE_NO_COMPILE", value)
+        assert guard_active() is on, value
+
+
+@pytest.mark.parametrize("option, value", [("strict", "false"), ("strict", 1), ("strict", "yes"),
+                                           ("cuda_graphs", 1), ("cuda_graphs", 0), ("cuda_graphs", "yes")])
+def test_strict_and_cuda_graphs_take_bools_only(option, value, pkg):
+    from precompile_runtime import LoadOptionError
+
+    with pytest.raises(LoadOptionError, match=rf"{option}={value!r}\): use None, True or False \({option} takes a bool"):
+        load_packaged("fwd", package=pkg.name, **{option: value})
+    assert pkg.execs() == 0

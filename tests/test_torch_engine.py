@@ -128,6 +128,48 @@ def test_fallback_loads_without_cache_and_matches_eager(inference_pair):
 
 
 @needs_precompile
+def test_call_mismatch_is_a_call_error_with_torchs_error_as_cause(inference_pair):
+    from precompile_runtime import CallError
+
+    model, x, src, cache = inference_pair
+    fn = torch_pairs.load_torch_pair(src, cache, fallback=False, where="pkg: target 'forward'")
+    with torch.no_grad(), pytest.raises(CallError, match=r"^pkg: target 'forward': the call does not match") as ei:
+        fn(model, torch.randn(3, 8))
+    assert type(ei.value.__cause__).__name__ == "PrecompileError"
+    assert str(ei.value.__cause__) in str(ei.value)
+
+
+@needs_precompile
+def test_serving_guard_refuses_the_cpu_compile_at_load(inference_pair, tmp_path):
+    """torch 2.14.1's CPU pairs run the C++ compiler inside load: with
+    PRECOMPILE_NO_COMPILE=1 that is a ServingCompileError pointing at the frozen
+    engine, and nothing is compiled (a fresh process, an empty Inductor cache)."""
+    _, _, src, cache = inference_pair
+    (tmp_path / "p.py").write_bytes(src)
+    (tmp_path / "p.cache").write_bytes(cache)
+    code = textwrap.dedent(f"""
+        import pathlib
+        from precompile_runtime import ServingCompileError, torch_pairs
+        d = pathlib.Path({str(tmp_path)!r})
+        try:
+            torch_pairs.load_torch_pair((d / "p.py").read_bytes(), (d / "p.cache").read_bytes(),
+                                        where="pkg: target 'forward'")
+        except ServingCompileError as e:
+            print("REFUSED", e)
+        else:
+            print("LOADED")
+    """)
+    ind = tmp_path / "inductor"
+    env = dict(os.environ, PRECOMPILE_NO_COMPILE="yes", TORCHINDUCTOR_CACHE_DIR=str(ind),
+               PYTHONPATH=os.pathsep.join([REPO, os.path.join(REPO, "runtime")]))
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
+    assert res.returncode == 0, res.stderr
+    assert "REFUSED pkg: target 'forward': torch.compiler.precompile.load tried to compile" in res.stdout
+    assert "CPU pairs compile their C++ kernels at load" in res.stdout and "frozen engine" in res.stdout
+    assert not list(ind.rglob("*.so"))
+
+
+@needs_precompile
 def test_training_step_accumulates_grads_like_eager():
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 4))

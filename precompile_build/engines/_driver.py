@@ -160,9 +160,16 @@ def _eval(expr, sizes):
     return eval(code, _EVAL_SCOPE, sizes)
 
 
-def _fmt_dim(name):
-    lo, hi = _DYN["symbols"][name]
-    return f"{name} in [{lo}, {'inf' if hi is None else hi}]"
+def _fmt_shape(shape):
+    """A captured shape for messages: static dims as numbers, dynamic ones as their
+    range (``[2, 2..64]``; ``1..inf`` when unbounded)."""
+    dims = []
+    for w in shape:
+        if isinstance(w, str):
+            lo, hi = _DYN["symbols"][w]
+            w = f"{lo}..{'inf' if hi is None else hi}"
+        dims.append(str(w))
+    return "[" + ", ".join(dims) + "]"
 
 
 def _check_dynamic(leaves):
@@ -187,9 +194,9 @@ def _check_dynamic(leaves):
             sizes[w] = g
             where.setdefault(w, f"{path} dim {d}")
         if bad:
-            captured = [w if not isinstance(w, str) else _fmt_dim(w) for w in shape]
             raise CallError(
-                f"target {_META['target']!r}, {path}: shape {list(t.shape)} (captured {captured}). "
+                f"target {_META['target']!r}, {path}: shape {list(t.shape)} (captured "
+                f"{_fmt_shape(shape)}). "
                 "Only the dims marked dynamic at capture may change size: pass what was "
                 "captured, or capture again with these dims marked"
             )
@@ -413,11 +420,17 @@ def _full_params(modules):
     """The full check of the model arguments: returns their lifted tensors."""
     names, params = _module_tensors(modules)
     if names != _META["param_names"]:
+        want = _META["param_names"]
+        i = next((i for i, (g, w) in enumerate(zip(names, want)) if g != w), min(len(names), len(want)))
+
+        def shown(seq):
+            part = seq[i:i + 4]
+            return (str(part)[:-1] + (", ...]" if len(seq) > i + 4 else "]")) if part else "nothing more"
+
         raise CallError(
-            f"target {_META['target']!r}: the model passed has parameters/buffers "
-            f"{names[:4]}... ({len(names)}) but the capture lifted "
-            f"{_META['param_names'][:4]}... ({len(_META['param_names'])}); "
-            "pass a model of the captured structure"
+            f"target {_META['target']!r}: the model passed has {len(names)} parameters/buffers, "
+            f"the capture lifted {len(want)}; they first differ at #{i}: captured "
+            f"{shown(want)}, given {shown(names)}; pass a model of the captured structure"
         )
     for t, n, s in zip(params, names, _META["params"]):
         _check_tensor(t, s, f"parameter/buffer {n}")

@@ -111,10 +111,18 @@ def _output_spec(value, outs: list, path: str):
         return (kind, [_output_spec(v, outs, f"{path}[{i}]") for i, v in enumerate(value)])
     if isinstance(value, dict) and all(isinstance(k, str) for k in value):
         return ("dict", [(k, _output_spec(v, outs, f"{path}[{k!r}]")) for k, v in value.items()])
+    what = "the result" if path == "result" else f"the result's part {path}"
+    if isinstance(value, (torch.SymInt, torch.SymFloat, torch.SymBool)):
+        raise CaptureError(
+            f"{what} is a Python number computed while tracing ({type(value).__name__}: from "
+            ".item(), float()/int() of a tensor, or a dynamic size): a Python number from "
+            ".item() cannot be a result of a captured function; return the tensor instead "
+            "(e.g. `loss`, not `loss.item()`)"
+        )
     hint = ("; it is a model's key/value cache: pass use_cache=False, or return the tensors "
             "you need" if type(value).__name__.endswith("Cache") else "")
     raise CaptureError(
-        f"the result {path} is a {type(value).__name__}; return tensors, constants, "
+        f"{what} is a {type(value).__name__}; return tensors, constants, "
         f"tuples, lists, str-keyed dicts, named tuples or dataclasses of them{hint}"
     )
 

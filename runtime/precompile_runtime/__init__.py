@@ -58,5 +58,8 @@ __all__ = [
 # an import hook until torch is imported).
 from . import _guard as _g  # noqa: E402
 
-_g.install_if_env()
+try:
+    _g.install_if_env()
+except ValueError:  # not a boolean: arm anyway; load_packaged and any compile say why
+    _g.install()
 del _g

@@ -1,7 +1,8 @@
 """The serving guard: while it is on, anything that would compile raises
 :class:`~precompile_runtime.errors.ServingCompileError`.
 
-It is on when the environment has ``PRECOMPILE_NO_COMPILE=1`` (read at each call,
+It is on when the environment has ``PRECOMPILE_NO_COMPILE=1`` (or ``true``/``yes``/``on``,
+any case; see :func:`precompile_runtime._env.env_flag`; read at each call,
 so it is process-wide and inherited by child processes) or inside
 :func:`no_compilation` (process-wide, all threads, nestable; it does not change the
 environment of child processes).
@@ -14,7 +15,10 @@ while the guard is off. Wrapped, where they exist:
   dynamo's ``inductor`` backend looks ``compile_fx`` up at call time, so it is caught),
 - ``triton.compile``, ``triton.compiler.compile``, ``triton.compiler.compiler.compile``
   (kernel compile, including autotuning's precompile),
-- ``torch.utils.cpp_extension.load`` / ``load_inline`` (C++/CUDA extension builds).
+- ``torch.utils.cpp_extension.load`` / ``load_inline`` (C++/CUDA extension builds),
+- ``torch._inductor.cpp_builder.run_compile_cmd`` (every C++ compile of Inductor's
+  ``CppBuilder``: what torch 2.14's own ``torch.compiler.precompile.load`` runs for CPU
+  pairs, whose cache does not hold the compiled kernels).
 
 Nothing here imports torch or triton. A module already imported is patched when the
 guard is installed; one imported later is patched right after its import by a
@@ -33,11 +37,11 @@ from __future__ import annotations
 import contextlib
 import functools
 import importlib.abc
-import os
 import sys
 import threading
 from typing import Any, Callable, Iterator
 
+from ._env import env_flag
 from .errors import ServingCompileError
 
 ENV = "PRECOMPILE_NO_COMPILE"
@@ -48,6 +52,7 @@ _TARGETS: dict[str, tuple[str, ...]] = {
     "torch._dynamo": ("optimize",),
     "torch._inductor.compile_fx": ("compile_fx", "compile_fx_inner"),
     "torch.utils.cpp_extension": ("load", "load_inline"),
+    "torch._inductor.cpp_builder": ("run_compile_cmd",),
     "triton": ("compile",),
     "triton.compiler": ("compile",),
     "triton.compiler.compiler": ("compile",),
@@ -61,8 +66,12 @@ _MARK = "__precompile_guarded__"
 
 def guard_active() -> bool:
     """True while the serving guard is on (``PRECOMPILE_NO_COMPILE=1`` or inside
-    :func:`no_compilation`)."""
-    return _depth > 0 or os.environ.get(ENV, "") == "1"
+    :func:`no_compilation`).
+
+    Raises:
+        ValueError: ``PRECOMPILE_NO_COMPILE`` has a value that is not a boolean.
+    """
+    return _depth > 0 or env_flag(ENV)
 
 
 def _wrap(fn: Callable[..., Any], what: str) -> Callable[..., Any]:
@@ -148,8 +157,8 @@ def install() -> None:
 
 
 def install_if_env() -> None:
-    """:func:`install` when ``PRECOMPILE_NO_COMPILE=1`` is set."""
-    if os.environ.get(ENV, "") == "1":
+    """:func:`install` when ``PRECOMPILE_NO_COMPILE`` is on (ValueError: not a boolean)."""
+    if env_flag(ENV):
         install()
 
 

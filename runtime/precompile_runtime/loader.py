@@ -43,6 +43,7 @@ from typing import Any
 from . import envelope as _envelope
 from . import fingerprint as _fingerprint
 from . import manifest as _manifest
+from ._env import env_flag
 from ._guard import install_if_env
 from .errors import (
     CacheDirNotExecutableError,
@@ -99,11 +100,12 @@ def load_packaged(name: str, *, package: str | None = None, strict: bool | None 
             top-level package of the calling module (required when called from a
             ``__main__`` script that is not part of a package).
         strict: True: a host that matches no variant raises instead of falling back.
-            None (default): strict when the environment has ``PRECOMPILE_STRICT=1``.
+            None (default): strict when the environment variable ``PRECOMPILE_STRICT``
+            is on (``1``, ``true``, ``yes``, ``on``, any case). A bool or None only.
         cuda_graphs: True/False: replay CUDA graphs of the frozen kernels, or not
             (frozen CUDA inference targets; see the README on when graphs pay).
             None (default): as the target's ``cuda-graphs`` option recorded. Ignored
-            by fallbacks and by pairs of the ``torch`` engine.
+            by fallbacks and by pairs of the ``torch`` engine. A bool or None only.
     Returns:
         the callable returned by the pair's ``load(kernel_dir)`` (it has the captured
         ``fn``'s calling convention). The same object for every call in this process
@@ -125,9 +127,13 @@ def load_packaged(name: str, *, package: str | None = None, strict: bool | None 
         StaleArtifactError: strict mode and an editable install's source changed
             since its capture (also when a non-strict load of this process already
             fell back for that reason).
-        LoadOptionError: (a ValueError) ``cuda_graphs`` is not None, True or False,
-            or ``cuda_graphs=True`` for a target that cannot replay CUDA graphs (one
+        LoadOptionError: (a ValueError) ``strict`` or ``cuda_graphs`` is not None,
+            True or False (``"false"``, ``1`` and other non-bools are refused), or
+            ``cuda_graphs=True`` for a target that cannot replay CUDA graphs (one
             captured on the CPU, or one that runs a backward).
+        ValueError: ``strict`` is None and ``PRECOMPILE_STRICT``, or
+            ``PRECOMPILE_NO_COMPILE``, is set to a value that is not a boolean (on:
+            1/true/yes/on; off: 0/false/no/off/empty); the message names the variable.
         PrecompileLoadError: anything else the load could not do (e.g. no place to
             unpack kernels), with the package and target in the message.
     Warns:
@@ -135,12 +141,16 @@ def load_packaged(name: str, *, package: str | None = None, strict: bool | None 
             fallback is used; StaleArtifactWarning: an editable install's source
             changed (the captured graph runs instead of the kernels).
     """
-    if cuda_graphs not in (None, True, False):
-        raise LoadOptionError(f"load_packaged({name!r}, cuda_graphs={cuda_graphs!r}): use None, True or False")
+    for option, value in (("strict", strict), ("cuda_graphs", cuda_graphs)):
+        if value is not None and not isinstance(value, bool):  # "false" and 1 are not bools
+            raise LoadOptionError(
+                f"load_packaged({name!r}, {option}={value!r}): use None, True or False "
+                f"({option} takes a bool, not a {type(value).__name__})"
+            )
     if package is None:
         package = _caller_package(sys._getframe(1))
     if strict is None:
-        strict = os.environ.get(STRICT_ENV, "") == "1"
+        strict = env_flag(STRICT_ENV)
     install_if_env()
     key = (package, name)
     done = _loaded.get(key)
@@ -237,9 +247,10 @@ def _load(package: str, name: str, strict: bool) -> _Loaded:
     except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
         _raise_if_package_gone(package)
         raise TargetNotFoundError(
-            f"package {package!r} has no {DATA_DIR}/manifest.json: it was built without "
-            "precompiled targets (or with the captures skipped); rebuild the wheel with "
-            "the precompile-build backend"
+            f"package {package!r} has no {DATA_DIR}/manifest.json in {_shown_dir(package, data)} "
+            "(is this the installed package? a source checkout on sys.path shadows it): it "
+            "was built without precompiled targets (or with the captures skipped); rebuild "
+            "the wheel with the precompile-build backend"
         ) from None
     except OSError as e:
         raise ManifestError(f"package {package!r}: cannot read {DATA_DIR}/manifest.json ({e})") from None
@@ -351,6 +362,12 @@ def _noexec_text(ctx: str, kernel_dir: str, e: ImportError) -> str:
         f"Set {CACHE_ENV} to a directory on a file system mounted with exec (e.g. under "
         "your home directory) to use them."
     )
+
+
+def _shown_dir(package: str, data: Any) -> str:
+    """The folder searched for ``_precompiled/``: the package's ``__file__`` folder."""
+    path = getattr(sys.modules.get(package), "__file__", None)
+    return os.path.dirname(path) if path else str(data.parent) if hasattr(data, "parent") else "?"
 
 
 def _raise_if_package_gone(package: str) -> None:

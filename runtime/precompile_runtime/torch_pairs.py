@@ -44,7 +44,7 @@ import tempfile
 import zipfile
 from typing import Any, Callable
 
-from .errors import IntegrityError, PrecompileLoadError
+from .errors import CallError, IntegrityError, PrecompileLoadError, ServingCompileError
 
 CACHE_FORMAT = "torch.compiler.precompile"
 _ZIP_MAGIC = b"PK\x03\x04"
@@ -138,14 +138,17 @@ def load_torch_pair(
             python_code JIT-compiles its kernels here (make_fx pairs; see module doc).
         where: names the package, target and file in messages.
     Returns:
-        the callable torch's ``load`` returns: call it like the captured ``fn``
-        (positional arguments, model(s) passed again). It raises torch's
-        ``PrecompileError`` on a call outside the captured contract (dtype, device,
-        shape outside the marked dynamic dims, layout with inductor).
+        the callable torch's ``load`` returns, wrapped: call it like the captured
+        ``fn`` (positional arguments, model(s) passed again). A call outside the
+        captured contract (dtype, device, shape outside the marked dynamic dims,
+        layout with inductor) raises :class:`~precompile_runtime.errors.CallError`
+        with torch's ``PrecompileError`` as its ``__cause__``.
     Raises:
         IntegrityError: the source is not UTF-8; the cache is not torch's envelope
             (corrupt zip, CRC failure, wrong tags) where it is needed (``fallback=False``);
             the cache's code_hash differs from sha256 of the source.
+        ServingCompileError: the serving guard is on and torch's ``load`` tried to
+            compile (torch 2.14's CPU pairs compile their C++ kernels at load).
         PrecompileLoadError: this torch has no precompile ``load``, or torch's ``load``
             raised (its error is chained as ``__cause__``).
     """
@@ -182,9 +185,22 @@ def load_torch_pair(
 
     try:
         if by_paths:
-            return _load_by_paths(api, source_bytes, cache_bytes)
-        return api.load(python_code, cache_bytes)
+            fn = _load_by_paths(api, source_bytes, cache_bytes)
+        else:
+            fn = api.load(python_code, cache_bytes)
     except Exception as e:
+        refused = _serving_compile_error(e)
+        if refused is not None:
+            import torch
+
+            raise ServingCompileError(
+                f"{where}: torch.compiler.precompile.load tried to compile while the serving "
+                f"guard is on (PRECOMPILE_NO_COMPILE or no_compilation()): this torch's "
+                f"({torch.__version__}) CPU pairs compile their C++ kernels at load (its cache "
+                "does not hold them). Build this target with the frozen engine (engine=\"frozen\", "
+                "or engine=\"auto\" for a CPU capture), which serves compiling nothing; or turn "
+                "the guard off."
+            ) from e
         mode = "without the compiled cache (host mismatch fallback)" if fallback else "with its cache"
         hint = (
             "torch pairs need the torch build they were captured with; install it, or "
@@ -196,6 +212,37 @@ def load_torch_pair(
             f"{where}: torch.compiler.precompile.load failed {mode}: "
             f"{type(e).__name__}: {e}; {hint}"
         ) from e
+    return _calls_checked(fn, getattr(api, "PrecompileError", None), where)
+
+
+def _serving_compile_error(e: BaseException) -> "ServingCompileError | None":
+    """The guard's :class:`ServingCompileError` in ``e`` or its causes/contexts (torch
+    may wrap what a compile step raised), or None."""
+    seen: set[int] = set()
+    while e is not None and id(e) not in seen:
+        if isinstance(e, ServingCompileError):
+            return e
+        seen.add(id(e))
+        e = e.__cause__ or e.__context__
+    return None
+
+
+def _calls_checked(fn: Callable[..., Any], error: Any, where: str) -> Callable[..., Any]:
+    """``fn`` raising :class:`~precompile_runtime.errors.CallError` (torch's
+    ``PrecompileError`` as its ``__cause__``) for a call outside the captured contract,
+    as pairs of the other engines do. ``fn`` itself where this torch has no such error."""
+    if not (isinstance(error, type) and issubclass(error, BaseException)):
+        return fn
+
+    def call(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except error as e:
+            raise CallError(f"{where}: the call does not match the capture: {e}") from e
+
+    call.__wrapped__ = fn  # type: ignore[attr-defined]
+    call.__doc__ = getattr(fn, "__doc__", None)
+    return call
 
 
 def _minimal_envelope(python_code: str, code_hash: str, where: str) -> bytes:
