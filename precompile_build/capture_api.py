@@ -279,9 +279,13 @@ def capture(
     cache_path = cache_path or os.environ.get("PRECOMPILE_CACHE_PATH")
     if not artifact_path or not cache_path:
         raise CaptureError(
-            "precompile_build.capture needs artifact_path= and cache_path= (or the "
-            "PRECOMPILE_ARTIFACT_PATH / PRECOMPILE_CACHE_PATH variables the build "
-            "backend sets when it runs a capture script)"
+            "precompile_build.capture needs artifact_path= and cache_path=, and neither "
+            "they nor the PRECOMPILE_ARTIFACT_PATH / PRECOMPILE_CACHE_PATH variables are "
+            "set: a capture script is run by the build, which sets them. Build the wheel "
+            "(`python -m build`, `pip wheel .`), or run the targets without building one "
+            "with `python -m precompile_build capture [--targets NAME]` in the project root "
+            "(the pairs go to build/precompiled/); to run the script by hand, pass "
+            "artifact_path= and cache_path= to precompile_build.capture"
         )
     for name, value in (("artifact_path", artifact_path), ("cache_path", cache_path)):
         if not isinstance(value, (str, os.PathLike)) or Path(value).is_dir():
