@@ -228,7 +228,9 @@ def test_tracer_and_fallback_are_refused_with_the_torch_engine(tmp_path, monkeyp
     assert ran == [] and not (tmp_path / "t.py").exists()
 
 
-@pytest.mark.parametrize("kw", [{"tracer": "make_fx"}, {"fallback": "eager"}])
+@pytest.mark.parametrize("kw", [{"tracer": "make_fx"}, {"fallback": "eager"},
+                                {"options": {"validation_multiple": 10}},
+                                {"options": {"eager_check": "warn"}}, {"options": {"inductor": {}}}])
 def test_tracer_or_fallback_make_auto_pick_the_frozen_engine(tmp_path, monkeypatch, kw):
     """engine="auto" would pick torch for a CUDA capture where torch has
     torch.compiler.precompile; a target that sets the frozen engine's settings gets
@@ -240,3 +242,34 @@ def test_tracer_or_fallback_make_auto_pick_the_frozen_engine(tmp_path, monkeypat
     src, cache = _capture(tmp_path, lambda x: x * 2, torch.ones(2), **kw)
     assert asked == ["frozen"]
     torch.testing.assert_close(load_pair(src, cache)(torch.ones(2)), torch.full((2,), 2.0))
+
+
+@pytest.mark.parametrize("options, keys", [
+    ({"validation_multiple": 10}, "'validation_multiple'"),
+    ({"eager_check": "warn", "inductor": {}}, "'eager_check', 'inductor'"),
+])
+def test_frozen_engine_options_are_refused_with_the_torch_engine(tmp_path, options, keys):
+    """The frozen engine's options (the README's validation_multiple / eager_check for
+    deep bf16 models) are refused for engine='torch' before the function runs, instead
+    of torch's "unknown torch engine option(s)" after it; auto picks frozen for them."""
+    ran = []
+    with pytest.raises(CaptureError, match=rf"target 't': options {keys} apply to the frozen engine "
+                       r"only, but this capture uses engine 'torch', which would ignore it. Pass "
+                       r"engine='frozen' .*drop the setting \(the keys of the capture's options=\)"):
+        with precompile_build.capture(lambda x: ran.append(x) or x * 2, artifact_path=tmp_path / "t.py",
+                                      cache_path=tmp_path / "t.cache", engine="torch", options=options) as f:
+            f(torch.ones(2))
+    assert ran == [] and not (tmp_path / "t.py").exists()
+
+
+def test_backend_option_points_to_the_backend_argument(tmp_path):
+    """options={'backend': ...} is not an option (the torch engine's own message no
+    longer lists it as one): the message names capture()'s backend= argument."""
+    from precompile_build.engines import torch_engine
+    import inspect
+
+    with pytest.raises(ValueError, match=r"options\['backend'\] = 'eager': the backend is capture\(\)'s "
+                       r"own argument, not an option; pass backend='inductor' \(default\) or 'eager'"):
+        precompile_build.capture(lambda x: x, artifact_path=tmp_path / "a.py", cache_path=tmp_path / "a.cache",
+                                 options={"backend": "eager"})
+    assert "valid options are 'backend'" not in inspect.getsource(torch_engine)
