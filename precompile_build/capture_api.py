@@ -67,6 +67,11 @@ class Capture:
                 f"target {self.target!r}: cuda-graphs = true replays the frozen engine's kernels, "
                 f"but this capture uses engine {engine!r}: use engine='frozen' (or 'auto') and "
                 "backend='inductor', or drop the option")
+        if options.get("cuda_graphs") and device != "cuda":  # checked before the trace
+            raise CaptureError(
+                f"target {self.target!r}: cuda-graphs = true needs a CUDA inference target; "
+                f"this one's arguments are on {device}: drop the option (a build drops it "
+                "for a `device = \"auto\"` target captured on a host without CUDA)")
         if engine == "torch":
             self._refuse_frozen_only_settings(options)
         self.engine = engine

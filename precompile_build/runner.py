@@ -13,6 +13,7 @@ import os
 import shutil
 import subprocess
 import sys
+import dataclasses
 import threading
 import time
 import warnings
@@ -417,10 +418,11 @@ def run_captures(settings: Settings, work: Path,
     gpus = gpu_ids() if "cuda" in devices.values() else []
     with Progress(live=False if verbose else None) as progress:
         b = _Build(settings, work, verbose, Slots(settings.jobs, gpus), progress)
+        targets = {n: _for_device(settings.targets[n], devices[n], progress) for n in names}
         _plan_cache(b, {d for d in devices.values() if d})
         with ThreadPoolExecutor(max_workers=max(1, len(names)),
                                 thread_name_prefix="precompile-capture") as pool:
-            futures = {n: pool.submit(_run_one, b, settings.targets[n], devices[n])
+            futures = {n: pool.submit(_run_one, b, targets[n], devices[n])
                        for n in names}
             try:
                 pending = set(futures.values())
@@ -446,6 +448,20 @@ def run_captures(settings: Settings, work: Path,
             warnings.warn(f"optional target {r.name!r} left out of the wheel: {r.reason}",
                           CaptureWarning, stacklevel=2)
     return results  # type: ignore[return-value]
+
+
+def _for_device(target: TargetSettings, device: Optional[str],
+                progress: Progress) -> TargetSettings:
+    """The target as captured on ``device``: `cuda-graphs` does not apply to a CPU
+    capture (a `device = "auto"` target on a build host without CUDA, as in a CPU
+    build of a project also built on a GPU host), so it is dropped with a note,
+    before anything runs, and the pair records nothing of it."""
+    if target.cuda_graphs and device == "cpu":
+        progress.say(f"precompile: {target.name}: cuda-graphs = true does not apply to a "
+                     "CPU capture (device = \"auto\" on a build host without CUDA): "
+                     "captured without it; a CUDA build host's variant keeps it")
+        return dataclasses.replace(target, cuda_graphs=False)
+    return target
 
 
 def _row(name: str, device: Optional[str], out: Any) -> tuple:

@@ -90,6 +90,18 @@ def test_optional_failure_is_left_out(tmp_path, monkeypatch, mode):
             "cuda": "needs CUDA"}[mode] in bad["reason"]
 
 
+def test_cuda_graphs_of_an_auto_target_is_dropped_on_a_cpu_build_host(tmp_path, monkeypatch, capfd):
+    """One pyproject built on a CPU host and on a GPU host, then merged: on the CPU
+    host `cuda-graphs` does not apply; the build says so and captures without it
+    (the fixture script fails as the capture API would if the option reached it)."""
+    monkeypatch.setattr(runner, "cuda_available", lambda: False)
+    root = make_project(tmp_path, target_toml(extra='device = "auto"\ncuda-graphs = true'))
+    whl = build(root, monkeypatch)
+    assert ('precompile: double: cuda-graphs = true does not apply to a CPU capture (device = '
+            '"auto" on a build host without CUDA): captured without it') in capfd.readouterr().err
+    assert manifest_of(whl)["targets"]["double"]["status"] == "ok"
+
+
 def test_strict_makes_optional_required(tmp_path, monkeypatch):
     root = make_project(tmp_path, target_toml(mode="exit", extra="required = false"))
     with pytest.raises(CaptureError, match="exited with status 3"):

@@ -36,6 +36,8 @@ print(f"fixture capture of {target} (mode {a.mode}) on {os.environ['PRECOMPILE_D
 if "FIXTURE_MARK" in os.environ:  # lets a test see that the script ran
     open(os.environ["FIXTURE_MARK"], "w").close()
 
+if os.environ.get("PRECOMPILE_CUDA_GRAPHS") == "1" and os.environ["PRECOMPILE_DEVICE"] != "cuda":
+    sys.exit("CaptureError: cuda-graphs = true needs a CUDA inference target")  # as the capture
 if a.mode == "raise":
     raise RuntimeError("boom from capture script")
 if a.mode == "exit":
