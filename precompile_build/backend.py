@@ -71,15 +71,38 @@ def _capture(settings, work: Path) -> dict[str, bytes]:
     return assemble(settings.package, run_captures(settings, work))
 
 
+def _requirements(settings, variants: list) -> list:
+    """What the wheel's ``Requires-Dist`` gains: precompile-runtime and the torch pin
+    of the captures; with `skip`, precompile-runtime only (there are no captures to
+    take the torch version from; see :func:`_say_skipped`)."""
+    from .wheel import build_requirements, runtime_requirement
+
+    return [runtime_requirement()] if settings.skip else build_requirements(
+        variants, settings.torch_pin)
+
+
+def _say_skipped(settings) -> None:
+    """One line on stderr: the wheel is built without its precompiled targets."""
+    import sys
+
+    from .wheel import runtime_requirement
+
+    print(f"precompile: skipped the precompiled targets ({', '.join(settings.targets)}) "
+          "as `skip` asks (-C precompile.skip=true or PRECOMPILE_SKIP): the wheel has no "
+          f"_precompiled/ and adds {runtime_requirement()} to its requirements but no torch "
+          "pin, which comes from the captures' torch (list torch in `project.dependencies` "
+          "if the library needs it)", file=sys.stderr)
+
+
 def _package(settings, plain: Path, out_dir: str, files: dict, *, add: bool) -> str:
     """Rewrite setuptools' wheel ``plain`` into ``out_dir``; ``add``: put ``files``
     into it (regular wheel) or only take requirements and tags from them (editable)."""
     from .manifest_build import variants
-    from .wheel import NATIVE_ENGINES, build_requirements, package_wheel
+    from .wheel import NATIVE_ENGINES, package_wheel
 
-    found = variants(files)
+    found = variants(files) if files else []  # skip: no captures, no manifest
     native = any(v["engine"] in NATIVE_ENGINES for v in found)
-    requires = build_requirements(found, settings.torch_pin)
+    requires = _requirements(settings, found)
     _warn_static_dependencies(settings.project, requires)
     return package_wheel(plain, out_dir, settings.package, files if add else None,
                          requires, native=native, kernels=files).name
@@ -150,9 +173,9 @@ def build_wheel(wheel_directory: str, config_settings: Optional[Mapping[str, Any
     settings = _settings(config_settings)
     st_settings = _setuptools_settings(config_settings)
     if settings.skip:
-        return build_meta.build_wheel(wheel_directory, st_settings, metadata_directory)
+        _say_skipped(settings)
     with build_tempdir() as tmp:
-        files = _capture(settings, Path(tmp) / "capture")
+        files = {} if settings.skip else _capture(settings, Path(tmp) / "capture")
         name = build_meta.build_wheel(str(Path(tmp) / "wheel"), st_settings,
                                       metadata_directory)
         return _package(settings, Path(tmp) / "wheel" / name, wheel_directory, files,
@@ -176,8 +199,13 @@ def build_editable(wheel_directory: str, config_settings: Optional[Mapping[str, 
 
     settings = _settings(config_settings)
     st_settings = _setuptools_settings(config_settings)
-    if settings.skip:
-        return build_meta.build_editable(wheel_directory, st_settings, metadata_directory)
+    if settings.skip:  # the source tree's _precompiled/ is left as it is
+        _say_skipped(settings)
+        with build_tempdir() as tmp:
+            name = build_meta.build_editable(str(Path(tmp) / "wheel"), st_settings,
+                                             metadata_directory)
+            return _package(settings, Path(tmp) / "wheel" / name, wheel_directory, {},
+                            add=False)
     with build_tempdir() as tmp:
         digest = package_digest(settings.package_dir)
         files = mark_editable(_capture(settings, Path(tmp) / "capture"),
@@ -224,13 +252,11 @@ def build_sdist(sdist_directory: str,
 
 
 def _patch_metadata_dir(settings, metadata_directory: str, dist_info: str) -> str:
-    from .wheel import build_requirements, patch_metadata
+    from .wheel import patch_metadata
 
-    if not settings.skip:
-        path = Path(metadata_directory) / dist_info / "METADATA"
-        text = path.read_text(encoding="utf-8")
-        requires = build_requirements([], settings.torch_pin)
-        path.write_text(patch_metadata(text, requires), encoding="utf-8")
+    path = Path(metadata_directory) / dist_info / "METADATA"
+    text = path.read_text(encoding="utf-8")
+    path.write_text(patch_metadata(text, _requirements(settings, [])), encoding="utf-8")
     return dist_info
 
 

@@ -52,9 +52,11 @@ class Capture:
         options = dict(self._options)
         if os.environ.get("PRECOMPILE_CUDA_GRAPHS") == "1":  # the `cuda-graphs` target option
             options.setdefault("cuda_graphs", True)
-        # CUDA graphs replay the frozen engine's kernels, and tracer/fallback are its
-        # settings: auto picks it for them (PRECOMPILE_ENGINE still decides when set)
-        wants_frozen = (options.get("cuda_graphs") or self.tracer != "auto" or self.fallback != "none")
+        # CUDA graphs replay the frozen engine's kernels, and tracer/fallback and the
+        # FROZEN_OPTIONS are its settings: auto picks it for them (PRECOMPILE_ENGINE
+        # still decides when set)
+        wants_frozen = (options.get("cuda_graphs") or self.tracer != "auto" or self.fallback != "none"
+                        or any(k in options for k in FROZEN_OPTIONS if k != "cuda_graphs"))
         engine = engines.resolve("frozen" if wants_frozen and self.engine == "auto"
                                  and not os.environ.get("PRECOMPILE_ENGINE", "").strip()
                                  else self.engine, device)
@@ -65,8 +67,13 @@ class Capture:
                 f"target {self.target!r}: cuda-graphs = true replays the frozen engine's kernels, "
                 f"but this capture uses engine {engine!r}: use engine='frozen' (or 'auto') and "
                 "backend='inductor', or drop the option")
+        if options.get("cuda_graphs") and device != "cuda":  # checked before the trace
+            raise CaptureError(
+                f"target {self.target!r}: cuda-graphs = true needs a CUDA inference target; "
+                f"this one's arguments are on {device}: drop the option (a build drops it "
+                "for a `device = \"auto\"` target captured on a host without CUDA)")
         if engine == "torch":
-            self._refuse_frozen_only_settings()
+            self._refuse_frozen_only_settings(options)
         self.engine = engine
         if engine == "torch":
             options["backend"] = self.backend
@@ -98,23 +105,30 @@ class Capture:
             _warn_python_rng(before, python_rng_states(), self.target)
         return box["result"] if "result" in box else self._fn(*args, **kwargs)
 
-    def _refuse_frozen_only_settings(self) -> None:
-        """``tracer`` and ``fallback`` mean nothing to the torch engine (torch traces
-        with its own tracers, and a compiler failure there has no fallback): refuse them
-        rather than ignore them. Raises CaptureError."""
-        given = []
+    def _refuse_frozen_only_settings(self, options: Mapping[str, Any]) -> None:
+        """``tracer``, ``fallback`` and the :data:`FROZEN_OPTIONS` mean nothing to the
+        torch engine (torch traces with its own tracers and judges nothing against
+        eager; a compiler failure there has no fallback): refuse them rather than
+        ignore them. Raises CaptureError."""
+        given, drop = [], []
         if self.tracer != "auto":
             given.append(f"tracer={self.tracer!r} applies to the frozen and eager engines only")
+            drop.append("the target's `tracer` key in pyproject.toml, the capture's tracer=, "
+                        "PRECOMPILE_TRACER")
         if self.fallback != "none":
             given.append(f"fallback={self.fallback!r} applies to the frozen engine only")
+            drop.append("the target's `fallback` key, the capture's fallback=, PRECOMPILE_FALLBACK")
+        keys = [k for k in FROZEN_OPTIONS if k in options]
+        if keys:
+            given.append(f"options {', '.join(map(repr, keys))} apply to the frozen engine only")
+            drop.append("the keys of the capture's options=")
         if not given:
             return
         why = " (from PRECOMPILE_ENGINE)" if self.engine == "auto" else ""
         raise CaptureError(
             f"target {self.target!r}: {'; '.join(given)}, but this capture uses engine 'torch'{why}, "
             "which would ignore it. Pass engine='frozen' to precompile_build.capture(), or drop "
-            "the setting (the target's `tracer`/`fallback` key in pyproject.toml, the capture's "
-            "tracer=/fallback=, PRECOMPILE_TRACER/PRECOMPILE_FALLBACK); the torch engine's own "
+            f"the setting ({'; '.join(drop)}); the torch engine's own "
             "tracer is options={'tracer': 'make_fx'}; nothing written")
 
     def __exit__(self, exc_type, exc, tb) -> bool:
@@ -227,8 +241,8 @@ def capture(
         engine: ``"auto"`` (see :func:`precompile_build.engines.resolve`: the
             ``PRECOMPILE_ENGINE`` variable, else frozen on CPU, torch on CUDA where
             torch has ``torch.compiler.precompile``; frozen whenever ``tracer``,
-            ``fallback`` or the ``cuda_graphs`` option is given, since they are its
-            settings), ``"torch"``, ``"frozen"`` or ``"eager"``.
+            ``fallback`` or an option of :data:`FROZEN_OPTIONS` is given, since they
+            are its settings), ``"torch"``, ``"frozen"`` or ``"eager"``.
         backend: ``"inductor"`` or ``"eager"`` (no kernels).
         target: the name in messages (default: env ``PRECOMPILE_TARGET``, else the
             artifact file's stem).
@@ -256,9 +270,9 @@ def capture(
         a :class:`Capture` context manager.
     Raises:
         CaptureError: no paths given and none in the environment; at the first call
-            (before ``fn`` runs) if ``tracer``/``fallback`` is set and the engine
-            resolves to ``"torch"``, or if the call cannot be captured; at exit if no
-            call was made.
+            (before ``fn`` runs) if ``tracer``/``fallback`` or a :data:`FROZEN_OPTIONS`
+            key is set and the engine resolves to ``"torch"``, or if the call cannot be
+            captured; at exit if no call was made.
         ValueError: unknown engine, backend, fallback or tracer; an unknown key in
             ``options`` (named, with the accepted keys), a bad
             ``options['validation_multiple']`` or ``options['eager_check']`` (checked
@@ -279,9 +293,13 @@ def capture(
     cache_path = cache_path or os.environ.get("PRECOMPILE_CACHE_PATH")
     if not artifact_path or not cache_path:
         raise CaptureError(
-            "precompile_build.capture needs artifact_path= and cache_path= (or the "
-            "PRECOMPILE_ARTIFACT_PATH / PRECOMPILE_CACHE_PATH variables the build "
-            "backend sets when it runs a capture script)"
+            "precompile_build.capture needs artifact_path= and cache_path=, and neither "
+            "they nor the PRECOMPILE_ARTIFACT_PATH / PRECOMPILE_CACHE_PATH variables are "
+            "set: a capture script is run by the build, which sets them. Build the wheel "
+            "(`python -m build`, `pip wheel .`), or run the targets without building one "
+            "with `python -m precompile_build capture [--targets NAME]` in the project root "
+            "(the pairs go to build/precompiled/); to run the script by hand, pass "
+            "artifact_path= and cache_path= to precompile_build.capture"
         )
     for name, value in (("artifact_path", artifact_path), ("cache_path", cache_path)):
         if not isinstance(value, (str, os.PathLike)) or Path(value).is_dir():
@@ -307,11 +325,21 @@ def capture(
 OPTIONS = ("cuda_graphs", "eager_check", "inductor", "tracer", "validation_multiple")
 """The keys ``capture(options=...)`` accepts (see :func:`capture`)."""
 
+FROZEN_OPTIONS = ("cuda_graphs", "eager_check", "inductor", "validation_multiple")
+"""The keys of :data:`OPTIONS` that only the frozen engine (and, for ``eager_check``,
+the eager engine) reads: with ``engine="auto"`` any of them picks the frozen engine;
+with the torch engine they are refused. (``tracer`` means torch's own tracer there.)"""
+
 
 def _check_options(options: Mapping[str, Any], target: str) -> None:
     """Unknown keys and the frozen/eager engines' numeric options, checked before
     anything runs (the engines read them only after the compile). Raises ValueError."""
     for key in options:
+        if key == "backend":
+            raise ValueError(f"precompile_build.capture: target {target!r}: options['backend'] "
+                             f"= {options[key]!r}: the backend is capture()'s own argument, "
+                             "not an option; pass backend='inductor' (default) or 'eager' to "
+                             "precompile_build.capture")
         if key not in OPTIONS:
             close = difflib.get_close_matches(str(key), OPTIONS, n=1)
             hint = f"did you mean {close[0]!r}? " if close else ""

@@ -13,6 +13,7 @@ import os
 import shutil
 import subprocess
 import sys
+import dataclasses
 import threading
 import time
 import warnings
@@ -25,7 +26,8 @@ from . import capture_cache
 from .errors import CaptureError
 from .pairs import PairInfo
 from .progress import Progress, human_size, summary
-from .script import CANCELLED, LOG_TAIL_LINES, check_pair, log_file, log_tail, run_script
+from .script import (CANCELLED, LOG_TAIL_LINES, check_pair, error_line, log_file, log_tail,
+                     run_script)
 from .settings import Settings, TargetSettings
 from .slots import Slots
 
@@ -64,6 +66,9 @@ class CaptureResult:
     """The capture cache key (sha256 hex); None with the cache off."""
     capture_seconds: Optional[float] = None
     """Seconds the capture itself took (for a reused pair, when it was captured)."""
+    log_path: Optional[Path] = None
+    """A left-out target's whole log, kept after the build (as for a failed required
+    target: ``<tmp>/precompile-build-logs/NAME-<pid>.log``); None when it has none."""
 
 
 _cuda_cache: Optional[int] = None
@@ -279,6 +284,10 @@ def _capture(b: _Build, target: TargetSettings, device: str, why: str,
     try:
         reason, src, cache, log_path = run_script(b.settings, target, device, gpu, b.work,
                                                   b.verbose, b.abort)
+        if reason is not None and reason != CANCELLED:
+            error = error_line(log_path)  # the script's exception: CaptureError: ...
+            if error:
+                reason += f": {error}"
         if reason is None:
             reason, info = check_pair(src, cache)
         if reason is not None and reason != CANCELLED and required:
@@ -325,9 +334,11 @@ def _fail_or_skip(b: _Build, target: TargetSettings, required: bool, device: str
         err = CaptureError(f"Capture of target {target.name!r} failed: {reason}" + tail)
         err.seconds = seconds  # type: ignore[attr-defined]  # for the summary row
         raise err
-    b.progress.say(f"precompile: {target.name}: left out ({reason})")
+    kept = _keep_log(log_path, target.name) if log_path is not None else None
+    b.progress.say(f"precompile: {target.name}: left out ({reason}"
+                   + (f"; whole log: {kept})" if kept else ")"))
     return CaptureResult(target.name, "failed", False, device.split(":")[0], seconds=seconds,
-                         reason=reason)
+                         reason=reason, log_path=kept)
 
 
 def _keep_log(log_path: Path, name: str) -> Path:
@@ -417,10 +428,11 @@ def run_captures(settings: Settings, work: Path,
     gpus = gpu_ids() if "cuda" in devices.values() else []
     with Progress(live=False if verbose else None) as progress:
         b = _Build(settings, work, verbose, Slots(settings.jobs, gpus), progress)
+        targets = {n: _for_device(settings.targets[n], devices[n], progress) for n in names}
         _plan_cache(b, {d for d in devices.values() if d})
         with ThreadPoolExecutor(max_workers=max(1, len(names)),
                                 thread_name_prefix="precompile-capture") as pool:
-            futures = {n: pool.submit(_run_one, b, settings.targets[n], devices[n])
+            futures = {n: pool.submit(_run_one, b, targets[n], devices[n])
                        for n in names}
             try:
                 pending = set(futures.values())
@@ -443,9 +455,24 @@ def run_captures(settings: Settings, work: Path,
     results = [outcomes[n] for n in names]
     for r in results:
         if r.status != "ok":  # warned here, in the calling thread
-            warnings.warn(f"optional target {r.name!r} left out of the wheel: {r.reason}",
+            warnings.warn(f"optional target {r.name!r} left out of the wheel: {r.reason}"
+                          + (f" (whole log: {r.log_path})" if r.log_path else ""),
                           CaptureWarning, stacklevel=2)
     return results  # type: ignore[return-value]
+
+
+def _for_device(target: TargetSettings, device: Optional[str],
+                progress: Progress) -> TargetSettings:
+    """The target as captured on ``device``: `cuda-graphs` does not apply to a CPU
+    capture (a `device = "auto"` target on a build host without CUDA, as in a CPU
+    build of a project also built on a GPU host), so it is dropped with a note,
+    before anything runs, and the pair records nothing of it."""
+    if target.cuda_graphs and device == "cpu":
+        progress.say(f"precompile: {target.name}: cuda-graphs = true does not apply to a "
+                     "CPU capture (device = \"auto\" on a build host without CUDA): "
+                     "captured without it; a CUDA build host's variant keeps it")
+        return dataclasses.replace(target, cuda_graphs=False)
+    return target
 
 
 def _row(name: str, device: Optional[str], out: Any) -> tuple:

@@ -42,6 +42,34 @@ def log_tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:
     return "\n".join(out) or "(empty log)"
 
 
+_ERROR_CAP = 2000  # characters of the error line put into a failure's reason
+
+
+def error_line(path: Path) -> Optional[str]:
+    """The first line of the exception that ended the script, read from its log:
+    ``CaptureError: target 't': ...`` (the exception's class name without its module;
+    cut at :data:`_ERROR_CAP` characters, not at a log line's cap). None when the log
+    ends without a Python traceback (killed, ``sys.exit(3)``)."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            f.seek(max(0, f.tell() - _TAIL_BYTES))
+            lines = f.read().decode("utf-8", "replace").splitlines()
+    except OSError:
+        return None
+    starts = [i for i, ln in enumerate(lines) if ln.startswith("Traceback (most recent call last):")]
+    if not starts:
+        return None
+    for ln in lines[starts[-1] + 1:]:
+        if ln.strip() and not ln[0].isspace():  # frames are indented; the error is not
+            head, sep, rest = ln.partition(": ")
+            if sep and " " not in head:
+                ln = head.rsplit(".", 1)[-1] + sep + rest  # precompile_build.errors.CaptureError
+            ln = ln.strip()
+            return ln if len(ln) <= _ERROR_CAP else ln[:_ERROR_CAP] + " [...]"
+    return None
+
+
 def _kill_group(proc: subprocess.Popen) -> None:
     """End the script and every process it started in its session."""
     for sig, grace in ((signal.SIGTERM, _KILL_GRACE), (signal.SIGKILL, None)):

@@ -69,7 +69,9 @@ class TargetSettings:
     PRECOMPILE_TRACER. None: the environment's PRECOMPILE_TRACER, else auto."""
     cuda_graphs: bool = False
     """`cuda-graphs`: loads of this (CUDA, inference, frozen) target replay CUDA graphs
-    of its kernels; ``load_packaged(..., cuda_graphs=)`` overrides it."""
+    of its kernels; ``load_packaged(..., cuda_graphs=)`` overrides it. With `device =
+    "cpu"` it is a ConfigError; a `device = "auto"` target captured on a CPU build host
+    is captured without it (the build says so)."""
 
 
 @dataclass(frozen=True)
@@ -246,6 +248,11 @@ def _parse_target(name: Any, raw: Any, root: Path) -> TargetSettings:
     cuda_graphs = raw.get("cuda-graphs", False)
     if not isinstance(cuda_graphs, bool):
         raise _fail(f"`{key}.cuda-graphs` must be a boolean, not {_type_name(cuda_graphs)}")
+    if cuda_graphs and device == "cpu":
+        raise _fail(f"`{key}.cuda-graphs` = true replays CUDA graphs of CUDA kernels, but "
+                    f"`{key}.device` is \"cpu\": set `device` to \"auto\" (a CPU build "
+                    "host captures without the option, a CUDA one with it) or \"cuda\", or "
+                    "drop `cuda-graphs`")
     return TargetSettings(name, script, script_rel, tuple(args), device,
                           float(timeout), dict(env), required, tuple(dict.fromkeys(cache_env)),
                           fallback, tracer=tracer, cuda_graphs=cuda_graphs)

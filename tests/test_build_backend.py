@@ -59,10 +59,29 @@ def test_torch_pin_policy(tmp_path, monkeypatch, policy, pins):
     assert metadata_lines(whl, "Requires-Dist")[1:] == pins
 
 
-def test_skip_builds_plain_wheel(tmp_path, monkeypatch):
+def test_skip_builds_plain_wheel(tmp_path, monkeypatch, capfd):
+    """`skip` builds without captures and says so; Requires-Dist keeps the project's
+    own dependencies and precompile-runtime (no torch pin: it comes from the captures),
+    and prepare_metadata agrees with the wheel."""
+    from precompile_build.wheel import runtime_requirement
+
     monkeypatch.setenv("PRECOMPILE_SKIP", "1")
-    whl = build(make_project(tmp_path), monkeypatch)
-    assert wheel_names(whl) == BASE and metadata_lines(whl, "Requires-Dist") == []
+    root = make_project(tmp_path)
+    py = root / "pyproject.toml"
+    py.write_text(py.read_text().replace('requires-python = ">=3.9"\n',
+                                         'requires-python = ">=3.9"\ndependencies = ["numpy>=1"]\n'))
+    whl = build(root, monkeypatch)
+    assert wheel_names(whl) == BASE and whl.name.endswith("-py3-none-any.whl")
+    assert metadata_lines(whl, "Requires-Dist") == ["numpy>=1", runtime_requirement()]
+    err = capfd.readouterr().err
+    assert ("precompile: skipped the precompiled targets (double) as `skip` asks "
+            "(-C precompile.skip=true or PRECOMPILE_SKIP): the wheel has no _precompiled/ and "
+            f"adds {runtime_requirement()} to its requirements but no torch pin") in err, err
+    md = tmp_path / "md"
+    md.mkdir()
+    name = backend.prepare_metadata_for_build_wheel(str(md))
+    assert [ln[len("Requires-Dist: "):] for ln in (md / name / "METADATA").read_text().splitlines()
+            if ln.startswith("Requires-Dist")] == ["numpy>=1", runtime_requirement()]
 
 
 def test_targets_override_selects(tmp_path, monkeypatch):

@@ -72,22 +72,55 @@ def test_cuda_target_on_host_without_cuda(tmp_path, monkeypatch):
     assert list((tmp_path / "dist").iterdir()) == []
 
 
+def test_the_scripts_error_line_is_in_the_reason_whole(tmp_path, monkeypatch):
+    """The first line of the script's exception (a CaptureError's text) is part of the
+    reason, whole: log lines are cut at 400 characters, before the advice at its end."""
+    root = make_project(tmp_path, target_toml(mode="longerror"))
+    with pytest.raises(CaptureError) as e:
+        build(root, monkeypatch)
+    first = str(e.value).splitlines()[0]
+    assert first.startswith("Capture of target 'double' failed: exited with status 1: "
+                            "CaptureError: target 'double': detail detail "), first
+    assert first.endswith("ADVICE AT THE END"), first
+
+
 @pytest.mark.parametrize("mode", ["raise", "segv", "badhash", "cuda"])
 def test_optional_failure_is_left_out(tmp_path, monkeypatch, mode):
     monkeypatch.setattr(runner, "cuda_available", lambda: False)
     extra = 'required = false\ndevice = "cuda"' if mode == "cuda" else "required = false"
     root = make_project(tmp_path, target_toml("ok") + target_toml(
         "bad", mode="ok" if mode == "cuda" else mode, extra=extra))
-    with pytest.warns(CaptureWarning, match="optional target 'bad' left out"):
+    with pytest.warns(CaptureWarning, match="optional target 'bad' left out") as got:
         whl = build(root, monkeypatch)
+    (warning,) = [str(w.message) for w in got if issubclass(w.category, CaptureWarning)]
+    if mode == "raise":  # the error's first line and the kept log, as for a required target
+        assert ("left out of the wheel: exited with status 1: RuntimeError: boom from capture "
+                "script (whole log: ") in warning, warning
+    if mode != "cuda":
+        log = warning.split("(whole log: ")[1].rstrip(")")
+        assert "fixture capture of bad" in open(log).read(), log
+    else:
+        assert "whole log" not in warning, warning  # it never ran: no log
     assert [n for n in wheel_names(whl) if "_precompiled" in n] == [
         "simplepkg/_precompiled/manifest.json", "simplepkg/_precompiled/ok.cache",
         "simplepkg/_precompiled/ok.py"]
     check_record(whl)
     bad = manifest_of(whl)["targets"]["bad"]
     assert (bad["status"], bad["required"], bad["variants"]) == ("failed", False, [])
-    assert {"raise": "exited with status 1", "segv": "SIGSEGV", "badhash": "code_hash",
-            "cuda": "needs CUDA"}[mode] in bad["reason"]
+    assert {"raise": "exited with status 1: RuntimeError: boom from capture script",
+            "segv": "SIGSEGV", "badhash": "code_hash", "cuda": "needs CUDA"}[mode] in bad["reason"]
+
+
+def test_cuda_graphs_of_an_auto_target_is_dropped_on_a_cpu_build_host(tmp_path, monkeypatch, capfd):
+    """One pyproject built on a CPU host and on a GPU host, then merged: on the CPU
+    host `cuda-graphs` does not apply; the build says so and captures without it
+    (the fixture script fails as the capture API would if the option reached it)."""
+    monkeypatch.setattr(runner, "cuda_available", lambda: False)
+    root = make_project(tmp_path, target_toml(extra='device = "auto"\ncuda-graphs = true'))
+    whl = build(root, monkeypatch)
+    assert ('precompile: double: cuda-graphs = true does not apply to a CPU capture (device = '
+            '"auto" on a build host without CUDA): captured without it') in capfd.readouterr().err
+    assert manifest_of(whl)["targets"]["double"]["status"] == "ok"
 
 
 def test_strict_makes_optional_required(tmp_path, monkeypatch):

@@ -87,6 +87,9 @@ def test_wrong_types_name_the_field(tmp_path, extra, field):
      '[tool.precompile.targets.a]\nscript = "capture/pair.py"\n', "Failed to parse"),
     ('[tool.precompile]\ntorch-pin = "loose"\n[tool.precompile.targets.a]\n'
      'script = "capture/pair.py"\n', "`tool.precompile.torch-pin` must be one of"),
+    ('[tool.precompile.targets.a]\nscript = "capture/pair.py"\ndevice = "cpu"\ncuda-graphs = true\n',
+     r"`tool.precompile.targets.a.cuda-graphs` = true replays CUDA graphs of CUDA kernels, but "
+     r"`tool.precompile.targets.a.device` is \"cpu\": set `device` to \"auto\""),
 ])
 def test_table_errors(tmp_path, toml, match):
     root = make_project(tmp_path, toml)

@@ -232,11 +232,13 @@ def test_cuda_graphs_option_on_a_cpu_target_is_a_capture_error(tmp_path, monkeyp
     """`cuda-graphs = true` reaches the capture as PRECOMPILE_CUDA_GRAPHS=1."""
     monkeypatch.setenv("PRECOMPILE_CUDA_GRAPHS", "1")
     paths = {"artifact_path": tmp_path / "t.py", "cache_path": tmp_path / "t.cache"}
+    ran = []
     with pytest.raises(precompile_build.CaptureError, match="cuda-graphs = true needs a CUDA inference "
-                       "target; this one was captured on cpu: drop the option"):
-        with precompile_build.capture(forward, engine="frozen", **paths) as f:
+                       "target; this one's arguments are on cpu: drop the option"):
+        with precompile_build.capture(lambda m, x: ran.append(x) or forward(m, x), engine="frozen",
+                                      **paths) as f:
             f(_model(1), torch.randn(2, 8))
-    assert not (tmp_path / "t.py").exists()
+    assert not (tmp_path / "t.py").exists() and ran == []  # refused before the trace
 
 
 def test_load_packaged_cuda_graphs_override_is_one_twin_per_setting():

@@ -542,8 +542,11 @@ def test_unsupported_argument_type_is_named(tmp_path):
 def test_missing_paths_say_what_to_pass(monkeypatch):
     monkeypatch.delenv("PRECOMPILE_ARTIFACT_PATH", raising=False)
     monkeypatch.delenv("PRECOMPILE_CACHE_PATH", raising=False)
-    with pytest.raises(CaptureError, match="artifact_path= and cache_path="):
+    with pytest.raises(CaptureError, match="artifact_path= and cache_path=") as e:
         precompile_build.capture(torch.relu)
+    # a script run by hand (python capture/x.py) is told how to run it instead
+    assert "`python -m build`" in str(e.value), str(e.value)
+    assert "`python -m precompile_build capture [--targets NAME]`" in str(e.value), str(e.value)
 
 
 def test_eager_engine_pair_round_trip(tmp_path):

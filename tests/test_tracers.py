@@ -73,10 +73,14 @@ def test_export_failure_names_tracer_line_and_advice(tmp_path):
     with pytest.raises(CaptureError) as info:
         _capture(tmp_path, branchy, x, tracer="export", engine="eager")
     msg = str(info.value)
-    assert msg.startswith("target 't': tracing failed with export:"), msg
+    assert msg.startswith("target 't': tracing failed on a data-dependent branch (at "), msg
     assert "test_tracers.py:" in msg and "if x.sum() > 0" in msg, msg  # the line that broke it
     assert "torch.compiler.is_compiling()" in msg and "torch.where or torch.cond" in msg, msg  # what to try
     assert "make_fx" in msg, msg
+    # our advice before torch's errors (a message cut short still has it); torch's hint
+    # for make_fx callers ("set tracing_mode='symbolic' in your make_fx call") is dropped
+    assert msg.index("torch.where") < msg.index("The tracers said: export: "), msg
+    assert "tracing_mode" not in msg and "Size-like symbols" not in msg, msg
     assert not (tmp_path / "t.py").exists() and not (tmp_path / "t.cache").exists()
 
 
@@ -97,8 +101,9 @@ def test_both_tracers_failing_are_both_named(tmp_path):
     with pytest.raises(CaptureError) as info:
         _capture(tmp_path, branchy, torch.randn(3, 4).abs(), engine="eager")
     msg = str(info.value)
-    assert "tracing failed with export:" in msg and "; make_fx:" in msg, msg
-    assert msg.count("if x.sum() > 0") == 2, msg
+    assert "The tracers said: export:" in msg and "; make_fx:" in msg, msg
+    assert msg.count("if x.sum() > 0") == 1, msg  # one line broke both: named once
+    assert "tracing_mode" not in msg and len(msg.split("The tracers said")[0]) < 700, msg
 
 
 def test_training_step_is_traced_with_make_fx(tmp_path):
@@ -228,7 +233,9 @@ def test_tracer_and_fallback_are_refused_with_the_torch_engine(tmp_path, monkeyp
     assert ran == [] and not (tmp_path / "t.py").exists()
 
 
-@pytest.mark.parametrize("kw", [{"tracer": "make_fx"}, {"fallback": "eager"}])
+@pytest.mark.parametrize("kw", [{"tracer": "make_fx"}, {"fallback": "eager"},
+                                {"options": {"validation_multiple": 10}},
+                                {"options": {"eager_check": "warn"}}, {"options": {"inductor": {}}}])
 def test_tracer_or_fallback_make_auto_pick_the_frozen_engine(tmp_path, monkeypatch, kw):
     """engine="auto" would pick torch for a CUDA capture where torch has
     torch.compiler.precompile; a target that sets the frozen engine's settings gets
@@ -267,3 +274,30 @@ def test_a_library_model_of_another_config_is_refused(tmp_path, change):
     assert not torch.allclose(embed(other, ids), embed(model, ids), atol=1e-6)
     with pytest.raises(CallError, match=r"model argument 0 has other settings than the captured model"):
         loaded(other, ids)
+
+
+@pytest.mark.parametrize("options, keys", [
+    ({"validation_multiple": 10}, "'validation_multiple'"),
+    ({"eager_check": "warn", "inductor": {}}, "'eager_check', 'inductor'"),
+])
+def test_frozen_engine_options_are_refused_with_the_torch_engine(tmp_path, options, keys):
+    """The frozen engine's options (the README's validation_multiple / eager_check for
+    deep bf16 models) are refused for engine='torch' before the function runs, instead
+    of torch's "unknown torch engine option(s)" after it; auto picks frozen for them."""
+    ran = []
+    with pytest.raises(CaptureError, match=rf"target 't': options {keys} apply to the frozen engine "
+                       r"only, but this capture uses engine 'torch', which would ignore it. Pass "
+                       r"engine='frozen' .*drop the setting \(the keys of the capture's options=\)"):
+        with precompile_build.capture(lambda x: ran.append(x) or x * 2, artifact_path=tmp_path / "t.py",
+                                      cache_path=tmp_path / "t.cache", engine="torch", options=options) as f:
+            f(torch.ones(2))
+    assert ran == [] and not (tmp_path / "t.py").exists()
+
+
+def test_backend_option_points_to_the_backend_argument(tmp_path):
+    """options={'backend': ...} is not an option (the torch engine's own message no
+    longer lists it as one): the message names capture()'s backend= argument."""
+    with pytest.raises(ValueError, match=r"options\['backend'\] = 'eager': the backend is capture\(\)'s "
+                       r"own argument, not an option; pass backend='inductor' \(default\) or 'eager'"):
+        precompile_build.capture(lambda x: x, artifact_path=tmp_path / "a.py", cache_path=tmp_path / "a.cache",
+                                 options={"backend": "eager"})

@@ -111,7 +111,8 @@ def capture_pair(
         target: the target name, used in error messages.
         device: ``"cpu"``/``"cuda"`` the target is built for, or None/``"auto"``. When
             given, the pair's recorded input device type must agree with it.
-        options: engine options: ``"backend"`` (``"inductor"`` default, or ``"eager"``)
+        options: engine options: ``"backend"`` (``"inductor"`` default, or ``"eager"``;
+            the capture API sets it from ``capture(backend=...)``, users do not pass it)
             and ``"tracer"`` (``"make_fx"`` default, ``"dynamo"`` where torch has it, or
             a tracer object of the capture API).
     Returns:
@@ -140,7 +141,9 @@ def capture_pair(
     if options:
         raise CaptureError(
             f"{what} failed: unknown torch engine option(s) {sorted(options)}; "
-            "valid options are 'backend' and 'tracer'"
+            "it reads options={'tracer': ...} (torch's own tracer) and the backend given "
+            "to precompile_build.capture(backend=...); the other options are the frozen "
+            "engine's: pass engine='frozen'"
         )
     if backend not in _BACKENDS:
         raise CaptureError(

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import traceback
 import warnings
 from dataclasses import dataclass
@@ -286,24 +287,43 @@ def _culprit(exc: BaseException) -> str:
     return ""
 
 
+# torch's hints meant for its own callers, not for a capture's user (they name make_fx
+# arguments this package sets), and noise in the first line of its errors
+_TORCH_HINTS = re.compile(
+    r"\s*It may be possible to trace this with dynamic shapes; try setting tracing_mode='symbolic' "
+    r"in your make_fx call\.|\s*\(Size-like symbols: [^)]*\)|\s*\(unhinted: [^()]*(\([^()]*\)[^()]*)*\)")
+
+
 def _first_line(e: BaseException) -> str:
     text = str(e).strip().splitlines()
-    return f"{type(e).__name__}: {text[0] if text else ''}"[:400]
+    line = _TORCH_HINTS.sub("", text[0] if text else "").strip().rstrip(".")
+    return f"{type(e).__name__}: {line}"[:400]
+
+
+_ANOTHER_TRACER = ("try another tracer (`tracer = \"export-strict\"` or \"make_fx\" in the target, "
+                   "or tracer= in precompile_build.capture)")
 
 
 def _failure(target: str, failures: list[tuple[str, BaseException]]) -> CaptureError:
+    """The CaptureError of a failed trace. For a data-dependent branch our advice comes
+    first, right after the line that broke the trace, and each tracer's error after it:
+    a message cut short (a log line, a terminal) still says what to change."""
+    data_dependent = any("data-dependent" in str(e) or "_local_scalar_dense" in str(e)
+                         or "GuardOnDataDependent" in type(e).__name__ for _, e in failures)
+    wheres = list(dict.fromkeys(w for w in (_culprit(e) for _, e in failures) if w))
+    if data_dependent:
+        at = f" (at {wheres[0]})" if len(wheres) == 1 else ""
+        errors = "; ".join(f"{name}: {_first_line(e)}" for name, e in failures)
+        return CaptureError(
+            f"target {target!r}: tracing failed on a data-dependent branch{at}: the line reads "
+            "a tensor's value to decide what to run. If both paths compute the same result (an "
+            "eager-only shortcut or check, as libraries have), skip it under a trace with "
+            "`if not torch.compiler.is_compiling():`; for a real choice on values use "
+            f"torch.where or torch.cond; or {_ANOTHER_TRACER}. The tracers said: {errors}"
+            + (f" (at {'; '.join(wheres)})" if len(wheres) > 1 else ""))
     parts = []
     for name, e in failures:
         where = _culprit(e)
         parts.append(f"{name}: {_first_line(e)}" + (f" (at {where})" if where else ""))
-    data_dependent = any("data-dependent" in str(e) or "_local_scalar_dense" in str(e)
-                         or "GuardOnDataDependent" in type(e).__name__ for _, e in failures)
-    advice = ["try another tracer (`tracer = \"export-strict\"` or \"make_fx\" in the target, "
-              "or tracer= in precompile_build.capture)"]
-    if data_dependent:
-        advice.insert(0, "the line reads a tensor's value to decide what to run. If both paths "
-                         "compute the same result (an eager-only shortcut or check, as libraries "
-                         "have), skip it under a trace with `if not torch.compiler.is_compiling():`; "
-                         "for a real choice on values use torch.where or torch.cond")
     return CaptureError(f"target {target!r}: tracing failed with "
-                        + "; ".join(parts) + ". " + "; ".join(advice))
+                        + "; ".join(parts) + ". " + _ANOTHER_TRACER)

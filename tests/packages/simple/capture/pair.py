@@ -36,8 +36,15 @@ print(f"fixture capture of {target} (mode {a.mode}) on {os.environ['PRECOMPILE_D
 if "FIXTURE_MARK" in os.environ:  # lets a test see that the script ran
     open(os.environ["FIXTURE_MARK"], "w").close()
 
+if os.environ.get("PRECOMPILE_CUDA_GRAPHS") == "1" and os.environ["PRECOMPILE_DEVICE"] != "cuda":
+    sys.exit("CaptureError: cuda-graphs = true needs a CUDA inference target")  # as the capture
 if a.mode == "raise":
     raise RuntimeError("boom from capture script")
+if a.mode == "longerror":  # a long one-line error whose advice comes last (over a log line's cap)
+    class CaptureError(Exception):
+        pass
+
+    raise CaptureError(f"target {target!r}: " + "detail " * 80 + "ADVICE AT THE END")
 if a.mode == "exit":
     sys.exit(3)
 if a.mode == "segv":
