@@ -9,11 +9,11 @@ Results come back in config order, whatever order the captures finished in.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import shutil
 import subprocess
 import sys
-import dataclasses
 import threading
 import time
 import warnings
