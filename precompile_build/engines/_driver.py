@@ -1,8 +1,8 @@
 # ---- driver: the calling convention of the captured function ----------------------
 # This block is copied verbatim into every source half written by the `frozen` and
 # `eager` engines (precompile_build/engines/codegen.py). It needs only torch and the
-# stdlib, and reads the literals PRECOMPILE_METADATA, _graph and (frozen) _make_call
-# defined in the same file.
+# stdlib, and reads PRECOMPILE_METADATA, _graph, module_settings (_module_settings.py)
+# and (frozen) _make_call, defined in the same file.
 import importlib as _importlib
 import math as _math
 import operator as _operator
@@ -373,36 +373,12 @@ def _check_training(modules):
             )
 
 
-_SETTING_TYPES = (bool, int, float, str, type(None))
-
-
-def _module_settings(module):
-    # the same lines as precompile_build.engines.tracing.module_settings (tested equal)
-    import types
-
-    lines, stack = [], [("", module)]
-    while stack:
-        path, m = stack.pop()
-        words = [f"{path or '.'}: {type(m).__module__}.{type(m).__qualname__}"]
-        for k, v in sorted(vars(m).items()):
-            if k.startswith("_") or k == "training":
-                continue
-            if isinstance(v, _SETTING_TYPES) or (
-                    isinstance(v, (tuple, list)) and len(v) <= 16 and all(isinstance(x, _SETTING_TYPES) for x in v)):
-                words.append(f"{k}={v!r}")
-            elif isinstance(v, (types.FunctionType, types.BuiltinFunctionType)):
-                words.append(f"{k}={getattr(v, '__module__', '')}.{v.__qualname__}")
-        lines.append(" ".join(words))
-        stack.extend((f"{path}.{k}" if path else k, c) for k, c in reversed(list(m._modules.items())) if c is not None)
-    return lines
-
-
 def _check_settings(modules):
     """The models' Python settings (heads, eps, activation...) are the captured ones:
     the frozen code has them built in, so another config with the same parameters
     would be served silently wrong."""
     for i, (mod, want) in enumerate(zip(modules, _META.get("module_settings") or [])):
-        got = _module_settings(mod)
+        got = module_settings(mod)  # _module_settings.py, copied in before this block
         if got == want:
             continue
         diff = next(((w, g) for w, g in zip(want, got) if w != g), None)

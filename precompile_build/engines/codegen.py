@@ -91,5 +91,6 @@ def render(metadata: dict, graph_code: str, wrapper_code: str | None) -> str:
         parts.append(_template("_kernel_loader.py"))
         if any(k["kind"] == "triton" for k in metadata.get("kernels", [])):
             parts.append(_template("_triton_launcher.py"))
+    parts.append(_template("_module_settings.py"))  # the driver checks models with it
     parts.append(_template("_driver.py"))
     return "\n\n".join(p.rstrip("\n") + "\n" for p in parts)

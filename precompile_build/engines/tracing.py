@@ -28,6 +28,7 @@ from typing import Any, Callable
 
 from ..errors import CaptureError
 from . import collectives, dynamic_dims, graph_attrs, tracers
+from ._module_settings import module_settings
 from .layouts import example_clone  # noqa: F401  (re-exported for the engines)
 
 _LITERALS = (int, float, bool, str, type(None))
@@ -356,36 +357,6 @@ def _ambient_state(device: str) -> dict:
     if torch.is_autocast_enabled(device):
         autocast[device] = str(torch.get_autocast_dtype(device))
     return {"autocast": autocast}
-
-
-_SETTING_TYPES = (bool, int, float, str, type(None))
-
-
-def module_settings(module) -> list[str]:
-    """What the trace froze in of ``module``'s Python settings, one line per submodule
-    (pre-order, as the driver walks them): ``"path: Class a=1 b='gelu'"``, with each
-    public attribute of a plain type (bool/int/float/str/None, or a tuple/list of
-    them) and the name of a function stored as an attribute. Two models with equal
-    parameters but another config (heads, eps, activation) differ here; the driver
-    compares this list at the first call with each model (_driver._check_settings).
-    """
-    import types
-
-    lines, stack = [], [("", module)]
-    while stack:
-        path, m = stack.pop()
-        words = [f"{path or '.'}: {type(m).__module__}.{type(m).__qualname__}"]
-        for k, v in sorted(vars(m).items()):
-            if k.startswith("_") or k == "training":
-                continue
-            if isinstance(v, _SETTING_TYPES) or (
-                    isinstance(v, (tuple, list)) and len(v) <= 16 and all(isinstance(x, _SETTING_TYPES) for x in v)):
-                words.append(f"{k}={v!r}")
-            elif isinstance(v, (types.FunctionType, types.BuiltinFunctionType)):
-                words.append(f"{k}={getattr(v, '__module__', '')}.{v.__qualname__}")
-        lines.append(" ".join(words))
-        stack.extend((f"{path}.{k}" if path else k, c) for k, c in reversed(list(m._modules.items())) if c is not None)
-    return lines
 
 
 def _training_flags(module) -> list[bool]:
