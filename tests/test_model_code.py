@@ -208,3 +208,30 @@ def test_a_model_with_other_settings_and_the_same_parameters_is_refused(tmp_path
     with pytest.raises(CallError, match=r"model argument 0 has other settings than the captured model "
                                         r"\(captured '[^']*" + named):
         serve(other, x)
+
+
+class _Counting(torch.nn.Module):
+    """A forward that counts its calls in a public attribute: state, not a setting."""
+
+    def __init__(self):
+        super().__init__()
+        self.calls = 0
+        self.drop = torch.nn.Dropout(0)
+        self.proj = torch.nn.Linear(4, 4)
+
+    def forward(self, x):
+        self.calls += 1
+        return self.drop(self.proj(x))
+
+
+def test_settings_that_are_state_or_equal_numbers_are_not_refused(tmp_path):
+    """No false refusals: an attribute the function itself changes (a call counter) is
+    state, not a setting; ``Dropout(0)`` and ``Dropout(0.0)`` are one setting."""
+    model, x = _Counting().eval(), torch.randn(2, 4)
+    want, serve = _capture_and_load(tmp_path, lambda m, x: m(x), model, x, engine="eager")
+    torch.testing.assert_close(serve(model, x), want)  # the captured model, counter moved on
+    fresh = _Counting().eval()
+    fresh.load_state_dict(model.state_dict())
+    fresh.drop.p = 0.0
+    torch.testing.assert_close(serve(fresh, x), want)
+    assert serve.metadata["module_state"] == [[".:calls"]]

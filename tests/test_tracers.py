@@ -270,6 +270,9 @@ def test_a_library_model_of_another_config_is_refused(tmp_path, change):
     src, cache = _capture(tmp_path, embed, model, ids, engine="eager")
     loaded = load_pair(src, cache)
     torch.testing.assert_close(loaded(bert(), ids), embed(model, ids))
+    moved = bert()
+    moved.name_or_path = "/checkpoints/elsewhere"  # where it was loaded from: not a setting
+    torch.testing.assert_close(loaded(moved, ids), embed(model, ids))
     other = bert(**change)
     assert not torch.allclose(embed(other, ids), embed(model, ids), atol=1e-6)
     with pytest.raises(CallError, match=r"model argument 0 has other settings than the captured model"):

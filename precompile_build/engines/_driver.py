@@ -377,8 +377,9 @@ def _check_settings(modules):
     """The models' Python settings (heads, eps, activation...) are the captured ones:
     the frozen code has them built in, so another config with the same parameters
     would be served silently wrong."""
+    state = _META.get("module_state") or [()] * len(modules)
     for i, (mod, want) in enumerate(zip(modules, _META.get("module_settings") or [])):
-        got = module_settings(mod)  # _module_settings.py, copied in before this block
+        got = module_settings(mod, frozenset(state[i]))  # _module_settings.py, copied in above
         if got == want:
             continue
         diff = next(((w, g) for w, g in zip(want, got) if w != g), None)

@@ -5,32 +5,55 @@
 import types as _types
 
 _SETTING_TYPES = (bool, int, float, str, type(None))
+# Public attributes that name where a model came from, not what it computes
+# (transformers' PreTrainedModel keeps its checkpoint path and hub tags).
+_NOT_SETTINGS = frozenset({"training", "name_or_path", "model_tags"})
 
 
-def module_settings(module):
-    """What the trace froze in of ``module``'s Python settings, one line per submodule
-    (pre-order, as the driver walks them): ``"path: module.Class a=1 b='gelu'"``, with
-    each public attribute of a plain type (bool/int/float/str/None, or a short
-    tuple/list of them) and the name of a function stored as an attribute. Two models
+def _setting_text(v):
+    """``repr`` of a plain value, with an integral float written as the int (a
+    config's ``0`` and ``0.0`` are the same setting); None for anything else."""
+    if isinstance(v, float) and v.is_integer():
+        return repr(int(v))
+    if isinstance(v, _SETTING_TYPES):
+        return repr(v)
+    if isinstance(v, (tuple, list)) and len(v) <= 16 and all(isinstance(x, _SETTING_TYPES) for x in v):
+        return "(" + ", ".join(_setting_text(x) for x in v) + ")"
+    if isinstance(v, (_types.FunctionType, _types.BuiltinFunctionType)):
+        return f"{getattr(v, '__module__', '')}.{v.__qualname__}"
+    return None
+
+
+def module_setting_items(module):
+    """``[(path, class name, {attribute: text})]`` per submodule, pre-order (as the
+    driver walks them), the module itself first with path ``.``: each public attribute
+    of a plain type (bool/int/float/str/None, a short tuple/list of them) or a function,
+    as :func:`_setting_text` writes it."""
+    out, stack = [], [("", module)]
+    while stack:
+        path, m = stack.pop()
+        attrs = {}
+        for k, v in sorted(vars(m).items()):
+            if not k.startswith("_") and k not in _NOT_SETTINGS:
+                text = _setting_text(v)
+                if text is not None:
+                    attrs[k] = text
+        out.append((path or ".", f"{type(m).__module__}.{type(m).__qualname__}", attrs))
+        stack.extend((f"{path}.{k}" if path else k, c) for k, c in reversed(list(m._modules.items())) if c is not None)
+    return out
+
+
+def module_settings(module, state=()):
+    """What the trace froze in of ``module``'s Python settings, one line per submodule:
+    ``"path: module.Class a=1 b='gelu'"`` (see :func:`module_setting_items`). Two models
     with equal parameters but another config (heads, eps, activation) differ here.
 
     Args:
         module: an ``nn.Module``.
+        state: ``"path:attribute"`` strings left out: attributes the captured function
+            itself changes (a call counter is state, not a setting).
     Returns:
-        a list of str, one per submodule (the module itself first, path ``.``).
+        a list of str, one per submodule.
     """
-    lines, stack = [], [("", module)]
-    while stack:
-        path, m = stack.pop()
-        words = [f"{path or '.'}: {type(m).__module__}.{type(m).__qualname__}"]
-        for k, v in sorted(vars(m).items()):
-            if k.startswith("_") or k == "training":
-                continue
-            if isinstance(v, _SETTING_TYPES) or (
-                    isinstance(v, (tuple, list)) and len(v) <= 16 and all(isinstance(x, _SETTING_TYPES) for x in v)):
-                words.append(f"{k}={v!r}")
-            elif isinstance(v, (_types.FunctionType, _types.BuiltinFunctionType)):
-                words.append(f"{k}={getattr(v, '__module__', '')}.{v.__qualname__}")
-        lines.append(" ".join(words))
-        stack.extend((f"{path}.{k}" if path else k, c) for k, c in reversed(list(m._modules.items())) if c is not None)
-    return lines
+    return [" ".join([f"{path}: {cls}"] + [f"{k}={t}" for k, t in attrs.items() if f"{path}:{k}" not in state])
+            for path, cls, attrs in module_setting_items(module)]

@@ -28,7 +28,7 @@ from typing import Any, Callable
 
 from ..errors import CaptureError
 from . import collectives, dynamic_dims, graph_attrs, tracers
-from ._module_settings import module_settings
+from ._module_settings import module_setting_items, module_settings
 from .layouts import example_clone  # noqa: F401  (re-exported for the engines)
 
 _LITERALS = (int, float, bool, str, type(None))
@@ -203,7 +203,7 @@ def trace_call(fn: Callable, args: tuple, kwargs: dict, *, target: str, tracer: 
     user_tensors, paths = [t for t, _ in user_tensors], [p for _, p in user_tensors]
     collectives.refuse_data_parallel(fn, modules, target)
     names, params = _lift(modules)
-    settings = [module_settings(m) for m in modules]  # before the call: as the trace sees them
+    settings_before = [module_setting_items(m) for m in modules]  # as the trace sees them
     wants_grad = [isinstance(p, torch.nn.Parameter) and p.requires_grad for p in params]
     n_params = len(params)
     out_box: dict = {}
@@ -270,6 +270,8 @@ def trace_call(fn: Callable, args: tuple, kwargs: dict, *, target: str, tracer: 
     gm, symbolic = traced.graph_module, traced.symbolic
     constants = graph_attrs.check_graph_attrs(gm, target, roots=(fn, *modules), symbolic=symbolic)
 
+    # public attributes the trace changed (a counter in forward) are state, not settings
+    state = [_changed(b, module_setting_items(m)) for b, m in zip(settings_before, modules)]
     metadata = {
         "target": target,
         "inputs": in_spec,
@@ -281,7 +283,8 @@ def trace_call(fn: Callable, args: tuple, kwargs: dict, *, target: str, tracer: 
         "grad_param_indices": out_box["grad_indices"],
         "device": _device_of(params + user_tensors),
         "training": [_training_flags(m) for m in modules],
-        "module_settings": settings,
+        "module_settings": [module_settings(m, s) for m, s in zip(modules, state)],
+        "module_state": [sorted(s) for s in state],  # attributes the function changes
         "arg_names": arg_names,
         "mutated_inputs": _mutated_inputs(gm),
         "tracer": traced.tracer,
@@ -357,6 +360,14 @@ def _ambient_state(device: str) -> dict:
     if torch.is_autocast_enabled(device):
         autocast[device] = str(torch.get_autocast_dtype(device))
     return {"autocast": autocast}
+
+
+def _changed(before: list, after: list) -> set[str]:
+    """``"path:attribute"`` of each setting that differs between two
+    :func:`module_setting_items` readings of one module (or is new, or gone)."""
+    old = {(p, k): t for p, _, attrs in before for k, t in attrs.items()}
+    new = {(p, k): t for p, _, attrs in after for k, t in attrs.items()}
+    return {f"{p}:{k}" for p, k in old.keys() | new.keys() if old.get((p, k)) != new.get((p, k))}
 
 
 def _training_flags(module) -> list[bool]:
