@@ -331,6 +331,28 @@ the eager engine) reads: with ``engine="auto"`` any of them picks the frozen eng
 with the torch engine they are refused. (``tracer`` means torch's own tracer there.)"""
 
 
+def _check_inductor_option(value: Any, target: str) -> None:
+    """``options["inductor"]``: a dict of Inductor config names (``"max_autotune"``,
+    ``"triton.cudagraphs"``...) to values, checked here so that a typo is not later
+    reported as a compiler failure. Raises ValueError."""
+    if value is None:
+        return
+    if not isinstance(value, Mapping):
+        raise ValueError(f"precompile_build.capture: target {target!r}: options['inductor'] = "
+                         f"{value!r}: use a dict of Inductor config names to values, e.g. "
+                         "{'max_autotune': True}")
+    from torch._inductor import config  # the capture compiles with Inductor anyway
+
+    known = set(config.get_config_copy())
+    for key in value:
+        if key not in known:
+            close = difflib.get_close_matches(str(key), sorted(known), n=1)
+            raise ValueError(f"precompile_build.capture: target {target!r}: options['inductor'] has "
+                             f"{key!r}, which is not an Inductor config name"
+                             + (f"; did you mean {close[0]!r}?" if close else "")
+                             + " (see torch/_inductor/config.py)")
+
+
 def _check_options(options: Mapping[str, Any], target: str) -> None:
     """Unknown keys and the frozen/eager engines' numeric options, checked before
     anything runs (the engines read them only after the compile). Raises ValueError."""
@@ -349,6 +371,7 @@ def _check_options(options: Mapping[str, Any], target: str) -> None:
     if m is not None and (isinstance(m, bool) or not isinstance(m, (int, float)) or not m > 0):
         raise ValueError(f"options['validation_multiple'] = {m!r}: use a positive number "
                          "(the multiple of eager's error allowed, e.g. 10)")
+    _check_inductor_option(options.get("inductor"), target)
     from .engines.numerics import EAGER_CHECKS
 
     mode = options.get("eager_check", "refuse")

@@ -311,7 +311,7 @@ def test_editable_load_notices_a_changed_source(tmp_path, monkeypatch):
                       r"the package source in .* changed since the editable build"):
         assert load()(21) == 42
     assert unpacked == [1]  # no kernels this time
-    with pytest.raises(StaleArtifactError, match="Strict mode: no fallback"):
+    with pytest.raises(StaleArtifactError, match=r"Strict mode \(strict=True or PRECOMPILE_STRICT=1\): no fallback"):
         load(strict=True)
     # a regular wheel records nothing, so an installed package never pays for the check
     whl = build(root, monkeypatch, out=tmp_path / "w")

@@ -257,7 +257,7 @@ def test_a_stale_editable_fallback_cached_without_strict_still_refuses_strict(tm
     p.write_manifest(doc)
     with pytest.warns(StaleArtifactWarning):
         assert load_packaged("fwd", package=p.name)() == ("fallback", None)
-    with pytest.raises(StaleArtifactError, match="changed since the editable build .* Strict mode: no fallback"):
+    with pytest.raises(StaleArtifactError, match=r"changed since the editable build .* Strict mode \(strict=True or PRECOMPILE_STRICT=1\): no fallback"):
         load_packaged("fwd", package=p.name, strict=True)
     assert p.execs() == 1
 

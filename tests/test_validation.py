@@ -344,3 +344,21 @@ def test_the_eager_engine_checks_the_eager_call_without_the_frozen_engine(tmp_pa
     assert numerics.eager_check_skipped(traced.graph_module, {"python_rng": True}) == (
         "the function draws from Python's random state")
     assert numerics.eager_check_skipped(traced.graph_module, {"python_rng": False}) is None
+
+
+@pytest.mark.parametrize("value, match", [
+    ({"max_autotun": True}, r"options\['inductor'\] has 'max_autotun', which is not an Inductor config "
+                            r"name; did you mean 'max_autotune'\?"),
+    ("max-autotune", r"options\['inductor'\] = 'max-autotune': use a dict of Inductor config names"),
+])
+def test_inductor_option_is_checked_before_the_function_runs(tmp_path, value, match):
+    """A typo in the Inductor options is the user's, not 'an upstream torch bug' (the
+    compiler failure's message) nor a silent eager fallback."""
+    ran = []
+    with pytest.raises(ValueError, match=match):
+        precompile_build.capture(lambda x: ran.append(x) or x, artifact_path=tmp_path / "a.py",
+                                 cache_path=tmp_path / "a.cache", options={"inductor": value})
+    assert ran == []
+    # a real config name passes the check
+    precompile_build.capture(lambda x: x, artifact_path=tmp_path / "b.py", cache_path=tmp_path / "b.cache",
+                             options={"inductor": {"max_autotune": False}})

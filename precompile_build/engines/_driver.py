@@ -306,8 +306,9 @@ def _rebuild(spec, outs):
 # assign=True)) and by nn.Module.train / nn.Module._apply (train(), eval(), to(),
 # cuda(), half(), ...), which are wrapped once per process. Between bumps a call
 # costs one dict lookup per model argument, whatever the model's size. Not seen by
-# the epoch (documented): ``m.training = ...`` set directly, ``p.data = ...``, and
-# ``requires_grad_()`` on a parameter; CUDA graphs still compare every parameter's
+# the epoch (documented): ``m.training = ...`` set directly, ``p.data = ...``,
+# ``requires_grad_()`` on a parameter, and a Python setting changed on a model already
+# checked (``m.eps = ...``: _check_settings runs with the full check); CUDA graphs still compare every parameter's
 # address before each replay.
 _FAST = {}  # id(first model) -> (weakref, epoch, lifted tensors, [weakref of each model])
 _TRAINING = _operator.attrgetter("training")
@@ -377,9 +378,9 @@ def _check_settings(modules):
     """The models' Python settings (heads, eps, activation...) are the captured ones:
     the frozen code has them built in, so another config with the same parameters
     would be served silently wrong."""
-    state = _META.get("module_state") or [()] * len(modules)
+    state = _META.get("module_state") or []
     for i, (mod, want) in enumerate(zip(modules, _META.get("module_settings") or [])):
-        got = module_settings(mod, frozenset(state[i]))  # _module_settings.py, copied in above
+        got = module_settings(mod, frozenset(state[i] if i < len(state) else ()))  # _module_settings.py, copied in above
         if got == want:
             continue
         diff = next(((w, g) for w, g in zip(want, got) if w != g), None)
@@ -647,7 +648,7 @@ class CompiledArtifact:
             copy_outputs: True (default): returned tensors are copies the caller
                 owns. False: the graph's own output tensors, overwritten by the next
                 call with the same sizes (no copy; keep them only until then).
-            max_graphs: graphs kept (one per device and input sizes), least recently
+            max_graphs: graphs kept (one per input sizes), least recently
                 used dropped first.
         Returns:
             a :class:`CompiledArtifact`.

@@ -286,7 +286,7 @@ def _load(package: str, name: str, strict: bool) -> _Loaded:
     else:
         stale = _stale_editable(ctx, doc)
         if stale is not None:
-            refusal = (StaleArtifactError, stale + " Strict mode: no fallback.")
+            refusal = (StaleArtifactError, stale + _NO_FALLBACK)
     if strict and refusal is not None:
         raise refusal[0](refusal[1])
     if stale is not None:

@@ -199,7 +199,7 @@ def load_torch_pair(
                 f"({torch.__version__}) CPU pairs compile their C++ kernels at load (its cache "
                 "does not hold them). Build this target with the frozen engine (engine=\"frozen\", "
                 "or engine=\"auto\" for a CPU capture), which serves compiling nothing; or turn "
-                "the guard off."
+                f"the guard off. The guard said: {refused}"
             ) from e
         mode = "without the compiled cache (host mismatch fallback)" if fallback else "with its cache"
         hint = (
