@@ -81,7 +81,9 @@ def recording() -> Iterator[None]:
     While active (reentrant; process-wide, so do not compile other graphs
     concurrently): Triton's static CUDA launcher is forced on, for Inductor's and
     user-defined (``wrap_triton``) kernels alike, and kernels compile in this process
-    (``compile_threads=1``) so these settings reach the compile.
+    (``compile_threads=1``) so these settings reach the compile. Autotuning clones the
+    arguments a kernel writes in place on the GPU whenever the device has room for
+    them (see :func:`_clones_fit`).
     """
     global _depth
     import torch._inductor.config as config
@@ -99,6 +101,7 @@ def recording() -> Iterator[None]:
         return
 
     static_cls = _static_kernel_class()
+    orig_copy = getattr(th.CachingAutotuner, "copy_args_to_cpu_if_needed", None)
     orig_gen = th.CompileResult._gen_launcher_code
     orig_load = static_cls.load_kernel
     had_own_load = "load_kernel" in static_cls.__dict__
@@ -127,7 +130,13 @@ def recording() -> Iterator[None]:
     # Inductor, not finding a long-named kernel's cubin, falls back to Triton's launcher.
     if hasattr(config, "triton") and hasattr(config.triton, "descriptive_names"):
         patch["triton.descriptive_names"] = False
+
+    def copy_args_to_cpu_if_needed(self, *args, **kwargs):
+        return {} if _clones_fit(self, args, kwargs) else orig_copy(self, *args, **kwargs)
+
     th.CompileResult._gen_launcher_code = _gen_launcher_code
+    if orig_copy is not None:
+        th.CachingAutotuner.copy_args_to_cpu_if_needed = copy_args_to_cpu_if_needed
     static_cls.load_kernel = load_kernel
     th.exec = _recording_exec
     _bypass_reasons.clear()
@@ -142,6 +151,8 @@ def recording() -> Iterator[None]:
         heuristics_log.removeHandler(_bypass_handler)
         heuristics_log.setLevel(old_level)
         th.CompileResult._gen_launcher_code = orig_gen
+        if orig_copy is not None:
+            th.CachingAutotuner.copy_args_to_cpu_if_needed = orig_copy
         if had_own_load:
             static_cls.load_kernel = orig_load
         else:
@@ -150,6 +161,35 @@ def recording() -> Iterator[None]:
             del th.exec
         with _lock:
             _depth -= 1
+
+
+def _clones_fit(autotuner, args, kwargs) -> bool:
+    """Whether GPU clones of the arguments ``autotuner``'s kernel writes in place fit
+    in the device's free memory (the caching allocator's unused blocks included).
+
+    Why: Inductor times each config of such a kernel on clones of those arguments, but
+    in inference graphs, where a clone would raise the allocator's peak, it restores
+    them from a CPU copy inside the timed region instead, and it decides this per
+    config (``CachingAutotuner.copy_args_to_cpu_if_needed``; pytorch/pytorch#194686).
+    The first config timed then pays a host-to-device copy the next ones do not: on
+    an H200 (torch 2.11) the GPT block's in-place GELU kernel (32 MiB) timed
+    XBLOCK=1024 at 0.634 ms and XBLOCK=512 at 0.12 ms in every capture, and the
+    slower 512 was frozen (33 us against 25 us per call in steady state;
+    bench/results/steady_state_cuda.md). A capture can afford one clone at a time.
+    """
+    import torch
+
+    names = getattr(autotuner, "mutated_arg_names", None) or ()
+    mutated = [a for n, a in zip(autotuner.fn.arg_names, args) if n in names]
+    mutated += [a for n, a in kwargs.items() if n in names]
+    mutated = [a for a in mutated if isinstance(a, torch.Tensor) and a.is_cuda]
+    if not mutated:
+        return True
+    device = mutated[0].device
+    need = sum(a.untyped_storage().nbytes() for a in mutated)
+    free, _ = torch.cuda.mem_get_info(device)
+    unused = torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
+    return need <= free + unused
 
 
 class _BypassHandler(logging.Handler):
