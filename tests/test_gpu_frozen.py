@@ -373,8 +373,8 @@ def test_torch_random_ops_follow_torch_rng(tmp_path):
     assert 0.4 < dropped < 0.6, dropped
 
 
-def gelu_of_double(x):
-    return torch.nn.functional.gelu(x * 2)  # one kernel, writing its buffer in place
+def gelu_of_product(x, w):
+    return torch.nn.functional.gelu(x @ w)  # GELU writes the product's buffer in place
 
 
 def test_autotuning_times_every_config_on_gpu_clones(tmp_path, monkeypatch):
@@ -398,8 +398,8 @@ def test_autotuning_times_every_config_on_gpu_clones(tmp_path, monkeypatch):
         return clone(self, exclude, *args, **kwargs)
 
     monkeypatch.setattr(th.CachingAutotuner, "maybe_clone_args", spy)
-    x = torch.randn(1 << 22, device="cuda")  # 16 MiB: big enough for two pointwise configs
-    _capture(tmp_path, "gelu_of_double", gelu_of_double, x)
+    x, w = torch.randn(2048, 256, device="cuda"), torch.randn(256, 2048, device="cuda")
+    _capture(tmp_path, "gelu_of_product", gelu_of_product, x, w)  # 16 MiB: two configs
     assert timed, "no config of an in-place kernel was timed"
     assert not any(timed), timed  # no config was timed off a CPU copy
 
