@@ -300,7 +300,7 @@ def test_cuda_graph_bookkeeping_is_bounded(tmp_path):
     ns = _capture(tmp_path, _double, torch.randn(3))
     ns["_META"]["device"] = "cuda"  # as if captured on CUDA (read when graphs are made)
     runs = []
-    graphs = ns["_CudaGraphs"](lambda flat: runs.append(len(flat[0])) or [flat[0] * 2], True, 2)
+    graphs = ns["_CudaGraphs"](lambda flat: runs.append(len(flat[0])) or [flat[0] * 2], True, 2, "graph")
 
     class Replay:
         def replay(self):
@@ -325,6 +325,56 @@ def test_cuda_graph_bookkeeping_is_bounded(tmp_path):
     for n in range(11, 50):  # sizes seen once
         graphs([torch.ones(n)], cuda0)
     assert len(graphs._warm) == 2 and len(graphs._graphs) == 2
+
+
+def test_compute_bound_sizes_are_kept_plain_and_bounded(tmp_path):
+    """The warm-up of each size is timed (CPU issue time, GPU time): a size whose GPU
+    time exceeds 1.5x its CPU time runs plainly from then on, the others get a graph;
+    at most max_graphs such sizes are remembered. Checked without a GPU: timings and
+    recording are stand-ins (real ones: test_gpu_cudagraphs.py)."""
+    ns = _capture(tmp_path, _double, torch.randn(3))
+    ns["_META"]["device"] = "cuda"
+    runs = []
+    graphs = ns["_CudaGraphs"](lambda flat: runs.append(len(flat[0])) or [flat[0] * 2], True, 2)
+
+    class Event:  # the GPU time of the warm-up, in ms
+        def __init__(self, ms):
+            self.ms = ms
+
+        def synchronize(self):
+            pass
+
+        def elapsed_time(self, end):
+            return self.ms
+
+    gpu_ms = {}  # size -> GPU ms of its warm-up; its CPU time is 1 ms
+
+    def warm_up(key, flat):
+        graphs._keep_warm(key, (Event(gpu_ms[key[1][0]]), Event(0), 1.0))
+        return graphs._run(flat)
+
+    class Replay:
+        def replay(self):
+            pass
+
+    def record(flat, *_):
+        g = ns["_Graph"]()
+        g.graph, g.static_inputs, g.outputs, g.param_ptrs = Replay(), [flat[0].clone()], (flat[0],), []
+        return g
+
+    graphs._warm_up, graphs._record = warm_up, record
+    cuda0 = torch.device("cuda", 0)
+    gpu_ms.update({1: 1.2, 2: 1.6, 3: 9.0, 4: 9.0, 5: 9.0})  # launch-bound, compute-bound x4
+    for n in (1, 2):
+        for _ in range(3):
+            graphs([torch.ones(n)], cuda0)
+    assert (graphs.recorded, graphs.plain) == (1, 1) and runs == [1, 2, 2, 2]  # 2 runs plainly
+    for n in (3, 4, 5):
+        graphs([torch.ones(n)], cuda0)
+        graphs([torch.ones(n)], cuda0)
+    assert graphs.plain == 4 and [k[1][0] for k in graphs._plain] == [4, 5]  # bounded by max_graphs
+    with pytest.raises(ValueError, match="compute_bound must be 'plain' or 'graph'"):
+        ns["_CudaGraphs"](lambda flat: flat, True, 2, "auto")
 
 
 def test_load_packaged_cuda_graphs_on_a_cpu_target_is_a_load_error(tmp_path, monkeypatch):

@@ -74,6 +74,34 @@ def test_replays_equal_eager_and_record_once(mlp_pair):
         with torch.no_grad():
             _eq(fn(m, x), m(x))
     assert fn._graphs.recorded == 1  # call 1 warms up, call 2 records, the rest replay
+    assert fn._graphs.plain == 0  # launch-bound: worth its graph
+
+
+def matmul_chain(x):
+    for _ in range(8):
+        x = torch.tanh(x @ x)
+    return x
+
+
+def test_compute_bound_sizes_run_without_a_graph(tmp_path):
+    """A call whose kernels keep the GPU busy far longer than issuing them takes (eight
+    2048x2048 matmuls: milliseconds of GPU, microseconds of launches) gains nothing
+    from a graph and would pay the copies: after its timed warm-up it runs plainly.
+    compute_bound="graph" records it anyway."""
+    x = torch.randn(2048, 2048, device="cuda") / 32
+    _capture(tmp_path, matmul_chain, x)
+    with torch.no_grad():
+        want = matmul_chain(x)
+    fn = _load(tmp_path)
+    for _ in range(4):
+        _eq(fn(x), want)
+    assert (fn._graphs.recorded, fn._graphs.plain) == (0, 1)
+    forced = _load(tmp_path, compute_bound="graph")
+    for _ in range(3):
+        _eq(forced(x), want)
+    assert (forced._graphs.recorded, forced._graphs.plain) == (1, 0)
+    with pytest.raises(ValueError, match="compute_bound must be 'plain' or 'graph'"):
+        _load(tmp_path, compute_bound="auto")
 
 
 def test_swapped_loaded_and_moved_weights(mlp_pair):

@@ -7,6 +7,7 @@ import importlib as _importlib
 import math as _math
 import operator as _operator
 import os as _os
+import time as _time
 import weakref as _weakref
 
 try:  # the runtime's error type where it is installed; the file stays self-contained
@@ -526,9 +527,19 @@ class _CudaGraphs:
     are kept, least recently used dropped (its key stays warm: recorded again at its
     next call), and at most max_graphs warm keys without a graph, oldest forgotten
     (such a key warms up again).
+
+    Which sizes get a graph (the question a serving engine asks): a graph removes the
+    CPU's launch work, so it pays only where the GPU waits for launches. The warm-up
+    run is timed on both sides, CPU (issuing it) and GPU (CUDA events around it);
+    when the GPU took more than COMPUTE_BOUND (1.5) times the CPU's time, the GPU was the
+    bottleneck (a full-sequence GPT block: 0.95 ms of kernels issued in about 0.1 ms),
+    the graph would save nothing and cost the input and output copies, so that key runs
+    plainly (counted in .plain). compute_bound="graph" records every key regardless.
     """
 
-    def __init__(self, run, copy_outputs, max_graphs):
+    COMPUTE_BOUND = 1.5
+
+    def __init__(self, run, copy_outputs, max_graphs, compute_bound="plain"):
         if _META["device"] != "cuda":
             raise CallError(f"target {_META['target']!r}: CUDA graphs need a CUDA target; "
                             f"this one was captured on {_META['device']}")
@@ -538,11 +549,15 @@ class _CudaGraphs:
                 "serve inference targets only here; load it with cuda_graphs=False")
         if not isinstance(max_graphs, int) or max_graphs < 1:
             raise ValueError(f"max_graphs must be a positive int, not {max_graphs!r}")
+        if compute_bound not in ("plain", "graph"):
+            raise ValueError(f"compute_bound must be 'plain' or 'graph', not {compute_bound!r}")
         self._run = run
+        self._probe = compute_bound == "plain"
         self._copy = bool(copy_outputs)
         self._max = max_graphs
         self._graphs = {}  # key -> _Graph, in least-recently-used order
-        self._warm = {}  # warm keys without a graph (-> None), oldest first
+        self._warm = {}  # warm keys without a graph (-> warm-up timing or None), oldest first
+        self._plain = {}  # keys found compute-bound at warm-up: run without a graph
         self._pool = None  # the graphs' private memory pool, made at the first recording
         self._device = None  # the one device graphs are recorded on (see __call__)
         self._n = len(_META["params"])
@@ -550,6 +565,7 @@ class _CudaGraphs:
         self._param_idx = list(range(n))
         self._mutated_user = [i - n for i in _META.get("mutated_inputs", []) if i >= n]
         self.recorded = 0  # graphs recorded so far (tests, benchmarks)
+        self.plain = 0  # keys found compute-bound, run without a graph
 
     def __call__(self, flat, device):
         # torch.cuda.graph's capture stream is made once per process, on the device
@@ -564,6 +580,8 @@ class _CudaGraphs:
         n = self._n
         users = flat[n:]
         key = (device.index, *[t.shape for t in users])
+        if key in self._plain:
+            return self._run(flat)
         g = self._graphs.pop(key, None)
         if g is not None:
             if _DATA_PTRS_EQUAL is not None:
@@ -575,7 +593,13 @@ class _CudaGraphs:
                 self._warm[key] = None
         if g is None:
             if key not in self._warm:  # warm-up: a plain run
-                self._keep_warm(key)
+                return self._warm_up(key, flat)
+            if self._compute_bound(self._warm[key]):
+                del self._warm[key]
+                self._plain[key] = None
+                if len(self._plain) > self._max:
+                    del self._plain[next(iter(self._plain))]
+                self.plain += 1
                 return self._run(flat)
             g = self._record(flat)
             del self._warm[key]  # the graph cache holds it now
@@ -593,10 +617,31 @@ class _CudaGraphs:
             return [o.clone() for o in g.outputs]
         return list(g.outputs)
 
-    def _keep_warm(self, key):
-        self._warm[key] = None
+    def _keep_warm(self, key, timing=None):
+        self._warm[key] = timing
         if len(self._warm) > self._max:
             del self._warm[next(iter(self._warm))]
+
+    def _warm_up(self, key, flat):
+        """The first call of a key: a plain run, timed on the CPU and the GPU."""
+        if not self._probe:
+            self._keep_warm(key)
+            return self._run(flat)
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        t0 = _time.perf_counter()
+        start.record()
+        out = self._run(flat)
+        end.record()
+        self._keep_warm(key, (start, end, (_time.perf_counter() - t0) * 1e3))
+        return out
+
+    def _compute_bound(self, timing):
+        """Whether the warm-up's GPU time exceeded COMPUTE_BOUND x its CPU time."""
+        if timing is None:  # re-recording (evicted, or the parameters moved)
+            return False
+        start, end, cpu_ms = timing
+        end.synchronize()
+        return start.elapsed_time(end) > self.COMPUTE_BOUND * cpu_ms
 
     def _record(self, flat):
         n = self._n
@@ -639,7 +684,7 @@ class CompiledArtifact:
         self._graphs = cuda_graphs
         self.cuda_graphs = cuda_graphs is not None
 
-    def with_cuda_graphs(self, enabled=True, *, copy_outputs=True, max_graphs=8):
+    def with_cuda_graphs(self, enabled=True, *, copy_outputs=True, max_graphs=8, compute_bound="plain"):
         """A new callable on the same kernels, with CUDA graphs on or off.
 
         Args:
@@ -650,6 +695,10 @@ class CompiledArtifact:
                 call with the same sizes (no copy; keep them only until then).
             max_graphs: graphs kept (one per input sizes), least recently
                 used dropped first.
+            compute_bound: "plain" (default): input sizes whose warm-up call kept
+                the GPU busy over 1.5 times as long as the CPU took to issue it
+                run without a graph (it would save nothing and cost the copies);
+                "graph": every input size gets a graph.
         Returns:
             a :class:`CompiledArtifact`.
         Raises:
@@ -661,7 +710,7 @@ class CompiledArtifact:
         if not self.uses_kernels:
             raise CallError(f"target {_META['target']!r}: CUDA graphs replay frozen kernels; "
                             "this load has none (a fallback or the eager engine)")
-        return CompiledArtifact(self._run, True, _CudaGraphs(self._run, copy_outputs, max_graphs))
+        return CompiledArtifact(self._run, True, _CudaGraphs(self._run, copy_outputs, max_graphs, compute_bound))
 
     def __call__(self, *args, **kwargs):
         _check_ambient()
