@@ -122,6 +122,7 @@ def mechanisms(model, fn, args, device, tmp: Path):
     if device == "cuda":
         graphed = pair.with_cuda_graphs()
         out["pair, graphs on"] = lambda: graphed(model, *args)
+        out["pair, graphs on"].graphs = graphed._graphs  # recorded / plain counts
     return out
 
 
@@ -154,9 +155,10 @@ def run_case(name, device, calls, rounds, log):
                     fn()
                 sync(device)
                 times[k].append((time.perf_counter() - t0) * 1e3 / calls)
+        graphs = {k: (f.graphs.recorded, f.graphs.plain) for k, f in mechs.items() if hasattr(f, "graphs")}
     med = {k: statistics.median(v) for k, v in times.items()}
     log(f"{name}: " + ", ".join(f"{k} {v:.4f} ms" for k, v in med.items()))
-    return med, errs, first
+    return med, errs, first, graphs
 
 
 def main():
@@ -190,7 +192,7 @@ def main():
 
     for name in a.cases:
         try:
-            med, errs, first = run_case(name, a.device, a.calls, a.rounds, print)
+            med, errs, first, graphs = run_case(name, a.device, a.calls, a.rounds, print)
         except Exception:
             lines += [f"## {name}", "", "failed:", "```", traceback.format_exc()[-2000:], "```", ""]
             write()
@@ -205,6 +207,9 @@ def main():
             err = errs[k]
             lines.append(f"| {k} | {v:.4f} | {v / ref:.2f}x | {vs_ro} | {first[k]:.0f} | "
                          f"{err:.1e} |" if math.isfinite(err) else f"| {k} | {v:.4f} | | | | nan |")
+        for k, (recorded, plain) in graphs.items():
+            lines += ["", f"{k}: {recorded} graph(s) recorded, {plain} size(s) run without one "
+                          "(compute-bound at warm-up)"]
         lines.append("")
         write()
     print("\n".join(lines))
