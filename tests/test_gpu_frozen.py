@@ -383,25 +383,30 @@ def test_autotuning_times_every_config_on_gpu_clones(tmp_path, monkeypatch):
     them from a CPU copy inside the timed region, deciding per config: on the H200 the
     first config was timed 5x slow that way and lost. During a capture every config is
     timed on GPU clones when they fit, whatever the peak."""
+    from torch._inductor import config
     from torch._inductor.runtime import triton_heuristics as th
 
+    # autotune now, not from a best config another test or process saved
+    monkeypatch.setattr(config, "autotune_local_cache", False)
     # no headroom under the peak: Inductor's own policy copies every written argument
     for mod in (torch.cuda, getattr(torch, "accelerator", None)):
         if mod is not None and hasattr(mod, "max_memory_allocated"):
             monkeypatch.setattr(mod, "max_memory_allocated", lambda *a, _m=mod: _m.memory_allocated(*a))
-    timed = []  # per timed call of an in-place kernel: the arguments restored from CPU
+    timed = []  # per timed call of an in-place kernel: (Inductor's policy applies, args restored from CPU)
     clone = th.CachingAutotuner.maybe_clone_args
 
     def spy(self, exclude, *args, **kwargs):
         if self.mutated_arg_names:
-            timed.append(set(exclude))
+            timed.append((bool(getattr(self, "optimize_mem", False)), set(exclude)))
         return clone(self, exclude, *args, **kwargs)
 
     monkeypatch.setattr(th.CachingAutotuner, "maybe_clone_args", spy)
     x, w = torch.randn(2048, 256, device="cuda"), torch.randn(256, 2048, device="cuda")
-    _capture(tmp_path, "gelu_of_product", gelu_of_product, x, w)  # 16 MiB: two configs
+    with torch.no_grad():  # an inference graph: the one where Inductor's policy applies
+        _capture(tmp_path, "gelu_of_product", gelu_of_product, x, w)  # 16 MiB: two configs
     assert timed, "no config of an in-place kernel was timed"
-    assert not any(timed), timed  # no config was timed off a CPU copy
+    assert all(applies for applies, _ in timed), timed  # the case where Inductor would copy
+    assert not any(cpu for _, cpu in timed), timed  # no config was timed off a CPU copy
 
 
 def test_unfreezable_kernel_is_a_capture_error():
