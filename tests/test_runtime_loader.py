@@ -684,9 +684,12 @@ def test_strict_env_accepts_false_spellings(value, tmp_path, monkeypatch):
 
 @pytest.mark.parametrize("var", ["PRECOMPILE_STRICT", "PRECOMPILE_NO_COMPILE"])
 def test_env_flag_other_values_are_an_error(var, pkg, monkeypatch):
+    from precompile_runtime import LoadOptionError, PrecompileLoadError
+
     monkeypatch.setenv(var, "enabled")
-    with pytest.raises(ValueError, match=f"{var}='enabled' is not a boolean: use 1, true, yes or on"):
+    with pytest.raises(LoadOptionError, match=f"{var}='enabled' is not a boolean: use 1, true, yes or on") as e:
         load_packaged("fwd", package=pkg.name)
+    assert isinstance(e.value, PrecompileLoadError) and isinstance(e.value, ValueError)
     assert pkg.execs() == 0
 
 
@@ -704,6 +707,6 @@ def test_guard_env_accepts_true_spellings(monkeypatch):
 def test_strict_and_cuda_graphs_take_bools_only(option, value, pkg):
     from precompile_runtime import LoadOptionError
 
-    with pytest.raises(LoadOptionError, match=rf"{option}={value!r}\): use None, True or False \({option} takes a bool"):
+    with pytest.raises(LoadOptionError, match=rf"{option}={value!r}\): use None, True or False \({option} takes a bool; this is {type(value).__name__}\)"):
         load_packaged("fwd", package=pkg.name, **{option: value})
     assert pkg.execs() == 0

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import os
 
+from .errors import LoadOptionError
+
 TRUE = ("1", "true", "yes", "on")
 FALSE = ("0", "false", "no", "off", "")
 
@@ -16,8 +18,9 @@ def env_flag(name: str) -> bool:
     ``off`` (any case, surrounding spaces ignored).
 
     Raises:
-        ValueError: any other value; the message names the variable and the values
-            it accepts (a typo must not silently mean off).
+        LoadOptionError: (a PrecompileLoadError and a ValueError) any other value; the
+            message names the variable and the values it accepts (a typo must not
+            silently mean off).
     """
     raw = os.environ.get(name)
     if raw is None:
@@ -27,7 +30,7 @@ def env_flag(name: str) -> bool:
         return True
     if text in FALSE:
         return False
-    raise ValueError(
+    raise LoadOptionError(
         f"environment variable {name}={raw!r} is not a boolean: use 1, true, yes or on "
         "to turn it on; 0, false, no, off or empty (or unset it) to turn it off"
     )

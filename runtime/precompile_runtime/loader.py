@@ -131,7 +131,7 @@ def load_packaged(name: str, *, package: str | None = None, strict: bool | None 
             True or False (``"false"``, ``1`` and other non-bools are refused), or
             ``cuda_graphs=True`` for a target that cannot replay CUDA graphs (one
             captured on the CPU, or one that runs a backward).
-        ValueError: ``strict`` is None and ``PRECOMPILE_STRICT``, or
+        LoadOptionError: also when ``strict`` is None and ``PRECOMPILE_STRICT``, or
             ``PRECOMPILE_NO_COMPILE``, is set to a value that is not a boolean (on:
             1/true/yes/on; off: 0/false/no/off/empty); the message names the variable.
         PrecompileLoadError: anything else the load could not do (e.g. no place to
@@ -145,7 +145,7 @@ def load_packaged(name: str, *, package: str | None = None, strict: bool | None 
         if value is not None and not isinstance(value, bool):  # "false" and 1 are not bools
             raise LoadOptionError(
                 f"load_packaged({name!r}, {option}={value!r}): use None, True or False "
-                f"({option} takes a bool, not a {type(value).__name__})"
+                f"({option} takes a bool; this is {type(value).__name__})"
             )
     if package is None:
         package = _caller_package(sys._getframe(1))
