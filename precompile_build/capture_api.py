@@ -77,8 +77,12 @@ class Capture:
         self.engine = engine
         if engine == "torch":
             options["backend"] = self.backend
-        else:  # the torch engine's "tracer" option means torch's own tracers
-            options.setdefault("tracer", self.tracer)
+        elif "tracer" in options:  # for the torch engine torch's own tracer; here as tracer=
+            from .engines.tracers import check_tracer
+
+            options["tracer"] = check_tracer(options["tracer"])
+        else:
+            options["tracer"] = self.tracer
         # the capture traces clones: the real call is the only one with effects
         before = python_rng_states()
         box: dict = {}
@@ -255,7 +259,8 @@ def capture(
             with-block's eager call beyond rounding is a CaptureError; ``"warn"``;
             ``"off"``); ``"cuda_graphs"`` (bool, frozen CUDA inference targets: the
             target's `cuda-graphs` key); ``"tracer"`` (the torch engine: torch's own
-            tracer, ``"make_fx"`` or ``"dynamo"``; the other engines: as ``tracer=``).
+            tracer, ``"make_fx"`` or ``"dynamo"``; the other engines: as ``tracer=``;
+            given with another ``tracer`` than auto, a ValueError).
         tracer: how the frozen and eager engines turn the call into a graph:
             ``"auto"`` (torch.export, make_fx for a training step or where export
             fails), ``"export"``, ``"export-strict"`` or ``"make_fx"``; default: env
@@ -273,7 +278,8 @@ def capture(
             (before ``fn`` runs) if ``tracer``/``fallback`` or a :data:`FROZEN_OPTIONS`
             key is set and the engine resolves to ``"torch"``, or if the call cannot be
             captured; at exit if no call was made.
-        ValueError: unknown engine, backend, fallback or tracer; an unknown key in
+        ValueError: unknown engine, backend, fallback or tracer; ``options['tracer']``
+            and ``tracer`` both given and different; an unknown key in
             ``options`` (named, with the accepted keys), a bad
             ``options['validation_multiple']`` or ``options['eager_check']`` (checked
             here, before the function runs).
@@ -313,6 +319,13 @@ def capture(
                         f"{{'inductor': {{...}}}}, not {type(options).__name__}")
     target = target or os.environ.get("PRECOMPILE_TARGET") or Path(artifact_path).stem
     _check_options(options or {}, target)
+    given = (options or {}).get("tracer")
+    if given is not None and tracer != "auto" and given != tracer:  # one would silently win
+        raise ValueError(
+            f"precompile_build.capture: target {target!r}: options['tracer'] = {given!r} and "
+            f"tracer={tracer!r} (from the call, the target's `tracer` key or PRECOMPILE_TRACER) "
+            "disagree: options['tracer'] is the torch engine's tracer, tracer= the frozen and "
+            "eager engines'; give one of them")
     if Path(artifact_path).resolve() == Path(cache_path).resolve():
         raise CaptureError(
             f"precompile_build.capture: artifact_path and cache_path are both {str(artifact_path)!r}; "

@@ -233,6 +233,30 @@ def test_tracer_and_fallback_are_refused_with_the_torch_engine(tmp_path, monkeyp
     assert ran == [] and not (tmp_path / "t.py").exists()
 
 
+def test_options_tracer_and_tracer_must_agree(tmp_path, monkeypatch):
+    """options['tracer'] (the torch engine's tracer) and tracer= (the other engines')
+    given with different values are refused before the function runs, whether tracer=
+    comes from the call or from the target's key (PRECOMPILE_TRACER): before, the
+    option silently won. Alone, or equal, options['tracer'] is used as tracer=."""
+    ran = []
+    fn = lambda x: ran.append(x) or x * 2  # noqa: E731
+    for kw, env in (({"tracer": "export"}, {}), ({}, {"PRECOMPILE_TRACER": "export"})):
+        for k, v in env.items():
+            monkeypatch.setenv(k, v)
+        with pytest.raises(ValueError, match=r"target 't': options\['tracer'\] = 'make_fx' and "
+                           r"tracer='export' \(from the call, the target's `tracer` key or "
+                           r"PRECOMPILE_TRACER\) disagree"):
+            precompile_build.capture(fn, artifact_path=tmp_path / "t.py", cache_path=tmp_path / "t.cache",
+                                     options={"tracer": "make_fx"}, **kw)
+        monkeypatch.delenv("PRECOMPILE_TRACER", raising=False)
+    assert ran == []
+    src, _ = _capture(tmp_path, lambda x: x * 2, torch.ones(2), engine="frozen", options={"tracer": "make_fx"})
+    assert _tracer_of(src) == "make_fx"  # auto would have exported
+    src, _ = _capture(tmp_path, lambda x: x * 2, torch.ones(2), name="u", engine="frozen",
+                      tracer="make_fx", options={"tracer": "make_fx"})
+    assert _tracer_of(src) == "make_fx"
+
+
 @pytest.mark.parametrize("kw", [{"tracer": "make_fx"}, {"fallback": "eager"},
                                 {"options": {"validation_multiple": 10}},
                                 {"options": {"eager_check": "warn"}}, {"options": {"inductor": {}}}])
