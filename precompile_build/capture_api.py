@@ -103,7 +103,8 @@ class Capture:
                 self.engine = engine = "eager"
                 self._pair = engines.get("eager").capture_pair(
                     self._fn, args, kwargs, target=self.target, device=device,
-                    options=dict(options, fallback_reason=reason),
+                    options=dict(options, fallback_reason=reason), real_call=extra.get("real_call"),
+                    traced=getattr(e, "traced", None), real=getattr(e, "real", None),
                 )
         if engine != "torch":  # ours trace Python once (torch.compile replays random calls)
             _warn_python_rng(before, python_rng_states(), self.target)

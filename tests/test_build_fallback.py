@@ -51,3 +51,42 @@ def test_fallback_values_are_checked(tmp_path):
     with pytest.raises(ConfigError, match=r"`tool.precompile.targets.crash.fallback` must be one of "
                                           r"'none', 'eager', not 'eagre'"):
         load_settings(root)
+
+
+def test_the_fallback_judges_the_frozen_engines_trace_by_the_one_real_call(tmp_path, monkeypatch):
+    """The eager fallback serves the trace the frozen engine made and judges it by the
+    real call that already ran (before, it traced again after the real call, ran no
+    eager-call check, and a stateful call's trace saw the state after the call): a
+    branch hidden from the trace is refused, and the function runs for real once."""
+    import torch
+
+    import precompile_build
+    from precompile_build.engines import frozen
+    from precompile_build.errors import CaptureError, CompilerFailed
+
+    def crash(*a, **k):
+        raise CompilerFailed("target 't': Inductor failed: KeyError: 'buf1' (simulated)")
+
+    monkeypatch.setattr(frozen, "_compile", crash)
+    calls = []
+
+    def hidden_branch(x):
+        calls.append(1)
+        if not torch.compiler.is_compiling() and x.sum() > 0:
+            return x * 2
+        return x - 1
+
+    x = torch.ones(3)
+    paths = {"artifact_path": tmp_path / "t.py", "cache_path": tmp_path / "t.cache"}
+    with pytest.raises(CaptureError, match=r"the traced graph's value 0 differs from what the eager call "
+                                           r"returned at capture"):
+        with precompile_build.capture(hidden_branch, engine="frozen", fallback="eager", target="t", **paths) as f:
+            f(x)
+    assert not paths["artifact_path"].exists()
+
+    calls.clear()
+    with precompile_build.capture(lambda x: calls.append(1) or (x * 2).softmax(-1), engine="frozen",
+                                  fallback="eager", target="t", **paths) as f:
+        assert torch.equal(f(x), (x * 2).softmax(-1))
+    assert calls == [1, 1]  # the trace once, the real call once
+    assert f.engine == "eager" and "KeyError: 'buf1'" in paths["artifact_path"].read_text()

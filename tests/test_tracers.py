@@ -210,6 +210,44 @@ def test_a_branch_hidden_from_the_trace_is_refused_by_the_eager_call(tmp_path, e
     torch.testing.assert_close(load_pair(src, cache)(-x), guarded_branch(-x))
 
 
+def structure_by_path(x):
+    # eager returns more than the trace sees
+    if torch.compiler.is_compiling():
+        return x * 2
+    return x * 2, x.sum()
+
+
+class CountingDoubler(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.calls = 0
+
+    def forward(self, x):
+        self.calls += 1
+        return x * 2, self.calls  # a Python number that differs between trace and call
+
+
+@pytest.mark.parametrize("engine", ["eager", "frozen"])
+def test_another_structure_from_the_eager_call_is_refused(tmp_path, engine):
+    """The eager call returning another structure than the trace (here a tuple where the
+    trace returns a tensor) is eager taking another path: both engines refuse it, saying
+    both structures (before, the frozen engine skipped the check and the eager engine
+    compared values); 'warn' writes it with a warning. A returned Python number whose
+    value differs between trace and call (a counter) is the same structure."""
+    x = torch.randn(3, 4)
+    with pytest.raises(CaptureError, match=r"target 't': the eager call returned \(Tensor, Tensor\) where "
+                       r"the traced graph returns Tensor: eager took another code path than the trace"):
+        _capture(tmp_path, structure_by_path, x, engine=engine)
+    assert not (tmp_path / "t.py").exists()
+    with pytest.warns(UserWarning, match=r"returned \(Tensor, Tensor\) where the traced graph returns Tensor"):
+        src, cache = _capture(tmp_path, structure_by_path, x, name="w", engine=engine,
+                              options={"eager_check": "warn"})
+    torch.testing.assert_close(load_pair(src, cache)(x), x * 2)
+    m = CountingDoubler()
+    src, cache = _capture(tmp_path, lambda m, x: m(x), m, x, name="c", engine=engine)
+    torch.testing.assert_close(load_pair(src, cache)(m, x)[0], x * 2)
+
+
 @pytest.mark.parametrize("kw, env, match", [
     ({"engine": "torch", "tracer": "make_fx"}, {},
      r"tracer='make_fx' applies to the frozen and eager engines only, but this capture uses engine "

@@ -227,7 +227,7 @@ def test_eager_fast_path_that_differs_from_the_trace_is_refused(tmp_path):
 
 def test_eager_check_option_is_checked():
     traced = trace_call(lambda x: x + 1, (torch.ones(3),), {}, target="t")
-    real = {"outputs": [torch.ones(3) * 2], "inputs": {}, "structure_ok": True}
+    real = {"outputs": [torch.ones(3) * 2], "inputs": {}, "structure": None}
     with pytest.raises(CaptureError, match=r"options\['eager_check'\] = 'maybe': use 'refuse'"):
         frozen._compare(_graph_call(traced), traced, traced.example_inputs, "the example inputs", "t",
                         {"eager_check": "maybe"}, real)

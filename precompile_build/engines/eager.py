@@ -23,14 +23,17 @@ JUDGES_EAGER_CALL = True  # capture_api hands capture_pair the real call (real_c
 _TOLERANCE = {"torch.float16": 1e-2, "torch.bfloat16": 5e-2}
 
 
-def capture_pair(fn, args, kwargs, *, target: str, device: str, options: dict,
-                 real_call=None) -> tuple[bytes, bytes]:
+def capture_pair(fn, args, kwargs, *, target: str, device: str, options: dict, real_call=None,
+                 traced: TracedCall | None = None, real: dict | None = None) -> tuple[bytes, bytes]:
     """Capture one call of ``fn`` as an eager pair.
 
     Args:
         real_call: runs the user's call for real, once (capture_api); its results
             judge the traced graph, as in the frozen engine (``options["eager_check"]``:
             ``"refuse"`` default, ``"warn"``, ``"off"``).
+        traced, real: the frozen engine's trace of this call and its real call's
+            results (tracing.run_real_call), when its compiler failed and the target
+            falls back to this engine: used instead of tracing and calling again.
     Returns:
         ``(source_bytes, cache_bytes)``.
     Raises:
@@ -40,10 +43,13 @@ def capture_pair(fn, args, kwargs, *, target: str, device: str, options: dict,
     """
     from precompile_runtime.fingerprint import host_fingerprint
 
-    traced = trace_call(fn, args, kwargs, target=target, tracer=options.get("tracer"))
+    if traced is None:
+        traced = trace_call(fn, args, kwargs, target=target, tracer=options.get("tracer"))
     traced.finish_dynamic(target)
-    if real_call is not None:
-        _judge_by_eager_call(traced, real_call, target, options)
+    if real is None and real_call is not None:
+        real = run_real_call(traced, real_call)
+    if real is not None:
+        _judge_by_eager_call(traced, real, target, options)
     metadata = dict(traced.metadata, engine="eager", kernels=[])
     if options.get("fallback_reason"):  # the frozen engine's compiler failed (capture_api)
         metadata["fallback"] = {"from": "frozen", "reason": options["fallback_reason"]}
@@ -57,7 +63,7 @@ def capture_pair(fn, args, kwargs, *, target: str, device: str, options: dict,
     return source, dumps(env)
 
 
-def _judge_by_eager_call(traced: TracedCall, real_call, target: str, options: dict) -> None:
+def _judge_by_eager_call(traced: TracedCall, real: dict, target: str, options: dict) -> None:
     """The graph on the example inputs against the real call's results (outputs, then
     gradients): CaptureError (or a warning, ``options["eager_check"]``) when they differ
     beyond rounding. The mode, running the call and when to skip are shared with the
@@ -72,9 +78,14 @@ def _judge_by_eager_call(traced: TracedCall, real_call, target: str, options: di
     from . import numerics
 
     mode = numerics.eager_check_mode(options, target)
-    real = run_real_call(traced, real_call)
     if mode == "off" or numerics.eager_check_skipped(traced.graph_module, real):
         return
+    if real["structure"]:
+        text = numerics.eager_structure_message(target, real["structure"])
+        if mode == "warn":
+            warnings.warn(text, stacklevel=4)
+            return
+        raise CaptureError(text + ", or pass options={'eager_check': 'warn'}; nothing written")
     with torch.no_grad():
         got = traced.graph_module(*[example_clone(t) for t in traced.example_inputs])
     for i, (g, w) in enumerate(zip(got, real["outputs"])):

@@ -73,7 +73,13 @@ def capture_pair(fn, args, kwargs, *, target: str, device: str, options: dict,
             f"one {'runs a backward' if device == 'cuda' else 'was captured on ' + device}: "
             "drop the option")
     real = run_real_call(traced, real_call) if real_call is not None else None
-    source, blobs, fingerprint = _compile(traced, target, options, real)
+    try:
+        source, blobs, fingerprint = _compile(traced, target, options, real)
+    except CompilerFailed as e:
+        # `fallback = "eager"` (capture_api) serves this trace with the eager engine,
+        # judged by this real call: the call has run and must not run again
+        e.traced, e.real = traced, real
+        raise
     code_hash = hashlib.sha256(source).hexdigest()
     env = Envelope(
         engine="frozen", code_hash=code_hash, fingerprint=fingerprint,
@@ -548,8 +554,13 @@ def _against_eager_call(real: dict, got, b, ref_out, ref_in, verdicts, labels, n
     skipped = numerics.eager_check_skipped(traced.graph_module, real)
     if skipped:
         return {"outcome": f"skipped: {skipped}"}
-    if not real.get("structure_ok"):
-        return {"outcome": "skipped: the eager call returned another structure"}
+    if real.get("structure"):
+        text = numerics.eager_structure_message(target, real["structure"])
+        if mode == "warn":
+            warnings.warn(text + "; written anyway (options={'eager_check': 'refuse'} refuses)", stacklevel=2)
+            return {"outcome": "warned", "structure": real["structure"]}
+        raise CaptureError(text + "; refusing to write the pair, or pass "
+                           "options={'eager_check': 'warn'} to keep the graph's result")
     pairs = [(i, real["outputs"][i], got[i], ref_out[i]) for i in range(min(n_out, len(real["outputs"])))
              if real["outputs"][i] is not None]
     pairs += [(n_out + i, t, b[i], ref_in[i]) for i, t in real["inputs"].items()

@@ -356,6 +356,15 @@ def eager_check_skipped(gm, real: dict) -> Optional[str]:
     return None
 
 
+def eager_structure_message(target: str, structure: str) -> str:
+    """The eager-call check's text when the call returned another structure than the
+    trace (``structure``: run_real_call's sentence saying both); each engine adds
+    what it does about it."""
+    return (f"target {target!r}: {structure}: eager took another code path than the trace (a "
+            "branch skipped under torch.compiler.is_compiling(), an inference fast path); make "
+            "both take one path (torch.where / torch.cond for a real choice)")
+
+
 def judge_against_eager_call(real, frozen, ref, graph_verdict: Verdict) -> tuple[float, float, float]:
     """The eager call's own output ``real`` vs ``frozen`` (issue 18): returns
     ``(difference, allowed, max_abs)``; ``difference`` is the relative RMS of

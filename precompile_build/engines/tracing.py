@@ -92,6 +92,32 @@ def _qualname(tp) -> str:
     return f"{tp.__module__}:{tp.__qualname__}"
 
 
+def spec_outline(spec, limit: int = 200) -> str:
+    """A short text of an output spec (:func:`_output_spec`) without its constants'
+    values: ``(Tensor, [Tensor, int])``, ``Out(logits=Tensor, loss=NoneType)``; at most
+    ``limit`` characters. Two calls returning the same structure have the same outline
+    even when a returned Python number (a counter) differs."""
+
+    def walk(sp):
+        kind = sp[0]
+        if kind == "tensor":
+            return "Tensor"
+        if kind == "const":
+            return type(sp[1]).__name__
+        if kind in ("tuple", "list"):
+            inner = ", ".join(map(walk, sp[1]))
+            return f"({inner})" if kind == "tuple" else f"[{inner}]"
+        if kind == "dict":
+            return "{" + ", ".join(f"{k!r}: {walk(v)}" for k, v in sp[1]) + "}"
+        name = sp[1].rsplit(".", 1)[-1].rsplit(":", 1)[-1]
+        if kind == "namedtuple":
+            return f"{name}(" + ", ".join(map(walk, sp[2])) + ")"
+        return f"{name}(" + ", ".join(f"{f}={walk(v)}" for f, v in sp[2]) + ")"  # dataclass
+
+    text = walk(spec)
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
 def _output_spec(value, outs: list, path: str):
     import torch
 
@@ -308,7 +334,8 @@ def run_real_call(traced: TracedCall, real_call: Callable[[], Any]) -> dict:
         ``{"result": what the call returned, "outputs": [tensor outputs (detached),
         then per captured parameter gradient what the call added to ``.grad``, or
         None], "inputs": {flat index: the caller's tensor (to judge those written)},
-        "structure_ok": bool (as many tensor outputs as the trace), "python_rng":
+        "structure": None when the call returned what the trace returned (same
+        outline, :func:`spec_outline`), else a sentence saying both, "python_rng":
         bool (the call drew from Python's or numpy's RNG)}``.
     Raises:
         whatever the call raises.
@@ -324,16 +351,20 @@ def run_real_call(traced: TracedCall, real_call: Callable[[], Any]) -> dict:
     python_rng = python_rng_states() != rng_before  # drew a value the trace drew another of
     outs: list = []
     try:
-        _output_spec(result, outs, "result")
+        got = spec_outline(_output_spec(result, outs, "result"))
     except CaptureError:
-        outs = []
+        outs, got = [], f"a {type(result).__name__}, which a capture cannot return"
+    want = spec_outline(traced.metadata["outputs"])
+    structure = None if got == want else f"the eager call returned {got} where the traced graph returns {want}"
     grads = []
     for i in grad_at:
         g = sources[i].grad if i < len(sources) else None
         grads.append(None if g is None else (g - before[i] if before.get(i) is not None else g).detach())
     inputs = {i: t.detach() for i, t in enumerate(sources)}  # references: those written are judged
+    if structure is not None:
+        outs = []  # no value to compare with the trace's
     return {"result": result, "outputs": [o.detach() for o in outs] + grads, "inputs": inputs,
-            "structure_ok": len(outs) == traced.metadata["num_user_outputs"], "python_rng": python_rng}
+            "structure": structure, "python_rng": python_rng}
 
 
 def _mutated_inputs(gm) -> list[int]:
