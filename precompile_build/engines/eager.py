@@ -83,9 +83,10 @@ def _judge_by_eager_call(traced: TracedCall, real: dict, target: str, options: d
     if real["structure"]:
         text = numerics.eager_structure_message(target, real["structure"])
         if mode == "warn":
-            warnings.warn(text, stacklevel=4)
+            warnings.warn(text + "; written anyway (options={'eager_check': 'refuse'} refuses)", stacklevel=4)
             return
-        raise CaptureError(text + ", or pass options={'eager_check': 'warn'}; nothing written")
+        raise CaptureError(text + ", or pass options={'eager_check': 'warn'} to keep the graph's "
+                           "result; nothing written")
     with torch.no_grad():
         got = traced.graph_module(*[example_clone(t) for t in traced.example_inputs])
     for i, (g, w) in enumerate(zip(got, real["outputs"])):

@@ -559,8 +559,8 @@ def _against_eager_call(real: dict, got, b, ref_out, ref_in, verdicts, labels, n
         if mode == "warn":
             warnings.warn(text + "; written anyway (options={'eager_check': 'refuse'} refuses)", stacklevel=2)
             return {"outcome": "warned", "structure": real["structure"]}
-        raise CaptureError(text + "; refusing to write the pair, or pass "
-                           "options={'eager_check': 'warn'} to keep the graph's result")
+        raise CaptureError(text + ", or pass options={'eager_check': 'warn'} to keep the graph's "
+                           "result; nothing written")
     pairs = [(i, real["outputs"][i], got[i], ref_out[i]) for i in range(min(n_out, len(real["outputs"])))
              if real["outputs"][i] is not None]
     pairs += [(n_out + i, t, b[i], ref_in[i]) for i, t in real["inputs"].items()
