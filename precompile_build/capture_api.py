@@ -381,13 +381,10 @@ def _check_options(options: Mapping[str, Any], target: str) -> None:
             hint = f"did you mean {close[0]!r}? " if close else ""
             raise ValueError(f"precompile_build.capture: target {target!r}: unknown key {key!r} in "
                              f"options; {hint}accepted keys: {', '.join(OPTIONS)}")
-    m = options.get("validation_multiple")
-    if m is not None and (isinstance(m, bool) or not isinstance(m, (int, float)) or not m > 0):
-        raise ValueError(f"options['validation_multiple'] = {m!r}: use a positive number "
-                         "(the multiple of eager's error allowed, e.g. 10)")
-    _check_inductor_option(options.get("inductor"), target)
-    from .engines.numerics import EAGER_CHECKS
+    from .engines.numerics import option_problem  # light: no torch at import
 
-    mode = options.get("eager_check", "refuse")
-    if mode not in EAGER_CHECKS:
-        raise ValueError(f"options['eager_check'] = {mode!r}: use 'refuse' (default), 'warn' or 'off'")
+    for key in ("validation_multiple", "eager_check"):
+        problem = option_problem(options, key)
+        if problem:
+            raise ValueError(f"precompile_build.capture: target {target!r}: {problem}")
+    _check_inductor_option(options.get("inductor"), target)

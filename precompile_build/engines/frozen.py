@@ -357,10 +357,11 @@ def _validate(source: str, blobs: dict[str, bytes], traced: TracedCall, target: 
     """
     import tempfile
 
-    m = options.get("validation_multiple")
-    if m is not None and (isinstance(m, bool) or not isinstance(m, (int, float)) or not m > 0):
-        raise CaptureError(f"target {target!r}: options['validation_multiple'] = {m!r}: use a "
-                           "positive number (the multiple of eager's error allowed, e.g. 10)")
+    from . import numerics
+
+    problem = numerics.option_problem(options, "validation_multiple")
+    if problem:
+        raise CaptureError(f"target {target!r}: {problem}")
     cases = [("the example inputs", traced.example_inputs)]
     dynamic = traced.metadata.get("dynamic")
     if dynamic:

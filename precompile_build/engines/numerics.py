@@ -333,16 +333,33 @@ EAGER_CHECKS = ("refuse", "warn", "off")
 """Values of ``options["eager_check"]``: what a difference from the eager call does."""
 
 
+def option_problem(options: dict, key: str) -> Optional[str]:
+    """What is wrong with ``options[key]`` (``"validation_multiple"``: a positive
+    number; ``"eager_check"``: one of :data:`EAGER_CHECKS`), as the text both checks
+    use (capture()'s ValueError before the function runs, an engine's CaptureError
+    when called directly), or None when it is absent or valid."""
+    value = options.get(key)
+    if value is None:
+        return None
+    if key == "validation_multiple":
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+            return (f"options['validation_multiple'] = {value!r}: use a positive number (the "
+                    "multiple of eager's error allowed, e.g. 10)")
+    elif key == "eager_check":
+        if value not in EAGER_CHECKS:
+            return f"options['eager_check'] = {value!r}: use 'refuse' (default), 'warn' or 'off'"
+    return None
+
+
 def eager_check_mode(options: dict, target: str) -> str:
     """``options["eager_check"]`` (default ``"refuse"``), validated: one of
     :data:`EAGER_CHECKS`. Raises CaptureError naming the target and the values."""
     from ..errors import CaptureError
 
-    mode = options.get("eager_check", "refuse")
-    if mode not in EAGER_CHECKS:
-        raise CaptureError(f"target {target!r}: options['eager_check'] = {mode!r}: use 'refuse' "
-                           "(default), 'warn' or 'off'")
-    return mode
+    problem = option_problem(options, "eager_check")
+    if problem:
+        raise CaptureError(f"target {target!r}: {problem}")
+    return options.get("eager_check", "refuse")
 
 
 def eager_check_skipped(gm, real: dict) -> Optional[str]:
