@@ -18,8 +18,9 @@ The pair is captured here with the frozen engine and loaded with the source's
 once per process and are not in a call's time). Each round runs every mechanism
 ``--calls`` times (synchronised before and after), each round starting one mechanism
 later (a fixed order charges any drift within a round, such as the H200's SM clock
-falling from 1980 to about 1500 MHz under load, to the same mechanism); the table gives the median over ``--rounds`` rounds
-and each result's largest difference from eager.
+falling from 1980 to about 1500 MHz under load, to the same mechanism); the table
+gives the median over ``--rounds`` rounds and each result's largest difference from
+eager.
 
     PYTHONPATH=$PWD:$PWD/runtime:$PWD/example_project python bench/steady_state.py \
         --device cpu --out bench/results/steady_state_cpu.md

@@ -532,9 +532,11 @@ class _CudaGraphs:
     CPU's launch work, so it pays only where the GPU waits for launches. The warm-up
     run is timed on both sides, CPU (issuing it) and GPU (CUDA events around it);
     when the GPU took more than COMPUTE_BOUND (1.5) times the CPU's time, the GPU was the
-    bottleneck (a full-sequence GPT block: 0.95 ms of kernels issued in about 0.1 ms),
-    the graph would save nothing and cost the input and output copies, so that key runs
-    plainly (counted in .plain). compute_bound="graph" records every key regardless.
+    bottleneck (a launch-bound call keeps the two about equal: the GPU waits for each
+    launch), the graph would save nothing and cost the input and output copies, so that
+    key runs plainly (counted in .plain; on the H200 the full-sequence GPT block of
+    bench/steady_state.py does, its decode block does not). compute_bound="graph"
+    records every key regardless.
     """
 
     COMPUTE_BOUND = 1.5
