@@ -292,15 +292,9 @@ def _double(x):
     return x * 2
 
 
-def test_cuda_graph_bookkeeping_is_bounded(tmp_path):
-    """CUDA graphs keep at most max_graphs graphs and max_graphs warm keys without a
-    graph, however many input sizes they see; a size whose graph was dropped is
-    recorded again at its next call, one forgotten warms up again. Checked without a
-    GPU: recording is replaced by a stand-in graph (real graphs: test_gpu_cudagraphs.py)."""
-    ns = _capture(tmp_path, _double, torch.randn(3))
-    ns["_META"]["device"] = "cuda"  # as if captured on CUDA (read when graphs are made)
-    runs = []
-    graphs = ns["_CudaGraphs"](lambda flat: runs.append(len(flat[0])) or [flat[0] * 2], True, 2, "graph")
+def _stand_in_recording(ns):
+    """A stand-in for _CudaGraphs._record on a machine without a GPU: a graph whose
+    replay does nothing and whose output is the call's first input."""
 
     class Replay:
         def replay(self):
@@ -311,7 +305,20 @@ def test_cuda_graph_bookkeeping_is_bounded(tmp_path):
         g.graph, g.static_inputs, g.outputs, g.param_ptrs = Replay(), [flat[0].clone()], (flat[0],), []
         return g
 
-    graphs._record = record
+    return record
+
+
+def test_cuda_graph_bookkeeping_is_bounded(tmp_path):
+    """CUDA graphs keep at most max_graphs graphs and max_graphs warm keys without a
+    graph, however many input sizes they see; a size whose graph was dropped is
+    recorded again at its next call, one forgotten warms up again. Checked without a
+    GPU: recording is replaced by a stand-in graph (real graphs: test_gpu_cudagraphs.py)."""
+    ns = _capture(tmp_path, _double, torch.randn(3))
+    ns["_META"]["device"] = "cuda"  # as if captured on CUDA (read when graphs are made)
+    runs = []
+    graphs = ns["_CudaGraphs"](lambda flat: runs.append(len(flat[0])) or [flat[0] * 2], True, 2, "graph")
+
+    graphs._record = _stand_in_recording(ns)
     cuda0 = torch.device("cuda", 0)
     for n in range(1, 11):  # each size twice: a warm-up, then a recording
         graphs([torch.ones(n)], cuda0)
@@ -353,16 +360,7 @@ def test_compute_bound_sizes_are_kept_plain_and_bounded(tmp_path):
         graphs._keep_warm(key, (Event(gpu_ms[key[1][0]]), Event(0), 1.0))
         return graphs._run(flat)
 
-    class Replay:
-        def replay(self):
-            pass
-
-    def record(flat, *_):
-        g = ns["_Graph"]()
-        g.graph, g.static_inputs, g.outputs, g.param_ptrs = Replay(), [flat[0].clone()], (flat[0],), []
-        return g
-
-    graphs._warm_up, graphs._record = warm_up, record
+    graphs._warm_up, graphs._record = warm_up, _stand_in_recording(ns)
     cuda0 = torch.device("cuda", 0)
     gpu_ms.update({1: 1.2, 2: 1.6, 3: 9.0, 4: 9.0, 5: 9.0})  # launch-bound, compute-bound x4
     for n in (1, 2):
