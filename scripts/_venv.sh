@@ -14,6 +14,11 @@ make_venv() {
     parent=$("$PYTHON" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
     site=$("$dir/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
     echo "$parent" > "$site/_parent_env.pth"
+    # Python < 3.12 puts an old setuptools (65.5) into every venv; it would hide a
+    # newer one of $PYTHON's environment that the torch seen there requires (>= 77)
+    if "$PYTHON" -c "import setuptools" 2>/dev/null && [ -d "$site/setuptools" ]; then
+      "$dir/bin/python" -m pip uninstall -q -y setuptools
+    fi
   fi
   if ! "$dir/bin/python" -c "import torch" 2>/dev/null; then
     "$dir/bin/python" -m pip install -q "${TORCH_SPEC:-torch==2.13.0}"

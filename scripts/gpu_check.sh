@@ -25,6 +25,7 @@ echo "merge rc=$?" | tee -a "$OUT/summary.txt"
 .venv-main/bin/python -m precompile_build inspect dist-merged/tinylm-*.whl | tee -a "$OUT/summary.txt"
 source scripts/_venv.sh
 make_venv .venv-merged
+.venv-merged/bin/python -m pip install -q --force-reinstall --no-deps dist/precompile_runtime-*.whl >> "$OUT/merge.log" 2>&1
 .venv-merged/bin/python -m pip install -q --find-links dist dist-merged/tinylm-*.whl >> "$OUT/merge.log" 2>&1
 (cd /tmp && PRECOMPILE_CACHE_DIR=$(mktemp -d) "$OLDPWD/.venv-merged/bin/python" -m tinylm.demo --strict) 2>&1 | sed 's/^/merged, GPU visible: /' | tee -a "$OUT/summary.txt"
 (cd /tmp && CUDA_VISIBLE_DEVICES= PRECOMPILE_CACHE_DIR=$(mktemp -d) "$OLDPWD/.venv-merged/bin/python" -m tinylm.demo --strict) 2>&1 | sed 's/^/merged, CUDA hidden: /' | tee -a "$OUT/summary.txt"

@@ -22,6 +22,9 @@ echo "== build the tinylm wheel (captures run here)"
 
 echo "== install into a fresh environment (.venv-main-user)"
 make_venv .venv-main-user
+# the runtime built here, even where $PYTHON's environment has one (an editable
+# install there is metadata pip counts as installed, but not importable from here)
+.venv-main-user/bin/python -m pip install -q --force-reinstall --no-deps "$dist"/precompile_runtime-*.whl
 .venv-main-user/bin/python -m pip install -q --find-links "$dist" "$dist"/tinylm-*.whl
 
 echo "== run the precompiled functions (empty compiler caches)"
