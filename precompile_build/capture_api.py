@@ -77,10 +77,17 @@ class Capture:
         self.engine = engine
         if engine == "torch":
             options["backend"] = self.backend
-        elif "tracer" in options:  # for the torch engine torch's own tracer; here as tracer=
-            from .engines.tracers import check_tracer
+        elif options.get("tracer"):  # for the torch engine torch's own tracer; here as tracer=
+            from .engines.tracers import TRACERS, check_tracer
 
-            options["tracer"] = check_tracer(options["tracer"])
+            try:
+                options["tracer"] = check_tracer(options["tracer"])
+            except ValueError:
+                raise ValueError(
+                    f"precompile_build.capture: target {self.target!r}: options['tracer'] = "
+                    f"{options['tracer']!r} is not a tracer of the {engine} engine: use one of "
+                    f"{', '.join(map(repr, TRACERS))} (torch's own 'make_fx' and 'dynamo' are "
+                    "the torch engine's, with engine='torch')") from None
         else:
             options["tracer"] = self.tracer
         # the capture traces clones: the real call is the only one with effects
@@ -255,7 +262,8 @@ def capture(
             ValueError): ``"inductor"`` (a dict passed to Inductor's compile, frozen
             engine); ``"validation_multiple"`` (frozen engine: a positive number, the
             multiple of eager's fp64 error its kernels may have, default 3 for
-            bf16/fp16 and small tensors, 2 otherwise); ``"eager_check"`` (frozen and
+            bf16/fp16 and small tensors, 2 otherwise; it only widens the default, a
+            smaller value changes nothing); ``"eager_check"`` (frozen and
             eager engines: ``"refuse"``, default: a result that differs from the
             with-block's eager call beyond rounding is a CaptureError; ``"warn"``;
             ``"off"``); ``"cuda_graphs"`` (bool, frozen CUDA inference targets: the
@@ -321,7 +329,7 @@ def capture(
     target = target or os.environ.get("PRECOMPILE_TARGET") or Path(artifact_path).stem
     _check_options(options or {}, target)
     given = (options or {}).get("tracer")
-    if given is not None and tracer != "auto" and given != tracer:  # one would silently win
+    if given and tracer != "auto" and given != tracer:  # one would silently win
         raise ValueError(
             f"precompile_build.capture: target {target!r}: options['tracer'] = {given!r} and "
             f"tracer={tracer!r} (from the call, the target's `tracer` key or PRECOMPILE_TRACER) "

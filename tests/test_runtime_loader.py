@@ -710,3 +710,14 @@ def test_strict_and_cuda_graphs_take_bools_only(option, value, pkg):
     with pytest.raises(LoadOptionError, match=rf"{option}={value!r}\): use None, True or False \({option} takes a bool; this is {type(value).__name__}\)"):
         load_packaged("fwd", package=pkg.name, **{option: value})
     assert pkg.execs() == 0
+
+
+def test_a_numpy_bool_is_named_as_such(pkg):
+    """strict=numpy.True_ is refused like any non-bool, and the message names its type
+    so that it does not read 'takes a bool; this is bool'."""
+    import numpy as np
+
+    from precompile_runtime import LoadOptionError
+
+    with pytest.raises(LoadOptionError, match=r"strict takes a bool; this is numpy\.bool"):
+        load_packaged("fwd", package=pkg.name, strict=np.True_)

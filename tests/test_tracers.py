@@ -208,6 +208,10 @@ def test_a_branch_hidden_from_the_trace_is_refused_by_the_eager_call(tmp_path, e
     # where eager and the trace agree, the pair is written
     src, cache = _capture(tmp_path, guarded_branch, -x, name="u", engine=engine)
     torch.testing.assert_close(load_pair(src, cache)(-x), guarded_branch(-x))
+    # 'warn' writes it and says so (not "pass options={'eager_check': 'warn'}")
+    with pytest.warns(UserWarning, match=r"written anyway \(options=\{'eager_check': 'refuse'\} refuses\)"):
+        _capture(tmp_path, guarded_branch, x, name="w", engine=engine, options={"eager_check": "warn"})
+    assert (tmp_path / "w.py").exists()
 
 
 def structure_by_path(x):
@@ -246,6 +250,27 @@ def test_another_structure_from_the_eager_call_is_refused(tmp_path, engine):
     m = CountingDoubler()
     src, cache = _capture(tmp_path, lambda m, x: m(x), m, x, name="c", engine=engine)
     torch.testing.assert_close(load_pair(src, cache)(m, x)[0], x * 2)
+
+
+def one_more_at_the_end(x):
+    # 30 outputs under the trace, 31 in eager: the difference is past any short outline
+    return tuple(x * i for i in range(30 if torch.compiler.is_compiling() else 31))
+
+
+def one_tuple_or_list(x):
+    return (x * 2,) if torch.compiler.is_compiling() else [x * 2]
+
+
+@pytest.mark.parametrize("engine", ["eager", "frozen"])
+@pytest.mark.parametrize("fn, match", [
+    (one_more_at_the_end, r"returned \(Tensor, Tensor, .*\.\.\. where the traced graph returns \(Tensor, .*\.\.\."),
+    (one_tuple_or_list, r"returned \[Tensor\] where the traced graph returns \(Tensor,\)"),
+])
+def test_structures_are_compared_whole(tmp_path, engine, fn, match):
+    """Structures are compared in full (a long result differing at its end was accepted
+    when the comparison used the shortened text); a one-element tuple reads (Tensor,)."""
+    with pytest.raises(CaptureError, match=match):
+        _capture(tmp_path, fn, torch.ones(2), engine=engine)
 
 
 @pytest.mark.parametrize("kw, env, match", [
@@ -290,6 +315,15 @@ def test_options_tracer_and_tracer_must_agree(tmp_path, monkeypatch):
     assert ran == []
     src, _ = _capture(tmp_path, lambda x: x * 2, torch.ones(2), engine="frozen", options={"tracer": "make_fx"})
     assert _tracer_of(src) == "make_fx"  # auto would have exported
+    with pytest.raises(ValueError, match=r"target 'v': options\['tracer'\] = 'dynamo' is not a tracer of "
+                                         r"the eager engine: use one of 'auto', .*'dynamo' are the torch "
+                                         r"engine's, with engine='torch'"):
+        _capture(tmp_path, fn, torch.ones(2), name="v", engine="eager", options={"tracer": "dynamo"})
+    assert ran == []
+    # an empty option is no choice: tracer= decides
+    src, _ = _capture(tmp_path, lambda x: x * 2, torch.ones(2), name="e", engine="eager", tracer="make_fx",
+                      options={"tracer": ""})
+    assert _tracer_of(src) == "make_fx"
     src, _ = _capture(tmp_path, lambda x: x * 2, torch.ones(2), name="u", engine="frozen",
                       tracer="make_fx", options={"tracer": "make_fx"})
     assert _tracer_of(src) == "make_fx"

@@ -304,6 +304,19 @@ def test_bad_numeric_options_are_refused_before_the_function_runs(tmp_path, opti
     assert ran == []
 
 
+def test_numpy_numbers_are_numbers(tmp_path):
+    """validation_multiple from numpy (np.int64(10), np.float32(10.0)) is a number like
+    10 (it was refused with "use a positive number")."""
+    import numpy as np
+
+    from precompile_build.engines.numerics import option_problem
+
+    for value in (np.int64(10), np.float32(10.0), 10, 2.5):
+        assert option_problem({"validation_multiple": value}, "validation_multiple") is None, value
+    for value in (np.bool_(True), True, 0, -1.0, float("nan"), "10"):
+        assert option_problem({"validation_multiple": value}, "validation_multiple"), value
+
+
 @pytest.mark.parametrize("options, match", [
     ({"validaton_multiple": 10}, r"unknown key 'validaton_multiple' in options; did you mean "
                                  r"'validation_multiple'\? accepted keys: cuda_graphs, eager_check, "

@@ -104,8 +104,9 @@ def _judge_by_eager_call(traced: TracedCall, real: dict, target: str, options: d
                                          else f" (shape {list(g.shape)} vs {list(w.shape)})")
                + ": eager took a path the trace did not (a branch on values skipped under "
                "torch.compiler.is_compiling(), an inference fast path); make both take one path "
-               "(torch.where / torch.cond for a real choice), or pass options={'eager_check': 'warn'}")
+               "(torch.where / torch.cond for a real choice)")
         if mode == "warn":
-            warnings.warn(msg, stacklevel=4)
+            warnings.warn(msg + "; written anyway (options={'eager_check': 'refuse'} refuses)", stacklevel=4)
             return
-        raise CaptureError(msg + "; nothing written")
+        raise CaptureError(msg + ", or pass options={'eager_check': 'warn'} to keep the graph's result; "
+                           "nothing written")

@@ -342,7 +342,9 @@ def option_problem(options: dict, key: str) -> Optional[str]:
     if value is None:
         return None
     if key == "validation_multiple":
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+        import numbers  # numpy's scalars register as numbers.Real too
+
+        if isinstance(value, bool) or not isinstance(value, numbers.Real) or not value > 0:
             return (f"options['validation_multiple'] = {value!r}: use a positive number (the "
                     "multiple of eager's error allowed, e.g. 10)")
     elif key == "eager_check":

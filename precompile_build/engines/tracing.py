@@ -92,11 +92,12 @@ def _qualname(tp) -> str:
     return f"{tp.__module__}:{tp.__qualname__}"
 
 
-def spec_outline(spec, limit: int = 200) -> str:
-    """A short text of an output spec (:func:`_output_spec`) without its constants'
-    values: ``(Tensor, [Tensor, int])``, ``Out(logits=Tensor, loss=NoneType)``; at most
-    ``limit`` characters. Two calls returning the same structure have the same outline
-    even when a returned Python number (a counter) differs."""
+def spec_outline(spec) -> str:
+    """The text of an output spec (:func:`_output_spec`) without its constants'
+    values: ``(Tensor, [Tensor, int])``, ``(Tensor,)``, ``Out(logits=Tensor,
+    loss=NoneType)``. Two calls returning the same structure have the same outline even
+    when a returned Python number (a counter) differs; compare outlines whole (a long
+    one is shortened only for a message, :func:`_short`)."""
 
     def walk(sp):
         kind = sp[0]
@@ -106,7 +107,7 @@ def spec_outline(spec, limit: int = 200) -> str:
             return type(sp[1]).__name__
         if kind in ("tuple", "list"):
             inner = ", ".join(map(walk, sp[1]))
-            return f"({inner})" if kind == "tuple" else f"[{inner}]"
+            return (f"({inner},)" if len(sp[1]) == 1 else f"({inner})") if kind == "tuple" else f"[{inner}]"
         if kind == "dict":
             return "{" + ", ".join(f"{k!r}: {walk(v)}" for k, v in sp[1]) + "}"
         name = sp[1].rsplit(".", 1)[-1].rsplit(":", 1)[-1]
@@ -114,7 +115,10 @@ def spec_outline(spec, limit: int = 200) -> str:
             return f"{name}(" + ", ".join(map(walk, sp[2])) + ")"
         return f"{name}(" + ", ".join(f"{f}={walk(v)}" for f, v in sp[2]) + ")"  # dataclass
 
-    text = walk(spec)
+    return walk(spec)
+
+
+def _short(text: str, limit: int = 200) -> str:
     return text if len(text) <= limit else text[:limit - 3] + "..."
 
 
@@ -355,7 +359,8 @@ def run_real_call(traced: TracedCall, real_call: Callable[[], Any]) -> dict:
     except CaptureError:
         outs, got = [], f"a {type(result).__name__}, which a capture cannot return"
     want = spec_outline(traced.metadata["outputs"])
-    structure = None if got == want else f"the eager call returned {got} where the traced graph returns {want}"
+    structure = (None if got == want else
+                 f"the eager call returned {_short(got)} where the traced graph returns {_short(want)}")
     grads = []
     for i in grad_at:
         g = sources[i].grad if i < len(sources) else None

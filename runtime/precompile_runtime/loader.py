@@ -90,6 +90,12 @@ class _Loaded:
 # --------------------------------------------------------------------------- API
 
 
+def _type_name(value) -> str:
+    """``int``, ``numpy.bool`` (not plain ``bool``, which would read as the type asked for)."""
+    t = type(value)
+    return t.__name__ if t.__module__ == "builtins" else f"{t.__module__.split('.')[0]}.{t.__qualname__}"
+
+
 def load_packaged(name: str, *, package: str | None = None, strict: bool | None = None,
                   cuda_graphs: bool | None = None) -> Any:
     """The compiled callable of target ``name`` packaged in ``package``.
@@ -145,7 +151,7 @@ def load_packaged(name: str, *, package: str | None = None, strict: bool | None 
         if value is not None and not isinstance(value, bool):  # "false" and 1 are not bools
             raise LoadOptionError(
                 f"load_packaged({name!r}, {option}={value!r}): use None, True or False "
-                f"({option} takes a bool; this is {type(value).__name__})"
+                f"({option} takes a bool; this is {_type_name(value)})"
             )
     if package is None:
         package = _caller_package(sys._getframe(1))
