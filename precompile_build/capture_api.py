@@ -74,6 +74,15 @@ class Capture:
                 "for a `device = \"auto\"` target captured on a host without CUDA)")
         if engine == "torch":
             self._refuse_frozen_only_settings(options)
+        kernel_keys = [k for k in ("inductor", "validation_multiple") if k in options]
+        if engine == "eager" and kernel_keys:  # settings of kernels the eager engine has not
+            why = (" (backend='eager')" if self.backend == "eager" else
+                   " (from PRECOMPILE_ENGINE)" if self.engine == "auto" else "")
+            raise CaptureError(
+                f"target {self.target!r}: options {', '.join(map(repr, kernel_keys))} apply to the "
+                f"frozen engine's kernels, but this capture uses engine 'eager'{why}, which has "
+                "none and would ignore them. Pass engine='frozen' (and backend='inductor') to "
+                "precompile_build.capture(), or drop them; nothing written")
         self.engine = engine
         if engine == "torch":
             options["backend"] = self.backend
@@ -285,8 +294,9 @@ def capture(
     Raises:
         CaptureError: no paths given and none in the environment; at the first call
             (before ``fn`` runs) if ``tracer``/``fallback`` or a :data:`FROZEN_OPTIONS`
-            key is set and the engine resolves to ``"torch"``, or if the call cannot be
-            captured; at exit if no call was made.
+            key is set and the engine resolves to ``"torch"``, if ``"inductor"`` or
+            ``"validation_multiple"`` is set and it resolves to ``"eager"``, or if the
+            call cannot be captured; at exit if no call was made.
         ValueError: unknown engine, backend, fallback or tracer; ``options['tracer']``
             and ``tracer`` both given and different; an unknown key in
             ``options`` (named, with the accepted keys), a bad

@@ -4,6 +4,8 @@ export fails; clear errors naming the tracer and the line that broke it."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -327,6 +329,28 @@ def test_options_tracer_and_tracer_must_agree(tmp_path, monkeypatch):
     src, _ = _capture(tmp_path, lambda x: x * 2, torch.ones(2), name="u", engine="frozen",
                       tracer="make_fx", options={"tracer": "make_fx"})
     assert _tracer_of(src) == "make_fx"
+
+
+@pytest.mark.parametrize("kw, env, why", [
+    ({"engine": "eager"}, {}, ""),
+    ({"backend": "eager"}, {}, " (backend='eager')"),
+    ({}, {"PRECOMPILE_ENGINE": "eager"}, " (from PRECOMPILE_ENGINE)"),
+])
+def test_kernel_options_are_refused_with_the_eager_engine(tmp_path, monkeypatch, kw, env, why):
+    """The eager engine has no kernels: options about them (inductor, validation_multiple)
+    are refused before the function runs, as the torch engine refuses what it would
+    ignore (they were ignored). eager_check, which the eager engine reads, is kept."""
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    ran = []
+    fn = lambda x: ran.append(x) or x * 2  # noqa: E731
+    with pytest.raises(CaptureError, match=r"target 't': options 'inductor', 'validation_multiple' apply to "
+                                           r"the frozen engine's kernels, but this capture uses engine "
+                                           rf"'eager'{re.escape(why)}, which has none"):
+        _capture(tmp_path, fn, torch.ones(2), options={"inductor": {}, "validation_multiple": 10}, **kw)
+    assert ran == [] and not (tmp_path / "t.py").exists()
+    src, _ = _capture(tmp_path, fn, torch.ones(2), name="k", options={"eager_check": "warn"}, **kw)
+    assert src.exists()
 
 
 @pytest.mark.parametrize("kw", [{"tracer": "make_fx"}, {"fallback": "eager"},
