@@ -11,7 +11,8 @@ Mechanisms (a row each, where this host's torch has it):
   precompile     torch.compiler.precompile pair (torch 2.14+)
   load_packaged  precompile_runtime.load_packaged from an installed wheel (this project)
   load_packaged_graphs  the same with cuda_graphs=True (CUDA only): the first call runs
-                 the kernels plainly, the second records the graph, later calls replay
+                 the kernels plainly, the second too (timed: is the size launch-bound?),
+                 the third records the graph, later calls replay
 
 Per mechanism: import seconds (``import torch``), setup seconds (building the model
 and inputs, the same work for every mechanism), load seconds (the mechanism's own
@@ -76,7 +77,7 @@ def worker(mech: str, model_name: str, device: str, work: Path) -> dict:
     elif mech in ("load_packaged", "load_packaged_graphs"):
         import precompile_runtime
 
-        # graphs: the first call runs the kernels plainly (warm-up), the second records
+        # graphs: calls 1 and 2 run the kernels plainly (warm-up, timed run), the third records
         loaded = precompile_runtime.load_packaged(f"{model_name}_forward", package="benchmodels", strict=True,
                                                   cuda_graphs=mech == "load_packaged_graphs")
         call = lambda: loaded(model, *args)  # noqa: E731

@@ -186,7 +186,8 @@ def main():
         f"median of {a.rounds} rounds x {a.calls} calls; ms per call (err: max |result - eager|).",
         "First call: in this process, after the pair's capture (its kernels are loaded), so it",
         "is torch.compile's compile time against a loaded pair, not a cold start (that is",
-        "bench/cold_start.py); with graphs on the first call is the warm-up run, the second records.",
+        "bench/cold_start.py); with graphs on the first call is the warm-up run, the second a",
+        "timed plain run (launch-bound or compute-bound?), the third records.",
         "",
     ]
 
@@ -213,7 +214,7 @@ def main():
                          f"{err:.1e} |" if math.isfinite(err) else f"| {k} | {v:.4f} | | | | nan |")
         for k, (recorded, plain) in graphs.items():
             lines += ["", f"{k}: {recorded} graph(s) recorded, {plain} size(s) run without one "
-                          "(compute-bound at warm-up)"]
+                          "(compute-bound at its timed run)"]
         lines.append("")
         write()
     print("\n".join(lines))

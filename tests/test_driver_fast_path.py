@@ -335,16 +335,17 @@ def test_cuda_graph_bookkeeping_is_bounded(tmp_path):
 
 
 def test_compute_bound_sizes_are_kept_plain_and_bounded(tmp_path):
-    """The warm-up of each size is timed (CPU issue time, GPU time): a size whose GPU
-    time exceeds 1.5x its CPU time runs plainly from then on, the others get a graph;
-    at most max_graphs such sizes are remembered. Checked without a GPU: timings and
-    recording are stand-ins (real ones: test_gpu_cudagraphs.py)."""
+    """The second call of each size is a plain run timed on the CPU (issuing it) and
+    the GPU, not the first (a cold one: first launches, allocations): at the third call
+    a size whose GPU time exceeded 1.5x its CPU time runs plainly from then on, the
+    others get a graph; at most max_graphs such sizes are remembered. Checked without
+    a GPU: timings and recording are stand-ins (real ones: test_gpu_cudagraphs.py)."""
     ns = _capture(tmp_path, _double, torch.randn(3))
     ns["_META"]["device"] = "cuda"
     runs = []
     graphs = ns["_CudaGraphs"](lambda flat: runs.append(len(flat[0])) or [flat[0] * 2], True, 2)
 
-    class Event:  # the GPU time of the warm-up, in ms
+    class Event:  # the GPU time of the timed run, in ms
         def __init__(self, ms):
             self.ms = ms
 
@@ -354,25 +355,45 @@ def test_compute_bound_sizes_are_kept_plain_and_bounded(tmp_path):
         def elapsed_time(self, end):
             return self.ms
 
-    gpu_ms = {}  # size -> GPU ms of its warm-up; its CPU time is 1 ms
+    gpu_ms = {}  # size -> GPU ms of its timed run; its CPU time is 1 ms
+    timed = []  # (size, plain runs of that size before it)
 
-    def warm_up(key, flat):
+    def timed_run(key, flat):
+        timed.append((key[1][0], runs.count(key[1][0])))
         graphs._keep_warm(key, (Event(gpu_ms[key[1][0]]), Event(0), 1.0))
         return graphs._run(flat)
 
-    graphs._warm_up, graphs._record = warm_up, _stand_in_recording(ns)
+    graphs._timed_run, graphs._record = timed_run, _stand_in_recording(ns)
     cuda0 = torch.device("cuda", 0)
     gpu_ms.update({1: 1.2, 2: 1.6, 3: 9.0, 4: 9.0, 5: 9.0})  # launch-bound, compute-bound x4
+    graphs([torch.ones(1)], cuda0)
+    assert timed == [] and runs == [1]  # the first call warms up, untimed
     for n in (1, 2):
+        for _ in range(3 if n == 2 else 2):
+            graphs([torch.ones(n)], cuda0)
+    assert timed == [(1, 1), (2, 1)]  # each size's second call is the timed one
+    assert (graphs.recorded, graphs.plain) == (1, 1) and runs == [1, 1, 2, 2, 2]  # 2 runs plainly
+    graphs([torch.ones(2)], cuda0)
+    assert runs[-1] == 2 and len(timed) == 2  # plain from then on, not timed again
+    for n in (3, 4, 5):
         for _ in range(3):
             graphs([torch.ones(n)], cuda0)
-    assert (graphs.recorded, graphs.plain) == (1, 1) and runs == [1, 2, 2, 2]  # 2 runs plainly
-    for n in (3, 4, 5):
-        graphs([torch.ones(n)], cuda0)
-        graphs([torch.ones(n)], cuda0)
     assert graphs.plain == 4 and [k[1][0] for k in graphs._plain] == [4, 5]  # bounded by max_graphs
     with pytest.raises(ValueError, match="compute_bound must be 'plain' or 'graph'"):
         ns["_CudaGraphs"](lambda flat: flat, True, 2, "auto")
+
+
+def test_timed_warm_keys_are_kept_by_recency(tmp_path):
+    """Warm keys without a graph are bounded by max_graphs, the least recently seen
+    forgotten: a size whose call was just timed outlives sizes first seen before it."""
+    ns = _capture(tmp_path, _double, torch.randn(3))
+    ns["_META"]["device"] = "cuda"
+    graphs = ns["_CudaGraphs"](lambda flat: [flat[0] * 2], True, 2)
+    graphs._timed_run = lambda key, flat: graphs._keep_warm(key, (None, None, 1.0)) or graphs._run(flat)
+    cuda0 = torch.device("cuda", 0)
+    for n in (1, 2, 1, 3):  # 1 warms up, 2 warms up, 1 is timed (now the newest), 3 warms up
+        graphs([torch.ones(n)], cuda0)
+    assert [k[1][0] for k in graphs._warm] == [1, 3]  # 2, the least recently seen, forgotten
 
 
 def test_load_packaged_cuda_graphs_on_a_cpu_target_is_a_load_error(tmp_path, monkeypatch):

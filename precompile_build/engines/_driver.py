@@ -507,6 +507,9 @@ def _check_ambient():
 _DATA_PTRS_EQUAL = getattr(torch._C, "_tensors_data_ptrs_at_indices_equal", None)
 
 
+_TIME_NEXT = "time the next call"  # a warm key whose next call is the timed plain run
+
+
 class _Graph:
     __slots__ = ("graph", "static_inputs", "outputs", "param_ptrs")
 
@@ -514,8 +517,9 @@ class _Graph:
 class _CudaGraphs:
     """CUDA graphs of the frozen kernels, one per user input sizes on one device.
 
-    Each key (device, user input sizes) is recorded at its second call (the first is
-    the warm-up: kernels loaded, allocator settled) and replayed after. Like
+    Each key (device, user input sizes) is recorded at its third call and replayed
+    after: the first call is the warm-up (kernels loaded, allocator settled), the
+    second a timed plain run (below; with compute_bound="graph" the second records). Like
     torch/_inductor/cudagraph_trees.py: user inputs are copied into static buffers;
     parameters and buffers are static inputs read in place, their addresses compared
     before each replay (a swapped checkpoint or a moved model records again, never
@@ -525,13 +529,15 @@ class _CudaGraphs:
     replay overwrites). Graphs are recorded on the first device a call uses (see
     __call__) and share one private memory pool. Bounded: at most max_graphs graphs
     are kept, least recently used dropped (its key stays warm: recorded again at its
-    next call), and at most max_graphs warm keys without a graph, oldest forgotten
-    (such a key warms up again).
+    next call), and at most max_graphs warm keys without a graph, the least recently
+    seen forgotten (such a key warms up again).
 
     Which sizes get a graph (the question a serving engine asks): a graph removes the
-    CPU's launch work, so it pays only where the GPU waits for launches. The warm-up
-    run is timed on both sides, CPU (issuing it) and GPU (CUDA events around it);
-    when the GPU took more than COMPUTE_BOUND (1.5) times the CPU's time, the GPU was the
+    CPU's launch work, so it pays only where the GPU waits for launches. The second
+    call's plain run is timed on both sides, CPU (issuing it) and GPU (CUDA events
+    around it); not the first: its CPU side pays first launches and allocations, and
+    timed that way the full-sequence GPT block of bench/steady_state.py read
+    launch-bound in one H200 run and compute-bound in the next. When the GPU took more than COMPUTE_BOUND (1.5) times the CPU's time, the GPU was the
     bottleneck (a launch-bound call keeps the two about equal: the GPU waits for each
     launch), the graph would save nothing and cost the input and output copies, so that
     key runs plainly (counted in .plain; on the H200 the full-sequence GPT block of
@@ -558,8 +564,8 @@ class _CudaGraphs:
         self._copy = bool(copy_outputs)
         self._max = max_graphs
         self._graphs = {}  # key -> _Graph, in least-recently-used order
-        self._warm = {}  # warm keys without a graph (-> warm-up timing or None), oldest first
-        self._plain = {}  # keys found compute-bound at warm-up: run without a graph
+        self._warm = {}  # warm keys without a graph -> _TIME_NEXT, a timing or None; oldest first
+        self._plain = {}  # keys found compute-bound by their timed run: run without a graph
         self._pool = None  # the graphs' private memory pool, made at the first recording
         self._device = None  # the one device graphs are recorded on (see __call__)
         self._n = len(_META["params"])
@@ -596,7 +602,10 @@ class _CudaGraphs:
         if g is None:
             if key not in self._warm:  # warm-up: a plain run
                 return self._warm_up(key, flat)
-            if self._compute_bound(self._warm[key]):
+            timing = self._warm[key]
+            if timing is _TIME_NEXT:  # the second call: a timed plain run
+                return self._timed_run(key, flat)
+            if self._compute_bound(timing):
                 del self._warm[key]
                 self._plain[key] = None
                 if len(self._plain) > self._max:
@@ -620,15 +629,18 @@ class _CudaGraphs:
         return list(g.outputs)
 
     def _keep_warm(self, key, timing=None):
+        self._warm.pop(key, None)  # to the end: the most recently seen
         self._warm[key] = timing
         if len(self._warm) > self._max:
             del self._warm[next(iter(self._warm))]
 
     def _warm_up(self, key, flat):
-        """The first call of a key: a plain run, timed on the CPU and the GPU."""
-        if not self._probe:
-            self._keep_warm(key)
-            return self._run(flat)
+        """The first call of a key: a plain run; its next call is timed (probing) or records."""
+        self._keep_warm(key, _TIME_NEXT if self._probe else None)
+        return self._run(flat)
+
+    def _timed_run(self, key, flat):
+        """The second call of a probed key: a plain run, timed on the CPU and the GPU."""
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         t0 = _time.perf_counter()
         start.record()
@@ -638,7 +650,7 @@ class _CudaGraphs:
         return out
 
     def _compute_bound(self, timing):
-        """Whether the warm-up's GPU time exceeded COMPUTE_BOUND x its CPU time."""
+        """Whether the timed run's GPU time exceeded COMPUTE_BOUND x its CPU time."""
         if timing is None:  # re-recording (evicted, or the parameters moved)
             return False
         start, end, cpu_ms = timing
@@ -697,8 +709,9 @@ class CompiledArtifact:
                 call with the same sizes (no copy; keep them only until then).
             max_graphs: graphs kept (one per input sizes), least recently
                 used dropped first.
-            compute_bound: "plain" (default): input sizes whose warm-up call kept
-                the GPU busy over 1.5 times as long as the CPU took to issue it
+            compute_bound: "plain" (default): input sizes whose second call (a
+                timed plain run; the first warms up) kept the GPU busy over 1.5
+                times as long as the CPU took to issue it
                 run without a graph (it would save nothing and cost the copies);
                 "graph": every input size gets a graph.
         Returns:
