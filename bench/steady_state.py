@@ -159,7 +159,8 @@ def run_case(name, device, calls, rounds, log):
                     fn()
                 sync(device)
                 times[k].append((time.perf_counter() - t0) * 1e3 / calls)
-        graphs = {k: (f.graphs.recorded, f.graphs.plain) for k, f in mechs.items() if hasattr(f, "graphs")}
+        graphs = {k: (f.graphs.recorded, f.graphs.plain, f.graphs.last_ratio)
+                  for k, f in mechs.items() if hasattr(f, "graphs")}
     med = {k: statistics.median(v) for k, v in times.items()}
     log(f"{name}: " + ", ".join(f"{k} {v:.4f} ms" for k, v in med.items()))
     return med, errs, first, graphs
@@ -212,9 +213,10 @@ def main():
             err = errs[k]
             lines.append(f"| {k} | {v:.4f} | {v / ref:.2f}x | {vs_ro} | {first[k]:.0f} | "
                          f"{err:.1e} |" if math.isfinite(err) else f"| {k} | {v:.4f} | | | | nan |")
-        for k, (recorded, plain) in graphs.items():
+        for k, (recorded, plain, ratio) in graphs.items():
+            told = f"; its GPU/CPU time {ratio:.2f} (over 1.5: compute-bound)" if ratio is not None else ""
             lines += ["", f"{k}: {recorded} graph(s) recorded, {plain} size(s) run without one "
-                          "(compute-bound at its timed run)"]
+                          f"(compute-bound at its timed run){told}"]
         lines.append("")
         write()
     print("\n".join(lines))

@@ -373,6 +373,7 @@ def test_compute_bound_sizes_are_kept_plain_and_bounded(tmp_path):
             graphs([torch.ones(n)], cuda0)
     assert timed == [(1, 1), (2, 1)]  # each size's second call is the timed one
     assert (graphs.recorded, graphs.plain) == (1, 1) and runs == [1, 1, 2, 2, 2]  # 2 runs plainly
+    assert graphs.last_ratio == pytest.approx(1.6)  # GPU/CPU time of the latest decision
     graphs([torch.ones(2)], cuda0)
     assert runs[-1] == 2 and len(timed) == 2  # plain from then on, not timed again
     for n in (3, 4, 5):

@@ -574,6 +574,7 @@ class _CudaGraphs:
         self._mutated_user = [i - n for i in _META.get("mutated_inputs", []) if i >= n]
         self.recorded = 0  # graphs recorded so far (tests, benchmarks)
         self.plain = 0  # keys found compute-bound, run without a graph
+        self.last_ratio = None  # GPU time / CPU time of the latest timed run decided on
 
     def __call__(self, flat, device):
         # torch.cuda.graph's capture stream is made once per process, on the device
@@ -655,7 +656,8 @@ class _CudaGraphs:
             return False
         start, end, cpu_ms = timing
         end.synchronize()
-        return start.elapsed_time(end) > self.COMPUTE_BOUND * cpu_ms
+        self.last_ratio = start.elapsed_time(end) / max(cpu_ms, 1e-6)
+        return self.last_ratio > self.COMPUTE_BOUND
 
     def _record(self, flat):
         n = self._n
