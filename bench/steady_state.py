@@ -19,8 +19,9 @@ once per process and are not in a call's time). Each round runs every mechanism
 ``--calls`` times (synchronised before and after), each round starting one mechanism
 later (a fixed order charges any drift within a round, such as the H200's SM clock
 falling from 1980 to about 1500 MHz under load, to the same mechanism); the table
-gives the median over ``--rounds`` rounds and each result's largest difference from
-eager.
+gives the median over ``--rounds`` rounds, the round spread ((slowest - fastest
+round) / median; each round's time is also printed) and each result's largest
+difference from eager.
 
     PYTHONPATH=$PWD:$PWD/runtime:$PWD/example_project python bench/steady_state.py \
         --device cpu --out bench/results/steady_state_cpu.md
@@ -163,7 +164,9 @@ def run_case(name, device, calls, rounds, log):
                   for k, f in mechs.items() if hasattr(f, "graphs")}
     med = {k: statistics.median(v) for k, v in times.items()}
     log(f"{name}: " + ", ".join(f"{k} {v:.4f} ms" for k, v in med.items()))
-    return med, errs, first, graphs
+    log(f"{name} rounds: " + "; ".join(f"{k} " + " ".join(f"{t:.3f}" for t in v) for k, v in times.items()))
+    spread = {k: (max(v) - min(v)) / statistics.median(v) for k, v in times.items()}
+    return med, errs, first, graphs, spread
 
 
 def main():
@@ -198,7 +201,7 @@ def main():
 
     for name in a.cases:
         try:
-            med, errs, first, graphs = run_case(name, a.device, a.calls, a.rounds, print)
+            med, errs, first, graphs, spread = run_case(name, a.device, a.calls, a.rounds, print)
         except Exception:
             lines += [f"## {name}", "", "failed:", "```", traceback.format_exc()[-2000:], "```", ""]
             write()
@@ -206,13 +209,13 @@ def main():
         ref = med["torch.compile"]
         ro = med.get("torch.compile reduce-overhead")
         lines += [f"## {name}", "",
-                  "| mechanism | ms per call | vs torch.compile | vs reduce-overhead | first call ms | err |",
-                  "|---|---|---|---|---|---|"]
+                  "| mechanism | ms per call | round spread | vs torch.compile | vs reduce-overhead | first call ms | err |",
+                  "|---|---|---|---|---|---|---|"]
         for k, v in med.items():
             vs_ro = f"{v / ro:.2f}x" if ro else "-"
             err = errs[k]
-            lines.append(f"| {k} | {v:.4f} | {v / ref:.2f}x | {vs_ro} | {first[k]:.0f} | "
-                         f"{err:.1e} |" if math.isfinite(err) else f"| {k} | {v:.4f} | | | | nan |")
+            lines.append(f"| {k} | {v:.4f} | {spread[k]:.0%} | {v / ref:.2f}x | {vs_ro} | {first[k]:.0f} | "
+                         f"{err:.1e} |" if math.isfinite(err) else f"| {k} | {v:.4f} | | | | | nan |")
         for k, (recorded, plain, ratio) in graphs.items():
             told = f"; its GPU/CPU time {ratio:.2f} (over 1.5: compute-bound)" if ratio is not None else ""
             lines += ["", f"{k}: {recorded} graph(s) recorded, {plain} size(s) run without one "
