@@ -86,7 +86,7 @@ def matmul_chain(x):
 def test_compute_bound_sizes_run_without_a_graph(tmp_path):
     """A call whose kernels keep the GPU busy far longer than issuing them takes (eight
     2048x2048 matmuls: milliseconds of GPU, microseconds of launches) gains nothing
-    from a graph and would pay the copies: after its timed warm-up it runs plainly.
+    from a graph and would pay the copies: after its timed second call it runs plainly.
     compute_bound="graph" records it anyway (at its second call: nothing to time)."""
     x = torch.randn(2048, 2048, device="cuda") / 32
     _capture(tmp_path, matmul_chain, x)
@@ -159,7 +159,7 @@ def test_one_graph_per_dynamic_size_lru(tmp_path):
     fn = _load(tmp_path, max_graphs=2)
     for rnd in range(2):
         for b in (2, 3, 8):
-            for _ in range(3):  # round 0: warm-up, timed run, recording; round 1: replays
+            for _ in range(3):  # round 0: warm-up, timed run, recording; round 1: see below
                 x = torch.randn(b, 32, device="cuda")
                 with torch.no_grad():
                     _eq(fn(m, x), m(x))

@@ -537,12 +537,14 @@ class _CudaGraphs:
     call's plain run is timed on both sides, CPU (issuing it) and GPU (CUDA events
     around it); not the first: its CPU side pays first launches and allocations, and
     timed that way the full-sequence GPT block of bench/steady_state.py read
-    launch-bound in one H200 run and compute-bound in the next. When the GPU took more than COMPUTE_BOUND (1.5) times the CPU's time, the GPU was the
-    bottleneck (a launch-bound call keeps the two about equal: the GPU waits for each
-    launch), the graph would save nothing and cost the input and output copies, so that
-    key runs plainly (counted in .plain; on the H200 the full-sequence GPT block of
-    bench/steady_state.py does, its decode block does not). compute_bound="graph"
-    records every key regardless.
+    launch-bound in one H200 run and compute-bound in the next. When the GPU took
+    more than COMPUTE_BOUND (1.5) times the CPU's time, the GPU was the bottleneck (a
+    launch-bound call keeps the two about equal: the GPU waits for each launch), the
+    graph would save nothing and cost the input and output copies, so that key runs
+    plainly (counted in .plain; .last_ratio is the latest ratio decided on: on the
+    H200 1.58-1.62 for that GPT block, which runs plainly, 0.95 for the decode block;
+    bench/results/steady_state_cuda.md). compute_bound="graph" records every key
+    regardless, at its second call.
     """
 
     COMPUTE_BOUND = 1.5
