@@ -11,7 +11,6 @@ from __future__ import annotations
 import difflib
 import os
 import sys
-import warnings
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
@@ -19,7 +18,7 @@ from precompile_runtime.envelope import write_atomic
 
 from . import engines
 from .rng_state import python_rng_states
-from .errors import CaptureError, CompilerFailed, PythonStateWarning
+from .errors import CaptureError, CompilerFailed, PythonStateWarning, warn_at_caller
 
 
 class Capture:
@@ -184,12 +183,12 @@ def _warn_python_rng(before: dict[str, bytes], after: dict[str, bytes], target: 
     ``numpy.random.rand()``): the values it drew are constants of the pair."""
     moved = [name for name, state in after.items() if before.get(name, state) != state]
     if moved:
-        warnings.warn(
+        warn_at_caller(
             f"target {target!r}: the function drew from {' and '.join(moved)} while it was "
             "captured; Python code runs once, at capture, and never when the pair is served, "
             "so the values it drew are frozen into the pair as constants. Use torch's RNG "
             "(torch.rand, F.dropout: served with a fresh draw per call) or pass the value "
-            "as an argument", PythonStateWarning, stacklevel=3)
+            "as an argument", PythonStateWarning)
 
 
 def _device_of(args, kwargs) -> str:

@@ -32,3 +32,21 @@ class PythonStateWarning(UserWarning):
     """The captured function changed Python-level state while it was traced (the
     ``random`` module's or numpy's global RNG): Python code runs once, at capture, so
     what it computed (a ``random.random()`` value) is a constant of the pair."""
+
+
+def warn_at_caller(message: str, category: type[Warning] = UserWarning) -> None:
+    """``warnings.warn(message, category)`` attributed to the user's line: the first
+    frame outside this package and ``contextlib`` (whose ``__exit__`` runs the end of a
+    ``with capture(...)`` block), not the engine line that noticed, however deep that
+    is. (Python 3.12's ``skip_file_prefixes`` does this; 3.9-3.11 lack it.)"""
+    import contextlib
+    import os
+    import sys
+    import warnings
+
+    package = os.path.dirname(os.path.abspath(__file__)) + os.sep
+    frame, level = sys._getframe(1), 2  # stacklevel 2: our caller
+    while frame is not None and (frame.f_code.co_filename.startswith(package)
+                                 or frame.f_code.co_filename == contextlib.__file__):
+        frame, level = frame.f_back, level + 1
+    warnings.warn(message, category, stacklevel=level)

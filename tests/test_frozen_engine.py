@@ -8,6 +8,7 @@ started, compile entry points, modules imported), never with a timer.
 from __future__ import annotations
 
 import json
+import linecache
 import os
 import re
 import shutil
@@ -568,9 +569,12 @@ def test_eager_engine_pair_round_trip(tmp_path):
 def test_a_mark_on_a_parameter_is_ignored_with_a_warning(tmp_path):
     lin = torch.nn.Linear(4, 4)
     torch._dynamo.mark_dynamic(lin.weight, 0)
-    with pytest.warns(UserWarning, match=r"target 'p': a parameter/buffer is marked dynamic; parameters keep"):
+    with pytest.warns(UserWarning, match=r"target 'p': a parameter/buffer is marked dynamic; parameters keep") as rec:
         with precompile_build.capture(lambda m, x: m(x), engine="eager", target="p", **_paths(tmp_path)) as f:
             f(lin, torch.randn(2, 4))
+    # attributed to the user's line, not to the engine's code that noticed
+    assert [linecache.getline(w.filename, w.lineno).strip() for w in rec
+            if "marked dynamic" in str(w.message)] == ["f(lin, torch.randn(2, 4))"]
     assert (tmp_path / "t.py").exists()
 
 
@@ -692,8 +696,9 @@ def test_python_random_in_the_function_warns_that_it_is_frozen(tmp_path, rng):
     x = torch.ones(3)
     with pytest.warns(precompile_build.PythonStateWarning,
                       match=rf"target 't': the function drew from {rng} while it was captured; "
-                            r"Python code runs once, at capture, and never when the pair is served"):
+                            r"Python code runs once, at capture, and never when the pair is served") as rec:
         served = _capture_and_load(tmp_path / "p", fn, x)
+    assert [w.filename for w in rec if isinstance(w.message, precompile_build.PythonStateWarning)] == [__file__]
     a, b = served(x), served(x)
     assert torch.equal(a, b)  # frozen: what the warning says
     if rng == "random":

@@ -4,6 +4,7 @@ export fails; clear errors naming the tracer and the line that broke it."""
 
 from __future__ import annotations
 
+import linecache
 import re
 
 import pytest
@@ -93,9 +94,11 @@ def count_branch(x):
 
 def test_auto_falls_back_to_make_fx_with_a_warning(tmp_path):
     x = torch.randn(3, 4).abs()
-    with pytest.warns(UserWarning, match=r"torch.export failed .*traced with make_fx, which specialises"):
+    with pytest.warns(UserWarning, match=r"torch.export failed .*traced with make_fx, which specialises") as rec:
         src, cache = _capture(tmp_path, count_branch, x, engine="eager")
     assert _tracer_of(src) == "make_fx"
+    assert {(w.filename, linecache.getline(w.filename, w.lineno).strip())  # the user's line
+            for w in rec if "traced with make_fx" in str(w.message)} == {(__file__, "f(*args)")}
     torch.testing.assert_close(load_pair(src, cache)(x), count_branch(x))
 
 
@@ -211,9 +214,12 @@ def test_a_branch_hidden_from_the_trace_is_refused_by_the_eager_call(tmp_path, e
     src, cache = _capture(tmp_path, guarded_branch, -x, name="u", engine=engine)
     torch.testing.assert_close(load_pair(src, cache)(-x), guarded_branch(-x))
     # 'warn' writes it and says so (not "pass options={'eager_check': 'warn'}")
-    with pytest.warns(UserWarning, match=r"written anyway \(options=\{'eager_check': 'refuse'\} refuses\)"):
+    with pytest.warns(UserWarning, match=r"written anyway \(options=\{'eager_check': 'refuse'\} refuses\)") as rec:
         _capture(tmp_path, guarded_branch, x, name="w", engine=engine, options={"eager_check": "warn"})
     assert (tmp_path / "w.py").exists()
+    # attributed to the user's line (the f(*args) in _capture), not to the engine's code
+    assert {(w.filename, linecache.getline(w.filename, w.lineno).strip())
+            for w in rec if "written anyway" in str(w.message)} == {(__file__, "f(*args)")}
 
 
 def structure_by_path(x):

@@ -11,7 +11,7 @@ import hashlib
 
 from precompile_runtime.envelope import Envelope, dumps
 
-from ..errors import CaptureError
+from ..errors import CaptureError, warn_at_caller
 from . import codegen
 from .layouts import example_clone
 from .tracing import TracedCall, run_real_call, trace_call
@@ -71,8 +71,6 @@ def _judge_by_eager_call(traced: TracedCall, real: dict, target: str, options: d
     numerics.eager_check_skipped); the comparison is this engine's own: the graph and
     the call run the same ATen ops, so rounding is all that may differ (the frozen
     engine judges its kernels against an fp64 reference instead)."""
-    import warnings
-
     import torch
 
     from . import numerics
@@ -83,7 +81,7 @@ def _judge_by_eager_call(traced: TracedCall, real: dict, target: str, options: d
     if real["structure"]:
         text = numerics.eager_structure_message(target, real["structure"])
         if mode == "warn":
-            warnings.warn(text + "; written anyway (options={'eager_check': 'refuse'} refuses)", stacklevel=4)
+            warn_at_caller(text + "; written anyway (options={'eager_check': 'refuse'} refuses)")
             return
         raise CaptureError(text + ", or pass options={'eager_check': 'warn'} to keep the graph's "
                            "result; nothing written")
@@ -106,7 +104,7 @@ def _judge_by_eager_call(traced: TracedCall, real: dict, target: str, options: d
                "torch.compiler.is_compiling(), an inference fast path); make both take one path "
                "(torch.where / torch.cond for a real choice)")
         if mode == "warn":
-            warnings.warn(msg + "; written anyway (options={'eager_check': 'refuse'} refuses)", stacklevel=4)
+            warn_at_caller(msg + "; written anyway (options={'eager_check': 'refuse'} refuses)")
             return
         raise CaptureError(msg + ", or pass options={'eager_check': 'warn'} to keep the graph's result; "
                            "nothing written")

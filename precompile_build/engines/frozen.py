@@ -26,7 +26,7 @@ import os
 
 from precompile_runtime.envelope import Envelope, dumps
 
-from ..errors import CaptureError, CompilerFailed
+from ..errors import CaptureError, CompilerFailed, warn_at_caller
 from . import codegen, dynamic_dims
 from .tracing import TracedCall, example_clone, run_real_call, trace_call
 
@@ -545,7 +545,6 @@ def _against_eager_call(real: dict, got, b, ref_out, ref_in, verdicts, labels, n
     it: a warning; beyond: CaptureError (``options['eager_check']``: ``'warn'`` only
     warns, ``'off'`` skips). Returns the numbers."""
     import math
-    import warnings
 
     from . import numerics
 
@@ -558,7 +557,7 @@ def _against_eager_call(real: dict, got, b, ref_out, ref_in, verdicts, labels, n
     if real.get("structure"):
         text = numerics.eager_structure_message(target, real["structure"])
         if mode == "warn":
-            warnings.warn(text + "; written anyway (options={'eager_check': 'refuse'} refuses)", stacklevel=2)
+            warn_at_caller(text + "; written anyway (options={'eager_check': 'refuse'} refuses)")
             return {"outcome": "warned", "structure": real["structure"]}
         raise CaptureError(text + ", or pass options={'eager_check': 'warn'} to keep the graph's "
                            "result; nothing written")
@@ -592,9 +591,9 @@ def _against_eager_call(real: dict, got, b, ref_out, ref_in, verdicts, labels, n
             "torch.backends.mha.set_fastpath_enabled(False)), or the function depends on state "
             "the capture does not see")
     if ratio <= numerics.EAGER_WARN_BAND or mode == "warn":
-        warnings.warn(text + "; written anyway (options={'eager_check': 'refuse'} refuses)"
-                      if mode == "warn" else text + "; written anyway (within "
-                      f"{numerics.EAGER_WARN_BAND:g} x the allowed difference)", stacklevel=2)
+        warn_at_caller(text + "; written anyway (options={'eager_check': 'refuse'} refuses)"
+                       if mode == "warn" else text + "; written anyway (within "
+                       f"{numerics.EAGER_WARN_BAND:g} x the allowed difference)")
         return {"outcome": "warned", **numbers}
     raise CaptureError(text + "; refusing to write the pair. Make eager and the trace take one "
                        "path, or pass options={'eager_check': 'warn'} to keep the graph's result")

@@ -35,11 +35,10 @@ import contextlib
 import os
 import re
 import traceback
-import warnings
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from ..errors import CaptureError
+from ..errors import CaptureError, warn_at_caller
 from . import TRACERS, dynamic_dims
 from .layouts import example_clone
 
@@ -132,9 +131,9 @@ def trace(flat_fn: Callable, example: list, *, n_params: int, marks: list, paths
         if ran_backward():  # a training step export could not finish: make_fx's job anyway
             return traced
         where = _culprit(e)
-        warnings.warn(f"target {target!r}: torch.export failed ({_first_line(e)}"
+        warn_at_caller(f"target {target!r}: torch.export failed ({_first_line(e)}"
                       + (f" at {where}" if where else "") + "); traced with make_fx, which "
-                      "specialises data-dependent branches to the example's path", stacklevel=4)
+                       "specialises data-dependent branches to the example's path")
         return traced
     if ran_backward():
         if tracer != "auto":

@@ -22,11 +22,10 @@ Dimensions marked with ``torch._dynamo.mark_dynamic`` stay symbolic instead
 from __future__ import annotations
 
 import dataclasses
-import warnings
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from ..errors import CaptureError
+from ..errors import CaptureError, warn_at_caller
 from . import collectives, dynamic_dims, graph_attrs, tracers
 from ._module_settings import module_setting_items, module_settings
 from .layouts import example_clone  # noqa: F401  (re-exported for the engines)
@@ -287,8 +286,8 @@ def trace_call(fn: Callable, args: tuple, kwargs: dict, *, target: str, tracer: 
     example = [example_clone(t) for t in params + user_tensors]
     marks = [dynamic_dims.marked_dims(t) for t in user_tensors]
     if any(dynamic_dims.marked_dims(p) for p in params):
-        warnings.warn(f"target {target!r}: a parameter/buffer is marked dynamic; parameters keep "
-                      "their captured sizes, the mark is ignored", stacklevel=2)
+        warn_at_caller(f"target {target!r}: a parameter/buffer is marked dynamic; parameters keep "
+                       "their captured sizes, the mark is ignored")
     try:
         traced = tracers.trace(flat_fn, example, n_params=n_params, marks=marks, paths=paths, target=target,
                                tracer=tracer,
