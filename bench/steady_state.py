@@ -20,7 +20,7 @@ once per process and are not in a call's time). Each round runs every mechanism
 later (a fixed order charges any drift within a round, such as the H200's SM clock
 falling from 1980 to about 1500 MHz under load, to the same mechanism); the table
 gives the median over ``--rounds`` rounds, the round spread ((slowest - fastest
-round) / median; each round's time is also printed) and each result's largest
+round) / median; each round's time is also printed to stdout) and each result's largest
 difference from eager.
 
     PYTHONPATH=$PWD:$PWD/runtime:$PWD/example_project python bench/steady_state.py \
@@ -178,20 +178,26 @@ def main():
     ap.add_argument("--threads", type=int, help="torch.set_num_threads (CPU on a shared host)")
     ap.add_argument("--out")
     a = ap.parse_args()
+    for name in ("calls", "rounds", "threads"):
+        if getattr(a, name) is not None and getattr(a, name) < 1:
+            ap.error(f"--{name} takes a positive number, not {getattr(a, name)}")
     if a.threads:
         torch.set_num_threads(a.threads)
     what = (torch.cuda.get_device_name() if a.device == "cuda"
-            else f"{platform.machine()} CPU ({torch.get_num_threads()} threads)")
+            else f"{platform.machine()} CPU (torch threads: {torch.get_num_threads()})")
     lines = [
         f"# Steady state per call ({a.device})",
         "",
         f"`python bench/steady_state.py {' '.join(sys.argv[1:])}` - torch {torch.__version__}, "
         f"Python {platform.python_version()}, {what}; one process, mechanisms interleaved, "
-        f"median of {a.rounds} rounds x {a.calls} calls; ms per call (err: max |result - eager|).",
-        "First call: in this process, after the pair's capture (its kernels are loaded), so it",
-        "is torch.compile's compile time against a loaded pair, not a cold start (that is",
-        "bench/cold_start.py); with graphs on the first call is the warm-up run, the second a",
-        "timed plain run (launch-bound or compute-bound?), the third records.",
+        f"median of {a.rounds} rounds x {a.calls} calls; ms per call; vs X: this mechanism's "
+        "time over X's (below 1x: faster); round spread: (slowest - fastest round) / median "
+        "(each round's time is printed to stdout); err: max |result - eager|.",
+        "First call ms: the first call in this process, made after the pair was captured and",
+        "loaded here, so for torch.compile it includes compiling and for the pair only the",
+        "call; cold starts are bench/cold_start.py's."
+        + (" With graphs on, the first call is the warm-up run, the second a timed plain run"
+           " (launch-bound or compute-bound?), the third records." if a.device == "cuda" else ""),
         "",
     ]
 
@@ -217,7 +223,8 @@ def main():
             lines.append(f"| {k} | {v:.4f} | {spread[k]:.0%} | {v / ref:.2f}x | {vs_ro} | {first[k]:.0f} | "
                          f"{err:.1e} |" if math.isfinite(err) else f"| {k} | {v:.4f} | | | | | nan |")
         for k, (recorded, plain, ratio) in graphs.items():
-            told = f"; its GPU/CPU time {ratio:.2f} (over 1.5: compute-bound)" if ratio is not None else ""
+            told = (f"; GPU time / CPU time of the timed run: {ratio:.2f} (a graph is recorded at "
+                    "1.5 or below)" if ratio is not None else "")
             lines += ["", f"{k}: {recorded} graph(s) recorded, {plain} size(s) run without one "
                           f"(compute-bound at its timed run){told}"]
         lines.append("")

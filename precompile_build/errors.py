@@ -50,3 +50,41 @@ def warn_at_caller(message: str, category: type[Warning] = UserWarning) -> None:
                                  or frame.f_code.co_filename == contextlib.__file__):
         frame, level = frame.f_back, level + 1
     warnings.warn(message, category, stacklevel=level)
+
+
+class torch_warnings_shown:  # noqa: N801 - used like contextlib's lower-case managers
+    """While torch traces or compiles, warnings that the user's filters would raise
+    (``-W error``, pytest's ``filterwarnings = error``) are shown instead: torch's own
+    FutureWarning/DeprecationWarning inside torch.export or Inductor, raised, aborted
+    the trace or the compile, which then read as a failed trace or an upstream
+    compiler bug. Other filters (``ignore``, ``once``) keep their effect. The user's call
+    still runs for real outside this block, under the user's filters, and this
+    package's own warnings (:func:`warn_at_caller`) are given outside it.
+    Usable as a context manager and as a decorator."""
+
+    def __enter__(self):
+        import warnings
+
+        self._saved = warnings.catch_warnings()
+        self._saved.__enter__()
+        kept = list(warnings.filters)
+        warnings.resetwarnings()
+        for action, message, category, module, lineno in kept:  # the public API, in order
+            # patterns are compiled regexes, or plain strings in the interpreter's defaults
+            warnings.filterwarnings("default" if action == "error" else action,
+                                    getattr(message, "pattern", message or ""), category,
+                                    getattr(module, "pattern", module or ""), lineno, append=True)
+        return self
+
+    def __exit__(self, *exc):
+        return self._saved.__exit__(*exc)
+
+    def __call__(self, fn):
+        import functools
+
+        @functools.wraps(fn)
+        def wrapped(*args, **kwargs):
+            with torch_warnings_shown():
+                return fn(*args, **kwargs)
+
+        return wrapped

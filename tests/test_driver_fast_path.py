@@ -365,7 +365,7 @@ def test_compute_bound_sizes_are_kept_plain_and_bounded(tmp_path):
 
     graphs._timed_run, graphs._record = timed_run, _stand_in_recording(ns)
     cuda0 = torch.device("cuda", 0)
-    gpu_ms.update({1: 1.2, 2: 1.6, 3: 9.0, 4: 9.0, 5: 9.0})  # launch-bound, compute-bound x4
+    gpu_ms.update({1: 1.2, 2: 1.6, 3: 9.0, 4: 9.0, 5: 9.0, 6: 9.0})  # launch-bound, compute-bound x5
     graphs([torch.ones(1)], cuda0)
     assert timed == [] and runs == [1]  # the first call warms up, untimed
     for n in (1, 2):
@@ -380,8 +380,34 @@ def test_compute_bound_sizes_are_kept_plain_and_bounded(tmp_path):
         for _ in range(3):
             graphs([torch.ones(n)], cuda0)
     assert graphs.plain == 4 and [k[1][0] for k in graphs._plain] == [4, 5]  # bounded by max_graphs
-    with pytest.raises(ValueError, match="compute_bound must be 'plain' or 'graph'"):
-        ns["_CudaGraphs"](lambda flat: flat, True, 2, "auto")
+    graphs([torch.ones(4)], cuda0)  # a hit: 4 is now the most recently seen
+    for _ in range(3):
+        graphs([torch.ones(6)], cuda0)
+    assert graphs.plain == 5 and [k[1][0] for k in graphs._plain] == [4, 6]  # 5 forgotten, not 4
+
+
+def test_with_cuda_graphs_checks_its_arguments_first(tmp_path):
+    """Bad arguments are ValueErrors naming the argument, for any target and with
+    enabled=False too (they were accepted silently there, or hidden behind the CPU
+    target's CallError); that CallError says what to change."""
+    from _pairs import load_pair
+
+    _capture(tmp_path, forward, _model(), torch.randn(2, 8), engine="frozen")
+    fn = load_pair(tmp_path / "t.py", tmp_path / "t.cache")
+    bad = [({"max_graphs": 0}, r"max_graphs=0\): max_graphs takes a positive int"),
+           ({"max_graphs": True}, r"max_graphs=True\): max_graphs takes a positive int"),
+           ({"compute_bound": "grpah"}, r"compute_bound='grpah'\): compute_bound takes 'plain' or 'graph'"),
+           ({"copy_outputs": None}, r"copy_outputs=None\): copy_outputs takes True or False"),
+           ({"enabled": "no"}, r"enabled='no'\): enabled takes True or False")]
+    for kw, text in bad:
+        for enabled in (True, False):
+            with pytest.raises(ValueError, match=r"target 't': with_cuda_graphs\(" + text):
+                fn.with_cuda_graphs(**{"enabled": enabled, **kw})
+    with pytest.raises(CallError, match=r"captured on cpu: load it without cuda_graphs "
+                                        r"\(with_cuda_graphs\(False\)\), or capture it on a CUDA device"):
+        fn.with_cuda_graphs()
+    plain = fn.with_cuda_graphs(False, max_graphs=2, compute_bound="graph")
+    assert not plain.cuda_graphs and plain.uses_kernels
 
 
 def test_timed_warm_keys_are_kept_by_recency(tmp_path):

@@ -101,7 +101,7 @@ def test_compute_bound_sizes_run_without_a_graph(tmp_path):
         _eq(forced(x), want)
     assert (forced._graphs.recorded, forced._graphs.plain) == (1, 0)
     _eq(forced(x), want)  # a replay
-    with pytest.raises(ValueError, match="compute_bound must be 'plain' or 'graph'"):
+    with pytest.raises(ValueError, match="compute_bound takes 'plain' or 'graph'"):
         _load(tmp_path, compute_bound="auto")
 
 

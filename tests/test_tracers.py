@@ -102,6 +102,26 @@ def test_auto_falls_back_to_make_fx_with_a_warning(tmp_path):
     torch.testing.assert_close(load_pair(src, cache)(x), count_branch(x))
 
 
+@pytest.mark.parametrize("engine,tracer", [("frozen", "auto"), ("frozen", "make_fx"), ("eager", "export")])
+def test_an_error_filter_is_for_the_users_code_not_torchs(tmp_path, engine, tracer):
+    """Under `-W error` (pytest's `filterwarnings = error`) torch's own warnings inside
+    export and Inductor are shown, not raised: raised, they failed the trace ("torch.export
+    failed (FutureWarning ...)") or the compile ("Inductor failed: DeprecationWarning ...
+    an upstream torch bug"). The capture's own warnings still obey the filter and leave
+    nothing behind."""
+    import warnings
+
+    x = torch.randn(3, 4).abs()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        src, cache = _capture(tmp_path, lambda x: x * 2, x, engine=engine, tracer=tracer)
+        assert _tracer_of(src) == ("export" if tracer == "auto" else tracer)
+        torch.testing.assert_close(load_pair(src, cache)(x), x * 2)
+        with pytest.raises(UserWarning, match="traced with make_fx"):  # the fallback's warning
+            _capture(tmp_path, count_branch, x, name="fb", engine=engine)
+    assert not (tmp_path / "fb.py").exists() and not (tmp_path / "fb.cache").exists()
+
+
 def test_both_tracers_failing_are_both_named(tmp_path):
     with pytest.raises(CaptureError) as info:
         _capture(tmp_path, branchy, torch.randn(3, 4).abs(), engine="eager")

@@ -541,26 +541,25 @@ class _CudaGraphs:
     more than COMPUTE_BOUND (1.5) times the CPU's time, the GPU was the bottleneck (a
     launch-bound call keeps the two about equal: the GPU waits for each launch), the
     graph would save nothing and cost the input and output copies, so that key runs
-    plainly (counted in .plain; .last_ratio is the latest ratio decided on: on the
-    H200 1.58-1.62 for that GPT block, which runs plainly, 0.95 for the decode block;
-    bench/results/steady_state_cuda.md). compute_bound="graph" records every key
-    regardless, at its second call.
+    plainly; the max_graphs most recently seen such keys are remembered, a forgotten
+    one is timed and decided again (.plain counts the decisions; .last_ratio is the
+    latest ratio decided on: on the H200 1.58-1.62 for that GPT block, which runs
+    plainly, 0.95 for the decode block; bench/results/steady_state_cuda.md).
+    compute_bound="graph" records every key regardless, at its second call.
     """
 
     COMPUTE_BOUND = 1.5
 
     def __init__(self, run, copy_outputs, max_graphs, compute_bound="plain"):
+        # the arguments were checked by CompiledArtifact.with_cuda_graphs
         if _META["device"] != "cuda":
             raise CallError(f"target {_META['target']!r}: CUDA graphs need a CUDA target; "
-                            f"this one was captured on {_META['device']}")
+                            f"this one was captured on {_META['device']}: load it without "
+                            "cuda_graphs (with_cuda_graphs(False)), or capture it on a CUDA device")
         if _RUNS_BACKWARD:
             raise CallError(
                 f"target {_META['target']!r} runs a backward (a training step): CUDA graphs "
                 "serve inference targets only here; load it with cuda_graphs=False")
-        if not isinstance(max_graphs, int) or max_graphs < 1:
-            raise ValueError(f"max_graphs must be a positive int, not {max_graphs!r}")
-        if compute_bound not in ("plain", "graph"):
-            raise ValueError(f"compute_bound must be 'plain' or 'graph', not {compute_bound!r}")
         self._run = run
         self._probe = compute_bound == "plain"
         self._copy = bool(copy_outputs)
@@ -575,7 +574,7 @@ class _CudaGraphs:
         self._param_idx = list(range(n))
         self._mutated_user = [i - n for i in _META.get("mutated_inputs", []) if i >= n]
         self.recorded = 0  # graphs recorded so far (tests, benchmarks)
-        self.plain = 0  # keys found compute-bound, run without a graph
+        self.plain = 0  # decisions "compute-bound: run without a graph" so far
         self.last_ratio = None  # GPU time / CPU time of the latest timed run decided on
 
     def __call__(self, flat, device):
@@ -592,6 +591,7 @@ class _CudaGraphs:
         users = flat[n:]
         key = (device.index, *[t.shape for t in users])
         if key in self._plain:
+            self._plain[key] = self._plain.pop(key)  # the most recently seen: kept longest
             return self._run(flat)
         g = self._graphs.pop(key, None)
         if g is not None:
@@ -684,6 +684,18 @@ class _CudaGraphs:
         return g
 
 
+def _cuda_graphs_argument_problem(enabled, copy_outputs, max_graphs, compute_bound):
+    """What is wrong with with_cuda_graphs' arguments (text after "with_cuda_graphs("), or None."""
+    for name, value in (("enabled", enabled), ("copy_outputs", copy_outputs)):
+        if not isinstance(value, bool):
+            return f"{name}={value!r}): {name} takes True or False"
+    if isinstance(max_graphs, bool) or not isinstance(max_graphs, int) or max_graphs < 1:
+        return f"max_graphs={max_graphs!r}): max_graphs takes a positive int (graphs kept, one per input sizes)"
+    if compute_bound not in ("plain", "graph"):
+        return f"compute_bound={compute_bound!r}): compute_bound takes 'plain' or 'graph'"
+    return None
+
+
 class CompiledArtifact:
     """The loaded artifact: call it exactly like the captured function.
 
@@ -721,9 +733,15 @@ class CompiledArtifact:
         Returns:
             a :class:`CompiledArtifact`.
         Raises:
+            ValueError: an argument of another type or value (enabled and
+                copy_outputs take True/False, max_graphs a positive int,
+                compute_bound "plain" or "graph"); checked first, whatever the target.
             CallError: enabled for a CPU target, a target without frozen kernels, or
                 a target that runs a backward.
         """
+        problem = _cuda_graphs_argument_problem(enabled, copy_outputs, max_graphs, compute_bound)
+        if problem:
+            raise ValueError(f"target {_META['target']!r}: with_cuda_graphs({problem}")
         if not enabled:
             return CompiledArtifact(self._run, self.uses_kernels)
         if not self.uses_kernels:

@@ -26,7 +26,7 @@ import os
 
 from precompile_runtime.envelope import Envelope, dumps
 
-from ..errors import CaptureError, CompilerFailed, warn_at_caller
+from ..errors import CaptureError, CompilerFailed, torch_warnings_shown, warn_at_caller
 from . import codegen, dynamic_dims
 from .tracing import TracedCall, example_clone, run_real_call, trace_call
 
@@ -106,7 +106,7 @@ def _compile(traced: TracedCall, target: str, options: dict, real: dict | None =
     on_cpu = traced.metadata["device"] == "cpu"
     cpu_isa, pin_march = _cpu_target() if on_cpu else (None, contextlib.nullcontext())
     try:
-        with torch.no_grad(), recording(), _reproducible_kernels(), pin_march, _torch_rng(), \
+        with torch_warnings_shown(), torch.no_grad(), recording(), _reproducible_kernels(), pin_march, _torch_rng(), \
                 (dynamic_dims.compile_context(traced.graph_module) if dynamic else contextlib.nullcontext()):
             compiled = torch._inductor.standalone_compile(
                 traced.graph_module, list(traced.symbolic.inputs if dynamic else traced.example_inputs),
@@ -586,14 +586,16 @@ def _against_eager_call(real: dict, got, b, ref_out, ref_in, verdicts, labels, n
             f"the eager call returned at capture: relative RMS difference {diff:.3g} (allowed "
             f"{allowed:.3g}, {ratio:.3g} x that), max |frozen - eager call| {max_abs:.3g} at values "
             f"up to {v.scale:.3g}. The traced graph does not compute what eager computed: eager "
-            "took another code path than the trace (e.g. nn.TransformerEncoder's inference fast "
-            "path zero-fills padded rows; turn it off with "
-            "torch.backends.mha.set_fastpath_enabled(False)), or the function depends on state "
-            "the capture does not see")
+            "took another code path than the trace (a branch on values skipped under "
+            "torch.compiler.is_compiling(): use torch.where / torch.cond for a real choice; an "
+            "inference fast path: nn.TransformerEncoder's zero-fills padded rows, turn it off "
+            "with torch.backends.mha.set_fastpath_enabled(False)), or the function depends on "
+            "state the capture does not see")
     if ratio <= numerics.EAGER_WARN_BAND or mode == "warn":
         warn_at_caller(text + "; written anyway (options={'eager_check': 'refuse'} refuses)"
                        if mode == "warn" else text + "; written anyway (within "
-                       f"{numerics.EAGER_WARN_BAND:g} x the allowed difference)")
+                       f"{numerics.EAGER_WARN_BAND:g} x the allowed difference; "
+                       "options={'eager_check': 'off'} skips this check)")
         return {"outcome": "warned", **numbers}
     raise CaptureError(text + "; refusing to write the pair. Make eager and the trace take one "
                        "path, or pass options={'eager_check': 'warn'} to keep the graph's result")

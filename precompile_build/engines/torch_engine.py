@@ -27,7 +27,7 @@ import os
 import tempfile
 from typing import Any, Callable, Mapping
 
-from ..errors import CaptureError
+from ..errors import CaptureError, torch_warnings_shown
 
 CACHE_FORMAT = "torch.compiler.precompile"
 """The ``format`` tag torch writes into its cache envelope."""
@@ -200,7 +200,8 @@ def _capture_callable(api, fn, args, kwargs, backend, tracer, what):
             )
         kw["tracer"] = tracer
     try:
-        python_code, cache = api(fn, *args, **kw)
+        with torch_warnings_shown():
+            python_code, cache = api(fn, *args, **kw)
     except NotImplementedError as e:
         raise CaptureError(
             f"{what} failed: this torch does not implement it: {_explain(e)}. "
@@ -239,7 +240,7 @@ def _capture_with_capture_api(api, fn, args, kwargs, backend, tracer, what, targ
         artifact_path = os.path.join(tmp, f"{target}.py")
         cache_path = os.path.join(tmp, f"{target}.cache")
         try:
-            with api.capture(fn, artifact_path=artifact_path, cache_path=cache_path, **kw) as cap:
+            with torch_warnings_shown(), api.capture(fn, artifact_path=artifact_path, cache_path=cache_path, **kw) as cap:
                 cap(*args, **kwargs)
         except NotImplementedError as e:
             raise CaptureError(

@@ -38,7 +38,7 @@ import traceback
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from ..errors import CaptureError, warn_at_caller
+from ..errors import CaptureError, torch_warnings_shown, warn_at_caller
 from . import TRACERS, dynamic_dims
 from .layouts import example_clone
 
@@ -154,6 +154,7 @@ def _with_message(run: Callable[[], Traced], name: str, target: str) -> Traced:
         raise _failure(target, [(name, e)]) from e
 
 
+@torch_warnings_shown()
 def _make_fx(flat_fn, example, n_params, marks, paths, target) -> Traced:
     from torch.fx.experimental.proxy_tensor import make_fx
 
@@ -179,6 +180,7 @@ def _flat_module(flat_fn):
     return FlatCall()
 
 
+@torch_warnings_shown()
 def _export(flat_fn, example, n_params, marks, paths, target, strict: bool) -> Traced:
     import torch
     from torch.export import Dim
