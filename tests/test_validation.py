@@ -83,7 +83,9 @@ def test_bf16_rounding_of_another_kernel_choice_is_accepted_with_numbers():
     assert case["reference"] == "float64" and case["fallback_ops"] == []
     assert w["value"] == "output 0" and w["multiple"] == 3.0
     assert 0 < w["eager_error"] < w["frozen_error"] <= 3 * w["eager_error"] + w["floor"]
-    assert w["max_abs_diff"] == 0.0625
+    # 0.0625 added in bf16: off by up to half a bf16 step there (2.4e-4), printed to 3
+    # digits (0.0626 on torch 2.11, whose random weights put another element near zero)
+    assert w["max_abs_diff"] == pytest.approx(0.0625, abs=5e-4)
 
 
 def test_a_more_accurate_kernel_is_accepted():
