@@ -227,6 +227,24 @@ def test_eager_fast_path_that_differs_from_the_trace_is_refused(tmp_path):
     assert _meta(tmp_path)["validation"]["eager_call"]["outcome"] == "ok"
 
 
+def test_an_elementwise_close_eager_call_is_accepted_with_its_true_difference():
+    """Every element within 1e-4 of the eager call's is accepted, whatever the RMS
+    (kernels may round differently); the record keeps the true difference and says why
+    it passed (it was capped at the allowed value, as if exactly at the limit)."""
+    traced = trace_call(lambda x: x * 3, (torch.linspace(1, 2, 64),), {}, target="t")
+    want = traced.graph_module(*traced.example_inputs)[0]
+    real = {"outputs": [want * (1 + 5e-5)], "inputs": {}, "structure": None}  # 5e-5 relative everywhere
+    case = frozen._compare(_graph_call(traced), traced, traced.example_inputs, "the example inputs", "t",
+                           {}, real)
+    ec = case["eager_call"]
+    assert ec["outcome"] == "ok" and ec["elementwise_close"] == 1e-4
+    assert ec["difference"] == pytest.approx(5e-5, rel=0.05) and ec["difference"] > ec["allowed"]
+    real["outputs"] = [want * (1 + 5e-3)]  # past the elementwise tolerance: judged by the RMS
+    with pytest.raises(CaptureError, match="differs from what the eager call returned at capture"):
+        frozen._compare(_graph_call(traced), traced, traced.example_inputs, "the example inputs", "t",
+                        {}, real)
+
+
 def test_eager_check_option_is_checked():
     traced = trace_call(lambda x: x + 1, (torch.ones(3),), {}, target="t")
     real = {"outputs": [torch.ones(3) * 2], "inputs": {}, "structure": None}

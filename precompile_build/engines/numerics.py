@@ -384,31 +384,32 @@ def eager_structure_message(target: str, structure: str) -> str:
             "both take one path (torch.where / torch.cond for a real choice)")
 
 
-def judge_against_eager_call(real, frozen, ref, graph_verdict: Verdict) -> tuple[float, float, float]:
+def judge_against_eager_call(real, frozen, ref, graph_verdict: Verdict) -> tuple[float, float, float, bool]:
     """The eager call's own output ``real`` vs ``frozen`` (issue 18): returns
-    ``(difference, allowed, max_abs)``; ``difference`` is the relative RMS of
-    ``frozen - real`` (mismatch fraction for integers), ``allowed`` is
+    ``(difference, allowed, max_abs, elementwise_close)``; ``difference`` is the
+    relative RMS of ``frozen - real`` (mismatch fraction for integers), ``allowed`` is
     ``(multiple + 1) * eager_error + floor`` (the frozen error may be ``multiple *
-    eager_error + floor`` and the eager call's own error is about eager_error)."""
+    eager_error + floor`` and the eager call's own error is about eager_error);
+    ``elementwise_close``: every element within ELEMENTWISE_TOL (absolute and
+    relative) of the eager call's, which the caller accepts whatever the RMS says."""
     import torch
 
     if real.shape != frozen.shape or real.dtype != frozen.dtype:
-        return math.inf, 0.0, math.inf
+        return math.inf, 0.0, math.inf, False
     ref = ref.to(real.device)
     if not real.is_floating_point():
         diff = float((real != frozen).double().mean()) if real.numel() else 0.0
-        return diff, graph_verdict.allowed + graph_verdict.eager_error, float(diff > 0)
+        return diff, graph_verdict.allowed + graph_verdict.eager_error, float(diff > 0), diff == 0
     mask = torch.isfinite(ref) & torch.isfinite(real) & torch.isfinite(frozen)
     r = ref[mask].to(torch.float64)
     rms = float(torch.sqrt(torch.mean(r * r))) if r.numel() else 0.0
     nonfinite = int((torch.isfinite(real) != torch.isfinite(frozen)).sum())
     if nonfinite:
-        return math.inf, 0.0, math.inf
+        return math.inf, 0.0, math.inf, False
     d = (frozen[mask].to(torch.float64) - real[mask].to(torch.float64))
     e = real[mask].to(torch.float64)
     denom = max(rms, float(torch.sqrt(torch.mean(e * e))) if e.numel() else 0.0) or 1.0
     diff = float(torch.sqrt(torch.mean(d * d))) / denom if d.numel() else 0.0
-    if bool(torch.allclose(frozen, real, atol=ELEMENTWISE_TOL, rtol=ELEMENTWISE_TOL, equal_nan=True)):
-        diff = min(diff, graph_verdict.allowed + graph_verdict.eager_error)  # elementwise close: ok
+    close = bool(torch.allclose(frozen, real, atol=ELEMENTWISE_TOL, rtol=ELEMENTWISE_TOL, equal_nan=True))
     max_abs = float(d.abs().max()) if d.numel() else 0.0
-    return diff, graph_verdict.allowed + graph_verdict.eager_error, max_abs
+    return diff, graph_verdict.allowed + graph_verdict.eager_error, max_abs, close
