@@ -1,7 +1,11 @@
-"""Error types of the build side. Every message begins with what was being done
-("Failed to read `tool.precompile` ...", "Capture of target 'forward' failed ...")."""
+"""Error types of the build side, and how its capture warnings are given (at the
+user's line; torch's own kept from the user's error filters). Every message begins
+with what was being done ("Failed to read `tool.precompile` ...", "Capture of target
+'forward' failed ...")."""
 
 from __future__ import annotations
+
+import contextlib
 
 
 class PrecompileBuildError(Exception):
@@ -39,7 +43,6 @@ def warn_at_caller(message: str, category: type[Warning] = UserWarning) -> None:
     frame outside this package and ``contextlib`` (whose ``__exit__`` runs the end of a
     ``with capture(...)`` block), not the engine line that noticed, however deep that
     is. (Python 3.12's ``skip_file_prefixes`` does this; 3.9-3.11 lack it.)"""
-    import contextlib
     import os
     import sys
     import warnings
@@ -52,7 +55,8 @@ def warn_at_caller(message: str, category: type[Warning] = UserWarning) -> None:
     warnings.warn(message, category, stacklevel=level)
 
 
-class torch_warnings_shown:  # noqa: N801 - used like contextlib's lower-case managers
+@contextlib.contextmanager
+def torch_warnings_shown():
     """While torch traces or compiles, warnings that the user's filters would raise
     (``-W error``, pytest's ``filterwarnings = error``) are shown instead: torch's own
     FutureWarning/DeprecationWarning inside torch.export or Inductor, raised, aborted
@@ -60,13 +64,10 @@ class torch_warnings_shown:  # noqa: N801 - used like contextlib's lower-case ma
     compiler bug. Other filters (``ignore``, ``once``) keep their effect. The user's call
     still runs for real outside this block, under the user's filters, and this
     package's own warnings (:func:`warn_at_caller`) are given outside it.
-    Usable as a context manager and as a decorator."""
+    A context manager, and a decorator (``@torch_warnings_shown()``)."""
+    import warnings
 
-    def __enter__(self):
-        import warnings
-
-        self._saved = warnings.catch_warnings()
-        self._saved.__enter__()
+    with warnings.catch_warnings():
         kept = list(warnings.filters)
         warnings.resetwarnings()
         for action, message, category, module, lineno in kept:  # the public API, in order
@@ -74,17 +75,4 @@ class torch_warnings_shown:  # noqa: N801 - used like contextlib's lower-case ma
             warnings.filterwarnings("default" if action == "error" else action,
                                     getattr(message, "pattern", message or ""), category,
                                     getattr(module, "pattern", module or ""), lineno, append=True)
-        return self
-
-    def __exit__(self, *exc):
-        return self._saved.__exit__(*exc)
-
-    def __call__(self, fn):
-        import functools
-
-        @functools.wraps(fn)
-        def wrapped(*args, **kwargs):
-            with torch_warnings_shown():
-                return fn(*args, **kwargs)
-
-        return wrapped
+        yield

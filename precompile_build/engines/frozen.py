@@ -106,8 +106,9 @@ def _compile(traced: TracedCall, target: str, options: dict, real: dict | None =
     on_cpu = traced.metadata["device"] == "cpu"
     cpu_isa, pin_march = _cpu_target() if on_cpu else (None, contextlib.nullcontext())
     try:
-        with torch_warnings_shown(), torch.no_grad(), recording(), _reproducible_kernels(), pin_march, _torch_rng(), \
-                (dynamic_dims.compile_context(traced.graph_module) if dynamic else contextlib.nullcontext()):
+        with torch_warnings_shown(), torch.no_grad(), recording(), _reproducible_kernels(), pin_march, \
+                _torch_rng(), (dynamic_dims.compile_context(traced.graph_module) if dynamic
+                               else contextlib.nullcontext()):
             compiled = torch._inductor.standalone_compile(
                 traced.graph_module, list(traced.symbolic.inputs if dynamic else traced.example_inputs),
                 dynamic_shapes="from_graph" if dynamic else "from_example_inputs",

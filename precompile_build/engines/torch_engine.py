@@ -240,7 +240,8 @@ def _capture_with_capture_api(api, fn, args, kwargs, backend, tracer, what, targ
         artifact_path = os.path.join(tmp, f"{target}.py")
         cache_path = os.path.join(tmp, f"{target}.cache")
         try:
-            with torch_warnings_shown(), api.capture(fn, artifact_path=artifact_path, cache_path=cache_path, **kw) as cap:
+            with torch_warnings_shown(), \
+                    api.capture(fn, artifact_path=artifact_path, cache_path=cache_path, **kw) as cap:
                 cap(*args, **kwargs)
         except NotImplementedError as e:
             raise CaptureError(

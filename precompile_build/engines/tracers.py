@@ -132,7 +132,7 @@ def trace(flat_fn: Callable, example: list, *, n_params: int, marks: list, paths
             return traced
         where = _culprit(e)
         warn_at_caller(f"target {target!r}: torch.export failed ({_first_line(e)}"
-                      + (f" at {where}" if where else "") + "); traced with make_fx, which "
+                       + (f" at {where}" if where else "") + "); traced with make_fx, which "
                        "specialises data-dependent branches to the example's path")
         return traced
     if ran_backward():
