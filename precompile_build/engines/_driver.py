@@ -565,7 +565,7 @@ class _CudaGraphs:
         self._copy = bool(copy_outputs)
         self._max = max_graphs
         self._graphs = {}  # key -> _Graph, in least-recently-used order
-        self._warm = {}  # warm keys without a graph -> _TIME_NEXT, a timing or None; oldest first
+        self._warm = {}  # warm keys without a graph -> _TIME_NEXT, a timing or None; least recently seen first
         self._plain = {}  # keys found compute-bound by their timed run: run without a graph
         self._pool = None  # the graphs' private memory pool, made at the first recording
         self._device = None  # the one device graphs are recorded on (see __call__)
