@@ -42,7 +42,12 @@ def warn_at_caller(message: str, category: type[Warning] = UserWarning) -> None:
     """``warnings.warn(message, category)`` attributed to the user's line: the first
     frame outside this package and ``contextlib`` (whose ``__exit__`` runs the end of a
     ``with capture(...)`` block), not the engine line that noticed, however deep that
-    is. (Python 3.12's ``skip_file_prefixes`` does this; 3.9-3.11 lack it.)"""
+    is. (Python 3.12's ``skip_file_prefixes`` does this; 3.9-3.11 lack it.)
+
+    Raises:
+        ``category(message)`` where the user's warning filters turn it into an error
+        (``-W error``): from the user's line, like any warning.
+    """
     import os
     import sys
     import warnings

@@ -11,7 +11,6 @@ import hashlib
 
 from precompile_runtime.envelope import Envelope, dumps
 
-from ..errors import CaptureError, warn_at_caller
 from . import codegen
 from .layouts import example_clone
 from .tracing import TracedCall, run_real_call, trace_call
@@ -79,12 +78,8 @@ def _judge_by_eager_call(traced: TracedCall, real: dict, target: str, options: d
     if mode == "off" or numerics.eager_check_skipped(traced.graph_module, real):
         return
     if real["structure"]:
-        text = numerics.eager_structure_message(target, real["structure"])
-        if mode == "warn":
-            warn_at_caller(text + "; written anyway (options={'eager_check': 'refuse'} refuses)")
-            return
-        raise CaptureError(text + ", or pass options={'eager_check': 'warn'} to keep the graph's "
-                           "result; nothing written")
+        numerics.warn_or_refuse(numerics.eager_structure_message(target, real["structure"]), mode)
+        return
     with torch.no_grad():
         got = traced.graph_module(*[example_clone(t) for t in traced.example_inputs])
     for i, (g, w) in enumerate(zip(got, real["outputs"])):
@@ -103,8 +98,5 @@ def _judge_by_eager_call(traced: TracedCall, real: dict, target: str, options: d
                + ": eager took a path the trace did not (a branch on values skipped under "
                "torch.compiler.is_compiling(), an inference fast path); make both take one path "
                "(torch.where / torch.cond for a real choice)")
-        if mode == "warn":
-            warn_at_caller(msg + "; written anyway (options={'eager_check': 'refuse'} refuses)")
-            return
-        raise CaptureError(msg + ", or pass options={'eager_check': 'warn'} to keep the graph's result; "
-                           "nothing written")
+        numerics.warn_or_refuse(msg, mode)
+        return

@@ -556,12 +556,8 @@ def _against_eager_call(real: dict, got, b, ref_out, ref_in, verdicts, labels, n
     if skipped:
         return {"outcome": f"skipped: {skipped}"}
     if real.get("structure"):
-        text = numerics.eager_structure_message(target, real["structure"])
-        if mode == "warn":
-            warn_at_caller(text + "; written anyway (options={'eager_check': 'refuse'} refuses)")
-            return {"outcome": "warned", "structure": real["structure"]}
-        raise CaptureError(text + ", or pass options={'eager_check': 'warn'} to keep the graph's "
-                           "result; nothing written")
+        numerics.warn_or_refuse(numerics.eager_structure_message(target, real["structure"]), mode)
+        return {"outcome": "warned", "structure": real["structure"]}
     pairs = [(i, real["outputs"][i], got[i], ref_out[i]) for i in range(min(n_out, len(real["outputs"])))
              if real["outputs"][i] is not None]
     pairs += [(n_out + i, t, b[i], ref_in[i]) for i, t in real["inputs"].items()

@@ -344,9 +344,10 @@ def option_problem(options: dict, key: str) -> Optional[str]:
     if key == "validation_multiple":
         import numbers  # numpy's scalars register as numbers.Real too
 
-        if isinstance(value, bool) or not isinstance(value, numbers.Real) or not value > 0:
+        if (isinstance(value, bool) or not isinstance(value, numbers.Real) or not value > 0
+                or not math.isfinite(value)):  # inf would accept any error: no check at all
             return (f"options['validation_multiple'] = {value!r}: use a positive number (the "
-                    "multiple of eager's error allowed, e.g. 10)")
+                    "multiple of eager's error allowed, e.g. 10; not inf, which would allow any error)")
     elif key == "eager_check":
         if value not in EAGER_CHECKS:
             return f"options['eager_check'] = {value!r}: use 'refuse' (default), 'warn' or 'off'"
@@ -373,6 +374,20 @@ def eager_check_skipped(gm, real: dict) -> Optional[str]:
     if real.get("python_rng"):  # the capture warns that the value is frozen (PythonStateWarning)
         return "the function draws from Python's random state"
     return None
+
+
+def warn_or_refuse(text: str, mode: str) -> None:
+    """An eager-call check that failed (``text`` says how), in ``mode``
+    (:func:`eager_check_mode`): ``"warn"`` warns at the user's line that the pair is
+    written anyway; otherwise raises CaptureError saying nothing is written and how to
+    keep the graph's result."""
+    from ..errors import CaptureError, warn_at_caller
+
+    if mode == "warn":
+        warn_at_caller(text + "; written anyway (options={'eager_check': 'refuse'} refuses)")
+        return
+    raise CaptureError(text + ", or pass options={'eager_check': 'warn'} to keep the graph's "
+                       "result; nothing written")
 
 
 def eager_structure_message(target: str, structure: str) -> str:
