@@ -292,20 +292,33 @@ def _double(x):
     return x * 2
 
 
-def _stand_in_recording(ns):
-    """A stand-in for _CudaGraphs._record on a machine without a GPU: a graph whose
-    replay does nothing and whose output is the call's first input."""
+def _graphs_ns(ns):
+    """``ns`` (an executed pair) with the CUDA graph part that frozen CUDA pairs carry
+    (precompile_build/engines/_cuda_graphs.py), as if the pair had been captured on CUDA."""
+    from precompile_build.engines import codegen
+
+    ns["_META"]["device"] = "cuda"
+    exec(compile(codegen._template("_cuda_graphs.py"), "_cuda_graphs.py", "exec"), ns)
+    return ns
+
+
+def _stand_in_recording(graphs, fail=()):
+    """Stand-ins for _CudaGraphs._capture/_recover/_current_stream without a GPU: a
+    graph whose replay does nothing and whose output is the recording's first input;
+    recording a first input of a size in ``fail`` raises (as a failed capture does)."""
 
     class Replay:
         def replay(self):
             pass
 
-    def record(flat, *_):
-        g = ns["_Graph"]()
-        g.graph, g.static_inputs, g.outputs, g.param_ptrs = Replay(), [flat[0].clone()], (flat[0],), []
-        return g
+    def capture(inputs):
+        if len(inputs[0]) in fail:
+            raise RuntimeError("operation not permitted when stream is capturing")
+        return Replay(), (inputs[0],)
 
-    return record
+    graphs._capture = capture
+    graphs._recover = lambda: None
+    graphs._current_stream = lambda: "stream"
 
 
 def test_cuda_graph_bookkeeping_is_bounded(tmp_path):
@@ -314,17 +327,17 @@ def test_cuda_graph_bookkeeping_is_bounded(tmp_path):
     recorded again at its next call, one forgotten warms up again. Checked without a
     GPU: recording is replaced by a stand-in graph (real graphs: test_gpu_cudagraphs.py)."""
     ns = _capture(tmp_path, _double, torch.randn(3))
-    ns["_META"]["device"] = "cuda"  # as if captured on CUDA (read when graphs are made)
+    _graphs_ns(ns)
     runs = []
     graphs = ns["_CudaGraphs"](lambda flat: runs.append(len(flat[0])) or [flat[0] * 2], True, 2, "graph")
 
-    graphs._record = _stand_in_recording(ns)
+    _stand_in_recording(graphs)
     cuda0 = torch.device("cuda", 0)
     for n in range(1, 11):  # each size twice: a warm-up, then a recording
         graphs([torch.ones(n)], cuda0)
         graphs([torch.ones(n)], cuda0)
     assert graphs.recorded == 10 and runs == list(range(1, 11))
-    assert [k[1][0] for k in graphs._graphs] == [9, 10] and len(graphs._warm) == 2
+    assert [g.key[1][0] for g in graphs._graphs] == [9, 10] and len(graphs._warm) == 2
     graphs([torch.ones(8)], cuda0)  # dropped recently: still warm, recorded at once
     assert graphs.recorded == 11
     graphs([torch.ones(1)], cuda0)  # dropped long ago: forgotten, warms up again
@@ -341,7 +354,7 @@ def test_compute_bound_sizes_are_kept_plain_and_bounded(tmp_path):
     others get a graph; at most max_graphs such sizes are remembered. Checked without
     a GPU: timings and recording are stand-ins (real ones: test_gpu_cudagraphs.py)."""
     ns = _capture(tmp_path, _double, torch.randn(3))
-    ns["_META"]["device"] = "cuda"
+    _graphs_ns(ns)
     runs = []
     graphs = ns["_CudaGraphs"](lambda flat: runs.append(len(flat[0])) or [flat[0] * 2], True, 2)
 
@@ -363,7 +376,8 @@ def test_compute_bound_sizes_are_kept_plain_and_bounded(tmp_path):
         graphs._keep_warm(key, (Event(gpu_ms[key[1][0]]), Event(0), 1.0))
         return graphs._run(flat)
 
-    graphs._timed_run, graphs._record = timed_run, _stand_in_recording(ns)
+    graphs._timed_run = timed_run
+    _stand_in_recording(graphs)
     cuda0 = torch.device("cuda", 0)
     gpu_ms.update({1: 1.2, 2: 1.6, 3: 9.0, 4: 9.0, 5: 9.0, 6: 9.0})  # launch-bound, compute-bound x5
     graphs([torch.ones(1)], cuda0)
@@ -414,7 +428,7 @@ def test_timed_warm_keys_are_kept_by_recency(tmp_path):
     """Warm keys without a graph are bounded by max_graphs, the least recently seen
     forgotten: a size whose call was just timed outlives sizes first seen before it."""
     ns = _capture(tmp_path, _double, torch.randn(3))
-    ns["_META"]["device"] = "cuda"
+    _graphs_ns(ns)
     graphs = ns["_CudaGraphs"](lambda flat: [flat[0] * 2], True, 2)
     graphs._timed_run = lambda key, flat: graphs._keep_warm(key, (None, None, 1.0)) or graphs._run(flat)
     cuda0 = torch.device("cuda", 0)

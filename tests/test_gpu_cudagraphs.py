@@ -235,3 +235,161 @@ def test_recording_compiles_nothing(mlp_pair, tmp_path_factory):
     assert max(r["errs"]) < 2e-3 and r["recorded"] == 1
     assert r["compiler_modules"] == []
     assert not os.listdir(empty)
+
+
+# ---- other tensors, failed recordings, threads (the server's ways of calling) ------
+
+def _eager(m, x):
+    with torch.no_grad():
+        return m(x)
+
+
+def test_other_instances_assigned_and_moved_weights_interleaved(mlp_pair):
+    """Each model's tensors get their own graph: another instance, weights assigned
+    with load_state_dict(assign=True), a model moved away and back, called in turns,
+    each gives eager's result; torch's RNG and a new loaded function still work after."""
+    tmp, m1 = mlp_pair
+    fn = _load(tmp)
+    x = torch.randn(4, 32, device="cuda")
+    m2 = make_mlp()
+    for p in m2.parameters():
+        p.data.mul_(0.5)
+    m3 = make_mlp()
+    m3.load_state_dict({k: v.clone() * 2 for k, v in m1.state_dict().items()}, assign=True)
+    for _ in range(4):
+        for m in (m1, m2, m3):
+            _eq(fn(m, x), _eager(m, x))
+    m2.cpu()
+    m2.cuda()
+    for _ in range(3):
+        for m in (m3, m2, m1):
+            _eq(fn(m, x), _eager(m, x))
+    assert fn._graphs.recorded == 4 and fn._graphs.failed == 0
+    torch.rand(3, device="cuda")  # the CUDA generator is not left in capture mode
+    again = _load(tmp)
+    for _ in range(3):
+        _eq(again(m1, x), _eager(m1, x))
+    assert again._graphs.recorded == 1
+
+
+def _sync_while_recording(fn):
+    """Make fn's recordings fail the way an op that synchronises does."""
+    run = fn._graphs._run
+
+    def run_or_sync(flat):
+        if torch.cuda.is_current_stream_capturing():
+            torch.cuda.synchronize()
+        return run(flat)
+
+    fn._graphs._run = run_or_sync
+
+
+def test_a_failed_recording_is_undone(mlp_pair):
+    """A recording that fails (here: a synchronisation inside the capture) is undone:
+    one CudaGraphWarning, eager's result for that call and every later one (that size
+    runs plainly), the caller's stream current again, torch's RNG usable (a failed
+    capture used to leave the generator in capture mode: "Offset increment outside
+    graph capture"), and graphs of another loaded function record and replay."""
+    from precompile_runtime import CudaGraphWarning
+
+    tmp, m = mlp_pair
+    fn = _load(tmp)
+    _sync_while_recording(fn)
+    x = torch.randn(4, 32, device="cuda")
+    stream = torch.cuda.current_stream()
+    with pytest.warns(CudaGraphWarning, match="recording a CUDA graph failed"):
+        for _ in range(3):
+            _eq(fn(m, x), _eager(m, x))
+    assert torch.cuda.current_stream() == stream
+    assert (fn._graphs.failed, fn._graphs.recorded) == (1, 0)
+    for _ in range(3):
+        y = torch.randn(4, 32, device="cuda")
+        _eq(fn(m, y), _eager(m, y))
+    torch.rand(8, device="cuda")
+    torch.nn.functional.dropout(x, 0.5, training=True)
+    other = _load(tmp)
+    for _ in range(4):
+        _eq(other(m, x), _eager(m, x))
+    assert other._graphs.recorded == 1
+
+
+def test_graphs_of_a_deleted_model_are_freed(mlp_pair):
+    """A deleted model's graph goes at the next call; the loaded function's graphs go
+    with it: GPU memory allocated returns to where it was before the first call."""
+    import gc
+
+    tmp, _ = mlp_pair
+    x = torch.randn(4, 32, device="cuda")
+    gc.collect()
+    before = torch.cuda.memory_allocated()
+    fn = _load(tmp)
+    m = make_mlp()
+    for _ in range(3):
+        fn(m, x)
+    assert len(fn._graphs._graphs) == 1
+    del m
+    gc.collect()
+    m2 = make_mlp()
+    for _ in range(2):
+        _eq(fn(m2, x), _eager(m2, x))
+    assert len(fn._graphs._graphs) == 1 and fn._graphs.recorded == 2
+    del fn, m2
+    gc.collect()
+    assert torch.cuda.memory_allocated() <= before
+
+
+@pytest.mark.parametrize("streams", [False, True], ids=["default-stream", "stream-per-thread"])
+def test_concurrent_calls_give_eager_results(mlp_pair, streams):
+    """Four threads call one loaded function at once, 20 calls each with inputs of
+    their own, each keeping its last output (on one stream, and on a stream per
+    thread): every output equals eager's for that thread's input."""
+    import threading
+
+    tmp, m = mlp_pair
+    fn = _load(tmp)
+    xs = [[torch.randn(4, 32, device="cuda") for _ in range(20)] for _ in range(4)]
+    want = [_eager(m, row[-1]) for row in xs]
+    got, errors = [None] * 4, []
+    torch.cuda.synchronize()
+
+    def serve(i):
+        try:
+            ctx = torch.cuda.stream(torch.cuda.Stream()) if streams else torch.cuda.device(0)
+            with ctx:
+                for x in xs[i]:
+                    got[i] = fn(m, x)
+                torch.cuda.current_stream().synchronize()
+        except Exception as e:  # pragma: no cover - what this test looks for
+            errors.append(e)
+
+    threads = [threading.Thread(target=serve, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    for g, w in zip(got, want):
+        _eq(g, w)
+    assert fn._graphs.recorded == 1
+
+
+def test_three_caches_interleaved_match_eager(tmp_path):
+    """A decode-like step that writes its cache in place: three caches (three
+    requests) called in turns each get a graph reading their cache in place; every
+    step's output and every cache equal eager's."""
+
+    def step(cache, pos, x):
+        cache.index_copy_(0, pos, x)
+        return (cache.sum(0) * x).tanh()
+
+    cache0 = torch.zeros(16, 32, device="cuda")
+    _capture(tmp_path, step, cache0, torch.tensor([0], device="cuda"), torch.randn(1, 32, device="cuda"))
+    fn = _load(tmp_path)
+    caches = [torch.zeros(16, 32, device="cuda") for _ in range(3)]
+    refs = [c.clone() for c in caches]
+    for t in range(12):
+        for c, r in zip(caches, refs):
+            pos, x = torch.tensor([t], device="cuda"), torch.randn(1, 32, device="cuda")
+            _eq(fn(c, pos, x), step(r, pos, x))
+            _eq(c, r)
+    assert fn._graphs.recorded == 3 and len(fn._graphs._graphs[0].static_inputs) == 2  # pos, x

@@ -9,7 +9,8 @@ Public API:
 - :func:`no_compilation` -- serving guard: compiling raises :class:`ServingCompileError`
   (also on, process-wide and in child processes, with ``PRECOMPILE_NO_COMPILE=1``).
 - the errors (all subclasses of :class:`PrecompileLoadError`) and
-  :class:`HostMismatchWarning`.
+  the warnings :class:`HostMismatchWarning`, :class:`StaleArtifactWarning` and
+  :class:`CudaGraphWarning`.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from ._guard import guard_active, no_compilation
 from .errors import (
     CacheDirNotExecutableError,
     CallError,
+    CudaGraphWarning,
     HostMismatchError,
     HostMismatchWarning,
     IntegrityError,
@@ -37,6 +39,7 @@ __version__ = "0.1.0"
 __all__ = [
     "CacheDirNotExecutableError",
     "CallError",
+    "CudaGraphWarning",
     "HostMismatchError",
     "HostMismatchWarning",
     "IntegrityError",

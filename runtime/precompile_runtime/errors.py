@@ -69,3 +69,9 @@ class StaleArtifactError(PrecompileLoadError):
 class StaleArtifactWarning(UserWarning):
     """Editable install: the package source changed since the capture; its kernels
     are not used (the captured graph runs instead)."""
+
+
+class CudaGraphWarning(UserWarning):
+    """A loaded function could not record a CUDA graph for some input sizes (the
+    recording failed and was undone); those calls run the frozen kernels without a
+    graph, with the same results. Emitted once per failed size."""
