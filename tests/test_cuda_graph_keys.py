@@ -154,3 +154,26 @@ def test_concurrent_calls_keep_the_bookkeeping_whole(tmp_path):
         t.join()
     assert errors == [] and wrong == []
     assert graphs.recorded == 4 and len(graphs._graphs) == 4
+
+
+def test_a_size_whose_tensors_move_every_call_stops_recording(tmp_path):
+    """A cache cloned per call would record a graph per call, never replayed: after
+    MAX_RECORDINGS x max_graphs recordings that size runs plainly, with one warning."""
+
+    def step(cache, x):
+        cache.add_(x)
+        return cache * 2
+
+    ns, graphs, runs = _graphs(tmp_path, step, torch.zeros(4), torch.randn(4), max_graphs=2)
+    limit = graphs.MAX_RECORDINGS * 2
+    x = torch.randn(4)
+    caches = [torch.zeros(4) for _ in range(limit + 6)]  # alive: each at an address of its own
+    with pytest.warns(CudaGraphWarning, match=r"CUDA graphs recorded for the same input sizes .* "
+                      r"run the frozen kernels without a graph from now on"):
+        for c in caches[:-1]:
+            graphs([c, x], CUDA0)
+    assert graphs.recorded == limit and len(graphs._graphs) == 2
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        out = graphs([caches[-1], x], CUDA0)
+    assert torch.equal(out[0], x * 2) and graphs.recorded == limit

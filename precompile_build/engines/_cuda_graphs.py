@@ -40,7 +40,8 @@ class _CudaGraphs:
     runs plainly (compute_bound="graph" records every size, at its second call). A
     size already recorded records new addresses at once. A recording that fails is
     undone (see _recover) and its size runs plainly from then on, with one
-    CudaGraphWarning.
+    CudaGraphWarning; so does a size recorded over MAX_RECORDINGS x max_graphs times
+    (its tensors move on every call: no graph would be replayed).
 
     Bounded: at most max_graphs graphs, least recently used dropped (its size stays
     warm), at most max_graphs warm sizes and max_graphs compute-bound sizes
@@ -55,6 +56,7 @@ class _CudaGraphs:
     """
 
     COMPUTE_BOUND = 1.5
+    MAX_RECORDINGS = 4  # recordings of one size, per graph kept, before it runs plainly
 
     def __init__(self, run, copy_outputs, max_graphs, compute_bound="plain"):
         # the arguments were checked by CompiledArtifact.with_cuda_graphs
@@ -70,7 +72,8 @@ class _CudaGraphs:
         self._graphs = []  # _Graph objects, least recently used first
         self._warm = {}  # size keys without a graph -> _TIME_NEXT, a timing or None; least recently seen first
         self._plain = {}  # size keys found compute-bound: run without a graph
-        self._failed = set()  # size keys whose recording failed: run without a graph
+        self._failed = set()  # size keys whose recording failed (or thrashed): run without a graph
+        self._recordings = {}  # size key -> graphs recorded for it
         self._freed = []  # appended to when a tensor a graph reads in place is freed
         self._pool = None  # the graphs' private memory pool, while one of them lives
         self._device = None  # the one device graphs are recorded on
@@ -123,8 +126,10 @@ class _CudaGraphs:
                     del self._plain[next(iter(self._plain))]
                 self.plain += 1
                 return self._run(flat)
-            g = self._record(key, flat)
             del self._warm[key]
+            if self._thrashing(key):
+                return self._run(flat)
+            g = self._record(key, flat)
             if g is None:  # failed, undone and warned about: this size runs plainly
                 return self._run(flat)
             self.recorded += 1
@@ -196,6 +201,22 @@ class _CudaGraphs:
         end.synchronize()
         self.last_ratio = start.elapsed_time(end) / max(cpu_ms, 1e-6)
         return self.last_ratio > self.COMPUTE_BOUND
+
+    def _thrashing(self, key):
+        """Whether this size has been recorded so often (tensors read in place at new
+        addresses on every call, e.g. a cache cloned per call) that a graph would never
+        be replayed: then it runs plainly from now on, with one CudaGraphWarning."""
+        n = self._recordings[key] = self._recordings.get(key, 0) + 1
+        if n <= self.MAX_RECORDINGS * self._max:
+            return False
+        self._failed.add(key)
+        _warnings.warn(
+            f"target {_META['target']!r}: {n - 1} CUDA graphs recorded for the same input sizes "
+            "(the parameters, buffers or inputs written in place were at other addresses each "
+            "time, e.g. a cache cloned per call); these sizes run the frozen kernels without a "
+            "graph from now on. Pass the same tensors (write into one cache), or load it with "
+            "cuda_graphs=False", CudaGraphWarning, stacklevel=4)
+        return True
 
     def _drop_freed(self):
         """Drop the graphs that read a freed tensor; their sizes stay warm (the next
