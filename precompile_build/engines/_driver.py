@@ -241,61 +241,179 @@ def _check_no_aliases(flat, names):
                 )
 
 
-def _flatten(spec, value, modules, tensors, path):
-    """Walk `value` along the captured input structure `spec`, collecting modules and
-    tensor leaves; constants must equal what was captured."""
-    kind = spec[0]
-    if kind == "module":
-        if not isinstance(value, torch.nn.Module):
-            raise CallError(f"target {_META['target']!r}, {path}: expected an nn.Module, got {type(value).__name__}")
-        modules.append(value)
-    elif kind == "tensor":
-        tensors.append((value, path))
-    elif kind == "const":
-        if value != spec[1] or type(value) is not type(spec[1]):
+# ---- arguments and results through torch's pytree ---------------------------------
+# PRECOMPILE_METADATA["inputs"] / ["outputs"] (tracing.py, pytree_io.py): the
+# treespec_dumps text of (args, kwargs) / of the result, a kind per leaf, and the types
+# to import (and, for named tuples and transformers' caches, register) before
+# treespec_loads. Loaded at the first call that needs them, not when the source runs.
+from torch.utils import _pytree as _pytree
+
+_IN = _META["inputs"]
+_OUT = _META["outputs"]
+_SPECS = {}  # "inputs"/"outputs" -> the loaded TreeSpec
+
+
+def _load_types(types, what):
+    from torch.utils._pytree import SERIALIZED_TYPE_TO_PYTHON_TYPE, _register_namedtuple
+
+    for kind, qualname, serialized in types:
+        if serialized in SERIALIZED_TYPE_TO_PYTHON_TYPE:
+            continue
+        module, _, name = qualname.partition(":")
+        try:
+            obj = _importlib.import_module(module)
+            for part in name.split("."):
+                obj = getattr(obj, part)
+        except (ImportError, AttributeError) as e:
             raise CallError(
-                f"target {_META['target']!r}, {path}: the capture specialised on "
-                f"{spec[1]!r}, got {value!r}; capture again with this value"
+                f"target {_META['target']!r}: {what} holds a {qualname}, which this process "
+                f"cannot import ({type(e).__name__}: {e}); install or import what defines it"
+            ) from None
+        if kind == "namedtuple":
+            _register_namedtuple(obj, serialized_type_name=serialized)
+        elif kind == "dataclass":
+            _pytree.register_dataclass(obj, serialized_type_name=serialized)
+        elif kind == "cache":
+            register_cache_types((qualname,))  # _pytree_types.py, copied in above
+        if serialized not in SERIALIZED_TYPE_TO_PYTHON_TYPE:
+            raise CallError(
+                f"target {_META['target']!r}: {what} holds a {qualname}, registered with "
+                f"torch.utils._pytree as {serialized!r} at capture and not registered in this "
+                "process; import the module that registers it before the call"
             )
-    elif kind in ("tuple", "list"):
-        if not isinstance(value, (tuple, list)) or len(value) != len(spec[1]):
-            raise CallError(f"target {_META['target']!r}, {path}: expected a {kind} of {len(spec[1])} items")
-        for i, (s, v) in enumerate(zip(spec[1], value)):
-            _flatten(s, v, modules, tensors, f"{path}[{i}]")
-    elif kind == "dict":
-        if not isinstance(value, dict) or sorted(value) != sorted(k for k, _ in spec[1]):
-            raise CallError(f"target {_META['target']!r}, {path}: expected a dict with keys {[k for k, _ in spec[1]]}")
-        for k, s in spec[1]:
-            _flatten(s, value[k], modules, tensors, f"{path}[{k!r}]")
-    else:  # pragma: no cover - written by our own codegen
-        raise CallError(f"{path}: unknown input kind {kind!r}")
 
 
-def _import_type(qualname):
-    module, _, name = qualname.partition(":")
-    obj = _importlib.import_module(module)
-    for part in name.split("."):
-        obj = getattr(obj, part)
-    return obj
+def _spec(which):
+    spec = _SPECS.get(which)
+    if spec is None:
+        entry = _META[which]
+        _load_types(entry["types"], "an argument" if which == "inputs" else "the result")
+        spec = _SPECS[which] = _pytree.treespec_loads(entry["spec"])
+    return spec
 
 
-def _rebuild(spec, outs):
-    kind = spec[0]
-    if kind == "tensor":
-        return outs[spec[1]]
-    if kind == "const":
-        return spec[1]
-    if kind == "tuple":
-        return tuple(_rebuild(s, outs) for s in spec[1])
-    if kind == "list":
-        return [_rebuild(s, outs) for s in spec[1]]
-    if kind == "dict":
-        return {k: _rebuild(s, outs) for k, s in spec[1]}
-    if kind == "namedtuple":
-        return _import_type(spec[1])(*(_rebuild(s, outs) for s in spec[2]))
-    if kind == "dataclass":
-        return _import_type(spec[1])(**{k: _rebuild(s, outs) for k, s in spec[2]})
-    raise CallError(f"unknown output kind {kind!r}")  # pragma: no cover
+def _children(spec):
+    return list(spec.children()) if hasattr(type(spec), "children") else list(spec.children_specs)
+
+
+def _leaf_paths(args, kwargs):
+    """Each leaf's path text (``argument 'x'[0]['a']``, ``keyword argument 'k'``), for
+    messages: the same text as the capture's (pytree_io.arg_path)."""
+    names = _META.get("arg_names") or []
+    paths = []
+    for kp, _ in _pytree.tree_flatten_with_path((tuple(args), dict(kwargs)))[0]:
+        rest = _pytree.keystr(kp[2:])
+        if kp[0].idx == 0:
+            i = kp[1].idx
+            paths.append((f"argument {names[i]!r}" if names else f"args[{i}]") + rest)
+        else:
+            paths.append(f"keyword argument {kp[1].key!r}" + rest)
+    return paths
+
+
+def _spec_problem(want, got, path):
+    """Where two TreeSpecs first differ, as text (``argument 'x'[1]: expected a list of
+    2 items, got a tuple of 3``), or None."""
+    if want == got:
+        return None
+    if want.is_leaf() or got.is_leaf() or want.type is not got.type or want.context != got.context \
+            or want.num_children != got.num_children:
+        return f"{path}: expected {_spec_text(want)}, got {_spec_text(got)}"
+    for key, w, g in zip(_child_keys(want), _children(want), _children(got)):
+        problem = _spec_problem(w, g, path + key)
+        if problem:
+            return problem
+    return f"{path}: expected {_spec_text(want)}, got {_spec_text(got)}"  # pragma: no cover
+
+
+def _child_keys(spec):
+    """The key text of each child of a TreeSpec node (``[0]``, ``['a']``, ``.field``)."""
+    try:
+        node = _pytree.tree_unflatten([0] * spec.num_leaves, spec)
+        entries, _ = _pytree.SUPPORTED_NODES[spec.type].flatten_with_keys_fn(node)
+        return [_pytree.keystr((k,)) for k, _ in entries]
+    except Exception:  # no keys known for this type: positions
+        return [f"[{i}]" for i in range(spec.num_children)]
+
+
+def _spec_text(spec):
+    if spec.is_leaf():
+        return "a value (a tensor, model or constant)"
+    if spec.type is type(None):
+        return "None"
+    kind = getattr(spec.type, "__name__", str(spec.type))
+    context = spec.context
+    if isinstance(context, list) and spec.type in (dict, _collections().OrderedDict):
+        return f"a {kind} with keys {context}"
+    return f"a {kind} of {spec.num_children} item(s)"
+
+
+def _collections():
+    import collections
+
+    return collections
+
+
+def _check_structure(args, kwargs):
+    """Positional count and keyword names as captured; returns kwargs in the captured order."""
+    if len(args) != _IN["num_args"] or kwargs.keys() != _KW_SET:
+        raise CallError(
+            f"target {_META['target']!r}: called with {len(args)} positional argument(s) "
+            f"and keyword(s) {sorted(kwargs)}; the capture was called with "
+            f"{_IN['num_args']} positional argument(s) and keyword(s) {sorted(_KW_NAMES)}: call it "
+            "the same way"
+        )
+    if list(kwargs) != _KW_NAMES:
+        kwargs = {k: kwargs[k] for k in _KW_NAMES}
+    return kwargs
+
+
+def _flatten_call(args, kwargs):
+    """The call's models and tensor leaves, its structure and constants checked
+    against the capture's. Returns (modules, tensors). Raises CallError."""
+    kwargs = _check_structure(args, kwargs)
+    leaves, spec = _pytree.tree_flatten((args, kwargs))
+    want = _spec("inputs")
+    if spec != want:
+        names = _META.get("arg_names") or []
+        (w_pos, w_kw), (g_pos, g_kw) = _children(want), _children(spec)
+        pairs = [(f"argument {names[i]!r}" if names else f"args[{i}]", w, g)
+                 for i, (w, g) in enumerate(zip(_children(w_pos), _children(g_pos)))]
+        pairs += [(f"keyword argument {k!r}", w, g) for k, w, g in zip(_KW_NAMES, _children(w_kw), _children(g_kw))]
+        problem = next((_spec_problem(w, g, label) for label, w, g in pairs if w != g), "the arguments")
+        raise CallError(f"target {_META['target']!r}, {problem}; pass what was captured, or capture "
+                        "again with this structure")
+    modules = [leaves[i] for i in _IN_MODULES]
+    for i, m in zip(_IN_MODULES, modules):
+        if not isinstance(m, torch.nn.Module):
+            raise CallError(f"target {_META['target']!r}, {_leaf_paths(args, kwargs)[i]}: expected an "
+                            f"nn.Module, got {type(m).__name__}")
+    for i, c in _IN_CONSTS:
+        v = leaves[i]
+        if type(v) is not type(c) or v != c:
+            raise CallError(
+                f"target {_META['target']!r}, {_leaf_paths(args, kwargs)[i]}: the capture "
+                f"specialised on {c!r}, got " + (f"a {type(v).__name__}" if isinstance(v, torch.Tensor) else repr(v))
+                + "; capture again with this value"
+            )
+    return modules, [leaves[i] for i in _IN_TENSORS]
+
+
+def _tensor_paths(args, kwargs):
+    """The path text of each tensor leaf (for messages)."""
+    paths = _leaf_paths(args, _check_structure(args, kwargs))
+    return [paths[i] for i in _IN_TENSORS]
+
+
+def _rebuild(outs, flat):
+    """The result: the captured structure with the graph's outputs ``outs``, the
+    inputs returned as they are (from ``flat``) and the constants."""
+    values = list(_OUT_VALUES)
+    for pos, k in _OUT_TENSORS:
+        values[pos] = outs[k]
+    for pos, j in _OUT_INPUTS:
+        values[pos] = flat[j]
+    return _pytree.tree_unflatten(values, _spec("outputs"))
 
 
 # ---- per-call checks, cached -------------------------------------------------------
@@ -446,10 +564,13 @@ _TENSOR_GUARDS = getattr(getattr(getattr(torch._C, "_dynamo", None), "guards", N
 _INPUT_GUARD = [None]
 
 
-def _check_inputs(tensors, leaves):
+def _check_inputs(tensors, paths):
+    """Check the call's tensor leaves ``tensors``; ``paths()`` gives their path texts
+    (computed only when the fast guard refuses them). Raises CallError."""
     guard = _INPUT_GUARD[0]
     if guard is not None and guard.check(*tensors):
         return
+    leaves = list(zip(tensors, paths()))
     if _DYN:
         _check_dynamic(leaves)
         return
@@ -754,23 +875,23 @@ class CompiledArtifact:
         if _DIST:
             _check_dist()
         if kwargs or len(args) != _N_POS or not _SIMPLE_ARGS:
-            modules, leaves = self._flatten_args(args, kwargs)
+            modules, tensors = _flatten_call(args, kwargs)
+            fast = False
         else:
             modules = [args[i] for i in _MODULE_POS]
             for m in modules:
                 if not isinstance(m, torch.nn.Module):
-                    self._flatten_args(args, kwargs)  # raises, naming the argument
-            leaves = None
+                    _flatten_call(args, kwargs)  # raises, naming the argument
+            fast = True
         params = _cached_params(modules)
-        if leaves is None:
+        if fast:
             tensors = [args[i] for i in _TENSOR_POS]
             guard = _INPUT_GUARD[0]
             if guard is None or not guard.check(*tensors):
-                _, leaves = self._flatten_args(args, kwargs)
-                _check_inputs(tensors, leaves)
+                _flatten_call(args, kwargs)
+                _check_inputs(tensors, lambda: _tensor_paths(args, kwargs))
         else:
-            tensors = [t for t, _ in leaves]
-            _check_inputs(tensors, leaves)
+            _check_inputs(tensors, lambda: _tensor_paths(args, kwargs))
         flat = params + tensors  # no autograd below: run under no_grad
         cuda = next((t.device for t in flat if t.is_cuda), None) if _ON_CUDA else None
         if _CONST_SPECS:  # the trace-made tensor constants, after the inputs
@@ -779,7 +900,7 @@ class CompiledArtifact:
                 cuda = next((t.device for t in flat if t.is_cuda), None)
         if _CHECK_ALIASES:
             _check_no_aliases(flat, lambda: [f"parameter/buffer {n}" for n in _META["param_names"]]
-                              + _paths(args, kwargs))
+                              + _tensor_paths(args, kwargs))
         grad = torch.is_grad_enabled()
         torch._C._set_grad_enabled(False)
         try:
@@ -804,42 +925,26 @@ class CompiledArtifact:
             with torch.no_grad():
                 for index, new in zip(_REASSIGNED, outs[_META["num_user_outputs"] + _N_GRADS:]):
                     params[index].copy_(new)
-        if _SINGLE_OUT is not None:
-            return outs[_SINGLE_OUT]
-        return _rebuild(_META["outputs"], list(outs[:_META["num_user_outputs"]]))
-
-    @staticmethod
-    def _flatten_args(args, kwargs):
-        modules, leaves = [], []
-        arg_spec, kw_spec = _META["inputs"][1]
-        kw_names = sorted(k for k, _ in kw_spec[1])
-        if len(args) != len(arg_spec[1]) or sorted(kwargs) != kw_names:
-            raise CallError(
-                f"target {_META['target']!r}: called with {len(args)} positional argument(s) "
-                f"and keyword(s) {sorted(kwargs)}; the capture was called with "
-                f"{len(arg_spec[1])} positional argument(s) and keyword(s) {kw_names}: call it "
-                "the same way"
-            )
-        names = _META.get("arg_names") or []
-        for i, (s, v) in enumerate(zip(arg_spec[1], args)):
-            _flatten(s, v, modules, leaves, f"argument {names[i]!r}" if names else f"args[{i}]")
-        for k, s in kw_spec[1]:
-            _flatten(s, kwargs[k], modules, leaves, f"keyword argument {k!r}")
-        return modules, leaves
+        if _SINGLE_OUT:
+            return outs[0]
+        return _rebuild(outs, flat)
 
 
-def _paths(args, kwargs):
-    return [path for _, path in CompiledArtifact._flatten_args(args, kwargs)[1]]
-
-
-# The common calling convention, served without walking the argument spec: only
+# The common calling convention, served without flattening the arguments: only
 # positional arguments, each a model or a tensor; one tensor returned.
-_ARG_SPEC, _KW_SPEC = _META["inputs"][1]
-_N_POS = len(_ARG_SPEC[1])
-_SIMPLE_ARGS = not _KW_SPEC[1] and all(s[0] in ("module", "tensor") for s in _ARG_SPEC[1])
-_MODULE_POS = [i for i, s in enumerate(_ARG_SPEC[1]) if s[0] == "module"]
-_TENSOR_POS = [i for i, s in enumerate(_ARG_SPEC[1]) if s[0] == "tensor"]
-_SINGLE_OUT = _META["outputs"][1] if _META["outputs"][0] == "tensor" else None
+_KW_NAMES = list(_IN["kwarg_names"])
+_KW_SET = set(_KW_NAMES)
+_N_POS = _IN["num_args"]
+_SIMPLE_ARGS = bool(_IN.get("positional_leaves"))
+_IN_MODULES = [i for i, k in enumerate(_IN["leaves"]) if k[0] == "module"]
+_IN_TENSORS = [i for i, k in enumerate(_IN["leaves"]) if k[0] == "tensor"]
+_IN_CONSTS = [(i, k[1]) for i, k in enumerate(_IN["leaves"]) if k[0] == "const"]
+_MODULE_POS = _IN_MODULES if _SIMPLE_ARGS else []  # leaves are the positional arguments
+_TENSOR_POS = _IN_TENSORS if _SIMPLE_ARGS else []
+_OUT_VALUES = [k[1] if k[0] == "const" else None for k in _OUT["leaves"]]
+_OUT_TENSORS = [(pos, k[1]) for pos, k in enumerate(_OUT["leaves"]) if k[0] == "tensor"]
+_OUT_INPUTS = [(pos, k[1]) for pos, k in enumerate(_OUT["leaves"]) if k[0] == "input"]
+_SINGLE_OUT = bool(_OUT.get("single_tensor"))
 _N_GRADS = len(_META["grad_param_indices"])
 _CHECK_ALIASES = bool(_META.get("mutated_inputs")) and _META["engine"] == "frozen"
 _ON_CUDA = _META["device"] == "cuda"

@@ -6,6 +6,7 @@ The file is a readable, self-contained module (torch + stdlib)::
     PRECOMPILE_METADATA = {...}          literal calling convention (ast.literal_eval-able)
     def _graph(self, ...)                the captured ATen graph (fallback, eager engine)
     def _make_call(_kernels)             frozen: Inductor's wrapper, kernels bound from the cache
+    model settings (_module_settings.py), pytree types (_pytree_types.py),
     driver (_driver.py), kernel loader (_kernel_loader.py), launcher (_triton_launcher.py)
 """
 
@@ -92,5 +93,6 @@ def render(metadata: dict, graph_code: str, wrapper_code: str | None) -> str:
         if any(k["kind"] == "triton" for k in metadata.get("kernels", [])):
             parts.append(_template("_triton_launcher.py"))
     parts.append(_template("_module_settings.py"))  # the driver checks models with it
+    parts.append(_template("_pytree_types.py"))  # and registers transformers' caches with it
     parts.append(_template("_driver.py"))
     return "\n\n".join(p.rstrip("\n") + "\n" for p in parts)
