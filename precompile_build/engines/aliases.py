@@ -111,7 +111,9 @@ def repointed(aliases: list[Alias], flat: list):
             t = flat[a.index]
             if a.view is not None:
                 size, stride, offset = a.view
-                t = t.as_strided(size, stride, t.storage_offset() + offset)
+                # the trace's inputs are fresh clones (layouts.example_clone): their
+                # storage starts at the tensor, so the offset is the view's own
+                t = t.as_strided(size, stride, offset)
             if a.attr:
                 saved.append((a, a.holder.__dict__[a.key]))
                 a.holder.__dict__[a.key] = t
