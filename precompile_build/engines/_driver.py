@@ -316,9 +316,10 @@ def _spec_problem(want, got, path):
     2 items, got a tuple of 3``), or None."""
     if want == got:
         return None
-    if want.is_leaf() or got.is_leaf() or want.type is not got.type or want.context != got.context \
-            or want.num_children != got.num_children:
+    if want.is_leaf() or got.is_leaf() or want.type is not got.type or want.num_children != got.num_children:
         return f"{path}: expected {_spec_text(want)}, got {_spec_text(got)}"
+    if want.context != got.context:
+        return f"{path}: {_context_difference(want, got)}"
     for key, w, g in zip(_child_keys(want), _children(want), _children(got)):
         problem = _spec_problem(w, g, path + key)
         if problem:
@@ -334,6 +335,23 @@ def _child_keys(spec):
         return [_pytree.keystr((k,)) for k, _ in entries]
     except Exception:  # no keys known for this type: positions
         return [f"[{i}]" for i in range(spec.num_children)]
+
+
+def _context_difference(want, got):
+    """How two nodes of one type differ in their context (dict keys, the attributes of
+    a registered object), as text."""
+    w, g = want.context, got.context
+    name = getattr(want.type, "__name__", str(want.type))
+    if isinstance(w, tuple) and len(w) == 2 and isinstance(w[1], tuple):  # _pytree_types.py's attributes
+        wd, gd = dict(w[1]), dict(g[1]) if isinstance(g, tuple) and len(g) == 2 else {}
+        diff = [f"{k} {gd.get(k)!r} (captured {wd.get(k)!r})" for k in sorted(wd.keys() | gd.keys())
+                if wd.get(k) != gd.get(k)]
+        if diff:
+            return f"a {name} with " + ", ".join(diff)
+    if want.type in (dict, _collections().OrderedDict):
+        return f"expected a {name} with keys {w}, got a {name} with keys {g}"
+    text = f"a {name} of another kind: captured {w!r}, got {g!r}"
+    return text if len(text) <= 300 else text[:297] + "..."
 
 
 def _spec_text(spec):
@@ -372,7 +390,10 @@ def _flatten_call(args, kwargs):
     """The call's models and tensor leaves, its structure and constants checked
     against the capture's. Returns (modules, tensors). Raises CallError."""
     kwargs = _check_structure(args, kwargs)
-    leaves, spec = _pytree.tree_flatten((args, kwargs))
+    try:
+        leaves, spec = _pytree.tree_flatten((args, kwargs))
+    except ValueError as e:  # a registered class refusing its value (_pytree_types.py)
+        raise CallError(f"target {_META['target']!r}: an argument is {e}") from None
     want = _spec("inputs")
     if spec != want:
         names = _META.get("arg_names") or []

@@ -14,10 +14,11 @@
 import importlib as _pt_importlib
 import json as _pt_json
 
+# (StaticSlidingWindowLayer is not: it keeps a Python int position that each call
+# changes, which a served call cannot; a cache with one is refused as unregistered)
 CACHE_TYPES = (
     "transformers.cache_utils:StaticCache",
     "transformers.cache_utils:StaticLayer",
-    "transformers.cache_utils:StaticSlidingWindowLayer",
 )
 _PT_REGISTERED = set()  # the classes registered by this block, in this process
 
@@ -30,6 +31,12 @@ def _pt_is_child(v):
 
 def _pt_flatten(obj):
     d = obj.__dict__
+    if d.get("is_initialized") is False:
+        # its tensors would be made inside the call, and a served call makes none
+        raise ValueError(
+            f"a {type(obj).__name__} that is not initialized (its tensors are made at the first "
+            "update); allocate them first: cache.early_initialization(batch_size, num_kv_heads, "
+            "head_dim, dtype, device), or run one eager call with it")
     children = tuple(sorted(k for k, v in d.items() if _pt_is_child(v)))
     other = tuple((k, d[k]) for k in sorted(d) if k not in children)
     return [d[k] for k in children], (children, other)

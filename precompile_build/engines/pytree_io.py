@@ -80,7 +80,10 @@ def flatten_inputs(args: tuple, kwargs: dict, arg_names: list[str]):
     import torch
     from torch.utils import _pytree as pytree
 
-    with_paths, spec = pytree.tree_flatten_with_path((tuple(args), dict(kwargs)))
+    try:
+        with_paths, spec = pytree.tree_flatten_with_path((tuple(args), dict(kwargs)))
+    except ValueError as e:  # a registered class refusing its value (_pytree_types.py)
+        raise CaptureError(f"an argument is {e}") from None
     leaves, kinds, paths = [], [], []
     for kp, v in with_paths:
         path = arg_path(kp, arg_names)
@@ -263,3 +266,25 @@ def result_leaves(leaves: list, flat_inputs: list) -> tuple[list, list]:
         else:
             kinds.append(["const", v])
     return kinds, tensors
+
+
+def changed_argument(args: tuple, kwargs: dict, spec, tensors: list, kinds: list, paths: list) -> str | None:
+    """What the traced call changed in its arguments' structure (None: nothing): an
+    attribute of a registered object reassigned (DynamicCache's ``keys = cat(...)``), a
+    Python number in one changed. A served call runs no Python, so such a change would
+    not reach the caller's object; in-place writes to its tensors do."""
+    from torch.utils import _pytree as pytree
+
+    leaves, after = pytree.tree_flatten((tuple(args), dict(kwargs)))
+    if after != spec:
+        return ("the function changes the structure of its arguments (an attribute of an argument "
+                "object reassigned, or a Python number in one changed), which a served call would not "
+                "do: write into the argument's tensors in place instead (a transformers StaticCache, "
+                "not a DynamicCache, whose tensors grow)")
+    it = iter(tensors)
+    for v, k, path in zip(leaves, kinds, paths):
+        if k[0] == "tensor" and v is not next(it):
+            return (f"the function replaces {path} with a new tensor (an attribute reassigned, as "
+                    "DynamicCache does), which a served call would not do: write into it in place "
+                    "(a transformers StaticCache), or return the new value")
+    return None

@@ -178,6 +178,9 @@ def trace_call(fn: Callable, args: tuple, kwargs: dict, *, target: str, tracer: 
             result = fn(*call_args, **call_kwargs)
             reassigned = graph_attrs.reassigned_buffers(modules, names, leaves, target)
         out_box["reassigned"] = [i for i, _ in reassigned]
+        if not torch.compiler.is_dynamo_compiling():
+            out_box["changed"] = pytree_io.changed_argument(call_args, call_kwargs, in_spec, flat[n_params:],
+                                                            in_kinds, leaf_paths)
         res_leaves, out_box["spec"] = pytree_io.flatten_result(result)
         out_box["kinds"], outs = pytree_io.result_leaves(res_leaves, [*leaves, *flat[n_params:]])
         # A returned view would alias an input or an intermediate buffer of the
@@ -206,6 +209,8 @@ def trace_call(fn: Callable, args: tuple, kwargs: dict, *, target: str, tracer: 
             raise
         raise CaptureError(f"target {target!r}: {e}") from None
     gm, symbolic = traced.graph_module, traced.symbolic
+    if out_box.get("changed"):
+        raise CaptureError(f"target {target!r}: {out_box['changed']}")
     try:
         out_text, out_types = pytree_io.dump_spec(out_box["spec"], "the result")
     except CaptureError as e:
