@@ -44,8 +44,9 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-PATHS = ("eager", "generate", "generate_auto", "generate_compile", "generate_compile_ro", "load_packaged",
-         "load_packaged_graphs")
+# (in the order they run: a run cut short has the cheap and the precompiled ones)
+PATHS = ("eager", "load_packaged", "load_packaged_graphs", "generate", "generate_compile", "generate_compile_ro",
+         "generate_auto")
 SIZES = {
     "cpu": dict(vocab_size=1024, hidden_size=256, intermediate_size=512, num_hidden_layers=4,
                 num_attention_heads=4, num_key_value_heads=2, dtype="float32"),
@@ -313,14 +314,12 @@ def main() -> None:
     if a.worker:
         print(json.dumps(worker(a.worker, a.device, a.batches[0], a.steps, a.prompt)))
         return
-    import torch
-    import transformers
-
     work = Path(a.work or tempfile.mkdtemp(prefix="decode-bench-"))
     paths = [p for p in a.paths if a.device == "cuda" or p != "load_packaged_graphs"]
     proj = write_project(work, a.device, a.batches, a.prompt + a.steps + 24)
     build_s = build_wheel(work, proj) if any(p.startswith("load_packaged") for p in paths) else 0.0
-    rows = []
+    write = _writer(a, build_s)
+    rows: list[dict] = []
     for batch in a.batches:
         eager = None
         for path in paths:
@@ -334,13 +333,19 @@ def main() -> None:
                 r["equal"] = "yes" if diff is None else f"no (first at {diff})"
             rows.append(r)
             print(json.dumps({k: v for k, v in r.items() if k != "tokens"}), flush=True)
-        floor = next((r.get("kernel_ms_per_step") for r in rows if r["batch"] == batch and "kernel_ms_per_step" in r),
-                     None)
-        for r in rows:
-            if r["batch"] == batch and floor and "error" not in r:
-                r["floor_ratio"] = r["ms_per_token"] / floor
+            floor = next((x["kernel_ms_per_step"] for x in rows if x["batch"] == batch and "kernel_ms_per_step" in x),
+                         None)
+            for x in rows:
+                if x["batch"] == batch and floor and "error" not in x:
+                    x["floor_ratio"] = x["ms_per_token"] / floor
+            write(rows)  # after every path: a run cut short keeps what it measured
+
+
+def _writer(a, build_s):
+    import torch
+    import transformers
+
     size = SIZES[a.device]
-    params = None
     meta = {"device": a.device, "command": "python bench/decode.py " + " ".join(sys.argv[1:]),
             "torch": torch.__version__, "transformers": transformers.__version__,
             "host": f"Python {platform.python_version()}, {platform.machine()}, {os.cpu_count()} CPUs"
@@ -348,12 +353,14 @@ def main() -> None:
             "model": (f"Llama, hidden {size['hidden_size']}, {size['num_hidden_layers']} layers, "
                       f"{size['num_attention_heads']} heads ({size['num_key_value_heads']} KV), MLP "
                       f"{size['intermediate_size']}, vocabulary {size['vocab_size']}, {size['dtype']}"
-                      + (f", {params / 1e9:.2f}B parameters" if params else "")),
+                      + (", about 1.1B parameters" if a.device == "cuda" else "")),
             "prompt": a.prompt, "steps": a.steps, "build_s": build_s}
-    text = markdown(meta, rows)
-    print(text)
-    if a.out:
-        Path(a.out).write_text(text)
+
+    def write(rows):
+        if a.out:
+            Path(a.out).write_text(markdown(meta, rows))
+
+    return write
 
 
 def _cuda() -> bool:

@@ -3,6 +3,7 @@
 # `eager` engines (precompile_build/engines/codegen.py). It needs only torch and the
 # stdlib, and reads PRECOMPILE_METADATA, _graph, module_settings (_module_settings.py)
 # and (frozen) _make_call, defined in the same file.
+import collections as _collections
 import importlib as _importlib
 import math as _math
 import operator as _operator
@@ -348,7 +349,7 @@ def _context_difference(want, got):
                 if wd.get(k) != gd.get(k)]
         if diff:
             return f"a {name} with " + ", ".join(diff)
-    if want.type in (dict, _collections().OrderedDict):
+    if want.type in (dict, _collections.OrderedDict):
         return f"expected a {name} with keys {w}, got a {name} with keys {g}"
     text = f"a {name} of another kind: captured {w!r}, got {g!r}"
     return text if len(text) <= 300 else text[:297] + "..."
@@ -361,15 +362,9 @@ def _spec_text(spec):
         return "None"
     kind = getattr(spec.type, "__name__", str(spec.type))
     context = spec.context
-    if isinstance(context, list) and spec.type in (dict, _collections().OrderedDict):
+    if isinstance(context, list) and spec.type in (dict, _collections.OrderedDict):
         return f"a {kind} with keys {context}"
     return f"a {kind} of {spec.num_children} item(s)"
-
-
-def _collections():
-    import collections
-
-    return collections
 
 
 def _check_structure(args, kwargs):

@@ -4,15 +4,19 @@
 for a training step) a flat function of tensors:
 
     flat inputs  = lifted parameters and buffers of every nn.Module argument
-                   (tied tensors collapsed by identity), then the tensor leaves of
-                   the other arguments, then the tensor constants the trace made
-                   (graph_attrs.py: their values travel in the source half)
-    flat outputs = the tensor leaves of fn's result, then the gradients of the
-                   parameters that received one in a captured ``.backward()``,
-                   then the new values of buffers the call reassigned
+                   (tied tensors, and tensors shared by two modules, collapsed by
+                   identity), then the tensor leaves of the other arguments, then
+                   the tensor constants the trace made (graph_attrs.py: their values
+                   travel in the source half)
+    flat outputs = the tensor leaves of fn's result (but those that are inputs),
+                   then the gradients of the parameters that received one in a
+                   captured ``.backward()``, then the new values of buffers the call
+                   reassigned
 
-Non-tensor leaves of the arguments and of the result are specialised (recorded as
-constants and checked at call time). Buffers mutated in place stay in the graph as
+Arguments and result are flattened with torch's pytree (pytree_io.py); their
+non-tensor leaves are specialised (recorded as constants and checked at call time).
+Plain references to a lifted tensor (a module's cache object holding its buffers)
+are re-pointed at the input during the trace (aliases.py). Buffers mutated in place stay in the graph as
 in-place ops on inputs. This is the programming model of torch.compiler.precompile
 (torch/_precompile.py): specialised shapes and control flow, no weights in the pair.
 Dimensions marked with ``torch._dynamo.mark_dynamic`` stay symbolic instead
