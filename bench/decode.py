@@ -7,9 +7,10 @@ greedy tokens, at each batch of ``--batches``. Paths:
 
 - ``eager``: a Python loop over ``model(input_ids=, past_key_values=StaticCache,
   cache_position=)`` (prefill, then one token per call), each token copied to the host;
-- ``generate``: ``model.generate(cache_implementation="static")``, eager
+- ``generate``: ``model.generate(past_key_values=StaticCache(...))`` (a fresh cache of
+  one size per call, as ``cache_implementation="static"`` makes one), eager
   (``disable_compile=True``); ``generate_auto``: the same as transformers runs it by
-  default (with a static cache it may compile the forward itself);
+  default (with a static cache it compiles the forward itself);
 - ``generate_compile``: ``generate`` after ``model.forward = torch.compile(model.forward,
   fullgraph=True)``; ``generate_compile_ro``: with ``mode="reduce-overhead"``;
 - ``load_packaged``: the same loop as ``eager`` on the targets of one wheel built here
@@ -193,8 +194,11 @@ def worker(path: str, device: str, batch: int, steps: int, n_prompt: int) -> dic
         def generate(n):
             _sync(device)
             t0 = time.perf_counter()
+            # a fresh StaticCache of one size for every call: the compiled forward sees
+            # the same shapes (generate's own static cache is sized by max_new_tokens)
             seq = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=n, min_new_tokens=n,
-                                 do_sample=False, cache_implementation="static", pad_token_id=0, **extra)
+                                 do_sample=False, past_key_values=llmdecode.static_cache(model, batch, device),
+                                 pad_token_id=0, **extra)
             toks = seq[:, n_prompt:].tolist()
             return time.perf_counter() - t0, toks
 

@@ -201,3 +201,35 @@ def test_a_tensor_shared_by_two_model_arguments_is_one_input(tmp_path, tracer):
     x = torch.randn(3)
     torch.testing.assert_close(f(a, b, x), fn(ea, eb, x))
     torch.testing.assert_close(s, e)
+
+
+class Unnamed:
+    def __init__(self, t):
+        self.t = t
+
+
+pytree.register_pytree_node(Unnamed, lambda o: ([o.t], None), lambda v, _: Unnamed(v[0]))
+
+
+class Named:
+    def __init__(self, t, k):
+        self.t, self.k = t, k
+
+
+pytree.register_pytree_node(Named, lambda o: ([o.t], o.k), lambda v, k: Named(v[0], k),
+                            serialized_type_name="tests.test_pytree_args.Named")
+
+
+def test_a_class_registered_with_a_serialized_name_goes_in_and_out(tmp_path):
+    f = _capture(tmp_path, lambda n: Named(n.t * n.k, n.k + 1), Named(torch.ones(2), 3))
+    got = f(Named(torch.ones(2) * 2, 3))
+    assert type(got) is Named and got.k == 4
+    torch.testing.assert_close(got.t, torch.full((2,), 6.0))
+    with pytest.raises(CallError, match=r"argument 'n': a Named of another kind: captured 3, got 4"):
+        f(Named(torch.ones(2), 4))
+
+
+def test_a_class_registered_without_a_serialized_name_is_refused(tmp_path):
+    with pytest.raises(CaptureError, match=r"an argument holds a Unnamed, registered with torch.utils._pytree "
+                       r"without a serialized_type_name.*serialized_type_name='test_pytree_args.Unnamed'"):
+        _capture(tmp_path, lambda u: u.t * 2, Unnamed(torch.ones(2)))

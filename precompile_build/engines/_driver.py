@@ -299,16 +299,16 @@ def _children(spec):
 
 def _leaf_paths(args, kwargs):
     """Each leaf's path text (``argument 'x'[0]['a']``, ``keyword argument 'k'``), for
-    messages: the same text as the capture's (pytree_io.arg_path)."""
+    messages: the same text as the capture's (pytree_io.arg_paths)."""
     names = _META.get("arg_names") or []
+    tops = [(f"argument {names[i]!r}" if names else f"args[{i}]", a) for i, a in enumerate(args)]
+    tops += [(f"keyword argument {k!r}", v) for k, v in kwargs.items()]
     paths = []
-    for kp, _ in _pytree.tree_flatten_with_path((tuple(args), dict(kwargs)))[0]:
-        rest = _pytree.keystr(kp[2:])
-        if kp[0].idx == 0:
-            i = kp[1].idx
-            paths.append((f"argument {names[i]!r}" if names else f"args[{i}]") + rest)
-        else:
-            paths.append(f"keyword argument {kp[1].key!r}" + rest)
+    for label, value in tops:
+        try:
+            paths += [label + _pytree.keystr(kp) for kp, _ in _pytree.tree_flatten_with_path(value)[0]]
+        except ValueError:  # a class registered without a flatten_with_keys_fn: positions
+            paths += [f"{label} (leaf {i})" for i in range(len(_pytree.tree_leaves(value)))]
     return paths
 
 
@@ -387,7 +387,7 @@ def _flatten_call(args, kwargs):
     kwargs = _check_structure(args, kwargs)
     try:
         leaves, spec = _pytree.tree_flatten((args, kwargs))
-    except ValueError as e:  # a registered class refusing its value (_pytree_types.py)
+    except NotReady as e:  # a registered class refusing its value (_pytree_types.py, copied in above)
         raise CallError(f"target {_META['target']!r}: an argument is {e}") from None
     want = _spec("inputs")
     if spec != want:

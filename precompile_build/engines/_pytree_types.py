@@ -23,6 +23,10 @@ CACHE_TYPES = (
 _PT_REGISTERED = set()  # the classes registered by this block, in this process
 
 
+class NotReady(ValueError):
+    """A registered object that cannot be an argument as it is (raised by its flatten)."""
+
+
 def _pt_is_child(v):
     import torch
 
@@ -33,7 +37,7 @@ def _pt_flatten(obj):
     d = obj.__dict__
     if d.get("is_initialized") is False:
         # its tensors would be made inside the call, and a served call makes none
-        raise ValueError(
+        raise NotReady(
             f"a {type(obj).__name__} that is not initialized (its tensors are made at the first "
             "update); allocate them first: cache.early_initialization(batch_size, num_kv_heads, "
             "head_dim, dtype, device), or run one eager call with it")

@@ -41,16 +41,33 @@ def qualname(tp) -> str:
     return f"{tp.__module__}:{tp.__qualname__}"
 
 
-def arg_path(kp, arg_names: list[str]) -> str:
-    """The message text of a key path into ``(args, kwargs)``: ``argument 'x'[0]['a']``,
-    ``args[1].field``, ``keyword argument 'k'``."""
+def arg_paths(args: tuple, kwargs: dict, arg_names: list[str]) -> list[tuple[str, Any]]:
+    """``(path text, leaf)`` of each pytree leaf of ``(args, kwargs)``, in
+    ``tree_flatten`` order: ``argument 'x'[0]['a']``, ``args[1].field``, ``keyword
+    argument 'k'``; ``argument 'x' (leaf 2)`` inside a class registered without a
+    ``flatten_with_keys_fn``.
+
+    Raises:
+        CaptureError: a registered class refused its value (an uninitialized cache).
+    """
     from torch.utils import _pytree as pytree
 
-    head, rest = kp[:2], pytree.keystr(kp[2:])
-    if head[0].idx == 0:
-        i = head[1].idx
-        return (f"argument {arg_names[i]!r}" if arg_names else f"args[{i}]") + rest
-    return f"keyword argument {head[1].key!r}" + rest
+    from ._pytree_types import NotReady
+
+    tops = [(f"argument {arg_names[i]!r}" if arg_names else f"args[{i}]", a) for i, a in enumerate(args)]
+    tops += [(f"keyword argument {k!r}", v) for k, v in kwargs.items()]
+    out = []
+    for label, value in tops:
+        try:
+            try:
+                out += [(label + pytree.keystr(kp), v) for kp, v in pytree.tree_flatten_with_path(value)[0]]
+            except NotReady:
+                raise
+            except ValueError:  # no flatten_with_keys_fn: positions
+                out += [(f"{label} (leaf {i})", v) for i, v in enumerate(pytree.tree_leaves(value))]
+        except NotReady as e:
+            raise CaptureError(f"{label} is {e}") from None
+    return out
 
 
 def _result_path(kp) -> str:
@@ -72,7 +89,7 @@ def flatten_inputs(args: tuple, kwargs: dict, arg_names: list[str]):
     Returns:
         ``(leaves, spec, kinds, paths)``: the pytree leaves and TreeSpec of ``(args,
         kwargs)``; per leaf ``["module"]``, ``["tensor"]`` or ``["const", value]``; per
-        leaf its path text (:func:`arg_path`).
+        leaf its path text (:func:`arg_paths`).
     Raises:
         CaptureError: a leaf of another type (a plain object, a class not registered
             with pytree), naming its path and what to do.
@@ -80,13 +97,10 @@ def flatten_inputs(args: tuple, kwargs: dict, arg_names: list[str]):
     import torch
     from torch.utils import _pytree as pytree
 
-    try:
-        with_paths, spec = pytree.tree_flatten_with_path((tuple(args), dict(kwargs)))
-    except ValueError as e:  # a registered class refusing its value (_pytree_types.py)
-        raise CaptureError(f"an argument is {e}") from None
+    with_paths = arg_paths(args, kwargs, arg_names)
+    spec = pytree.tree_structure((tuple(args), dict(kwargs)))
     leaves, kinds, paths = [], [], []
-    for kp, v in with_paths:
-        path = arg_path(kp, arg_names)
+    for path, v in with_paths:
         if isinstance(v, torch.nn.Module):
             kinds.append(["module"])
         elif isinstance(v, torch.Tensor):
@@ -130,10 +144,13 @@ def flatten_result(result):
         leaves, spec = pytree.tree_flatten(result)
     if all(isinstance(v, (torch.Tensor, *_LITERALS)) for v in leaves):
         return leaves, spec
-    for kp, v in pytree.tree_flatten_with_path(result)[0]:  # name the first bad one
+    try:
+        named = [(_result_path(kp), v) for kp, v in pytree.tree_flatten_with_path(result)[0]]
+    except ValueError:  # a class registered without a flatten_with_keys_fn: positions
+        named = [(f"the result's leaf {i}", v) for i, v in enumerate(leaves)]
+    for what, v in named:  # name the first bad one
         if isinstance(v, (torch.Tensor, *_LITERALS)):
             continue
-        what = _result_path(kp)
         if isinstance(v, (torch.SymInt, torch.SymFloat, torch.SymBool)):
             raise CaptureError(
                 f"{what} is a Python number computed while tracing ({type(v).__name__}: from "
