@@ -7,7 +7,7 @@ The file is a readable, self-contained module (torch + stdlib)::
     def _graph(self, ...)                the captured ATen graph (fallback, eager engine)
     def _make_call(_kernels)             frozen: Inductor's wrapper, kernels bound from the cache
     model settings (_module_settings.py), pytree types (_pytree_types.py),
-    driver (_driver.py), kernel loader (_kernel_loader.py), launcher (_triton_launcher.py)
+    arguments and results (_call_args.py), driver (_driver.py), kernel loader (_kernel_loader.py), launcher (_triton_launcher.py)
 """
 
 from __future__ import annotations
@@ -94,5 +94,6 @@ def render(metadata: dict, graph_code: str, wrapper_code: str | None) -> str:
             parts.append(_template("_triton_launcher.py"))
     parts.append(_template("_module_settings.py"))  # the driver checks models with it
     parts.append(_template("_pytree_types.py"))  # and registers transformers' caches with it
+    parts.append(_template("_call_args.py"))  # its arguments and results, through pytree
     parts.append(_template("_driver.py"))
     return "\n\n".join(p.rstrip("\n") + "\n" for p in parts)
