@@ -50,9 +50,9 @@ PATHS = ("eager", "load_packaged", "load_packaged_graphs", "generate", "generate
          "generate_auto")
 SIZES = {
     "cpu": dict(vocab_size=1024, hidden_size=256, intermediate_size=512, num_hidden_layers=4,
-                num_attention_heads=4, num_key_value_heads=2, dtype="float32"),
+                num_attention_heads=4, num_key_value_heads=2, initializer_range=0.1, dtype="float32"),
     "cuda": dict(vocab_size=32000, hidden_size=2048, intermediate_size=8192, num_hidden_layers=16,
-                 num_attention_heads=32, num_key_value_heads=8, dtype="bfloat16"),
+                 num_attention_heads=32, num_key_value_heads=8, initializer_range=0.05, dtype="bfloat16"),
 }
 
 # The package the wheel is built from: its module builds the model and is imported by
