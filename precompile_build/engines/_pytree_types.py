@@ -27,12 +27,6 @@ class NotReady(ValueError):
     """A registered object that cannot be an argument as it is (raised by its flatten)."""
 
 
-def _pt_is_child(v):
-    import torch
-
-    return isinstance(v, (torch.Tensor, list, tuple, dict))
-
-
 def _pt_flatten(obj):
     d = obj.__dict__
     if d.get("is_initialized") is False:
@@ -41,9 +35,17 @@ def _pt_flatten(obj):
             f"a {type(obj).__name__} that is not initialized (its tensors are made at the first "
             "update); allocate them first: cache.early_initialization(batch_size, num_kv_heads, "
             "head_dim, dtype, device), or run one eager call with it")
-    children = tuple(sorted(k for k, v in d.items() if _pt_is_child(v)))
-    other = tuple((k, d[k]) for k in sorted(d) if k not in children)
-    return [d[k] for k in children], (children, other)
+    import torch
+
+    children, values, other = [], [], []
+    for k in sorted(d):  # one pass: this runs on every served call
+        v = d[k]
+        if isinstance(v, (torch.Tensor, list, tuple, dict)):
+            children.append(k)
+            values.append(v)
+        else:
+            other.append((k, v))
+    return values, (tuple(children), tuple(other))
 
 
 def _pt_flatten_with_keys(obj):
