@@ -108,11 +108,12 @@ def flatten_inputs(args: tuple, kwargs: dict, arg_names: list[str]):
         elif isinstance(v, _LITERALS):
             kinds.append(["const", v])
         else:
+            hint = _register_hint(v)
             raise CaptureError(
                 f"{path} is a {type(v).__name__}, which the capture cannot take apart: it takes "
                 "tensors, nn.Modules, int/float/bool/str/None and the containers torch's pytree "
-                f"knows (tuple, list, dict, namedtuple, registered classes). {_register_hint(v)[0].upper()}"
-                f"{_register_hint(v)[1:]}, or pass the tensors it holds instead"
+                f"knows (tuple, list, dict, namedtuple, registered classes). {hint[0].upper()}{hint[1:]}, "
+                "or pass the tensors it holds instead"
             )
         leaves.append(v)
         paths.append(path)
@@ -123,8 +124,9 @@ def flatten_result(result):
     """Flatten a call's result: ``(leaves, spec)``.
 
     A dataclass that is not registered with pytree is registered here
-    (``register_dataclass``, by its init fields), as the old calling convention took
-    any dataclass result; the driver registers it the same way.
+    (``register_dataclass``, by its init fields), so that a dataclass result comes
+    back as itself without the user registering it; the driver registers it the same
+    way.
 
     Raises:
         CaptureError: a leaf that is no tensor or int/float/bool/str/None (a Python
