@@ -45,7 +45,12 @@ def served(tmp_path_factory):
     serve = subprocess.run([sys.executable, str(tmp / "serve_check.py"), DEVICE, *modelzoo.CASES],
                            env=run_env, capture_output=True, text=True, cwd=tmp)
     assert serve.returncode == 0, serve.stderr[-6000:]
-    return json.loads(serve.stdout.strip().splitlines()[-1]), build_log
+    decode = subprocess.run([sys.executable, str(tmp / "serve_check.py"), DEVICE, "--decode"],
+                            env=run_env, capture_output=True, text=True, cwd=tmp)
+    assert decode.returncode == 0, decode.stderr[-6000:]
+    results = json.loads(serve.stdout.strip().splitlines()[-1])
+    results["decoding"] = json.loads(decode.stdout.strip().splitlines()[-1])
+    return results, build_log
 
 
 @pytest.mark.slow
@@ -72,5 +77,21 @@ def test_model_outputs_keep_their_class(served):
 @pytest.mark.slow
 def test_build_summary_names_every_model_target(served):
     _, log = served
-    for name in modelzoo.CASES:
+    for name in (*modelzoo.CASES, *modelzoo.DECODING):
         assert name in log, log[-3000:]
+
+
+@pytest.mark.slow
+def test_greedy_decoding_from_the_wheel_gives_eagers_tokens(served):
+    """A StaticCache argument (prefill with a dynamic prompt length, then one-token
+    steps; two requests with two caches, interleaved) and transformers' unmodified
+    export wrapper (its cache buffers also held by its static_cache object): 32 greedy
+    tokens each, equal to eager's; the writes land in the callers' caches."""
+    r = served[0]["decoding"]
+    assert "error" not in r, r["error"]
+    assert r["served"] == r["eager"] and len(r["served"][0]) == modelzoo.DECODE_STEPS
+    assert r["eager"][0] != r["eager"][1]  # two requests, two token streams
+    # prefill, then a step after each token but the last
+    assert r["cache_lengths"] == [6 + modelzoo.DECODE_STEPS - 1, 11 + modelzoo.DECODE_STEPS - 1]
+    assert r["served_wrapper"] == r["eager_wrapper"]
+    assert r["wrapper_buffer_is_cache"] and r["wrapper_cache_written"]

@@ -1,8 +1,9 @@
 # ---- driver: the calling convention of the captured function ----------------------
 # This block is copied verbatim into every source half written by the `frozen` and
 # `eager` engines (precompile_build/engines/codegen.py). It needs only torch and the
-# stdlib, and reads PRECOMPILE_METADATA, _graph, module_settings (_module_settings.py)
-# and (frozen) _make_call, defined in the same file.
+# stdlib, and reads PRECOMPILE_METADATA, _graph, module_settings (_module_settings.py),
+# the calling convention's _flatten_call/_rebuild and constants (_call_args.py) and
+# (frozen) _make_call, defined in the same file.
 import importlib as _importlib
 import math as _math
 import operator as _operator
@@ -241,63 +242,6 @@ def _check_no_aliases(flat, names):
                 )
 
 
-def _flatten(spec, value, modules, tensors, path):
-    """Walk `value` along the captured input structure `spec`, collecting modules and
-    tensor leaves; constants must equal what was captured."""
-    kind = spec[0]
-    if kind == "module":
-        if not isinstance(value, torch.nn.Module):
-            raise CallError(f"target {_META['target']!r}, {path}: expected an nn.Module, got {type(value).__name__}")
-        modules.append(value)
-    elif kind == "tensor":
-        tensors.append((value, path))
-    elif kind == "const":
-        if value != spec[1] or type(value) is not type(spec[1]):
-            raise CallError(
-                f"target {_META['target']!r}, {path}: the capture specialised on "
-                f"{spec[1]!r}, got {value!r}; capture again with this value"
-            )
-    elif kind in ("tuple", "list"):
-        if not isinstance(value, (tuple, list)) or len(value) != len(spec[1]):
-            raise CallError(f"target {_META['target']!r}, {path}: expected a {kind} of {len(spec[1])} items")
-        for i, (s, v) in enumerate(zip(spec[1], value)):
-            _flatten(s, v, modules, tensors, f"{path}[{i}]")
-    elif kind == "dict":
-        if not isinstance(value, dict) or sorted(value) != sorted(k for k, _ in spec[1]):
-            raise CallError(f"target {_META['target']!r}, {path}: expected a dict with keys {[k for k, _ in spec[1]]}")
-        for k, s in spec[1]:
-            _flatten(s, value[k], modules, tensors, f"{path}[{k!r}]")
-    else:  # pragma: no cover - written by our own codegen
-        raise CallError(f"{path}: unknown input kind {kind!r}")
-
-
-def _import_type(qualname):
-    module, _, name = qualname.partition(":")
-    obj = _importlib.import_module(module)
-    for part in name.split("."):
-        obj = getattr(obj, part)
-    return obj
-
-
-def _rebuild(spec, outs):
-    kind = spec[0]
-    if kind == "tensor":
-        return outs[spec[1]]
-    if kind == "const":
-        return spec[1]
-    if kind == "tuple":
-        return tuple(_rebuild(s, outs) for s in spec[1])
-    if kind == "list":
-        return [_rebuild(s, outs) for s in spec[1]]
-    if kind == "dict":
-        return {k: _rebuild(s, outs) for k, s in spec[1]}
-    if kind == "namedtuple":
-        return _import_type(spec[1])(*(_rebuild(s, outs) for s in spec[2]))
-    if kind == "dataclass":
-        return _import_type(spec[1])(**{k: _rebuild(s, outs) for k, s in spec[2]})
-    raise CallError(f"unknown output kind {kind!r}")  # pragma: no cover
-
-
 # ---- per-call checks, cached -------------------------------------------------------
 # The full check of a model's parameters (names, dtype, device, shape, stride) and of
 # every submodule's train/eval flag walks the whole model: microseconds per tensor.
@@ -446,10 +390,13 @@ _TENSOR_GUARDS = getattr(getattr(getattr(torch._C, "_dynamo", None), "guards", N
 _INPUT_GUARD = [None]
 
 
-def _check_inputs(tensors, leaves):
+def _check_inputs(tensors, paths):
+    """Check the call's tensor leaves ``tensors``; ``paths()`` gives their path texts
+    (computed only when the fast guard refuses them). Raises CallError."""
     guard = _INPUT_GUARD[0]
     if guard is not None and guard.check(*tensors):
         return
+    leaves = list(zip(tensors, paths()))
     if _DYN:
         _check_dynamic(leaves)
         return
@@ -578,23 +525,23 @@ class CompiledArtifact:
         if _DIST:
             _check_dist()
         if kwargs or len(args) != _N_POS or not _SIMPLE_ARGS:
-            modules, leaves = self._flatten_args(args, kwargs)
+            modules, tensors = _flatten_call(args, kwargs)
+            fast = False
         else:
             modules = [args[i] for i in _MODULE_POS]
             for m in modules:
                 if not isinstance(m, torch.nn.Module):
-                    self._flatten_args(args, kwargs)  # raises, naming the argument
-            leaves = None
+                    _flatten_call(args, kwargs)  # raises, naming the argument
+            fast = True
         params = _cached_params(modules)
-        if leaves is None:
+        if fast:
             tensors = [args[i] for i in _TENSOR_POS]
             guard = _INPUT_GUARD[0]
             if guard is None or not guard.check(*tensors):
-                _, leaves = self._flatten_args(args, kwargs)
-                _check_inputs(tensors, leaves)
+                _flatten_call(args, kwargs)
+                _check_inputs(tensors, lambda: _tensor_paths(args, kwargs))
         else:
-            tensors = [t for t, _ in leaves]
-            _check_inputs(tensors, leaves)
+            _check_inputs(tensors, lambda: _tensor_paths(args, kwargs))
         flat = params + tensors  # no autograd below: run under no_grad
         cuda = next((t.device for t in flat if t.is_cuda), None) if _ON_CUDA else None
         if _CONST_SPECS:  # the trace-made tensor constants, after the inputs
@@ -603,7 +550,7 @@ class CompiledArtifact:
                 cuda = next((t.device for t in flat if t.is_cuda), None)
         if _CHECK_ALIASES:
             _check_no_aliases(flat, lambda: [f"parameter/buffer {n}" for n in _META["param_names"]]
-                              + _paths(args, kwargs))
+                              + _tensor_paths(args, kwargs))
         grad = torch.is_grad_enabled()
         torch._C._set_grad_enabled(False)
         try:
@@ -628,42 +575,11 @@ class CompiledArtifact:
             with torch.no_grad():
                 for index, new in zip(_REASSIGNED, outs[_META["num_user_outputs"] + _N_GRADS:]):
                     params[index].copy_(new)
-        if _SINGLE_OUT is not None:
-            return outs[_SINGLE_OUT]
-        return _rebuild(_META["outputs"], list(outs[:_META["num_user_outputs"]]))
-
-    @staticmethod
-    def _flatten_args(args, kwargs):
-        modules, leaves = [], []
-        arg_spec, kw_spec = _META["inputs"][1]
-        kw_names = sorted(k for k, _ in kw_spec[1])
-        if len(args) != len(arg_spec[1]) or sorted(kwargs) != kw_names:
-            raise CallError(
-                f"target {_META['target']!r}: called with {len(args)} positional argument(s) "
-                f"and keyword(s) {sorted(kwargs)}; the capture was called with "
-                f"{len(arg_spec[1])} positional argument(s) and keyword(s) {kw_names}: call it "
-                "the same way"
-            )
-        names = _META.get("arg_names") or []
-        for i, (s, v) in enumerate(zip(arg_spec[1], args)):
-            _flatten(s, v, modules, leaves, f"argument {names[i]!r}" if names else f"args[{i}]")
-        for k, s in kw_spec[1]:
-            _flatten(s, kwargs[k], modules, leaves, f"keyword argument {k!r}")
-        return modules, leaves
+        if _SINGLE_OUT:
+            return outs[0]
+        return _rebuild(outs, flat)
 
 
-def _paths(args, kwargs):
-    return [path for _, path in CompiledArtifact._flatten_args(args, kwargs)[1]]
-
-
-# The common calling convention, served without walking the argument spec: only
-# positional arguments, each a model or a tensor; one tensor returned.
-_ARG_SPEC, _KW_SPEC = _META["inputs"][1]
-_N_POS = len(_ARG_SPEC[1])
-_SIMPLE_ARGS = not _KW_SPEC[1] and all(s[0] in ("module", "tensor") for s in _ARG_SPEC[1])
-_MODULE_POS = [i for i, s in enumerate(_ARG_SPEC[1]) if s[0] == "module"]
-_TENSOR_POS = [i for i, s in enumerate(_ARG_SPEC[1]) if s[0] == "tensor"]
-_SINGLE_OUT = _META["outputs"][1] if _META["outputs"][0] == "tensor" else None
 _N_GRADS = len(_META["grad_param_indices"])
 _CHECK_ALIASES = bool(_META.get("mutated_inputs")) and _META["engine"] == "frozen"
 _ON_CUDA = _META["device"] == "cuda"

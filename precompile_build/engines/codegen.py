@@ -6,6 +6,7 @@ The file is a readable, self-contained module (torch + stdlib)::
     PRECOMPILE_METADATA = {...}          literal calling convention (ast.literal_eval-able)
     def _graph(self, ...)                the captured ATen graph (fallback, eager engine)
     def _make_call(_kernels)             frozen: Inductor's wrapper, kernels bound from the cache
+    model settings (_module_settings.py), pytree types (_pytree_types.py),
     driver (_driver.py), kernel loader (_kernel_loader.py), launcher (_triton_launcher.py),
     CUDA graphs (_cuda_graphs.py; frozen CUDA targets)
 """
@@ -93,6 +94,8 @@ def render(metadata: dict, graph_code: str, wrapper_code: str | None) -> str:
         if any(k["kind"] == "triton" for k in metadata.get("kernels", [])):
             parts.append(_template("_triton_launcher.py"))
     parts.append(_template("_module_settings.py"))  # the driver checks models with it
+    parts.append(_template("_pytree_types.py"))  # and registers transformers' caches with it
+    parts.append(_template("_call_args.py"))  # its arguments and results, through pytree
     parts.append(_template("_driver.py"))
     if wrapper_code is not None and metadata.get("device") == "cuda":
         parts.append(_template("_cuda_graphs.py"))  # CUDA graphs of the frozen kernels

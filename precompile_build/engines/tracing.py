@@ -4,15 +4,19 @@
 for a training step) a flat function of tensors:
 
     flat inputs  = lifted parameters and buffers of every nn.Module argument
-                   (tied tensors collapsed by identity), then the tensor leaves of
-                   the other arguments, then the tensor constants the trace made
-                   (graph_attrs.py: their values travel in the source half)
-    flat outputs = the tensor leaves of fn's result, then the gradients of the
-                   parameters that received one in a captured ``.backward()``,
-                   then the new values of buffers the call reassigned
+                   (tied tensors, and tensors shared by two modules, collapsed by
+                   identity), then the tensor leaves of the other arguments, then
+                   the tensor constants the trace made (graph_attrs.py: their values
+                   travel in the source half)
+    flat outputs = the tensor leaves of fn's result (but those that are inputs),
+                   then the gradients of the parameters that received one in a
+                   captured ``.backward()``, then the new values of buffers the call
+                   reassigned
 
-Non-tensor leaves of the arguments and of the result are specialised (recorded as
-constants and checked at call time). Buffers mutated in place stay in the graph as
+Arguments and result are flattened with torch's pytree (pytree_io.py); their
+non-tensor leaves are specialised (recorded as constants and checked at call time).
+Plain references to a lifted tensor (a module's cache object holding its buffers)
+are re-pointed at the input during the trace (aliases.py). Buffers mutated in place stay in the graph as
 in-place ops on inputs. This is the programming model of torch.compiler.precompile
 (torch/_precompile.py): specialised shapes and control flow, no weights in the pair.
 Dimensions marked with ``torch._dynamo.mark_dynamic`` stay symbolic instead
@@ -21,17 +25,14 @@ Dimensions marked with ``torch._dynamo.mark_dynamic`` stay symbolic instead
 
 from __future__ import annotations
 
-import dataclasses
+import sys
 from dataclasses import dataclass
 from typing import Any, Callable
 
 from ..errors import CaptureError, warn_at_caller
-from . import collectives, dynamic_dims, graph_attrs, tracers
+from . import _pytree_types, aliases, collectives, dynamic_dims, graph_attrs, pytree_io, tracers
 from ._module_settings import module_setting_items, module_settings
 from .layouts import example_clone  # noqa: F401  (re-exported for the engines)
-
-_LITERALS = (int, float, bool, str, type(None))
-
 
 @dataclass
 class TracedCall:
@@ -42,6 +43,7 @@ class TracedCall:
     metadata: dict  # literal calling convention, see _driver.py
     symbolic: Any = None  # dynamic_dims.SymbolicTrace when dims are marked dynamic
     sources: Any = None  # the caller's own flat tensors (params, then arguments), not clones
+    outline: tuple = ("", "")  # the result's structure (pytree_io.outline), for the eager-call check
 
     def finish_dynamic(self, target: str) -> None:
         """Record the marked dims' symbols, ranges and guards in the metadata; call it
@@ -64,99 +66,6 @@ def _tensor_spec(t, requires_grad: bool) -> dict:
     }
 
 
-def _input_spec(value, modules: list, tensors: list, path: str):
-    import torch
-
-    if isinstance(value, torch.nn.Module):
-        modules.append(value)
-        return ("module", len(modules) - 1)
-    if isinstance(value, torch.Tensor):
-        tensors.append((value, path))
-        return ("tensor", len(tensors) - 1)
-    if isinstance(value, _LITERALS):
-        return ("const", value)
-    if isinstance(value, (tuple, list)) and not hasattr(value, "_fields"):
-        kind = "tuple" if isinstance(value, tuple) else "list"
-        return (kind, [_input_spec(v, modules, tensors, f"{path}[{i}]") for i, v in enumerate(value)])
-    if isinstance(value, dict) and all(isinstance(k, str) for k in value):
-        return ("dict", [(k, _input_spec(v, modules, tensors, f"{path}[{k!r}]")) for k, v in value.items()])
-    raise CaptureError(
-        f"argument {path} is a {type(value).__name__}; the capture accepts tensors, "
-        "nn.Modules, int/float/bool/str/None and tuples, lists and str-keyed dicts of "
-        "them: pass the tensors it holds instead"
-    )
-
-
-def _qualname(tp) -> str:
-    return f"{tp.__module__}:{tp.__qualname__}"
-
-
-def spec_outline(spec) -> str:
-    """The text of an output spec (:func:`_output_spec`) without its constants'
-    values: ``(Tensor, [Tensor, int])``, ``(Tensor,)``, ``Out(logits=Tensor,
-    loss=NoneType)``. Two calls returning the same structure have the same outline even
-    when a returned Python number (a counter) differs; compare outlines whole (a long
-    one is shortened only for a message, :func:`_short`)."""
-
-    def walk(sp):
-        kind = sp[0]
-        if kind == "tensor":
-            return "Tensor"
-        if kind == "const":
-            return type(sp[1]).__name__
-        if kind in ("tuple", "list"):
-            inner = ", ".join(map(walk, sp[1]))
-            return (f"({inner},)" if len(sp[1]) == 1 else f"({inner})") if kind == "tuple" else f"[{inner}]"
-        if kind == "dict":
-            return "{" + ", ".join(f"{k!r}: {walk(v)}" for k, v in sp[1]) + "}"
-        name = sp[1].rsplit(".", 1)[-1].rsplit(":", 1)[-1]
-        if kind == "namedtuple":
-            return f"{name}(" + ", ".join(map(walk, sp[2])) + ")"
-        return f"{name}(" + ", ".join(f"{f}={walk(v)}" for f, v in sp[2]) + ")"  # dataclass
-
-    return walk(spec)
-
-
-def _short(text: str, limit: int = 200) -> str:
-    return text if len(text) <= limit else text[:limit - 3] + "..."
-
-
-def _output_spec(value, outs: list, path: str):
-    import torch
-
-    if isinstance(value, torch.Tensor):
-        outs.append(value)
-        return ("tensor", len(outs) - 1)
-    if isinstance(value, _LITERALS):
-        return ("const", value)
-    if isinstance(value, tuple) and hasattr(value, "_fields"):
-        return ("namedtuple", _qualname(type(value)),
-                [_output_spec(v, outs, f"{path}.{f}") for f, v in zip(value._fields, value)])
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return ("dataclass", _qualname(type(value)),
-                [(f.name, _output_spec(getattr(value, f.name), outs, f"{path}.{f.name}"))
-                 for f in dataclasses.fields(value) if f.init])
-    if isinstance(value, (tuple, list)):
-        kind = "tuple" if isinstance(value, tuple) else "list"
-        return (kind, [_output_spec(v, outs, f"{path}[{i}]") for i, v in enumerate(value)])
-    if isinstance(value, dict) and all(isinstance(k, str) for k in value):
-        return ("dict", [(k, _output_spec(v, outs, f"{path}[{k!r}]")) for k, v in value.items()])
-    what = "the result" if path == "result" else f"the result's part {path}"
-    if isinstance(value, (torch.SymInt, torch.SymFloat, torch.SymBool)):
-        raise CaptureError(
-            f"{what} is a Python number computed while tracing ({type(value).__name__}: from "
-            ".item(), float()/int() of a tensor, or a dynamic size): a Python number from "
-            ".item() cannot be a result of a captured function; return the tensor instead "
-            "(e.g. `loss`, not `loss.item()`)"
-        )
-    hint = ("; it is a model's key/value cache: pass use_cache=False, or return the tensors "
-            "you need" if type(value).__name__.endswith("Cache") else "")
-    raise CaptureError(
-        f"{what} is a {type(value).__name__}; return tensors, constants, "
-        f"tuples, lists, str-keyed dicts, named tuples or dataclasses of them{hint}"
-    )
-
-
 def _lift(modules) -> tuple[list[str], list]:
     """Parameters then buffers of each module, tied tensors collapsed (the order the
     driver re-derives at call time)."""
@@ -174,15 +83,25 @@ def _lift(modules) -> tuple[list[str], list]:
 
 def _reparametrize(modules, names, tensors):
     """One context that swaps every module's parameters/buffers for ``tensors`` (nested
-    ``with`` blocks, no ExitStack: TorchDynamo, the strict tracer, follows these)."""
+    ``with`` blocks, no ExitStack: TorchDynamo, the strict tracer, follows these). A
+    tensor registered in two module arguments is lifted once (under the first) and
+    swapped in both."""
     import contextlib
 
     from torch.nn.utils import stateless
 
-    per_module: list[dict] = [{} for _ in modules]
+    lifted = {}
     for name, t in zip(names, tensors):
         i, _, local = name.partition(".")
-        per_module[int(i[1:])][local] = t
+        lifted[id(_named_tensor(modules[int(i[1:])], local))] = t
+    per_module: list[dict] = []
+    for mod in modules:
+        own = {}
+        for kind in (mod.named_parameters, mod.named_buffers):
+            for local, t in kind(remove_duplicate=False):
+                if t is not None and id(t) in lifted:
+                    own[local] = lifted[id(t)]
+        per_module.append(own)
 
     @contextlib.contextmanager
     def nested(i):
@@ -194,6 +113,13 @@ def _reparametrize(modules, names, tensors):
             yield
 
     return nested(0)
+
+
+def _named_tensor(module, name: str):
+    *path, leaf = name.split(".")
+    for part in path:
+        module = getattr(module, part)
+    return module._parameters[leaf] if leaf in module._parameters else module._buffers[leaf]
 
 
 def trace_call(fn: Callable, args: tuple, kwargs: dict, *, target: str, tracer: str | None = None) -> TracedCall:
@@ -213,49 +139,36 @@ def trace_call(fn: Callable, args: tuple, kwargs: dict, *, target: str, tracer: 
             script objects read by the graph (graph_attrs.py), or a failure inside the trace.
     """
     import torch
+    from torch.utils import _pytree as pytree
 
     try:
         tracer = tracers.check_tracer(tracer)
     except ValueError as e:
         raise CaptureError(f"target {target!r}: {e}") from None
-    modules: list = []
-    user_tensors: list = []
     arg_names = _arg_names(fn, len(args))
+    if "transformers.cache_utils" in sys.modules:  # its StaticCache: an argument like any other
+        _pytree_types.register_cache_types()
     try:
-        in_spec = ("list", [
-            ("list", [_input_spec(a, modules, user_tensors, f"argument {arg_names[i]!r}" if arg_names else f"args[{i}]")
-                      for i, a in enumerate(args)]),
-            ("dict", [(k, _input_spec(v, modules, user_tensors, f"keyword argument {k!r}")) for k, v in kwargs.items()]),
-        ])
+        leaves, in_spec, in_kinds, leaf_paths = pytree_io.flatten_inputs(args, kwargs, arg_names)
+        in_text, in_types = pytree_io.dump_spec(in_spec, "an argument")
     except CaptureError as e:
         raise CaptureError(f"target {target!r}: {e}") from None
-    user_tensors, paths = [t for t, _ in user_tensors], [p for _, p in user_tensors]
+    modules = [v for v, k in zip(leaves, in_kinds) if k[0] == "module"]
+    user_tensors = [v for v, k in zip(leaves, in_kinds) if k[0] == "tensor"]
+    paths = [p for p, k in zip(leaf_paths, in_kinds) if k[0] == "tensor"]
     collectives.refuse_data_parallel(fn, modules, target)
     names, params = _lift(modules)
     settings_before = [module_setting_items(m) for m in modules]  # as the trace sees them
     wants_grad = [isinstance(p, torch.nn.Parameter) and p.requires_grad for p in params]
     n_params = len(params)
+    # plain references to the inputs (a cache object that holds the module's buffers)
+    held = aliases.find_aliases(modules, params + user_tensors)
     out_box: dict = {}
 
     def rebuild_args(flat_user):
-        it = iter(flat_user)
-        mods = iter(modules)
-
-        def build(spec):
-            kind = spec[0]
-            if kind == "module":
-                return next(mods)
-            if kind == "tensor":
-                return next(it)
-            if kind == "const":
-                return spec[1]
-            if kind in ("tuple", "list"):
-                items = [build(s) for s in spec[1]]
-                return tuple(items) if kind == "tuple" else items
-            return {k: build(s) for k, s in spec[1]}
-
-        a, kw = build(in_spec)
-        return a, kw
+        it, mods = iter(flat_user), iter(modules)
+        values = [next(mods) if k[0] == "module" else next(it) if k[0] == "tensor" else k[1] for k in in_kinds]
+        return pytree.tree_unflatten(values, in_spec)
 
     def flat_fn(*flat):
         if torch.compiler.is_dynamo_compiling():
@@ -265,12 +178,15 @@ def trace_call(fn: Callable, args: tuple, kwargs: dict, *, target: str, tracer: 
         else:
             leaves = [t.detach().requires_grad_(True) if g else t for t, g in zip(flat[:n_params], wants_grad)]
         call_args, call_kwargs = rebuild_args(flat[n_params:])
-        with _reparametrize(modules, names, leaves):
+        with _reparametrize(modules, names, leaves), aliases.repointed(held, [*leaves, *flat[n_params:]]):
             result = fn(*call_args, **call_kwargs)
             reassigned = graph_attrs.reassigned_buffers(modules, names, leaves, target)
         out_box["reassigned"] = [i for i, _ in reassigned]
-        outs: list = []
-        out_box["spec"] = _output_spec(result, outs, "result")
+        if not torch.compiler.is_dynamo_compiling():
+            out_box["changed"] = pytree_io.changed_argument(call_args, call_kwargs, in_spec, flat[n_params:],
+                                                            in_kinds, leaf_paths)
+        res_leaves, out_box["spec"] = pytree_io.flatten_result(result)
+        out_box["kinds"], outs = pytree_io.result_leaves(res_leaves, [*leaves, *flat[n_params:]])
         # A returned view would alias an input or an intermediate buffer of the
         # compiled graph; return a fresh tensor so every output owns its storage.
         outs = [o.detach().clone() if o._base is not None else o.detach() for o in outs]
@@ -297,17 +213,27 @@ def trace_call(fn: Callable, args: tuple, kwargs: dict, *, target: str, tracer: 
             raise
         raise CaptureError(f"target {target!r}: {e}") from None
     gm, symbolic = traced.graph_module, traced.symbolic
+    if out_box.get("changed"):
+        raise CaptureError(f"target {target!r}: {out_box['changed']}")
+    try:
+        out_text, out_types = pytree_io.dump_spec(out_box["spec"], "the result")
+    except CaptureError as e:
+        raise CaptureError(f"target {target!r}: {e}") from None
     constants = graph_attrs.check_graph_attrs(gm, target, roots=(fn, *modules), symbolic=symbolic)
 
     # public attributes the trace changed (a counter in forward) are state, not settings
     state = [_changed(b, module_setting_items(m)) for b, m in zip(settings_before, modules)]
     metadata = {
         "target": target,
-        "inputs": in_spec,
+        "inputs": {"spec": in_text, "leaves": in_kinds, "types": in_types, "num_args": len(args),
+                   "kwarg_names": list(kwargs),  # the driver's fast path: each argument a leaf
+                   "positional_leaves": not kwargs and all(isinstance(a, (torch.Tensor, torch.nn.Module))
+                                                           for a in args)},
         "param_names": names,
         "params": [_tensor_spec(t, p.requires_grad) for t, p in zip(example, params)],
         "tensor_inputs": [_tensor_spec(t, u.requires_grad) for t, u in zip(example[n_params:], user_tensors)],
-        "outputs": out_box["spec"],
+        "outputs": {"spec": out_text, "leaves": out_box["kinds"], "types": out_types,
+                    "single_tensor": out_box["spec"].is_leaf() and out_box["kinds"] == [["tensor", 0]]},
         "num_user_outputs": out_box["num_user_outputs"],
         "grad_param_indices": out_box["grad_indices"],
         "device": _device_of(params + user_tensors),
@@ -323,7 +249,9 @@ def trace_call(fn: Callable, args: tuple, kwargs: dict, *, target: str, tracer: 
         "ambient": _ambient_state(_device_of(params + user_tensors)),
     }
     return TracedCall(graph_module=gm, example_inputs=example + constants, metadata=metadata, symbolic=symbolic,
-                      sources=params + user_tensors)
+                      sources=params + user_tensors,
+                      outline=pytree_io.outline(out_box["spec"], [
+                          type(k[1]).__name__ if k[0] == "const" else "Tensor" for k in out_box["kinds"]]))
 
 
 def run_real_call(traced: TracedCall, real_call: Callable[[], Any]) -> dict:
@@ -338,7 +266,7 @@ def run_real_call(traced: TracedCall, real_call: Callable[[], Any]) -> dict:
         then per captured parameter gradient what the call added to ``.grad``, or
         None], "inputs": {flat index: the caller's tensor (to judge those written)},
         "structure": None when the call returned what the trace returned (same
-        outline, :func:`spec_outline`), else a sentence saying both, "python_rng":
+        outline, :func:`pytree_io.outline`), else a sentence saying both, "python_rng":
         bool (the call drew from Python's or numpy's RNG)}``.
     Raises:
         whatever the call raises.
@@ -352,21 +280,21 @@ def run_real_call(traced: TracedCall, real_call: Callable[[], Any]) -> dict:
     rng_before = python_rng_states()
     result = real_call()
     python_rng = python_rng_states() != rng_before  # drew a value the trace drew another of
-    outs: list = []
     try:
-        got = spec_outline(_output_spec(result, outs, "result"))
+        leaves, spec = pytree_io.flatten_result(result)
+        got = pytree_io.outline(spec, pytree_io.leaf_types(leaves))
     except CaptureError:
-        outs, got = [], f"a {type(result).__name__}, which a capture cannot return"
-    want = spec_outline(traced.metadata["outputs"])
-    structure = (None if got == want else
-                 f"the eager call returned {_short(got)} where the traced graph returns {_short(want)}")
+        leaves, got = [], ("", f"a {type(result).__name__}, which a capture cannot return")
+    want = traced.outline
+    structure = (None if got[0] == want[0] else f"the eager call returned {pytree_io.short(got[1])} where "
+                 f"the traced graph returns {pytree_io.short(want[1])}")
+    kinds = traced.metadata["outputs"]["leaves"]
+    outs = [v for v, k in zip(leaves, kinds) if k[0] == "tensor"] if structure is None else []
     grads = []
     for i in grad_at:
         g = sources[i].grad if i < len(sources) else None
         grads.append(None if g is None else (g - before[i] if before.get(i) is not None else g).detach())
     inputs = {i: t.detach() for i, t in enumerate(sources)}  # references: those written are judged
-    if structure is not None:
-        outs = []  # no value to compare with the trace's
     return {"result": result, "outputs": [o.detach() for o in outs] + grads, "inputs": inputs,
             "structure": structure, "python_rng": python_rng}
 

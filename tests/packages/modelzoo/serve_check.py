@@ -95,7 +95,41 @@ def check(name, device):
     return out
 
 
+def decode_check(device):
+    """Greedy decoding from the wheel's decoding targets, against eager: two requests
+    (two StaticCache objects) served interleaved, prefill then one-token steps; and the
+    export wrapper. Returns the token lists and what the served caches hold."""
+    model = modelzoo.build_llama().to(device)
+    prompts = [modelzoo.prompt(device, 6, seed=3), modelzoo.prompt(device, 11, seed=4)]
+    with torch.no_grad():
+        eager = [list(modelzoo.greedy(modelzoo.lm_step, modelzoo.lm_step, model,
+                                      modelzoo.static_cache(model, device), p)) for p in prompts]
+        eager_wrapper = modelzoo.wrapper_greedy(modelzoo.wrapper_step, modelzoo.export_wrapper(model, device),
+                                                prompts[0])
+    prefill = precompile_runtime.load_packaged("llama_prefill", package="modelzoo", strict=True)
+    decode = precompile_runtime.load_packaged("llama_decode", package="modelzoo", strict=True)
+    step = precompile_runtime.load_packaged("llama_wrapper_decode", package="modelzoo", strict=True)
+    caches = [modelzoo.static_cache(model, device) for _ in prompts]
+    runs = [modelzoo.greedy(prefill, decode, model, c, p) for c, p in zip(caches, prompts)]
+    served = [[], []]
+    for _ in range(modelzoo.DECODE_STEPS):  # two requests, a step of each in turn
+        for i, r in enumerate(runs):
+            served[i].append(next(r))
+    wrapper = modelzoo.export_wrapper(model, device)
+    served_wrapper = modelzoo.wrapper_greedy(step, wrapper, prompts[0])
+    return {"eager": eager, "served": served, "eager_wrapper": eager_wrapper, "served_wrapper": served_wrapper,
+            "cache_lengths": [int(c.layers[0].cumulative_length) for c in caches],
+            "wrapper_buffer_is_cache": wrapper.key_cache_0 is wrapper.static_cache.layers[0].keys,
+            "wrapper_cache_written": bool(wrapper.key_cache_0.abs().sum() > 0)}
+
+
 def main():
+    if sys.argv[2:] == ["--decode"]:
+        try:
+            print(json.dumps(decode_check(sys.argv[1])))
+        except Exception as e:
+            print(json.dumps({"error": f"{type(e).__name__}: {e}"[:3000]}))
+        return
     device, names = sys.argv[1], sys.argv[2:]
     # TF32 off on both sides: the comparison measures the pair, not TF32's rounding
     # (eager and the frozen kernels may pick other cuDNN algorithms and layouts; with

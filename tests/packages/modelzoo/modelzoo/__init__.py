@@ -179,6 +179,98 @@ CASES: dict[str, Case] = {
 }
 
 
+# ---- decoding: a static KV cache, prefill and one-token steps ---------------------------
+MAX_CACHE = 48  # tokens a cache holds: the longest prompt + the decoded tokens
+DECODE_STEPS = 32
+
+
+def static_cache(model, device, batch=1):
+    """A transformers StaticCache for ``model``, allocated on ``device`` (its tensors
+    exist before the first call, as a captured step needs)."""
+    from transformers import StaticCache
+
+    cfg = model.config
+    cache = StaticCache(config=cfg, max_cache_len=MAX_CACHE)
+    cache.early_initialization(batch, cfg.num_key_value_heads, cfg.hidden_size // cfg.num_attention_heads,
+                               model.dtype, device)
+    return cache
+
+
+def lm_step(model, ids, cache, pos):
+    """One greedy-decoding call, as generate makes it: the last position's logits
+    ([batch, vocab]); ``cache`` (a StaticCache) is written in place at ``pos``."""
+    return model(input_ids=ids, past_key_values=cache, cache_position=pos).logits[:, -1]
+
+
+def export_wrapper(model, device, batch=1):
+    """transformers' own export recipe, unmodified: the cache tensors are buffers of the
+    wrapper and held by its ``static_cache`` too."""
+    from transformers.integrations.executorch import TorchExportableModuleWithStaticCache
+
+    model.generation_config.cache_implementation = "static"
+    return TorchExportableModuleWithStaticCache(model, batch_size=batch, max_cache_len=MAX_CACHE,
+                                                device=device)
+
+
+def wrapper_step(wrapper, ids, pos):
+    """A step of the export wrapper: logits [batch, tokens, vocab]."""
+    return wrapper(input_ids=ids, cache_position=pos)
+
+
+def prompt(device, n=6, seed=3):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(0, VOCAB, (1, n), generator=g).to(device)
+
+
+def greedy(prefill, decode, model, cache, ids, steps=DECODE_STEPS):
+    """Greedy tokens: ``prefill`` on the prompt, then ``steps`` calls of ``decode``;
+    both called like :func:`lm_step`. Returns a generator of token ids (one per step):
+    the caller interleaves several requests."""
+    n = ids.shape[1]
+    token = prefill(model, ids, cache, torch.arange(n, device=ids.device)).argmax(-1)
+    for i in range(steps):
+        yield int(token)
+        token = decode(model, token[:, None], cache, torch.tensor([n + i], device=ids.device)).argmax(-1)
+
+
+def wrapper_greedy(step, wrapper, ids, steps=DECODE_STEPS):
+    """Greedy tokens through the export wrapper: the prompt one token at a time (how
+    its own generate feeds it), then ``steps`` tokens."""
+    dev = ids.device
+    for i in range(ids.shape[1]):
+        logits = step(wrapper, ids[:, i:i + 1], torch.tensor([i], device=dev))
+    tokens = []
+    for i in range(steps):
+        token = logits[:, -1].argmax(-1)
+        tokens.append(int(token))
+        logits = step(wrapper, token[:, None], torch.tensor([ids.shape[1] + i], device=dev))
+    return tokens
+
+
+def capture_decoding(name: str, device: str) -> None:
+    """Capture decoding target ``name`` (``llama_prefill``: a prompt of dynamic length;
+    ``llama_decode``: one token; ``llama_wrapper_decode``: the export wrapper's step)."""
+    import precompile_build
+
+    model = build_llama().to(device)
+    ids = prompt(device, 8)
+    if name == "llama_wrapper_decode":
+        with torch.no_grad(), precompile_build.capture(wrapper_step) as f:
+            f(export_wrapper(model, device), ids[:, :1], torch.tensor([0], device=device))
+        return
+    pos = torch.arange(ids.shape[1], device=device)
+    if name == "llama_prefill":
+        torch._dynamo.mark_dynamic(ids, 1, min=2, max=16)
+        torch._dynamo.mark_dynamic(pos, 0, min=2, max=16)
+    else:
+        ids, pos = ids[:, :1], pos[:1]
+    with torch.no_grad(), precompile_build.capture(lm_step) as f:
+        f(model, ids, static_cache(model, device), pos)
+
+
+DECODING = ("llama_prefill", "llama_decode", "llama_wrapper_decode")
+
+
 def example(name: str, device: str, **sizes) -> tuple[torch.nn.Module, tuple]:
     """``(model, inputs)`` of case ``name`` on ``device`` at the given sizes."""
     case = CASES[name]

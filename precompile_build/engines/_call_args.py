@@ -1,0 +1,210 @@
+# ---- the calling convention: arguments and results through torch's pytree ----------
+# Copied verbatim into every source half of the `frozen` and `eager` engines, after
+# _pytree_types.py and before the driver (_driver.py, which calls these; CallError,
+# _META and torch are the source's), by codegen.py. Needs torch and the stdlib.
+# PRECOMPILE_METADATA["inputs"] / ["outputs"] (tracing.py, pytree_io.py): the
+# treespec_dumps text of (args, kwargs) / of the result, a kind per leaf, and the types
+# to import (and, for named tuples and transformers' caches, register) before
+# treespec_loads. Loaded at the first call that needs them, not when the source runs.
+import collections as _collections
+
+from torch.utils import _pytree as _pytree
+
+_IN = PRECOMPILE_METADATA["inputs"]
+_OUT = PRECOMPILE_METADATA["outputs"]
+_SPECS = {}  # "inputs"/"outputs" -> the loaded TreeSpec
+
+
+def _load_types(types, what):
+    from torch.utils._pytree import SERIALIZED_TYPE_TO_PYTHON_TYPE, _register_namedtuple
+
+    for kind, qualname, serialized in types:
+        if serialized in SERIALIZED_TYPE_TO_PYTHON_TYPE:
+            continue
+        module, _, name = qualname.partition(":")
+        try:
+            obj = _importlib.import_module(module)
+            for part in name.split("."):
+                obj = getattr(obj, part)
+        except (ImportError, AttributeError) as e:
+            raise CallError(
+                f"target {_META['target']!r}: {what} holds a {qualname}, which this process "
+                f"cannot import ({type(e).__name__}: {e}); install or import what defines it"
+            ) from None
+        if kind == "namedtuple":
+            _register_namedtuple(obj, serialized_type_name=serialized)
+        elif kind == "dataclass":
+            _pytree.register_dataclass(obj, serialized_type_name=serialized)
+        elif kind == "cache":
+            register_cache_types((qualname,))  # _pytree_types.py, copied in above
+        if serialized not in SERIALIZED_TYPE_TO_PYTHON_TYPE:
+            raise CallError(
+                f"target {_META['target']!r}: {what} holds a {qualname}, registered with "
+                f"torch.utils._pytree as {serialized!r} at capture and not registered in this "
+                "process; import the module that registers it before the call"
+            )
+
+
+def _spec(which):
+    spec = _SPECS.get(which)
+    if spec is None:
+        entry = _META[which]
+        _load_types(entry["types"], "an argument" if which == "inputs" else "the result")
+        spec = _SPECS[which] = _pytree.treespec_loads(entry["spec"])
+    return spec
+
+
+def _children(spec):
+    return list(spec.children()) if hasattr(type(spec), "children") else list(spec.children_specs)
+
+
+def _leaf_paths(args, kwargs):
+    """Each leaf's path text (``argument 'x'[0]['a']``, ``keyword argument 'k'``), for
+    messages: the same text as the capture's (pytree_io.arg_paths)."""
+    names = _META.get("arg_names") or []
+    tops = [(f"argument {names[i]!r}" if names else f"args[{i}]", a) for i, a in enumerate(args)]
+    tops += [(f"keyword argument {k!r}", v) for k, v in kwargs.items()]
+    paths = []
+    for label, value in tops:
+        try:
+            paths += [label + _pytree.keystr(kp) for kp, _ in _pytree.tree_flatten_with_path(value)[0]]
+        except ValueError:  # a class registered without a flatten_with_keys_fn: positions
+            paths += [f"{label} (leaf {i})" for i in range(len(_pytree.tree_leaves(value)))]
+    return paths
+
+
+def _spec_problem(want, got, path):
+    """Where two TreeSpecs first differ, as text (``argument 'x'[1]: expected a list of
+    2 items, got a tuple of 3``), or None."""
+    if want == got:
+        return None
+    if want.is_leaf() or got.is_leaf() or want.type is not got.type or want.num_children != got.num_children:
+        return f"{path}: expected {_spec_text(want)}, got {_spec_text(got)}"
+    if want.context != got.context:
+        return f"{path}: {_context_difference(want, got)}"
+    for key, w, g in zip(_child_keys(want), _children(want), _children(got)):
+        problem = _spec_problem(w, g, path + key)
+        if problem:
+            return problem
+    return f"{path}: expected {_spec_text(want)}, got {_spec_text(got)}"  # pragma: no cover
+
+
+def _child_keys(spec):
+    """The key text of each child of a TreeSpec node (``[0]``, ``['a']``, ``.field``)."""
+    try:
+        node = _pytree.tree_unflatten([0] * spec.num_leaves, spec)
+        entries, _ = _pytree.SUPPORTED_NODES[spec.type].flatten_with_keys_fn(node)
+        return [_pytree.keystr((k,)) for k, _ in entries]
+    except Exception:  # no keys known for this type: positions
+        return [f"[{i}]" for i in range(spec.num_children)]
+
+
+def _context_difference(want, got):
+    """How two nodes of one type differ in their context (dict keys, the attributes of
+    a registered object), as text."""
+    w, g = want.context, got.context
+    name = getattr(want.type, "__name__", str(want.type))
+    if isinstance(w, tuple) and len(w) == 2 and isinstance(w[1], tuple):  # _pytree_types.py's attributes
+        wd, gd = dict(w[1]), dict(g[1]) if isinstance(g, tuple) and len(g) == 2 else {}
+        diff = [f"{k} {gd.get(k)!r} (captured {wd.get(k)!r})" for k in sorted(wd.keys() | gd.keys())
+                if wd.get(k) != gd.get(k)]
+        if diff:
+            return f"a {name} with " + ", ".join(diff)
+    if want.type in (dict, _collections.OrderedDict):
+        return f"expected a {name} with keys {w}, got a {name} with keys {g}"
+    text = f"a {name} of another kind: captured {w!r}, got {g!r}"
+    return text if len(text) <= 300 else text[:297] + "..."
+
+
+def _spec_text(spec):
+    if spec.is_leaf():
+        return "a value (a tensor, model or constant)"
+    if spec.type is type(None):
+        return "None"
+    kind = getattr(spec.type, "__name__", str(spec.type))
+    context = spec.context
+    if isinstance(context, list) and spec.type in (dict, _collections.OrderedDict):
+        return f"a {kind} with keys {context}"
+    return f"a {kind} of {spec.num_children} item(s)"
+
+
+def _check_structure(args, kwargs):
+    """Positional count and keyword names as captured; returns kwargs in the captured order."""
+    if len(args) != _IN["num_args"] or kwargs.keys() != _KW_SET:
+        raise CallError(
+            f"target {_META['target']!r}: called with {len(args)} positional argument(s) "
+            f"and keyword(s) {sorted(kwargs)}; the capture was called with "
+            f"{_IN['num_args']} positional argument(s) and keyword(s) {sorted(_KW_NAMES)}: call it "
+            "the same way"
+        )
+    if list(kwargs) != _KW_NAMES:
+        kwargs = {k: kwargs[k] for k in _KW_NAMES}
+    return kwargs
+
+
+def _flatten_call(args, kwargs):
+    """The call's models and tensor leaves, its structure and constants checked
+    against the capture's. Returns (modules, tensors). Raises CallError."""
+    kwargs = _check_structure(args, kwargs)
+    try:
+        leaves, spec = _pytree.tree_flatten((args, kwargs))
+    except NotReady as e:  # a registered class refusing its value (_pytree_types.py, copied in above)
+        raise CallError(f"target {_META['target']!r}: an argument is {e}") from None
+    want = _spec("inputs")
+    if spec != want:
+        names = _META.get("arg_names") or []
+        (w_pos, w_kw), (g_pos, g_kw) = _children(want), _children(spec)
+        pairs = [(f"argument {names[i]!r}" if names else f"args[{i}]", w, g)
+                 for i, (w, g) in enumerate(zip(_children(w_pos), _children(g_pos)))]
+        pairs += [(f"keyword argument {k!r}", w, g) for k, w, g in zip(_KW_NAMES, _children(w_kw), _children(g_kw))]
+        problem = next((_spec_problem(w, g, label) for label, w, g in pairs if w != g), "the arguments")
+        raise CallError(f"target {_META['target']!r}, {problem}; pass what was captured, or capture "
+                        "again with this structure")
+    modules = [leaves[i] for i in _IN_MODULES]
+    for i, m in zip(_IN_MODULES, modules):
+        if not isinstance(m, torch.nn.Module):
+            raise CallError(f"target {_META['target']!r}, {_leaf_paths(args, kwargs)[i]}: expected an "
+                            f"nn.Module, got {type(m).__name__}")
+    for i, c in _IN_CONSTS:
+        v = leaves[i]
+        if type(v) is not type(c) or v != c:
+            raise CallError(
+                f"target {_META['target']!r}, {_leaf_paths(args, kwargs)[i]}: the capture "
+                f"specialised on {c!r}, got " + (f"a {type(v).__name__}" if isinstance(v, torch.Tensor) else repr(v))
+                + "; capture again with this value"
+            )
+    return modules, [leaves[i] for i in _IN_TENSORS]
+
+
+def _tensor_paths(args, kwargs):
+    """The path text of each tensor leaf (for messages)."""
+    paths = _leaf_paths(args, _check_structure(args, kwargs))
+    return [paths[i] for i in _IN_TENSORS]
+
+
+def _rebuild(outs, flat):
+    """The result: the captured structure with the graph's outputs ``outs``, the
+    inputs returned as they are (from ``flat``) and the constants."""
+    values = list(_OUT_VALUES)
+    for pos, k in _OUT_TENSORS:
+        values[pos] = outs[k]
+    for pos, j in _OUT_INPUTS:
+        values[pos] = flat[j]
+    return _pytree.tree_unflatten(values, _spec("outputs"))
+
+
+# The common calling convention, served without flattening the arguments: only
+# positional arguments, each a model or a tensor; one tensor returned.
+_KW_NAMES = list(_IN["kwarg_names"])
+_KW_SET = set(_KW_NAMES)
+_N_POS = _IN["num_args"]
+_SIMPLE_ARGS = bool(_IN.get("positional_leaves"))
+_IN_MODULES = [i for i, k in enumerate(_IN["leaves"]) if k[0] == "module"]
+_IN_TENSORS = [i for i, k in enumerate(_IN["leaves"]) if k[0] == "tensor"]
+_IN_CONSTS = [(i, k[1]) for i, k in enumerate(_IN["leaves"]) if k[0] == "const"]
+_MODULE_POS = _IN_MODULES if _SIMPLE_ARGS else []  # leaves are the positional arguments
+_TENSOR_POS = _IN_TENSORS if _SIMPLE_ARGS else []
+_OUT_VALUES = [k[1] if k[0] == "const" else None for k in _OUT["leaves"]]
+_OUT_TENSORS = [(pos, k[1]) for pos, k in enumerate(_OUT["leaves"]) if k[0] == "tensor"]
+_OUT_INPUTS = [(pos, k[1]) for pos, k in enumerate(_OUT["leaves"]) if k[0] == "input"]
+_SINGLE_OUT = bool(_OUT.get("single_tensor"))

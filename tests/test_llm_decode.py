@@ -1,0 +1,107 @@
+"""transformers decoding captured as it is written (torch 2.14.1 venv, with
+transformers): a StaticCache argument, and the unmodified export wrapper whose cache
+buffers are also held by its ``static_cache`` object, with every tracer (the eager
+engine: seconds; tests/test_models.py builds, installs and serves the frozen pairs)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("transformers", reason="needs transformers (scripts/test.sh installs it)")
+
+import precompile_build  # noqa: E402
+from precompile_build.errors import CaptureError  # noqa: E402
+from precompile_runtime.errors import CallError  # noqa: E402
+from _pairs import load_pair  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parent / "packages" / "modelzoo"))
+import modelzoo  # noqa: E402
+
+TRACERS = ["export", "export-strict", "make_fx"]
+STEPS = 8
+
+
+def _capture(tmp_path, fn, *args, tracer="auto", name="t"):
+    src, cache = tmp_path / f"{name}.py", tmp_path / f"{name}.cache"
+    with torch.no_grad(), precompile_build.capture(fn, artifact_path=src, cache_path=cache, target=name,
+                                                   engine="eager", tracer=tracer) as f:
+        f(*args)
+    return load_pair(src, cache)
+
+
+@pytest.mark.parametrize("tracer", TRACERS)
+def test_the_export_wrapper_captures_as_it_is(tmp_path, tracer):
+    model = modelzoo.build_llama()
+    step = _capture(tmp_path, modelzoo.wrapper_step, modelzoo.export_wrapper(model, "cpu"),
+                    torch.tensor([[1]]), torch.tensor([0]), tracer=tracer)
+    ids = modelzoo.prompt("cpu", 4)
+    with torch.no_grad():
+        want = modelzoo.wrapper_greedy(modelzoo.wrapper_step, modelzoo.export_wrapper(model, "cpu"), ids, STEPS)
+    wrapper = modelzoo.export_wrapper(model, "cpu")
+    assert modelzoo.wrapper_greedy(step, wrapper, ids, STEPS) == want
+    # the writes landed in the wrapper's buffers, which its cache object still holds
+    assert wrapper.static_cache.layers[0].keys is wrapper.key_cache_0
+    assert int(wrapper.cumulative_length_0) == 4 + STEPS
+
+
+@pytest.mark.parametrize("tracer", TRACERS)
+def test_a_static_cache_argument_is_updated_in_place(tmp_path, tracer):
+    model = modelzoo.build_llama()
+    step = _capture(tmp_path, modelzoo.lm_step, model, torch.tensor([[1]]), modelzoo.static_cache(model, "cpu"),
+                    torch.tensor([0]), tracer=tracer)
+    ids = modelzoo.prompt("cpu", 1)
+    with torch.no_grad():
+        want = list(modelzoo.greedy(modelzoo.lm_step, modelzoo.lm_step, model, modelzoo.static_cache(model, "cpu"),
+                                    ids, STEPS))
+    for _ in range(2):  # a second cache object: a second request
+        cache = modelzoo.static_cache(model, "cpu")
+        assert list(modelzoo.greedy(step, step, model, cache, ids, STEPS)) == want
+        assert int(cache.layers[1].cumulative_length) == 1 + STEPS
+        assert cache.layers[1].keys[:, :, :1 + STEPS].abs().sum() > 0
+
+
+def test_a_returned_model_output_holds_the_callers_cache_tensors(tmp_path):
+    model = modelzoo.build_llama()
+
+    def forward(model, ids, cache, pos):
+        return model(input_ids=ids, past_key_values=cache, cache_position=pos)
+
+    step = _capture(tmp_path, forward, model, torch.tensor([[1]]), modelzoo.static_cache(model, "cpu"),
+                    torch.tensor([0]))
+    cache = modelzoo.static_cache(model, "cpu")
+    out = step(model, torch.tensor([[5]]), cache, torch.tensor([0]))
+    assert type(out).__name__ == "CausalLMOutputWithPast"
+    assert type(out.past_key_values) is type(cache)
+    assert out.past_key_values.layers[0].keys is cache.layers[0].keys  # no copy of the cache
+    with torch.no_grad():
+        want = forward(model, torch.tensor([[5]]), modelzoo.static_cache(model, "cpu"), torch.tensor([0])).logits
+    torch.testing.assert_close(out.logits, want)
+
+
+def test_caches_the_pair_cannot_serve_are_refused(tmp_path):
+    from transformers import DynamicCache, StaticCache
+
+    model = modelzoo.build_llama()
+    lazy = StaticCache(config=model.config, max_cache_len=16)
+    with pytest.raises(CaptureError, match=r"not initialized .*cache.early_initialization\("):
+        _capture(tmp_path, modelzoo.lm_step, model, torch.tensor([[1]]), lazy, torch.tensor([0]))
+    from transformers.integrations.executorch import register_dynamic_cache_export_support
+
+    register_dynamic_cache_export_support()
+    with pytest.raises(CaptureError, match=r"changes the structure of its arguments.*StaticCache"):
+        _capture(tmp_path, modelzoo.lm_step, model, torch.tensor([[1]]), DynamicCache(config=model.config),
+                 torch.tensor([0]), tracer="make_fx")
+    assert not (tmp_path / "t.py").exists()
+
+
+def test_a_cache_of_another_shape_is_refused_naming_it(tmp_path):
+    model = modelzoo.build_llama()
+    step = _capture(tmp_path, modelzoo.lm_step, model, torch.tensor([[1]]), modelzoo.static_cache(model, "cpu"),
+                    torch.tensor([0]))
+    with pytest.raises(CallError, match=r"argument 'cache'.layers\[0\]: a StaticLayer with batch_size 2 "
+                       r"\(captured 1\)"):
+        step(model, torch.tensor([[1, 2]]), modelzoo.static_cache(model, "cpu", batch=2), torch.tensor([0]))
