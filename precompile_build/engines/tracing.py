@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from ..errors import CaptureError, warn_at_caller
-from . import collectives, dynamic_dims, graph_attrs, tracers
+from . import collectives, dynamic_dims, graph_attrs, sharing, tracers
 from ._module_settings import module_setting_items, module_settings
 from .layouts import example_clone  # noqa: F401  (re-exported for the engines)
 
@@ -283,7 +283,9 @@ def trace_call(fn: Callable, args: tuple, kwargs: dict, *, target: str, tracer: 
         out_box["num_user_outputs"] = len(outs)
         return (*outs, *grads, *(new.detach().clone() if new._base is not None else new.detach() for _, new in reassigned))
 
-    example = [example_clone(t) for t in params + user_tensors]
+    # the caller's tensors where the trace may read them as they are; after the trace,
+    # copies of those the graph may write (the real call runs next and writes them)
+    example = sharing.example_inputs(params + user_tensors)
     marks = [dynamic_dims.marked_dims(t) for t in user_tensors]
     if any(dynamic_dims.marked_dims(p) for p in params):
         warn_at_caller(f"target {target!r}: a parameter/buffer is marked dynamic; parameters keep "
@@ -297,6 +299,7 @@ def trace_call(fn: Callable, args: tuple, kwargs: dict, *, target: str, tracer: 
             raise
         raise CaptureError(f"target {target!r}: {e}") from None
     gm, symbolic = traced.graph_module, traced.symbolic
+    example = sharing.own_written(example, params + user_tensors, sharing.written_inputs(gm))
     constants = graph_attrs.check_graph_attrs(gm, target, roots=(fn, *modules), symbolic=symbolic)
 
     # public attributes the trace changed (a counter in forward) are state, not settings
