@@ -5,8 +5,9 @@ fp32 on MPS), as torch's accuracy checks do. Widening every input up front holds
 whole fp64 copy of the weights (4x a bf16 model), more than the model itself needs;
 :func:`reference_run` instead runs the graph through an ``fx.Interpreter`` that
 
-- widens a parameter right before the op that reads it and drops the wide copy after
-  the op (and the views of it) ran: at most a few weights are wide at a time; inputs
+- widens a parameter right before the op that computes with it (its views, such as
+  the trace's ``detach`` or a ``t``, are taken of the narrow tensor) and drops the
+  wide copy after that op ran: one weight is wide at a time; inputs
   the graph writes (``sharing.written_inputs``) are widened once, up front, so that the
   writes land in them;
 - frees each intermediate after its last use (``garbage_collect_values``);
@@ -163,9 +164,27 @@ class _Reference:
             interp.env[node] = tree_map(move, value)
         torch.cuda.empty_cache()
 
-    def _call(self, interp, node, target, args, kwargs):
-        from torch.utils._pytree import tree_map
+    def _views_of_narrow(self, target, args, kwargs) -> bool:
+        """True for a view op (``detach``, ``t``, ``permute``, ``view``, ``split``...)
+        of the caller's tensors alone: it runs on them (no copy), its results are
+        widened where an op computes with them."""
+        import torch
+        from torch.utils._pytree import tree_leaves
 
+        if not isinstance(target, torch._ops.OpOverload) or not target._schema.returns or any(
+                r.alias_info is None or r.alias_info.is_write for r in target._schema.returns):
+            return False
+        tensors = [x for x in tree_leaves((args, kwargs)) if isinstance(x, torch.Tensor)]
+        return bool(tensors) and all(id(x) in self.narrow for x in tensors)
+
+    def _call(self, interp, node, target, args, kwargs):
+        import torch
+        from torch.utils._pytree import tree_leaves, tree_map
+
+        if self._views_of_narrow(target, args, kwargs):
+            out = target(*args, **kwargs)
+            self.narrow.update(id(x) for x in tree_leaves(out) if isinstance(x, torch.Tensor))
+            return out
         while True:
             a = tree_map(self._fetch, args)
             k = tree_map(self._fetch, kwargs)
