@@ -65,6 +65,13 @@ def capture_pair(fn, args, kwargs, *, target: str, device: str, options: dict,
             frozen wrapper's results differ from the captured graph's (judged against
             an fp64 reference, see numerics.py) or from the eager call's beyond rounding.
     """
+    from ..peak_memory import cuda_peaks
+
+    with cuda_peaks(device) as peaks:  # the GPU peaks, for the build's report
+        return _capture(fn, args, kwargs, target, options, real_call, peaks["eager"])
+
+
+def _capture(fn, args, kwargs, target: str, options: dict, real_call, eager_window):
     traced = trace_call(fn, args, kwargs, target=target, tracer=options.get("tracer"))
     device = traced.metadata["device"]
     if options.get("cuda_graphs") and (device != "cuda" or traced.metadata["grad_param_indices"]):
@@ -72,7 +79,8 @@ def capture_pair(fn, args, kwargs, *, target: str, device: str, options: dict,
             f"target {target!r}: cuda-graphs = true needs a CUDA inference target; this "
             f"one {'runs a backward' if device == 'cuda' else 'was captured on ' + device}: "
             "drop the option")
-    real = run_real_call(traced, real_call) if real_call is not None else None
+    with eager_window():
+        real = run_real_call(traced, real_call) if real_call is not None else None
     try:
         source, blobs, fingerprint = _compile(traced, target, options, real)
     except CompilerFailed as e:

@@ -25,6 +25,9 @@ Schema (format ``precompile-build.manifest``, version 1)::
               "capture_seconds": 12.3,    # absent in reproducible builds, like capture_device
               "captured_at": "2026-11-29T16:00:00Z",
               "capture_device": 0,     # CUDA device it ran on (index or UUID); null for cpu
+              "peak_memory": {"host_bytes": 1288490188,  # the capture's peak RSS; absent
+                              "gpu_bytes": 17179869184,  # in reproducible builds; GPU: CUDA
+                              "eager_gpu_bytes": 16106127360},  # frozen captures (and eager's call)
               "fallback": {"from": "frozen", "reason": "..."}  # only when `fallback = "eager"` was used
               "validation": {          # frozen engine: how the capture judged its kernels
                 "reference": "float64",  # the traced graph run in this dtype
@@ -120,6 +123,8 @@ def _check_target(name: str, target: Any, where: str) -> None:
             raise ManifestError(f"{vctx}: `code_hash` must be 64 hex characters")
         if "validation" in v and not isinstance(v["validation"], dict):
             raise ManifestError(f"{vctx}: `validation` must be an object")
+        if "peak_memory" in v and not isinstance(v["peak_memory"], dict):
+            raise ManifestError(f"{vctx}: `peak_memory` must be an object")
         files = v.get("files")
         if not isinstance(files, dict) or set(files) != {"source", "cache"}:
             raise ManifestError(f"{vctx}: `files` must have exactly `source` and `cache`")
