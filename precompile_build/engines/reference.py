@@ -103,10 +103,11 @@ def _returns_alias(target) -> bool:
 class _Reference:
     """The graph interpreted in ``dtype`` (see the module docstring)."""
 
-    def __init__(self, gm, dtype, narrow: list):
+    def __init__(self, gm, dtype, narrow: list, owned: list):
         import torch.fx
 
         self.dtype = dtype
+        self.owned = owned  # the wide copies of the inputs the graph writes (moved on a spill)
         self.fallback_ops: set[str] = set()
         self.narrow = {id(t) for t in narrow}  # the caller's tensors, widened at each use
         self.spilled = False
@@ -154,9 +155,14 @@ class _Reference:
         import torch
         from torch.utils._pytree import tree_map
 
+        slots = {id(t): i for i, t in enumerate(self.owned)}
+
         def move(x):
             if isinstance(x, torch.Tensor) and x.device.type == "cuda" and id(x) not in self.narrow:
-                return x.to("cpu")
+                moved = x.to("cpu")
+                if id(x) in slots:  # the graph's later writes land in the moved copy
+                    self.owned[slots[id(x)]] = moved
+                return moved
             return x
 
         self.spilled = True
@@ -285,7 +291,7 @@ def reference_run(gm, inputs: list, device_type: str, dtype=None, written=None) 
     written = written_inputs(gm) if written is None else set(written)
     run_inputs = [(t.detach().to(dtype, copy=True) if t.is_floating_point() else t.detach().clone())
                   if i in written else t.detach() for i, t in enumerate(inputs)]
-    ref = _Reference(gm, dtype, [t for i, t in enumerate(run_inputs) if i not in written])
+    ref = _Reference(gm, dtype, [t for i, t in enumerate(run_inputs) if i not in written], run_inputs)
     with torch.no_grad():
         outs = ref.interp.run(*run_inputs)
     info = {"reference": str(dtype).replace("torch.", ""), "fallback_ops": sorted(ref.fallback_ops)}

@@ -122,18 +122,27 @@ def run_inputs(inputs: list, written) -> list:
     return [example_clone(t) if i in written else t for i, t in enumerate(inputs)]
 
 
+_SAME_SIZE_INT = {1: "uint8", 2: "int16", 4: "int32", 8: "int64"}
+
+
 def checksum(t) -> int:
-    """A 64-bit digest of ``t``'s values (xor of their bits, ``torch.hash_tensor``,
-    where this torch has it; else the float64 sum of their bits): equal before and
+    """A 64-bit digest of ``t``'s bits (``torch.hash_tensor``'s xor of them where this
+    torch has it, else the sum of the bits read as integers): the same before and
     after a run that left ``t`` alone, different (but for an improbable collision)
-    after one that wrote to it."""
+    after one that wrote to it. Reads ``t`` in place, no copy."""
     import torch
 
+    t = t.detach()
     if t.numel() == 0:
         return 0
-    if hasattr(torch, "hash_tensor") and t.dtype != torch.bool:
-        return int(torch.hash_tensor(t.detach()).view(torch.int64))
-    flat = t.detach().reshape(-1)
-    if flat.dtype == torch.bool:
-        flat = flat.to(torch.uint8)
-    return hash(float(flat.to(torch.float64).sum()))
+    if t.dtype == torch.bool:
+        t = t.view(torch.uint8)
+    if hasattr(torch, "hash_tensor"):
+        try:
+            return int(torch.hash_tensor(t).view(torch.int64))
+        except (RuntimeError, TypeError, NotImplementedError):  # a dtype or device it lacks
+            pass
+    bits = _SAME_SIZE_INT.get(t.element_size())
+    if bits is None or t.is_complex():
+        return int(t.abs().sum().double().view(torch.int64))
+    return int(t.view(getattr(torch, bits)).sum(dtype=torch.int64))
