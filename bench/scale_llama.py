@@ -21,7 +21,9 @@ precompile-runtime caches:
   compile   ``torch.compile`` cold: first result, steady ms
 
 First result: seconds from "model and inputs exist" to the first synchronized
-result. Steady: median ms of 20 synchronized calls after 3 warm-up calls. Results:
+result. Each worker also reports its peak RSS (``host_peak_bytes``). The ``cpu`` size
+(``LLAMA_BENCH_DEVICE=cpu LLAMA_BENCH_DTYPE=float32 LLAMA_BENCH_TOKENS=64``) is the
+issue's CPU case: a capture's host peak against eager's. Steady: median ms of 20 synchronized calls after 3 warm-up calls. Results:
 ``scale_cuda_llama_<tag>.json`` and a section of ``scale_cuda.md`` under ``--out``.
 """
 
@@ -40,6 +42,8 @@ ROOT = HERE.parent
 PACKAGE = "llamabench"
 TOKENS = 128
 SIZES = {  # hidden, intermediate, layers, heads, kv heads, tied embeddings (vocab 128256)
+    "cpu": dict(hidden_size=1024, intermediate_size=4096, num_hidden_layers=16, num_attention_heads=16,
+                num_key_value_heads=8, tie_word_embeddings=False, vocab_size=32000),  # the issue's CPU case
     "tiny": dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
                  num_key_value_heads=2, tie_word_embeddings=False),  # a smoke test (also on CPU)
     "0.5b": dict(hidden_size=1024, intermediate_size=4096, num_hidden_layers=24, num_attention_heads=16,
@@ -71,15 +75,17 @@ def build(size: str):
     import torch
     import transformers
 
-    cfg = transformers.LlamaConfig(vocab_size=128256, rope_theta=500000.0, max_position_embeddings=8192,
-                                   **SIZES[size])
+    shape = dict(SIZES[size])
+    cfg = transformers.LlamaConfig(vocab_size=shape.pop("vocab_size", 128256), rope_theta=500000.0,
+                                   max_position_embeddings=8192, **shape)
     torch.manual_seed(0)
     default = torch.get_default_dtype()
-    torch.set_default_dtype(torch.bfloat16)  # made in bf16 on the GPU: no fp32 copy
+    # made in bf16 on the GPU: no fp32 copy (LLAMA_BENCH_DTYPE=float32: the CPU case's fp32)
+    torch.set_default_dtype(getattr(torch, os.environ.get("LLAMA_BENCH_DTYPE", "bfloat16")))
     try:
         with torch.device(_device()):
             model = transformers.LlamaForCausalLM(cfg).eval()
-            ids = torch.randint(0, cfg.vocab_size, (1, TOKENS))
+            ids = torch.randint(0, cfg.vocab_size, (1, int(os.environ.get("LLAMA_BENCH_TOKENS", TOKENS))))
     finally:
         torch.set_default_dtype(default)
     return model, ids
@@ -87,6 +93,12 @@ def build(size: str):
 
 def forward(model, ids):
     return model(ids, use_cache=False).logits
+
+
+def _maxrss() -> int:
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux: KiB
 
 
 def _steady_ms(fn, n: int = 20) -> float:
@@ -129,6 +141,7 @@ def worker(mode: str, size: str, work: Path, cap_gib: float | None) -> dict:
             _sync()
             out["capture_s"] = time.perf_counter() - ready
             out.update(json.loads(stats.read_text()) if stats.exists() else {})
+            out["host_peak_bytes"] = _maxrss()
             out["source_bytes"] = (work / f"{name}.py").stat().st_size
             out["cache_bytes"] = (work / f"{name}.cache").stat().st_size
             out["validation"] = read_source_metadata((work / f"{name}.py").read_bytes(), what=name)["validation"]
@@ -159,6 +172,7 @@ def worker(mode: str, size: str, work: Path, cap_gib: float | None) -> dict:
             out["steady_ms"] = _steady_ms(lambda: forward(model, ids))
         else:
             out["steady_ms"] = _steady_ms(lambda: fn(model, ids))
+        out["host_peak_bytes"] = _maxrss()  # after the steady calls: they allocate nothing new
         if mode == "load":
             want = forward(model, ids)
             out["max_abs_vs_eager"] = float((y.float() - want.float()).abs().max())
