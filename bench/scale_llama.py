@@ -9,8 +9,9 @@ like Llama 3 (sizes below), one target ``forward(model, ids) -> logits`` for a p
 of 1 x 128 tokens. Each mode runs in a fresh process with empty Inductor, Triton and
 precompile-runtime caches:
 
-  capture   ``precompile_build.capture(..., engine="frozen")``: seconds; the GPU peak
-            of the capture and of its own eager call (peak_memory.cuda_peaks) and their
+  capture   ``precompile_build.capture(..., engine="frozen")``: seconds (and per step:
+            trace, eager call, Inductor compile, first run, validation); the GPU peak
+            of the capture and of its own eager call (capture_stats.cuda_peaks) and their
             ratio; source and cache bytes; what validation checked (reference, worst
             value, eager call). ``--cap-gib N``: under
             ``torch.cuda.set_per_process_memory_fraction(N GiB / total)``
@@ -181,12 +182,9 @@ def worker(mode: str, size: str, work: Path, cap_gib: float | None) -> dict:
 
 
 def _env(work: Path, mode: str) -> dict:
-    env = dict(os.environ)
-    caches = Path(tempfile.mkdtemp(prefix="caches-", dir=work))  # empty caches per process
-    env.update(TORCHINDUCTOR_CACHE_DIR=str(caches / "inductor"), TRITON_CACHE_DIR=str(caches / "triton"),
-               PRECOMPILE_CACHE_DIR=str(caches / "kernels"),
-               PYTHONPATH=os.pathsep.join(p for p in (str(work / "site"), str(ROOT), str(ROOT / "runtime"),
-                                                      env.get("PYTHONPATH", "")) if p))
+    from scale import _env as fresh  # empty caches per process, this checkout first
+
+    env = fresh(work)
     if mode == "load":
         env["PRECOMPILE_NO_COMPILE"] = "1"  # the serving guard: a compile raises
     return env
@@ -227,6 +225,9 @@ def _s(v) -> str:
     return "-" if v is None else f"{v:.2f}"
 
 
+_STEPS = ("trace_s", "eager_call_s", "compile_s", "first_run_s", "validate_s")  # capture_stats.STEPS
+
+
 def _row(size: str, r: dict) -> str:
     c, ld, e, cc = (r.get(m, {}) for m in ("capture", "load", "eager", "compile"))
     if "error" in c:
@@ -240,7 +241,8 @@ def _row(size: str, r: dict) -> str:
     checked += f"; eager call {(val.get('eager_call') or {}).get('outcome', '-')}"
     mods = ld.get("compiler_modules_imported")
     return (f"| {size} ({c.get('params', 0) / 1e9:.2f}B{', cap ' + str(c['cap_gib']) + ' GiB' if c.get('cap_gib') else ''}) "
-            f"| {_s(c.get('capture_s'))} | {_gib(c.get('gpu_bytes'))} / {_gib(c.get('eager_gpu_bytes'))}"
+            f"| {_s(c.get('capture_s'))} ({', '.join(f'{k[:-2]} {c[k]:.0f}' for k in _STEPS if k in c)}) "
+            f"| {_gib(c.get('gpu_bytes'))} / {_gib(c.get('eager_gpu_bytes'))}"
             f" ({'-' if ratio is None else f'{ratio:.2f}x'}) | {c.get('source_bytes', 0) / 1024:.0f} KiB / "
             f"{c.get('cache_bytes', 0) / 1024:.0f} KiB | {_s(e.get('first_result_s'))} / {_s(ld.get('first_result_s'))}"
             f" / {_s(cc.get('first_result_s'))} | {_s(e.get('steady_ms'))} / {_s(ld.get('steady_ms'))} / "
@@ -261,7 +263,7 @@ def write(out_dir: Path) -> str:
             "torch._inductor / torch._dynamo / triton modules the load imported.", ""]
     for d in docs:
         head.append(f"- `{d['tag']}`: torch {d['torch']}, {d['gpu']}")
-    head += ["", "| size | capture s | capture peak GiB / eager call's (ratio) | source / cache | first result s: "
+    head += ["", "| size | capture s (per step) | capture peak GiB / eager call's (ratio) | source / cache | first result s: "
              "eager / load_packaged / torch.compile cold | steady ms: eager / load_packaged / torch.compile | "
              "max abs loaded - eager (values up to) | compiler modules at load | validation |",
              "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]

@@ -66,10 +66,12 @@ def inspect_report(where: str, host: Optional[Callable[[str], Optional[dict]]] =
         ``{"source", "package", "targets": {name: {"status", "required", "reason",
         "variants": [{"id", "engine", "device", "fingerprint", "code_hash",
         "files", "fallback" (None, or {"from", "reason"}), "validation",
-        "capture_seconds", "peak_memory", "size", "matches_host", "mismatches"}]}}}``
+        "capture_seconds", "capture_breakdown", "peak_memory", "size", "matches_host",
+        "mismatches"}]}}}``
         (``validation``: the capture's numbers, None for pairs without kernels;
-        ``capture_seconds`` and ``peak_memory`` (bytes: ``host_bytes``, ``gpu_bytes``,
-        ``eager_gpu_bytes``): None in reproducible builds).
+        ``capture_seconds``, ``capture_breakdown`` (seconds per step) and ``peak_memory``
+        (bytes: ``host_bytes``, ``gpu_bytes``, ``eager_gpu_bytes``): None in reproducible
+        builds).
     Raises:
         BuildError / ManifestError: nothing to inspect, or an invalid manifest.
     """
@@ -87,7 +89,7 @@ def inspect_report(where: str, host: Optional[Callable[[str], Optional[dict]]] =
                     else ["torch: not importable on this host"])
             out.append({**{k: v.get(k) for k in ("id", "engine", "device", "fingerprint",
                                                   "code_hash", "files", "fallback", "validation",
-                                                  "capture_seconds", "peak_memory")},
+                                                  "capture_seconds", "capture_breakdown", "peak_memory")},
                         "size": sum(f["size"] for f in v["files"].values()),
                         "matches_host": not mism, "mismatches": mism})
         targets[name] = {"status": t.get("status", "ok"), "required": t.get("required"),
@@ -112,12 +114,14 @@ def format_report(report: dict[str, Any]) -> str:
                 lines.append(f"    fallback from {v['fallback'].get('from')}: {v['fallback'].get('reason')}")
             lines.append(f"    files: {sizes}")
             if v.get("capture_seconds") is not None or v.get("peak_memory"):
-                from .peak_memory import describe
+                from .capture_stats import describe, describe_breakdown
                 from .progress import human_size
 
                 took = (f"{v['capture_seconds']:g} s" if v.get("capture_seconds") is not None else "")
+                steps = describe_breakdown(v.get("capture_breakdown"))
                 memory = describe(v.get("peak_memory"), human_size)
-                lines.append("    capture: " + "; ".join(x for x in (took, memory) if x))
+                lines.append("    capture: " + "; ".join(x for x in (took + (f" ({steps})" if steps else ""),
+                                                               memory) if x))
             lines += _validation_lines(v.get("validation"))
             if v["matches_host"]:
                 lines.append("    this host: matches")

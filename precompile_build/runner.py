@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional, Union
 
-from . import capture_cache, peak_memory
+from . import capture_cache, capture_stats
 from .errors import CaptureError
 from .pairs import PairInfo
 from .progress import Progress, human_size, summary
@@ -67,9 +67,12 @@ class CaptureResult:
     capture_seconds: Optional[float] = None
     """Seconds the capture itself took (for a reused pair, when it was captured)."""
     peak_memory: Optional[dict] = None
-    """The capture's peaks in bytes (:func:`.peak_memory.read`: ``host_bytes``, and for
+    """The capture's peaks in bytes (:func:`.capture_stats.read`: ``host_bytes``, and for
     CUDA captures of the frozen engine ``gpu_bytes`` and ``eager_gpu_bytes``); None
     for a reused pair or where nothing was measured."""
+    capture_breakdown: Optional[dict] = None
+    """Seconds per capture step (:data:`.capture_stats.STEPS`: trace, eager call,
+    compile, first run, validate; the frozen engine's); None where not measured."""
     log_path: Optional[Path] = None
     """A left-out target's whole log, kept after the build (as for a failed required
     target: ``<tmp>/precompile-build-logs/NAME-<pid>.log``); None when it has none."""
@@ -286,7 +289,7 @@ def _capture(b: _Build, target: TargetSettings, device: str, why: str,
     run_start = time.monotonic()
     info = None
     try:
-        reason, src, cache, log_path, peaks = run_script(b.settings, target, device, gpu, b.work,
+        reason, src, cache, log_path, (peaks, breakdown) = run_script(b.settings, target, device, gpu, b.work,
                                                          b.verbose, b.abort)
         if reason is not None and reason != CANCELLED:
             error = error_line(log_path)  # the script's exception: CaptureError: ...
@@ -307,10 +310,12 @@ def _capture(b: _Build, target: TargetSettings, device: str, why: str,
     r = CaptureResult(target.name, "ok", target.required, device,
                       seconds=time.monotonic() - start, source_path=src, cache_path=cache,
                       info=info, device_index=_index(gpu), origin="captured", why=why,
-                      cache_key=key, capture_seconds=seconds, peak_memory=peaks)
-    memory = peak_memory.describe(peaks, human_size)
+                      cache_key=key, capture_seconds=seconds, peak_memory=peaks,
+                      capture_breakdown=breakdown)
+    measured = "".join(f"; {m}" for m in (capture_stats.describe_breakdown(breakdown),
+                                          capture_stats.describe(peaks, human_size)) if m)
     b.progress.say(f"precompile: {target.name}: ok on {where} in {seconds:.1f} s "
-                   f"({_sizes(r)}{'; ' + memory if memory else ''}), captured (why: {why})")
+                   f"({_sizes(r)}{measured}), captured (why: {why})")
     for line in _capture_warnings(log_path):  # the log is in a temp dir: say them here
         b.progress.say(f"precompile: {target.name}: warning: {line}")
     return r

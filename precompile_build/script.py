@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 from typing import IO, Optional
 
-from . import peak_memory
+from . import capture_stats
 from .errors import CaptureError
 from .pairs import PairInfo, inspect_pair
 from .settings import Settings, TargetSettings
@@ -175,7 +175,7 @@ def _wait_once(proc: subprocess.Popen, timeout: float) -> int:
         pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
         if pid:
             proc.returncode = os.waitstatus_to_exitcode(status)
-            proc.peak_rss_bytes = peak_memory.maxrss_bytes(usage.ru_maxrss)  # type: ignore[attr-defined]
+            proc.peak_rss_bytes = capture_stats.maxrss_bytes(usage.ru_maxrss)  # type: ignore[attr-defined]
             return proc.returncode
         if time.monotonic() >= end:
             raise subprocess.TimeoutExpired(proc.args, timeout)
@@ -184,7 +184,7 @@ def _wait_once(proc: subprocess.Popen, timeout: float) -> int:
 
 def run_script(settings: Settings, target: TargetSettings, device: str, gpu: Optional[str],
                work: Path, verbose: bool, abort: threading.Event,
-               ) -> tuple[Optional[str], Path, Path, Path, Optional[dict]]:
+               ) -> tuple[Optional[str], Path, Path, Path, tuple[Optional[dict], Optional[dict]]]:
     """Run one target's script (see the module docstring).
 
     Args:
@@ -196,8 +196,8 @@ def run_script(settings: Settings, target: TargetSettings, device: str, gpu: Opt
         verbose: also stream the output to stderr, lines prefixed ``[NAME]``.
         abort: set by the build to stop the script (reason :data:`CANCELLED`).
     Returns:
-        (failure reason or None, source path, cache path, log path, peak memory:
-        :func:`.peak_memory.read`'s dict or None).
+        (failure reason or None, source path, cache path, log path, what the capture
+        measured: :func:`.capture_stats.read`'s ``(peaks, breakdown)``).
     Raises:
         OSError: the pair or log directory cannot be created, or the interpreter
             cannot be started.
@@ -207,9 +207,9 @@ def run_script(settings: Settings, target: TargetSettings, device: str, gpu: Opt
     src, cache = out / f"{target.name}.py", out / f"{target.name}.cache"
     log_path = log_file(work, target)
     env = script_env(settings, target, device, src, cache, gpu)
-    stats = log_path.with_suffix(".stats.json")  # the capture's GPU peaks (peak_memory.py)
+    stats = log_path.with_suffix(".stats.json")  # GPU peaks, seconds per step (capture_stats.py)
     stats.unlink(missing_ok=True)
-    env[peak_memory.STATS_ENV] = str(stats)
+    env[capture_stats.STATS_ENV] = str(stats)
     cmd = [sys.executable, "-c", _DIE_WITH_PARENT, str(os.getpid()), str(target.script), *target.args]
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(cmd, cwd=settings.root, env=env, stdin=subprocess.DEVNULL,
@@ -223,7 +223,7 @@ def run_script(settings: Settings, target: TargetSettings, device: str, gpu: Opt
         finally:
             pump.join(timeout=10)
             proc.stdout.close()  # type: ignore[union-attr]
-    return reason, src, cache, log_path, peak_memory.read(stats, getattr(proc, "peak_rss_bytes", None))
+    return reason, src, cache, log_path, capture_stats.read(stats, getattr(proc, "peak_rss_bytes", None))
 
 
 # Runs the capture script so that it dies with the build: a frontend interrupted by

@@ -1,7 +1,7 @@
 """A CUDA capture needs about the GPU memory of the call it captures (issue 24).
 
 The frozen engine's capture records its GPU peak and its eager call's
-(peak_memory.cuda_peaks); the capture of a 1 GiB bf16 stack must stay within 1.5x
+(capture_stats.cuda_peaks); the capture of a 1 GiB bf16 stack must stay within 1.5x
 of eager's. Where the fp64 reference does not fit on the GPU (a memory cap below
 the wide weights), the reference moves to the CPU and the capture still succeeds.
 """

@@ -27,6 +27,7 @@ from precompile_runtime.envelope import Envelope, dumps
 
 from ..errors import CaptureError, CompilerFailed, torch_warnings_shown
 from . import codegen, dynamic_dims, sharing
+from ..capture_stats import timed
 from .tracing import TracedCall, run_real_call, trace_call
 from .validation import validate
 
@@ -65,21 +66,22 @@ def capture_pair(fn, args, kwargs, *, target: str, device: str, options: dict,
             frozen wrapper's results differ from the captured graph's (judged against
             an fp64 reference, see numerics.py) or from the eager call's beyond rounding.
     """
-    from ..peak_memory import cuda_peaks
+    from ..capture_stats import cuda_peaks
 
     with cuda_peaks(device) as peaks:  # the GPU peaks, for the build's report
         return _capture(fn, args, kwargs, target, options, real_call, peaks["eager"])
 
 
 def _capture(fn, args, kwargs, target: str, options: dict, real_call, eager_window):
-    traced = trace_call(fn, args, kwargs, target=target, tracer=options.get("tracer"))
+    with timed("trace"):
+        traced = trace_call(fn, args, kwargs, target=target, tracer=options.get("tracer"))
     device = traced.metadata["device"]
     if options.get("cuda_graphs") and (device != "cuda" or traced.metadata["grad_param_indices"]):
         raise CaptureError(
             f"target {target!r}: cuda-graphs = true needs a CUDA inference target; this "
             f"one {'runs a backward' if device == 'cuda' else 'was captured on ' + device}: "
             "drop the option")
-    with eager_window():
+    with eager_window(), timed("eager_call"):
         real = run_real_call(traced, real_call) if real_call is not None else None
     try:
         source, blobs, fingerprint = _compile(traced, target, options, real)
@@ -117,13 +119,14 @@ def _compile(traced: TracedCall, target: str, options: dict, real: dict | None =
         with torch_warnings_shown(), torch.no_grad(), recording(), _reproducible_kernels(), pin_march, \
                 _torch_rng(), (dynamic_dims.compile_context(traced.graph_module) if dynamic
                                else contextlib.nullcontext()):
-            compiled = torch._inductor.standalone_compile(
-                traced.graph_module, list(traced.symbolic.inputs if dynamic else traced.example_inputs),
-                dynamic_shapes="from_graph" if dynamic else "from_example_inputs",
-                options=options.get("inductor") or None,
-            )
-            # run once: loads every kernel and settles Triton autotuning
-            compiled(*sharing.run_inputs(traced.example_inputs, sharing.written_inputs(traced.graph_module)))
+            with timed("compile"):
+                compiled = torch._inductor.standalone_compile(
+                    traced.graph_module, list(traced.symbolic.inputs if dynamic else traced.example_inputs),
+                    dynamic_shapes="from_graph" if dynamic else "from_example_inputs",
+                    options=options.get("inductor") or None,
+                )
+            with timed("first_run"):  # run once: loads every kernel and settles Triton autotuning
+                compiled(*sharing.run_inputs(traced.example_inputs, sharing.written_inputs(traced.graph_module)))
     except Exception as e:
         raise CompilerFailed(
             f"target {target!r}: Inductor failed: {type(e).__name__}: {e}\nThe compiler failed "
@@ -155,7 +158,8 @@ def _compile(traced: TracedCall, target: str, options: dict, real: dict | None =
     graph_code = codegen.graph_source(traced.graph_module)
     source = codegen.render(metadata, graph_code, wrapper_code)
     # the numbers go into the metadata literal; nothing that runs depends on it
-    metadata["validation"] = validate(source, blobs, traced, target, options, real)
+    with timed("validate"):
+        metadata["validation"] = validate(source, blobs, traced, target, options, real)
     source = codegen.render(metadata, graph_code, wrapper_code)
     return source.encode("utf-8"), blobs, fingerprint
 

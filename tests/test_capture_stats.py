@@ -1,5 +1,5 @@
 """Peak memory per target (issue 24): the capture script's peak RSS (``wait4``) and,
-for CUDA captures, the GPU peaks the capture records (peak_memory.py), in the build
+for CUDA captures, the GPU peaks the capture records (capture_stats.py), in the build
 line, the summary table, the manifest and ``inspect``."""
 
 from __future__ import annotations
@@ -17,13 +17,13 @@ GIB = 1 << 30
 
 def _gpu_project(tmp_path):
     # a stand-in for a CUDA capture: records the numbers a frozen CUDA capture records
-    # (peak_memory.cuda_peaks), holds 64 MiB of host memory, then writes the pair
+    # (capture_stats.cuda_peaks), holds 64 MiB of host memory, then writes the pair
     script = tmp_path / "proj" / "capture" / "gpu.py"
     root = make_project(tmp_path, target_toml("fwd", script="capture/gpu.py", extra='device = "cuda"'))
     script.write_text(
         "import runpy, sys\n"
-        "from precompile_build import peak_memory\n"
-        f"peak_memory.record(gpu_bytes={5 * GIB}, eager_gpu_bytes={4 * GIB})\n"
+        "from precompile_build import capture_stats\n"
+        f"capture_stats.record(gpu_bytes={5 * GIB}, eager_gpu_bytes={4 * GIB}, trace_s=1.25, validate_s=2.5)\n"
         "held = bytearray(64 << 20)\n"
         "sys.argv[0] = 'capture/pair.py'\nrunpy.run_path('capture/pair.py', run_name='__main__')\n")
     return root
@@ -39,12 +39,13 @@ def test_peaks_reach_the_build_line_the_table_the_manifest_and_inspect(tmp_path,
     assert 64 << 20 < r.peak_memory["host_bytes"] < 4 * GIB  # the script's own RSS
     err = capfd.readouterr().err
     line = next(ln for ln in err.splitlines() if "fwd: ok on cuda:0" in ln)
-    assert "; peak host " in line and "GPU 5.0 GiB (1.25x eager's 4.0 GiB)" in line
+    assert "; trace 1.2 s, validate 2.5 s; peak host " in line and "GPU 5.0 GiB (1.25x eager's 4.0 GiB)" in line
+    assert r.capture_breakdown == {"trace": 1.25, "validate": 2.5}
     table = err.split("precompile: summary\n")[1].splitlines()
     assert table[0].split()[-2:] == ["peak", "host/GPU"] and table[1].endswith("/5.0 GiB")
     files = assemble("simplepkg", [r])
     (variant,) = json.loads(files["manifest.json"])["targets"]["fwd"]["variants"]
-    assert variant["peak_memory"] == r.peak_memory
+    assert variant["peak_memory"] == r.peak_memory and variant["capture_breakdown"] == r.capture_breakdown
     out = tmp_path / "out"
     out.mkdir()
     for name, data in files.items():
@@ -52,7 +53,8 @@ def test_peaks_reach_the_build_line_the_table_the_manifest_and_inspect(tmp_path,
     report = inspect_report(str(out), host=lambda d: {})
     assert report["targets"]["fwd"]["variants"][0]["peak_memory"] == r.peak_memory
     text = format_report(report)
-    assert "    capture: " in text and "GPU 5.0 GiB (1.25x eager's 4.0 GiB)" in text
+    assert "    capture: " in text and "(trace 1.2 s, validate 2.5 s); peak host" in text
+    assert "GPU 5.0 GiB (1.25x eager's 4.0 GiB)" in text
 
 
 def test_reproducible_builds_leave_the_peaks_out(tmp_path, monkeypatch):
@@ -62,4 +64,4 @@ def test_reproducible_builds_leave_the_peaks_out(tmp_path, monkeypatch):
     root = _gpu_project(tmp_path)
     (r,) = runner.run_captures(load_settings(root, {"precompile.cache": "off"}), tmp_path / "work")
     (variant,) = json.loads(assemble("simplepkg", [r])["manifest.json"])["targets"]["fwd"]["variants"]
-    assert "peak_memory" not in variant and "capture_seconds" not in variant
+    assert not {"peak_memory", "capture_breakdown", "capture_seconds"} & set(variant)

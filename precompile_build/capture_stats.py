@@ -1,7 +1,7 @@
-"""A capture's peak memory: measured where the capture runs, reported by the build.
+"""What a capture measured about itself: its peak memory and where its seconds went.
 
-The build runs each capture script in a subprocess (script.py). Two numbers come
-back per target, in bytes:
+The build runs each capture script in a subprocess (script.py). Per target, the peak
+memory comes back in bytes:
 
 - ``host_bytes``: the script process's peak resident set size (its own or of a
   process it waited for, whichever is larger: ``wait4``'s ``ru_maxrss``), read by the
@@ -13,9 +13,13 @@ back per target, in bytes:
   capture writes them (:func:`record`) to the JSON file the build names in
   ``PRECOMPILE_STATS_PATH`` (nothing is written without it); :func:`read` gets them.
 
+and, for the frozen engine, the capture's seconds by step (:func:`timed`): ``trace``,
+``eager_call``, ``compile`` (Inductor), ``first_run`` (the first run of the compiled
+code: kernel loads and Triton's autotuning) and ``validate``.
+
 None of them go into the pair (they vary from build to build); the build line, the
-summary table, the manifest variant's ``peak_memory`` (left out of reproducible
-builds, like ``capture_seconds``) and ``inspect`` show them.
+summary table, the manifest variant's ``peak_memory`` and ``capture_breakdown`` (left
+out of reproducible builds, like ``capture_seconds``) and ``inspect`` show them.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ import contextlib
 import json
 import os
 import sys
+import time
 from pathlib import Path
 from typing import Any, Iterator, Optional
 
@@ -31,19 +36,34 @@ STATS_ENV = "PRECOMPILE_STATS_PATH"
 """Environment variable naming the capture's stats file (set by the build)."""
 
 
-def record(**numbers: int) -> None:
-    """Merge ``numbers`` (name -> bytes) into the stats file named by
-    ``PRECOMPILE_STATS_PATH``; does nothing without it. An unwritable file is
-    skipped: the numbers are a report, never a reason to fail a capture."""
+STEPS = ("trace", "eager_call", "compile", "first_run", "validate")
+"""The capture steps :func:`timed` measures, in the order they run."""
+
+
+def record(**numbers: float) -> None:
+    """Merge ``numbers`` (name -> bytes as int, or seconds as float) into the stats
+    file named by ``PRECOMPILE_STATS_PATH``; does nothing without it. An unwritable
+    file is skipped: the numbers are a report, never a reason to fail a capture."""
     path = os.environ.get(STATS_ENV)
     if not path:
         return
     try:
         old = json.loads(Path(path).read_text()) if os.path.exists(path) else {}
-        old.update({k: int(v) for k, v in numbers.items() if v is not None})
+        old.update({k: v for k, v in numbers.items() if v is not None})
         Path(path).write_text(json.dumps(old, sort_keys=True))
-    except (OSError, ValueError):
+    except (OSError, ValueError, TypeError):
         pass
+
+
+@contextlib.contextmanager
+def timed(step: str) -> Iterator[None]:
+    """Record the wall seconds of the block as ``<step>_s`` (one of :data:`STEPS`),
+    also when it raises."""
+    start = time.perf_counter()
+    try:
+        yield
+    finally:
+        record(**{f"{step}_s": round(time.perf_counter() - start, 3)})
 
 
 @contextlib.contextmanager
@@ -83,9 +103,10 @@ def maxrss_bytes(ru_maxrss: int) -> int:
     return ru_maxrss if sys.platform == "darwin" else ru_maxrss * 1024
 
 
-def read(stats_path: Path, host_bytes: Optional[int]) -> Optional[dict]:
-    """The target's peaks: ``{"host_bytes", "gpu_bytes", "eager_gpu_bytes"}`` (those
-    measured), or None when none was."""
+def read(stats_path: Path, host_bytes: Optional[int]) -> tuple[Optional[dict], Optional[dict]]:
+    """The target's ``(peaks, breakdown)``: peaks ``{"host_bytes", "gpu_bytes",
+    "eager_gpu_bytes"}`` (those measured), breakdown ``{step: seconds}`` for the
+    :data:`STEPS` timed; None where nothing was measured."""
     peaks: dict[str, int] = {}
     if host_bytes:
         peaks["host_bytes"] = int(host_bytes)
@@ -96,7 +117,15 @@ def read(stats_path: Path, host_bytes: Optional[int]) -> Optional[dict]:
     for key in ("gpu_bytes", "eager_gpu_bytes"):
         if isinstance(stats.get(key), int):
             peaks[key] = stats[key]
-    return peaks or None
+    breakdown = {s: float(stats[f"{s}_s"]) for s in STEPS if isinstance(stats.get(f"{s}_s"), (int, float))}
+    return peaks or None, breakdown or None
+
+
+def describe_breakdown(breakdown: Optional[dict]) -> str:
+    """``trace 5.1 s, compile 30.2 s, ...`` ("" for None)."""
+    if not breakdown:
+        return ""
+    return ", ".join(f"{s.replace('_', ' ')} {breakdown[s]:.1f} s" for s in STEPS if s in breakdown)
 
 
 def describe(peaks: Optional[dict], human_size) -> str:
