@@ -25,7 +25,8 @@ First result: seconds from "model and inputs exist" to the first synchronized
 result. Each worker also reports its peak RSS (``host_peak_bytes``). The ``cpu`` size
 (``LLAMA_BENCH_DEVICE=cpu LLAMA_BENCH_DTYPE=float32 LLAMA_BENCH_TOKENS=64``) is the
 issue's CPU case: a capture's host peak against eager's. Steady: median ms of 20 synchronized calls after 3 warm-up calls. Results:
-``scale_cuda_llama_<tag>.json`` and a section of ``scale_cuda.md`` under ``--out``.
+``scale_cuda_llama_<tag>.json`` and a section of ``scale_cuda.md`` under ``--out``
+(``scale_cpu*`` for the CPU).
 """
 
 from __future__ import annotations
@@ -159,8 +160,12 @@ def worker(mode: str, size: str, work: Path, cap_gib: float | None) -> dict:
 
             before = {m for m in sys.modules if m.startswith(_COMPILER)}
             fn = precompile_runtime.load_packaged(name, package=PACKAGE, strict=True)
+            _sync()
+            out["load_s"] = time.perf_counter() - ready  # manifest, sha256s, unpack, exec, kernels
+            c0 = time.perf_counter()
             y = fn(model, ids)
             _sync()
+            out["first_call_s"] = time.perf_counter() - c0  # first launches, cuBLAS handles
             out["compiler_modules_imported"] = sorted(m for m in sys.modules
                                                       if m.startswith(_COMPILER) and m not in before)
         else:
@@ -235,6 +240,10 @@ def _row(size: str, r: dict) -> str:
     val = c.get("validation") or {}
     worst = (val.get("cases") or [{}])[0].get("worst") or {}
     ratio = (c["gpu_bytes"] / c["eager_gpu_bytes"]) if c.get("eager_gpu_bytes") else None
+    if "gpu_bytes" not in c and c.get("host_peak_bytes") and e.get("host_peak_bytes"):
+        # a CPU capture: host peaks, the capturing process's against the eager process's
+        c = dict(c, gpu_bytes=c["host_peak_bytes"], eager_gpu_bytes=e["host_peak_bytes"])
+        ratio = c["gpu_bytes"] / c["eager_gpu_bytes"]
     checked = val.get("reference", "-") + (" (part on CPU)" if val.get("spilled_to_cpu") else "")
     if worst.get("frozen_error") is not None:
         checked += f"; worst {worst['frozen_error']:.3g} vs eager {worst['eager_error']:.3g} x{worst['multiple']:g}"
@@ -245,24 +254,27 @@ def _row(size: str, r: dict) -> str:
             f"| {_gib(c.get('gpu_bytes'))} / {_gib(c.get('eager_gpu_bytes'))}"
             f" ({'-' if ratio is None else f'{ratio:.2f}x'}) | {c.get('source_bytes', 0) / 1024:.0f} KiB / "
             f"{c.get('cache_bytes', 0) / 1024:.0f} KiB | {_s(e.get('first_result_s'))} / {_s(ld.get('first_result_s'))}"
+            f" (load {_s(ld.get('load_s'))} + first call {_s(ld.get('first_call_s'))})"
             f" / {_s(cc.get('first_result_s'))} | {_s(e.get('steady_ms'))} / {_s(ld.get('steady_ms'))} / "
             f"{_s(cc.get('steady_ms'))} | {_s(ld.get('max_abs_vs_eager'))} ({_s(ld.get('max_abs_value'))}) | "
             f"{'-' if mods is None else len(mods)} | {checked} |")
 
 
-def write(out_dir: Path) -> str:
-    """Regenerate the Llama section of ``scale_cuda.md`` from every
-    ``scale_cuda_llama_*.json`` under ``out_dir``; returns the section."""
-    docs = [json.loads(p.read_text()) for p in sorted(out_dir.glob("scale_cuda_llama_*.json"))]
-    head = ["<!-- llama -->", "## Llama-shaped bf16 models (issue 24)", "",
+def write(out_dir: Path, device: str = "cuda") -> str:
+    """Regenerate the Llama section of ``scale_<device>.md`` from every
+    ``scale_<device>_llama_*.json`` under ``out_dir``; returns the section."""
+    docs = [json.loads(p.read_text()) for p in sorted(out_dir.glob(f"scale_{device}_llama_*.json"))]
+    head = ["<!-- llama -->", "## Llama-shaped models (issue 24)", "",
             "Produced by `python bench/scale.py --device cuda --llama --sizes ...` (bench/scale_llama.py): "
-            "transformers LlamaForCausalLM, random bf16 weights made on the GPU, `forward(model, ids) -> "
-            f"logits` for 1 x {TOKENS} tokens, each mode in a fresh process with empty caches. Capture peak: "
+            "transformers LlamaForCausalLM, random weights made on the device, `forward(model, ids) -> "
+            "logits`, each mode in a fresh process with empty caches. Capture peak: "
             "torch.cuda.max_memory_allocated of the capturing process (model included) / the same during "
-            "the capture's own eager call. load: `PRECOMPILE_NO_COMPILE=1`; compiler modules: "
+            "the capture's own eager call (CPU rows: the peak RSS of the capturing process / of the eager "
+            "process). load: `PRECOMPILE_NO_COMPILE=1`; compiler modules: "
             "torch._inductor / torch._dynamo / triton modules the load imported.", ""]
     for d in docs:
-        head.append(f"- `{d['tag']}`: torch {d['torch']}, {d['gpu']}")
+        head.append(f"- `{d['tag']}`: torch {d['torch']}, {d['gpu']}, {d.get('dtype', 'bfloat16')}, "
+                    f"1 x {d.get('tokens', TOKENS)} tokens")
     head += ["", "| size | capture s (per step) | capture peak GiB / eager call's (ratio) | source / cache | first result s: "
              "eager / load_packaged / torch.compile cold | steady ms: eager / load_packaged / torch.compile | "
              "max abs loaded - eager (values up to) | compiler modules at load | validation |",
@@ -271,7 +283,7 @@ def write(out_dir: Path) -> str:
         for size, r in d["rows"].items():
             head.append(_row(size, r))
     section = "\n".join(head + ["<!-- /llama -->"])
-    md = out_dir / "scale_cuda.md"
+    md = out_dir / f"scale_{device}.md"
     text = md.read_text() if md.exists() else ""
     if "<!-- llama -->" in text:
         text = text[:text.index("<!-- llama -->")] + section + text.split("<!-- /llama -->", 1)[-1]
@@ -290,6 +302,8 @@ def main(argv=None) -> int:
     p.add_argument("--cap-gib", type=float, default=None, help="GPU memory cap for the capture")
     p.add_argument("--tag", default=None, help="names this run's JSON (default: the sizes)")
     p.add_argument("--out", default=str(HERE / "results"))
+    p.add_argument("--rewrite", action="store_true",
+                   help="only regenerate scale_<device>.md's Llama section from the JSON under --out")
     p.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     p.add_argument("--work", default=None, help=argparse.SUPPRESS)
     a, _ = p.parse_known_args(argv)
@@ -297,6 +311,9 @@ def main(argv=None) -> int:
     bad = [s for s in sizes if s not in SIZES]
     if bad:
         p.error(f"unknown size(s) {bad}: use {', '.join(SIZES)}")
+    if a.rewrite:
+        print(write(Path(a.out), _device()))
+        return 0
     if a.worker:
         r = worker(a.worker, sizes[0], Path(a.work), a.cap_gib)
         print("RESULT " + json.dumps(r), flush=True)
@@ -308,6 +325,8 @@ def main(argv=None) -> int:
     out_dir.mkdir(parents=True, exist_ok=True)
     tag = a.tag or "_".join(s.replace(".", "_") for s in sizes)
     doc = {"tag": tag, "torch": torch.__version__, "rows": {},
+           "dtype": os.environ.get("LLAMA_BENCH_DTYPE", "bfloat16"),
+           "tokens": int(os.environ.get("LLAMA_BENCH_TOKENS", TOKENS)),
            "gpu": torch.cuda.get_device_name(0) if _device() == "cuda" else "cpu"}
     failed = False
     with tempfile.TemporaryDirectory(prefix="precompile-llama-") as tmp:
@@ -328,8 +347,8 @@ def main(argv=None) -> int:
                         print(f"{size} capture peak GPU {r['gpu_bytes'] / 2**30:.2f} GiB = "
                               f"{r['gpu_bytes'] / r['eager_gpu_bytes']:.2f}x eager call's "
                               f"{r['eager_gpu_bytes'] / 2**30:.2f} GiB", flush=True)
-            (out_dir / f"scale_cuda_llama_{tag}.json").write_text(json.dumps(doc, indent=2) + "\n")
-    print(write(out_dir))
+            (out_dir / f"scale_{_device()}_llama_{tag}.json").write_text(json.dumps(doc, indent=2) + "\n")
+    print(write(out_dir, _device()))
     return 1 if failed else 0
 
 
