@@ -28,6 +28,7 @@ whole fp64 copy of the weights (4x a bf16 model), more than the model itself nee
 from __future__ import annotations
 
 import operator
+import weakref
 
 
 def reference_dtype(device_type: str):
@@ -109,7 +110,9 @@ class _Reference:
         self.dtype = dtype
         self.owned = owned  # the wide copies of the inputs the graph writes (moved on a spill)
         self.fallback_ops: set[str] = set()
-        self.narrow = {id(t) for t in narrow}  # the caller's tensors, widened at each use
+        # the caller's tensors and views of them, widened at each use (weak: an id freed
+        # and given to a new tensor is no longer narrow)
+        self.narrow = weakref.WeakValueDictionary({id(t): t for t in narrow})
         self.spilled = False
         outer = self
 
@@ -145,7 +148,7 @@ class _Reference:
             if self.spilled and isinstance(x, torch.device) and x.type == "cuda":
                 return torch.device("cpu")
             return x
-        narrow = id(x) in self.narrow
+        narrow = self._is_narrow(x)
         if self.spilled and x.device.type == "cuda":
             x = x.to("cpu")  # the caller's tensor: a copy; an intermediate: already moved
         return _widen(x, self.dtype) if narrow else x
@@ -158,7 +161,7 @@ class _Reference:
         slots = {id(t): i for i, t in enumerate(self.owned)}
 
         def move(x):
-            if isinstance(x, torch.Tensor) and x.device.type == "cuda" and id(x) not in self.narrow:
+            if isinstance(x, torch.Tensor) and x.device.type == "cuda" and not self._is_narrow(x):
                 moved = x.to("cpu")
                 if id(x) in slots:  # the graph's later writes land in the moved copy
                     self.owned[slots[id(x)]] = moved
@@ -181,7 +184,10 @@ class _Reference:
                 r.alias_info is None or r.alias_info.is_write for r in target._schema.returns):
             return False
         tensors = [x for x in tree_leaves((args, kwargs)) if isinstance(x, torch.Tensor)]
-        return bool(tensors) and all(id(x) in self.narrow for x in tensors)
+        return bool(tensors) and all(self._is_narrow(x) for x in tensors)
+
+    def _is_narrow(self, x) -> bool:
+        return self.narrow.get(id(x)) is x
 
     def _call(self, interp, node, target, args, kwargs):
         import torch
@@ -189,7 +195,7 @@ class _Reference:
 
         if self._views_of_narrow(target, args, kwargs):
             out = target(*args, **kwargs)
-            self.narrow.update(id(x) for x in tree_leaves(out) if isinstance(x, torch.Tensor))
+            self.narrow.update({id(x): x for x in tree_leaves(out) if isinstance(x, torch.Tensor)})
             return out
         while True:
             a = tree_map(self._fetch, args)

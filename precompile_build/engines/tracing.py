@@ -38,7 +38,8 @@ class TracedCall:
     """What the engines need: the graph, example inputs and the calling convention."""
 
     graph_module: Any  # torch.fx.GraphModule over flat tensors
-    example_inputs: list  # flat tensors (clones; safe to run the graph on)
+    example_inputs: list  # flat tensors: the caller's where the graph only reads them, else clones
+    # (sharing.py); run the graph on sharing.run_inputs(example_inputs, written) to keep them
     metadata: dict  # literal calling convention, see _driver.py
     symbolic: Any = None  # dynamic_dims.SymbolicTrace when dims are marked dynamic
     sources: Any = None  # the caller's own flat tensors (params, then arguments), not clones
@@ -206,8 +207,11 @@ def trace_call(fn: Callable, args: tuple, kwargs: dict, *, target: str, tracer: 
         tracer: ``"auto"`` (default; also from ``PRECOMPILE_TRACER``), ``"export"``,
             ``"export-strict"`` or ``"make_fx"``: see tracers.py.
     Returns:
-        a :class:`TracedCall`. The trace runs on clones of every tensor: the real
-        arguments (models included) are left untouched.
+        a :class:`TracedCall`. The real arguments (models included) are left
+        untouched: the trace reads the caller's tensors (non-strict export traces
+        fakes of them; make_fx runs on clones), and the example inputs are clones of
+        the tensors the graph may write (sharing.written_inputs), the caller's own
+        tensors otherwise.
     Raises:
         CaptureError: unsupported argument/result types, closed-over tensors or
             script objects read by the graph (graph_attrs.py), or a failure inside the trace.
