@@ -81,8 +81,10 @@ def _capture(fn, args, kwargs, target: str, options: dict, real_call, eager_wind
             f"target {target!r}: cuda-graphs = true needs a CUDA inference target; this "
             f"one {'runs a backward' if device == 'cuda' else 'was captured on ' + device}: "
             "drop the option")
-    with eager_window(), timed("eager_call"):
-        real = run_real_call(traced, real_call) if real_call is not None else None
+    real = None
+    if real_call is not None:
+        with eager_window(), timed("eager_call"):
+            real = run_real_call(traced, real_call)
     try:
         source, blobs, fingerprint = _compile(traced, target, options, real)
     except CompilerFailed as e:
