@@ -23,6 +23,9 @@ Triton and precompile-runtime caches:
 and the largest stack) and Python's compile() time of the source are reported, with
 an extrapolation to 80 layers. Writes scale_<device>.md and .json under --out.
 
+``--llama --sizes 0.5b,1b,3b,8b`` (CUDA): transformers Llama-shaped bf16 models at real
+size instead, with the capture's GPU peak against its eager call's; see scale_llama.py.
+
 ``--repeat-builds N``: N captures of each ``--layers`` stack in a row, each in a fresh
 process with empty caches (as N clean builds run them), spread over the visible GPUs
 (one capture per GPU at a time); one line per build, exit status 1 if any failed.
@@ -327,6 +330,11 @@ def repeat_builds(device: str, cfg: dict, work: Path, n: int) -> int:
 
 
 def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if "--llama" in argv:  # the real-size Llama bench (scale_llama.py), CUDA only
+        from scale_llama import main as llama
+
+        return llama([a for a in argv if a not in ("--llama", "--device", "cuda")])
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--device", choices=("cpu", "cuda"), default=None)
     p.add_argument("--layers", default=None, help="comma-separated layer counts (default: per device)")

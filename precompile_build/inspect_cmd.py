@@ -65,9 +65,13 @@ def inspect_report(where: str, host: Optional[Callable[[str], Optional[dict]]] =
     Returns:
         ``{"source", "package", "targets": {name: {"status", "required", "reason",
         "variants": [{"id", "engine", "device", "fingerprint", "code_hash",
-        "files", "fallback" (None, or {"from", "reason"}), "validation", "size",
-        "matches_host", "mismatches"}]}}}`` (``validation``: the capture's numbers, None
-        for pairs without kernels).
+        "files", "fallback" (None, or {"from", "reason"}), "validation",
+        "capture_seconds", "capture_breakdown", "peak_memory", "size", "matches_host",
+        "mismatches"}]}}}``
+        (``validation``: the capture's numbers, None for pairs without kernels;
+        ``capture_seconds``, ``capture_breakdown`` (seconds per step) and ``peak_memory``
+        (bytes: ``host_bytes``, ``gpu_bytes``, ``eager_gpu_bytes``): None in reproducible
+        builds).
     Raises:
         BuildError / ManifestError: nothing to inspect, or an invalid manifest.
     """
@@ -84,7 +88,8 @@ def inspect_report(where: str, host: Optional[Callable[[str], Optional[dict]]] =
             mism = (fpmod.mismatches(v["fingerprint"], here) if here is not None
                     else ["torch: not importable on this host"])
             out.append({**{k: v.get(k) for k in ("id", "engine", "device", "fingerprint",
-                                                  "code_hash", "files", "fallback", "validation")},
+                                                  "code_hash", "files", "fallback", "validation",
+                                                  "capture_seconds", "capture_breakdown", "peak_memory")},
                         "size": sum(f["size"] for f in v["files"].values()),
                         "matches_host": not mism, "mismatches": mism})
         targets[name] = {"status": t.get("status", "ok"), "required": t.get("required"),
@@ -108,6 +113,15 @@ def format_report(report: dict[str, Any]) -> str:
             if v.get("fallback"):
                 lines.append(f"    fallback from {v['fallback'].get('from')}: {v['fallback'].get('reason')}")
             lines.append(f"    files: {sizes}")
+            if v.get("capture_seconds") is not None or v.get("peak_memory"):
+                from .capture_stats import describe, describe_breakdown
+                from .progress import human_size
+
+                took = (f"{v['capture_seconds']:g} s" if v.get("capture_seconds") is not None else "")
+                steps = describe_breakdown(v.get("capture_breakdown"))
+                memory = describe(v.get("peak_memory"), human_size)
+                lines.append("    capture: " + "; ".join(x for x in (took + (f" ({steps})" if steps else ""),
+                                                               memory) if x))
             lines += _validation_lines(v.get("validation"))
             if v["matches_host"]:
                 lines.append("    this host: matches")
@@ -124,11 +138,17 @@ def _validation_lines(val: Optional[dict]) -> list[str]:
     ref = val.get("reference", "?")
     if val.get("fallback_ops"):
         ref += f" (except {', '.join(val['fallback_ops'])})"
-    lines = [f"    validated against a {ref} reference of the traced graph:"]
+    lines = [f"    validated against a {ref} reference of the traced graph:" if "checked" not in val
+             else f"    validated: {val['checked']}"]
+    if val.get("spilled_to_cpu"):
+        lines.append("      (the reference ran partly on the CPU: the GPU could not hold it)")
     for case in val.get("cases", []):
         w = case.get("worst")
         if not w:
             lines.append(f"      {case.get('case')}: no floating values")
+            continue
+        if "multiple" not in w:  # no reference: the elementwise check's numbers
+            lines.append(f"      {case.get('case')}: worst {w['value']}: max |frozen - graph| {w['max_abs_diff']:.3g}")
             continue
         allowed = w["multiple"] * w["eager_error"] + w["floor"]
         lines.append(f"      {case.get('case')}: worst {w['value']}: frozen error {w['frozen_error']:.3g}, "

@@ -38,7 +38,8 @@ def assemble(package: str, results: Sequence[CaptureResult]) -> dict[str, bytes]
     Returns:
         ``{"manifest.json": bytes, "NAME.py": bytes, "NAME.cache": bytes, ...}``.
         With ``SOURCE_DATE_EPOCH`` set, ``captured_at`` comes from it and
-        ``capture_seconds`` and ``capture_device`` are left out, so the manifest is
+        ``capture_seconds``, ``capture_device``, ``peak_memory`` and ``capture_breakdown``
+        are left out, so the manifest is
         reproducible. ``capture_device`` is the CUDA device the capture ran on (its
         index, or its CUDA_VISIBLE_DEVICES entry such as a UUID; None: cpu); a reused
         pair keeps its original capture's device and seconds.
@@ -71,6 +72,10 @@ def assemble(package: str, results: Sequence[CaptureResult]) -> dict[str, bytes]
             variant["capture_device"] = r.device_index
             seconds = r.capture_seconds if r.capture_seconds is not None else r.seconds
             variant["capture_seconds"] = round(seconds, 1)
+            if r.peak_memory:  # what the capture held at most (capture_stats.py), in bytes
+                variant["peak_memory"] = dict(r.peak_memory)
+            if r.capture_breakdown:  # its seconds per step
+                variant["capture_breakdown"] = dict(r.capture_breakdown)
         entry["variants"].append(variant)
     doc = {"format": manifest_format.FORMAT, "version": manifest_format.VERSION,
            "package": package, "targets": targets}

@@ -138,12 +138,15 @@ def _terminal_width() -> int:
         return 100
 
 
-def summary(rows: Sequence[tuple[str, str, str, Optional[float], Optional[int]]]) -> str:
-    """The end-of-build table: one row ``(target, device, result, seconds, bytes)``
-    per target; seconds/bytes None print as ``-``."""
-    head = ("target", "device", "result", "seconds", "bytes")
-    cells = [head] + [(t, d, r, "-" if s is None else f"{s:.1f}",
-                       "-" if b is None else human_size(b)) for t, d, r, s, b in rows]
-    widths = [max(len(c[i]) for c in cells) for i in range(5)]
-    fmt = "  {:<%d}  {:<%d}  {:<%d}  {:>%d}  {:>%d}" % tuple(widths)
+def summary(rows: Sequence[tuple]) -> str:
+    """The end-of-build table: one row ``(target, device, result, seconds, bytes,
+    peak_memory)`` per target (``peak_memory``: :func:`.capture_stats.read`'s dict, host
+    then GPU; may be left off); seconds/bytes/peaks None print as ``-``."""
+    from .capture_stats import short
+
+    head = ("target", "device", "result", "seconds", "bytes", "peak host/GPU")
+    cells = [head] + [(t, d, r, "-" if s is None else f"{s:.1f}", "-" if b is None else human_size(b),
+                       short(rest[0] if rest else None, human_size)) for t, d, r, s, b, *rest in rows]
+    widths = [max(len(c[i]) for c in cells) for i in range(6)]
+    fmt = "  {:<%d}  {:<%d}  {:<%d}  {:>%d}  {:>%d}  {:>%d}" % tuple(widths)
     return "\n".join(["precompile: summary"] + [fmt.format(*c).rstrip() for c in cells])

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional, Union
 
-from . import capture_cache
+from . import capture_cache, capture_stats
 from .errors import CaptureError
 from .pairs import PairInfo
 from .progress import Progress, human_size, summary
@@ -66,6 +66,13 @@ class CaptureResult:
     """The capture cache key (sha256 hex); None with the cache off."""
     capture_seconds: Optional[float] = None
     """Seconds the capture itself took (for a reused pair, when it was captured)."""
+    peak_memory: Optional[dict] = None
+    """The capture's peaks in bytes (:func:`.capture_stats.read`: ``host_bytes``, and for
+    CUDA captures of the frozen engine ``gpu_bytes`` and ``eager_gpu_bytes``); None
+    for a reused pair or where nothing was measured."""
+    capture_breakdown: Optional[dict] = None
+    """Seconds per capture step (:data:`.capture_stats.STEPS`: trace, eager call,
+    compile, first run, validate; the frozen engine's); None where not measured."""
     log_path: Optional[Path] = None
     """A left-out target's whole log, kept after the build (as for a failed required
     target: ``<tmp>/precompile-build-logs/NAME-<pid>.log``); None when it has none."""
@@ -282,8 +289,8 @@ def _capture(b: _Build, target: TargetSettings, device: str, why: str,
     run_start = time.monotonic()
     info = None
     try:
-        reason, src, cache, log_path = run_script(b.settings, target, device, gpu, b.work,
-                                                  b.verbose, b.abort)
+        reason, src, cache, log_path, (peaks, breakdown) = run_script(b.settings, target, device, gpu, b.work,
+                                                         b.verbose, b.abort)
         if reason is not None and reason != CANCELLED:
             error = error_line(log_path)  # the script's exception: CaptureError: ...
             if error:
@@ -303,9 +310,12 @@ def _capture(b: _Build, target: TargetSettings, device: str, why: str,
     r = CaptureResult(target.name, "ok", target.required, device,
                       seconds=time.monotonic() - start, source_path=src, cache_path=cache,
                       info=info, device_index=_index(gpu), origin="captured", why=why,
-                      cache_key=key, capture_seconds=seconds)
+                      cache_key=key, capture_seconds=seconds, peak_memory=peaks,
+                      capture_breakdown=breakdown)
+    measured = "".join(f"; {m}" for m in (capture_stats.describe_breakdown(breakdown),
+                                          capture_stats.describe(peaks, human_size)) if m)
     b.progress.say(f"precompile: {target.name}: ok on {where} in {seconds:.1f} s "
-                   f"({_sizes(r)}), captured (why: {why})")
+                   f"({_sizes(r)}{measured}), captured (why: {why})")
     for line in _capture_warnings(log_path):  # the log is in a temp dir: say them here
         b.progress.say(f"precompile: {target.name}: warning: {line}")
     return r
@@ -477,9 +487,9 @@ def _for_device(target: TargetSettings, device: Optional[str],
 
 def _row(name: str, device: Optional[str], out: Any) -> tuple:
     if isinstance(out, _Cancelled):
-        return (name, device or "-", "cancelled" if out.started else "not started", None, None)
+        return (name, device or "-", "cancelled" if out.started else "not started", None, None, None)
     if isinstance(out, BaseException):
-        return (name, device or "-", "failed", getattr(out, "seconds", None), None)
+        return (name, device or "-", "failed", getattr(out, "seconds", None), None, None)
     where = out.device
     if out.device == "cuda" and out.device_index is not None:
         where = f"cuda:{out.device_index}"
@@ -487,4 +497,4 @@ def _row(name: str, device: Optional[str], out: Any) -> tuple:
     if out.status == "ok":
         size = out.source_path.stat().st_size + out.cache_path.stat().st_size
     return (name, where, out.origin if out.status == "ok" else "left out",
-            out.seconds, size)
+            out.seconds, size, out.peak_memory)

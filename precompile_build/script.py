@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 from typing import IO, Optional
 
+from . import capture_stats
 from .errors import CaptureError
 from .pairs import PairInfo, inspect_pair
 from .settings import Settings, TargetSettings
@@ -148,7 +149,7 @@ def wait(proc: subprocess.Popen, timeout: float, abort: threading.Event) -> Opti
     try:
         while True:
             try:
-                rc = proc.wait(timeout=max(0.0, min(0.5, deadline - time.monotonic())))
+                rc = _wait_once(proc, max(0.0, min(0.5, deadline - time.monotonic())))
                 break
             except subprocess.TimeoutExpired:
                 if abort.is_set():
@@ -164,9 +165,26 @@ def wait(proc: subprocess.Popen, timeout: float, abort: threading.Event) -> Opti
     return _exit_reason(rc) if rc != 0 else None
 
 
+def _wait_once(proc: subprocess.Popen, timeout: float) -> int:
+    """``proc.wait(timeout)``, reaping with ``os.wait4`` where there is one, so that the
+    script's peak RSS (``ru_maxrss``) is kept as ``proc.peak_rss_bytes``."""
+    if not hasattr(os, "wait4"):
+        return proc.wait(timeout=timeout)
+    end = time.monotonic() + timeout
+    while True:
+        pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
+        if pid:
+            proc.returncode = os.waitstatus_to_exitcode(status)
+            proc.peak_rss_bytes = capture_stats.maxrss_bytes(usage.ru_maxrss)  # type: ignore[attr-defined]
+            return proc.returncode
+        if time.monotonic() >= end:
+            raise subprocess.TimeoutExpired(proc.args, timeout)
+        time.sleep(min(0.05, max(0.0, end - time.monotonic())))
+
+
 def run_script(settings: Settings, target: TargetSettings, device: str, gpu: Optional[str],
                work: Path, verbose: bool, abort: threading.Event,
-               ) -> tuple[Optional[str], Path, Path, Path]:
+               ) -> tuple[Optional[str], Path, Path, Path, tuple[Optional[dict], Optional[dict]]]:
     """Run one target's script (see the module docstring).
 
     Args:
@@ -178,7 +196,8 @@ def run_script(settings: Settings, target: TargetSettings, device: str, gpu: Opt
         verbose: also stream the output to stderr, lines prefixed ``[NAME]``.
         abort: set by the build to stop the script (reason :data:`CANCELLED`).
     Returns:
-        (failure reason or None, source path, cache path, log path).
+        (failure reason or None, source path, cache path, log path, what the capture
+        measured: :func:`.capture_stats.read`'s ``(peaks, breakdown)``).
     Raises:
         OSError: the pair or log directory cannot be created, or the interpreter
             cannot be started.
@@ -188,6 +207,9 @@ def run_script(settings: Settings, target: TargetSettings, device: str, gpu: Opt
     src, cache = out / f"{target.name}.py", out / f"{target.name}.cache"
     log_path = log_file(work, target)
     env = script_env(settings, target, device, src, cache, gpu)
+    stats = log_path.with_suffix(".stats.json")  # GPU peaks, seconds per step (capture_stats.py)
+    stats.unlink(missing_ok=True)
+    env[capture_stats.STATS_ENV] = str(stats)
     cmd = [sys.executable, "-c", _DIE_WITH_PARENT, str(os.getpid()), str(target.script), *target.args]
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(cmd, cwd=settings.root, env=env, stdin=subprocess.DEVNULL,
@@ -201,7 +223,7 @@ def run_script(settings: Settings, target: TargetSettings, device: str, gpu: Opt
         finally:
             pump.join(timeout=10)
             proc.stdout.close()  # type: ignore[union-attr]
-    return reason, src, cache, log_path
+    return reason, src, cache, log_path, capture_stats.read(stats, getattr(proc, "peak_rss_bytes", None))
 
 
 # Runs the capture script so that it dies with the build: a frontend interrupted by

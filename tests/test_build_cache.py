@@ -291,7 +291,7 @@ def test_progress_lines_and_summary(tmp_path, monkeypatch, capfd):
     assert "precompile: double on cpu: running " in err and "| sleeping 1.5 s" in err
     assert "\r" not in err and "\x1b[" not in err  # no terminal: plain lines only
     table = err.split("precompile: summary\n")[1].splitlines()
-    assert table[0].split() == ["target", "device", "result", "seconds", "bytes"]
+    assert table[0].split() == ["target", "device", "result", "seconds", "bytes", "peak", "host/GPU"]
     row = table[1].split()
     assert row[:3] == ["double", "cpu", "captured"] and float(row[3]) >= 1.5
     assert whl.exists()

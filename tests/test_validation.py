@@ -17,7 +17,7 @@ import re
 import pytest
 
 import precompile_build
-from precompile_build.engines import frozen, numerics
+from precompile_build.engines import frozen, numerics, reference, validation
 from precompile_build.engines.tracing import trace_call
 from precompile_build.errors import CaptureError
 
@@ -77,7 +77,7 @@ def test_bf16_rounding_of_another_kernel_choice_is_accepted_with_numbers():
         outs[0] = o
     changed = _graph_call(traced, other_kernel)(traced.example_inputs)[0]
     assert not torch.allclose(changed.float(), want.float(), atol=5e-2, rtol=5e-2)  # old rule: refused
-    case = frozen._compare(_graph_call(traced, other_kernel), traced, traced.example_inputs,
+    case = validation.compare(_graph_call(traced, other_kernel), traced, traced.example_inputs,
                            "the example inputs", "t", {})
     w = case["worst"]
     assert case["reference"] == "float64" and case["fallback_ops"] == []
@@ -100,7 +100,7 @@ def test_a_more_accurate_kernel_is_accepted():
         for i in range(0, n, 2):
             h = torch.nn.functional.gelu(h @ ps[i].T + ps[i + 1])
         return [h.to(torch.bfloat16)]
-    case = frozen._compare(fp32_inside, traced, traced.example_inputs, "the example inputs", "t", {})
+    case = validation.compare(fp32_inside, traced, traced.example_inputs, "the example inputs", "t", {})
     assert case["worst"]["frozen_error"] < case["worst"]["eager_error"]
 
 
@@ -121,7 +121,7 @@ def test_a_wrong_value_is_refused_with_the_numbers(change, value, problem):
     traced = trace_call(_step, (model, torch.randn(4, 8)), {}, target="t")
     with pytest.raises(CaptureError, match=rf"target 't': the frozen kernels' value \d+ \({value}\) "
                                            rf"differs from the traced graph on the example inputs; {problem}"):
-        frozen._compare(_graph_call(traced, change), traced, traced.example_inputs,
+        validation.compare(_graph_call(traced, change), traced, traced.example_inputs,
                         "the example inputs", "t", {})
 
 
@@ -132,9 +132,9 @@ def test_the_suggested_multiple_accepts_the_pair():
     def off(outs):
         outs[0] = outs[0] * 1.02  # ~10 x eager's error: beyond 3x, offered
     with pytest.raises(CaptureError, match="validation_multiple") as e:
-        frozen._compare(_graph_call(traced, off), traced, traced.example_inputs, "the example inputs", "t", {})
+        validation.compare(_graph_call(traced, off), traced, traced.example_inputs, "the example inputs", "t", {})
     suggested = float(re.search(r"'validation_multiple': ([0-9.e+]+)", str(e.value)).group(1))
-    case = frozen._compare(_graph_call(traced, off), traced, traced.example_inputs, "the example inputs",
+    case = validation.compare(_graph_call(traced, off), traced, traced.example_inputs, "the example inputs",
                            "t", {"validation_multiple": suggested})
     assert case["worst"]["multiple"] == suggested > 3
 
@@ -146,7 +146,7 @@ def test_bf16_casts_inside_the_graph_run_in_fp64_for_the_reference():
         return (x.to(torch.bfloat16) * 3).to(torch.float32).sum(0)
     x = torch.randn(64, 32)
     traced = trace_call(fn, (x,), {}, target="t")
-    (ref,), _, info = numerics.reference_run(traced.graph_module, traced.example_inputs, "cpu")
+    (ref,), _, info = reference.reference_run(traced.graph_module, traced.example_inputs, "cpu")
     assert ref.dtype == torch.float64 and info == {"reference": "float64", "fallback_ops": []}
     torch.testing.assert_close(ref, x.double().mul(3).sum(0))
     eager = traced.graph_module(*traced.example_inputs)[0]
@@ -234,14 +234,14 @@ def test_an_elementwise_close_eager_call_is_accepted_with_its_true_difference():
     traced = trace_call(lambda x: x * 3, (torch.linspace(1, 2, 64),), {}, target="t")
     want = traced.graph_module(*traced.example_inputs)[0]
     real = {"outputs": [want * (1 + 5e-5)], "inputs": {}, "structure": None}  # 5e-5 relative everywhere
-    case = frozen._compare(_graph_call(traced), traced, traced.example_inputs, "the example inputs", "t",
+    case = validation.compare(_graph_call(traced), traced, traced.example_inputs, "the example inputs", "t",
                            {}, real)
     ec = case["eager_call"]
     assert ec["outcome"] == "ok" and ec["elementwise_close"] == 1e-4
     assert ec["difference"] == pytest.approx(5e-5, rel=0.05) and ec["difference"] > ec["allowed"]
     real["outputs"] = [want * (1 + 5e-3)]  # past the elementwise tolerance: judged by the RMS
     with pytest.raises(CaptureError, match="differs from what the eager call returned at capture"):
-        frozen._compare(_graph_call(traced), traced, traced.example_inputs, "the example inputs", "t",
+        validation.compare(_graph_call(traced), traced, traced.example_inputs, "the example inputs", "t",
                         {}, real)
 
 
@@ -249,9 +249,9 @@ def test_eager_check_option_is_checked():
     traced = trace_call(lambda x: x + 1, (torch.ones(3),), {}, target="t")
     real = {"outputs": [torch.ones(3) * 2], "inputs": {}, "structure": None}
     with pytest.raises(CaptureError, match=r"options\['eager_check'\] = 'maybe': use 'refuse'"):
-        frozen._compare(_graph_call(traced), traced, traced.example_inputs, "the example inputs", "t",
+        validation.compare(_graph_call(traced), traced, traced.example_inputs, "the example inputs", "t",
                         {"eager_check": "maybe"}, real)
-    case = frozen._compare(_graph_call(traced), traced, traced.example_inputs, "the example inputs", "t",
+    case = validation.compare(_graph_call(traced), traced, traced.example_inputs, "the example inputs", "t",
                            {}, real)
     assert case["eager_call"]["outcome"] == "ok" and case["eager_call"]["difference"] == 0.0
 
@@ -286,29 +286,29 @@ def test_an_op_without_an_fp64_kernel_runs_in_fp32_and_is_listed():
 
     x = torch.randn(16, 8)
     traced = trace_call(lambda x: no_fp64(x.to(torch.bfloat16)).float() + 1, (x,), {}, target="t")
-    (ref,), _, info = numerics.reference_run(traced.graph_module, traced.example_inputs, "cpu")
+    (ref,), _, info = reference.reference_run(traced.graph_module, traced.example_inputs, "cpu")
     assert info == {"reference": "float64", "fallback_ops": ["no_fp64.default"]}
     assert ref.dtype == torch.float64
     torch.testing.assert_close(ref, (x.double() * 2 + 1))  # fp32 inside, not bf16
-    case = frozen._compare(_graph_call(traced), traced, traced.example_inputs, "the example inputs", "t", {})
+    case = validation.compare(_graph_call(traced), traced, traced.example_inputs, "the example inputs", "t", {})
     assert case["fallback_ops"] == ["no_fp64.default"]
 
 
 def test_a_graph_that_runs_in_no_wider_dtype_is_a_capture_error(monkeypatch):
     traced = trace_call(lambda x: x + 1, (torch.ones(3),), {}, target="t")
 
-    def fails(gm, inputs, device_type, dtype=None):
+    def fails(gm, inputs, device_type, dtype=None, written=None):
         raise RuntimeError(f"no kernel for {dtype or 'float64'}")
-    monkeypatch.setattr(numerics, "reference_run", fails)
+    monkeypatch.setattr(reference, "reference_run", fails)
     with pytest.raises(CaptureError, match=r"target 't': the traced graph does not run in a wider dtype on "
                                            r"the example inputs \(fp64: RuntimeError: no kernel for float64; "
                                            r"fp32: RuntimeError: no kernel for torch.float32\).*engine='eager'"):
-        frozen._compare(_graph_call(traced), traced, traced.example_inputs, "the example inputs", "t", {})
+        validation.compare(_graph_call(traced), traced, traced.example_inputs, "the example inputs", "t", {})
 
 
 def test_validation_multiple_must_be_a_positive_number(tmp_path):
     with pytest.raises(CaptureError, match=r"options\['validation_multiple'\] = 'ten': use a positive number"):
-        frozen._validate("", {}, trace_call(lambda x: x + 1, (torch.ones(3),), {}, target="t"), "t",
+        validation.validate("", {}, trace_call(lambda x: x + 1, (torch.ones(3),), {}, target="t"), "t",
                          {"validation_multiple": "ten"})
 
 

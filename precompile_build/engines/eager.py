@@ -11,8 +11,7 @@ import hashlib
 
 from precompile_runtime.envelope import Envelope, dumps
 
-from . import codegen
-from .layouts import example_clone
+from . import codegen, sharing
 from .tracing import TracedCall, run_real_call, trace_call
 
 JUDGES_EAGER_CALL = True  # capture_api hands capture_pair the real call (real_call=)
@@ -81,7 +80,8 @@ def _judge_by_eager_call(traced: TracedCall, real: dict, target: str, options: d
         numerics.warn_or_refuse(numerics.eager_structure_message(target, real["structure"]), mode)
         return
     with torch.no_grad():
-        got = traced.graph_module(*[example_clone(t) for t in traced.example_inputs])
+        got = traced.graph_module(*sharing.run_inputs(traced.example_inputs,
+                                                      sharing.written_inputs(traced.graph_module)))
     for i, (g, w) in enumerate(zip(got, real["outputs"])):
         if w is None:
             continue

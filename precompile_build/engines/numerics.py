@@ -10,13 +10,14 @@ its error against that fp64 run is not much larger than eager's own::
 with ``multiplier`` 3 for bf16/fp16 (and for tensors of fewer than 1000 elements)
 and 2 otherwise. Here only the captured graph is at hand, so:
 
-- the *reference* is the captured graph interpreted in fp64 (:func:`reference_run`):
-  floating inputs converted to fp64 and every floating dtype argument of the graph
-  (``_to_copy(dtype=bf16)``, ``convert_element_type``, ``full(dtype=...)``) mapped to
-  fp64, as torch's minifier does (``torch._dynamo.debug_utils.cast_dtype_args_to_fp64``).
-  An op that has no fp64 kernel on the device runs in fp32, else in its captured
-  dtype, with its result widened again; those ops are listed as ``fallback_ops``.
-  fp32 is the reference on devices without fp64 (MPS);
+- the *reference* is the captured graph interpreted in fp64 (reference.py's
+  ``reference_run``, which widens one op's inputs at a time): every floating dtype
+  argument of the graph (``_to_copy(dtype=bf16)``, ``convert_element_type``,
+  ``full(dtype=...)``) mapped to fp64, as torch's minifier does
+  (``torch._dynamo.debug_utils.cast_dtype_args_to_fp64``). An op that has no fp64
+  kernel on the device runs in fp32, else in its captured dtype, with its result
+  widened again; those ops are listed as ``fallback_ops``. fp32 is the reference on
+  devices without fp64 (MPS);
 - *eager* is the graph run in its own dtypes (what the fallback path serves);
 - *frozen* is the pair's compiled code.
 
@@ -51,13 +52,6 @@ def sig(x: float) -> float:
     return float(f"{x:.3g}")
 
 
-def reference_dtype(device_type: str):
-    """fp64 where the device has it, else fp32 (MPS)."""
-    import torch
-
-    return torch.float32 if device_type == "mps" else torch.float64
-
-
 def has_random_ops(gm) -> bool:
     """True when the graph draws random numbers (two runs of it differ)."""
     for n in gm.graph.nodes:
@@ -66,121 +60,6 @@ def has_random_ops(gm) -> bool:
             if any(name == r or name == r + "_" or name.startswith(r + "_") for r in _RANDOM_OPS):
                 return True
     return False
-
-
-def _float_dtype(d) -> bool:
-    import torch
-
-    return isinstance(d, torch.dtype) and d.is_floating_point
-
-
-def _widen(x, dtype):
-    import torch
-
-    if isinstance(x, torch.Tensor) and x.is_floating_point() and x.dtype != dtype:
-        return x.to(dtype)
-    return x
-
-
-def _tree_map(fn, value):
-    from torch.utils._pytree import tree_map
-
-    return tree_map(fn, value)
-
-
-class _Reference:
-    """The graph interpreted in ``dtype`` (see the module docstring)."""
-
-    def __init__(self, gm, dtype):
-        import torch.fx
-
-        self.dtype = dtype
-        self.fallback_ops: set[str] = set()
-        outer = self
-
-        class Interp(torch.fx.Interpreter):
-            def run_node(self, n):
-                self._node = n
-                return super().run_node(n)
-
-            def call_function(self, target, args, kwargs):
-                return outer._call(self._node, target, args, kwargs)
-
-        self.interp = Interp(gm)
-
-    def _map_dtypes(self, target, args, kwargs):
-        """Every floating dtype argument (``_to_copy(dtype=)``, ``convert_element_type``,
-        ``full(dtype=)``, ``_softmax_backward_data``'s input dtype) -> the reference
-        dtype; not ``view.dtype`` (a bitcast: the dtype is the bit layout)."""
-        name = str(getattr(target, "__name__", ""))
-        if name.startswith("view.dtype"):
-            return args, kwargs
-        args = tuple(self.dtype if _float_dtype(a) else a for a in args)
-        kwargs = {k: self.dtype if _float_dtype(v) else v for k, v in kwargs.items()}
-        if name.startswith(("_softmax.", "_log_softmax.")) and len(args) > 2:
-            args = (*args[:2], False, *args[3:])  # half_to_float: there is no half here
-        return args, kwargs
-
-    def _call(self, node, target, args, kwargs):
-        wide_args, wide_kwargs = self._map_dtypes(target, args, kwargs)
-        try:
-            return target(*wide_args, **wide_kwargs)
-        except Exception:
-            pass
-        import torch
-        from torch.fx.node import map_arg
-        from torch.utils._pytree import tree_map
-
-        # no kernel in the wide dtype: fp32, else the captured dtypes, widened after
-        def captured(n):
-            return getattr(n.meta.get("val"), "dtype", None)
-
-        def to_captured(x, d):
-            if isinstance(x, torch.Tensor) and x.is_floating_point() and isinstance(d, torch.dtype):
-                return x.to(d)
-            return x
-
-        def fp32(x):
-            return _widen(x, torch.float32)
-
-        tries = [lambda: (tree_map(fp32, args), tree_map(fp32, kwargs)),
-                 lambda: (tree_map(to_captured, args, map_arg(node.args, captured)),
-                          tree_map(to_captured, kwargs, map_arg(node.kwargs, captured)))]
-        for cast in tries:
-            try:
-                a, k = cast()
-                out = target(*a, **k)
-            except Exception:
-                continue
-            self.fallback_ops.add(str(getattr(target, "__name__", target)))
-            return _tree_map(lambda x: _widen(x, self.dtype), out)
-        return target(*args, **kwargs)  # raises: the graph itself fails here
-
-
-def reference_run(gm, inputs: list, device_type: str, dtype=None) -> tuple[list, list, dict]:
-    """Run the graph in the reference dtype on copies of ``inputs``.
-
-    Args:
-        gm: the captured fx GraphModule over flat tensors.
-        inputs: flat input tensors (not modified).
-        device_type: ``"cpu"``/``"cuda"``: picks fp64 or fp32 (:func:`reference_dtype`).
-        dtype: the reference dtype instead (fp32 when an fp64 run failed).
-    Returns:
-        ``(outputs, inputs_after, info)``: the reference outputs and the reference
-        copies of the inputs after the run (in-place writes applied), and
-        ``{"reference": "float64", "fallback_ops": [...]}``.
-    Raises:
-        whatever the graph raises on these inputs.
-    """
-    import torch
-
-    dtype = dtype or reference_dtype(device_type)
-    wide = [t.detach().to(dtype, copy=True) if t.is_floating_point() else t.detach().clone() for t in inputs]
-    ref = _Reference(gm, dtype)
-    with torch.no_grad():
-        outs = ref.interp.run(*wide)
-    info = {"reference": str(dtype).replace("torch.", ""), "fallback_ops": sorted(ref.fallback_ops)}
-    return list(outs), wide, info
 
 
 @dataclass

@@ -98,7 +98,8 @@ def trace(flat_fn: Callable, example: list, *, n_params: int, marks: list, paths
     Args:
         flat_fn: the flat function (tensors in, tuple of tensors out).
         example: flat example tensors, lifted parameters first (``n_params`` of them);
-            they are cloned for every trace.
+            make_fx and the strict re-run run on clones of them; non-strict export
+            runs on fake copies (nothing is written: the caller's tensors may be passed).
         marks: per user tensor, its marked dims ``{dim: (min, max|None)}``.
         paths: per user tensor, its argument path, for messages.
         target: the target name, for messages.
@@ -191,7 +192,7 @@ def _export(flat_fn, example, n_params, marks, paths, target, strict: bool) -> T
     shapes = [None] * n_params + [
         {d: Dim.AUTO(min=lo, max=hi) for d, (lo, hi) in dims.items()} if dims else None for dims in marks
     ]
-    inputs = tuple(example_clone(t) for t in example)
+    inputs = tuple(example)  # non-strict export runs on fake copies of them: nothing is written
     with (dynamic_dims.size_oblivious() if any(marks) else contextlib.nullcontext()):
         ep = torch.export.export(_flat_module(flat_fn), inputs, dynamic_shapes=(tuple(shapes),) if any(marks) else None,
                                  strict=strict)

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from ..errors import CaptureError, warn_at_caller
-from . import _pytree_types, aliases, collectives, dynamic_dims, graph_attrs, pytree_io, tracers
+from . import _pytree_types, aliases, collectives, dynamic_dims, graph_attrs, pytree_io, sharing, tracers
 from ._module_settings import module_setting_items, module_settings
 from .layouts import example_clone  # noqa: F401  (re-exported for the engines)
 
@@ -39,7 +39,8 @@ class TracedCall:
     """What the engines need: the graph, example inputs and the calling convention."""
 
     graph_module: Any  # torch.fx.GraphModule over flat tensors
-    example_inputs: list  # flat tensors (clones; safe to run the graph on)
+    example_inputs: list  # flat tensors: the caller's where the graph only reads them, else clones
+    # (sharing.py); run the graph on sharing.run_inputs(example_inputs, written) to keep them
     metadata: dict  # literal calling convention, see _driver.py
     symbolic: Any = None  # dynamic_dims.SymbolicTrace when dims are marked dynamic
     sources: Any = None  # the caller's own flat tensors (params, then arguments), not clones
@@ -132,8 +133,11 @@ def trace_call(fn: Callable, args: tuple, kwargs: dict, *, target: str, tracer: 
         tracer: ``"auto"`` (default; also from ``PRECOMPILE_TRACER``), ``"export"``,
             ``"export-strict"`` or ``"make_fx"``: see tracers.py.
     Returns:
-        a :class:`TracedCall`. The trace runs on clones of every tensor: the real
-        arguments (models included) are left untouched.
+        a :class:`TracedCall`. The real arguments (models included) are left
+        untouched: the trace reads the caller's tensors (non-strict export traces
+        fakes of them; make_fx runs on clones), and the example inputs are clones of
+        the tensors the graph may write (sharing.written_inputs), the caller's own
+        tensors otherwise.
     Raises:
         CaptureError: unsupported argument/result types, closed-over tensors or
             script objects read by the graph (graph_attrs.py), or a failure inside the trace.
@@ -199,7 +203,9 @@ def trace_call(fn: Callable, args: tuple, kwargs: dict, *, target: str, tracer: 
         out_box["num_user_outputs"] = len(outs)
         return (*outs, *grads, *(new.detach().clone() if new._base is not None else new.detach() for _, new in reassigned))
 
-    example = [example_clone(t) for t in params + user_tensors]
+    # the caller's tensors where the trace may read them as they are; after the trace,
+    # copies of those the graph may write (the real call runs next and writes them)
+    example = sharing.example_inputs(params + user_tensors)
     marks = [dynamic_dims.marked_dims(t) for t in user_tensors]
     if any(dynamic_dims.marked_dims(p) for p in params):
         warn_at_caller(f"target {target!r}: a parameter/buffer is marked dynamic; parameters keep "
@@ -219,6 +225,7 @@ def trace_call(fn: Callable, args: tuple, kwargs: dict, *, target: str, tracer: 
         out_text, out_types = pytree_io.dump_spec(out_box["spec"], "the result")
     except CaptureError as e:
         raise CaptureError(f"target {target!r}: {e}") from None
+    example = sharing.own_written(example, params + user_tensors, sharing.written_inputs(gm))
     constants = graph_attrs.check_graph_attrs(gm, target, roots=(fn, *modules), symbolic=symbolic)
 
     # public attributes the trace changed (a counter in forward) are state, not settings

@@ -25,6 +25,11 @@ Schema (format ``precompile-build.manifest``, version 1)::
               "capture_seconds": 12.3,    # absent in reproducible builds, like capture_device
               "captured_at": "2026-11-29T16:00:00Z",
               "capture_device": 0,     # CUDA device it ran on (index or UUID); null for cpu
+              "peak_memory": {"host_bytes": 1288490188,  # the capture's peak RSS; absent
+                              "gpu_bytes": 17179869184,  # in reproducible builds; GPU: CUDA
+                              "eager_gpu_bytes": 16106127360},  # frozen captures (and eager's call)
+              "capture_breakdown": {"trace": 5.1, "eager_call": 0.4, "compile": 30.2,  # seconds;
+                                    "first_run": 3.0, "validate": 4.1},  # frozen engine
               "fallback": {"from": "frozen", "reason": "..."}  # only when `fallback = "eager"` was used
               "validation": {          # frozen engine: how the capture judged its kernels
                 "reference": "float64",  # the traced graph run in this dtype
@@ -120,6 +125,9 @@ def _check_target(name: str, target: Any, where: str) -> None:
             raise ManifestError(f"{vctx}: `code_hash` must be 64 hex characters")
         if "validation" in v and not isinstance(v["validation"], dict):
             raise ManifestError(f"{vctx}: `validation` must be an object")
+        for key in ("peak_memory", "capture_breakdown"):
+            if key in v and not isinstance(v[key], dict):
+                raise ManifestError(f"{vctx}: `{key}` must be an object")
         files = v.get("files")
         if not isinstance(files, dict) or set(files) != {"source", "cache"}:
             raise ManifestError(f"{vctx}: `files` must have exactly `source` and `cache`")

@@ -1,0 +1,64 @@
+#!/usr/bin/env bash
+# Issue 24 on one GPU (H200): validation within the memory the model needs, at real size.
+#   1. tests/test_gpu_memory.py: a CUDA capture's GPU peak <= 1.5x its eager call's; a
+#      reference the GPU cannot hold moves to the CPU (and the CPU tests of the fp64-view kind)
+#   2. an 8B Llama (Llama-3-8B shapes, bf16): capture with validation on, then load with
+#      PRECOMPILE_NO_COMPILE=1 (compiler modules imported by the load counted), eager
+#   3. a 3B Llama (Llama-3.2-3B shapes) captured under a 24 GiB cap
+#   4. a 1B Llama (Llama-3.2-1B shapes): capture, load, eager, torch.compile cold
+# Budget ~9 minutes in all: each step gets at most its share of what is left.
+# PARTS="tests 8b 3b 1b" (default: all) picks steps. Results: $OUT/scale_cuda.md,
+# $OUT/scale_cuda_llama_*.json, $OUT/tests.log.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT="${OUT:-/tmp/gpu_issue24}"
+mkdir -p "$OUT"
+export PYTHONPATH="$PWD:$PWD/runtime${PYTHONPATH:+:$PYTHONPATH}"
+PARTS="${PARTS:-tests 8b 3b 1b}"
+BUDGET="${BUDGET:-540}"
+SECONDS=0
+
+left() {  # seconds for a step: at most $1, at most what the budget has left
+  local rest=$((BUDGET - SECONDS))
+  ((rest < $1)) && echo "$rest" || echo "$1"
+}
+
+step() {  # step NAME LIMIT COMMAND...
+  local name=$1 limit; limit=$(left "$2"); shift 2
+  if ((limit <= 10)); then echo "== $name: skipped (budget spent)"; return; fi
+  echo "== $name (limit ${limit} s)"
+  timeout "$limit" "$@"
+  echo "== $name: rc=$? after ${SECONDS} s"
+}
+
+python3 -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__, torch.cuda.get_device_name(0))"
+for part in $PARTS; do
+  case "$part" in
+    tests) step tests 120 bash -c "python3 -m pytest -q -p no:cacheprovider tests/test_gpu_memory.py tests/test_reference.py > '$OUT/tests.log' 2>&1; rc=\$?; tail -5 '$OUT/tests.log'; exit \$rc" ;;
+    8b) step 8b 270 python3 bench/scale.py --device cuda --llama --sizes 8b --modes capture,load,eager --tag 8b --out "$OUT" ;;
+    3b) step 3b-cap24 150 python3 bench/scale.py --device cuda --llama --sizes 3b --modes capture --cap-gib 24 --tag 3b_cap24 --out "$OUT" ;;
+    1b) step 1b 200 python3 bench/scale.py --device cuda --llama --sizes 1b --modes capture,load,eager,compile --tag 1b --out "$OUT" ;;
+    *) echo "== unknown part $part" ;;
+  esac
+done
+echo "== peak memory ratios (capture / its eager call)"
+python3 - "$OUT" <<'EOF'
+import json, pathlib, sys
+for p in sorted(pathlib.Path(sys.argv[1]).glob("scale_cuda_llama_*.json")):
+    for size, r in json.loads(p.read_text())["rows"].items():
+        c = r.get("capture", {})
+        if "error" in c:
+            print(f"{p.stem} {size}: capture FAILED: {c['error'].strip().splitlines()[-1][:300]}")
+        elif c.get("eager_gpu_bytes"):
+            print(f"{p.stem} {size}: capture {c['capture_s']:.0f} s, peak {c['gpu_bytes'] / 2**30:.2f} GiB = "
+                  f"{c['gpu_bytes'] / c['eager_gpu_bytes']:.2f}x eager's {c['eager_gpu_bytes'] / 2**30:.2f} GiB; "
+                  f"reference {c['validation'].get('reference')}"
+                  f"{' (spilled to CPU)' if c['validation'].get('spilled_to_cpu') else ''}")
+        ld = r.get("load", {})
+        if ld and "error" not in ld:
+            print(f"{p.stem} {size}: load first result {ld['first_result_s']:.2f} s (eager "
+                  f"{r.get('eager', {}).get('first_result_s', float('nan')):.2f} s), compiler modules imported: "
+                  f"{len(ld['compiler_modules_imported'])}, max |loaded - eager| {ld['max_abs_vs_eager']:.3g}")
+EOF
+[ -f "$OUT/scale_cuda.md" ] && cat "$OUT/scale_cuda.md"
+echo "== done in ${SECONDS} s"

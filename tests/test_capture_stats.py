@@ -1,0 +1,67 @@
+"""Peak memory per target (issue 24): the capture script's peak RSS (``wait4``) and,
+for CUDA captures, the GPU peaks the capture records (capture_stats.py), in the build
+line, the summary table, the manifest and ``inspect``."""
+
+from __future__ import annotations
+
+import json
+
+from _build_helpers import _clean_env, host_fp_json, make_project, target_toml  # noqa: F401
+from precompile_build import runner
+from precompile_build.inspect_cmd import format_report, inspect_report
+from precompile_build.manifest_build import assemble
+from precompile_build.settings import load_settings
+
+GIB = 1 << 30
+
+
+def _gpu_project(tmp_path):
+    # a stand-in for a CUDA capture: records the numbers a frozen CUDA capture records
+    # (capture_stats.cuda_peaks), holds 64 MiB of host memory, then writes the pair
+    script = tmp_path / "proj" / "capture" / "gpu.py"
+    root = make_project(tmp_path, target_toml("fwd", script="capture/gpu.py", extra='device = "cuda"'))
+    script.write_text(
+        "import runpy, sys\n"
+        "from precompile_build import capture_stats\n"
+        f"capture_stats.record(gpu_bytes={5 * GIB}, eager_gpu_bytes={4 * GIB}, trace_s=1.25, validate_s=2.5)\n"
+        "held = bytearray(64 << 20)\n"
+        "sys.argv[0] = 'capture/pair.py'\nrunpy.run_path('capture/pair.py', run_name='__main__')\n")
+    return root
+
+
+def test_peaks_reach_the_build_line_the_table_the_manifest_and_inspect(tmp_path, monkeypatch, capfd):
+    monkeypatch.setattr(runner, "cuda_available", lambda: True)
+    monkeypatch.setattr(runner, "gpu_ids", lambda: ["0"])
+    monkeypatch.delenv("SOURCE_DATE_EPOCH", raising=False)
+    root = _gpu_project(tmp_path)
+    (r,) = runner.run_captures(load_settings(root, {"precompile.cache": "off"}), tmp_path / "work")
+    assert r.peak_memory["gpu_bytes"] == 5 * GIB and r.peak_memory["eager_gpu_bytes"] == 4 * GIB
+    assert 64 << 20 < r.peak_memory["host_bytes"] < 4 * GIB  # the script's own RSS
+    err = capfd.readouterr().err
+    line = next(ln for ln in err.splitlines() if "fwd: ok on cuda:0" in ln)
+    assert "; trace 1.2 s, validate 2.5 s; peak host " in line and "GPU 5.0 GiB (1.25x eager's 4.0 GiB)" in line
+    assert r.capture_breakdown == {"trace": 1.25, "validate": 2.5}
+    table = err.split("precompile: summary\n")[1].splitlines()
+    assert table[0].split()[-2:] == ["peak", "host/GPU"] and table[1].endswith("/5.0 GiB")
+    files = assemble("simplepkg", [r])
+    (variant,) = json.loads(files["manifest.json"])["targets"]["fwd"]["variants"]
+    assert variant["peak_memory"] == r.peak_memory and variant["capture_breakdown"] == r.capture_breakdown
+    out = tmp_path / "out"
+    out.mkdir()
+    for name, data in files.items():
+        (out / name).write_bytes(data)
+    report = inspect_report(str(out), host=lambda d: {})
+    assert report["targets"]["fwd"]["variants"][0]["peak_memory"] == r.peak_memory
+    text = format_report(report)
+    assert "    capture: " in text and "(trace 1.2 s, validate 2.5 s); peak host" in text
+    assert "GPU 5.0 GiB (1.25x eager's 4.0 GiB)" in text
+
+
+def test_reproducible_builds_leave_the_peaks_out(tmp_path, monkeypatch):
+    monkeypatch.setattr(runner, "cuda_available", lambda: True)
+    monkeypatch.setattr(runner, "gpu_ids", lambda: ["0"])
+    monkeypatch.setenv("SOURCE_DATE_EPOCH", "1700000000")
+    root = _gpu_project(tmp_path)
+    (r,) = runner.run_captures(load_settings(root, {"precompile.cache": "off"}), tmp_path / "work")
+    (variant,) = json.loads(assemble("simplepkg", [r])["manifest.json"])["targets"]["fwd"]["variants"]
+    assert not {"peak_memory", "capture_breakdown", "capture_seconds"} & set(variant)

@@ -1,0 +1,69 @@
+"""A CUDA capture needs about the GPU memory of the call it captures (issue 24).
+
+The frozen engine's capture records its GPU peak and its eager call's
+(capture_stats.cuda_peaks); the capture of a 1 GiB bf16 stack must stay within 1.5x
+of eager's. Where the fp64 reference does not fit on the GPU (a memory cap below
+the wide weights), the reference moves to the CPU and the capture still succeeds.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+try:
+    import torch
+except ImportError:  # pragma: no cover - CI without torch
+    torch = None
+
+HAVE_CUDA = torch is not None and torch.cuda.is_available()
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not HAVE_CUDA, reason="needs CUDA")]
+
+
+def _stack(d: int, layers: int):
+    torch.manual_seed(0)
+    with torch.device("cuda"):
+        blocks = []
+        for _ in range(layers):
+            blocks += [torch.nn.Linear(d, 4 * d), torch.nn.GELU(), torch.nn.Linear(4 * d, d)]
+        return torch.nn.Sequential(*blocks).to(torch.bfloat16).eval()
+
+
+def _capture(tmp_path, model, x, monkeypatch):
+    import precompile_build
+    from precompile_build.pairs import read_source_metadata
+
+    stats = tmp_path / "stats.json"
+    monkeypatch.setenv("PRECOMPILE_STATS_PATH", str(stats))
+    with torch.no_grad(), precompile_build.capture(lambda m, x: m(x), engine="frozen", target="t",
+                                                   artifact_path=tmp_path / "t.py",
+                                                   cache_path=tmp_path / "t.cache") as f:
+        f(model, x)
+    meta = read_source_metadata((tmp_path / "t.py").read_bytes(), what="pair")
+    return json.loads(stats.read_text()), meta["validation"]
+
+
+def test_a_cuda_capture_peaks_within_1_5x_of_its_eager_call(tmp_path, monkeypatch):
+    model = _stack(2048, 8)  # 8 x 2 x (2048 x 8192) bf16: 537 MB
+    x = torch.randn(4, 128, 2048, device="cuda", dtype=torch.bfloat16)
+    peaks, validation = _capture(tmp_path, model, x, monkeypatch)
+    assert validation["reference"] == "float64" and not validation.get("spilled_to_cpu")
+    ratio = peaks["gpu_bytes"] / peaks["eager_gpu_bytes"]
+    assert ratio <= 1.5, (peaks, ratio)
+
+
+def test_a_reference_the_gpu_cannot_hold_moves_to_the_cpu(tmp_path, monkeypatch):
+    model = _stack(8192, 1)  # two 8192 x 32768 bf16 weights: 512 MiB each, 2 GiB in fp64
+    x = torch.randn(2, 16, 8192, device="cuda", dtype=torch.bfloat16)
+    torch.cuda.synchronize()
+    total = torch.cuda.get_device_properties(0).total_memory
+    cap = torch.cuda.memory_allocated() + (1536 << 20)  # the model's call fits, a wide weight does not
+    torch.cuda.set_per_process_memory_fraction(cap / total)
+    try:
+        peaks, validation = _capture(tmp_path, model, x, monkeypatch)
+    finally:
+        torch.cuda.set_per_process_memory_fraction(1.0)
+        torch.cuda.empty_cache()
+    assert validation["reference"] == "float64" and validation["spilled_to_cpu"] is True
+    assert peaks["gpu_bytes"] <= cap

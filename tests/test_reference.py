@@ -1,0 +1,166 @@
+"""The wide reference of validation (issue 24): it runs graphs whose views depend on
+the strides the narrow dtype's kernel chose, and it widens the weights op by op.
+
+An 8B Llama on CUDA failed validation at a ``view`` of the attention output after
+its transpose: bf16 flash attention writes (B, L, H, D) memory, the fp64 math kernel
+(B, H, L, D), so the view the trace recorded is not valid in fp64. On the CPU every
+SDPA kernel writes (B, H, L, D); the custom ops below choose their output layout by
+dtype, as those kernels do, to make the same graphs here.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+import precompile_build
+from precompile_build.engines import reference, sharing, validation
+from precompile_build.engines.tracing import trace_call
+
+torch = pytest.importorskip("torch")
+
+
+def _narrow(dtype) -> bool:
+    return dtype in (torch.bfloat16, torch.float16)
+
+
+@torch.library.custom_op("precompile_test::heads_last", mutates_args=())
+def heads_last(x: torch.Tensor) -> torch.Tensor:
+    """``x * 2`` of a (B, H, L, D) tensor, written in (B, L, H, D) memory in bf16/fp16
+    (as CUDA's flash attention writes its output), contiguous in other dtypes."""
+    out = x * 2
+    return out.transpose(1, 2).contiguous().transpose(1, 2) if _narrow(x.dtype) else out.contiguous()
+
+
+@heads_last.register_fake
+def _(x):
+    b, h, l, d = x.shape
+    if _narrow(x.dtype):
+        return torch.empty_strided(x.shape, (l * h * d, d, h * d, 1), dtype=x.dtype, device=x.device)
+    return torch.empty(x.shape, dtype=x.dtype, device=x.device)
+
+
+@torch.library.custom_op("precompile_test::channels_last_double", mutates_args=())
+def channels_last_double(x: torch.Tensor) -> torch.Tensor:
+    """``x * 2`` of an (N, C, H, W) tensor, channels-last in bf16/fp16 (as a oneDNN or
+    cuDNN convolution chooses), contiguous in other dtypes."""
+    out = (x * 2).contiguous()
+    return out.to(memory_format=torch.channels_last) if _narrow(x.dtype) else out
+
+
+@channels_last_double.register_fake
+def _(x):
+    fmt = torch.channels_last if _narrow(x.dtype) else torch.contiguous_format
+    return torch.empty(x.shape, dtype=x.dtype, device=x.device).to(memory_format=fmt)
+
+
+class _Attention(torch.nn.Module):
+    def __init__(self, d=32, heads=4):
+        super().__init__()
+        self.heads = heads
+        self.qkv = torch.nn.Linear(d, d)
+        self.out = torch.nn.Linear(d, d)
+
+    def forward(self, x):
+        b, l, d = x.shape
+        q = self.qkv(x).view(b, l, self.heads, d // self.heads).transpose(1, 2)
+        y = torch.ops.precompile_test.heads_last(q)
+        return self.out(y.transpose(1, 2).reshape(b, l, d))  # a view in the bf16 layout
+
+
+class _Patches(torch.nn.Module):
+    def __init__(self, c=8):
+        super().__init__()
+        self.conv = torch.nn.Conv2d(3, c, 3, padding=1)
+
+    def forward(self, x):
+        y = torch.ops.precompile_test.channels_last_double(self.conv(x))
+        return y.permute(0, 2, 3, 1).reshape(y.shape[0], -1)  # flattened NHWC: a view
+
+
+_CASES = {"attention output after its transpose": (_Attention, (2, 6, 32)),
+          "channels-last convolution output": (_Patches, (2, 3, 5, 5))}
+
+
+@pytest.mark.parametrize("case", sorted(_CASES))
+def test_a_view_valid_only_in_the_narrow_kernels_layout_runs_in_fp64(case):
+    model_cls, shape = _CASES[case]
+    torch.manual_seed(0)
+    model = model_cls().to(torch.bfloat16)
+    x = torch.randn(shape).to(torch.bfloat16)
+    traced = trace_call(lambda m, x: m(x), (model, x), {}, target="t")
+    assert any(n.target is torch.ops.aten.view.default for n in traced.graph_module.graph.nodes
+               if n.op == "call_function")
+    (ref,), _, info = reference.reference_run(traced.graph_module, traced.example_inputs, "cpu")
+    assert ref.dtype == torch.float64 and info["reference"] == "float64"
+    wide = model_cls()
+    wide.load_state_dict({k: v.double() for k, v in model.state_dict().items()})
+    torch.testing.assert_close(ref, wide.double()(x.double()), rtol=1e-12, atol=1e-12)
+    case = validation.compare(lambda args: list(traced.graph_module(*args)), traced, traced.example_inputs,
+                              "the example inputs", "t", {})
+    assert case["reference"] == "float64"
+
+
+@pytest.mark.parametrize("case", sorted(_CASES))
+def test_the_frozen_engine_captures_the_view(tmp_path, case):
+    model_cls, shape = _CASES[case]
+    torch.manual_seed(0)
+    model = model_cls().to(torch.bfloat16)
+    x = torch.randn(shape).to(torch.bfloat16)
+    with precompile_build.capture(lambda m, x: m(x), engine="frozen", target="t",
+                                  artifact_path=tmp_path / "t.py", cache_path=tmp_path / "t.cache") as f:
+        got = f(model, x)
+    from precompile_build.pairs import read_source_metadata
+
+    meta = read_source_metadata((tmp_path / "t.py").read_bytes(), what="pair")
+    assert meta["validation"]["reference"] == "float64"
+    torch.testing.assert_close(got, model(x))
+
+
+def test_parameters_are_widened_one_op_at_a_time():
+    # the reference never holds two wide weights of this stack at once: the widened
+    # copies made per op are dropped when that op ran
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(*[torch.nn.Linear(64, 64) for _ in range(6)]).to(torch.bfloat16)
+    x = torch.randn(4, 64).to(torch.bfloat16)
+    traced = trace_call(lambda m, x: m(x), (model, x), {}, target="t")
+    alive, most = {}, [0]
+    to = torch.Tensor.to
+
+    def counting_to(self, *args, **kwargs):
+        out = to(self, *args, **kwargs)
+        if out is not self and out.dtype == torch.float64 and out.numel() == 64 * 64:
+            import weakref
+
+            key = id(out)
+            alive[key] = weakref.finalize(out, alive.pop, key, None)
+            most[0] = max(most[0], len(alive))
+        return out
+
+    torch.Tensor.to = counting_to
+    try:
+        (ref,), inputs_after, _ = reference.reference_run(traced.graph_module, traced.example_inputs, "cpu")
+    finally:
+        torch.Tensor.to = to
+    assert most[0] == 1  # six weights widened, one at a time
+    assert all(a.data_ptr() == b.data_ptr() and a.dtype == torch.bfloat16  # not copied
+               for a, b in zip(inputs_after, traced.example_inputs))
+    want = x.double()
+    for layer in model:
+        want = torch.nn.functional.linear(want, layer.weight.double(), layer.bias.double())
+    torch.testing.assert_close(ref, want, rtol=1e-12, atol=1e-12)
+
+
+def test_inputs_the_graph_writes_are_copied_and_the_rest_shared():
+    torch.manual_seed(0)
+    bn = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.BatchNorm1d(8)).train()
+    x = torch.randn(4, 8)
+    traced = trace_call(lambda m, x: m(x), (bn, x), {}, target="t")
+    names = traced.metadata["param_names"]
+    written = {names[i] for i in sharing.written_inputs(traced.graph_module) if i < len(names)}
+    assert {"m0.1.running_mean", "m0.1.running_var", "m0.1.num_batches_tracked"} <= written
+    assert not written & {"m0.0.weight", "m0.0.bias", "m0.1.weight", "m0.1.bias"}
+    by_name = dict(zip(names, traced.example_inputs))
+    own = {"m0." + k: v for k, v in [*bn.named_parameters(), *bn.named_buffers()]}
+    for name in names:  # shared with the model: the same memory; written: a copy
+        shares = by_name[name].data_ptr() == own[name].data_ptr()
+        assert shares is (name not in written), name
