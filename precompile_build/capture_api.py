@@ -123,6 +123,7 @@ class Capture:
                 )
         if engine != "torch":  # ours trace Python once (torch.compile replays random calls)
             _warn_python_rng(before, python_rng_states(), self.target)
+        self._pair = (self._pair[0], _with_function_name(self._pair[1], self._fn))
         return box["result"] if "result" in box else self._fn(*args, **kwargs)
 
     def _refuse_frozen_only_settings(self, options: Mapping[str, Any]) -> None:
@@ -189,6 +190,35 @@ def _warn_python_rng(before: dict[str, bytes], after: dict[str, bytes], target: 
             "so the values it drew are frozen into the pair as constants. Use torch's RNG "
             "(torch.rand, F.dropout: served with a fresh draw per call) or pass the value "
             "as an argument", PythonStateWarning)
+
+
+def function_name(fn: Callable) -> "dict[str, str] | None":
+    """``{"module", "qualname"}`` when importing ``module`` and following ``qualname``
+    gives ``fn`` itself (a module-level function or class), else None (a lambda, a
+    nested function, one of ``__main__``: the capture script's)."""
+    module, qualname = getattr(fn, "__module__", None), getattr(fn, "__qualname__", None)
+    if not isinstance(module, str) or not isinstance(qualname, str) or module == "__main__" \
+            or "<" in qualname or module not in sys.modules:
+        return None
+    obj: Any = sys.modules[module]
+    for part in qualname.split("."):
+        obj = getattr(obj, part, None)
+    return {"module": module, "qualname": qualname} if obj is fn else None
+
+
+def _with_function_name(cache: bytes, fn: Callable) -> bytes:
+    """The cache half with ``meta["function"]`` (:func:`function_name`) in our engines'
+    envelope: an editable install whose source changed calls the function's current
+    code by that name instead of the stale pair (precompile_runtime._stale). Torch's
+    own pairs have no place for it and are refused when stale."""
+    from precompile_runtime import envelope
+
+    name = function_name(fn)
+    if name is None or not envelope.is_envelope(cache):
+        return cache
+    env = envelope.loads(cache, what="the capture's cache half", check_blobs=False)
+    env.meta = dict(env.meta, function=name)
+    return envelope.dumps(env)
 
 
 def _device_of(args, kwargs) -> str:
