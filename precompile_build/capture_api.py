@@ -167,6 +167,9 @@ class Capture:
                 "exactly as you would call the function"
             )
         write_pair(self.artifact_path, self._pair[0], self.cache_path, self._pair[1])
+        from .imported import write_record  # the capture cache's record of what fn imported
+
+        write_record()
         return False
 
 

@@ -219,7 +219,7 @@ def _run_one(b: _Build, target: TargetSettings, device: Optional[str]) -> Captur
         meta, why = capture_cache.fetch(root, key, target.name, b.work / "reused" / target.name)
         if meta is not None:
             return _reused(b, target, device, key, meta, start)
-        if why != "no entry":
+        if why.startswith("entry corrupt: "):
             b.progress.say(f"precompile: {target.name}: discarded cache entry "
                            f"{key[:12]}…: {why[len('entry corrupt: '):]}")
         result = _capture(b, target, device, why, key, start)
