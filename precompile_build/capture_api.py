@@ -101,11 +101,34 @@ class Capture:
         # the capture traces clones: the real call is the only one with effects
         before = python_rng_states()
         box: dict = {}
+        failed = None
+        try:
+            self._capture(engine, device, args, kwargs, options, box)
+        except Exception as e:
+            if "ran" in box:
+                raise
+            failed = e
+        if failed is not None:  # the real call has not run: does the function itself fail?
+            _raise_if_the_function_fails(self._fn, args, kwargs, self.target)  # (outside the
+            raise failed  # except block: the function's traceback is not this one's context)
+        if engine != "torch":  # ours trace Python once (torch.compile replays random calls)
+            _warn_python_rng(before, python_rng_states(), self.target)
+        self._pair = (self._pair[0], _with_function_name(self._pair[1], self._fn))
+        return box["result"] if "result" in box else self._fn(*args, **kwargs)
+
+    def _capture(self, engine: str, device: str, args, kwargs, options: dict, box: dict) -> None:
+        """Run the engine's capture of the first call (``self._pair``). An engine that
+        judges by the real call runs it: then ``box["ran"]`` is set, and
+        ``box["result"]`` holds its result once it returned."""
         with _torch_rng_kept(device):  # the trace and checks draw too: not the user's RNG
             try:
                 mod, extra = engines.get(engine), {}
                 if getattr(mod, "JUDGES_EAGER_CALL", False):  # the engine compares with the real call
-                    extra["real_call"] = lambda: box.setdefault("result", self._fn(*args, **kwargs))
+                    def real_call():
+                        box["ran"] = True  # (also when it raises: it must not run again)
+                        return box.setdefault("result", self._fn(*args, **kwargs))
+
+                    extra["real_call"] = real_call
                 self._pair = mod.capture_pair(
                     self._fn, args, kwargs, target=self.target, device=device, options=options, **extra,
                 )
@@ -115,16 +138,12 @@ class Capture:
                 reason = str(e).split("\n")[0]
                 print(f"precompile_build.capture: {reason}; fallback = \"eager\": capturing with "
                       "the eager engine (no kernels)", file=sys.stderr)
-                self.engine = engine = "eager"
+                self.engine = "eager"
                 self._pair = engines.get("eager").capture_pair(
                     self._fn, args, kwargs, target=self.target, device=device,
                     options=dict(options, fallback_reason=reason), real_call=extra.get("real_call"),
                     traced=getattr(e, "traced", None), real=getattr(e, "real", None),
                 )
-        if engine != "torch":  # ours trace Python once (torch.compile replays random calls)
-            _warn_python_rng(before, python_rng_states(), self.target)
-        self._pair = (self._pair[0], _with_function_name(self._pair[1], self._fn))
-        return box["result"] if "result" in box else self._fn(*args, **kwargs)
 
     def _refuse_frozen_only_settings(self, options: Mapping[str, Any]) -> None:
         """``tracer``, ``fallback`` and the :data:`FROZEN_OPTIONS` mean nothing to the
@@ -180,6 +199,22 @@ def _torch_rng_kept(device: str):
 
     cuda = [torch.cuda.current_device()] if device == "cuda" else []
     return torch.random.fork_rng(devices=cuda)
+
+
+def _raise_if_the_function_fails(fn: Callable, args, kwargs, target: str) -> None:
+    """After a capture failed before the real call ran: make that call, eagerly. When
+    it raises too, the fault is the function's (or its arguments'), not the tracer's:
+    raise a CaptureError chained to the function's own exception, so its traceback is
+    printed first. Returns when the call succeeds (the capture's error stands)."""
+    try:
+        fn(*args, **kwargs)
+    except Exception as own:
+        text = (str(own).strip().splitlines() or [""])[0][:300]
+        raise CaptureError(
+            f"target {target!r}: the function itself raises {type(own).__name__}: {text} -- "
+            "also when called eagerly, with no tracer (the with-block's real call), so this is "
+            "an error in the function or its arguments, not a tracing problem (its traceback "
+            "is above). Fix it and capture again; nothing written") from own
 
 
 def _warn_python_rng(before: dict[str, bytes], after: dict[str, bytes], target: str) -> None:
