@@ -16,7 +16,7 @@ from typing import Any, Callable, Mapping
 
 from precompile_runtime.envelope import write_atomic
 
-from . import engines
+from . import engines, python_state
 from .rng_state import python_rng_states
 from .errors import CaptureError, CompilerFailed, PythonStateWarning, warn_at_caller
 
@@ -100,6 +100,7 @@ class Capture:
             options["tracer"] = self.tracer
         # the capture traces clones: the real call is the only one with effects
         before = python_rng_states()
+        state = python_state.snapshot(self._fn, args, kwargs) if engine != "torch" else None
         box: dict = {}
         failed = None
         try:
@@ -114,7 +115,11 @@ class Capture:
         if engine != "torch":  # ours trace Python once (torch.compile replays random calls)
             _warn_python_rng(before, python_rng_states(), self.target)
         self._pair = (self._pair[0], _with_function_name(self._pair[1], self._fn))
-        return box["result"] if "result" in box else self._fn(*args, **kwargs)
+        result = box["result"] if "result" in box else self._fn(*args, **kwargs)
+        if state is not None:  # (after the real call: what it changed, the trace too)
+            _warn_python_state(python_state.changes(state, python_state.snapshot(self._fn, args, kwargs)),
+                               self.target)
+        return result
 
     def _capture(self, engine: str, device: str, args, kwargs, options: dict, box: dict) -> None:
         """Run the engine's capture of the first call (``self._pair``). An engine that
@@ -257,6 +262,19 @@ def _with_function_name(cache: bytes, fn: Callable) -> bytes:
     env = envelope.loads(cache, what="the capture's cache half", check_blobs=False)
     env.meta = dict(env.meta, function=name)
     return envelope.dumps(env)
+
+
+def _warn_python_state(changed: list[str], target: str) -> None:
+    """Warn when the capture changed Python state outside the call's tensors
+    (:mod:`precompile_build.python_state`): served pairs never do it again."""
+    if changed:
+        shown = "; ".join(changed[:5]) + (f"; and {len(changed) - 5} more" if len(changed) > 5 else "")
+        warn_at_caller(
+            f"target {target!r}: the function changed Python state while it was captured: "
+            f"{shown}. Python code runs at capture only (the trace and the real call), never "
+            "when the pair is served, so served calls leave this state as it is. Keep state "
+            "the served calls need in tensors (a registered buffer, an argument updated in "
+            "place), or change it outside the function", PythonStateWarning)
 
 
 def _device_of(args, kwargs) -> str:

@@ -4,6 +4,8 @@ is warned about (PythonStateWarning), naming the object."""
 
 from __future__ import annotations
 
+import re
+import sys
 import traceback
 
 import pytest
@@ -71,3 +73,128 @@ def test_a_tracer_failure_of_a_function_that_runs_eagerly_is_still_the_tracers(t
     with pytest.raises(CaptureError, match=r"tracing failed on a data-dependent branch") as info:
         _capture(tmp_path, branchy, torch.ones(3), tracer="export")
     assert "the function itself raises" not in str(info.value)
+
+
+# -- item 1: Python state the call changes --------------------------------------------
+
+LOG: list = []
+CALLS = 0
+SCALE = 2.0
+
+
+class Settings:
+    def __init__(self):
+        self.steps = 0
+
+
+SETTINGS = Settings()
+
+
+def appends(x):
+    LOG.append(x.shape[0])
+    return x * 2
+
+
+def bumps_a_global(x):
+    global CALLS
+    CALLS += 1
+    return x * 2
+
+
+def sets_an_attribute(x):
+    SETTINGS.steps += 1
+    return x * 2
+
+
+def counter():
+    count = 0
+
+    def step(x):
+        nonlocal count
+        count += 1
+        return x * 2
+    return step
+
+
+class CountingModule(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.proj = torch.nn.Linear(3, 3)
+        self.calls = 0
+
+    def forward(self, x):
+        self.calls += 1
+        return self.proj(x)
+
+
+def _warned(tmp_path, fn, *args, **kw) -> list[str]:
+    import warnings
+
+    with warnings.catch_warnings(record=True) as rec:
+        warnings.simplefilter("always")
+        _capture(tmp_path, fn, *args, **kw)
+    return [str(w.message) for w in rec if issubclass(w.category, precompile_build.PythonStateWarning)]
+
+
+@pytest.mark.parametrize("engine", ["eager", "frozen"])
+@pytest.mark.parametrize("case, said, line", [
+    ("list", r"the global `LOG` of module test_capture_reliability: 0 items before the capture, "
+             r"2 items after", "LOG.append(x.shape[0])"),
+    ("global", r"the global `CALLS` of module test_capture_reliability: 0 before the capture, 2 after",
+     "CALLS += 1"),
+    ("attribute", r"attribute `steps` of the global `SETTINGS` of module test_capture_reliability: 0 "
+                  r"before the capture, 2 after", "SETTINGS.steps += 1"),
+    ("closure", r"the closure variable `count` of counter.<locals>.step: 0 before the capture, 2 after",
+     "count += 1"),
+    ("module", r"attribute `calls` of the module CountingModule \(argument 0\): 0 before the capture, "
+               r"2 after", "self.calls += 1"),
+])
+def test_python_state_the_call_changes_is_warned_with_its_line(tmp_path, monkeypatch, engine, case, said, line):
+    """A module-level list appended to, a global counter, an attribute of a plain
+    object, a closure counter, and (a sibling) a counter on the user's own module:
+    each named, with the line that changes it; the trace and the real call each ran."""
+    import linecache
+
+    global CALLS
+    monkeypatch.setattr(SETTINGS, "steps", 0)
+    monkeypatch.setattr(sys.modules[__name__], "CALLS", 0)
+    LOG.clear()
+    fn, args = {"list": (appends, (torch.ones(2),)), "global": (bumps_a_global, (torch.ones(2),)),
+                "attribute": (sets_an_attribute, (torch.ones(2),)), "closure": (counter(), (torch.ones(2),)),
+                "module": (lambda m, x: m(x), (CountingModule(), torch.ones(2, 3)))}[case]
+    (text,) = _warned(tmp_path, fn, *args, engine=engine)
+    assert re.search(rf"target 't': the function changed Python state while it was captured: {said}", text), text
+    at = re.search(r"\(at (.*):(\d+)\)", text)
+    assert at and at.group(1) == __file__ and linecache.getline(__file__, int(at.group(2))).strip() == line, text
+    assert "never when the pair is served" in text
+
+
+def reads_state(x):
+    return x * SCALE + len(LOG)
+
+
+class Plain(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.proj = torch.nn.Linear(3, 3)
+        self.drop = torch.nn.Dropout(0.5)
+
+    def forward(self, x):
+        return self.drop(torch.relu(self.proj(x)))
+
+
+@pytest.mark.parametrize("case", ["reads", "module", "training"])
+def test_a_call_that_changes_no_python_state_is_not_warned(tmp_path, case):
+    """Reading globals, a module with a dropout and a ReLU (torch's own modules and
+    RNG), a training step (backward, .grad): no PythonStateWarning."""
+    if case == "reads":
+        fn, args = reads_state, (torch.ones(2),)
+    elif case == "module":
+        fn, args = (lambda m, x: m(x)), (Plain().eval(), torch.ones(2, 3))
+    else:
+        def step(m, x):
+            loss = m(x).sum()
+            loss.backward()
+            return loss.detach()
+        fn, args = step, (Plain().train(), torch.ones(2, 3))
+    assert _warned(tmp_path, fn, *args) == []

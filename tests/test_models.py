@@ -74,3 +74,11 @@ def test_build_summary_names_every_model_target(served):
     _, log = served
     for name in modelzoo.CASES:
         assert name in log, log[-3000:]
+
+
+@pytest.mark.slow
+def test_no_model_is_said_to_change_python_state(served):
+    """Library models keep caches and flags of their own (transformers' and timm's
+    code is not looked into): no PythonStateWarning for any case of the matrix."""
+    _, log = served
+    assert "changed Python state" not in log and "PythonStateWarning" not in log, log[-3000:]
