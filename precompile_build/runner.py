@@ -447,7 +447,7 @@ def run_captures(settings: Settings, work: Path,
         outcomes = {n: (f.exception() or f.result()) for n, f in futures.items()}
         progress.say(summary([_row(n, devices[n], outcomes[n]) for n in names]))
         line = artifacts_for(o for o in outcomes.values() if isinstance(o, CaptureResult))
-        if line:
+        if line and not any(isinstance(o, BaseException) for o in outcomes.values()):  # a failed build has none
             progress.say(line)
     for n in names:
         if isinstance(outcomes[n], BaseException) and not isinstance(outcomes[n], _Cancelled):

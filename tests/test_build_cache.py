@@ -297,6 +297,24 @@ def test_progress_lines_and_summary(tmp_path, monkeypatch, capfd):
     assert whl.exists()
 
 
+@pytest.mark.parametrize("tail, shown", [
+    # torch's FutureWarning: its second line is the warned source line, not output
+    ("/x/torch/export/_trace.py:1234: FutureWarning: `torch.export.export_for_training` is "
+     "deprecated\n  return cls.__new__(cls, *args)\n",
+     "FutureWarning: `torch.export.export_for_training` is deprecated"),
+    # a warning whose message has more lines, then its source line
+    ("step 3\n/x/m.py:9: UserWarning: first line\nsecond line\n  warnings.warn(msg)\n",
+     "UserWarning: first line"),
+    # output after a warning is the capture's again
+    ("/x/m.py:9: UserWarning: w\n  warnings.warn(w)\ncompiling kernels\n", "compiling kernels"),
+    ("a\n  indented output of the script\n", "indented output of the script"),
+])
+def test_a_status_line_shows_a_warning_as_one_line(tmp_path, tail, shown):
+    log = tmp_path / "t.log"
+    log.write_text(tail)
+    assert progress.last_log_line(log) == shown
+
+
 def test_progress_redraws_in_place_on_a_terminal():
     out = io.StringIO()
     p = progress.Progress(out, live=True)
