@@ -13,8 +13,9 @@ install or upgrade changes.
 A record is ``{"distributions": {name: version}, "files": {path: sha256}}``:
 distributions that provide a top-level module in ``sys.modules`` (names
 normalised as PEP 503 does), and the files of imported modules that no
-distribution provides and that are not the standard library's (a helper module
-next to the capture script, a directory on PYTHONPATH).
+distribution provides and that are not the standard library's, site-packages' or
+the compilers' caches' (a helper module next to the capture script, a directory on
+PYTHONPATH).
 """
 
 from __future__ import annotations
@@ -43,7 +44,7 @@ def record(modules: Optional[Mapping[str, Any]] = None) -> dict[str, dict[str, s
 
     modules = dict(sys.modules if modules is None else modules)
     owners = metadata.packages_distributions()  # top-level import name -> distributions
-    stdlib = tuple(os.path.realpath(sysconfig.get_paths()[k]) + os.sep for k in ("stdlib", "platstdlib"))
+    skipped = _not_inputs()
     dists: dict[str, str] = {}
     files: dict[str, str] = {}
     seen: set[str] = set()
@@ -59,16 +60,32 @@ def record(modules: Optional[Mapping[str, Any]] = None) -> dict[str, dict[str, s
                         pass
             continue
         path = getattr(module, "__file__", None)
-        if not isinstance(path, str) or top == "__main__":  # the script: in the key already
+        if not isinstance(path, str) or top in ("__main__", "__mp_main__"):  # the script: in the key
             continue
         real = os.path.realpath(path)
-        if real.startswith(stdlib) or not os.path.isfile(real):
+        if real.startswith(skipped) or not os.path.isfile(real):
             continue
         try:
             files[real] = sha256_file(real)
         except OSError:
             pass
     return {"distributions": dict(sorted(dists.items())), "files": dict(sorted(files.items()))}
+
+
+def _not_inputs() -> "tuple[str, ...]":
+    """Directories whose modules are no input of the capture: the standard library,
+    site-packages (their distributions are recorded by version), and the compilers'
+    caches (Inductor's and Triton's generated kernels are what the capture made)."""
+    paths = sysconfig.get_paths()
+    dirs = [paths[k] for k in ("stdlib", "platstdlib", "purelib", "platlib") if k in paths]
+    dirs += [p for p in sys.path if p.rstrip(os.sep).endswith(("site-packages", "dist-packages"))]
+    utils = sys.modules.get("torch._inductor.runtime.runtime_utils")
+    try:
+        dirs.append(utils.cache_dir() if utils is not None else os.environ.get("TORCHINDUCTOR_CACHE_DIR", ""))
+    except Exception:  # no cache dir: nothing of Inductor's was loaded from one
+        pass
+    dirs += [os.environ.get("TRITON_CACHE_DIR", ""), os.path.join(os.path.expanduser("~"), ".triton")]
+    return tuple(os.path.realpath(d) + os.sep for d in dirs if d)
 
 
 def environment_record() -> dict[str, dict[str, str]]:
@@ -92,14 +109,14 @@ def record_path(source_path: Path) -> Path:
 
 def write_record() -> None:
     """Write :func:`record` to ``$PRECOMPILE_IMPORTS_PATH`` (set by the build; nothing
-    when unset). A record that cannot be written is left out: the build then keys the
-    entry on the whole environment."""
+    when unset). A record that cannot be made or written is left out, never an error of
+    the capture: the build then keys the entry on the whole environment."""
     path = os.environ.get(RECORD_ENV)
     if not path:
         return
     try:
         Path(path).write_text(json.dumps(record(), sort_keys=True), encoding="utf-8")
-    except OSError:
+    except Exception:  # an odd module or distribution: the whole environment instead
         pass
 
 
