@@ -198,3 +198,28 @@ def test_a_call_that_changes_no_python_state_is_not_warned(tmp_path, case):
             return loss.detach()
         fn, args = step, (Plain().train(), torch.ones(2, 3))
     assert _warned(tmp_path, fn, *args) == []
+
+
+# -- item 2: the name an edited editable install calls instead of the stale pair ------
+
+@pytest.mark.parametrize("how, recorded", [
+    ("module function", {"module": "test_capture_reliability", "qualname": "reads_state"}),
+    ("class attribute", {"module": "test_capture_reliability", "qualname": "Steps.double"}),
+    ("lambda", None), ("nested", None)])
+def test_the_capture_records_the_functions_importable_name(tmp_path, how, recorded):
+    """The cache envelope's ``meta["function"]``: set where importing the module and
+    following the qualname gives the captured function itself, else absent."""
+    from precompile_runtime import envelope
+
+    def nested(x):
+        return x * 2
+    fn = {"module function": reads_state, "class attribute": Steps.double,
+          "lambda": lambda x: x * 2, "nested": nested}[how]
+    _, cache, _ = _capture(tmp_path, fn, torch.ones(2), engine="eager")
+    assert envelope.loads(cache.read_bytes()).meta.get("function") == recorded
+
+
+class Steps:
+    @staticmethod
+    def double(x):
+        return x * 2
