@@ -198,7 +198,15 @@ def _module_internals() -> "frozenset[str]":
 def snapshot(fn: Callable, args: tuple, kwargs: dict) -> dict:
     """The state :func:`changes` compares (see the module docstring): ``{key:
     (description, token)}``, plus ``"functions"``, the reached functions (for lines).
-    Never raises for odd objects: what cannot be read is left out."""
+    Never raises: an object that fails to be read (a ``__getattr__`` that raises
+    something odd) gives an empty snapshot, so the check is skipped, never the capture."""
+    try:
+        return _snapshot(fn, args, kwargs)
+    except Exception:
+        return {}
+
+
+def _snapshot(fn: Callable, args: tuple, kwargs: dict) -> dict:
     import torch
 
     out: dict = {}
@@ -270,6 +278,8 @@ def changes(before: dict, after: dict) -> list[str]:
     """What differs between two :func:`snapshot` s of one call, as phrases naming the
     object (``"the list `LOG` of module m: 0 items before the capture, 2 after (at
     m.py:12)"``); empty when nothing changed."""
+    if "functions" not in before or "functions" not in after:  # a snapshot failed: no verdict
+        return []
     out = []
     functions = before.get("functions", [])
     for key, entry in before.items():
@@ -297,7 +307,10 @@ def changes(before: dict, after: dict) -> list[str]:
                 out.append(((*key[:-1], "attr", k), f"attribute `{k}` was set on {what}"))
     result = []
     for key, text in out:
-        line = _line_of(functions, key)
+        try:
+            line = _line_of(functions, key)
+        except Exception:  # bytecode this Python cannot list: the change without its line
+            line = ""
         result.append(text + (f" (at {line})" if line else ""))
     return list(dict.fromkeys(result))
 
