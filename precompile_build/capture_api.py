@@ -16,7 +16,7 @@ from typing import Any, Callable, Mapping
 
 from precompile_runtime.envelope import write_atomic
 
-from . import engines
+from . import engines, python_state
 from .rng_state import python_rng_states
 from .errors import CaptureError, CompilerFailed, PythonStateWarning, warn_at_caller
 
@@ -100,12 +100,40 @@ class Capture:
             options["tracer"] = self.tracer
         # the capture traces clones: the real call is the only one with effects
         before = python_rng_states()
+        state = python_state.snapshot(self._fn, args, kwargs) if engine != "torch" else None
         box: dict = {}
+        failed = None
+        try:
+            self._capture(engine, device, args, kwargs, options, box)
+        except Exception as e:
+            if "ran" in box:
+                raise
+            failed = e
+        if failed is not None:  # the real call has not run: does the function itself fail?
+            _raise_if_the_function_fails(self._fn, args, kwargs, self.target)  # (outside the
+            raise failed  # except block: the function's traceback is not this one's context)
+        if engine != "torch":  # ours trace Python once (torch.compile replays random calls)
+            _warn_python_rng(before, python_rng_states(), self.target)
+        self._pair = (self._pair[0], _with_function_name(self._pair[1], self._fn))
+        result = box["result"] if "result" in box else self._fn(*args, **kwargs)
+        if state is not None:  # (after the real call: what it changed, the trace too)
+            _warn_python_state(python_state.changes(state, python_state.snapshot(self._fn, args, kwargs)),
+                               self.target)
+        return result
+
+    def _capture(self, engine: str, device: str, args, kwargs, options: dict, box: dict) -> None:
+        """Run the engine's capture of the first call (``self._pair``). An engine that
+        judges by the real call runs it: then ``box["ran"]`` is set, and
+        ``box["result"]`` holds its result once it returned."""
         with _torch_rng_kept(device):  # the trace and checks draw too: not the user's RNG
             try:
                 mod, extra = engines.get(engine), {}
                 if getattr(mod, "JUDGES_EAGER_CALL", False):  # the engine compares with the real call
-                    extra["real_call"] = lambda: box.setdefault("result", self._fn(*args, **kwargs))
+                    def real_call():
+                        box["ran"] = True  # (also when it raises: it must not run again)
+                        return box.setdefault("result", self._fn(*args, **kwargs))
+
+                    extra["real_call"] = real_call
                 self._pair = mod.capture_pair(
                     self._fn, args, kwargs, target=self.target, device=device, options=options, **extra,
                 )
@@ -115,15 +143,12 @@ class Capture:
                 reason = str(e).split("\n")[0]
                 print(f"precompile_build.capture: {reason}; fallback = \"eager\": capturing with "
                       "the eager engine (no kernels)", file=sys.stderr)
-                self.engine = engine = "eager"
+                self.engine = "eager"
                 self._pair = engines.get("eager").capture_pair(
                     self._fn, args, kwargs, target=self.target, device=device,
                     options=dict(options, fallback_reason=reason), real_call=extra.get("real_call"),
                     traced=getattr(e, "traced", None), real=getattr(e, "real", None),
                 )
-        if engine != "torch":  # ours trace Python once (torch.compile replays random calls)
-            _warn_python_rng(before, python_rng_states(), self.target)
-        return box["result"] if "result" in box else self._fn(*args, **kwargs)
 
     def _refuse_frozen_only_settings(self, options: Mapping[str, Any]) -> None:
         """``tracer``, ``fallback`` and the :data:`FROZEN_OPTIONS` mean nothing to the
@@ -166,6 +191,9 @@ class Capture:
                 "exactly as you would call the function"
             )
         write_pair(self.artifact_path, self._pair[0], self.cache_path, self._pair[1])
+        from .imported import write_record  # the capture cache's record of what fn imported
+
+        write_record()
         return False
 
 
@@ -176,6 +204,22 @@ def _torch_rng_kept(device: str):
 
     cuda = [torch.cuda.current_device()] if device == "cuda" else []
     return torch.random.fork_rng(devices=cuda)
+
+
+def _raise_if_the_function_fails(fn: Callable, args, kwargs, target: str) -> None:
+    """After a capture failed before the real call ran: make that call, eagerly. When
+    it raises too, the fault is the function's (or its arguments'), not the tracer's:
+    raise a CaptureError chained to the function's own exception, so its traceback is
+    printed first. Returns when the call succeeds (the capture's error stands)."""
+    try:
+        fn(*args, **kwargs)
+    except Exception as own:
+        text = (str(own).strip().splitlines() or [""])[0][:300]
+        raise CaptureError(
+            f"target {target!r}: the function itself raises {type(own).__name__}: {text} -- "
+            "also when called eagerly, with no tracer (the with-block's real call), so this is "
+            "an error in the function or its arguments, not a tracing problem (its traceback "
+            "is above). Fix it and capture again; nothing written") from own
 
 
 def _warn_python_rng(before: dict[str, bytes], after: dict[str, bytes], target: str) -> None:
@@ -189,6 +233,48 @@ def _warn_python_rng(before: dict[str, bytes], after: dict[str, bytes], target: 
             "so the values it drew are frozen into the pair as constants. Use torch's RNG "
             "(torch.rand, F.dropout: served with a fresh draw per call) or pass the value "
             "as an argument", PythonStateWarning)
+
+
+def function_name(fn: Callable) -> "dict[str, str] | None":
+    """``{"module", "qualname"}`` when importing ``module`` and following ``qualname``
+    gives ``fn`` itself (a module-level function or class), else None (a lambda, a
+    nested function, one of ``__main__``: the capture script's)."""
+    module, qualname = getattr(fn, "__module__", None), getattr(fn, "__qualname__", None)
+    if not isinstance(module, str) or not isinstance(qualname, str) or module == "__main__" \
+            or "<" in qualname or module not in sys.modules:
+        return None
+    obj: Any = sys.modules[module]
+    for part in qualname.split("."):
+        obj = getattr(obj, part, None)
+    return {"module": module, "qualname": qualname} if obj is fn else None
+
+
+def _with_function_name(cache: bytes, fn: Callable) -> bytes:
+    """The cache half with ``meta["function"]`` (:func:`function_name`) in our engines'
+    envelope: an editable install whose source changed calls the function's current
+    code by that name instead of the stale pair (precompile_runtime._stale). Torch's
+    own pairs have no place for it and are refused when stale."""
+    from precompile_runtime import envelope
+
+    name = function_name(fn)
+    if name is None or not envelope.is_envelope(cache):
+        return cache
+    env = envelope.loads(cache, what="the capture's cache half", check_blobs=False)
+    env.meta = dict(env.meta, function=name)
+    return envelope.dumps(env)
+
+
+def _warn_python_state(changed: list[str], target: str) -> None:
+    """Warn when the capture changed Python state outside the call's tensors
+    (:mod:`precompile_build.python_state`): served pairs never do it again."""
+    if changed:
+        shown = "; ".join(changed[:5]) + (f"; and {len(changed) - 5} more" if len(changed) > 5 else "")
+        warn_at_caller(
+            f"target {target!r}: the function changed Python state while it was captured: "
+            f"{shown}. Python code runs at capture only (the trace and the real call), never "
+            "when the pair is served, so served calls leave this state as it is. Keep state "
+            "the served calls need in tensors (a registered buffer, an argument updated in "
+            "place), or change it outside the function", PythonStateWarning)
 
 
 def _device_of(args, kwargs) -> str:

@@ -4,6 +4,10 @@ An entry is ``<cache dir>/<key>/{NAME.py, NAME.cache, entry.json}``; ``key`` is 
 sha256 of :func:`key_components` (capture script bytes, the package's importable
 source, the target's config, the values of the environment variables it declares,
 the host fingerprint, the versions of precompile-build and precompile-runtime).
+What the capture imported is known only after it ran: the entry records it
+(:mod:`precompile_build.imported`: the distributions and versions, and the files of
+other imported modules) and :func:`fetch` reuses the entry only while they are
+installed as recorded.
 Entries are written into a temp directory and renamed into place, under a per-key
 file lock (``<key>.lock``) that a build holds from lookup to store, so a second
 build of the same target waits and then reuses. An entry is verified (sizes,
@@ -31,12 +35,13 @@ import filelock
 from precompile_runtime._digest import sha256_file  # one file hash for both sides
 from precompile_runtime.envelope import write_atomic
 
+from . import imported
 from .errors import BuildError, CaptureError
 from .pairs import PairInfo, inspect_pair
 from .settings import Settings, TargetSettings, default_cache_dir
 
 ENTRY_FORMAT = "precompile-build.capture-cache"
-ENTRY_VERSION = 1
+ENTRY_VERSION = 2  # 2: entries record what the capture imported
 ENTRY_JSON = "entry.json"
 TAG_NAME = "CACHEDIR.TAG"
 _TAG = (b"Signature: 8a477f597d28d172789f06886806bc55\n"
@@ -245,8 +250,10 @@ def fetch(root: Path, key: str, name: str, dest: Path) -> tuple[Optional[dict], 
 
     Call with :func:`lock` held; ``dest`` is a directory only this call writes (it
     is removed again on a miss). Returns ``(entry.json dict with "info": PairInfo,
-    "")`` on a hit, else ``(None, why)``: ``"no entry"`` or ``"entry corrupt: ..."``
-    (the corrupt entry is removed).
+    "")`` on a hit, else ``(None, why)``: ``"no entry"``, ``"imports changed: ..."``
+    (what the capture imported is installed in another version, or gone:
+    :func:`precompile_build.imported.changes`; the entry stays until the new
+    capture replaces it) or ``"entry corrupt: ..."`` (the corrupt entry is removed).
     """
     entry_dir = root / key
     if not (entry_dir / ENTRY_JSON).is_file():
@@ -256,6 +263,13 @@ def fetch(root: Path, key: str, name: str, dest: Path) -> tuple[Optional[dict], 
         meta = json.loads((entry_dir / ENTRY_JSON).read_text(encoding="utf-8"))
         if meta.get("format") != ENTRY_FORMAT or meta.get("key") != key:
             raise ValueError(f"{ENTRY_JSON} is not this entry's (format/key differ)")
+        if not isinstance(meta.get("imports"), dict):
+            raise ValueError(f"{ENTRY_JSON} records no imports")
+        changed = imported.changes(meta["imports"])
+        if changed:  # the capture imported other code than is installed now: capture again
+            shutil.rmtree(dest, ignore_errors=True)
+            shown = ", ".join(changed[:3]) + (f" and {len(changed) - 3} more" if len(changed) > 3 else "")
+            return None, f"imports changed: {shown}"
         for role, suffix in (("source", ".py"), ("cache", ".cache")):
             copy = dest / f"{name}{suffix}"
             shutil.copyfile(entry_dir / f"{name}{suffix}", copy)
@@ -293,8 +307,9 @@ def store(root: Path, key: str, name: str, source: Path, cache: Path, info: Pair
             dst = tmp / src.name
             shutil.copyfile(src, dst)
             files[role] = {"path": src.name, **_file_meta(dst)}
+        imports = imported.read_record(imported.record_path(source)) or imported.environment_record()
         meta = {"format": ENTRY_FORMAT, "version": ENTRY_VERSION, "key": key,
-                "target": name, "engine": info.engine, "device": info.device,
+                "target": name, "engine": info.engine, "device": info.device, "imports": imports,
                 "capture_seconds": round(seconds, 3), "capture_device": capture_device,
                 "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                 "files": files, "components": components}

@@ -9,6 +9,7 @@ Every message goes through :meth:`Progress.say`, so the two never interleave.
 from __future__ import annotations
 
 import os
+import re
 import sys
 import threading
 import time
@@ -20,8 +21,16 @@ TTY_INTERVAL = 1.0  # seconds between redraws on a terminal
 _LINE_CAP = 100  # characters of a log line shown in a status line
 
 
+# what the warnings module prints: "FILE:LINE: Category: message", the message's
+# further lines, then the warned source line indented by two spaces
+_WARNING = re.compile(r"^\S.*?:\d+: (\w*Warning): (.*)$")
+_WARNING_LINES = 8  # lines searched back from the end for a warning's first line
+
+
 def last_log_line(path: Path) -> str:
-    """The last non-empty line of a log (its last ``\\r`` segment), cut short."""
+    """The last non-empty line of a log (its last ``\\r`` segment), cut short. A
+    warning counts as one line, shown as ``Category: message``: its source line
+    (or a multi-line message's later lines) is not the capture's output."""
     try:
         with open(path, "rb") as f:
             f.seek(0, os.SEEK_END)
@@ -29,11 +38,20 @@ def last_log_line(path: Path) -> str:
             text = f.read().decode("utf-8", "replace")
     except OSError:
         return ""
-    for line in reversed(text.splitlines()):
-        line = line.split("\r")[-1].strip()
-        if line:
-            return line if len(line) <= _LINE_CAP else line[:_LINE_CAP] + "..."
-    return ""
+    lines = [ln for ln in (raw.split("\r")[-1].rstrip() for raw in text.splitlines()) if ln.strip()]
+    if not lines:
+        return ""
+    line = lines[-1].strip()
+    if lines[-1][:1].isspace():  # an indented line continues the block above it
+        for back in lines[-1:-_WARNING_LINES - 1:-1]:
+            m = _WARNING.match(back)
+            if m:
+                line = f"{m[1]}: {m[2].strip()}"
+                break
+    else:
+        m = _WARNING.match(lines[-1])
+        line = f"{m[1]}: {m[2].strip()}" if m else line
+    return line if len(line) <= _LINE_CAP else line[:_LINE_CAP] + "..."
 
 
 def human_size(n: float) -> str:

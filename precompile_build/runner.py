@@ -226,7 +226,7 @@ def _run_one(b: _Build, target: TargetSettings, device: Optional[str]) -> Captur
         meta, why = capture_cache.fetch(root, key, target.name, b.work / "reused" / target.name)
         if meta is not None:
             return _reused(b, target, device, key, meta, start)
-        if why != "no entry":
+        if why.startswith("entry corrupt: "):
             b.progress.say(f"precompile: {target.name}: discarded cache entry "
                            f"{key[:12]}…: {why[len('entry corrupt: '):]}")
         result = _capture(b, target, device, why, key, start)
@@ -457,7 +457,7 @@ def run_captures(settings: Settings, work: Path,
         outcomes = {n: (f.exception() or f.result()) for n, f in futures.items()}
         progress.say(summary([_row(n, devices[n], outcomes[n]) for n in names]))
         line = artifacts_for(o for o in outcomes.values() if isinstance(o, CaptureResult))
-        if line:
+        if line and not any(isinstance(o, BaseException) for o in outcomes.values()):  # a failed build has none
             progress.say(line)
     for n in names:
         if isinstance(outcomes[n], BaseException) and not isinstance(outcomes[n], _Cancelled):

@@ -18,6 +18,7 @@ from typing import IO, Optional
 
 from . import capture_stats
 from .errors import CaptureError
+from .imported import record_path as imports_record_path
 from .pairs import PairInfo, inspect_pair
 from .settings import Settings, TargetSettings
 
@@ -129,7 +130,8 @@ def script_env(settings: Settings, target: TargetSettings, device: str,
     env["PYTHONPATH"] = os.pathsep.join(p for p in (base, env.get("PYTHONPATH")) if p)
     env.update(PRECOMPILE_TARGET=target.name, PRECOMPILE_ARTIFACT_PATH=str(src),
                PRECOMPILE_CACHE_PATH=str(cache), PRECOMPILE_DEVICE=device,
-               PRECOMPILE_FALLBACK=target.fallback)
+               PRECOMPILE_FALLBACK=target.fallback,
+               PRECOMPILE_IMPORTS_PATH=str(imports_record_path(src)))
     if target.tracer:
         env["PRECOMPILE_TRACER"] = target.tracer
     if target.cuda_graphs:

@@ -297,6 +297,24 @@ def test_progress_lines_and_summary(tmp_path, monkeypatch, capfd):
     assert whl.exists()
 
 
+@pytest.mark.parametrize("tail, shown", [
+    # torch's FutureWarning: its second line is the warned source line, not output
+    ("/x/torch/export/_trace.py:1234: FutureWarning: `torch.export.export_for_training` is "
+     "deprecated\n  return cls.__new__(cls, *args)\n",
+     "FutureWarning: `torch.export.export_for_training` is deprecated"),
+    # a warning whose message has more lines, then its source line
+    ("step 3\n/x/m.py:9: UserWarning: first line\nsecond line\n  warnings.warn(msg)\n",
+     "UserWarning: first line"),
+    # output after a warning is the capture's again
+    ("/x/m.py:9: UserWarning: w\n  warnings.warn(w)\ncompiling kernels\n", "compiling kernels"),
+    ("a\n  indented output of the script\n", "indented output of the script"),
+])
+def test_a_status_line_shows_a_warning_as_one_line(tmp_path, tail, shown):
+    log = tmp_path / "t.log"
+    log.write_text(tail)
+    assert progress.last_log_line(log) == shown
+
+
 def test_progress_redraws_in_place_on_a_terminal():
     out = io.StringIO()
     p = progress.Progress(out, live=True)
@@ -404,3 +422,81 @@ def test_fingerprint_memo_on_disk(tmp_path, monkeypatch):
     capture_cache.host_fingerprints(["cpu"], memo_dir=tmp_path)
     assert len(list((tmp_path / "fingerprints").iterdir())) == 2  # a new key, computed again
     capture_cache._fp_memo.clear()
+
+
+# -- issue 27 item 4: the entry covers what the capture imported ---------------------
+
+_DEP_CAPTURE = """import torch
+import precompile_build
+import fixturedep
+import helpers  # capture/helpers.py, beside this script
+
+with precompile_build.capture(lambda x: x * fixturedep.FACTOR + helpers.OFFSET, engine="eager") as f:
+    f(torch.ones(2))
+"""
+
+
+def _install_dep(deps: Path, version: "str | None") -> None:
+    """``fixturedep`` at ``version`` in ``deps`` (a directory on the path), or gone."""
+    import shutil
+
+    for p in list(deps.glob("fixturedep*")):
+        shutil.rmtree(p)
+    if version is None:
+        return
+    (deps / "fixturedep").mkdir(parents=True)
+    (deps / "fixturedep" / "__init__.py").write_text(f"FACTOR = {version.split('.')[0]}\n")
+    info = deps / f"fixturedep-{version}.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: fixturedep\nVersion: {version}\n")
+    (info / "top_level.txt").write_text("fixturedep\n")
+
+
+def test_an_imported_distribution_or_file_that_changed_is_captured_again(tmp_path, monkeypatch, capfd):
+    """A capture script importing a library (fixturedep, standing for transformers):
+    built once, then with the library at another version the build captures again;
+    with the library gone it fails like a build without the cache; a helper module
+    beside the script that changed is captured again too."""
+    deps = tmp_path / "deps"
+    deps.mkdir()
+    _install_dep(deps, "1.0")
+    monkeypatch.syspath_prepend(str(deps))  # the build's view of the installed distributions
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(deps), os.environ.get("PYTHONPATH", "")]))
+    root = make_project(tmp_path, target_toml(script="capture/dep.py"))
+    (root / "capture" / "dep.py").write_text(_DEP_CAPTURE)
+    (root / "capture" / "helpers.py").write_text("OFFSET = 0\n")
+    _, _, err = _built(root, monkeypatch, capfd, "1")
+    assert "captured (why: no entry)" in err, err
+    (entry,) = _entries()
+    recorded = json.loads((entry / "entry.json").read_text())["imports"]
+    assert recorded["distributions"]["fixturedep"] == "1.0" and "torch" in recorded["distributions"]
+    assert str((root / "capture" / "helpers.py").resolve()) in recorded["files"]
+    _, _, err = _built(root, monkeypatch, capfd, "2")
+    assert "reused (key" in err, err
+    _install_dep(deps, "2.0")
+    _, _, err = _built(root, monkeypatch, capfd, "3")
+    assert "captured (why: imports changed: fixturedep 1.0 -> 2.0)" in err, err
+    (root / "capture" / "helpers.py").write_text("OFFSET = 1\n")
+    _, _, err = _built(root, monkeypatch, capfd, "4")
+    assert f"captured (why: imports changed: {(root / 'capture' / 'helpers.py').resolve()} changed)" in err, err
+    _install_dep(deps, None)
+    with pytest.raises(CaptureError, match="ModuleNotFoundError: No module named 'fixturedep'"):
+        _built(root, monkeypatch, capfd, "5")
+
+
+def test_a_capture_that_records_nothing_is_keyed_on_the_whole_environment(tmp_path, monkeypatch, capfd):
+    """A script that does not call precompile_build.capture (the fixture writes its
+    pair by hand, as one using torch's own API would) records no imports: its entry
+    holds every installed distribution, so installing one captures again."""
+    deps = tmp_path / "deps"
+    deps.mkdir()
+    monkeypatch.syspath_prepend(str(deps))
+    root = make_project(tmp_path)
+    _, ran, err = _built(root, monkeypatch, capfd, "1")
+    assert ran and "captured (why: no entry)" in err
+    (entry,) = _entries()
+    assert json.loads((entry / "entry.json").read_text())["imports"]["environment"] is True
+    assert not _built(root, monkeypatch, capfd, "2")[1]
+    _install_dep(deps, "1.0")
+    _, ran, err = _built(root, monkeypatch, capfd, "3")
+    assert ran and "captured (why: imports changed: fixturedep not installed -> 1.0)" in err, err

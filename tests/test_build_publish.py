@@ -53,6 +53,35 @@ def test_summary_names_the_torch_the_artifacts_are_for(tmp_path, monkeypatch, ca
                     "installed)"]
 
 
+def test_a_failed_build_names_no_torch_for_artifacts(tmp_path, monkeypatch, capfd):
+    """Issue 27 item 6: a failed build writes no artifacts, so it names no torch they
+    are for, also when another target of it captured fine."""
+    from precompile_build.errors import CaptureError
+
+    toml = target_toml() + target_toml("bad", mode="raise")
+    with pytest.raises(CaptureError, match="boom from capture script"):
+        build(make_project(tmp_path, toml), monkeypatch)
+    err = capfd.readouterr().err
+    assert "precompile: summary" in err and "the artifacts are for" not in err
+
+
+def test_dynamic_dependencies_from_a_file_keep_the_users_and_add_ours(tmp_path, monkeypatch, capfd):
+    """The README's `[tool.setuptools.dynamic]` example: the user's own requirement
+    from requirements.txt and the build's precompile-runtime, both in METADATA, and no
+    warning about static dependencies."""
+    root = make_project(tmp_path, target_toml())
+    _set_project(root, 'dynamic = ["dependencies"]')
+    py = root / "pyproject.toml"
+    py.write_text(py.read_text().replace("[tool.setuptools]\n", "[tool.setuptools.dynamic]\n"
+                                         'dependencies = { file = ["requirements.txt"] }\n\n'
+                                         "[tool.setuptools]\n"))
+    (root / "requirements.txt").write_text("numpy>=1.26\n")
+    whl = build(root, monkeypatch)
+    lines = metadata_lines(whl, "Requires-Dist")
+    assert "numpy>=1.26" in lines and any(ln.startswith("precompile-runtime") for ln in lines), lines
+    assert "is static" not in capfd.readouterr().err
+
+
 # -- issue 16 case 1: metadata that tells the truth ---------------------------------
 
 def _set_project(root, extra: str) -> None:
@@ -307,9 +336,12 @@ def test_editable_load_notices_a_changed_source(tmp_path, monkeypatch):
         assert load()(21) == 42  # unchanged source: the kernels are served
     assert unpacked == [1]
     (root / "simplepkg" / "model.py").write_text("ACT = 'gelu'\n")  # the user edits
-    with pytest.warns(StaleArtifactWarning, match=r"package 'simplepkg', target 'double': "
-                      r"the package source in .* changed since the editable build"):
-        assert load()(21) == 42
+    # the fixture's pair records no importable function: the old code's result is
+    # never served (issue 27 item 2; test_build_slow.py serves the current code)
+    with pytest.raises(StaleArtifactError, match=r"package 'simplepkg', target 'double': "
+                       r"the package source in .* changed since the editable build.*"
+                       r"no importable name.*pip install -e \."):
+        load()
     assert unpacked == [1]  # no kernels this time
     with pytest.raises(StaleArtifactError, match=r"Strict mode \(strict=True or PRECOMPILE_STRICT=1\): no fallback"):
         load(strict=True)

@@ -96,3 +96,52 @@ def test_pip_install_editable_loads_its_artifacts(tmp_path, mode):
         assert out[-2].startswith(str(root / "build" / "__editable__."))  # the link tree
         assert out[-2].endswith("simplepkg/__init__.py")
     assert out[-1] == "42"
+
+
+_OPS = "import torch\n\n\ndef act(x):\n    return torch.relu(x) * 3 + 1\n"
+_ACT_CAPTURE = """import sys
+import torch
+import precompile_build
+from simplepkg import ops
+
+fn = ops.act if sys.argv[1] == "by-name" else (lambda x: ops.act(x))
+with precompile_build.capture(fn) as f:
+    f(torch.arange(-2.0, 3.0))
+"""
+
+
+def test_an_edited_editable_install_serves_the_edited_code(tmp_path):
+    """Issue 27 item 2: `pip install -e .`, then an edit of the captured function:
+    load_packaged serves the edited code (called by the name the capture recorded),
+    and refuses a target captured through a lambda; never the old graph's result."""
+    toml = "".join(f'[tool.precompile.targets.{name}]\nscript = "capture/act.py"\n'
+                   f'args = ["{how}"]\ntimeout = 300\n'
+                   for name, how in (("act", "by-name"), ("act_lambda", "lambda")))
+    root = make_project(tmp_path, toml)
+    (root / "simplepkg" / "ops.py").write_text(_OPS)
+    (root / "capture" / "act.py").write_text(_ACT_CAPTURE)
+    prefix = tmp_path / "prefix"
+    _run([sys.executable, "-m", "pip", "install", "--no-build-isolation", "--no-deps", "--no-index",
+          "--prefix", str(prefix), "-e", str(root)], tmp_path)
+    (site_dir,) = prefix.glob("lib/python*/site-packages")
+    code = ("import site, sys, warnings; site.addsitedir(sys.argv[1]); import torch\n"
+            "from precompile_runtime import load_packaged, StaleArtifactError\n"
+            "x = torch.arange(-2.0, 3.0)\n"
+            "for name in ('act', 'act_lambda'):\n"
+            "    with warnings.catch_warnings(record=True) as w:\n"
+            "        warnings.simplefilter('always')\n"
+            "        try:\n"
+            "            print(name, load_packaged(name, package='simplepkg')(x).tolist(),\n"
+            "                  [type(m.message).__name__ for m in w])\n"
+            "        except StaleArtifactError as e:\n"
+            "            print(name, 'refused:', str(e).splitlines()[0][-120:])\n")
+    before = _run([sys.executable, "-c", code, str(site_dir)], tmp_path).stdout.splitlines()
+    assert before[-2:] == ["act [1.0, 1.0, 1.0, 4.0, 7.0] []", "act_lambda [1.0, 1.0, 1.0, 4.0, 7.0] []"]
+    (root / "simplepkg" / "ops.py").write_text(_OPS.replace("torch.relu(x) * 3 + 1",
+                                                            "torch.sigmoid(x) * 5 - 1"))
+    after = _run([sys.executable, "-c", code, str(site_dir)], tmp_path).stdout.splitlines()
+    import torch
+
+    edited = (torch.sigmoid(torch.arange(-2.0, 3.0)) * 5 - 1).tolist()
+    assert after[-2] == f"act {edited} ['StaleArtifactWarning']", after
+    assert after[-1].startswith("act_lambda refused:") and "pip install -e ." in after[-1], after

@@ -247,19 +247,52 @@ def test_strict_true_raises_with_same_text(tmp_path, monkeypatch):
         load_packaged("fwd", package=p.name, strict=True)
 
 
-def test_a_stale_editable_fallback_cached_without_strict_still_refuses_strict(tmp_path, monkeypatch):
-    """An editable install whose source changed: the fallback a non-strict load cached
-    is not handed to a later strict caller, who gets the StaleArtifactError that a
-    first strict load would have raised."""
-    p = on_path(monkeypatch, make_package(tmp_path))
+def _record_function(p: FakePkg, target: str, function: dict) -> None:
+    """Put ``meta["function"]`` in a target's cache, as precompile_build.capture does
+    for a module-level function, and update the manifest's size/sha256."""
+    cache = p.data / f"{target}.cache"
+    env = envelope.loads(cache.read_bytes())
+    env.meta = dict(env.meta, function=function)
+    cache.write_bytes(envelope.dumps(env))
     doc = p.manifest()
+    doc["targets"][target]["variants"][0]["files"]["cache"] = file_entry(f"{target}.cache", cache.read_bytes())
     doc["editable"] = {"package_dir": str(p.dir), "package_sha256": "0" * 64}  # not its digest now
     p.write_manifest(doc)
-    with pytest.warns(StaleArtifactWarning):
-        assert load_packaged("fwd", package=p.name)() == ("fallback", None)
+
+
+def test_a_stale_editable_install_serves_the_current_code_and_refuses_strict(tmp_path, monkeypatch):
+    """An editable install whose source changed: the captured function's current code
+    (by the name the capture recorded) serves, never the old pair; that answer, cached
+    by a non-strict load, is not handed to a later strict caller, who gets the
+    StaleArtifactError that a first strict load would have raised."""
+    p = on_path(monkeypatch, make_package(tmp_path, extra_files={
+        "ops.py": "class Steps:\n    @staticmethod\n    def fwd():\n        return 'current code'\n"}))
+    _record_function(p, "fwd", {"module": f"{p.name}.ops", "qualname": "Steps.fwd"})
+    with pytest.warns(StaleArtifactWarning, match=rf"changed since the editable build .*calling the "
+                      rf"current {p.name}.ops.Steps.fwd eagerly instead"):
+        assert load_packaged("fwd", package=p.name)() == "current code"
     with pytest.raises(StaleArtifactError, match=r"changed since the editable build .* Strict mode \(strict=True or PRECOMPILE_STRICT=1\): no fallback"):
         load_packaged("fwd", package=p.name, strict=True)
-    assert p.execs() == 1
+    assert p.execs() == 0  # the stale pair's source never ran
+
+
+@pytest.mark.parametrize("case", ["no name", "gone"])
+def test_a_stale_editable_install_without_the_current_code_is_refused(tmp_path, monkeypatch, case):
+    """No importable name recorded (a lambda, a torch-engine pair), or the recorded
+    function no longer imports: StaleArtifactError without strict too, never the
+    old pair's result."""
+    p = on_path(monkeypatch, make_package(tmp_path))
+    if case == "no name":
+        doc = p.manifest()
+        doc["editable"] = {"package_dir": str(p.dir), "package_sha256": "0" * 64}
+        p.write_manifest(doc)
+        want = r"no importable name \(a lambda"
+    else:
+        _record_function(p, "fwd", {"module": f"{p.name}.removed", "qualname": "fwd"})
+        want = rf"the captured function {p.name}.removed.fwd does not import any more \(ModuleNotFoundError"
+    with pytest.raises(StaleArtifactError, match=want + r".*Run the editable install again"):
+        load_packaged("fwd", package=p.name)
+    assert p.execs() == 0
 
 
 def test_strict_env_raises(tmp_path, monkeypatch):

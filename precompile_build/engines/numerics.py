@@ -7,8 +7,10 @@ its error against that fp64 run is not much larger than eager's own::
 
     rmse(compiled, fp64) <= multiplier * rmse(eager, fp64) + floor
 
-with ``multiplier`` 3 for bf16/fp16 (and for tensors of fewer than 1000 elements)
-and 2 otherwise. Here only the captured graph is at hand, so:
+with ``multiplier`` 3 for bf16/fp16 (and for tensors of fewer than 1000 elements,
+or 4-D ones over 1x1 maps) and 2 otherwise, and ``floor`` the suite's ``tol / 10``
+(1e-3 inference, 1e-2 training: :data:`TOL_INFERENCE`, :data:`TOL_TRAINING`). Here
+only the captured graph is at hand, so:
 
 - the *reference* is the captured graph interpreted in fp64 (reference.py's
   ``reference_run``, which widens one op's inputs at a time): every floating dtype
@@ -27,8 +29,8 @@ reference; the RMS divided by is the larger of the reference's and eager's (a va
 that is ~0 in exact arithmetic is rounding noise). :func:`judge` accepts a value,
 as torch's ``same`` does, when it is elementwise close to eager (``allclose`` with
 ``ELEMENTWISE_TOL``) or ``frozen <= multiple * eager + floor`` where ``floor`` is
-the dtype's unit roundoff (half its machine epsilon: one rounding of the result); it refuses new NaN/inf (non-finite where
-eager is finite), other shapes or dtypes.
+:func:`floor_for` (torch's ``tol / 10``, applied to relative errors); it refuses new
+NaN/inf (non-finite where eager is finite), other shapes or dtypes.
 """
 
 from __future__ import annotations
@@ -81,8 +83,9 @@ class Verdict:
     """How many times eager's error the frozen error may be (:func:`multiple_for`, or
     ``options["validation_multiple"]``)."""
     floor: float
-    """Error always allowed: the dtype's unit roundoff (half its machine epsilon,
-    e.g. 5.96e-08 for fp32); 0 for integer and bool values."""
+    """Error always allowed (:func:`floor_for`): torch's tol / 10 (1e-4 for inference,
+    1e-3 for a training step's values), at least the dtype's unit roundoff; 0 for
+    integer and bool values."""
     max_abs: float
     """Largest elementwise ``|frozen - eager|`` in the value's own units, over the
     elements finite in eager, frozen and the reference (1.0/0.0 for bool: any
@@ -124,11 +127,41 @@ class Verdict:
                 f"{self.scale:.3g}")
 
 
-def multiple_for(dtype, numel: int) -> float:
-    """torch's multiplier: 3 for bf16/fp16 and small tensors (< 1000 elements), else 2."""
+# torch._dynamo.utils.same(ref, res, fp64_ref) as the dynamo benchmark suites call it
+# (benchmarks/dynamo/common.py check_accuracy): res_error <= multiplier * ref_error + tol / 10
+MULTIPLE = 2.0  # fp32 and wider
+MULTIPLE_LOW_PRECISION = 3.0  # bf16/fp16 results ("false alarms" with AMP, same())
+MULTIPLE_SMALL = 3.0  # < SMALL_NUMEL elements, or a 4-D value over 1x1 maps: noise dominates
+SMALL_NUMEL = 1000
+# the suites' default tol (huggingface.py, timm_models.py get_tolerance_and_cosine_flag):
+# inference 1e-3, training 1e-2 (a training step's parameters, gradients and buffers
+# after a step); the floor is tol / 10
+TOL_INFERENCE = 1e-3
+TOL_TRAINING = 1e-2
+
+
+def multiple_for(dtype, numel: int, shape: "tuple[int, ...] | None" = None) -> float:
+    """torch's multiplier for a value of ``dtype`` with ``numel`` elements and, where
+    known, ``shape``: :data:`MULTIPLE_LOW_PRECISION` for bf16/fp16,
+    :data:`MULTIPLE_SMALL` for fewer than :data:`SMALL_NUMEL` elements or a 4-D value
+    whose last two dims are 1 (``same()``'s 1x1 rule), else :data:`MULTIPLE`."""
     import torch
 
-    return 3.0 if dtype in (torch.bfloat16, torch.float16) or numel < 1000 else 2.0
+    if dtype in (torch.bfloat16, torch.float16):
+        return MULTIPLE_LOW_PRECISION
+    one_by_one = shape is not None and len(shape) == 4 and shape[-1] == shape[-2] == 1
+    return MULTIPLE_SMALL if numel < SMALL_NUMEL or one_by_one else MULTIPLE
+
+
+def floor_for(dtype, training: bool) -> float:
+    """The error always allowed for a floating value (relative RMS): torch's ``tol / 10``
+    (:data:`TOL_TRAINING` for a training step's values, :data:`TOL_INFERENCE` else),
+    at least ``dtype``'s unit roundoff (half its machine epsilon). torch adds it to
+    absolute RMS errors; here errors are relative to the values' RMS, so for values
+    of RMS below 1 this floor is the stricter one."""
+    import torch
+
+    return max(torch.finfo(dtype).eps / 2, (TOL_TRAINING if training else TOL_INFERENCE) / 10)
 
 
 def _error(x, ref, mask, denom) -> float:
@@ -144,7 +177,7 @@ def _error(x, ref, mask, denom) -> float:
     return float(torch.sqrt(torch.mean(d * d))) / denom
 
 
-def judge(eager, frozen, ref) -> Verdict:
+def judge(eager, frozen, ref, *, training: bool = False) -> Verdict:
     """Numbers and verdict for one value.
 
     Args:
@@ -153,6 +186,8 @@ def judge(eager, frozen, ref) -> Verdict:
             it may have another shape or dtype.
         ref: the same value from the reference run (:func:`reference_run`: fp64, or
             fp32), ``eager``'s shape; moved to ``eager``'s device here.
+        training: the value comes from a training step (a graph with a backward):
+            torch's training tolerance sets the floor (:func:`floor_for`).
     Returns:
         a :class:`Verdict`. Refused (``problem`` set): another shape or dtype than
         ``eager``; NaN/inf in ``frozen`` where ``eager`` is finite; ``frozen_error >
@@ -171,7 +206,7 @@ def judge(eager, frozen, ref) -> Verdict:
     ref = ref.to(eager.device)
     if not floating:
         ref = ref.to(eager.dtype)
-    mult = multiple_for(eager.dtype, eager.numel())
+    mult = multiple_for(eager.dtype, eager.numel(), tuple(eager.shape))
     mask, denom, scale, max_abs = None, 1.0, 0.0, 0.0
     if floating and eager.numel():
         fin_e, fin_f = torch.isfinite(eager), torch.isfinite(frozen)
@@ -188,7 +223,7 @@ def judge(eager, frozen, ref) -> Verdict:
         both = mask & fin_f
         if bool(both.any()):
             max_abs = float((frozen[both].to(torch.float64) - eager[both].to(torch.float64)).abs().max())
-        floor = torch.finfo(eager.dtype).eps / 2  # unit roundoff: one rounding of the result
+        floor = floor_for(eager.dtype, training)
         if new_bad:
             v = Verdict(_error(eager, ref, mask, denom), math.inf, mult, floor, math.inf, scale,
                         problem=f"{new_bad} NaN/inf element(s) where the graph's own result is finite")

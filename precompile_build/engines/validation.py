@@ -169,7 +169,7 @@ def compare(call, traced: TracedCall, inputs: list, what: str, target: str,
                     f"something else; {fix}")
             verdicts.append(None)
             continue
-        v = numerics.judge(w, g, r)
+        v = numerics.judge(w, g, r, training=bool(traced.metadata["grad_param_indices"]))
         if multiple is not None and v.problem and v.problem.startswith("error beyond"):
             v.multiple = float(multiple)
             v.problem = None if v.frozen_error <= v.allowed else v.problem

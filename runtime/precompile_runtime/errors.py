@@ -62,13 +62,14 @@ class HostMismatchWarning(UserWarning):
 
 
 class StaleArtifactError(PrecompileLoadError):
-    """Strict mode, editable install: the package source changed since the build that
-    captured its pairs (``pip install -e`` again)."""
+    """Editable install: the package source changed since the build that captured its
+    pairs, and strict mode is on or the captured function cannot be imported by name
+    to run its current code instead (``pip install -e`` again)."""
 
 
 class StaleArtifactWarning(UserWarning):
-    """Editable install: the package source changed since the capture; its kernels
-    are not used (the captured graph runs instead)."""
+    """Editable install: the package source changed since the capture; the pair is
+    not used, the captured function's current code runs eagerly instead."""
 
 
 class CudaGraphWarning(UserWarning):

@@ -43,6 +43,7 @@ from typing import Any
 from . import envelope as _envelope
 from . import fingerprint as _fingerprint
 from . import manifest as _manifest
+from . import _stale
 from ._env import env_flag
 from ._guard import install_if_env
 from .errors import (
@@ -130,9 +131,11 @@ def load_packaged(name: str, *, package: str | None = None, strict: bool | None 
         HostMismatchError: strict mode and no variant matches this host;
             CacheDirNotExecutableError (one of them): strict mode and the kernel
             cache directory cannot map code (noexec).
-        StaleArtifactError: strict mode and an editable install's source changed
-            since its capture (also when a non-strict load of this process already
-            fell back for that reason).
+        StaleArtifactError: an editable install's source changed since its capture
+            and either strict mode is on (also when a non-strict load of this process
+            already served the current code) or the captured function has no
+            importable name to call instead (a lambda, a function of the capture
+            script, a torch-engine pair): never the old code's result.
         LoadOptionError: (a ValueError) ``strict`` or ``cuda_graphs`` is not None,
             True or False (``"false"``, ``1`` and other non-bools are refused), or
             ``cuda_graphs=True`` for a target that cannot replay CUDA graphs (one
@@ -145,7 +148,8 @@ def load_packaged(name: str, *, package: str | None = None, strict: bool | None 
     Warns:
         HostMismatchWarning: once per (package, name) when no variant matches and a
             fallback is used; StaleArtifactWarning: an editable install's source
-            changed (the captured graph runs instead of the kernels).
+            changed: the returned callable is the captured function's current code
+            (imported by the module and qualname the capture recorded), run eagerly.
     """
     for option, value in (("strict", strict), ("cuda_graphs", cuda_graphs)):
         if value is not None and not isinstance(value, bool):  # "false" and 1 are not bools
@@ -290,13 +294,11 @@ def _load(package: str, name: str, strict: bool) -> _Loaded:
         text = _mismatch_text(ctx, variants, reports)
         refusal = (HostMismatchError, text + _NO_FALLBACK)
     else:
-        stale = _stale_editable(ctx, doc)
+        stale = _stale.stale_text(ctx, doc)
         if stale is not None:
-            refusal = (StaleArtifactError, stale + _NO_FALLBACK)
+            refusal = (StaleArtifactError, f"{stale}. {_stale.REINSTALL}{_NO_FALLBACK}")
     if strict and refusal is not None:
         raise refusal[0](refusal[1])
-    if stale is not None:
-        warnings.warn(stale, StaleArtifactWarning, stacklevel=3)
     variant = chosen if chosen is not None else variants[0]
     fallback = refusal is not None
 
@@ -305,6 +307,10 @@ def _load(package: str, name: str, strict: bool) -> _Loaded:
     except IntegrityError as e:  # files replaced by a reinstall after the manifest was read?
         _raise_if_changed(ctx, data, raw, e, again=lambda: _read_pair(data, ctx, variant))
         raise
+    if stale is not None:  # the pair is the old code's: the current code or nothing
+        current, note = _stale.current_code(stale, cache)
+        warnings.warn(note, StaleArtifactWarning, stacklevel=3)
+        return _Loaded(current, None, "", refusal)
     engine = variant["engine"]
     if engine == "torch":
         from . import torch_pairs  # lazy: imports torch
@@ -422,34 +428,6 @@ def _what_was_seen(ctx: str, error: PrecompileLoadError) -> str:
     text = str(error)
     text = text[len(ctx) + 2:] if text.startswith(ctx + ": ") else text
     return text.split("; ")[0]
-
-
-def _stale_editable(ctx: str, doc: dict[str, Any]) -> str | None:
-    """For an editable install's manifest (it has ``editable``: the source package
-    directory and its digest at capture): why its kernels are stale, or None. Other
-    manifests cost nothing here; an editable one costs hashing the package source."""
-    info = doc.get("editable")
-    if not isinstance(info, dict) or not isinstance(info.get("package_dir"), str):
-        return None
-    now = _source_digest(info["package_dir"])
-    if now is None:
-        return None  # the source tree is gone: nothing to compare with
-    if now == info.get("package_sha256"):
-        return None
-    return (f"{ctx}: the package source in {info['package_dir']} changed since the "
-            "editable build (`pip install -e`) captured this target, so its precompiled "
-            "kernels are not used; the captured graph runs instead, and it computes what "
-            "the code did at that build. Run the editable install again to capture the "
-            "current code.")
-
-
-def _source_digest(package_dir: str) -> "str | None":
-    from ._digest import package_digest
-
-    try:
-        return package_digest(package_dir)
-    except OSError:
-        return None
 
 
 def _package_data(package: str) -> Any:

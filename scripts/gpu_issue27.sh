@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# Issue 27 on a GPU host: item 3's CUDA test (timm efficientnet_b0 training step,
+# fp32, batch 4, 32x32, default settings; a wrong kernel still refused), then the
+# CPU-side tests of the issue's items on CUDA's torch (they run on any host).
+# Logs and a summary go to $OUT (default /tmp/gpu_issue27).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-/tmp/gpu_issue27}
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD:$PWD/runtime${PYTHONPATH:+:$PYTHONPATH}
+python3 -c 'import torch, timm; print("torch", torch.__version__, "timm", timm.__version__, "cuda", torch.cuda.is_available())' \
+  2>&1 | tee "$OUT/summary.txt"
+
+step() {  # step NAME TIMEOUT_S COMMAND...: runs it, logs to $OUT/NAME.log, prints its rc
+  local name=$1 limit=$2; shift 2
+  timeout "$limit" "$@" > "$OUT/$name.log" 2>&1
+  local rc=$?
+  echo "$name rc=$rc: $(grep -E '^[0-9]+ (passed|failed)|passed|failed|error' "$OUT/$name.log" | tail -1)" \
+    | tee -a "$OUT/summary.txt"
+}
+
+step gpu_tolerances 330 python3 -m pytest -q -p no:cacheprovider -rs -s tests/test_gpu_tolerances.py
+grep -h "efficientnet_b0 worst value" "$OUT/gpu_tolerances.log" | tee -a "$OUT/summary.txt"
+step issue27_cpu_tests 120 python3 -m pytest -q -p no:cacheprovider tests/test_tolerances.py \
+  tests/test_capture_reliability.py
+echo "done" | tee -a "$OUT/summary.txt"
