@@ -10,6 +10,7 @@ from typing import Any, Callable, Optional
 from precompile_runtime import fingerprint as fpmod
 from precompile_runtime import manifest as manifest_format
 
+from . import arch_report
 from .errors import BuildError
 from .wheel import PRECOMPILED, read_wheel
 
@@ -65,7 +66,9 @@ def inspect_report(where: str, host: Optional[Callable[[str], Optional[dict]]] =
     Returns:
         ``{"source", "package", "targets": {name: {"status", "required", "reason",
         "variants": [{"id", "engine", "device", "fingerprint", "code_hash",
-        "files", "fallback" (None, or {"from", "reason"}), "validation", "size",
+        "files", "fallback" (None, or {"from", "reason"}), "validation", "compiled_for",
+        "tuned_on", "validated_on", "left_out", "replaced" (CUDA variants; None where
+        not recorded), "size",
         "matches_host", "mismatches"}]}}}`` (``validation``: the capture's numbers, None
         for pairs without kernels).
     Raises:
@@ -84,7 +87,8 @@ def inspect_report(where: str, host: Optional[Callable[[str], Optional[dict]]] =
             mism = (fpmod.mismatches(v["fingerprint"], here) if here is not None
                     else ["torch: not importable on this host"])
             out.append({**{k: v.get(k) for k in ("id", "engine", "device", "fingerprint",
-                                                  "code_hash", "files", "fallback", "validation")},
+                                                  "code_hash", "files", "fallback", "validation",
+                                                  *arch_report.FIELDS)},
                         "size": sum(f["size"] for f in v["files"].values()),
                         "matches_host": not mism, "mismatches": mism})
         targets[name] = {"status": t.get("status", "ok"), "required": t.get("required"),
@@ -109,6 +113,7 @@ def format_report(report: dict[str, Any]) -> str:
                 lines.append(f"    fallback from {v['fallback'].get('from')}: {v['fallback'].get('reason')}")
             lines.append(f"    files: {sizes}")
             lines += _validation_lines(v.get("validation"))
+            lines += arch_report.inspect_lines(v)
             if v["matches_host"]:
                 lines.append("    this host: matches")
             else:
