@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any, Mapping, Optional
 
-FIELDS = ("compiled_for", "tuned_on", "validated_on", "left_out", "replaced")
+FIELDS = ("compiled_for", "tuned_on", "validated_on", "left_out", "replaced", "native_elsewhere")
 
 
 def variant_fields(fingerprint: Mapping[str, Any], meta: Optional[Mapping[str, Any]]) -> dict[str, Any]:
@@ -53,4 +53,34 @@ def inspect_lines(variant: Mapping[str, Any]) -> list[str]:
     lines += [f"    left out {a}: {why}" for a, why in sorted((variant.get("left_out") or {}).items())]
     for a, ks in sorted((variant.get("replaced") or {}).items()):
         lines += [f"    config replaced for {a}, kernel {k}: {why}" for k, why in sorted(ks.items())]
+    lines += [f"    {a}: variant {vid} was built natively on it and is preferred there"
+              for a, vid in sorted((variant.get("native_elsewhere") or {}).items())]
     return lines
+
+
+_SAME_HOST = ("torch", "cuda", "triton", "python", "platform", "device_type")
+
+
+def mark_native_builds(doc: dict[str, Any]) -> None:
+    """For `merge`: in each variant that was cross-compiled for an architecture
+    another variant was built natively on (same torch, CUDA, Triton, Python and
+    platform), record ``native_elsewhere: {arch: that variant's id}``. The runtime
+    prefers the native variant on such a GPU (precompile_runtime.arch_select.rank);
+    this says so in the manifest and in `inspect`. Changes ``doc`` in place."""
+    for target in doc.get("targets", {}).values():
+        variants = target.get("variants") or []
+        for v in variants:
+            v.pop("native_elsewhere", None)
+            fp = v.get("fingerprint") or {}
+            native = {}
+            for arch in v.get("compiled_for") or []:
+                if arch == v.get("tuned_on"):
+                    continue
+                for o in variants:
+                    ofp = o.get("fingerprint") or {}
+                    if (o is not v and o.get("tuned_on") == arch
+                            and all(ofp.get(k) == fp.get(k) for k in _SAME_HOST)):
+                        native[arch] = o["id"]
+                        break
+            if native:
+                v["native_elsewhere"] = native

@@ -344,3 +344,135 @@ def test_cubin_arch_refuses_other_files():
 
     with pytest.raises(ValueError, match="not a 64-bit ELF"):
         cross_arch.cubin_arch(b"hello")
+
+
+def test_shared_limit_covers_the_minors_a_cubin_serves():
+    from precompile_build.engines.cross_arch import shared_limit
+
+    assert shared_limit("8.0", ("8.0", "9.0")) == (99 * 1024, ["8.0", "8.6", "8.7", "8.9"])
+    assert shared_limit("8.0", ("8.0", "8.6")) == (163 * 1024, ["8.0"])
+    assert shared_limit("8.6", ("8.0", "8.6")) == (99 * 1024, ["8.6", "8.7", "8.9"])
+    assert shared_limit("9.0", ("9.0",)) == (227 * 1024, ["9.0"])  # sm_90a: that GPU only
+    assert shared_limit("12.0", ("12.0",)) == (99 * 1024, ["12.0"])
+
+
+def test_recording_keeps_what_a_cross_compile_needs(monkeypatch):
+    """The hooks around Inductor's compile (triton.compile's options, the static
+    kernel's source, autotuning's timings) give the candidates in the order to try:
+    the chosen config, then the others fastest first; they compile for sm_86."""
+    triton = pytest.importorskip("triton")
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from precompile_build.engines import _triton_freeze, cross_arch
+    from precompile_build.engines._cross_compile import jit_function
+    from torch._inductor.runtime import triton_heuristics as th
+
+    fn = jit_function(str(HERE / "_cross_arch_kernels.py"), "mm")
+    launchers = []
+
+    class Tuner(th.CachingAutotuner):
+        def __init__(self):  # the hooks read no other state
+            pass
+    # autotuning's timings: the recording wraps whatever benchmark_all_configs is
+    monkeypatch.setattr(th.CachingAutotuner, "benchmark_all_configs", lambda self: {
+        launchers[0]: 0.5, launchers[1]: 0.2, launchers[2]: 0.3})
+    tuner = Tuner()
+    with cross_arch.recording():
+        for bk in (64, 256, 128):
+            binary = triton.compile(ASTSource(fn, SIG, {"BM": 64, "BN": 64, "BK": bk}),
+                                    target=GPUTarget("cuda", 90, 32), options={"num_warps": 4, "num_stages": 2})
+            binary._cubin_path = None  # Inductor sets it where it wrote the cubin
+            kernel = _triton_freeze._static_kernel_class()(binary)
+
+            def launcher():
+                pass
+            launcher.config = f"BK={bk}"
+            setattr(launcher, _triton_freeze._CODE, f"def launcher(stream):\n    pass  # {bk}\n")
+            setattr(launcher, _triton_freeze._RESULT, type("R", (), {"kernel": kernel})())
+            launchers.append(launcher)
+        tuner.benchmark_all_configs()
+    tuner.launchers = [launchers[0]]
+    got = cross_arch.candidates(tuner)
+    assert [c["config"] for c in got] == ["BK=64", "BK=256", "BK=128"]
+    assert [c["seconds"] for c in got] == [0.5, 0.2, 0.3]
+    assert got[0]["options"] == {"num_warps": 4, "num_stages": 2} and got[0]["fn_name"] == "mm"
+    assert got[1]["launcher"].endswith("# 256\n")
+    kernels = [_triton_entry("mm", "BK=64")]
+    report = cross_arch.cross_compile(kernels, {}, {"mm": got}, ("8.6",), "9.0", "t")
+    assert report["compiled_for"] == ["8.6", "9.0"] and not report["replaced"]
+    assert not hasattr(triton.compile, "__wrapped__") and triton.compile.__name__ == "compile"
+
+
+def test_merge_marks_native_builds_and_the_runtime_prefers_them(tmp_path, monkeypatch):
+    """An H200 wheel cross-compiled for 8.0/9.0/12.0 merged with an A100 wheel built
+    natively on 8.0: the merged manifest says the A100's variant serves 8.0, and the
+    loader picks it on an sm_80 host (the H200's cross-compiled sm_80 on sm_86)."""
+    from precompile_build import inspect_cmd, manifest_build
+    from precompile_build.merge import _merge_manifests
+    from precompile_runtime import fingerprint, loader
+
+    monkeypatch.setenv("SOURCE_DATE_EPOCH", "1700000000")
+    parts = []
+    for fp, meta in ((_fp("9.0", " ".join(REPORT["binaries"])), {"cuda_archs": REPORT}), (_fp("8.0"), {})):
+        files = manifest_build.assemble("pkg", [_result(tmp_path, "forward", fp, meta)])
+        parts.append({"doc": json.loads(files["manifest.json"]), "files": files})
+    doc, files = _merge_manifests(parts, ["h200.whl", "a100.whl"])
+    cross, native = doc["targets"]["forward"]["variants"]
+    assert cross["native_elsewhere"] == {"8.0": native["id"]} and "native_elsewhere" not in native
+    assert len({v["files"]["source"]["path"] for v in (cross, native)}) == 2  # both pairs kept
+    for host, want in (("8.0", native), ("8.6", cross), ("9.0", cross)):
+        monkeypatch.setattr(fingerprint, "host_fingerprint", lambda device, index=None, h=host: _fp(h))
+        assert loader._select([cross, native])[0]["id"] == want["id"]
+    out = tmp_path / "merged"
+    out.mkdir()
+    for n, data in files.items():
+        (out / n).write_bytes(data)
+    text = inspect_cmd.format_report(inspect_cmd.inspect_report(str(out), host=lambda d: _fp("8.0")))
+    assert f"8.0: variant {native['id']} was built natively on it and is preferred there" in text
+
+
+def test_worker_imports_inductor_kernel_modules_without_a_gpu():
+    """The compile-only process sees no GPU (CUDA_VISIBLE_DEVICES=""): an Inductor
+    kernel module, which probes for a GPU driver on import, still compiles there."""
+    pytest.importorskip("triton")
+    from precompile_build.engines import cross_arch
+
+    module = str(HERE / "_inductor_like_kernel.py")
+    cand = {"module": module, "fn_name": "triton_poi_fused_gelu_0",
+            "signature": {"in_ptr0": "*fp32", "out_ptr0": "*fp32", "xnumel": "i32", "XBLOCK": "constexpr"},
+            "constants": {"XBLOCK": 1024}, "attrs": {(0,): [["tt.divisibility", 16]]},
+            "options": {"num_warps": 4, "num_stages": 1, "debug": True, "sanitize_overflow": False},
+            "config": "XBLOCK: 1024"}
+    jobs = [{"arch": a, "cc": cross_arch.cc_int(a), "shared_limit": 99 * 1024, "want_ptx": a == "8.0",
+             "candidates": [cand]} for a in ("8.0", "10.0")]
+    r80, r100 = cross_arch.compile_jobs(jobs, "t")
+    assert (r80["sm"], r100["sm"]) == ("sm_80", "sm_100a") and r80["rejected"] == []
+    assert cross_arch.cubin_arch(r80["cubin"]) == 80 and cross_arch.cubin_arch(r100["cubin"]) == 100
+    assert ".target sm_80" in r80["ptx"] and r100["ptx"] is None
+
+
+def test_candidate_from_inductor_compile_meta():
+    """A kernel Inductor restored from its caches (no triton.compile seen): the
+    compile call is rebuilt from the compile result's compile_meta."""
+    pytest.importorskip("triton")
+    from precompile_build.engines import _triton_freeze, cross_arch
+    from precompile_build.engines._cross_compile import jit_function
+
+    fn = jit_function(str(HERE / "_cross_arch_kernels.py"), "mm")
+    cm = {"signature": SIG, "constants": {"BM": 64, "BN": 64, "BK": 64}, "configs": [{}],
+          "num_warps": 8, "num_stages": 3, "debug": True, "launch_pdl": False, "disable_ftz": True}
+
+    def launcher():
+        pass
+    launcher.config = "BK=64"
+    setattr(launcher, _triton_freeze._CODE, "def launcher(stream):\n    pass\n")
+    setattr(launcher, _triton_freeze._RESULT, type("R", (), {"compile_meta": cm, "kernel": None})())
+    tuner = type("T", (), {"fn": fn, "launchers": [launcher]})()
+    (c,) = cross_arch.candidates(tuner)
+    assert c["options"] == {"num_warps": 8, "num_stages": 3, "debug": True, "sanitize_overflow": False,
+                            "launch_pdl": False, "enable_reflect_ftz": False}
+    assert c["module"].endswith("_cross_arch_kernels.py") and c["constants"]["BK"] == 64
+    (res,) = cross_arch.compile_jobs([{"arch": "8.0", "cc": 80, "shared_limit": 99 * 1024,
+                                       "want_ptx": False, "candidates": [c]}], "t")
+    assert res["num_warps"] == 8 and cross_arch.cubin_arch(res["cubin"]) == 80

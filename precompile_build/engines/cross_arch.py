@@ -145,26 +145,51 @@ def recording() -> Iterator[None]:
         th.CachingAutotuner.benchmark_all_configs = orig_bench
 
 
-def _candidate(launcher) -> dict | None:
+def _from_compile_meta(autotuner, result) -> tuple[Any, dict, dict, dict, dict] | None:
+    """``(fn, signature, constants, attrs, options)`` as Inductor builds its
+    ``triton.compile`` call from a compile result's ``compile_meta``
+    (CachingAutotuner._precompile_config): for a kernel whose compile this
+    process did not see (restored from Inductor's caches). None without it."""
+    cm = getattr(result, "compile_meta", None)
+    if not isinstance(cm, dict) or "signature" not in cm:
+        return None
+    options = {"num_warps": cm["num_warps"], "num_stages": cm["num_stages"],
+               "debug": cm.get("debug", False), "sanitize_overflow": False}
+    for key in ("enable_fp_fusion", "launch_pdl", "launch_cooperative_grid"):
+        if key in cm:
+            options[key] = cm[key]
+    if cm.get("disable_ftz"):
+        options["enable_reflect_ftz"] = False
+    attrs = (cm.get("configs") or [{}])[0]
+    return autotuner.fn, dict(cm["signature"]), dict(cm.get("constants") or {}), dict(attrs or {}), options
+
+
+def _candidate(autotuner, launcher) -> dict | None:
     """What the worker needs to compile ``launcher``'s configuration again, or None
     when it was not recorded."""
     from ._triton_freeze import _CODE, _RESULT
 
-    kernel = getattr(getattr(launcher, _RESULT, None), "kernel", None)
-    src, options = getattr(kernel, _SRC, (None, None))
+    result = getattr(launcher, _RESULT, None)
+    src, options = getattr(getattr(result, "kernel", None), _SRC, (None, None))
     code = getattr(launcher, _CODE, None)
-    if src is None or options is None or code is None:
+    if code is None:
         return None
-    fn = src.fn
+    if src is not None and options is not None:
+        fn, signature, attrs = src.fn, dict(src.signature), dict(src.attrs or {})
+        constants = dict(getattr(src, "constants", None) or getattr(src, "constexprs", None) or {})
+    else:
+        found = _from_compile_meta(autotuner, result)
+        if found is None:
+            return None
+        fn, signature, constants, attrs, options = found
     py = getattr(fn, "fn", fn)
     try:
         module = inspect.getsourcefile(py) or py.__code__.co_filename
     except TypeError:
         return None
-    return {"module": module, "fn_name": fn.__name__, "signature": dict(src.signature),
-            "constants": dict(getattr(src, "constants", None) or getattr(src, "constexprs", {})),
-            "attrs": dict(src.attrs or {}), "options": dict(options),
-            "config": str(getattr(launcher, "config", "")), "launcher": code}
+    return {"module": module, "fn_name": fn.__name__, "signature": signature, "constants": constants,
+            "attrs": attrs, "options": dict(options), "config": str(getattr(launcher, "config", "")),
+            "launcher": code}
 
 
 def candidates(autotuner) -> list[dict]:
@@ -176,7 +201,7 @@ def candidates(autotuner) -> list[dict]:
     others = sorted((t, i, la) for i, (la, t) in enumerate(timings.items()) if la is not winner)
     out = []
     for seconds, launcher in [(timings.get(winner), winner)] + [(t, la) for t, _, la in others]:
-        c = _candidate(launcher)
+        c = _candidate(autotuner, launcher)
         if c is not None:
             c["seconds"] = seconds
             out.append(c)
