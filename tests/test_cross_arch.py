@@ -293,7 +293,27 @@ def _triton_entry(name, config):
             "config": config, "launcher": "def launcher(stream):\n    pass\n"}
 
 
-def test_cross_compile_replaces_a_config_too_big_for_sm86(monkeypatch):
+def _cuobjdump_arch(cubin: bytes, tmp_path) -> str | None:
+    """The SM ``cuobjdump --list-elf`` (shipped in the triton wheel) names for a cubin
+    (it appends it to the file name: ``k.sm_80.cubin``); None without cuobjdump."""
+    import os
+    import re
+    import subprocess
+
+    import triton
+
+    tool = os.path.join(os.path.dirname(triton.__file__), "backends/nvidia/bin/cuobjdump")
+    if not os.path.exists(tool):
+        return None
+    path = tmp_path / "k.cubin"
+    path.write_bytes(cubin)
+    out = subprocess.run([tool, "--list-elf", str(path)], capture_output=True, text=True, timeout=60)
+    found = re.findall(r"ELF file\s+1: k\.(sm_\d+a?)\.cubin", out.stdout)
+    assert len(found) == 1, out.stdout + out.stderr
+    return found[0]
+
+
+def test_cross_compile_replaces_a_config_too_big_for_sm86(monkeypatch, tmp_path):
     """Compile-only Triton on this (GPU-less) host: a matmul config needing 128 KiB of
     shared memory fits sm_80 (163 KiB) but not sm_86 or sm_120 (99 KiB), where the
     build GPU's next best candidate replaces it; sm_80 also gets PTX; every cubin's
@@ -326,6 +346,7 @@ def test_cross_compile_replaces_a_config_too_big_for_sm86(monkeypatch):
             assert hashlib.sha256(data).hexdigest() == c["sha256"]
             if c["binary"] == "cubin":
                 assert cross_arch.cubin_arch(data) == cross_arch.cc_int(c["arch"])
+                assert _cuobjdump_arch(data, tmp_path) in (c["sm"], None)
             else:
                 assert b".target sm_80" in data
     assert report["binaries"] == ["compute_80", "sm_120a", "sm_80", "sm_86", "sm_90a"]
