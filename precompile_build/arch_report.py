@@ -8,13 +8,15 @@ from typing import Any, Mapping, Optional
 FIELDS = ("compiled_for", "tuned_on", "validated_on", "left_out", "replaced", "native_elsewhere")
 
 
-def variant_fields(fingerprint: Mapping[str, Any], meta: Optional[Mapping[str, Any]]) -> dict[str, Any]:
-    """The manifest fields of a CUDA variant: ``compiled_for`` (compute capabilities it
-    has kernels for), ``tuned_on`` (the GPU whose autotuning chose the configs),
-    ``validated_on`` (the GPUs its kernels ran on at capture: the build GPU only),
-    and, when `cuda-archs` had any, ``left_out`` ({arch: reason}) and ``replaced``
-    ({arch: {kernel: reason}}). ``{}`` for a CPU variant."""
-    if fingerprint.get("device_type") != "cuda":
+def variant_fields(fingerprint: Mapping[str, Any], meta: Optional[Mapping[str, Any]],
+                   engine: str) -> dict[str, Any]:
+    """The manifest fields of a frozen CUDA variant: ``compiled_for`` (compute
+    capabilities it has kernels for), ``tuned_on`` (the GPU whose autotuning chose the
+    configs), ``validated_on`` (the GPUs its kernels ran on at capture: the build GPU
+    only), and, when `cuda-archs` had any, ``left_out`` ({arch: reason}) and
+    ``replaced`` ({arch: {kernel: reason}}). ``{}`` for a CPU variant and for the
+    other engines (no frozen kernels of ours to describe)."""
+    if fingerprint.get("device_type") != "cuda" or engine != "frozen":
         return {}
     report = (meta or {}).get("cuda_archs")
     cc = fingerprint.get("compute_capability")

@@ -11,7 +11,8 @@
 #   5. a user Triton kernel whose fastest config needs more shared memory than sm_86 has:
 #      replaced for 8.6 by the next best candidate of the H200's autotuning
 #   6. tests/test_cross_arch.py (its compile-only tests run where triton is installed)
-# Each step prints "STEP n ... rc=N"; results go to $OUT (default /tmp/gpu_issue29).
+# Each step prints "STEP n ... rc=N" and "RESULT ...: PASS|FAIL"; 8 small files go to $OUT
+# (default /tmp/gpu_issue29): summary.txt first.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/gpu_issue29}
@@ -28,6 +29,7 @@ PRECOMPILE_CUDA_ARCHS=8.0,9.0,10.0,12.0 timeout 300 python3 -m precompile_build 
   --project "$W/proj" --targets forward,triton_rmsnorm --out "$W/archs" > "$OUT/build.log" 2>&1
 echo "STEP 1 capture rc=$?" | tee -a "$SUM"
 grep -E "precompile: (forward|triton_rmsnorm):" "$OUT/build.log" | cut -c1-600 | tee -a "$SUM"
+cp "$W/archs/manifest.json" "$OUT/manifest_archs.json" 2>/dev/null  # a recorded multi-arch manifest
 python3 -m precompile_build inspect "$W/archs" > "$OUT/inspect.txt" 2>&1
 echo "STEP 1 inspect rc=$?" | tee -a "$SUM"
 grep -E "^target|variant|compiled for|binaries|left out|replaced|this host" "$OUT/inspect.txt" | tee -a "$SUM"

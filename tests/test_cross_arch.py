@@ -268,7 +268,8 @@ def test_single_arch_cuda_variant_records_its_gpu(tmp_path):
     files = manifest_build.assemble("pkg", [_result(tmp_path, "f", _fp("8.0"), {})])
     v = json.loads(files["manifest.json"])["targets"]["f"]["variants"][0]
     assert (v["compiled_for"], v["tuned_on"], v["validated_on"]) == (["8.0"], "8.0", ["8.0"])
-    assert arch_report.variant_fields({"device_type": "cpu"}, {}) == {}
+    assert arch_report.variant_fields({"device_type": "cpu"}, {}, "frozen") == {}
+    assert arch_report.variant_fields(_fp("9.0"), {}, "torch") == {}  # torch's own kernels
     assert arch_report.build_line({}) == ""
     assert arch_report.build_line({"cuda_archs": REPORT}) == (
         "; compiled for sm 8.0 9.0 12.0 (tuned and validated on 9.0; left out 8.6: "
