@@ -498,3 +498,67 @@ def test_candidate_from_inductor_compile_meta():
     (res,) = cross_arch.compile_jobs([{"arch": "8.0", "cc": 80, "shared_limit": 99 * 1024,
                                        "want_ptx": False, "candidates": [c]}], "t")
     assert res["num_warps"] == 8 and cross_arch.cubin_arch(res["cubin"]) == 80
+
+
+def test_candidates_start_from_the_chosen_config():
+    """The chosen config comes first even when slower ones were timed faster (coordinate
+    descent), configs that failed on the build GPU (inf) are left out, and a chosen
+    config whose compile was not recorded gives no candidates at all."""
+    from precompile_build.engines import _triton_freeze, cross_arch
+
+    def launcher(name, recorded=True):
+        def fn():
+            pass
+        fn.config = name
+        setattr(fn, _triton_freeze._CODE, f"def launcher():\n    pass  # {name}\n")
+        if recorded:
+            cm = {"signature": {"x": "*fp32"}, "constants": {}, "configs": [{}], "num_warps": 4, "num_stages": 1}
+            setattr(fn, _triton_freeze._RESULT, type("R", (), {"compile_meta": cm, "kernel": None})())
+        return fn
+
+    jit = type("J", (), {"__name__": "k", "fn": test_candidates_start_from_the_chosen_config})()
+    win, fast, broken, slow = launcher("win"), launcher("fast"), launcher("broken"), launcher("slow")
+    tuner = type("T", (), {"fn": jit, "launchers": [win], cross_arch._TIMINGS:
+                           {fast: 0.1, win: 0.2, broken: float("inf"), slow: 0.3}})()
+    assert [c["config"] for c in cross_arch.candidates(tuner)] == ["win", "fast", "slow"]
+    tuner.launchers = [launcher("win", recorded=False)]
+    assert cross_arch.candidates(tuner) == []
+
+
+def test_cross_compile_without_triton_kernels_and_without_candidates():
+    """Extern calls only (cuBLAS, ATen): nothing per architecture, every listed one
+    served. A Triton kernel whose compile inputs were not recorded: CaptureError."""
+    from precompile_build.engines import cross_arch
+
+    report = cross_arch.cross_compile([{"name": "k", "kind": "cpp"}], {}, {}, ("8.0", "12.0"), "9.0", "t")
+    assert report["compiled_for"] == ["8.0", "9.0", "12.0"]
+    assert report["binaries"] == ["sm_120", "sm_80", "sm_90"] and report["left_out"] == {}
+    with pytest.raises(CaptureError, match=r"target 't', Triton kernel 'mm': its compile inputs were "
+                                           r"not recorded.*drop `cuda-archs`"):
+        cross_arch.cross_compile([_triton_entry("mm", "c")], {}, {"mm": []}, ("8.0",), "9.0", "t")
+
+
+@pytest.mark.parametrize("cc, picked", [((8, 6), "cross"), ((9, 0), "cross"), ((8, 0), "native"),
+                                        ((7, 5), None)])
+def test_selection_with_a_faked_gpu(monkeypatch, cc, picked):
+    """host_fingerprint reads the (faked) device capability; the loader's choice
+    follows: the A100-built variant on sm_80, the H200's cross-compiled one on sm_86
+    and sm_90, nothing on sm_75."""
+    import torch
+
+    from precompile_runtime import fingerprint, loader
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda i=None: cc)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda i=None: "GPU")
+    host = fingerprint.host_fingerprint("cuda")
+    assert host["compute_capability"] == f"{cc[0]}.{cc[1]}"
+    cross = {**host, "compute_capability": "9.0", "cuda_binaries": "compute_80 sm_80 sm_90a"}
+    native = {**host, "compute_capability": "8.0"}
+    variants = [{"id": "cross", "engine": "frozen", "device": "cuda", "fingerprint": cross},
+                {"id": "native", "engine": "frozen", "device": "cuda", "fingerprint": native}]
+    chosen, reports = loader._select(variants)
+    assert (chosen or {}).get("id") == picked
+    if picked is None:
+        assert "none of which runs on this host's '7.5'" in reports[0][0]

@@ -104,7 +104,11 @@ def recording() -> Iterator[None]:
     """Keep what a cross compile needs, while Inductor compiles (inside
     _triton_freeze.recording): the options of each ``triton.compile`` call, the
     source each static kernel was compiled from, and each autotuner's timings."""
-    import triton
+    try:
+        import triton
+    except ImportError:  # no Triton: no Triton kernels to compile again
+        yield
+        return
     from torch._inductor.runtime import triton_heuristics as th
 
     from ._triton_freeze import _static_kernel_class
@@ -196,11 +200,19 @@ def candidates(autotuner) -> list[dict]:
     """The configurations of ``autotuner``'s kernel a cross compile may use, in the
     order to try: the one autotuning chose, then the others by their time on the
     build GPU (fastest first), each with its ``seconds`` (None: not timed)."""
+    import math
+
     winner = autotuner.launchers[0]
     timings = getattr(autotuner, _TIMINGS, None) or {}
-    others = sorted((t, i, la) for i, (la, t) in enumerate(timings.items()) if la is not winner)
-    out = []
-    for seconds, launcher in [(timings.get(winner), winner)] + [(t, la) for t, _, la in others]:
+    # a config that failed on the build GPU (timed inf) is no candidate
+    others = sorted((t, i, la) for i, (la, t) in enumerate(timings.items())
+                    if la is not winner and not math.isinf(t))
+    first = _candidate(autotuner, winner)
+    if first is None:  # without the chosen config there is nothing to start from
+        return []
+    first["seconds"] = timings.get(winner)
+    out = [first]
+    for seconds, _, launcher in others:
         c = _candidate(autotuner, launcher)
         if c is not None:
             c["seconds"] = seconds
