@@ -562,3 +562,13 @@ def test_selection_with_a_faked_gpu(monkeypatch, cc, picked):
     assert (chosen or {}).get("id") == picked
     if picked is None:
         assert "none of which runs on this host's '7.5'" in reports[0][0]
+
+
+def test_add_archs_is_the_frozen_engines_step():
+    from precompile_build.engines import cross_arch
+
+    meta, fp = {"kernels": [{"name": "k", "kind": "cpp"}]}, {"compute_capability": "9.0"}
+    cross_arch.add_archs(meta, fp, object(), {}, {}, "t")  # no cuda-archs: nothing
+    assert "cuda_archs" not in meta and "cuda_binaries" not in fp
+    cross_arch.add_archs(meta, fp, object(), {}, {"cuda_archs": "8.0"}, "t")
+    assert meta["cuda_archs"]["compiled_for"] == ["8.0", "9.0"] and fp["cuda_binaries"] == "sm_80 sm_90"

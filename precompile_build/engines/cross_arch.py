@@ -388,3 +388,19 @@ def cross_compile(kernels: list[dict], blobs: dict[str, bytes], cands: dict[str,
     return {"tuned_on": build, "validated_on": [build], "compiled_for": compiled,
             "binaries": binaries, "left_out": left_out, "replaced": replaced}
 
+
+def add_archs(metadata: dict, fingerprint: dict, module: Any, blobs: dict[str, bytes],
+              options: dict, target: str) -> None:
+    """The frozen engine's step for `cuda-archs` (``options["cuda_archs"]``; nothing
+    without it): compile ``metadata["kernels"]``' Triton kernels, the autotuners of
+    Inductor's wrapper ``module``, for the other architectures (:func:`cross_compile`),
+    adding their binaries to ``blobs``, the report as ``metadata["cuda_archs"]`` and
+    ``cuda_binaries`` to ``fingerprint``. Raises CaptureError (see cross_compile)."""
+    archs = requested(options, target)
+    if not archs:
+        return
+    kernels = metadata["kernels"]
+    cands = {k["name"]: candidates(getattr(module, k["name"])) for k in kernels if k["kind"] == "triton"}
+    metadata["cuda_archs"] = cross_compile(kernels, blobs, cands, archs,
+                                           fingerprint["compute_capability"], target)
+    fingerprint["cuda_binaries"] = " ".join(metadata["cuda_archs"]["binaries"])

@@ -142,13 +142,8 @@ def _compile(traced: TracedCall, target: str, options: dict, real: dict | None =
     if device == "cpu":
         fingerprint["cpu_isa"] = cpu_isa
     metadata = dict(traced.metadata, engine="frozen", kernels=kernels)
-    archs = cross_arch.requested(options, target) if device == "cuda" else ()
-    if archs:  # `cuda-archs`: the chosen configs compiled for the other GPUs too
-        cands = {k["name"]: cross_arch.candidates(getattr(module, k["name"]))
-                 for k in kernels if k["kind"] == "triton"}
-        metadata["cuda_archs"] = cross_arch.cross_compile(
-            kernels, blobs, cands, archs, fingerprint["compute_capability"], target)
-        fingerprint["cuda_binaries"] = " ".join(metadata["cuda_archs"]["binaries"])
+    if device == "cuda":  # `cuda-archs`: the chosen configs compiled for the other GPUs too
+        cross_arch.add_archs(metadata, fingerprint, module, blobs, options, target)
     if options.get("cuda_graphs"):
         metadata["cuda_graphs"] = True
     graph_code = codegen.graph_source(traced.graph_module)
