@@ -572,3 +572,20 @@ def test_add_archs_is_the_frozen_engines_step():
     assert "cuda_archs" not in meta and "cuda_binaries" not in fp
     cross_arch.add_archs(meta, fp, object(), {}, {"cuda_archs": "8.0"}, "t")
     assert meta["cuda_archs"]["compiled_for"] == ["8.0", "9.0"] and fp["cuda_binaries"] == "sm_80 sm_90"
+
+
+@pytest.mark.parametrize("field, value, match", [
+    ("compiled_for", "8.0", "`compiled_for` must be a list of compute capabilities"),
+    ("validated_on", [9.0], "`validated_on` must be a list of compute capabilities"),
+    ("left_out", ["8.6"], "`left_out` must be an object")])
+def test_manifest_reader_checks_the_arch_fields(tmp_path, field, value, match):
+    from precompile_build import manifest_build
+    from precompile_runtime import manifest
+    from precompile_runtime.errors import ManifestError
+
+    files = manifest_build.assemble("pkg", [_result(tmp_path, "f", _fp("8.0"), {})])
+    doc = json.loads(files["manifest.json"])
+    manifest.parse(files["manifest.json"], where="m")  # as written: valid
+    doc["targets"]["f"]["variants"][0][field] = value
+    with pytest.raises(ManifestError, match=match):
+        manifest.parse(json.dumps(doc).encode(), where="m")
