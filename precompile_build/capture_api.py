@@ -51,6 +51,8 @@ class Capture:
         options = dict(self._options)
         if os.environ.get("PRECOMPILE_CUDA_GRAPHS") == "1":  # the `cuda-graphs` target option
             options.setdefault("cuda_graphs", True)
+        if os.environ.get("PRECOMPILE_CUDA_ARCHS", "").strip() and device == "cuda":  # `cuda-archs`
+            options.setdefault("cuda_archs", os.environ["PRECOMPILE_CUDA_ARCHS"])
         # CUDA graphs replay the frozen engine's kernels, and tracer/fallback and the
         # FROZEN_OPTIONS are its settings: auto picks it for them (PRECOMPILE_ENGINE
         # still decides when set)
@@ -361,7 +363,10 @@ def capture(
             eager engines: ``"refuse"``, default: a result that differs from the
             with-block's eager call beyond rounding is a CaptureError; ``"warn"``;
             ``"off"``); ``"cuda_graphs"`` (bool, frozen CUDA inference targets: the
-            target's `cuda-graphs` key); ``"tracer"`` (the torch engine: torch's own
+            target's `cuda-graphs` key); ``"cuda_archs"`` (frozen CUDA targets: compute
+            capabilities to compile the kernels for besides the build GPU's, a list
+            such as ``["8.0", "9.0"]`` or ``"8.0,9.0"``: the target's `cuda-archs`
+            key, see engines/cross_arch.py); ``"tracer"`` (the torch engine: torch's own
             tracer, ``"make_fx"`` or ``"dynamo"``; the other engines: as ``tracer=``;
             given with another ``tracer`` than auto, a ValueError).
         tracer: how the frozen and eager engines turn the call into a graph:
@@ -439,10 +444,10 @@ def capture(
                    fallback, tracer=tracer)
 
 
-OPTIONS = ("cuda_graphs", "eager_check", "inductor", "tracer", "validation_multiple")
+OPTIONS = ("cuda_archs", "cuda_graphs", "eager_check", "inductor", "tracer", "validation_multiple")
 """The keys ``capture(options=...)`` accepts (see :func:`capture`)."""
 
-FROZEN_OPTIONS = ("cuda_graphs", "eager_check", "inductor", "validation_multiple")
+FROZEN_OPTIONS = ("cuda_graphs", "eager_check", "inductor", "validation_multiple", "cuda_archs")
 """The keys of :data:`OPTIONS` that only the frozen engine (and, for ``eager_check``,
 the eager engine) reads: with ``engine="auto"`` any of them picks the frozen engine;
 with the torch engine they are refused. (``tracer`` means torch's own tracer there.)"""

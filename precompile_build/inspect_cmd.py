@@ -10,6 +10,7 @@ from typing import Any, Callable, Optional
 from precompile_runtime import fingerprint as fpmod
 from precompile_runtime import manifest as manifest_format
 
+from . import arch_report
 from .errors import BuildError
 from .wheel import PRECOMPILED, read_wheel
 
@@ -66,12 +67,13 @@ def inspect_report(where: str, host: Optional[Callable[[str], Optional[dict]]] =
         ``{"source", "package", "targets": {name: {"status", "required", "reason",
         "variants": [{"id", "engine", "device", "fingerprint", "code_hash",
         "files", "fallback" (None, or {"from", "reason"}), "validation",
-        "capture_seconds", "capture_breakdown", "peak_memory", "size", "matches_host",
+        "capture_seconds", "capture_breakdown", "peak_memory", "compiled_for",
+        "tuned_on", "validated_on", "left_out", "replaced", "size", "matches_host",
         "mismatches"}]}}}``
         (``validation``: the capture's numbers, None for pairs without kernels;
         ``capture_seconds``, ``capture_breakdown`` (seconds per step) and ``peak_memory``
         (bytes: ``host_bytes``, ``gpu_bytes``, ``eager_gpu_bytes``): None in reproducible
-        builds).
+        builds; ``compiled_for`` ... ``replaced``: CUDA variants, None where not recorded).
     Raises:
         BuildError / ManifestError: nothing to inspect, or an invalid manifest.
     """
@@ -89,7 +91,8 @@ def inspect_report(where: str, host: Optional[Callable[[str], Optional[dict]]] =
                     else ["torch: not importable on this host"])
             out.append({**{k: v.get(k) for k in ("id", "engine", "device", "fingerprint",
                                                   "code_hash", "files", "fallback", "validation",
-                                                  "capture_seconds", "capture_breakdown", "peak_memory")},
+                                                  "capture_seconds", "capture_breakdown", "peak_memory",
+                                                  *arch_report.FIELDS)},
                         "size": sum(f["size"] for f in v["files"].values()),
                         "matches_host": not mism, "mismatches": mism})
         targets[name] = {"status": t.get("status", "ok"), "required": t.get("required"),
@@ -123,6 +126,7 @@ def format_report(report: dict[str, Any]) -> str:
                 lines.append("    capture: " + "; ".join(x for x in (took + (f" ({steps})" if steps else ""),
                                                                memory) if x))
             lines += _validation_lines(v.get("validation"))
+            lines += arch_report.inspect_lines(v)
             if v["matches_host"]:
                 lines.append("    this host: matches")
             else:

@@ -13,6 +13,7 @@ from typing import Any, Mapping, Sequence
 from precompile_runtime import manifest as manifest_format
 from precompile_runtime.fingerprint import variant_id
 
+from . import arch_report
 from .runner import CaptureResult
 
 MANIFEST_NAME = "manifest.json"
@@ -68,6 +69,7 @@ def assemble(package: str, results: Sequence[CaptureResult]) -> dict[str, bytes]
         validation = (r.info.meta or {}).get("validation")
         if validation is not None:  # the numbers the capture was judged by (frozen engine)
             variant["validation"] = validation
+        variant.update(arch_report.variant_fields(fp, r.info.meta, r.info.engine))  # compiled_for, tuned_on, ...
         if not reproducible:  # which GPU and how long vary from build to build
             variant["capture_device"] = r.device_index
             seconds = r.capture_seconds if r.capture_seconds is not None else r.seconds

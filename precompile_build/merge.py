@@ -12,6 +12,7 @@ from typing import Any, Sequence
 from packaging.utils import canonicalize_name
 from precompile_runtime import manifest as manifest_format
 
+from . import arch_report
 from .errors import BuildError
 from .wheel import (PRECOMPILED, Entries, parse_name, patch_wheel_info, read_wheel,
                     wheel_name, write_wheel)
@@ -108,6 +109,7 @@ def _merge_manifests(parts: Sequence[dict], names: Sequence[str]) -> tuple[dict,
     for tname, t in doc["targets"].items():
         if t["status"] == "failed" and not t.get("reason"):
             t["reason"] = "failed on every host"
+    arch_report.mark_native_builds(doc)  # a native build of an architecture wins over a cross-compiled one
     files["manifest.json"] = manifest_format.dumps(doc)
     return doc, files
 

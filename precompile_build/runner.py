@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional, Union
 
-from . import capture_cache, capture_stats
+from . import arch_report, capture_cache, capture_stats
 from .errors import CaptureError
 from .pairs import PairInfo
 from .progress import Progress, human_size, summary
@@ -153,7 +153,8 @@ def _sizes(r: CaptureResult) -> str:
     fallback = (r.info.meta.get("fallback") or {}).get("reason")
     return (f"{r.info.engine}" + (f" (fallback: {fallback})" if fallback else "")
             + f"; source {human_size(r.source_path.stat().st_size)}, "
-            f"cache {human_size(r.cache_path.stat().st_size)}")
+            f"cache {human_size(r.cache_path.stat().st_size)}"
+            + arch_report.build_line(r.info.meta))  # `cuda-archs`: what was left out and why
 
 
 class _Cancelled(Exception):

@@ -136,6 +136,10 @@ def script_env(settings: Settings, target: TargetSettings, device: str,
         env["PRECOMPILE_TRACER"] = target.tracer
     if target.cuda_graphs:
         env["PRECOMPILE_CUDA_GRAPHS"] = "1"
+    if target.cuda_archs and device == "cuda":  # engines/cross_arch.py reads it
+        env["PRECOMPILE_CUDA_ARCHS"] = ",".join(target.cuda_archs)
+    else:
+        env.pop("PRECOMPILE_CUDA_ARCHS", None)
     if device == "cpu":
         env["CUDA_VISIBLE_DEVICES"] = ""
     elif gpu is not None:

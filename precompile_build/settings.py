@@ -72,6 +72,13 @@ class TargetSettings:
     of its kernels; ``load_packaged(..., cuda_graphs=)`` overrides it. With `device =
     "cpu"` it is a ConfigError; a `device = "auto"` target captured on a CPU build host
     is captured without it (the build says so)."""
+    cuda_archs: tuple[str, ...] = ()
+    """`cuda-archs`: compute capabilities (``"8.0"``, ``"9.0"``, ...) the frozen
+    engine's Triton kernels are compiled for besides the build GPU's own: the
+    capture traces, autotunes and validates on the build GPU, then compiles each
+    kernel's chosen configuration for every other listed architecture
+    (engines/cross_arch.py). Resolved: the `cuda-archs` override, else the target's
+    key, else the project's; empty: the build GPU's architecture only."""
 
 
 @dataclass(frozen=True)
@@ -110,18 +117,22 @@ class Settings:
 
 
 # Keys of the tables, kebab-case as written in TOML.
-TOP_KEYS = ("package", "targets", "torch-pin", "cache", "cache-dir", "jobs")
+TOP_KEYS = ("package", "targets", "torch-pin", "cache", "cache-dir", "jobs", "cuda-archs")
 TARGET_KEYS = ("script", "args", "device", "timeout", "env", "required", "cache-env", "fallback",
-               "tracer", "cuda-graphs")
+               "tracer", "cuda-graphs", "cuda-archs")
 # Override keys: config setting `precompile.KEY` / environment variable. Names the
 # runtime also reads get a BUILD_ infix (PRECOMPILE_STRICT, PRECOMPILE_CACHE_DIR).
 OVERRIDES = {"skip": "PRECOMPILE_SKIP", "targets": "PRECOMPILE_TARGETS",
              "strict": "PRECOMPILE_BUILD_STRICT", "verbose": "PRECOMPILE_VERBOSE",
              "torch-pin": "PRECOMPILE_TORCH_PIN", "cache": "PRECOMPILE_CACHE",
-             "cache-dir": "PRECOMPILE_BUILD_CACHE_DIR", "jobs": "PRECOMPILE_JOBS"}
+             "cache-dir": "PRECOMPILE_BUILD_CACHE_DIR", "jobs": "PRECOMPILE_JOBS",
+             "cuda-archs": "PRECOMPILE_CUDA_ARCHS"}
 # Override keys that take a list: repeating them (`-C precompile.targets=a -C
 # precompile.targets=b`) selects the union; any other key given twice must agree.
-LIST_OVERRIDES = ("targets",)
+LIST_OVERRIDES = ("targets", "cuda-archs")
+# Compute capabilities `cuda-archs` accepts: those Triton compiles for that have
+# a shared-memory limit in engines/cross_arch.py (SHARED_PER_BLOCK).
+CUDA_ARCHS = ("7.5", "8.0", "8.6", "8.7", "8.9", "9.0", "10.0", "10.3", "11.0", "12.0", "12.1")
 
 
 def _fail(msg: str) -> ConfigError:
@@ -253,9 +264,49 @@ def _parse_target(name: Any, raw: Any, root: Path) -> TargetSettings:
                     f"`{key}.device` is \"cpu\": set `device` to \"auto\" (a CPU build "
                     "host captures without the option, a CUDA one with it) or \"cuda\", or "
                     "drop `cuda-graphs`")
+    cuda_archs = parse_cuda_archs(raw["cuda-archs"], f"`{key}.cuda-archs`") if "cuda-archs" in raw else None
+    if cuda_archs and device == "cpu":
+        raise _fail(f"`{key}.cuda-archs` compiles CUDA kernels for other GPUs, but `{key}.device` "
+                    "is \"cpu\": set `device` to \"auto\" or \"cuda\", or drop `cuda-archs`")
     return TargetSettings(name, script, script_rel, tuple(args), device,
                           float(timeout), dict(env), required, tuple(dict.fromkeys(cache_env)),
-                          fallback, tracer=tracer, cuda_graphs=cuda_graphs)
+                          fallback, tracer=tracer, cuda_graphs=cuda_graphs,
+                          cuda_archs=cuda_archs)  # type: ignore[arg-type]  # None: not set here
+
+
+def parse_cuda_archs(value: Any, where: str) -> tuple[str, ...]:
+    """A `cuda-archs` value as a sorted tuple of compute capabilities.
+
+    Args:
+        value: from pyproject.toml an array of strings (``["8.0", "9.0"]``); from an
+            override a comma-separated string (``"8.0,9.0"``), ``sm_80`` also accepted.
+        where: the key (backticked, pyproject.toml) or the override it came from.
+    Returns:
+        e.g. ``("8.0", "9.0")``: duplicates dropped, sorted by capability.
+    Raises:
+        ConfigError: not a list of strings, or an entry that is not one of
+            :data:`CUDA_ARCHS` (the message names the key and the valid values).
+    """
+    if isinstance(value, str) and not where.startswith("`"):
+        items: Any = [v.strip() for v in value.split(",") if v.strip()]
+    else:
+        items = value
+    if not isinstance(items, list) or not all(isinstance(v, str) for v in items):
+        raise _invalid(where, f"must be an array of compute capabilities as strings "
+                              f"(e.g. [\"8.0\", \"9.0\"]), not {_type_name(value)}")
+    out = []
+    for item in items:
+        text = item.strip()
+        m = re.fullmatch(r"sm_?([0-9]{1,2})([0-9])", text)
+        if m:  # sm_80 -> 8.0
+            text = f"{m.group(1)}.{m.group(2)}"
+        if text not in CUDA_ARCHS:
+            close = difflib.get_close_matches(text, CUDA_ARCHS, n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            raise _invalid(where, f"has {item!r}{hint}, which is not a compute capability "
+                                  f"this build compiles for; use some of {', '.join(CUDA_ARCHS)}")
+        out.append(text)
+    return tuple(sorted(set(out), key=lambda a: tuple(int(p) for p in a.split("."))))
 
 
 def find_package(root: Path, name: str | None) -> tuple[str, Path]:
@@ -352,6 +403,28 @@ def _jobs(table: Mapping[str, Any], overrides: Mapping[str, tuple[Any, str]]) ->
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise _invalid(where, f"must be \"auto\" or a positive integer, not {value!r}")
     return value
+
+
+def _resolve_cuda_archs(table: Mapping[str, Any], targets: dict[str, TargetSettings],
+                        overrides: Mapping[str, tuple[Any, str]]) -> dict[str, TargetSettings]:
+    """Each target with its effective `cuda-archs`: the override (environment, then
+    config settings) for every target, else the target's key, else the project's."""
+    import dataclasses
+
+    project: tuple[str, ...] = ()
+    if "cuda-archs" in table:
+        project = parse_cuda_archs(table["cuda-archs"], f"`{_PREFIX}.cuda-archs`")
+    forced = None
+    if "cuda-archs" in overrides:
+        value, where = overrides["cuda-archs"]
+        forced = parse_cuda_archs(str(value), where)
+    out = {}
+    for name, t in targets.items():
+        archs = forced if forced is not None else t.cuda_archs if t.cuda_archs is not None else project
+        if t.device == "cpu":  # the project's list is for its CUDA targets
+            archs = () if forced is not None or t.cuda_archs is None else archs
+        out[name] = dataclasses.replace(t, cuda_archs=tuple(archs))
+    return out
 
 
 def _repeated(raw_key: str, key: str, values: list) -> Any:
@@ -469,6 +542,7 @@ def settings_from_table(root: Path, table: Mapping[str, Any],
     if "cache" in overrides:
         cache = _as_bool(overrides["cache"][0], overrides["cache"][1])
     cache_dir, jobs = _cache_dir(table, overrides, root), _jobs(table, overrides)
+    targets = _resolve_cuda_archs(table, targets, overrides)
     selected = tuple(targets)
     if "targets" in overrides:
         value, where = overrides["targets"]

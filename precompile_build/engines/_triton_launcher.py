@@ -23,19 +23,46 @@ class _TritonKernel:
             launcher = self._launchers[device] = self._load(device)
         launcher(*args, **kwargs, stream=stream)
 
-    def _load(self, device):
+    def _choose(self, device):
+        """The entry to load on ``device``: the kernel's only binary, or (a pair built
+        with `cuda-archs`) the one precompile_runtime.arch_select picks for the
+        device's compute capability. Returns (entry, path)."""
         e = self._entry
+        if not e.get("archs"):
+            return e, self._path
+        from precompile_runtime import arch_select
+
+        cc = torch.cuda.get_device_capability(device)
+        chosen = arch_select.pick(e["archs"], tuple(cc))
+        if chosen is None:
+            raise CallError(
+                f"target {_META['target']!r}: the frozen CUDA kernel {e['name']!r} has no binary "
+                f"for cuda:{device} (compute capability {cc[0]}.{cc[1]}); it has "
+                f"{', '.join(c['sm'] for c in e['archs'])}: add \"{cc[0]}.{cc[1]}\" to `cuda-archs`")
+        if chosen["binary"] == "ptx":
+            from precompile_runtime._guard import guard_active
+
+            if guard_active():  # the driver's JIT compile of PTX is a compile at load
+                raise CallError(
+                    f"target {_META['target']!r}: the frozen CUDA kernel {e['name']!r} has only PTX "
+                    f"({chosen['sm']}) for cuda:{device} (compute capability {cc[0]}.{cc[1]}), which "
+                    "the driver compiles at load: refused under PRECOMPILE_NO_COMPILE=1")
+        root = self._path[: len(self._path) - len(e["file"])]
+        return chosen, _os.path.join(root, chosen["file"])
+
+    def _load(self, device):
+        e, path = self._choose(device)
         C = torch._C._StaticCudaLauncher
         try:
             try:  # -> (function, n_regs, n_spills), or (module, function, n_regs, n_spills)
-                loaded = C._load_kernel(self._path, e["function"], e["shared"], device)
+                loaded = C._load_kernel(path, e["function"], e["shared"], device)
             except TypeError:  # older torch: no device argument, loads on the current device
                 with torch.cuda.device(device):
-                    loaded = C._load_kernel(self._path, e["function"], e["shared"])
+                    loaded = C._load_kernel(path, e["function"], e["shared"])
         except Exception as err:
             raise CallError(
                 f"target {_META['target']!r}: cannot load the frozen CUDA kernel "
-                f"{e['name']!r} ({e['function']}, {self._path}) on cuda:{device}: {err}"
+                f"{self._entry['name']!r} ({e['function']}, {path}) on cuda:{device}: {err}"
             ) from err
         launch, function = C._launch_kernel, loaded[-3]
         num_warps, shared, arg_tys = e["num_warps"], e["shared"], e["arg_tys"]

@@ -25,9 +25,9 @@ import hashlib
 
 from precompile_runtime.envelope import Envelope, dumps
 
-from ..errors import CaptureError, CompilerFailed, torch_warnings_shown
-from . import codegen, dynamic_dims, sharing
 from ..capture_stats import timed
+from ..errors import CaptureError, CompilerFailed, torch_warnings_shown
+from . import codegen, cross_arch, dynamic_dims, sharing
 from .tracing import TracedCall, run_real_call, trace_call
 from .validation import validate
 
@@ -155,6 +155,8 @@ def _compile(traced: TracedCall, target: str, options: dict, real: dict | None =
     if device == "cpu":
         fingerprint["cpu_isa"] = cpu_isa
     metadata = dict(traced.metadata, engine="frozen", kernels=kernels)
+    if device == "cuda":  # `cuda-archs`: the chosen configs compiled for the other GPUs too
+        cross_arch.add_archs(metadata, fingerprint, module, blobs, options, target)
     if options.get("cuda_graphs"):
         metadata["cuda_graphs"] = True
     graph_code = codegen.graph_source(traced.graph_module)

@@ -11,7 +11,11 @@ must be equal between the capture host and this host for a variant to be used:
 - ``python``: ``major.minor``; CPU kernels are CPython extension modules.
 - ``platform``: ``sysconfig.get_platform()``; native code is OS and arch specific.
 - ``device_type``: ``cpu`` or ``cuda``.
-- ``compute_capability``: ``9.0`` for sm_90; a cubin for another SM is never run.
+- ``compute_capability``: ``9.0`` for sm_90, the GPU the kernels were tuned and
+  validated on; a cubin for another SM is never run. A variant built with
+  `cuda-archs` also has ``cuda_binaries`` (``"compute_80 sm_80 sm_90a sm_120a"``):
+  then this field names where it was tuned, and the host matches when one of those
+  binaries runs on it (:mod:`precompile_runtime.arch_select`).
 
 ``cpu_isa`` is a requirement, not an equality: the instruction-set level the CPU
 kernels were compiled for, as space-separated words (the frozen engine records
@@ -43,7 +47,7 @@ EXACT_FIELDS = (
     "device_type",
     "compute_capability",
 )
-INFO_FIELDS = ("gpu_name", "cpu_isa", "engine_key")
+INFO_FIELDS = ("gpu_name", "cpu_isa", "engine_key", "cuda_binaries")
 
 # The CPU flags (as /proc/cpuinfo names them) that each word of a ``cpu_isa``
 # record needs: Inductor's vector ISAs (``str(pick_vec_isa())``, with the flags its
@@ -177,9 +181,15 @@ def mismatches(recorded: dict[str, Any], host: dict[str, Any]) -> list[str]:
     Returns:
         a list of ``"field: built for X, this host has Y"`` strings; empty = match.
     """
+    from .arch_select import mismatch as arch_mismatch
+
     out = []
     for key in EXACT_FIELDS:
-        if recorded.get(key) != host.get(key):
+        if key == "compute_capability" and recorded.get("cuda_binaries"):
+            problem = arch_mismatch(recorded, host.get(key))  # `cuda-archs`: arch_select.py
+            if problem:
+                out.append(problem)
+        elif recorded.get(key) != host.get(key):
             out.append(f"{key}: built for {recorded.get(key)!r}, this host has {host.get(key)!r}")
     if recorded.get("device_type") == "cpu":
         isa = isa_mismatch(recorded.get("cpu_isa"))

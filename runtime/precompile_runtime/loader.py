@@ -40,6 +40,7 @@ import warnings
 from importlib import resources
 from typing import Any
 
+from . import arch_select as _arch_select
 from . import envelope as _envelope
 from . import fingerprint as _fingerprint
 from . import manifest as _manifest
@@ -299,6 +300,9 @@ def _load(package: str, name: str, strict: bool) -> _Loaded:
             refusal = (StaleArtifactError, f"{stale}. {_stale.REINSTALL}{_NO_FALLBACK}")
     if strict and refusal is not None:
         raise refusal[0](refusal[1])
+    if chosen is not None and chosen.get("device") == "cuda":  # PTX only: a compile at load
+        _arch_select.check_jit_at_load(ctx, chosen, _fingerprint.host_fingerprint("cuda").get(
+            "compute_capability"), strict)
     variant = chosen if chosen is not None else variants[0]
     fallback = refusal is not None
 
@@ -444,7 +448,7 @@ def _package_data(package: str) -> Any:
 
 def _select(variants: list[dict[str, Any]]) -> tuple[dict[str, Any] | None, list[list[str]]]:
     hosts: dict[str, dict[str, Any]] = {}
-    reports = []
+    reports, matches = [], []
     # A CUDA variant that matches wins over a CPU one: a GPU host serves on its GPU
     # (hide the GPU with CUDA_VISIBLE_DEVICES="" to get the CPU variant).
     for v in sorted(variants, key=lambda v: (v.get("device") or "cpu") != "cuda"):
@@ -459,8 +463,12 @@ def _select(variants: list[dict[str, Any]]) -> tuple[dict[str, Any] | None, list
                 ) from None
         problems = _fingerprint.mismatches(v["fingerprint"], hosts[device])
         if not problems:
-            return v, reports
-        reports.append(problems)
+            matches.append(v)
+        else:
+            reports.append(problems)
+    if matches:  # several: the one tuned on this GPU, then the best binary (arch_select)
+        cc = hosts["cuda"].get("compute_capability") if "cuda" in hosts else None
+        return _arch_select.best_variant(matches, cc), reports
     return None, reports
 
 

@@ -31,6 +31,12 @@ Schema (format ``precompile-build.manifest``, version 1)::
               "capture_breakdown": {"trace": 5.1, "eager_call": 0.4, "compile": 30.2,  # seconds;
                                     "first_run": 3.0, "validate": 4.1},  # frozen engine
               "fallback": {"from": "frozen", "reason": "..."}  # only when `fallback = "eager"` was used
+              "compiled_for": ["8.0", "9.0", "12.0"],  # frozen CUDA variants: GPUs it has kernels for
+              "tuned_on": "9.0",       # the GPU whose autotuning chose the configs
+              "validated_on": ["9.0"], # the GPUs its kernels ran on at capture
+              "left_out": {"8.6": "kernel k: ..."},   # `cuda-archs` entries dropped, and why
+              "replaced": {"12.0": {"k": "..."}},     # configs swapped for one that fits
+              "native_elsewhere": {"8.0": "<id>"},    # merge: a variant built on that GPU
               "validation": {          # frozen engine: how the capture judged its kernels
                 "reference": "float64",  # the traced graph run in this dtype
                 "fallback_ops": [],    # ops run in a narrower dtype (no kernel in the reference dtype)
@@ -125,7 +131,10 @@ def _check_target(name: str, target: Any, where: str) -> None:
             raise ManifestError(f"{vctx}: `code_hash` must be 64 hex characters")
         if "validation" in v and not isinstance(v["validation"], dict):
             raise ManifestError(f"{vctx}: `validation` must be an object")
-        for key in ("peak_memory", "capture_breakdown"):
+        for key in ("compiled_for", "validated_on"):
+            if key in v and not (isinstance(v[key], list) and all(isinstance(a, str) for a in v[key])):
+                raise ManifestError(f"{vctx}: `{key}` must be a list of compute capabilities (strings)")
+        for key in ("left_out", "replaced", "native_elsewhere", "peak_memory", "capture_breakdown"):
             if key in v and not isinstance(v[key], dict):
                 raise ManifestError(f"{vctx}: `{key}` must be an object")
         files = v.get("files")
