@@ -341,7 +341,7 @@ def test_numpy_numbers_are_numbers(tmp_path):
 
 @pytest.mark.parametrize("options, match", [
     ({"validaton_multiple": 10}, r"unknown key 'validaton_multiple' in options; did you mean "
-                                 r"'validation_multiple'\? accepted keys: cuda_graphs, eager_check, "
+                                 r"'validation_multiple'\? accepted keys: cuda_archs, cuda_graphs, eager_check, "
                                  r"inductor, tracer, validation_multiple"),
     ({"mode": "max-autotune"}, r"unknown key 'mode' in options; accepted keys: cuda_graphs, "),
 ])
