@@ -49,8 +49,9 @@ class _CudaGraphs:
     weights assigned anew) is dropped at the next call; all go with the loaded function.
 
     Thread-safe: one lock serialises this loaded function's calls with graphs (the
-    static buffers are shared), and a call on another CUDA stream than the previous
-    one waits for that stream first. Graphs are recorded on the first device a call
+    static buffers are shared), a call on another CUDA stream than the previous one
+    waits for that stream first, and a thread records only after it ran the kernels
+    once plainly (libraries make per-thread handles at first use). Graphs are recorded on the first device a call
     uses; calls on another device run the frozen kernels without a graph (torch's
     capture stream is made once per process, on one device).
     """
@@ -74,6 +75,7 @@ class _CudaGraphs:
         self._plain = {}  # size keys found compute-bound: run without a graph
         self._failed = set()  # size keys whose recording failed (or thrashed): run without a graph
         self._recordings = {}  # size key -> graphs recorded for it
+        self._threads = set()  # idents of the threads that ran the kernels plainly
         self._freed = []  # appended to when a tensor a graph reads in place is freed
         self._pool = None  # the graphs' private memory pool, while one of them lives
         self._device = None  # the one device graphs are recorded on
@@ -98,7 +100,7 @@ class _CudaGraphs:
         if self._device is None:
             self._device = device.index
         elif device.index != self._device:
-            return self._run(flat)
+            return self._plain_run(flat)
         if self._static_idx is None:
             n_inputs = self._n + len(_META["tensor_inputs"])
             self._static_idx = list(range(self._n)) + self._written_user + list(range(n_inputs, len(flat)))
@@ -107,9 +109,9 @@ class _CudaGraphs:
         key = (device.index, *[t.shape for t in flat[self._n:]])
         if key in self._plain:
             self._plain[key] = self._plain.pop(key)  # the most recently seen: kept longest
-            return self._run(flat)
+            return self._plain_run(flat)
         if key in self._failed:
-            return self._run(flat)
+            return self._plain_run(flat)
         g = self._find(key, flat)
         if g is None:
             if key not in self._warm and any(h.key == key for h in self._graphs):
@@ -125,13 +127,18 @@ class _CudaGraphs:
                 if len(self._plain) > self._max:
                     del self._plain[next(iter(self._plain))]
                 self.plain += 1
-                return self._run(flat)
+                return self._plain_run(flat)
+            if _threading.get_ident() not in self._threads:
+                # this thread's first run of the kernels: cuBLAS/cuDNN make per-thread
+                # handles at first use, which a capture refuses; it records next time
+                self._warm[key] = None
+                return self._plain_run(flat)
             del self._warm[key]
             if self._thrashing(key):
-                return self._run(flat)
+                return self._plain_run(flat)
             g = self._record(key, flat)
             if g is None:  # failed, undone and warned about: this size runs plainly
-                return self._run(flat)
+                return self._plain_run(flat)
             self.recorded += 1
             self._graphs.append(g)
             if len(self._graphs) > self._max:  # dropped: its size stays warm
@@ -168,6 +175,11 @@ class _CudaGraphs:
             return [o.clone() for o in g.outputs]
         return list(g.outputs)
 
+    def _plain_run(self, flat):
+        """The kernels without a graph, noting the thread (see _call)."""
+        self._threads.add(_threading.get_ident())
+        return self._run(flat)
+
     @staticmethod
     def _current_stream():
         return torch.cuda.current_stream()
@@ -181,14 +193,14 @@ class _CudaGraphs:
     def _warm_up(self, key, flat):
         """The first call of a size: a plain run; its next call is timed (probing) or records."""
         self._keep_warm(key, _TIME_NEXT if self._probe else None)
-        return self._run(flat)
+        return self._plain_run(flat)
 
     def _timed_run(self, key, flat):
         """The second call of a probed size: a plain run, timed on the CPU and the GPU."""
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         t0 = _time.perf_counter()
         start.record()
-        out = self._run(flat)
+        out = self._plain_run(flat)
         end.record()
         self._keep_warm(key, (start, end, (_time.perf_counter() - t0) * 1e3))
         return out
