@@ -225,7 +225,8 @@ def _snapshot(fn: Callable, args: tuple, kwargs: dict) -> dict:
                 continue
             _record(out, key, f"the global `{n}` of module {module}", v)
         for name, c in zip(f.__code__.co_freevars, f.__closure__ or ()):
-            _record(out, ("cell", id(c), name), f"the closure variable `{name}` of {f.__qualname__}", _cell(c))
+            what = f"the closure variable `{name}` of {f.__qualname__}"
+            _record(out, ("cell", id(c), name), what, _cell(c))
     for i, a in enumerate((*args, *kwargs.items())):
         label, v = (f"argument {i}", a) if i < len(args) else (f"argument {a[0]}=", a[1])
         if isinstance(v, torch.nn.Module):

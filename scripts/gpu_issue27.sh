@@ -15,7 +15,7 @@ step() {  # step NAME TIMEOUT_S COMMAND...: runs it, logs to $OUT/NAME.log, prin
   local name=$1 limit=$2; shift 2
   timeout "$limit" "$@" > "$OUT/$name.log" 2>&1
   local rc=$?
-  echo "$name rc=$rc: $(grep -E '^[0-9]+ (passed|failed)|passed|failed|error' "$OUT/$name.log" | tail -1)" \
+  echo "$name rc=$rc: $(grep -E '[0-9]+ (passed|failed|skipped|error)' "$OUT/$name.log" | tail -1)" \
     | tee -a "$OUT/summary.txt"
 }
 

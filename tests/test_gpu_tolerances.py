@@ -45,16 +45,9 @@ def test_efficientnet_b0_train_step_builds_with_default_settings(tmp_path):
 def test_a_wrong_kernel_in_a_cuda_training_step_is_refused(tmp_path, monkeypatch):
     from precompile_build.engines import frozen
 
-    rewrite = frozen._rewrite_wrapper
-
-    def corrupting(src, names, target):
-        return rewrite(src, names, target) + (
-            "\n_call = call\n"
-            "def call(args):\n"
-            "    outs = _call(args)\n"
-            "    outs[1].mul_(1.02)\n"
-            "    return outs\n")
-    monkeypatch.setattr(frozen, "_rewrite_wrapper", corrupting)
+    # the frozen wrapper's first gradient 2 % off
+    wrong = "\n_call = call\ndef call(args):\n    outs = _call(args)\n    outs[1].mul_(1.02)\n    return outs\n"
+    monkeypatch.setattr(frozen, "_rewrite_wrapper", lambda *a, _rewrite=frozen._rewrite_wrapper: _rewrite(*a) + wrong)
     model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.Tanh(), torch.nn.Linear(64, 10)).cuda()
     x, y = torch.randn(32, 64, device="cuda"), torch.randint(0, 10, (32,), device="cuda")
     with pytest.raises(CaptureError, match=r"value 1 \(gradient of .*\) differs from the traced graph"):

@@ -35,9 +35,11 @@ def test_a_training_steps_value_within_torchs_training_tolerance_is_accepted():
     eager, frozen = _noisy(ref, 0.000583, 1), _noisy(ref, 0.0014, 2)
     v = numerics.judge(eager, frozen, ref, training=True)
     assert v.problem is None and v.multiple == 2.0 and v.floor == pytest.approx(1e-3)
-    assert v.eager_error == pytest.approx(0.000583, rel=0.02) and v.frozen_error == pytest.approx(0.0014, rel=0.02)
+    assert v.eager_error == pytest.approx(0.000583, rel=0.02)
+    assert v.frozen_error == pytest.approx(0.0014, rel=0.02)
     inference = numerics.judge(eager, frozen, ref)
-    assert inference.floor == pytest.approx(1e-4) and inference.problem == "error beyond the allowed multiple of eager's"
+    assert inference.floor == pytest.approx(1e-4)
+    assert inference.problem == "error beyond the allowed multiple of eager's"
 
 
 def test_what_torchs_same_accepts_the_judge_accepts():
