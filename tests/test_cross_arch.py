@@ -589,3 +589,19 @@ def test_manifest_reader_checks_the_arch_fields(tmp_path, field, value, match):
     doc["targets"]["f"]["variants"][0][field] = value
     with pytest.raises(ManifestError, match=match):
         manifest.parse(json.dumps(doc).encode(), where="m")
+
+
+def test_build_gpu_below_9_gets_its_ptx_from_the_worker(monkeypatch):
+    """Built on an sm_80 GPU with cuda-archs 8.0 and 9.0: the native sm_80 cubin stays,
+    the worker adds sm_80's PTX and the sm_90a cubin."""
+    pytest.importorskip("triton")
+    from precompile_build.engines import cross_arch
+
+    monkeypatch.delenv(cross_arch.TEST_CROSS_NATIVE_ENV, raising=False)
+    kernels, blobs = [_triton_entry("mm", "BK=64")], {}
+    small = _cand("mm", SIG, {"BM": 64, "BN": 64, "BK": 64}, "BK=64")
+    report = cross_arch.cross_compile(kernels, blobs, {"mm": [small]}, ("8.0", "9.0"), "8.0", "t")
+    got = {(c["sm"], c["origin"]) for c in kernels[0]["archs"]}
+    assert got == {("sm_80", "native"), ("compute_80", "cross"), ("sm_90a", "cross")}
+    assert report["compiled_for"] == ["8.0", "9.0"] and report["left_out"] == {}
+    assert sorted(n.split("/")[0] for n in blobs) == ["cubin", "ptx"]

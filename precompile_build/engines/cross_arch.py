@@ -357,12 +357,15 @@ def cross_compile(kernels: list[dict], blobs: dict[str, bytes], cands: dict[str,
     per_arch: dict[str, list] = {a: [] for a in wanted}
     for (k, a, cs), res in zip(where, results):
         if "error" in res:
-            left_out.setdefault(a, f"kernel {k['name']}: {res['error']}")
+            if a == build and not cross_native:  # compiled for its PTX only: the native cubins serve
+                left_out.setdefault(f"{a} (PTX)", f"kernel {k['name']}: {res['error']}")
+            else:
+                left_out.setdefault(a, f"kernel {k['name']}: {res['error']}")
         else:
             per_arch[a].append((k, res, cs[res["index"]]))
     for k in triton_kernels:
         k["archs"] = [] if cross_native else [_native_choice(k, build)]
-    ptx_ok = ptx_arch is not None and ptx_arch not in left_out
+    ptx_ok = ptx_arch is not None and ptx_arch not in left_out and f"{ptx_arch} (PTX)" not in left_out
     for a in wanted:
         if a in left_out:
             continue
