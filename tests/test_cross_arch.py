@@ -414,6 +414,10 @@ def test_recording_keeps_what_a_cross_compile_needs(monkeypatch):
             setattr(launcher, _triton_freeze._RESULT, type("R", (), {"kernel": kernel})())
             launchers.append(launcher)
         tuner.benchmark_all_configs()
+    import pickle
+
+    pickle.dumps(kernel)  # what is kept is kept aside: Inductor still pickles its static kernels
+    assert not [a for a in vars(kernel) if a.startswith("_precompile")]
     tuner.launchers = [launchers[0]]
     got = cross_arch.candidates(tuner)
     assert [c["config"] for c in got] == ["BK=64", "BK=256", "BK=128"]
@@ -518,8 +522,8 @@ def test_candidates_start_from_the_chosen_config():
 
     jit = type("J", (), {"__name__": "k", "fn": test_candidates_start_from_the_chosen_config})()
     win, fast, broken, slow = launcher("win"), launcher("fast"), launcher("broken"), launcher("slow")
-    tuner = type("T", (), {"fn": jit, "launchers": [win], cross_arch._TIMINGS:
-                           {fast: 0.1, win: 0.2, broken: float("inf"), slow: 0.3}})()
+    tuner = type("T", (), {"fn": jit, "launchers": [win]})()
+    cross_arch._timings[tuner] = {fast: 0.1, win: 0.2, broken: float("inf"), slow: 0.3}
     assert [c["config"] for c in cross_arch.candidates(tuner)] == ["win", "fast", "slow"]
     tuner.launchers = [launcher("win", recorded=False)]
     assert cross_arch.candidates(tuner) == []

@@ -38,6 +38,7 @@ import pickle
 import subprocess
 import sys
 import tempfile
+import weakref
 from typing import Any, Iterator
 
 from ..errors import CaptureError
@@ -54,9 +55,15 @@ TEST_CROSS_NATIVE_ENV = "PRECOMPILE_TEST_CROSS_NATIVE"
 too and freezes those cubins instead of the native ones (so validation runs them)."""
 WORKER_TIMEOUT = 1800.0  # seconds for all cross compiles of one capture
 
-_TIMINGS = "_precompile_timings"  # on a CachingAutotuner: {launcher: seconds} of its autotuning
-_SRC = "_precompile_src"  # on a static kernel: (ASTSource, options) of its triton.compile
-_OPTIONS = "_precompile_options"  # on a CompiledKernel: the options it was compiled with
+# What recording() keeps, in side tables rather than as attributes: Inductor pickles
+# autotuners and static kernels into its caches, and launchers and JITFunctions do
+# not pickle. Weak keys: an entry lives as long as Inductor's object.
+_timings: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+"""CachingAutotuner -> {launcher: seconds} of its autotuning."""
+_sources: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+"""static kernel -> (ASTSource, options) of the ``triton.compile`` it came from."""
+_options: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+"""CompiledKernel -> the options it was compiled with."""
 
 
 def shared_limit(arch: str, listed: tuple[str, ...]) -> tuple[int, list[str]]:
@@ -122,17 +129,19 @@ def recording() -> Iterator[None]:
     def compile(src, *args, **kwargs):  # noqa: A001 - stands in for triton.compile
         binary = orig_compile(src, *args, **kwargs)
         options = kwargs.get("options", args[1] if len(args) > 1 else None)
-        with contextlib.suppress(AttributeError):
-            setattr(binary, _OPTIONS, dict(options or {}))
+        with contextlib.suppress(TypeError):  # not weak-referenceable: not recorded
+            _options[binary] = dict(options or {})
         return binary
 
     def __init__(self, kernel, *args, **kwargs):
         orig_init(self, kernel, *args, **kwargs)
-        setattr(self, _SRC, (getattr(kernel, "src", None), getattr(kernel, _OPTIONS, None)))
+        with contextlib.suppress(TypeError):
+            _sources[self] = (getattr(kernel, "src", None), _options.get(kernel))
 
     def benchmark_all_configs(self, *args, **kwargs):
         timings = orig_bench(self, *args, **kwargs)
-        setattr(self, _TIMINGS, dict(timings))
+        with contextlib.suppress(TypeError):
+            _timings[self] = dict(timings)
         return timings
 
     triton.compile = compile
@@ -174,7 +183,11 @@ def _candidate(autotuner, launcher) -> dict | None:
     from ._triton_freeze import _CODE, _RESULT
 
     result = getattr(launcher, _RESULT, None)
-    src, options = getattr(getattr(result, "kernel", None), _SRC, (None, None))
+    kernel = getattr(result, "kernel", None)
+    try:
+        src, options = _sources.get(kernel, (None, None))
+    except TypeError:  # None, or not weak-referenceable: not recorded
+        src, options = None, None
     code = getattr(launcher, _CODE, None)
     if code is None:
         return None
@@ -203,7 +216,10 @@ def candidates(autotuner) -> list[dict]:
     import math
 
     winner = autotuner.launchers[0]
-    timings = getattr(autotuner, _TIMINGS, None) or {}
+    try:
+        timings = _timings.get(autotuner) or {}
+    except TypeError:
+        timings = {}
     # a config that failed on the build GPU (timed inf) is no candidate
     others = sorted((t, i, la) for i, (la, t) in enumerate(timings.items())
                     if la is not winner and not math.isinf(t))
