@@ -45,6 +45,8 @@ def test_cuda_archs_precedence(tmp_path):
      r"`tool.precompile.cuda-archs` has '8.5' .*use some of 7.5, 8.0"),
     ('[tool.precompile]\ncuda-archs = "8.0"\n', None, None,
      r"`tool.precompile.cuda-archs` must be an array of compute capabilities"),
+    ('[tool.precompile]\ncuda-archs = [8.0]\n', None, None,
+     r"`tool.precompile.cuda-archs` must be an array of strings such as \"8.0\", not 8.0 \(a number\)"),
     ("", None, None, r"`tool.precompile.targets.double.cuda-archs` has '90'"),
     ("", {"precompile.cuda-archs": "8.0,nine"}, None,
      r"config setting `precompile.cuda-archs`: it has 'nine'"),
