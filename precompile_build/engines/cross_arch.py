@@ -25,7 +25,9 @@ capability 9.0 and above for the architecture-specific targets (sm_90a, sm_100a,
 sm_120a), whose cubins run on that exact architecture only and whose PTX no
 other GPU can JIT; below 9.0 a cubin also runs on a higher minor of its major
 (sm_80 on sm_86/sm_89). PTX is kept for the lowest listed architecture below
-9.0 only: any later GPU can JIT it, a compile at load (arch_select).
+9.0 only: any later GPU can JIT it, a compile at load (arch_select). It is
+compiled in its own job, sized for the smallest shared memory of those GPUs
+(99 KiB), so its config may differ from that architecture's cubin.
 """
 
 from __future__ import annotations
@@ -351,7 +353,11 @@ def cross_compile(kernels: list[dict], blobs: dict[str, bytes], cands: dict[str,
     cross_native = os.environ.get(TEST_CROSS_NATIVE_ENV) == "1"
     below9 = [a for a in archs if cc_int(a) < 90]
     ptx_arch = min(below9, key=cc_int) if below9 else None
-    wanted = [a for a in archs if a != build or cross_native or a == ptx_arch]
+    # the PTX may be JIT-compiled on any later GPU without a cubin: sized for the smallest
+    ptx_limit = min(v for a, v in SHARED_PER_BLOCK.items() if ptx_arch and cc_int(a) >= cc_int(ptx_arch)) \
+        if ptx_arch else 0
+    listed = tuple(sorted({*archs, build}, key=cc_int))
+    wanted = [a for a in archs if a != build or cross_native]
     jobs, where = [], []
     for k in triton_kernels:
         cs = cands.get(k["name"]) or []
@@ -360,43 +366,43 @@ def cross_compile(kernels: list[dict], blobs: dict[str, bytes], cands: dict[str,
                 f"target {target!r}, Triton kernel {k['name']!r}: its compile inputs were not "
                 "recorded, so it cannot be compiled for `cuda-archs`; capture in a fresh process, "
                 "or drop `cuda-archs`")
-        for a in wanted:
-            limit, served = shared_limit(a, tuple(sorted({*archs, build}, key=cc_int)))
+        todo = [(a, "cubin", *shared_limit(a, listed)) for a in wanted]
+        if ptx_arch:
+            todo.append((ptx_arch, "ptx", ptx_limit, []))
+        for a, binary, limit, served in todo:
+            label = None if binary == "cubin" else \
+                f"the compute_{cc_int(a)} PTX (JIT-compiled on any later GPU without a cubin)"
             jobs.append({"arch": a, "cc": cc_int(a), "shared_limit": limit, "serves": served,
-                         "want_ptx": a == ptx_arch,
+                         "want_ptx": binary == "ptx", "label": label,
                          "candidates": [{x: c[x] for x in c if x not in ("launcher", "seconds")}
                                         for c in cs]})
-            where.append((k, a, cs))
+            where.append((k, a, binary, cs))
     results = compile_jobs(jobs, target)
     left_out: dict[str, str] = {}
     replaced: dict[str, dict[str, str]] = {}
-    per_arch: dict[str, list] = {a: [] for a in wanted}
-    for (k, a, cs), res in zip(where, results):
+    done: dict[tuple[str, str], list] = {}
+    for (k, a, binary, cs), res in zip(where, results):
+        key = a if binary == "cubin" else f"{a} (PTX)"
         if "error" in res:
-            if a == build and not cross_native:  # compiled for its PTX only: the native cubins serve
-                left_out.setdefault(f"{a} (PTX)", f"kernel {k['name']}: {res['error']}")
-            else:
-                left_out.setdefault(a, f"kernel {k['name']}: {res['error']}")
+            left_out.setdefault(key, f"kernel {k['name']}: {res['error']}")
         else:
-            per_arch[a].append((k, res, cs[res["index"]]))
+            done.setdefault((a, binary), []).append((k, res, cs[res["index"]]))
     for k in triton_kernels:
         k["archs"] = [] if cross_native else [_native_choice(k, build)]
-    ptx_ok = ptx_arch is not None and ptx_arch not in left_out and f"{ptx_arch} (PTX)" not in left_out
-    for a in wanted:
-        if a in left_out:
+    for (a, binary), items in done.items():
+        key = a if binary == "cubin" else f"{a} (PTX)"
+        if key in left_out:  # all kernels or none: a pair serves an architecture whole
             continue
-        for k, res, cand in per_arch[a]:
-            if a != build or cross_native:
-                c = _choice(k, a, res["sm"], "cubin", res["cubin"], res, cand, blobs)
-                k["archs"].append(c)
-                if "replaced" in c:
-                    replaced.setdefault(a, {})[k["name"]] = c["replaced"]
-                if a == build:  # test switch: the cross-compiled cubin is what runs (and is validated)
-                    k.update({x: c[x] for x in ("file", "sha256", "shared", "num_warps", "scratch",
-                                                "arg_tys", "function", "config", "launcher")})
-            if a == ptx_arch and ptx_ok and res.get("ptx"):
-                k["archs"].append(_choice(k, a, "compute_" + res["sm"][3:], "ptx",
-                                          res["ptx"].encode("utf-8"), res, cand, blobs))
+        for k, res, cand in items:
+            data = res["cubin"] if binary == "cubin" else res["ptx"].encode("utf-8")
+            sm = res["sm"] if binary == "cubin" else "compute_" + res["sm"][3:]
+            c = _choice(k, a, sm, binary, data, res, cand, blobs)
+            k["archs"].append(c)
+            if "replaced" in c:
+                replaced.setdefault(key, {})[k["name"]] = c["replaced"]
+            if a == build and binary == "cubin":  # test switch: the cross-compiled cubin runs (and is validated)
+                k.update({x: c[x] for x in ("file", "sha256", "shared", "num_warps", "scratch",
+                                            "arg_tys", "function", "config", "launcher")})
     for k in triton_kernels:
         k["archs"].sort(key=lambda c: (cc_int(c["arch"]), c["binary"]))
     compiled = sorted({build, *(a for a in archs if a not in left_out)}, key=cc_int)
