@@ -110,8 +110,8 @@ def requested(options: dict, target: str) -> tuple[str, ...]:
 
 @contextlib.contextmanager
 def recording() -> Iterator[None]:
-    """Keep what a cross compile needs, while Inductor compiles (inside
-    _triton_freeze.recording): the options of each ``triton.compile`` call, the
+    """Keep what a cross compile needs, while Inductor compiles (beside
+    _triton_freeze.recording, for captures with `cuda-archs`): the options of each ``triton.compile`` call, the
     source each static kernel was compiled from, and each autotuner's timings."""
     try:
         import triton
