@@ -614,3 +614,11 @@ def test_build_gpu_below_9_gets_its_ptx_from_the_worker(monkeypatch):
     assert got == {("sm_80", "native"), ("compute_80", "cross"), ("sm_90a", "cross")}
     assert report["compiled_for"] == ["8.0", "9.0"] and report["left_out"] == {}
     assert sorted(n.split("/")[0] for n in blobs) == ["cubin", "ptx"]
+
+
+def test_a_failing_worker_is_a_capture_error_with_its_output():
+    from precompile_build.engines import cross_arch
+
+    with pytest.raises(CaptureError, match=r"target 't': the compile-only Triton process for "
+                                           r"`cuda-archs` failed \(exit status 1\):\n.*(KeyError|Error)"):
+        cross_arch.compile_jobs([{"not": "a job"}], "t")
