@@ -172,18 +172,19 @@ def test_ptx_only_is_a_compile_at_load(monkeypatch, strict, no_compile, outcome)
 
 
 def _kernel_namespace(monkeypatch, cc):
-    """The serving template _triton_launcher.py, as a pair's source runs it, on a
-    device of capability ``cc``."""
+    """The serving templates (kernel loader, binary rules, launcher), as a pair's
+    source runs them, on a device of capability ``cc``."""
     import os
 
     import torch
 
+    from precompile_build.engines import codegen
     from precompile_runtime.errors import CallError
 
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: cc)
     ns = {"torch": torch, "_os": os, "CallError": CallError, "_META": {"target": "t"}}
-    src = (HERE.parent / "precompile_build/engines/_triton_launcher.py").read_text()
-    exec(compile(src, "_triton_launcher.py", "exec"), ns)
+    src = codegen._template("_kernel_loader.py") + "\n\n" + codegen.triton_launcher_code()
+    exec(compile(src, "source half", "exec"), ns)
     return ns
 
 

@@ -1,0 +1,119 @@
+"""`cuda-archs` against what real tools and a real GPU host made: cubins of every ptxas
+layout (tests/data/cubins), the manifest and `inspect` of the H200's multi-architecture
+build (tests/data/h200_cuda_archs), read with a faked device capability; and the
+serving templates that pick a kernel's binary, which must run on torch alone."""
+
+from __future__ import annotations
+
+import functools
+import json
+import sys
+import textwrap
+import warnings
+from pathlib import Path
+
+import pytest
+
+from precompile_runtime import _arch_rules, arch_select
+
+HERE = Path(__file__).parent
+CUBINS = HERE / "data" / "cubins"
+RECORDED = HERE / "data" / "h200_cuda_archs"
+REPO = HERE.parent
+
+
+# ---- the serving templates: no module but torch, one set of rules ---------------------
+
+@pytest.mark.parametrize("path", ["precompile_build/engines/_triton_launcher.py",
+                                  "runtime/precompile_runtime/_arch_rules.py"])
+def test_serving_templates_use_no_module(path):
+    """What the source half copies for frozen Triton kernels uses only names the source
+    half defines (the same check as test_gpu_frozen's, on CPU too)."""
+    text = (REPO / path).read_text()
+    assert "import" not in text.replace("# ", "")
+    assert textwrap.dedent(text) == text
+
+
+def test_one_implementation_of_the_binary_rules():
+    """arch_select's per-binary rules are _arch_rules' functions, and the source half
+    carries that very file."""
+    from precompile_build.engines import codegen
+
+    assert arch_select.parse is _arch_rules._binary_parse
+    assert arch_select.serves is _arch_rules._binary_serves
+    assert Path(_arch_rules.__file__).read_text() in codegen.triton_launcher_code()
+    assert (REPO / "precompile_build/engines/_triton_launcher.py").read_text() in codegen.triton_launcher_code()
+
+
+@pytest.mark.parametrize("name, parsed", [
+    ("sm_86", (8, 6, False, False)), ("sm_100a", (10, 0, True, False)), ("compute_80", (8, 0, False, True)),
+    ("sm_8", None), ("sm_1000", None), ("sm_9x", None), ("sm_٩٠", None), ("ptx_80", None), ("sm80", None),
+    (None, None), (80, None)])
+def test_binary_names(name, parsed):
+    assert arch_select.parse(name) == parsed
+
+
+@functools.lru_cache(maxsize=None)
+def _serving_source():
+    """The source half's kernel loader, binary rules and launcher (codegen's text)."""
+    from precompile_build.engines import codegen
+
+    return codegen._template("_kernel_loader.py") + "\n\n" + codegen.triton_launcher_code()
+
+
+def _namespace(monkeypatch, cc, runtime=True):
+    """The source half's kernel loader, rules and launcher, executed as the pair does,
+    on a device of capability ``cc``; ``runtime=False``: precompile-runtime is not
+    installed (the source half runs on torch alone)."""
+    import os
+
+    import torch
+
+    src = _serving_source()
+    if not runtime:
+        for name in [m for m in sys.modules if m.split(".")[0] == "precompile_runtime"]:
+            monkeypatch.setitem(sys.modules, name, None)  # `from precompile_runtime...` raises
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: cc)
+
+    class CallError(ValueError):
+        pass
+
+    ns = {"torch": torch, "_os": os, "CallError": CallError, "_META": {"target": "t"}}
+    exec(compile(src, "source half", "exec"), ns)
+    return ns
+
+
+def _kernel(names):
+    archs = [{"sm": n, "binary": "ptx" if n.startswith("compute") else "cubin",
+              "file": f"{'ptx' if n.startswith('compute') else 'cubin'}/{n}", "shared": 0} for n in names]
+    return {"name": "k", "file": "cubin/sm_90a", "archs": archs}
+
+
+@pytest.mark.parametrize("no_compile", ["", "1", "on"])
+def test_the_source_half_alone_picks_and_guards(monkeypatch, no_compile):
+    """Without precompile-runtime the source half still picks each kernel's binary,
+    and refuses the PTX JIT while PRECOMPILE_NO_COMPILE is on."""
+    monkeypatch.setenv("PRECOMPILE_NO_COMPILE", no_compile)
+    ns = _namespace(monkeypatch, (12, 0), runtime=False)
+    k = ns["_TritonKernel"]("/d/cubin/sm_90a", _kernel(["sm_80", "compute_80", "sm_90a"]))
+    if not no_compile:
+        assert k._choose(0)[1] == "/d/ptx/compute_80"
+    else:
+        with pytest.raises(ns["CallError"], match="only PTX .* refused under PRECOMPILE_NO_COMPILE=1"):
+            k._choose(0)
+    ns = _namespace(monkeypatch, (8, 6), runtime=False)
+    assert ns["_TritonKernel"]("/d/cubin/sm_90a", _kernel(["sm_80", "compute_80"]))._choose(0)[1] == "/d/cubin/sm_80"
+
+
+def test_the_source_half_follows_the_runtime_guard(monkeypatch):
+    """With precompile-runtime, no_compilation() (no environment variable) refuses the
+    PTX JIT too."""
+    import precompile_runtime
+
+    monkeypatch.delenv("PRECOMPILE_NO_COMPILE", raising=False)
+    ns = _namespace(monkeypatch, (12, 0))
+    k = ns["_TritonKernel"]("/d/cubin/sm_90a", _kernel(["sm_80", "compute_80", "sm_90a"]))
+    assert k._choose(0)[1] == "/d/ptx/compute_80"
+    with precompile_runtime.no_compilation():
+        with pytest.raises(ns["CallError"], match="refused under PRECOMPILE_NO_COMPILE=1"):
+            k._choose(0)
