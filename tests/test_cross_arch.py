@@ -352,7 +352,7 @@ def test_cross_compile_replaces_a_config_too_big_for_sm86(monkeypatch, tmp_path)
             data = blobs[c["file"]]
             assert hashlib.sha256(data).hexdigest() == c["sha256"]
             if c["binary"] == "cubin":
-                assert cross_arch.cubin_arch(data) == cross_arch.cc_int(c["arch"])
+                assert cross_arch.cubin_target(data) == c["sm"]
                 assert _cuobjdump_arch(data, tmp_path) in (c["sm"], None)
             else:
                 assert b".target sm_80" in data
@@ -480,7 +480,7 @@ def test_worker_imports_inductor_kernel_modules_without_a_gpu():
              "candidates": [cand]} for a in ("8.0", "10.0")]
     r80, r100 = cross_arch.compile_jobs(jobs, "t")
     assert (r80["sm"], r100["sm"]) == ("sm_80", "sm_100a") and r80["rejected"] == []
-    assert cross_arch.cubin_arch(r80["cubin"]) == 80 and cross_arch.cubin_arch(r100["cubin"]) == 100
+    assert cross_arch.cubin_target(r80["cubin"]) == "sm_80" and cross_arch.cubin_target(r100["cubin"]) == "sm_100a"
     assert ".target sm_80" in r80["ptx"] and r100["ptx"] is None
 
 

@@ -117,3 +117,65 @@ def test_the_source_half_follows_the_runtime_guard(monkeypatch):
     with precompile_runtime.no_compilation():
         with pytest.raises(ns["CallError"], match="refused under PRECOMPILE_NO_COMPILE=1"):
             k._choose(0)
+
+
+# ---- cubins of every ptxas layout ----------------------------------------------------
+
+CUBIN_FILES = sorted(p.name for p in CUBINS.glob("*.cubin"))
+
+
+def test_every_layout_is_recorded():
+    assert {n.split("-")[0] for n in CUBIN_FILES} == {"ptxas12.8", "ptxas12.9", "ptxas13.0"}
+    assert {"ptxas12.8-sm_90a.cubin", "ptxas13.0-sm_90a.cubin", "ptxas13.0-sm_90.cubin"} <= set(CUBIN_FILES)
+
+
+@pytest.mark.parametrize("name", CUBIN_FILES)
+def test_cubin_target_reads_every_layout(name):
+    """The SM and the 'a' of cubins from ptxas 12.8 (old ELF ABI), 12.9 (new ABI, 'a' in
+    e_flags) and 13.0 (new ABI, 'a' in .nv.compat: cuobjdump 12.8 calls its sm_90a
+    cubins sm_90, as the H200's native ones were)."""
+    from precompile_build.engines.cross_arch import cubin_arch, cubin_target
+
+    data = (CUBINS / name).read_bytes()
+    want = name.split("-", 1)[1][: -len(".cubin")]
+    assert cubin_target(data) == want
+    assert cubin_arch(data) == int(want[3:].rstrip("a"))
+
+
+def test_cubin_target_refuses_other_files():
+    from precompile_build.engines.cross_arch import cubin_target
+
+    data = bytearray((CUBINS / "ptxas13.0-sm_90a.cubin").read_bytes())
+    with pytest.raises(ValueError, match="not a 64-bit ELF"):
+        cubin_target(b"\x7fELF\x01" + bytes(80))  # 32-bit
+    with pytest.raises(ValueError, match="not a 64-bit ELF"):
+        cubin_target(b"hello")
+    data[7] = 0  # a host ELF's EI_OSABI (System V)
+    with pytest.raises(ValueError, match=r"not a CUDA ELF \(EI_OSABI 0x0\)"):
+        cubin_target(bytes(data))
+    data[7] = 0x41
+    data[0x28:0x30] = (1 << 40).to_bytes(8, "little")  # section headers past the end
+    with pytest.raises(ValueError, match="not a readable ELF file"):
+        cubin_target(bytes(data))
+
+
+@pytest.mark.parametrize("filed, cubin", [("sm_90a", "ptxas13.0-sm_90.cubin"),
+                                          ("sm_90", "ptxas12.8-sm_90a.cubin"),
+                                          ("sm_100a", "ptxas13.0-sm_120a.cubin")])
+def test_a_cubin_is_never_filed_under_another_target(monkeypatch, filed, cubin):
+    """A cross compile whose cubin is not for the target asked for (a plain sm_90 one
+    for sm_90a, or another SM) is a capture error, not a mislabelled binary."""
+    from precompile_build.engines import cross_arch
+    from precompile_build.errors import CaptureError
+
+    monkeypatch.setattr(cross_arch, "_triton_version", lambda: "3.6.0")  # CI has no triton
+
+    entry = {"name": "k", "arg_tys": "OO", "scratch": 0}
+    res = {"shared": 0, "num_warps": 4, "scratch": 0, "function": "k", "index": 0, "rejected": []}
+    with pytest.raises(CaptureError, match=f"Triton compiled 'k' for sm_.* when asked for {filed}; report this \\(triton 3.6.0\\)"):
+        cross_arch._choice(entry, "9.0", filed, "cubin", (CUBINS / cubin).read_bytes(), res,
+                           {"config": "c", "launcher": "l"}, {})
+    blobs = {}
+    ok = cross_arch._choice(entry, "9.0", "sm_90a", "cubin", (CUBINS / "ptxas13.0-sm_90a.cubin").read_bytes(),
+                            res, {"config": "c", "launcher": "l"}, blobs)
+    assert ok["sm"] == "sm_90a" and list(blobs) == [ok["file"]]

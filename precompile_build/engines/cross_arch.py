@@ -285,27 +285,69 @@ def sm_name(cc: int) -> str:
     return sm_arch_from_capability(cc)
 
 
-def cubin_arch(data: bytes) -> int:
-    """The SM a cubin is for, read from its ELF header (``e_flags``): 80 for sm_80,
-    90 for sm_90a, 120 for sm_120a. CUDA's older ELF ABI (``EI_OSABI`` 0x33) keeps
-    the SM in the low byte, the newer one (0x41, sm_100 and later) in the second.
-    Raises ValueError for bytes that are not a 64-bit CUDA ELF."""
+def cubin_target(data: bytes) -> str:
+    """The ptxas target a cubin was compiled for, read from the cubin itself:
+    ``"sm_80"``, ``"sm_90"``, ``"sm_90a"``, ``"sm_100a"`` (the architecture-specific
+    'a' included; a family target such as sm_100f reads as sm_100).
+
+    Three layouts, all seen from the ptxas versions Triton and torch ship (real
+    cubins of each: tests/data/cubins): CUDA's older ELF ABI (``EI_OSABI`` 0x33,
+    ptxas 12.x below sm_100) keeps the SM in the low byte of ``e_flags`` and the 'a'
+    in bit 0x800; the newer one (0x41: ptxas 12.8+ for sm_100 and later, ptxas 13
+    for every SM) keeps the SM in the second byte, and the 'a' in bit 0x8 (ptxas
+    12.x) or, from ptxas 13 on, as attribute 9 = 1 of the ``.nv.compat`` section
+    (cuobjdump 12.8 does not read that one: it names such a cubin sm_90).
+
+    Raises:
+        ValueError: ``data`` is not a 64-bit CUDA ELF file.
+    """
     import struct
 
-    if len(data) < 0x34 or data[:4] != b"\x7fELF" or data[4] != 2:
+    if len(data) < 0x40 or data[:4] != b"\x7fELF" or data[4] != 2:
         raise ValueError("not a 64-bit ELF file")
     flags = struct.unpack_from("<I", data, 0x30)[0]
-    if data[7] == 0x41:
-        return (flags >> 8) & 0xFF
     if data[7] == 0x33:
-        return flags & 0xFF
-    raise ValueError(f"not a CUDA ELF (EI_OSABI {data[7]:#x})")
+        return f"sm_{flags & 0xFF}{'a' if flags & 0x800 else ''}"
+    if data[7] != 0x41:
+        raise ValueError(f"not a CUDA ELF (EI_OSABI {data[7]:#x})")
+    specific = bool(flags & 0x8) or _compat_attribute(data, 9) == 1
+    return f"sm_{(flags >> 8) & 0xFF}{'a' if specific else ''}"
+
+
+def _compat_attribute(data: bytes, attr: int):
+    """The value of attribute ``attr`` in a cubin's ``.nv.compat`` section, or None:
+    records of (format, attribute, 2-byte value), or of (4, attribute, 2-byte size,
+    that many bytes)."""
+    import io
+    import struct
+
+    from elftools.common.exceptions import ELFError
+    from elftools.elf.elffile import ELFFile
+
+    try:
+        section = ELFFile(io.BytesIO(data)).get_section_by_name(".nv.compat")
+        body = section.data() if section is not None else b""
+    except ELFError as err:
+        raise ValueError(f"not a readable ELF file: {err}") from None
+    i = 0
+    while i + 4 <= len(body):
+        fmt, key, value = body[i], body[i + 1], struct.unpack_from("<H", body, i + 2)[0]
+        if key == attr and fmt != 4:
+            return value
+        i += 4 + (value if fmt == 4 else 0)
+    return None
+
+
+def cubin_arch(data: bytes) -> int:
+    """The SM number a cubin is for (:func:`cubin_target` without the 'a'): 80 for
+    sm_80, 90 for sm_90a. Raises ValueError for bytes that are not a CUDA ELF."""
+    return int(cubin_target(data)[3:].rstrip("a"))
 
 
 def _choice(entry: dict, arch: str, sm: str, binary: str, data: bytes, res: dict, cand: dict,
             blobs: dict[str, bytes]) -> dict:
-    if binary == "cubin" and cubin_arch(data) != cc_int(arch):  # never file a cubin under another SM
-        raise CaptureError(f"Triton compiled {entry['name']!r} for sm_{cubin_arch(data)} when asked "
+    if binary == "cubin" and cubin_target(data) != sm:  # never file a cubin under another target
+        raise CaptureError(f"Triton compiled {entry['name']!r} for {cubin_target(data)} when asked "
                            f"for {sm}; report this (triton {_triton_version()})")
     digest = hashlib.sha256(data).hexdigest()
     name = f"{binary}/{digest[:32]}.{binary}"
