@@ -179,3 +179,95 @@ def test_a_cubin_is_never_filed_under_another_target(monkeypatch, filed, cubin):
     ok = cross_arch._choice(entry, "9.0", "sm_90a", "cubin", (CUBINS / "ptxas13.0-sm_90a.cubin").read_bytes(),
                             res, {"config": "c", "launcher": "l"}, blobs)
     assert ok["sm"] == "sm_90a" and list(blobs) == [ok["file"]]
+
+
+# ---- the H200's multi-architecture build, on other GPUs -------------------------------
+
+MANIFEST = json.loads((RECORDED / "manifest.json").read_text())
+H200 = MANIFEST["targets"]["forward"]["variants"][0]["fingerprint"]
+
+
+def _host(cc, name="GPU"):
+    """This software stack (the H200's) on a GPU of capability ``cc``."""
+    return {**H200, "compute_capability": cc, "gpu_name": name}
+
+
+def test_the_recorded_manifest():
+    for target in ("forward", "triton_rmsnorm"):
+        (v,) = MANIFEST["targets"][target]["variants"]
+        assert v["fingerprint"]["cuda_binaries"] == "compute_80 sm_100a sm_120a sm_80 sm_90a"
+        assert (v["compiled_for"], v["tuned_on"], v["validated_on"]) == (["8.0", "9.0", "10.0", "12.0"],
+                                                                         "9.0", ["9.0"])
+
+
+ARCH_LINES = ("target ", "  variant ", "    compiled for ", "    binaries: ", "    left out ",
+              "    config replaced ", "    this host: ")
+
+
+def test_inspect_on_the_h200_is_what_it_printed_there():
+    """The targets, variants, architecture fields and host verdict, line for line as
+    the H200 printed them (the other lines, capture figures, belong to other features)."""
+    from precompile_build import inspect_cmd
+
+    def arch_lines(text):
+        return [line for line in text.splitlines() if line.startswith(ARCH_LINES)]
+
+    text = inspect_cmd.format_report(inspect_cmd.inspect_report(str(RECORDED), host=lambda d: H200))
+    want = arch_lines((RECORDED / "inspect_on_h200.txt").read_text())
+    assert len(want) == 10 and arch_lines(text) == want
+
+
+MISMATCH_75 = ("compute_capability: built for compute_80 sm_100a sm_120a sm_80 sm_90a (tuned on 9.0), "
+               "none of which runs on this host's '7.5'")
+HOSTS = [  # capability, the binary each kernel loads, how it serves (None: no match)
+    ("8.0", "sm_80", arch_select.EXACT), ("8.6", "sm_80", arch_select.LOWER_MINOR),
+    ("8.9", "sm_80", arch_select.LOWER_MINOR), ("9.0", "sm_90a", arch_select.EXACT),
+    ("10.0", "sm_100a", arch_select.EXACT), ("10.3", "compute_80", arch_select.PTX),
+    ("12.0", "sm_120a", arch_select.EXACT), ("7.5", None, None)]
+
+
+@pytest.mark.parametrize("cc, binary, kind", HOSTS)
+def test_inspect_of_the_h200_build_on_other_gpus(cc, binary, kind):
+    from precompile_build import inspect_cmd
+
+    report = inspect_cmd.inspect_report(str(RECORDED), host=lambda d: _host(cc))
+    text = inspect_cmd.format_report(report)
+    for t in report["targets"].values():
+        (v,) = t["variants"]
+        assert v["matches_host"] == (kind is not None)
+        assert v["mismatches"] == ([] if kind is not None else [MISMATCH_75])
+    if kind is None:
+        assert text.count(f"this host: does not match\n      - {MISMATCH_75}") == 2
+    else:
+        assert text.count("this host: matches") == 2
+
+
+@pytest.mark.parametrize("cc, binary, kind", HOSTS)
+def test_runtime_choice_for_the_h200_build(monkeypatch, cc, binary, kind):
+    """The loader's choice of variant, its PTX check and each kernel's binary, with a
+    faked device capability."""
+    from precompile_runtime import fingerprint, loader
+    from precompile_runtime.errors import HostMismatchError
+
+    monkeypatch.delenv("PRECOMPILE_NO_COMPILE", raising=False)
+    monkeypatch.delenv(arch_select.FORCE_PTX_ENV, raising=False)
+    monkeypatch.setattr(fingerprint, "host_fingerprint", lambda device, index=None: _host(cc))
+    variants = MANIFEST["targets"]["forward"]["variants"]
+    chosen, reports = loader._select(variants)
+    names = H200["cuda_binaries"].split()
+    ns = _namespace(monkeypatch, tuple(int(x) for x in cc.split(".")))
+    kernel = ns["_TritonKernel"]("/d/cubin/sm_90a", _kernel(names))
+    if kind is None:
+        assert chosen is None and reports == [[MISMATCH_75]]
+        with pytest.raises(ns["CallError"], match=rf"no binary for cuda:0 \(compute capability {cc}\)"):
+            kernel._choose(0)
+        return
+    assert chosen is variants[0] and arch_select.variant_kind(chosen["fingerprint"], cc) == kind
+    assert kernel._choose(0)[0]["sm"] == binary == arch_select.best(names, tuple(int(x) for x in cc.split(".")))
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        arch_select.check_jit_at_load("forward", chosen, cc, strict=False)
+    assert [w.category for w in seen] == ([arch_select.PtxJitWarning] if kind == arch_select.PTX else [])
+    if kind == arch_select.PTX:
+        with pytest.raises(HostMismatchError, match=rf"compute capability {cc}\) has no cubin.*strict mode"):
+            arch_select.check_jit_at_load("forward", chosen, cc, strict=True)
