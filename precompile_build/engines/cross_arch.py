@@ -317,17 +317,28 @@ def cubin_target(data: bytes) -> str:
 def _compat_attribute(data: bytes, attr: int):
     """The value of attribute ``attr`` in a cubin's ``.nv.compat`` section, or None:
     records of (format, attribute, 2-byte value), or of (4, attribute, 2-byte size,
-    that many bytes)."""
-    import io
+    that many bytes). The ELF64 section headers are read here with struct: a GPU host
+    that runs captures from a checkout need not have pyelftools."""
     import struct
 
-    from elftools.common.exceptions import ELFError
-    from elftools.elf.elffile import ELFFile
-
     try:
-        section = ELFFile(io.BytesIO(data)).get_section_by_name(".nv.compat")
-        body = section.data() if section is not None else b""
-    except ELFError as err:
+        shoff, = struct.unpack_from("<Q", data, 0x28)
+        shentsize, shnum, shstrndx = struct.unpack_from("<HHH", data, 0x3A)
+
+        def header(i):  # -> (name offset, file offset, size)
+            name, = struct.unpack_from("<I", data, shoff + i * shentsize)
+            offset, size = struct.unpack_from("<QQ", data, shoff + i * shentsize + 0x18)
+            if offset + size > len(data):
+                raise struct.error("section past the end of the file")
+            return name, offset, size
+
+        _, names, _ = header(shstrndx)
+        body = b""
+        for i in range(shnum):
+            name, offset, size = header(i)
+            if data[names + name: names + name + 11] == b".nv.compat\x00":
+                body = data[offset: offset + size]
+    except struct.error as err:
         raise ValueError(f"not a readable ELF file: {err}") from None
     i = 0
     while i + 4 <= len(body):
