@@ -291,9 +291,13 @@ def parse_cuda_archs(value: Any, where: str) -> tuple[str, ...]:
         items: Any = [v.strip() for v in value.split(",") if v.strip()]
     else:
         items = value
-    if not isinstance(items, list) or not all(isinstance(v, str) for v in items):
+    if not isinstance(items, list):
         raise _invalid(where, f"must be an array of compute capabilities as strings "
                               f"(e.g. [\"8.0\", \"9.0\"]), not {_type_name(value)}")
+    bad = [v for v in items if not isinstance(v, str)]
+    if bad:
+        raise _invalid(where, f"must be an array of strings such as \"8.0\", not {bad[0]!r} "
+                              f"({_type_name(bad[0])}): quote each compute capability")
     out = []
     for item in items:
         text = item.strip()

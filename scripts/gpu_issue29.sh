@@ -2,7 +2,8 @@
 # Issue 29 on one GPU host (an H200, sm_90): kernels for GPUs the build host lacks.
 #   1. example_project's forward + triton_rmsnorm captured with cuda-archs 8.0 9.0 10.0 12.0;
 #      the build lines and `inspect`
-#   2. cuobjdump on every cubin: filed under the architecture it claims
+#   2. every cubin against the target it is filed under: its ELF header (SM and 'a') and
+#      cuobjdump (which may drop the 'a' of a ptxas 13 cubin: then the SM must agree)
 #   3. the same capture with the build GPU's architecture compiled through the cross path too
 #      (PRECOMPILE_TEST_CROSS_NATIVE=1: the compile-only process sees no GPU) and frozen in
 #      place of the native cubins: validated at capture, then served here against eager
@@ -42,7 +43,7 @@ import torch
 import tinylm
 from tinylm import steps
 from precompile_runtime.envelope import loads
-from precompile_build.engines.cross_arch import cubin_arch
+from precompile_build.engines.cross_arch import cubin_target
 
 def meta_of(src):
     tree = ast.parse(open(src).read())
@@ -51,15 +52,27 @@ def meta_of(src):
             return ast.literal_eval(node.value)
 
 def cuobjdump():
-    import triton
-    cand = os.path.join(os.path.dirname(triton.__file__), "backends/nvidia/bin/cuobjdump")
-    return cand if os.path.exists(cand) else "cuobjdump"
+    """The newest cuobjdump here (Triton's, the CUDA toolkit's, PATH's) and its release."""
+    import importlib.util, shutil
+    spec = importlib.util.find_spec("triton")
+    own = os.path.join(os.path.dirname(spec.origin), "backends/nvidia/bin/cuobjdump") if spec else None
+    found = []
+    for cand in (own, "/usr/local/cuda/bin/cuobjdump", shutil.which("cuobjdump")):
+        if cand and os.path.exists(cand):
+            out = subprocess.run([cand, "--version"], capture_output=True, text=True).stdout
+            m = re.search(r"release (\d+)\.(\d+)", out)
+            found.append(((int(m.group(1)), int(m.group(2))) if m else (0, 0), cand))
+    return max(found) if found else ((0, 0), "cuobjdump")
 
-def check_elf(d):
-    """Each cubin, written under a neutral name, as cuobjdump sees it: --list-elf (its
-    ELF images) and -sass ("code for sm_XX"), against the SM it is filed under."""
+def check_elf(d, label):
+    """Each cubin against the target it is filed under: its own ELF header, read by
+    cross_arch.cubin_target (SM and the architecture-specific 'a'), must name exactly
+    that target; cuobjdump (--list-elf names, -sass "code for sm_XX") must name it too,
+    except that a cuobjdump older than the cubin's ptxas may drop the 'a' (cuobjdump
+    12.8 on ptxas 13 cubins, whose 'a' is in .nv.compat): then the SM must agree."""
     bad = n = 0
-    tool = cuobjdump()
+    version, tool = cuobjdump()
+    print(f"{label}: cuobjdump {version[0]}.{version[1]} ({tool})")
     for src in sorted(glob.glob(f"{d}/*.py")):
         env = loads(open(src[:-3] + ".cache", "rb").read())
         for k in meta_of(src)["kernels"]:
@@ -67,20 +80,27 @@ def check_elf(d):
                 if c["binary"] != "cubin":
                     continue
                 n += 1
+                data = env.blobs[c["file"]]
                 path = os.path.join(os.environ["W"], f"k{n}.cubin")
-                open(path, "wb").write(env.blobs[c["file"]])
+                open(path, "wb").write(data)
                 listed = subprocess.run([tool, "--list-elf", path], capture_output=True, text=True)
                 sass = subprocess.run([tool, "-sass", path], capture_output=True, text=True)
                 found = sorted(set(re.findall(r"code for (sm_\d+a?)", sass.stdout)))
                 elf = re.findall(r"ELF file\s+\d+: k\d+\.(sm_\d+a?)\.cubin", listed.stdout)
-                header = cubin_arch(env.blobs[c["file"]])
-                ok = found == elf == [c["sm"]] and header == int(c["sm"][3:].rstrip("a"))
+                try:
+                    header = cubin_target(data)
+                except ValueError as e:
+                    header = f"unreadable ({e})"
+                layout = f"EI_OSABI {data[7]:#x} e_flags {int.from_bytes(data[0x30:0x34], 'little'):#x}"
+                named = found + elf
+                tool_ok = len(found) == len(elf) == 1 and all(x in (c["sm"], c["sm"].rstrip("a")) for x in named)
+                ok = header == c["sm"] and tool_ok
                 bad += not ok
+                note = " (cuobjdump drops the 'a')" if ok and any(x != c["sm"] for x in named) else ""
                 print(f"{os.path.basename(src)} {k['name']} filed as {c['sm']} ({c['origin']}): "
-                      f"cuobjdump -sass: {found}, --list-elf rc={listed.returncode} "
-                      f"{' '.join(listed.stdout.split())[:120]!r}, ELF header sm {header}: "
-                      + ("ok" if ok else "MISMATCH " + sass.stderr[:200]))
-    print(f"cuobjdump: {n} cubins, {bad} not filed under their architecture")
+                      f"ELF header {header} ({layout}); cuobjdump -sass {found}, --list-elf {elf}{note}: "
+                      + ("ok" if ok else "MISMATCH " + " ".join((listed.stderr + sass.stderr).split())[:200]))
+    print(f"{label}: {n} cubins, {bad} not filed under their architecture")
     return bad == 0 and n > 0
 
 def load(src, chosen):
@@ -131,7 +151,7 @@ def serve(d, label, want_kind, errors=None):
 if __name__ == "__main__":
     what, d = sys.argv[1], sys.argv[2]
     if what == "elf":
-        ok = check_elf(d)
+        ok = check_elf(d, f"cuobjdump on {os.path.basename(d)}")
     elif what == "native":
         ok = serve(d, "native pairs", lambda k: k[0] == "sm_90a" and k[1] == "native" and k[2] == ".cubin")
     elif what == "cross":
@@ -150,7 +170,8 @@ export W
 echo "== STEP 2: cuobjdump on every cubin" | tee -a "$SUM"
 timeout 120 python3 "$W/check.py" elf "$W/archs" > "$OUT/elf.txt" 2>&1
 echo "STEP 2 rc=$?" | tee -a "$SUM"
-tail -1 "$OUT/elf.txt" | tee -a "$SUM"; grep -E "MISMATCH|Error" "$OUT/elf.txt" | head -5 | tee -a "$SUM"
+{ grep -E "^cuobjdump on" "$OUT/elf.txt"; grep -m1 "filed as sm_90a (native)" "$OUT/elf.txt" | cut -c1-300
+  grep -E "MISMATCH|Error" "$OUT/elf.txt" | head -5; grep "^RESULT" "$OUT/elf.txt"; } | tee -a "$SUM"
 timeout 120 python3 "$W/check.py" native "$W/archs" 2>&1 | tail -3 | tee -a "$SUM"
 
 echo "== STEP 3: sm_90 through the cross path (GPU hidden from the compiling process)" | tee -a "$SUM"
@@ -158,6 +179,11 @@ PRECOMPILE_TEST_CROSS_NATIVE=1 PRECOMPILE_CUDA_ARCHS=8.0,9.0,10.0,12.0 timeout 3
   --project "$W/proj" --targets forward,triton_rmsnorm --out "$W/cross" > "$OUT/build_cross.log" 2>&1
 echo "STEP 3 capture (validated at capture) rc=$?" | tee -a "$SUM"
 grep -E "precompile: (forward|triton_rmsnorm):|Error" "$OUT/build_cross.log" | cut -c1-400 | tee -a "$SUM"
+timeout 120 python3 "$W/check.py" elf "$W/cross" > "$W/elf_cross.txt" 2>&1
+echo "STEP 3 cuobjdump rc=$?" | tee -a "$SUM"
+cat "$W/elf_cross.txt" >> "$OUT/elf.txt"
+{ grep -E "^cuobjdump on" "$W/elf_cross.txt"; grep -m1 "filed as sm_90a (cross)" "$W/elf_cross.txt" | cut -c1-300
+  grep -E "MISMATCH|Error" "$W/elf_cross.txt" | head -5; grep "^RESULT" "$W/elf_cross.txt"; } | tee -a "$SUM"
 timeout 120 python3 "$W/check.py" cross "$W/cross" 2>&1 | tail -3 | tee -a "$SUM"
 
 echo "== STEP 4: the sm_80 PTX JIT-compiled by the driver on this GPU" | tee -a "$SUM"

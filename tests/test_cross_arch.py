@@ -45,6 +45,8 @@ def test_cuda_archs_precedence(tmp_path):
      r"`tool.precompile.cuda-archs` has '8.5' .*use some of 7.5, 8.0"),
     ('[tool.precompile]\ncuda-archs = "8.0"\n', None, None,
      r"`tool.precompile.cuda-archs` must be an array of compute capabilities"),
+    ('[tool.precompile]\ncuda-archs = [8.0]\n', None, None,
+     r"`tool.precompile.cuda-archs` must be an array of strings such as \"8.0\", not 8.0 \(a number\)"),
     ("", None, None, r"`tool.precompile.targets.double.cuda-archs` has '90'"),
     ("", {"precompile.cuda-archs": "8.0,nine"}, None,
      r"config setting `precompile.cuda-archs`: it has 'nine'"),
@@ -170,18 +172,19 @@ def test_ptx_only_is_a_compile_at_load(monkeypatch, strict, no_compile, outcome)
 
 
 def _kernel_namespace(monkeypatch, cc):
-    """The serving template _triton_launcher.py, as a pair's source runs it, on a
-    device of capability ``cc``."""
+    """The serving templates (kernel loader, binary rules, launcher), as a pair's
+    source runs them, on a device of capability ``cc``."""
     import os
 
     import torch
 
+    from precompile_build.engines import codegen
     from precompile_runtime.errors import CallError
 
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: cc)
     ns = {"torch": torch, "_os": os, "CallError": CallError, "_META": {"target": "t"}}
-    src = (HERE.parent / "precompile_build/engines/_triton_launcher.py").read_text()
-    exec(compile(src, "_triton_launcher.py", "exec"), ns)
+    src = codegen._template("_kernel_loader.py") + "\n\n" + codegen.triton_launcher_code()
+    exec(compile(src, "source half", "exec"), ns)
     return ns
 
 
@@ -331,7 +334,10 @@ def test_cross_compile_replaces_a_config_too_big_for_sm86(monkeypatch, tmp_path)
     report = cross_arch.cross_compile(kernels, blobs, {"mm": [big, small]},
                                       ("8.0", "8.6", "12.0"), "9.0", "t")
     assert report["compiled_for"] == ["8.0", "8.6", "9.0", "12.0"] and report["left_out"] == {}
-    assert set(report["replaced"]) == {"8.6", "12.0"}
+    # the PTX, which any later GPU without a cubin may JIT, is sized for 99 KiB too
+    assert set(report["replaced"]) == {"8.6", "12.0", "8.0 (PTX)"}
+    assert "the compute_80 PTX (JIT-compiled on any later GPU without a cubin) may use 101376" in \
+        report["replaced"]["8.0 (PTX)"]["mm"]
     assert ("needs 131072 bytes of shared memory per block, the sm_86 cubin (which also serves "
             "sm_87, sm_89) may use 101376") in report["replaced"]["8.6"]["mm"]
     assert "the sm_120 cubin may use 101376" in report["replaced"]["12.0"]["mm"]
@@ -339,14 +345,14 @@ def test_cross_compile_replaces_a_config_too_big_for_sm86(monkeypatch, tmp_path)
     assert set(by_sm) == {"sm_80", "compute_80", "sm_86", "sm_90a", "sm_120a"}
     assert by_sm["sm_80"]["config"] == "BK=256" and by_sm["sm_80"]["shared"] == 131072
     assert by_sm["sm_80"]["launcher"] == big["launcher"]
-    assert by_sm["sm_86"]["config"] == by_sm["sm_120a"]["config"] == "BK=64"
+    assert by_sm["sm_86"]["config"] == by_sm["sm_120a"]["config"] == by_sm["compute_80"]["config"] == "BK=64"
     assert by_sm["sm_90a"]["origin"] == "native" and by_sm["sm_90a"]["file"] == "cubin/native.cubin"
     for c in kernels[0]["archs"]:
         if c["origin"] == "cross":
             data = blobs[c["file"]]
             assert hashlib.sha256(data).hexdigest() == c["sha256"]
             if c["binary"] == "cubin":
-                assert cross_arch.cubin_arch(data) == cross_arch.cc_int(c["arch"])
+                assert cross_arch.cubin_target(data) == c["sm"]
                 assert _cuobjdump_arch(data, tmp_path) in (c["sm"], None)
             else:
                 assert b".target sm_80" in data
@@ -414,6 +420,10 @@ def test_recording_keeps_what_a_cross_compile_needs(monkeypatch):
             setattr(launcher, _triton_freeze._RESULT, type("R", (), {"kernel": kernel})())
             launchers.append(launcher)
         tuner.benchmark_all_configs()
+    import pickle
+
+    pickle.dumps(kernel)  # what is kept is kept aside: Inductor still pickles its static kernels
+    assert not [a for a in vars(kernel) if a.startswith("_precompile")]
     tuner.launchers = [launchers[0]]
     got = cross_arch.candidates(tuner)
     assert [c["config"] for c in got] == ["BK=64", "BK=256", "BK=128"]
@@ -470,7 +480,7 @@ def test_worker_imports_inductor_kernel_modules_without_a_gpu():
              "candidates": [cand]} for a in ("8.0", "10.0")]
     r80, r100 = cross_arch.compile_jobs(jobs, "t")
     assert (r80["sm"], r100["sm"]) == ("sm_80", "sm_100a") and r80["rejected"] == []
-    assert cross_arch.cubin_arch(r80["cubin"]) == 80 and cross_arch.cubin_arch(r100["cubin"]) == 100
+    assert cross_arch.cubin_target(r80["cubin"]) == "sm_80" and cross_arch.cubin_target(r100["cubin"]) == "sm_100a"
     assert ".target sm_80" in r80["ptx"] and r100["ptx"] is None
 
 
@@ -518,8 +528,8 @@ def test_candidates_start_from_the_chosen_config():
 
     jit = type("J", (), {"__name__": "k", "fn": test_candidates_start_from_the_chosen_config})()
     win, fast, broken, slow = launcher("win"), launcher("fast"), launcher("broken"), launcher("slow")
-    tuner = type("T", (), {"fn": jit, "launchers": [win], cross_arch._TIMINGS:
-                           {fast: 0.1, win: 0.2, broken: float("inf"), slow: 0.3}})()
+    tuner = type("T", (), {"fn": jit, "launchers": [win]})()
+    cross_arch._timings[tuner] = {fast: 0.1, win: 0.2, broken: float("inf"), slow: 0.3}
     assert [c["config"] for c in cross_arch.candidates(tuner)] == ["win", "fast", "slow"]
     tuner.launchers = [launcher("win", recorded=False)]
     assert cross_arch.candidates(tuner) == []
@@ -589,3 +599,27 @@ def test_manifest_reader_checks_the_arch_fields(tmp_path, field, value, match):
     doc["targets"]["f"]["variants"][0][field] = value
     with pytest.raises(ManifestError, match=match):
         manifest.parse(json.dumps(doc).encode(), where="m")
+
+
+def test_build_gpu_below_9_gets_its_ptx_from_the_worker(monkeypatch):
+    """Built on an sm_80 GPU with cuda-archs 8.0 and 9.0: the native sm_80 cubin stays,
+    the worker adds sm_80's PTX and the sm_90a cubin."""
+    pytest.importorskip("triton")
+    from precompile_build.engines import cross_arch
+
+    monkeypatch.delenv(cross_arch.TEST_CROSS_NATIVE_ENV, raising=False)
+    kernels, blobs = [_triton_entry("mm", "BK=64")], {}
+    small = _cand("mm", SIG, {"BM": 64, "BN": 64, "BK": 64}, "BK=64")
+    report = cross_arch.cross_compile(kernels, blobs, {"mm": [small]}, ("8.0", "9.0"), "8.0", "t")
+    got = {(c["sm"], c["origin"]) for c in kernels[0]["archs"]}
+    assert got == {("sm_80", "native"), ("compute_80", "cross"), ("sm_90a", "cross")}
+    assert report["compiled_for"] == ["8.0", "9.0"] and report["left_out"] == {}
+    assert sorted(n.split("/")[0] for n in blobs) == ["cubin", "ptx"]
+
+
+def test_a_failing_worker_is_a_capture_error_with_its_output():
+    from precompile_build.engines import cross_arch
+
+    with pytest.raises(CaptureError, match=r"(?s)target 't': the compile-only Triton process for "
+                                           r"`cuda-archs` failed \(exit status 1\):\n.*(KeyError|Error)"):
+        cross_arch.compile_jobs([{"not": "a job"}], "t")

@@ -78,6 +78,7 @@ def compile_one(job: dict) -> dict:
 
     Args:
         job: ``{"arch": "8.6", "cc": 86, "shared_limit": bytes, "want_ptx": bool,
+            "serves": [arch, ...], "label": what the binary is, for messages (or None),
             "candidates": [{"module", "fn_name", "signature", "constants", "attrs",
             "options", "config"}, ...]}``.
     Returns:
@@ -103,9 +104,10 @@ def compile_one(job: dict) -> dict:
             continue
         if md.shared > job["shared_limit"]:
             also = [f"sm_{a.replace('.', '')}" for a in (job.get("serves") or [])[1:]]
+            what = job.get("label") or (f"the sm_{job['cc']} cubin"
+                                        + (f" (which also serves {', '.join(also)})" if also else ""))
             rejected.append(f"config {c['config']}: needs {md.shared} bytes of shared memory per block, "
-                            f"the sm_{job['cc']} cubin" + (f" (which also serves {', '.join(also)})" if also else "")
-                            + f" may use {job['shared_limit']}")
+                            f"{what} may use {job['shared_limit']}")
             continue
         ptx = binary.asm.get("ptx")
         sm = next((ln.split()[1] for ln in (ptx or "").splitlines() if ln.startswith(".target")),

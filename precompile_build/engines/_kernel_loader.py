@@ -5,6 +5,13 @@
 import importlib.util as _importlib_util
 import sys as _sys
 
+try:  # the runtime's serving guard where it is installed: PRECOMPILE_NO_COMPILE=1 or no_compilation()
+    from precompile_runtime._guard import guard_active as _serving_guard_on
+except ImportError:  # without precompile-runtime: the variable alone
+
+    def _serving_guard_on():
+        return _os.environ.get("PRECOMPILE_NO_COMPILE", "").strip().lower() in ("1", "true", "yes", "on")
+
 
 def _load_cpp_kernel(path, unique):
     """A CPU kernel is a CPython extension module exporting `kernel` (Inductor's

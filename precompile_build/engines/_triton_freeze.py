@@ -144,10 +144,8 @@ def recording() -> Iterator[None]:
     old_level = heuristics_log.level
     heuristics_log.addHandler(_bypass_handler)
     heuristics_log.setLevel(min(old_level or logging.INFO, logging.INFO))
-    from .cross_arch import recording as cross_arch_recording  # what `cuda-archs` compiles from
-
     try:
-        with config.patch(patch), cross_arch_recording():
+        with config.patch(patch):
             yield
     finally:
         heuristics_log.removeHandler(_bypass_handler)

@@ -5,6 +5,9 @@
 # text (grid arithmetic, then `runner(grid_0, grid_1, grid_2, stream, *args)`),
 # num_warps, shared memory and argument types. It is launched by torch's own C++
 # launcher, torch._C._StaticCudaLauncher: no Triton, no compiler, no benchmarking.
+# Reads names the source half defines: torch, _os, _META, CallError (_driver.py),
+# _serving_guard_on (_kernel_loader.py), _binary_pick and _binary_force_ptx
+# (precompile_runtime/_arch_rules.py, copied in before this block).
 
 
 class _TritonKernel:
@@ -25,28 +28,23 @@ class _TritonKernel:
 
     def _choose(self, device):
         """The entry to load on ``device``: the kernel's only binary, or (a pair built
-        with `cuda-archs`) the one precompile_runtime.arch_select picks for the
-        device's compute capability. Returns (entry, path)."""
+        with `cuda-archs`) the one the rules of _arch_rules.py (copied into this file
+        above) pick for the device's compute capability. Returns (entry, path)."""
         e = self._entry
         if not e.get("archs"):
             return e, self._path
-        from precompile_runtime import arch_select
-
-        cc = torch.cuda.get_device_capability(device)
-        chosen = arch_select.pick(e["archs"], tuple(cc))
+        cc = tuple(torch.cuda.get_device_capability(device))
+        chosen = _binary_pick(e["archs"], cc, _binary_force_ptx(_os.environ))
         if chosen is None:
             raise CallError(
                 f"target {_META['target']!r}: the frozen CUDA kernel {e['name']!r} has no binary "
                 f"for cuda:{device} (compute capability {cc[0]}.{cc[1]}); it has "
                 f"{', '.join(c['sm'] for c in e['archs'])}: add \"{cc[0]}.{cc[1]}\" to `cuda-archs`")
-        if chosen["binary"] == "ptx":
-            from precompile_runtime._guard import guard_active
-
-            if guard_active():  # the driver's JIT compile of PTX is a compile at load
-                raise CallError(
-                    f"target {_META['target']!r}: the frozen CUDA kernel {e['name']!r} has only PTX "
-                    f"({chosen['sm']}) for cuda:{device} (compute capability {cc[0]}.{cc[1]}), which "
-                    "the driver compiles at load: refused under PRECOMPILE_NO_COMPILE=1")
+        if chosen["binary"] == "ptx" and _serving_guard_on():  # the driver's JIT of PTX compiles
+            raise CallError(
+                f"target {_META['target']!r}: the frozen CUDA kernel {e['name']!r} has only PTX "
+                f"({chosen['sm']}) for cuda:{device} (compute capability {cc[0]}.{cc[1]}), which "
+                "the driver compiles at load: refused under PRECOMPILE_NO_COMPILE=1")
         root = self._path[: len(self._path) - len(e["file"])]
         return chosen, _os.path.join(root, chosen["file"])
 

@@ -7,7 +7,8 @@ The file is a readable, self-contained module (torch + stdlib)::
     def _graph(self, ...)                the captured ATen graph (fallback, eager engine)
     def _make_call(_kernels)             frozen: Inductor's wrapper, kernels bound from the cache
     model settings (_module_settings.py), pytree types (_pytree_types.py),
-    driver (_driver.py), kernel loader (_kernel_loader.py), launcher (_triton_launcher.py),
+    driver (_driver.py), kernel loader (_kernel_loader.py), binary choice
+    (precompile_runtime/_arch_rules.py) and launcher (_triton_launcher.py),
     CUDA graphs (_cuda_graphs.py; frozen CUDA targets)
 """
 
@@ -24,6 +25,16 @@ _HERE = Path(__file__).parent
 
 def _template(name: str) -> str:
     return (_HERE / name).read_text(encoding="utf-8")
+
+
+def triton_launcher_code() -> str:
+    """The source half's frozen Triton kernels: the runtime's rules for which binary a
+    device runs (precompile_runtime/_arch_rules.py, the same file arch_select builds
+    on, so the two cannot disagree) and the launcher (_triton_launcher.py)."""
+    from precompile_runtime import _arch_rules
+
+    rules = Path(_arch_rules.__file__).read_text(encoding="utf-8")
+    return rules.rstrip("\n") + "\n\n\n" + _template("_triton_launcher.py")
 
 
 def _forward_code(graph_module) -> str:
@@ -92,7 +103,7 @@ def render(metadata: dict, graph_code: str, wrapper_code: str | None) -> str:
         )
         parts.append(_template("_kernel_loader.py"))
         if any(k["kind"] == "triton" for k in metadata.get("kernels", [])):
-            parts.append(_template("_triton_launcher.py"))
+            parts.append(triton_launcher_code())
     parts.append(_template("_module_settings.py"))  # the driver checks models with it
     parts.append(_template("_pytree_types.py"))  # and registers transformers' caches with it
     parts.append(_template("_call_args.py"))  # its arguments and results, through pytree

@@ -25,7 +25,9 @@ capability 9.0 and above for the architecture-specific targets (sm_90a, sm_100a,
 sm_120a), whose cubins run on that exact architecture only and whose PTX no
 other GPU can JIT; below 9.0 a cubin also runs on a higher minor of its major
 (sm_80 on sm_86/sm_89). PTX is kept for the lowest listed architecture below
-9.0 only: any later GPU can JIT it, a compile at load (arch_select).
+9.0 only: any later GPU can JIT it, a compile at load (arch_select). It is
+compiled in its own job, sized for the smallest shared memory of those GPUs
+(99 KiB), so its config may differ from that architecture's cubin.
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ import pickle
 import subprocess
 import sys
 import tempfile
+import weakref
 from typing import Any, Iterator
 
 from ..errors import CaptureError
@@ -54,9 +57,15 @@ TEST_CROSS_NATIVE_ENV = "PRECOMPILE_TEST_CROSS_NATIVE"
 too and freezes those cubins instead of the native ones (so validation runs them)."""
 WORKER_TIMEOUT = 1800.0  # seconds for all cross compiles of one capture
 
-_TIMINGS = "_precompile_timings"  # on a CachingAutotuner: {launcher: seconds} of its autotuning
-_SRC = "_precompile_src"  # on a static kernel: (ASTSource, options) of its triton.compile
-_OPTIONS = "_precompile_options"  # on a CompiledKernel: the options it was compiled with
+# What recording() keeps, in side tables rather than as attributes: Inductor pickles
+# autotuners and static kernels into its caches, and launchers and JITFunctions do
+# not pickle. Weak keys: an entry lives as long as Inductor's object.
+_timings: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+"""CachingAutotuner -> {launcher: seconds} of its autotuning."""
+_sources: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+"""static kernel -> (ASTSource, options) of the ``triton.compile`` it came from."""
+_options: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+"""CompiledKernel -> the options it was compiled with."""
 
 
 def shared_limit(arch: str, listed: tuple[str, ...]) -> tuple[int, list[str]]:
@@ -101,8 +110,8 @@ def requested(options: dict, target: str) -> tuple[str, ...]:
 
 @contextlib.contextmanager
 def recording() -> Iterator[None]:
-    """Keep what a cross compile needs, while Inductor compiles (inside
-    _triton_freeze.recording): the options of each ``triton.compile`` call, the
+    """Keep what a cross compile needs, while Inductor compiles (beside
+    _triton_freeze.recording, for captures with `cuda-archs`): the options of each ``triton.compile`` call, the
     source each static kernel was compiled from, and each autotuner's timings."""
     try:
         import triton
@@ -122,17 +131,19 @@ def recording() -> Iterator[None]:
     def compile(src, *args, **kwargs):  # noqa: A001 - stands in for triton.compile
         binary = orig_compile(src, *args, **kwargs)
         options = kwargs.get("options", args[1] if len(args) > 1 else None)
-        with contextlib.suppress(AttributeError):
-            setattr(binary, _OPTIONS, dict(options or {}))
+        with contextlib.suppress(TypeError):  # not weak-referenceable: not recorded
+            _options[binary] = dict(options or {})
         return binary
 
     def __init__(self, kernel, *args, **kwargs):
         orig_init(self, kernel, *args, **kwargs)
-        setattr(self, _SRC, (getattr(kernel, "src", None), getattr(kernel, _OPTIONS, None)))
+        with contextlib.suppress(TypeError):
+            _sources[self] = (getattr(kernel, "src", None), _options.get(kernel))
 
     def benchmark_all_configs(self, *args, **kwargs):
         timings = orig_bench(self, *args, **kwargs)
-        setattr(self, _TIMINGS, dict(timings))
+        with contextlib.suppress(TypeError):
+            _timings[self] = dict(timings)
         return timings
 
     triton.compile = compile
@@ -174,7 +185,11 @@ def _candidate(autotuner, launcher) -> dict | None:
     from ._triton_freeze import _CODE, _RESULT
 
     result = getattr(launcher, _RESULT, None)
-    src, options = getattr(getattr(result, "kernel", None), _SRC, (None, None))
+    kernel = getattr(result, "kernel", None)
+    try:
+        src, options = _sources.get(kernel, (None, None))
+    except TypeError:  # None, or not weak-referenceable: not recorded
+        src, options = None, None
     code = getattr(launcher, _CODE, None)
     if code is None:
         return None
@@ -203,7 +218,10 @@ def candidates(autotuner) -> list[dict]:
     import math
 
     winner = autotuner.launchers[0]
-    timings = getattr(autotuner, _TIMINGS, None) or {}
+    try:
+        timings = _timings.get(autotuner) or {}
+    except TypeError:
+        timings = {}
     # a config that failed on the build GPU (timed inf) is no candidate
     others = sorted((t, i, la) for i, (la, t) in enumerate(timings.items())
                     if la is not winner and not math.isinf(t))
@@ -267,27 +285,80 @@ def sm_name(cc: int) -> str:
     return sm_arch_from_capability(cc)
 
 
-def cubin_arch(data: bytes) -> int:
-    """The SM a cubin is for, read from its ELF header (``e_flags``): 80 for sm_80,
-    90 for sm_90a, 120 for sm_120a. CUDA's older ELF ABI (``EI_OSABI`` 0x33) keeps
-    the SM in the low byte, the newer one (0x41, sm_100 and later) in the second.
-    Raises ValueError for bytes that are not a 64-bit CUDA ELF."""
+def cubin_target(data: bytes) -> str:
+    """The ptxas target a cubin was compiled for, read from the cubin itself:
+    ``"sm_80"``, ``"sm_90"``, ``"sm_90a"``, ``"sm_100a"`` (the architecture-specific
+    'a' included; a family target such as sm_100f reads as sm_100).
+
+    Three layouts, all seen from the ptxas versions Triton and torch ship (real
+    cubins of each: tests/data/cubins): CUDA's older ELF ABI (``EI_OSABI`` 0x33,
+    ptxas 12.x below sm_100) keeps the SM in the low byte of ``e_flags`` and the 'a'
+    in bit 0x800; the newer one (0x41: ptxas 12.8+ for sm_100 and later, ptxas 13
+    for every SM) keeps the SM in the second byte, and the 'a' in bit 0x8 (ptxas
+    12.x) or, from ptxas 13 on, as attribute 9 = 1 of the ``.nv.compat`` section
+    (cuobjdump 12.8 does not read that one: it names such a cubin sm_90).
+
+    Raises:
+        ValueError: ``data`` is not a 64-bit CUDA ELF file.
+    """
     import struct
 
-    if len(data) < 0x34 or data[:4] != b"\x7fELF" or data[4] != 2:
+    if len(data) < 0x40 or data[:4] != b"\x7fELF" or data[4] != 2:
         raise ValueError("not a 64-bit ELF file")
     flags = struct.unpack_from("<I", data, 0x30)[0]
-    if data[7] == 0x41:
-        return (flags >> 8) & 0xFF
     if data[7] == 0x33:
-        return flags & 0xFF
-    raise ValueError(f"not a CUDA ELF (EI_OSABI {data[7]:#x})")
+        return f"sm_{flags & 0xFF}{'a' if flags & 0x800 else ''}"
+    if data[7] != 0x41:
+        raise ValueError(f"not a CUDA ELF (EI_OSABI {data[7]:#x})")
+    specific = bool(flags & 0x8) or _compat_attribute(data, 9) == 1
+    return f"sm_{(flags >> 8) & 0xFF}{'a' if specific else ''}"
+
+
+def _compat_attribute(data: bytes, attr: int):
+    """The value of attribute ``attr`` in a cubin's ``.nv.compat`` section, or None:
+    records of (format, attribute, 2-byte value), or of (4, attribute, 2-byte size,
+    that many bytes). The ELF64 section headers are read here with struct: a GPU host
+    that runs captures from a checkout need not have pyelftools."""
+    import struct
+
+    try:
+        shoff, = struct.unpack_from("<Q", data, 0x28)
+        shentsize, shnum, shstrndx = struct.unpack_from("<HHH", data, 0x3A)
+
+        def header(i):  # -> (name offset, file offset, size)
+            name, = struct.unpack_from("<I", data, shoff + i * shentsize)
+            offset, size = struct.unpack_from("<QQ", data, shoff + i * shentsize + 0x18)
+            if offset + size > len(data):
+                raise struct.error("section past the end of the file")
+            return name, offset, size
+
+        _, names, _ = header(shstrndx)
+        body = b""
+        for i in range(shnum):
+            name, offset, size = header(i)
+            if data[names + name: names + name + 11] == b".nv.compat\x00":
+                body = data[offset: offset + size]
+    except struct.error as err:
+        raise ValueError(f"not a readable ELF file: {err}") from None
+    i = 0
+    while i + 4 <= len(body):
+        fmt, key, value = body[i], body[i + 1], struct.unpack_from("<H", body, i + 2)[0]
+        if key == attr and fmt != 4:
+            return value
+        i += 4 + (value if fmt == 4 else 0)
+    return None
+
+
+def cubin_arch(data: bytes) -> int:
+    """The SM number a cubin is for (:func:`cubin_target` without the 'a'): 80 for
+    sm_80, 90 for sm_90a. Raises ValueError for bytes that are not a CUDA ELF."""
+    return int(cubin_target(data)[3:].rstrip("a"))
 
 
 def _choice(entry: dict, arch: str, sm: str, binary: str, data: bytes, res: dict, cand: dict,
             blobs: dict[str, bytes]) -> dict:
-    if binary == "cubin" and cubin_arch(data) != cc_int(arch):  # never file a cubin under another SM
-        raise CaptureError(f"Triton compiled {entry['name']!r} for sm_{cubin_arch(data)} when asked "
+    if binary == "cubin" and cubin_target(data) != sm:  # never file a cubin under another target
+        raise CaptureError(f"Triton compiled {entry['name']!r} for {cubin_target(data)} when asked "
                            f"for {sm}; report this (triton {_triton_version()})")
     digest = hashlib.sha256(data).hexdigest()
     name = f"{binary}/{digest[:32]}.{binary}"
@@ -335,7 +406,11 @@ def cross_compile(kernels: list[dict], blobs: dict[str, bytes], cands: dict[str,
     cross_native = os.environ.get(TEST_CROSS_NATIVE_ENV) == "1"
     below9 = [a for a in archs if cc_int(a) < 90]
     ptx_arch = min(below9, key=cc_int) if below9 else None
-    wanted = [a for a in archs if a != build or cross_native or a == ptx_arch]
+    # the PTX may be JIT-compiled on any later GPU without a cubin: sized for the smallest
+    ptx_limit = min(v for a, v in SHARED_PER_BLOCK.items() if ptx_arch and cc_int(a) >= cc_int(ptx_arch)) \
+        if ptx_arch else 0
+    listed = tuple(sorted({*archs, build}, key=cc_int))
+    wanted = [a for a in archs if a != build or cross_native]
     jobs, where = [], []
     for k in triton_kernels:
         cs = cands.get(k["name"]) or []
@@ -344,40 +419,43 @@ def cross_compile(kernels: list[dict], blobs: dict[str, bytes], cands: dict[str,
                 f"target {target!r}, Triton kernel {k['name']!r}: its compile inputs were not "
                 "recorded, so it cannot be compiled for `cuda-archs`; capture in a fresh process, "
                 "or drop `cuda-archs`")
-        for a in wanted:
-            limit, served = shared_limit(a, tuple(sorted({*archs, build}, key=cc_int)))
+        todo = [(a, "cubin", *shared_limit(a, listed)) for a in wanted]
+        if ptx_arch:
+            todo.append((ptx_arch, "ptx", ptx_limit, []))
+        for a, binary, limit, served in todo:
+            label = None if binary == "cubin" else \
+                f"the compute_{cc_int(a)} PTX (JIT-compiled on any later GPU without a cubin)"
             jobs.append({"arch": a, "cc": cc_int(a), "shared_limit": limit, "serves": served,
-                         "want_ptx": a == ptx_arch,
+                         "want_ptx": binary == "ptx", "label": label,
                          "candidates": [{x: c[x] for x in c if x not in ("launcher", "seconds")}
                                         for c in cs]})
-            where.append((k, a, cs))
+            where.append((k, a, binary, cs))
     results = compile_jobs(jobs, target)
     left_out: dict[str, str] = {}
     replaced: dict[str, dict[str, str]] = {}
-    per_arch: dict[str, list] = {a: [] for a in wanted}
-    for (k, a, cs), res in zip(where, results):
+    done: dict[tuple[str, str], list] = {}
+    for (k, a, binary, cs), res in zip(where, results):
+        key = a if binary == "cubin" else f"{a} (PTX)"
         if "error" in res:
-            left_out.setdefault(a, f"kernel {k['name']}: {res['error']}")
+            left_out.setdefault(key, f"kernel {k['name']}: {res['error']}")
         else:
-            per_arch[a].append((k, res, cs[res["index"]]))
+            done.setdefault((a, binary), []).append((k, res, cs[res["index"]]))
     for k in triton_kernels:
         k["archs"] = [] if cross_native else [_native_choice(k, build)]
-    ptx_ok = ptx_arch is not None and ptx_arch not in left_out
-    for a in wanted:
-        if a in left_out:
+    for (a, binary), items in done.items():
+        key = a if binary == "cubin" else f"{a} (PTX)"
+        if key in left_out:  # all kernels or none: a pair serves an architecture whole
             continue
-        for k, res, cand in per_arch[a]:
-            if a != build or cross_native:
-                c = _choice(k, a, res["sm"], "cubin", res["cubin"], res, cand, blobs)
-                k["archs"].append(c)
-                if "replaced" in c:
-                    replaced.setdefault(a, {})[k["name"]] = c["replaced"]
-                if a == build:  # test switch: the cross-compiled cubin is what runs (and is validated)
-                    k.update({x: c[x] for x in ("file", "sha256", "shared", "num_warps", "scratch",
-                                                "arg_tys", "function", "config", "launcher")})
-            if a == ptx_arch and ptx_ok and res.get("ptx"):
-                k["archs"].append(_choice(k, a, "compute_" + res["sm"][3:], "ptx",
-                                          res["ptx"].encode("utf-8"), res, cand, blobs))
+        for k, res, cand in items:
+            data = res["cubin"] if binary == "cubin" else res["ptx"].encode("utf-8")
+            sm = res["sm"] if binary == "cubin" else "compute_" + res["sm"][3:]
+            c = _choice(k, a, sm, binary, data, res, cand, blobs)
+            k["archs"].append(c)
+            if "replaced" in c:
+                replaced.setdefault(key, {})[k["name"]] = c["replaced"]
+            if a == build and binary == "cubin":  # test switch: the cross-compiled cubin runs (and is validated)
+                k.update({x: c[x] for x in ("file", "sha256", "shared", "num_warps", "scratch",
+                                            "arg_tys", "function", "config", "launcher")})
     for k in triton_kernels:
         k["archs"].sort(key=lambda c: (cc_int(c["arch"]), c["binary"]))
     compiled = sorted({build, *(a for a in archs if a not in left_out)}, key=cc_int)

@@ -111,6 +111,9 @@ def _compile(traced: TracedCall, target: str, options: dict, real: dict | None =
         from ._triton_freeze import recording  # records cubins + launch code per kernel
     else:
         recording = contextlib.nullcontext
+    # `cuda-archs`: keep what compiling the kernels again for other GPUs needs
+    keep = (cross_arch.recording if traced.metadata["device"] == "cuda"
+            and cross_arch.requested(options, target) else contextlib.nullcontext)
     # dynamic dims: compile against the trace's ShapeEnv and fake inputs, so that
     # Inductor compiles for exactly the marked symbols (real inputs would be
     # refakeified with every dim a new symbol)
@@ -118,7 +121,7 @@ def _compile(traced: TracedCall, target: str, options: dict, real: dict | None =
     on_cpu = traced.metadata["device"] == "cpu"
     cpu_isa, pin_march = _cpu_target() if on_cpu else (None, contextlib.nullcontext())
     try:
-        with torch_warnings_shown(), torch.no_grad(), recording(), _reproducible_kernels(), pin_march, \
+        with torch_warnings_shown(), torch.no_grad(), recording(), keep(), _reproducible_kernels(), pin_march, \
                 _torch_rng(), (dynamic_dims.compile_context(traced.graph_module) if dynamic
                                else contextlib.nullcontext()):
             with timed("compile"):

@@ -26,31 +26,25 @@ can run, so that a GPU test can check the PTX path on a GPU that has its cubin.
 from __future__ import annotations
 
 import os
-import re
 from typing import Iterable, Optional
 
-FORCE_PTX_ENV = "PRECOMPILE_TEST_FORCE_PTX"
-_NAME = re.compile(r"^(sm|compute)_([0-9]{2,3})(a?)$")
+from . import _arch_rules as _rules
 
-EXACT, LOWER_MINOR, PTX = 0, 1, 2
+# The rules themselves live in _arch_rules.py, which the source half of frozen Triton
+# kernels carries verbatim (it picks each kernel's binary on its own): one
+# implementation for the kernel's binary and for the variant.
+FORCE_PTX_ENV = _rules._FORCE_PTX_ENV
+EXACT, LOWER_MINOR, PTX = _rules._BINARY_EXACT, _rules._BINARY_LOWER_MINOR, _rules._BINARY_PTX
 """How a binary serves a host (lower is better): :func:`serves`."""
 KIND_WORDS = {EXACT: "a cubin for this architecture", LOWER_MINOR: "a cubin of a lower minor",
               PTX: "PTX the driver JIT-compiles at load"}
 
+parse = _rules._binary_parse
+serves = _rules._binary_serves
+
 
 class PtxJitWarning(UserWarning):
     """A variant serves this GPU through PTX only: the driver compiles it at load."""
-
-
-def parse(name: str) -> Optional[tuple[int, int, bool, bool]]:
-    """``"sm_86"`` -> ``(8, 6, False, False)``: (major, minor, architecture-specific,
-    PTX); ``"compute_80"`` -> ``(8, 0, False, True)``; ``"sm_100a"`` -> ``(10, 0,
-    True, False)``. None for a name of another form."""
-    m = _NAME.match(name or "")
-    if not m:
-        return None
-    cc = int(m.group(2))
-    return cc // 10, cc % 10, bool(m.group(3)), m.group(1) == "compute"
 
 
 def capability(text: Optional[str]) -> Optional[tuple[int, int]]:
@@ -62,39 +56,10 @@ def capability(text: Optional[str]) -> Optional[tuple[int, int]]:
         return None
 
 
-def serves(name: str, host: tuple[int, int]) -> Optional[int]:
-    """How the binary ``name`` serves a host of capability ``host``: EXACT,
-    LOWER_MINOR or PTX (see the module docstring), or None when it cannot run there."""
-    p = parse(name)
-    if p is None:
-        return None
-    major, minor, specific, ptx = p
-    if ptx:
-        return PTX if not specific and (major, minor) <= host else None
-    if (major, minor) == host:
-        return EXACT
-    if not specific and major == host[0] and minor < host[1]:
-        return LOWER_MINOR
-    return None
-
-
-def _force_ptx() -> bool:
-    return os.environ.get(FORCE_PTX_ENV, "").strip() == "1"
-
-
 def best(names: Iterable[str], host: tuple[int, int]) -> Optional[str]:
     """The name among ``names`` a host of capability ``host`` runs (the order of the
     module docstring; with PRECOMPILE_TEST_FORCE_PTX=1, PTX first), or None."""
-    ranked = []
-    for name in names:
-        kind = serves(name, host)
-        if kind is None:
-            continue
-        if _force_ptx():
-            kind = -1 if kind == PTX else kind
-        major, minor = parse(name)[:2]  # type: ignore[index]
-        ranked.append((kind, -major, -minor, name))
-    return min(ranked)[3] if ranked else None
+    return _rules._binary_best(names, host, _rules._binary_force_ptx(os.environ))
 
 
 def pick(choices: list[dict], host: tuple[int, int]) -> Optional[dict]:
@@ -106,8 +71,7 @@ def pick(choices: list[dict], host: tuple[int, int]) -> Optional[dict]:
     Returns:
         the chosen dict, or None when none runs on that device.
     """
-    name = best([c["sm"] for c in choices], host)
-    return next((c for c in choices if c["sm"] == name), None)
+    return _rules._binary_pick(choices, host, _rules._binary_force_ptx(os.environ))
 
 
 def variant_kind(fp: dict, host_cc: Optional[str]) -> Optional[int]:
