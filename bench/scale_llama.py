@@ -274,7 +274,7 @@ def write(out_dir: Path, device: str = "cuda") -> str:
             "torch._inductor / torch._dynamo / triton modules the load imported.", ""]
     for d in docs:
         head.append(f"- `{d['tag']}`: torch {d['torch']}, {d['gpu']}, {d.get('dtype', 'bfloat16')}, "
-                    f"1 x {d.get('tokens', TOKENS)} tokens")
+                    f"1 x {d.get('tokens', TOKENS)} tokens" + (f"; {d['note']}" if d.get("note") else ""))
     head += ["", "| size | capture s (per step) | capture peak GiB / eager call's (ratio) | source / cache | first result s: "
              "eager / load_packaged / torch.compile cold | steady ms: eager / load_packaged / torch.compile | "
              "max abs loaded - eager (values up to) | compiler modules at load | validation |",
