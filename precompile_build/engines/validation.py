@@ -144,8 +144,9 @@ def compare(call, traced: TracedCall, inputs: list, what: str, target: str,
             if sharing.checksum(inputs[i]) != d:
                 raise CaptureError(
                     f"target {target!r}: the frozen kernels wrote to {labels[len(want) + i]}, which "
-                    f"the traced graph leaves alone, on {what}; refusing to write a pair that "
-                    f"computes something else; {fix}")
+                    f"the traced graph leaves alone, on {what} (the run shares it with your model: "
+                    f"this process's copy is changed); refusing to write a pair that computes "
+                    f"something else; {fix}")
         ref_out, ref_in, info = _reference(traced, inputs, target, what, written)
     if ref_out is None:
         return {**_without_reference(want, got, labels, target, what), **info}
