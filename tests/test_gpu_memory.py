@@ -57,6 +57,7 @@ def test_a_reference_the_gpu_cannot_hold_moves_to_the_cpu(tmp_path, monkeypatch)
     model = _stack(8192, 1)  # two 8192 x 32768 bf16 weights: 512 MiB each, 2 GiB in fp64
     x = torch.randn(2, 16, 8192, device="cuda", dtype=torch.bfloat16)
     torch.cuda.synchronize()
+    torch.cuda.empty_cache()  # the cap counts what the allocator holds
     total = torch.cuda.get_device_properties(0).total_memory
     cap = torch.cuda.memory_allocated() + (1536 << 20)  # the model's call fits, a wide weight does not
     torch.cuda.set_per_process_memory_fraction(cap / total)
