@@ -7,7 +7,7 @@ memory comes back in bytes:
   process it waited for, whichever is larger: ``wait4``'s ``ru_maxrss``), read by the
   build when the script exits;
 - for CUDA captures of the frozen engine, ``gpu_bytes`` (``torch.cuda.
-  max_memory_allocated`` over the script up to the end of the capture) and
+  max_memory_allocated`` during the capture, the weights it holds included) and
   ``eager_gpu_bytes`` (the same during the capture's own eager call of the
   function): their ratio is what validation added over what the model needs. The
   capture writes them (:func:`record`) to the JSON file the build names in
@@ -71,14 +71,16 @@ def cuda_peaks(device: str) -> Iterator[dict]:
     """Measure the GPU peaks of one capture (``device`` ``"cuda"``; other devices:
     nothing). Inside, call ``box["eager"]()`` (a context manager) around the capture's
     eager call; on exit ``box`` holds ``gpu_bytes`` (the peak allocated by this
-    process up to now) and ``eager_gpu_bytes`` (the peak during the eager call),
-    which are also :func:`record`-ed."""
+    process during the capture: the model's weights included) and
+    ``eager_gpu_bytes`` (the peak during the eager call), which are also
+    :func:`record`-ed. Resets torch.cuda's peak memory statistics."""
     box: dict[str, Any] = {"eager": contextlib.nullcontext}
     if device != "cuda":
         yield box
         return
     import torch
 
+    torch.cuda.reset_peak_memory_stats()  # the capture's own peak, not the script's before it
     before = {"peak": torch.cuda.max_memory_allocated()}
 
     @contextlib.contextmanager
