@@ -268,7 +268,7 @@ def write(out_dir: Path, device: str = "cuda") -> str:
             "Produced by `python bench/scale.py --device cuda --llama --sizes ...` (bench/scale_llama.py): "
             "transformers LlamaForCausalLM, random weights made on the device, `forward(model, ids) -> "
             "logits`, each mode in a fresh process with empty caches. Capture peak: "
-            "torch.cuda.max_memory_allocated of the capturing process (model included) / the same during "
+            "torch.cuda.max_memory_allocated during the capture (the weights included) / the same during "
             "the capture's own eager call (CPU rows: the peak RSS of the capturing process / of the eager "
             "process). load: `PRECOMPILE_NO_COMPILE=1`; compiler modules: "
             "torch._inductor / torch._dynamo / triton modules the load imported.", ""]
