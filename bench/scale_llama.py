@@ -231,6 +231,16 @@ def _s(v) -> str:
 
 
 _STEPS = ("trace_s", "eager_call_s", "compile_s", "first_run_s", "validate_s")  # capture_stats.STEPS
+# capture_stats.STEPS + VALIDATE_PARTS: the steps whose GPU peaks a CUDA capture records
+_PEAK_STEPS = ("trace", "eager_call", "compile", "first_run", "validate",
+               "validate_graph", "validate_frozen", "validate_reference")
+
+
+def peak_step(c: dict) -> str | None:
+    """The capture step (a part of validate rather than validate) whose GPU peak is the
+    capture's, from a capture row's ``<step>_gpu_bytes``; None where not recorded."""
+    at = [s for s in _PEAK_STEPS if c.get(f"{s}_gpu_bytes", -1) >= c.get("gpu_bytes", 1 << 62)]
+    return at[-1] if at else None
 
 
 def _row(size: str, r: dict) -> str:
@@ -252,7 +262,8 @@ def _row(size: str, r: dict) -> str:
     return (f"| {size} ({c.get('params', 0) / 1e9:.2f}B{', cap ' + str(c['cap_gib']) + ' GiB' if c.get('cap_gib') else ''}) "
             f"| {_s(c.get('capture_s'))} ({', '.join(f'{k[:-2]} {c[k]:.0f}' for k in _STEPS if k in c)}) "
             f"| {_gib(c.get('gpu_bytes'))} / {_gib(c.get('eager_gpu_bytes'))}"
-            f" ({'-' if ratio is None else f'{ratio:.2f}x'}) | {c.get('source_bytes', 0) / 1024:.0f} KiB / "
+            f" ({'-' if ratio is None else f'{ratio:.2f}x'}{', in ' + peak_step(c) if peak_step(c) else ''})"
+            f" | {c.get('source_bytes', 0) / 1024:.0f} KiB / "
             f"{c.get('cache_bytes', 0) / 1024:.0f} KiB | {_s(e.get('first_result_s'))} / {_s(ld.get('first_result_s'))}"
             f" (load {_s(ld.get('load_s'))} + first call {_s(ld.get('first_call_s'))})"
             f" / {_s(cc.get('first_result_s'))} | {_s(e.get('steady_ms'))} / {_s(ld.get('steady_ms'))} / "
@@ -268,13 +279,13 @@ def write(out_dir: Path, device: str = "cuda") -> str:
             "Produced by `python bench/scale.py --device cuda --llama --sizes ...` (bench/scale_llama.py): "
             "transformers LlamaForCausalLM, random weights made on the device, `forward(model, ids) -> "
             "logits`, each mode in a fresh process with empty caches. Capture peak: "
-            "torch.cuda.max_memory_allocated of the capturing process (model included) / the same during "
-            "the capture's own eager call (CPU rows: the peak RSS of the capturing process / of the eager "
-            "process). load: `PRECOMPILE_NO_COMPILE=1`; compiler modules: "
+            "torch.cuda.max_memory_allocated during the capture (the weights included) / the same during "
+            "the capture's own eager call, and the step that reached it (CPU rows: the peak RSS of the "
+            "capturing process / of the eager process). load: `PRECOMPILE_NO_COMPILE=1`; compiler modules: "
             "torch._inductor / torch._dynamo / triton modules the load imported.", ""]
     for d in docs:
         head.append(f"- `{d['tag']}`: torch {d['torch']}, {d['gpu']}, {d.get('dtype', 'bfloat16')}, "
-                    f"1 x {d.get('tokens', TOKENS)} tokens")
+                    f"1 x {d.get('tokens', TOKENS)} tokens" + (f"; {d['note']}" if d.get("note") else ""))
     head += ["", "| size | capture s (per step) | capture peak GiB / eager call's (ratio) | source / cache | first result s: "
              "eager / load_packaged / torch.compile cold | steady ms: eager / load_packaged / torch.compile | "
              "max abs loaded - eager (values up to) | compiler modules at load | validation |",
@@ -346,8 +357,9 @@ def main(argv=None) -> int:
                     if r.get("eager_gpu_bytes"):
                         print(f"{size} capture peak GPU {r['gpu_bytes'] / 2**30:.2f} GiB = "
                               f"{r['gpu_bytes'] / r['eager_gpu_bytes']:.2f}x eager call's "
-                              f"{r['eager_gpu_bytes'] / 2**30:.2f} GiB", flush=True)
-            (out_dir / f"scale_{_device()}_llama_{tag}.json").write_text(json.dumps(doc, indent=2) + "\n")
+                              f"{r['eager_gpu_bytes'] / 2**30:.2f} GiB, in {peak_step(r)}", flush=True)
+                # after each mode: a run cut short by a time limit keeps the modes it finished
+                (out_dir / f"scale_{_device()}_llama_{tag}.json").write_text(json.dumps(doc, indent=2) + "\n")
     print(write(out_dir, _device()))
     return 1 if failed else 0
 

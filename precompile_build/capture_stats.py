@@ -7,7 +7,7 @@ memory comes back in bytes:
   process it waited for, whichever is larger: ``wait4``'s ``ru_maxrss``), read by the
   build when the script exits;
 - for CUDA captures of the frozen engine, ``gpu_bytes`` (``torch.cuda.
-  max_memory_allocated`` over the script up to the end of the capture) and
+  max_memory_allocated`` during the capture, the weights it holds included) and
   ``eager_gpu_bytes`` (the same during the capture's own eager call of the
   function): their ratio is what validation added over what the model needs. The
   capture writes them (:func:`record`) to the JSON file the build names in
@@ -15,7 +15,9 @@ memory comes back in bytes:
 
 and, for the frozen engine, the capture's seconds by step (:func:`timed`): ``trace``,
 ``eager_call``, ``compile`` (Inductor), ``first_run`` (the first run of the compiled
-code: kernel loads and Triton's autotuning) and ``validate``.
+code: kernel loads and Triton's autotuning) and ``validate``; for CUDA captures also
+each step's GPU peak (``<step>_gpu_bytes``, the weights included): the step that set
+``gpu_bytes`` is the one to look at when a capture needs more than its eager call.
 
 None of them go into the pair (they vary from build to build); the build line, the
 summary table, the manifest variant's ``peak_memory`` and ``capture_breakdown`` (left
@@ -39,6 +41,11 @@ STATS_ENV = "PRECOMPILE_STATS_PATH"
 STEPS = ("trace", "eager_call", "compile", "first_run", "validate")
 """The capture steps :func:`timed` measures, in the order they run."""
 
+VALIDATE_PARTS = ("validate_graph", "validate_frozen", "validate_reference")
+"""Parts of ``validate`` (per case: the graph in its own dtypes, the frozen kernels,
+the wide reference) whose GPU peaks are recorded too (their seconds are in
+``validate``'s)."""
+
 
 def record(**numbers: float) -> None:
     """Merge ``numbers`` (name -> bytes as int, or seconds as float) into the stats
@@ -55,47 +62,75 @@ def record(**numbers: float) -> None:
         pass
 
 
+class _StepPeaks:
+    """torch.cuda's one peak counter, shared by a capture and its steps: at each step's
+    start and end the counter's peak is folded into the capture's (``total``) and into
+    every open step's, then reset, so each step reads its own peak."""
+
+    def __init__(self, cuda):
+        self.cuda = cuda
+        self.total = 0
+        self.open: dict[str, int] = {}  # step -> its peak so far
+        self.done: dict[str, int] = {}  # step -> its peak
+
+    def fold(self) -> None:
+        peak = self.cuda.max_memory_allocated()
+        self.total = max(self.total, peak)
+        for step in self.open:
+            self.open[step] = max(self.open[step], peak)
+        self.cuda.reset_peak_memory_stats()  # from here: at least what is allocated now
+
+
+_gpu: Optional[_StepPeaks] = None  # the CUDA capture being measured (cuda_peaks), if any
+
+
 @contextlib.contextmanager
 def timed(step: str) -> Iterator[None]:
-    """Record the wall seconds of the block as ``<step>_s`` (one of :data:`STEPS`),
-    also when it raises."""
+    """Record the wall seconds of the block as ``<step>_s`` (``step``: one of
+    :data:`STEPS` or :data:`VALIDATE_PARTS`), also when it raises; inside
+    :func:`cuda_peaks` also its GPU peak in bytes as ``<step>_gpu_bytes`` (steps may
+    nest; a step run more than once keeps its highest peak)."""
+    gpu = _gpu
+    if gpu is not None:
+        gpu.fold()
+        gpu.open[step] = 0
     start = time.perf_counter()
     try:
         yield
     finally:
-        record(**{f"{step}_s": round(time.perf_counter() - start, 3)})
+        numbers: dict[str, float] = {f"{step}_s": round(time.perf_counter() - start, 3)}
+        if gpu is not None and step in gpu.open:
+            gpu.fold()
+            peak = max(gpu.open.pop(step), gpu.done.get(step, 0))  # a part runs once per case
+            numbers[f"{step}_gpu_bytes"] = gpu.done[step] = peak
+        record(**numbers)
 
 
 @contextlib.contextmanager
 def cuda_peaks(device: str) -> Iterator[dict]:
-    """Measure the GPU peaks of one capture (``device`` ``"cuda"``; other devices:
-    nothing). Inside, call ``box["eager"]()`` (a context manager) around the capture's
-    eager call; on exit ``box`` holds ``gpu_bytes`` (the peak allocated by this
-    process up to now) and ``eager_gpu_bytes`` (the peak during the eager call),
-    which are also :func:`record`-ed."""
-    box: dict[str, Any] = {"eager": contextlib.nullcontext}
-    if device != "cuda":
+    """Measure the GPU peaks of one capture (``device`` ``"cuda"``; other devices, or
+    inside another :func:`cuda_peaks`: nothing). On exit the yielded dict holds
+    ``gpu_bytes`` (the peak allocated by this process during the capture: the model's
+    weights included; not what it allocated before), ``eager_gpu_bytes`` (the peak
+    during the :func:`timed` step ``eager_call``, when there was one) and ``steps``
+    (``{step: peak bytes}`` of the :func:`timed` steps inside), which are also
+    :func:`record`-ed. Resets torch.cuda's peak memory statistics."""
+    global _gpu
+    box: dict[str, Any] = {}
+    if device != "cuda" or _gpu is not None:
         yield box
         return
     import torch
 
-    before = {"peak": torch.cuda.max_memory_allocated()}
-
-    @contextlib.contextmanager
-    def eager():
-        before["peak"] = max(before["peak"], torch.cuda.max_memory_allocated())
-        torch.cuda.reset_peak_memory_stats()  # from here on: the eager call's peak
-        try:
-            yield
-        finally:
-            box["eager_gpu_bytes"] = torch.cuda.max_memory_allocated()
-
-    box["eager"] = eager
+    gpu = _gpu = _StepPeaks(torch.cuda)
+    torch.cuda.reset_peak_memory_stats()  # the capture's own peak, not the script's before it
     try:
         yield box
     finally:
-        box["gpu_bytes"] = max(before["peak"], torch.cuda.max_memory_allocated())
-        record(gpu_bytes=box["gpu_bytes"], eager_gpu_bytes=box.get("eager_gpu_bytes"))
+        _gpu = None
+        gpu.fold()
+        box.update(gpu_bytes=gpu.total, eager_gpu_bytes=gpu.done.get("eager_call"), steps=dict(gpu.done))
+        record(gpu_bytes=gpu.total, eager_gpu_bytes=box["eager_gpu_bytes"])
 
 
 def maxrss_bytes(ru_maxrss: int) -> int:
@@ -105,9 +140,9 @@ def maxrss_bytes(ru_maxrss: int) -> int:
 
 def read(stats_path: Path, host_bytes: Optional[int]) -> tuple[Optional[dict], Optional[dict]]:
     """The target's ``(peaks, breakdown)``: peaks ``{"host_bytes", "gpu_bytes",
-    "eager_gpu_bytes"}`` (those measured), breakdown ``{step: seconds}`` for the
-    :data:`STEPS` timed; None where nothing was measured."""
-    peaks: dict[str, int] = {}
+    "eager_gpu_bytes", "gpu_steps": {step: bytes}}`` (those measured), breakdown
+    ``{step: seconds}`` for the :data:`STEPS` timed; None where nothing was measured."""
+    peaks: dict[str, Any] = {}
     if host_bytes:
         peaks["host_bytes"] = int(host_bytes)
     try:
@@ -117,6 +152,10 @@ def read(stats_path: Path, host_bytes: Optional[int]) -> tuple[Optional[dict], O
     for key in ("gpu_bytes", "eager_gpu_bytes"):
         if isinstance(stats.get(key), int):
             peaks[key] = stats[key]
+    steps = {s: stats[f"{s}_gpu_bytes"] for s in STEPS + VALIDATE_PARTS
+             if isinstance(stats.get(f"{s}_gpu_bytes"), int)}
+    if steps and "gpu_bytes" in peaks:
+        peaks["gpu_steps"] = steps
     breakdown = {s: float(stats[f"{s}_s"]) for s in STEPS if isinstance(stats.get(f"{s}_s"), (int, float))}
     return peaks or None, breakdown or None
 
@@ -128,8 +167,23 @@ def describe_breakdown(breakdown: Optional[dict]) -> str:
     return ", ".join(f"{s.replace('_', ' ')} {breakdown[s]:.1f} s" for s in STEPS if s in breakdown)
 
 
+def peak_step(peaks: Optional[dict]) -> Optional[str]:
+    """The capture step whose GPU peak is the capture's (``peaks["gpu_steps"]``; a part
+    of validate rather than validate), or None (not measured, or the peak fell between
+    steps)."""
+    steps = (peaks or {}).get("gpu_steps") or {}
+    at_peak = [s for s in STEPS + VALIDATE_PARTS if s in steps and steps[s] >= peaks.get("gpu_bytes", 0)]
+    return at_peak[-1] if at_peak else None
+
+
+_STEP_NAMES = {"validate_graph": "validation's graph run", "validate_frozen": "validation's frozen run",
+               "validate_reference": "validation's reference"}
+
+
 def describe(peaks: Optional[dict], human_size) -> str:
-    """``peak host 1.2 GiB, GPU 16.1 GiB (1.05x eager's 15.3 GiB)`` ("" for None)."""
+    """``peak host 1.2 GiB, GPU 16.1 GiB in validation's reference (1.05x eager's
+    15.3 GiB)`` ("" for None; ``in <step>`` where the per-step peaks say which step
+    set it)."""
     if not peaks:
         return ""
     parts = []
@@ -137,6 +191,9 @@ def describe(peaks: Optional[dict], human_size) -> str:
         parts.append(f"host {human_size(peaks['host_bytes'])}")
     if "gpu_bytes" in peaks:
         gpu = f"GPU {human_size(peaks['gpu_bytes'])}"
+        step = peak_step(peaks)
+        if step:
+            gpu += f" in {_STEP_NAMES.get(step, step.replace('_', ' '))}"
         if peaks.get("eager_gpu_bytes"):
             gpu += (f" ({peaks['gpu_bytes'] / peaks['eager_gpu_bytes']:.2f}x eager's "
                     f"{human_size(peaks['eager_gpu_bytes'])})")

@@ -7,9 +7,10 @@ from __future__ import annotations
 import json
 
 from _build_helpers import _clean_env, host_fp_json, make_project, target_toml  # noqa: F401
-from precompile_build import runner
+from precompile_build import capture_stats, runner
 from precompile_build.inspect_cmd import format_report, inspect_report
 from precompile_build.manifest_build import assemble
+from precompile_build.progress import human_size
 from precompile_build.settings import load_settings
 
 GIB = 1 << 30
@@ -65,3 +66,77 @@ def test_reproducible_builds_leave_the_peaks_out(tmp_path, monkeypatch):
     (r,) = runner.run_captures(load_settings(root, {"precompile.cache": "off"}), tmp_path / "work")
     (variant,) = json.loads(assemble("simplepkg", [r])["manifest.json"])["targets"]["fwd"]["variants"]
     assert not {"peak_memory", "capture_breakdown", "capture_seconds"} & set(variant)
+
+
+class _FakeCuda:
+    """torch.cuda's allocated-bytes counters, driven by hand."""
+
+    def __init__(self):
+        self.now = self.peak = 0
+
+    def alloc(self, n):
+        self.now += n
+        self.peak = max(self.peak, self.now)
+
+    def free(self, n):
+        self.now -= n
+
+    def max_memory_allocated(self, device=None):
+        return self.peak
+
+    def reset_peak_memory_stats(self, device=None):
+        self.peak = self.now
+
+
+def _fake_cuda(monkeypatch, tmp_path):
+    import torch
+
+    cuda = _FakeCuda()
+    monkeypatch.setattr(torch.cuda, "max_memory_allocated", cuda.max_memory_allocated)
+    monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats", cuda.reset_peak_memory_stats)
+    monkeypatch.setenv(capture_stats.STATS_ENV, str(tmp_path / "stats.json"))
+    return cuda
+
+
+def test_a_cuda_capture_records_its_own_peak_and_each_steps(tmp_path, monkeypatch):
+    # the model was built in fp32 and cast (a 2 GiB peak before the capture); the
+    # capture's peak is its own, each step's is recorded, and the one that set it is named
+    cuda = _fake_cuda(monkeypatch, tmp_path)
+    cuda.alloc(2 * GIB)
+    cuda.free(GIB)
+    with capture_stats.cuda_peaks("cuda") as box:
+        with capture_stats.timed("trace"):
+            cuda.alloc(GIB // 8)
+            cuda.free(GIB // 8)
+        with capture_stats.timed("eager_call"):
+            cuda.alloc(GIB // 4)
+            cuda.free(GIB // 4)
+        with capture_stats.timed("validate"):
+            for extra in (GIB // 2, GIB // 4):  # two cases: the part keeps its highest
+                with capture_stats.timed("validate_reference"):
+                    cuda.alloc(extra)
+                    cuda.free(extra)
+    assert box["gpu_bytes"] == GIB + GIB // 2 and box["eager_gpu_bytes"] == GIB + GIB // 4
+    assert box["steps"] == {"trace": GIB + GIB // 8, "eager_call": GIB + GIB // 4,
+                            "validate_reference": GIB + GIB // 2, "validate": GIB + GIB // 2}
+    peaks, breakdown = capture_stats.read(tmp_path / "stats.json", None)
+    assert peaks["gpu_steps"]["validate_reference"] == GIB + GIB // 2 and set(breakdown) == {
+        "trace", "eager_call", "validate"}
+    assert capture_stats.describe(peaks, human_size) == (
+        "peak GPU 1.5 GiB in validation's reference (1.20x eager's 1.2 GiB)")
+
+
+def test_a_peak_between_steps_counts_but_names_no_step(tmp_path, monkeypatch):
+    cuda = _fake_cuda(monkeypatch, tmp_path)
+    cuda.alloc(GIB)
+    with capture_stats.cuda_peaks("cuda") as box:
+        with capture_stats.timed("trace"):
+            pass
+        cuda.alloc(GIB)
+        cuda.free(GIB)
+        with capture_stats.timed("compile"):
+            pass
+    assert box["gpu_bytes"] == 2 * GIB and box["eager_gpu_bytes"] is None
+    peaks, _ = capture_stats.read(tmp_path / "stats.json", None)
+    assert capture_stats.peak_step(peaks) is None
+    assert capture_stats.describe(peaks, human_size) == "peak GPU 2.0 GiB"

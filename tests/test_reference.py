@@ -15,6 +15,7 @@ import pytest
 import precompile_build
 from precompile_build.engines import reference, sharing, validation
 from precompile_build.engines.tracing import trace_call
+from precompile_build.errors import CaptureError
 
 torch = pytest.importorskip("torch")
 
@@ -164,3 +165,88 @@ def test_inputs_the_graph_writes_are_copied_and_the_rest_shared():
     for name in names:  # shared with the model: the same memory; written: a copy
         shares = by_name[name].data_ptr() == own[name].data_ptr()
         assert shares is (name not in written), name
+
+
+def _linear_stack():
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 16), torch.nn.Linear(16, 16)).to(torch.bfloat16)
+    x = torch.randn(4, 16).to(torch.bfloat16)
+    return model, x, trace_call(lambda m, x: m(x), (model, x), {}, target="t")
+
+
+def test_frozen_code_that_writes_a_shared_weight_is_refused():
+    # the weights are shared with the model, not cloned: a kernel writing one is found
+    # by its digest, and refused as before
+    model, x, traced = _linear_stack()
+
+    def writes_a_weight(args):
+        outs = list(traced.graph_module(*args))
+        args[0].view(-1)[3] += 1  # m0.0.weight
+        return outs
+
+    with pytest.raises(CaptureError, match=r"target 't': the frozen kernels wrote to parameter/buffer "
+                                           r"m0.0.weight after the call, which the traced graph leaves alone"):
+        validation.compare(writes_a_weight, traced, traced.example_inputs, "the example inputs", "t", {})
+
+
+def test_where_no_reference_fits_the_values_are_checked_against_the_graph(monkeypatch):
+    model, x, traced = _linear_stack()
+
+    def out_of_memory(*args, **kwargs):
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 4.00 GiB")
+    monkeypatch.setattr(reference, "reference_run", out_of_memory)
+    graph = lambda args: list(traced.graph_module(*args))  # noqa: E731
+    case = validation.compare(graph, traced, traced.example_inputs, "the example inputs", "t", {})
+    assert case["reference"] == "none" and case["checked"].startswith("no wider-dtype reference fits in memory")
+    assert case["worst"] == {"value": "output 0", "max_abs_diff": 0.0}
+
+    def off(args):
+        outs = graph(args)
+        outs[0] = outs[0] + 1
+        return outs
+    with pytest.raises(CaptureError, match=r"value 0 \(output 0\) differs from the traced graph on the example "
+                                           r"inputs beyond its dtype's tolerance \(max \|frozen - graph\| 1; no "
+                                           r"wider-dtype reference fits in memory\)"):
+        validation.compare(off, traced, traced.example_inputs, "the example inputs", "t", {})
+
+
+def test_an_op_out_of_cuda_memory_moves_the_rest_of_the_reference_to_the_cpu(monkeypatch):
+    # the control flow of the spill, on the CPU: the first op that computes raises
+    # CUDA's out-of-memory error; the reference moves its values and runs that op again
+    model, x, traced = _linear_stack()
+    run, failed = reference._Reference._run, []
+
+    def first_fails(self, node, target, args, kwargs):
+        if not failed and not self.spilled and target is torch.ops.aten.linear.default:
+            failed.append(node.name)
+            raise torch.OutOfMemoryError("CUDA out of memory")
+        return run(self, node, target, args, kwargs)
+    monkeypatch.setattr(reference._Reference, "_run", first_fails)
+    monkeypatch.setattr(reference._Reference, "_on_cuda", staticmethod(lambda args, kwargs: True))
+    (ref,), _, info = reference.reference_run(traced.graph_module, traced.example_inputs, "cpu")
+    assert failed and info["spilled_to_cpu"] is True
+    want = x.double()
+    for layer in model:
+        want = torch.nn.functional.linear(want, layer.weight.double(), layer.bias.double())
+    torch.testing.assert_close(ref, want, rtol=1e-12, atol=1e-12)
+
+
+def test_out_of_cuda_memory_while_widening_a_weight_moves_the_reference_to_the_cpu(monkeypatch):
+    # the GPU case: a cap below one wide weight fails in the widening, before the op
+    # runs; that spills too (a reference the GPU cannot hold stays fp64, on the CPU)
+    model, x, traced = _linear_stack()
+    widen, failed = reference._widen, []
+
+    def first_widening_fails(t, dtype):
+        if not failed and isinstance(t, torch.Tensor) and t.dim() == 2 and t.shape == (16, 16):
+            failed.append(tuple(t.shape))
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+        return widen(t, dtype)
+    monkeypatch.setattr(reference, "_widen", first_widening_fails)
+    monkeypatch.setattr(reference._Reference, "_on_cuda", staticmethod(lambda args, kwargs: True))
+    (ref,), _, info = reference.reference_run(traced.graph_module, traced.example_inputs, "cpu")
+    assert failed and info == {"reference": "float64", "fallback_ops": [], "spilled_to_cpu": True}
+    want = x.double()
+    for layer in model:
+        want = torch.nn.functional.linear(want, layer.weight.double(), layer.bias.double())
+    torch.testing.assert_close(ref, want, rtol=1e-12, atol=1e-12)

@@ -68,11 +68,11 @@ def capture_pair(fn, args, kwargs, *, target: str, device: str, options: dict,
     """
     from ..capture_stats import cuda_peaks
 
-    with cuda_peaks(device) as peaks:  # the GPU peaks, for the build's report
-        return _capture(fn, args, kwargs, target, options, real_call, peaks["eager"])
+    with cuda_peaks(device):  # the GPU peaks, per step too, for the build's report
+        return _capture(fn, args, kwargs, target, options, real_call)
 
 
-def _capture(fn, args, kwargs, target: str, options: dict, real_call, eager_window):
+def _capture(fn, args, kwargs, target: str, options: dict, real_call):
     with timed("trace"):
         traced = trace_call(fn, args, kwargs, target=target, tracer=options.get("tracer"))
     device = traced.metadata["device"]
@@ -83,7 +83,7 @@ def _capture(fn, args, kwargs, target: str, options: dict, real_call, eager_wind
             "drop the option")
     real = None
     if real_call is not None:
-        with eager_window(), timed("eager_call"):
+        with timed("eager_call"):
             real = run_real_call(traced, real_call)
     try:
         source, blobs, fingerprint = _compile(traced, target, options, real)

@@ -198,24 +198,25 @@ class _Reference:
             self.narrow.update({id(x): x for x in tree_leaves(out) if isinstance(x, torch.Tensor)})
             return out
         while True:
-            a = tree_map(self._fetch, args)
-            k = tree_map(self._fetch, kwargs)
-            if self.spilled and "device" in k and str(k["device"]).startswith("cuda"):
-                k = dict(k, device="cpu")
-            try:
+            try:  # widening an argument may run out of memory too
+                a = tree_map(self._fetch, args)
+                k = tree_map(self._fetch, kwargs)
+                if self.spilled and "device" in k and str(k["device"]).startswith("cuda"):
+                    k = dict(k, device="cpu")
                 out = self._run(node, target, a, k)
+                break
             except Exception as e:
-                if _is_oom(e) and not self.spilled and self._on_cuda(a, k):
-                    del a, k
-                    self._spill(interp)
-                    continue  # the same op, on the CPU
-                raise
-            if _returns_alias(target):
-                return out
-            val = node.meta.get("val")
-            if isinstance(out, (tuple, list)) and isinstance(val, (tuple, list)) and len(out) == len(val):
-                return type(out)(_restrided(o, v) for o, v in zip(out, val))
-            return _restrided(out, val)
+                if not (_is_oom(e) and not self.spilled and self._on_cuda(args, kwargs)):
+                    raise
+            # out of the handler: its traceback no longer holds the wide temporaries
+            a = k = None
+            self._spill(interp)  # then the same op again, on the CPU
+        if _returns_alias(target):
+            return out
+        val = node.meta.get("val")
+        if isinstance(out, (tuple, list)) and isinstance(val, (tuple, list)) and len(out) == len(val):
+            return type(out)(_restrided(o, v) for o, v in zip(out, val))
+        return _restrided(out, val)
 
     @staticmethod
     def _on_cuda(args, kwargs) -> bool:

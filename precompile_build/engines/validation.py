@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 
+from ..capture_stats import timed
 from ..errors import CaptureError, warn_at_caller
 from . import dynamic_dims, sharing
 from .tracing import TracedCall
@@ -120,7 +121,8 @@ def compare(call, traced: TracedCall, inputs: list, what: str, target: str,
     with torch.no_grad(), torch.random.fork_rng(devices=cuda):
         torch.manual_seed(_SEED)
         try:
-            want = traced.graph_module(*a)
+            with timed("validate_graph"):
+                want = traced.graph_module(*a)
         except Exception as e:  # only at sizes other than the example's
             raise CaptureError(
                 f"target {target!r}: the captured function itself fails at {what} "
@@ -128,7 +130,8 @@ def compare(call, traced: TracedCall, inputs: list, what: str, target: str,
             ) from e
         torch.manual_seed(_SEED)
         try:
-            got = call(list(b))
+            with timed("validate_frozen"):
+                got = call(list(b))
         except Exception as e:
             raise CaptureError(
                 f"target {target!r}: the frozen wrapper failed on {what} "
@@ -144,9 +147,11 @@ def compare(call, traced: TracedCall, inputs: list, what: str, target: str,
             if sharing.checksum(inputs[i]) != d:
                 raise CaptureError(
                     f"target {target!r}: the frozen kernels wrote to {labels[len(want) + i]}, which "
-                    f"the traced graph leaves alone, on {what}; refusing to write a pair that "
-                    f"computes something else; {fix}")
-        ref_out, ref_in, info = _reference(traced, inputs, target, what, written)
+                    f"the traced graph leaves alone, on {what} (the run shares it with your model: "
+                    f"this process's copy is changed); refusing to write a pair that computes "
+                    f"something else; {fix}")
+        with timed("validate_reference"):
+            ref_out, ref_in, info = _reference(traced, inputs, target, what, written)
     if ref_out is None:
         return {**_without_reference(want, got, labels, target, what), **info}
     mutated = set(traced.metadata["mutated_inputs"])
