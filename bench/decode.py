@@ -115,7 +115,9 @@ if kind == "prefill":
     torch._dynamo.mark_dynamic(ids, 1, min=2, max=64)
     torch._dynamo.mark_dynamic(pos, 0, min=2, max=64)
 else:
-    ids, pos = ids[:, :1], pos[:1]
+    # contiguous, as a decode loop's token[:, None] is (a slice of the batch's prompt
+    # would be captured with its row stride)
+    ids, pos = ids[:, :1].contiguous(), pos[:1].contiguous()
 with torch.no_grad(), precompile_build.capture(llmdecode.step) as f:
     f(model, ids, llmdecode.static_cache(model, batch, device), pos)
 '''
