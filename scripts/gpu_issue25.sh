@@ -22,8 +22,8 @@ grep -E "passed|failed|^FAILED|^ERROR" "$OUT/pytest.log" | tail -8 | tee -a "$OU
 echo "== 2. bench/decode.py on CUDA (batches ${DECODE_BATCHES:-1})"
 # shellcheck disable=SC2086
 # --budget stops the bench itself (a path past it is skipped, a running one killed);
-# the outer timeout is only a safety net
-timeout $(( ${BENCH_BUDGET:-200} + 120 )) python3 bench/decode.py --device cuda --batches ${DECODE_BATCHES:-1} \
+# the outer timeout (the build of the wheel, about 3 min, comes first) is only a safety net
+timeout $(( ${BENCH_BUDGET:-200} + 480 )) python3 bench/decode.py --device cuda --batches ${DECODE_BATCHES:-1} \
   --steps "${DECODE_STEPS:-128}" --timeout "${DECODE_TIMEOUT:-150}" --budget "${BENCH_BUDGET:-200}" \
   ${DECODE_PATHS:+--paths $DECODE_PATHS} --work "$OUT/work" --out "$OUT/decode_cuda.md" > "$OUT/decode.log" 2>&1
 echo "bench rc=$?" | tee -a "$OUT/summary.txt"
