@@ -115,7 +115,9 @@ if kind == "prefill":
     torch._dynamo.mark_dynamic(ids, 1, min=2, max=64)
     torch._dynamo.mark_dynamic(pos, 0, min=2, max=64)
 else:
-    ids, pos = ids[:, :1], pos[:1]
+    # contiguous, as a decode loop's token[:, None] is (a slice of the batch's prompt
+    # would be captured with its row stride)
+    ids, pos = ids[:, :1].contiguous(), pos[:1].contiguous()
 with torch.no_grad(), precompile_build.capture(llmdecode.step) as f:
     f(model, ids, llmdecode.static_cache(model, batch, device), pos)
 '''
@@ -311,6 +313,9 @@ def main() -> None:
     ap.add_argument("--prompt", type=int, default=16)
     ap.add_argument("--paths", nargs="+", default=list(PATHS), choices=PATHS)
     ap.add_argument("--timeout", type=float, default=900, help="seconds per path")
+    ap.add_argument("--budget", type=float, default=None,
+                    help="seconds for the whole run: a path that would start after it is skipped, "
+                         "one running is stopped at it")
     ap.add_argument("--work", help="folder for the project, wheel and caches (default: a temp dir)")
     ap.add_argument("--out", help="write the markdown table here")
     ap.add_argument("--worker", help=argparse.SUPPRESS)
@@ -324,10 +329,15 @@ def main() -> None:
     build_s = build_wheel(work, proj) if any(p.startswith("load_packaged") for p in paths) else 0.0
     write = _writer(a, build_s)
     rows: list[dict] = []
+    start = time.perf_counter()
     for batch in a.batches:
         eager = None
         for path in paths:
-            r = run_path(path, a.device, batch, a.steps, a.prompt, work, a.timeout)
+            left = a.timeout if a.budget is None else min(a.timeout, a.budget - (time.perf_counter() - start))
+            if left < 10:
+                r = {"error": "not run: the --budget was spent"}
+            else:
+                r = run_path(path, a.device, batch, a.steps, a.prompt, work, left)
             r.update(path=path, batch=batch)
             if path == "eager" and "error" not in r:
                 eager = r

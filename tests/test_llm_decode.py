@@ -64,6 +64,25 @@ def test_a_static_cache_argument_is_updated_in_place(tmp_path, tracer):
         assert cache.layers[1].keys[:, :, :1 + STEPS].abs().sum() > 0
 
 
+def test_a_serving_process_without_the_registration_registers_it(tmp_path):
+    """A fresh serving process has not registered StaticCache with pytree (the capture
+    process did): the pair registers it before its first call flattens one."""
+    from torch.utils import _pytree as pytree
+    from transformers.cache_utils import StaticCache, StaticLayer
+
+    model = modelzoo.build_llama()
+    step = _capture(tmp_path, modelzoo.lm_step, model, torch.tensor([[1]]), modelzoo.static_cache(model, "cpu"),
+                    torch.tensor([0]))
+    for cls in (StaticCache, StaticLayer):
+        pytree._deregister_pytree_node(cls)
+    assert StaticCache not in pytree.SUPPORTED_NODES
+    cache = modelzoo.static_cache(model, "cpu")
+    with torch.no_grad():
+        want = modelzoo.lm_step(model, torch.tensor([[5]]), modelzoo.static_cache(model, "cpu"), torch.tensor([0]))
+    torch.testing.assert_close(step(model, torch.tensor([[5]]), cache, torch.tensor([0])), want)
+    assert StaticCache in pytree.SUPPORTED_NODES and int(cache.layers[0].cumulative_length) == 1
+
+
 def test_a_returned_model_output_holds_the_callers_cache_tensors(tmp_path):
     model = modelzoo.build_llama()
 

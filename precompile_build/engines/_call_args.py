@@ -146,11 +146,14 @@ def _flatten_call(args, kwargs):
     """The call's models and tensor leaves, its structure and constants checked
     against the capture's. Returns (modules, tensors). Raises CallError."""
     kwargs = _check_structure(args, kwargs)
+    want = _spec("inputs")  # first: it registers the argument types this process lacks
     try:
         leaves, spec = _pytree.tree_flatten((args, kwargs))
-    except NotReady as e:  # a registered class refusing its value (_pytree_types.py, copied in above)
+    except ValueError as e:  # NotReady: a registered class refusing its value (_pytree_types.py's, or
+        # the capture side's copy where this process captured too)
+        if type(e).__name__ != "NotReady":
+            raise
         raise CallError(f"target {_META['target']!r}: an argument is {e}") from None
-    want = _spec("inputs")
     if spec != want:
         names = _META.get("arg_names") or []
         (w_pos, w_kw), (g_pos, g_kw) = _children(want), _children(spec)

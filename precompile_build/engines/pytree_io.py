@@ -52,21 +52,19 @@ def arg_paths(args: tuple, kwargs: dict, arg_names: list[str]) -> list[tuple[str
     """
     from torch.utils import _pytree as pytree
 
-    from ._pytree_types import NotReady
-
     tops = [(f"argument {arg_names[i]!r}" if arg_names else f"args[{i}]", a) for i, a in enumerate(args)]
     tops += [(f"keyword argument {k!r}", v) for k, v in kwargs.items()]
     out = []
     for label, value in tops:
         try:
-            try:
-                out += [(label + pytree.keystr(kp), v) for kp, v in pytree.tree_flatten_with_path(value)[0]]
-            except NotReady:
-                raise
-            except ValueError:  # no flatten_with_keys_fn: positions
-                out += [(f"{label} (leaf {i})", v) for i, v in enumerate(pytree.tree_leaves(value))]
-        except NotReady as e:
-            raise CaptureError(f"{label} is {e}") from None
+            out += [(label + pytree.keystr(kp), v) for kp, v in pytree.tree_flatten_with_path(value)[0]]
+            continue
+        except ValueError:  # no flatten_with_keys_fn (positions, below), or a refused value
+            pass
+        try:
+            out += [(f"{label} (leaf {i})", v) for i, v in enumerate(pytree.tree_leaves(value))]
+        except ValueError as e:  # _pytree_types.NotReady (of this module or of a loaded pair's copy)
+            raise CaptureError(f"{label} is {e}" if type(e).__name__ == "NotReady" else f"{label}: {e}") from None
     return out
 
 

@@ -263,7 +263,7 @@ def capture_decoding(name: str, device: str) -> None:
         torch._dynamo.mark_dynamic(ids, 1, min=2, max=16)
         torch._dynamo.mark_dynamic(pos, 0, min=2, max=16)
     else:
-        ids, pos = ids[:, :1], pos[:1]
+        ids, pos = ids[:, :1].contiguous(), pos[:1].contiguous()  # as a loop's token[:, None] is
     with torch.no_grad(), precompile_build.capture(lm_step) as f:
         f(model, ids, static_cache(model, device), pos)
 
