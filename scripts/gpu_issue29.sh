@@ -11,7 +11,8 @@
 #      (PRECOMPILE_TEST_FORCE_PTX=1) against eager; refused under PRECOMPILE_NO_COMPILE=1
 #   5. a user Triton kernel whose fastest config needs more shared memory than sm_86 has:
 #      replaced for 8.6 by the next best candidate of the H200's autotuning
-#   6. tests/test_cross_arch.py (its compile-only tests run where triton is installed)
+#   6. tests/test_cross_arch.py (its compile-only tests run where triton is installed),
+#      tests/test_cross_arch_recorded.py, test_gpu_frozen's test_template_is_self_contained
 # Each step prints "STEP n ... rc=N" and "RESULT ...: PASS|FAIL"; 8 small files go to $OUT
 # (default /tmp/gpu_issue29): summary.txt first.
 set -uo pipefail
@@ -252,8 +253,9 @@ timeout 300 python3 "$W/big_smem.py" > "$OUT/big_smem.txt" 2>&1
 echo "STEP 5 rc=$?" | tee -a "$SUM"
 grep -E "kernel|RESULT|Error" "$OUT/big_smem.txt" | cut -c1-400 | tail -8 | tee -a "$SUM"
 
-echo "== STEP 6: tests/test_cross_arch.py" | tee -a "$SUM"
-timeout 300 python3 -m pytest -q -p no:cacheprovider tests/test_cross_arch.py > "$OUT/pytest.txt" 2>&1
+echo "== STEP 6: tests/test_cross_arch.py, test_cross_arch_recorded.py, the launcher template's self-containment" | tee -a "$SUM"
+timeout 300 python3 -m pytest -q -p no:cacheprovider tests/test_cross_arch.py tests/test_cross_arch_recorded.py \
+  tests/test_gpu_frozen.py::test_template_is_self_contained > "$OUT/pytest.txt" 2>&1
 echo "STEP 6 rc=$?" | tee -a "$SUM"
 tail -3 "$OUT/pytest.txt" | tee -a "$SUM"
 rm -rf "$W"
