@@ -231,18 +231,20 @@ def test_an_op_out_of_cuda_memory_moves_the_rest_of_the_reference_to_the_cpu(mon
     torch.testing.assert_close(ref, want, rtol=1e-12, atol=1e-12)
 
 
-def test_out_of_cuda_memory_while_widening_a_weight_moves_the_reference_to_the_cpu(monkeypatch):
+@pytest.mark.parametrize("where", ["_widen", "_restrided"], ids=["widening a weight", "restriding a result"])
+def test_out_of_cuda_memory_around_an_op_moves_the_reference_to_the_cpu(monkeypatch, where):
     # the GPU case: a cap below one wide weight fails in the widening, before the op
-    # runs; that spills too (a reference the GPU cannot hold stays fp64, on the CPU)
+    # runs (or in the copy that gives a result the narrow run's strides, after it);
+    # that spills too: a reference the GPU cannot hold stays fp64, on the CPU
     model, x, traced = _linear_stack()
-    widen, failed = reference._widen, []
+    real, failed = getattr(reference, where), []
 
-    def first_widening_fails(t, dtype):
-        if not failed and isinstance(t, torch.Tensor) and t.dim() == 2 and t.shape == (16, 16):
+    def fails_once(t, arg):
+        if not failed and isinstance(t, torch.Tensor) and t.dim() == 2:
             failed.append(tuple(t.shape))
             raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
-        return widen(t, dtype)
-    monkeypatch.setattr(reference, "_widen", first_widening_fails)
+        return real(t, arg)
+    monkeypatch.setattr(reference, where, fails_once)
     monkeypatch.setattr(reference._Reference, "_on_cuda", staticmethod(lambda args, kwargs: True))
     (ref,), _, info = reference.reference_run(traced.graph_module, traced.example_inputs, "cpu")
     assert failed and info == {"reference": "float64", "fallback_ops": [], "spilled_to_cpu": True}

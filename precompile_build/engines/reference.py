@@ -21,7 +21,8 @@ whole fp64 copy of the weights (4x a bf16 model), more than the model itself nee
   output (CUDA flash attention writes (B, L, H, D) memory, fp64's math kernel (B, H,
   L, D)) or of a channels-last convolution is then valid, and ``as_strided`` reads the
   same elements; a ``view`` that still is not (symbolic strides) is a ``reshape``;
-- moves the rest of the run to the CPU when a CUDA op runs out of memory (the spilled
+- moves the rest of the run to the CPU when a CUDA op (widening its arguments, running,
+  restriding its result) runs out of memory (the spilled
   values are listed in ``spilled``).
 """
 
@@ -198,19 +199,23 @@ class _Reference:
             self.narrow.update({id(x): x for x in tree_leaves(out) if isinstance(x, torch.Tensor)})
             return out
         while True:
-            try:  # widening an argument may run out of memory too
+            try:  # widening an argument or restriding the result may run out of memory too
                 a = tree_map(self._fetch, args)
                 k = tree_map(self._fetch, kwargs)
                 if self.spilled and "device" in k and str(k["device"]).startswith("cuda"):
                     k = dict(k, device="cpu")
-                out = self._run(node, target, a, k)
-                break
+                return self._laid_out(node, target, self._run(node, target, a, k))
             except Exception as e:
                 if not (_is_oom(e) and not self.spilled and self._on_cuda(args, kwargs)):
                     raise
             # out of the handler: its traceback no longer holds the wide temporaries
             a = k = None
             self._spill(interp)  # then the same op again, on the CPU
+
+    @staticmethod
+    def _laid_out(node, target, out):
+        """``out`` with the narrow run's strides (:func:`_restrided`); a view as it is
+        (in-place ops return their argument: never run twice after a spill)."""
         if _returns_alias(target):
             return out
         val = node.meta.get("val")
