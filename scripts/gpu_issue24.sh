@@ -39,7 +39,8 @@ for part in $PARTS; do
     tests) step tests 120 bash -c "python3 -m pytest -q -p no:cacheprovider tests/test_gpu_memory.py tests/test_reference.py > '$OUT/tests.log' 2>&1; rc=\$?; tail -5 '$OUT/tests.log'; exit \$rc" ;;
     1b) step 1b 220 python3 bench/scale.py --device cuda --llama --sizes 1b --modes capture,load,eager,compile --tag 1b --out "$OUT" ;;
     8b) step 8b 280 python3 bench/scale.py --device cuda --llama --sizes 8b --modes capture,load,eager,compile --tag 8b --out "$OUT" ;;
-    3b) step 3b-cap24 150 python3 bench/scale.py --device cuda --llama --sizes 3b --modes capture --cap-gib 24 --tag 3b_cap24 --out "$OUT" ;;
+    3b) if (($(left 150) < 90)); then echo "== 3b-cap24: skipped (under 90 s left; PARTS=3b runs it alone)"; continue; fi
+        step 3b-cap24 150 python3 bench/scale.py --device cuda --llama --sizes 3b --modes capture --cap-gib 24 --tag 3b_cap24 --out "$OUT" ;;
     *) echo "== unknown part $part" ;;
   esac
 done

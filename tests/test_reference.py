@@ -231,22 +231,75 @@ def test_an_op_out_of_cuda_memory_moves_the_rest_of_the_reference_to_the_cpu(mon
     torch.testing.assert_close(ref, want, rtol=1e-12, atol=1e-12)
 
 
-def test_out_of_cuda_memory_while_widening_a_weight_moves_the_reference_to_the_cpu(monkeypatch):
+@pytest.mark.parametrize("where", ["_widen", "_restrided"], ids=["widening a weight", "restriding a result"])
+def test_out_of_cuda_memory_around_an_op_moves_the_reference_to_the_cpu(monkeypatch, where):
     # the GPU case: a cap below one wide weight fails in the widening, before the op
-    # runs; that spills too (a reference the GPU cannot hold stays fp64, on the CPU)
+    # runs (or in the copy that gives a result the narrow run's strides, after it);
+    # that spills too: a reference the GPU cannot hold stays fp64, on the CPU
     model, x, traced = _linear_stack()
-    widen, failed = reference._widen, []
+    real, failed = getattr(reference, where), []
 
-    def first_widening_fails(t, dtype):
-        if not failed and isinstance(t, torch.Tensor) and t.dim() == 2 and t.shape == (16, 16):
+    def fails_once(t, arg):
+        if not failed and isinstance(t, torch.Tensor) and t.dim() == 2:
             failed.append(tuple(t.shape))
             raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
-        return widen(t, dtype)
-    monkeypatch.setattr(reference, "_widen", first_widening_fails)
+        return real(t, arg)
+    monkeypatch.setattr(reference, where, fails_once)
     monkeypatch.setattr(reference._Reference, "_on_cuda", staticmethod(lambda args, kwargs: True))
     (ref,), _, info = reference.reference_run(traced.graph_module, traced.example_inputs, "cpu")
     assert failed and info == {"reference": "float64", "fallback_ops": [], "spilled_to_cpu": True}
     want = x.double()
     for layer in model:
         want = torch.nn.functional.linear(want, layer.weight.double(), layer.bias.double())
+    torch.testing.assert_close(ref, want, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("tracer,shape", [("export", (4, 64)), ("export", (2, 3, 64)), ("make_fx", (4, 64)),
+                                          ("make_fx", (2, 3, 64))])
+def test_a_large_weight_is_widened_by_blocks_of_columns(monkeypatch, tracer, shape):
+    # linear (export), addmm / mm (make_fx, 2-d and 3-d inputs): past BLOCK_BYTES a
+    # weight is never wide whole, and the product is the same fp64 product
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 96), torch.nn.Linear(96, 64, bias=False)).to(torch.bfloat16)
+    x = torch.randn(*shape).to(torch.bfloat16)
+    traced = trace_call(lambda m, x: m(x), (model, x), {}, target="t", tracer=tracer)
+    (whole,), _, _ = reference.reference_run(traced.graph_module, traced.example_inputs, "cpu")
+    monkeypatch.setattr(reference, "BLOCK_BYTES", 16 * 64 * 8)  # 16 columns of a 64-deep weight
+    largest, to = [0], torch.Tensor.to
+
+    def counting_to(self, *args, **kwargs):
+        out = to(self, *args, **kwargs)
+        if out is not self and out.dtype == torch.float64 and self.dim() == 2 and self.numel() >= 16 * 64:
+            largest[0] = max(largest[0], out.numel())
+        return out
+    monkeypatch.setattr(torch.Tensor, "to", counting_to)
+    (blocks,), _, _ = reference.reference_run(traced.graph_module, traced.example_inputs, "cpu")
+    monkeypatch.setattr(torch.Tensor, "to", to)
+    assert 0 < largest[0] <= 16 * 96  # a block of 16 (or 10) columns/rows, never a whole 96 x 64 weight
+    torch.testing.assert_close(blocks, whole, rtol=1e-12, atol=1e-12)
+    want = torch.nn.functional.linear(x.double(), model[0].weight.double(), model[0].bias.double())
+    torch.testing.assert_close(blocks, torch.nn.functional.linear(want, model[1].weight.double()),
+                               rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("tracer", ["export", "make_fx"])
+def test_an_embedding_gathers_from_the_narrow_table(monkeypatch, tracer):
+    # the rows are gathered, then widened: the same values, never a wide table
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Embedding(100, 16), torch.nn.Linear(16, 8)).to(torch.bfloat16)
+    ids = torch.tensor([[3, 7, 99], [0, 3, 5]])
+    traced = trace_call(lambda m, i: m(i), (model, ids), {}, target="t", tracer=tracer)
+    assert any("embedding" in str(n.target) for n in traced.graph_module.graph.nodes)
+    largest, to = [0], torch.Tensor.to
+
+    def counting_to(self, *args, **kwargs):
+        out = to(self, *args, **kwargs)
+        if out is not self and out.dtype == torch.float64:
+            largest[0] = max(largest[0], out.numel())
+        return out
+    monkeypatch.setattr(torch.Tensor, "to", counting_to)
+    (ref,), _, info = reference.reference_run(traced.graph_module, traced.example_inputs, "cpu")
+    monkeypatch.setattr(torch.Tensor, "to", to)
+    assert largest[0] < 100 * 16 and info["reference"] == "float64"
+    want = torch.nn.functional.linear(model[0].weight.double()[ids], model[1].weight.double(), model[1].bias.double())
     torch.testing.assert_close(ref, want, rtol=1e-12, atol=1e-12)

@@ -7,7 +7,9 @@ whole fp64 copy of the weights (4x a bf16 model), more than the model itself nee
 
 - widens a parameter right before the op that computes with it (its views, such as
   the trace's ``detach`` or a ``t``, are taken of the narrow tensor) and drops the
-  wide copy after that op ran: one weight is wide at a time; inputs
+  wide copy after that op ran: one weight is wide at a time (a matrix product's
+  weight past :data:`BLOCK_BYTES` by blocks of output columns; a gather's table,
+  an embedding, not at all: its rows are widened once gathered); inputs
   the graph writes (``sharing.written_inputs``) are widened once, up front, so that the
   writes land in them;
 - frees each intermediate after its last use (``garbage_collect_values``);
@@ -21,7 +23,8 @@ whole fp64 copy of the weights (4x a bf16 model), more than the model itself nee
   output (CUDA flash attention writes (B, L, H, D) memory, fp64's math kernel (B, H,
   L, D)) or of a channels-last convolution is then valid, and ``as_strided`` reads the
   same elements; a ``view`` that still is not (symbolic strides) is a ``reshape``;
-- moves the rest of the run to the CPU when a CUDA op runs out of memory (the spilled
+- moves the rest of the run to the CPU when a CUDA op (widening its arguments, running,
+  restriding its result) runs out of memory (the spilled
   values are listed in ``spilled``).
 """
 
@@ -29,6 +32,21 @@ from __future__ import annotations
 
 import operator
 import weakref
+
+
+BLOCK_BYTES = 256 << 20
+"""The largest wide copy of one matrix product's weight the reference makes at once:
+larger ones are widened and multiplied by blocks of output columns."""
+
+
+def _gather_table(target):
+    """The position of the table an op copies elements of (``embedding``,
+    ``index_select``), else None: a wide run gathers from the narrow table and widens
+    the result, the same values."""
+    import torch
+
+    aten = torch.ops.aten
+    return {aten.embedding.default: 0, aten.index_select.default: 0}.get(target)
 
 
 def reference_dtype(device_type: str):
@@ -198,19 +216,96 @@ class _Reference:
             self.narrow.update({id(x): x for x in tree_leaves(out) if isinstance(x, torch.Tensor)})
             return out
         while True:
-            try:  # widening an argument may run out of memory too
-                a = tree_map(self._fetch, args)
+            try:  # widening an argument or restriding the result may run out of memory too
+                keep = self._kept_narrow(target, args, kwargs)  # widened by blocks, or after a gather
+                a = tuple(x if j == keep else tree_map(self._fetch, x) for j, x in enumerate(args))
                 k = tree_map(self._fetch, kwargs)
                 if self.spilled and "device" in k and str(k["device"]).startswith("cuda"):
                     k = dict(k, device="cpu")
-                out = self._run(node, target, a, k)
-                break
+                out = self._gathered(target, args, a, k) if keep is not None and _gather_table(target) is not None \
+                    else self._by_column_blocks(target, args, kwargs, a, k)
+                if out is None:
+                    out = self._run(node, target, a, k)
+                return self._laid_out(node, target, out)
             except Exception as e:
                 if not (_is_oom(e) and not self.spilled and self._on_cuda(args, kwargs)):
                     raise
             # out of the handler: its traceback no longer holds the wide temporaries
             a = k = None
             self._spill(interp)  # then the same op again, on the CPU
+
+    def _kept_narrow(self, target, args, kwargs):
+        """The position of the argument an op reads narrow: the table of a gather
+        (:func:`_gather_table`) that is the caller's tensor, or a large weight
+        (:meth:`_large_weight`); else None."""
+        import torch
+
+        at = _gather_table(target)
+        if at is not None and len(args) > at and isinstance(args[at], torch.Tensor) \
+                and args[at].is_floating_point() and self._is_narrow(args[at]):
+            return at
+        return self._large_weight(target, args, kwargs)
+
+    def _gathered(self, target, args, a, k):
+        """A gather of rows of the caller's table (an embedding) run on the narrow table,
+        its result widened: the same values (a gather copies elements), without a wide
+        copy of the table (an 8B Llama's is 4 GiB in fp64)."""
+        at = _gather_table(target)
+        table = args[at]
+        if self.spilled and table.device.type == "cuda":
+            table = table.to("cpu")  # where _fetch moved the indices
+        return _widen(target(*a[:at], table, *a[at + 1:], **k), self.dtype)
+
+    def _large_weight(self, target, args, kwargs):
+        """The position of the weight of a matrix product (``mm``'s or ``addmm``'s right
+        operand, ``linear``'s weight) when it is the caller's tensor and its wide copy
+        would exceed :data:`BLOCK_BYTES`; else None."""
+        import torch
+
+        aten = torch.ops.aten
+        at = {aten.mm.default: 1, aten.addmm.default: 2, aten.linear.default: 1}.get(target)
+        if at is None or kwargs or len(args) <= at:
+            return None
+        w = args[at]
+        if not (isinstance(w, torch.Tensor) and w.dim() == 2 and w.is_floating_point() and self._is_narrow(w)):
+            return None
+        return at if w.numel() * self.dtype.itemsize > BLOCK_BYTES else None
+
+    def _by_column_blocks(self, target, args, kwargs, a, k):
+        """The matrix product with a large weight (:meth:`_large_weight`) computed by
+        blocks of output columns, each block of the weight widened on its own: the
+        wide copy of an 8B model's 4 GiB fp64 output projection is never whole. Each
+        output element is the same fp64 dot product. None for other ops."""
+        import torch
+
+        at = self._large_weight(target, args, kwargs)
+        if at is None:
+            return None
+        aten = torch.ops.aten
+        w = args[at]  # the caller's tensor (narrow), on its device
+        if self.spilled and w.device.type == "cuda":
+            w = w.to("cpu")
+        x = a[at - 1]
+        linear = target is aten.linear.default
+        n, depth = (w.shape[0], w.shape[1]) if linear else (w.shape[1], w.shape[0])
+        step = max(1, BLOCK_BYTES // max(1, depth * self.dtype.itemsize))
+        out = torch.empty((*x.shape[:-1], n), dtype=self.dtype, device=x.device)
+        bias = a[0] if target is aten.addmm.default else (a[2] if linear and len(a) > 2 else None)
+        if bias is not None:
+            bias = bias.expand(out.shape)
+        for j in range(0, n, step):  # addmm's beta and alpha are 1: no kwargs (_large_weight)
+            block = _widen(w[j:j + step] if linear else w[:, j:j + step], self.dtype)
+            part = torch.nn.functional.linear(x, block) if linear else torch.mm(x, block)
+            if bias is not None:
+                part = part.add_(bias[..., j:j + step])
+            out[..., j:j + step] = part
+            del block, part
+        return out
+
+    @staticmethod
+    def _laid_out(node, target, out):
+        """``out`` with the narrow run's strides (:func:`_restrided`); a view as it is
+        (in-place ops return their argument: never run twice after a spill)."""
         if _returns_alias(target):
             return out
         val = node.meta.get("val")
