@@ -50,6 +50,10 @@ def test_the_export_wrapper_captures_as_it_is(tmp_path, tracer):
 
 @pytest.mark.parametrize("tracer", TRACERS)
 def test_a_static_cache_argument_is_updated_in_place(tmp_path, tracer):
+    if tracer == "export-strict" and tuple(int(v) for v in torch.__version__.split(".")[:2]) < (2, 13):
+        # torch 2.11's Dynamo cannot trace StaticLayer.update (a __dict__.update call:
+        # "Unsupported method call"; seen on the H200); 2.13 and 2.14.1 can
+        pytest.skip("torch < 2.13: Dynamo cannot trace transformers' StaticLayer.update")
     model = modelzoo.build_llama()
     step = _capture(tmp_path, modelzoo.lm_step, model, torch.tensor([[1]]), modelzoo.static_cache(model, "cpu"),
                     torch.tensor([0]), tracer=tracer)
