@@ -76,5 +76,4 @@ def test_a_reference_the_gpu_cannot_hold_moves_to_the_cpu(tmp_path, monkeypatch)
     # of the fp64 run moves to the CPU (spilled_to_cpu; CPU-tested in test_reference.py).
     # On the H200 (session 7) the blocks fitted under this cap: no spill was needed.
     assert validation["reference"] == "float64", validation
-    assert validation.get("spilled_to_cpu") in (None, False, True), validation
     assert peaks["gpu_bytes"] <= cap
