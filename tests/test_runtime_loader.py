@@ -568,6 +568,7 @@ def test_corrupt_cache_entry_is_replaced(pkg, tmp_path):
 def test_full_disk_while_unpacking_leaves_no_entry(pkg, tmp_path, monkeypatch):
     import errno
 
+    import precompile_runtime.kernel_cache as kernel_cache
     import precompile_runtime.loader as loader
 
     def full(path, data):
@@ -575,7 +576,7 @@ def test_full_disk_while_unpacking_leaves_no_entry(pkg, tmp_path, monkeypatch):
             f.write(data[: len(data) // 2])  # a part made it to disk, then the disk was full
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(loader, "_write_file", full)
+    monkeypatch.setattr(kernel_cache, "_write_file", full)
     with pytest.raises(PrecompileLoadError, match="No space left on device") as ei:
         load_packaged("fwd", package=pkg.name)
     assert repr(pkg.name) in str(ei.value) and "PRECOMPILE_CACHE_DIR" in str(ei.value)
