@@ -95,6 +95,9 @@ def test_greedy_decoding_from_the_wheel_gives_eagers_tokens(served):
     assert r["cache_lengths"] == [6 + modelzoo.DECODE_STEPS - 1, 11 + modelzoo.DECODE_STEPS - 1]
     assert r["served_wrapper"] == r["eager_wrapper"]
     assert r["wrapper_buffer_is_cache"] and r["wrapper_cache_written"]
+
+
+@pytest.mark.slow
 def test_no_model_is_said_to_change_python_state(served):
     """Library models keep caches and flags of their own (transformers' and timm's
     code is not looked into): no PythonStateWarning for any case of the matrix."""

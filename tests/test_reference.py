@@ -210,6 +210,30 @@ def test_where_no_reference_fits_the_values_are_checked_against_the_graph(monkey
         validation.compare(off, traced, traced.example_inputs, "the example inputs", "t", {})
 
 
+def test_where_no_reference_fits_inputs_written_in_place_are_checked_too(monkeypatch):
+    """The no-reference path judges what the graph writes (a cache) as well as the
+    outputs: kernels that write a wrong cache are refused there too."""
+    from precompile_build.engines.tracing import trace_call
+
+    def step(cache, x):
+        cache.mul_(0.5).add_(x)
+        return cache.sum(0)
+
+    traced = trace_call(step, (torch.zeros(4, 8), torch.randn(4, 8)), {}, target="t")
+    monkeypatch.setattr(reference, "reference_run",
+                        lambda *a, **k: (_ for _ in ()).throw(torch.OutOfMemoryError("CUDA out of memory")))
+
+    def wrong_cache(args):
+        outs = list(traced.graph_module(*args))
+        args[0].add_(1)  # the kernels' cache write is off; the output is right
+        return outs
+
+    graph = lambda args: list(traced.graph_module(*args))  # noqa: E731
+    assert validation.compare(graph, traced, traced.example_inputs, "the example inputs", "t", {})["reference"] == "none"
+    with pytest.raises(CaptureError, match=r"\(tensor argument 0 after the call\) differs from the traced graph"):
+        validation.compare(wrong_cache, traced, traced.example_inputs, "the example inputs", "t", {})
+
+
 def test_an_op_out_of_cuda_memory_moves_the_rest_of_the_reference_to_the_cpu(monkeypatch):
     # the control flow of the spill, on the CPU: the first op that computes raises
     # CUDA's out-of-memory error; the reference moves its values and runs that op again

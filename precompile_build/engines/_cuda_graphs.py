@@ -45,7 +45,7 @@ class _CudaGraphs:
 
     Bounded: at most max_graphs graphs, least recently used dropped (its size stays
     warm), at most max_graphs warm sizes and max_graphs compute-bound sizes
-    remembered. A graph whose parameters or buffers were freed (a deleted model,
+    remembered, KEYS_KEPT failed sizes and recording counts. A graph whose parameters or buffers were freed (a deleted model,
     weights assigned anew) is dropped at the next call; all go with the loaded function.
 
     Thread-safe: one lock serialises this loaded function's calls with graphs (the
@@ -58,6 +58,7 @@ class _CudaGraphs:
 
     COMPUTE_BOUND = 1.5
     MAX_RECORDINGS = 4  # recordings of one size, per graph kept, before it runs plainly
+    KEYS_KEPT = 64  # sizes remembered as failed or counted by recordings; threads likewise
 
     def __init__(self, run, copy_outputs, max_graphs, compute_bound="plain"):
         # the arguments were checked by CompiledArtifact.with_cuda_graphs
@@ -73,7 +74,7 @@ class _CudaGraphs:
         self._graphs = []  # _Graph objects, least recently used first
         self._warm = {}  # size keys without a graph -> _TIME_NEXT, a timing or None; least recently seen first
         self._plain = {}  # size keys found compute-bound: run without a graph
-        self._failed = set()  # size keys whose recording failed (or thrashed): run without a graph
+        self._failed = {}  # size keys whose recording failed (or thrashed): run without a graph
         self._recordings = {}  # size key -> graphs recorded for it
         self._threads = set()  # idents of the threads that ran the kernels plainly
         self._freed = []  # appended to when a tensor a graph reads in place is freed
@@ -177,7 +178,10 @@ class _CudaGraphs:
 
     def _plain_run(self, flat):
         """The kernels without a graph, noting the thread (see _call)."""
-        self._threads.add(_threading.get_ident())
+        threads = self._threads
+        if len(threads) > self.KEYS_KEPT:  # threads come and go: a forgotten one warms up again
+            threads.clear()
+        threads.add(_threading.get_ident())
         return self._run(flat)
 
     @staticmethod
@@ -218,10 +222,12 @@ class _CudaGraphs:
         """Whether this size has been recorded so often (tensors read in place at new
         addresses on every call, e.g. a cache cloned per call) that a graph would never
         be replayed: then it runs plainly from now on, with one CudaGraphWarning."""
-        n = self._recordings[key] = self._recordings.get(key, 0) + 1
+        n = self._recordings[key] = self._recordings.pop(key, 0) + 1  # to the end: most recent
+        if len(self._recordings) > self.KEYS_KEPT:
+            del self._recordings[next(iter(self._recordings))]
         if n <= self.MAX_RECORDINGS * self._max:
             return False
-        self._failed.add(key)
+        self._run_plainly(key)
         _warnings.warn(
             f"target {_META['target']!r}: {n - 1} CUDA graphs recorded for the same input sizes "
             "(the parameters, buffers or inputs written in place were at other addresses each "
@@ -229,6 +235,12 @@ class _CudaGraphs:
             "graph from now on. Pass the same tensors (write into one cache), or load it with "
             "cuda_graphs=False", CudaGraphWarning, stacklevel=4)
         return True
+
+    def _run_plainly(self, key):
+        """Mark a size to run without a graph from now on (the KEYS_KEPT latest kept)."""
+        self._failed[key] = None
+        if len(self._failed) > self.KEYS_KEPT:
+            del self._failed[next(iter(self._failed))]
 
     def _drop_freed(self):
         """Drop the graphs that read a freed tensor; their sizes stay warm (the next
@@ -262,7 +274,7 @@ class _CudaGraphs:
             g.graph, g.outputs = self._capture(inputs)
         except Exception as e:
             self._recover()
-            self._failed.add(key)
+            self._run_plainly(key)
             self.failed += 1
             _warnings.warn(
                 f"target {_META['target']!r}: recording a CUDA graph failed ({type(e).__name__}: "

@@ -1,15 +1,18 @@
 """Write the source half of a `frozen` or `eager` pair.
 
-The file is a readable, self-contained module (torch + stdlib)::
+The file is a readable, self-contained module (torch + stdlib; precompile-runtime's
+error and warning classes and its serving guard are used where installed, with
+fallbacks), in this order::
 
     header comment, `import torch`
     PRECOMPILE_METADATA = {...}          literal calling convention (ast.literal_eval-able)
     def _graph(self, ...)                the captured ATen graph (fallback, eager engine)
     def _make_call(_kernels)             frozen: Inductor's wrapper, kernels bound from the cache
+    frozen: kernel loader (_kernel_loader.py); with Triton kernels the binary choice
+      (precompile_runtime/_arch_rules.py) and launcher (_triton_launcher.py)
     model settings (_module_settings.py), pytree types (_pytree_types.py),
-    driver (_driver.py), kernel loader (_kernel_loader.py), binary choice
-    (precompile_runtime/_arch_rules.py) and launcher (_triton_launcher.py),
-    CUDA graphs (_cuda_graphs.py; frozen CUDA targets)
+    arguments and results (_call_args.py), driver (_driver.py)
+    frozen CUDA targets: CUDA graphs (_cuda_graphs.py)
 """
 
 from __future__ import annotations

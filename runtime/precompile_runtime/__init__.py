@@ -9,8 +9,8 @@ Public API:
 - :func:`no_compilation` -- serving guard: compiling raises :class:`ServingCompileError`
   (also on, process-wide and in child processes, with ``PRECOMPILE_NO_COMPILE=1``).
 - the errors (all subclasses of :class:`PrecompileLoadError`) and
-  the warnings :class:`HostMismatchWarning`, :class:`StaleArtifactWarning` and
-  :class:`CudaGraphWarning`.
+  the warnings :class:`HostMismatchWarning`, :class:`StaleArtifactWarning`,
+  :class:`CudaGraphWarning` and :class:`PtxJitWarning`.
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ from .errors import (
     ManifestError,
     PackageChangedError,
     PrecompileLoadError,
+    PtxJitWarning,
     ServingCompileError,
     StaleArtifactError,
     StaleArtifactWarning,
@@ -34,7 +35,7 @@ from .errors import (
 )
 from .loader import load_packaged
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 __all__ = [
     "CacheDirNotExecutableError",
@@ -47,6 +48,7 @@ __all__ = [
     "ManifestError",
     "PackageChangedError",
     "PrecompileLoadError",
+    "PtxJitWarning",
     "ServingCompileError",
     "StaleArtifactError",
     "StaleArtifactWarning",

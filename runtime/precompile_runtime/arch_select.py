@@ -29,6 +29,7 @@ import os
 from typing import Iterable, Optional
 
 from . import _arch_rules as _rules
+from .errors import PtxJitWarning  # noqa: F401  (raised here; exported by the package)
 
 # The rules themselves live in _arch_rules.py, which the source half of frozen Triton
 # kernels carries verbatim (it picks each kernel's binary on its own): one
@@ -42,9 +43,6 @@ KIND_WORDS = {EXACT: "a cubin for this architecture", LOWER_MINOR: "a cubin of a
 parse = _rules._binary_parse
 serves = _rules._binary_serves
 
-
-class PtxJitWarning(UserWarning):
-    """A variant serves this GPU through PTX only: the driver compiles it at load."""
 
 
 def capability(text: Optional[str]) -> Optional[tuple[int, int]]:

@@ -76,3 +76,8 @@ class CudaGraphWarning(UserWarning):
     """A loaded function could not record a CUDA graph for some input sizes (the
     recording failed and was undone); those calls run the frozen kernels without a
     graph, with the same results. Emitted once per failed size."""
+
+
+class PtxJitWarning(UserWarning):
+    """A variant serves this GPU through PTX only: the driver compiles it at load
+    (refused instead under strict mode and ``PRECOMPILE_NO_COMPILE=1``)."""

@@ -285,7 +285,8 @@ def _load(package: str, name: str, strict: bool) -> _Loaded:
             refusal = (StaleArtifactError, f"{stale}. {_stale.REINSTALL}{_NO_FALLBACK}")
     if strict and refusal is not None:
         raise refusal[0](refusal[1])
-    if chosen is not None and chosen.get("device") == "cuda":  # PTX only: a compile at load
+    # PTX only: a compile at load (checked for the kernels that will serve: not a stale pair's)
+    if refusal is None and chosen.get("device") == "cuda":
         _arch_select.check_jit_at_load(ctx, chosen, _fingerprint.host_fingerprint("cuda").get(
             "compute_capability"), strict)
     variant = chosen if chosen is not None else variants[0]
