@@ -274,7 +274,8 @@ def _load(package: str, name: str, strict: bool) -> _Loaded:
     if not variants:
         raise TargetNotFoundError(f"{ctx}: the manifest lists no variants of it; rebuild the wheel")
 
-    chosen, reports = _select(variants)
+    hosts: dict[str, dict[str, Any]] = {}
+    chosen, reports = _select(variants, hosts)
     text = stale = refusal = None  # refusal: what strict mode raises instead of a fallback
     if chosen is None:
         text = _mismatch_text(ctx, variants, reports)
@@ -287,8 +288,7 @@ def _load(package: str, name: str, strict: bool) -> _Loaded:
         raise refusal[0](refusal[1])
     # PTX only: a compile at load (checked for the kernels that will serve: not a stale pair's)
     if refusal is None and chosen.get("device") == "cuda":
-        _arch_select.check_jit_at_load(ctx, chosen, _fingerprint.host_fingerprint("cuda").get(
-            "compute_capability"), strict)
+        _arch_select.check_jit_at_load(ctx, chosen, hosts["cuda"].get("compute_capability"), strict)
     variant = chosen if chosen is not None else variants[0]
     fallback = refusal is not None
 
@@ -432,8 +432,11 @@ def _package_data(package: str) -> Any:
     return root / DATA_DIR
 
 
-def _select(variants: list[dict[str, Any]]) -> tuple[dict[str, Any] | None, list[list[str]]]:
-    hosts: dict[str, dict[str, Any]] = {}
+def _select(variants: list[dict[str, Any]], hosts: dict[str, dict[str, Any]] | None = None,
+            ) -> tuple[dict[str, Any] | None, list[list[str]]]:
+    """(the variant this host serves, or None; each other variant's mismatches). The
+    host fingerprints it reads, per device type, are left in ``hosts``."""
+    hosts = {} if hosts is None else hosts
     reports, matches = [], []
     # A CUDA variant that matches wins over a CPU one: a GPU host serves on its GPU
     # (hide the GPU with CUDA_VISIBLE_DEVICES="" to get the CPU variant).
