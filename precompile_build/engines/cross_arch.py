@@ -112,7 +112,26 @@ def requested(options: dict, target: str) -> tuple[str, ...]:
 def recording() -> Iterator[None]:
     """Keep what a cross compile needs, while Inductor compiles (beside
     _triton_freeze.recording, for captures with `cuda-archs`): the options of each ``triton.compile`` call, the
-    source each static kernel was compiled from, and each autotuner's timings."""
+    source each static kernel was compiled from, and each autotuner's timings.
+
+    Inductor's FX graph and autotuning caches are off while it is active: a kernel
+    restored from them is neither compiled nor autotuned here, so neither its compile
+    inputs nor the timings of the configurations it did not choose would be seen
+    (a second capture of the same call in one machine would fail, or lose the
+    candidates that replace a configuration too big for another architecture)."""
+    import torch._inductor.config as config
+
+    uncached = {k: False for k in _INDUCTOR_CACHES if hasattr(config, k)}
+    with config.patch(uncached):
+        yield from _recording_hooks()
+
+
+_INDUCTOR_CACHES = ("fx_graph_cache", "fx_graph_remote_cache", "autotune_local_cache",
+                    "autotune_remote_cache", "bundled_autotune_remote_cache")
+
+
+def _recording_hooks() -> Iterator[None]:
+    """The hooks of :func:`recording` (a generator: its one yield is the recording)."""
     try:
         import triton
     except ImportError:  # no Triton: no Triton kernels to compile again
