@@ -282,6 +282,36 @@ def test_train_step(tmp_path):
 
 
 @needs_triton
+@pytest.mark.parametrize("user_kernel", [False, True], ids=["inductor", "user"])
+def test_kernels_compile_in_inductors_worker_pool(tmp_path, monkeypatch, user_kernel):
+    """As torch.compile does, the capture compiles Inductor's kernels in its worker
+    pool (this process calls no ``triton.compile``: the workers' compile results come
+    back, and the launchers frozen are made here); a graph with a user-defined Triton
+    kernel compiles in this process (the workers would not launch it statically).
+    Either pair serves like eager."""
+    import torch._inductor.config as config
+
+    if not config.compile_threads or config.compile_threads <= 1:
+        pytest.skip("Inductor compiles in-process on this host (compile_threads <= 1)")
+    calls = []
+    orig = triton.compile
+
+    def counting(*a, **k):
+        calls.append(1)
+        return orig(*a, **k)
+
+    monkeypatch.setattr(triton, "compile", counting)
+    torch.manual_seed(0)
+    # sizes of this test only, and no FX graph cache: each kernel is compiled now
+    x, y = torch.randn(2999, device="cuda"), torch.randn(2999, device="cuda")
+    fn = user_add if user_kernel else (lambda a, b: torch.sigmoid(a * 3 + b) * 2)
+    with config.patch({"fx_graph_cache": False}):
+        source, cache = _capture(tmp_path, f"pool_{user_kernel}", fn, x, y)
+    assert bool(calls) == user_kernel, len(calls)
+    _serve(tmp_path, "user", source, cache, {"args": [x.cpu(), y.cpu()], "out": fn(x, y).cpu(), "tol": 1e-5})
+
+
+@needs_triton
 @pytest.mark.parametrize("fn", [user_add, user_axpy], ids=["jit", "autotune"])
 def test_user_triton_kernel(tmp_path, fn):
     torch.manual_seed(0)

@@ -73,17 +73,41 @@ def _read_cubin(kernel) -> bytes | None:
     return None
 
 
+def start_compile_workers() -> None:
+    """Start Inductor's kernel-compile worker pool now, as torch.compile does when it
+    begins, so that it is up by the time the compile needs it (its start overlaps
+    the trace). Nothing when Inductor compiles in-process (``compile_threads`` <= 1,
+    e.g. ``TORCHINDUCTOR_COMPILE_THREADS=1``) or the pool is already up."""
+    from torch._inductor.async_compile import AsyncCompile
+
+    AsyncCompile.warm_pool()
+
+
+def has_user_kernels(graph_module) -> bool:
+    """Whether the traced graph calls user-defined Triton kernels (``wrap_triton``).
+    Inductor's compile workers get only ``use_static_cuda_launcher`` of this process's
+    config, not ``static_launch_user_defined_triton_kernels``: such a graph compiles
+    in this process (``recording(in_process=True)``)."""
+    return any(n.op == "call_function" and "triton_kernel_wrapper" in str(n.target)
+               for n in graph_module.graph.nodes)
+
+
 @contextlib.contextmanager
-def recording() -> Iterator[None]:
+def recording(in_process: bool = False) -> Iterator[None]:
     """Hooks around Inductor's compile so that each Triton launcher it generates can
     be frozen afterwards by :func:`freeze_triton_kernel`.
 
     While active (reentrant; process-wide, so do not compile other graphs
     concurrently): Triton's static CUDA launcher is forced on, for Inductor's and
-    user-defined (``wrap_triton``) kernels alike, and kernels compile in this process
-    (``compile_threads=1``) so these settings reach the compile. Autotuning clones the
-    arguments a kernel writes in place on the GPU whenever the device has room for
-    them (see :func:`_clones_fit`).
+    user-defined (``wrap_triton``) kernels alike. Autotuning clones the arguments a kernel writes in place on the GPU
+    whenever the device has room for them (see :func:`_clones_fit`).
+
+    Args:
+        in_process: compile every kernel in this process (``compile_threads=1``): for
+            hooks that must see each ``triton.compile`` (cross_arch.recording) and
+            for user-defined kernels (:func:`has_user_kernels`). Otherwise Inductor's worker pool compiles them, as torch.compile does; the
+            launchers (and so what is frozen) are still made here, from the workers'
+            compile results.
     """
     global _depth
     import torch._inductor.config as config
@@ -123,8 +147,9 @@ def recording() -> Iterator[None]:
     wanted = {
         "use_static_cuda_launcher": True,
         "static_launch_user_defined_triton_kernels": True,
-        "compile_threads": 1,
     }
+    if in_process:
+        wanted["compile_threads"] = 1
     patch = {k: v for k, v in wanted.items() if hasattr(config, k)}
     # Short kernel names: Triton truncates a cubin's file name to 150 characters, and
     # Inductor, not finding a long-named kernel's cubin, falls back to Triton's launcher.

@@ -69,10 +69,14 @@ def capture_pair(fn, args, kwargs, *, target: str, device: str, options: dict,
     from ..capture_stats import cuda_peaks
 
     with cuda_peaks(device):  # the GPU peaks, per step too, for the build's report
-        return _capture(fn, args, kwargs, target, options, real_call)
+        return _capture(fn, args, kwargs, target, device, options, real_call)
 
 
-def _capture(fn, args, kwargs, target: str, options: dict, real_call):
+def _capture(fn, args, kwargs, target: str, device: str, options: dict, real_call):
+    if device == "cuda" and not cross_arch.requested(options, target):
+        from ._triton_freeze import start_compile_workers
+
+        start_compile_workers()  # Inductor's compile workers start while the call is traced
     with timed("trace"):
         traced = trace_call(fn, args, kwargs, target=target, tracer=options.get("tracer"))
     device = traced.metadata["device"]
@@ -107,13 +111,20 @@ def _compile(traced: TracedCall, target: str, options: dict, real: dict | None =
     from precompile_runtime.fingerprint import host_fingerprint
 
     before = {id(m) for m in PyCodeCache.modules}
+    # `cuda-archs`: keep what compiling the kernels again for other GPUs needs (its
+    # hooks must see every triton.compile: kernels compile in this process then)
+    cross = traced.metadata["device"] == "cuda" and bool(cross_arch.requested(options, target))
+    keep = cross_arch.recording if cross else contextlib.nullcontext
     if traced.metadata["device"] == "cuda":
-        from ._triton_freeze import recording  # records cubins + launch code per kernel
+        from ._triton_freeze import has_user_kernels
+        from ._triton_freeze import recording as freeze_recording  # cubins + launch code per kernel
+
+        in_process = cross or has_user_kernels(traced.graph_module)
+
+        def recording():
+            return freeze_recording(in_process=in_process)
     else:
         recording = contextlib.nullcontext
-    # `cuda-archs`: keep what compiling the kernels again for other GPUs needs
-    keep = (cross_arch.recording if traced.metadata["device"] == "cuda"
-            and cross_arch.requested(options, target) else contextlib.nullcontext)
     # dynamic dims: compile against the trace's ShapeEnv and fake inputs, so that
     # Inductor compiles for exactly the marked symbols (real inputs would be
     # refakeified with every dim a new symbol)
