@@ -20,6 +20,8 @@ precompile-runtime caches:
             (torch._inductor, torch._dynamo, triton) the load imported
   eager     first result, GPU peak of the call, steady ms
   compile   ``torch.compile`` cold: first result, steady ms
+  profile   (not by default) cProfile of load + first call: the top functions by
+            cumulative seconds, in the JSON only (where the first result goes)
 
 First result: seconds from "model and inputs exist" to the first synchronized
 result. Each worker also reports its peak RSS (``host_peak_bytes``). The ``cpu`` size
@@ -168,6 +170,9 @@ def worker(mode: str, size: str, work: Path, cap_gib: float | None) -> dict:
             out["first_call_s"] = time.perf_counter() - c0  # first launches, cuBLAS handles
             out["compiler_modules_imported"] = sorted(m for m in sys.modules
                                                       if m.startswith(_COMPILER) and m not in before)
+        elif mode == "profile":
+            out["profile"] = _profile_first_result(lambda: precompile_runtime_load(name), model, ids)
+            return out
         else:
             raise SystemExit(f"unknown mode {mode}")
         _sync()
@@ -186,11 +191,38 @@ def worker(mode: str, size: str, work: Path, cap_gib: float | None) -> dict:
     return out
 
 
+def precompile_runtime_load(name: str):
+    import precompile_runtime
+
+    return precompile_runtime.load_packaged(name, package=PACKAGE, strict=True)
+
+
+def _profile_first_result(load, model, ids, top: int = 40) -> list[dict]:
+    """cProfile of ``load()`` and the loaded function's first call (synchronized):
+    the ``top`` functions by cumulative seconds, each ``{"fn", "calls", "own_s",
+    "cum_s"}``. Profiling slows Python-heavy parts: read the shares, not the sums."""
+    import cProfile
+    import pstats
+
+    prof = cProfile.Profile()
+    prof.enable()
+    fn = load()
+    fn(model, ids)
+    _sync()
+    prof.disable()
+    rows = []
+    for (path, line, func), (_, calls, own, cum, _) in pstats.Stats(prof).stats.items():
+        rows.append({"fn": f"{os.path.basename(path)}:{line}:{func}", "calls": calls,
+                     "own_s": round(own, 4), "cum_s": round(cum, 4)})
+    rows.sort(key=lambda r: -r["cum_s"])
+    return rows[:top]
+
+
 def _env(work: Path, mode: str) -> dict:
     from scale import _env as fresh  # empty caches per process, this checkout first
 
     env = fresh(work)
-    if mode == "load":
+    if mode in ("load", "profile"):
         env["PRECOMPILE_NO_COMPILE"] = "1"  # the serving guard: a compile raises
     return env
 
@@ -345,7 +377,7 @@ def main(argv=None) -> int:
         for size in sizes:
             rows = doc["rows"][size] = {}
             for mode in modes:
-                if mode == "load" and "error" in rows.get("capture", {"error": "not captured"}):
+                if mode in ("load", "profile") and "error" in rows.get("capture", {"error": "not captured"}):
                     continue
                 r = run_worker(mode, size, work, a.cap_gib if mode == "capture" else None)
                 rows[mode] = r
