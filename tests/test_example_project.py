@@ -66,6 +66,11 @@ def test_tinylm_wheel_frozen_engine(tmp_path):
     assert names == [f"tinylm/_precompiled/{n}" for n in
                      ("forward.cache", "forward.py", "manifest.json", "train_step.cache", "train_step.py")]
     assert "-manylinux_" in wheel.name  # a tag PyPI takes
+    from precompile_runtime import _bytecode
+
+    for target in ("forward", "train_step"):  # pip byte-compiled the source halves: the load compiles none
+        src = tmp_path / "site" / "tinylm" / "_precompiled" / f"{target}.py"
+        assert _bytecode._installed_bytecode(src, src.read_bytes()) is not None, target
     outs = [out]
     uv = Path(sys.executable).parent / "uv"
     if uv.exists() or shutil.which("uv"):  # issue 16: uv installs precompile-runtime too

@@ -40,7 +40,7 @@ from . import arch_select as _arch_select
 from . import envelope as _envelope
 from . import fingerprint as _fingerprint
 from . import manifest as _manifest
-from . import _stale
+from . import _bytecode, _stale
 from .kernel_cache import CACHE_ENV, cache_root
 from .kernel_cache import unpack as _unpack
 from ._env import env_flag
@@ -330,7 +330,8 @@ def _load(package: str, name: str, strict: bool) -> _Loaded:
         kernel_dir = None
         if not fallback and engine == "frozen":
             kernel_dir = _unpack(ctx, code_hash, env)
-        module = _exec_source(package, name, variant["files"]["source"]["path"], source)
+        rel = variant["files"]["source"]["path"]
+        module = _exec_source(package, name, rel, source, data / rel)
         load = getattr(module, "load", None)
         if not callable(load):
             raise PrecompileLoadError(f"{ctx}: the source half defines no load(kernel_dir) function")
@@ -514,10 +515,10 @@ def _read_pair(data: Any, ctx: str, variant: dict[str, Any]) -> tuple[bytes, byt
     return source, cache, src_hash
 
 
-def _exec_source(package: str, name: str, rel: str, source: bytes) -> types.ModuleType:
+def _exec_source(package: str, name: str, rel: str, source: bytes, path: Any) -> types.ModuleType:
     filename = f"{package}/{DATA_DIR}/{rel}"
     modname = f"precompile_runtime.pairs.{package}.{name}"
-    code = compile(source, filename, "exec", dont_inherit=True)
+    code = _bytecode.source_code(path, source, filename)
     module = types.ModuleType(modname)
     module.__file__ = filename
     text = source.decode("utf-8", errors="replace")

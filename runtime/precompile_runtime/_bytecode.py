@@ -1,0 +1,66 @@
+"""The code object of a pair's source half: the bytecode pip wrote for it at install
+when that is valid for these very bytes, else compiled now.
+
+A source half is a ``.py`` file in the package, so ``pip install`` byte-compiles it
+into ``__pycache__`` like the package's own modules. Python's ``compile()`` of a large
+source half is the largest part of a load (about 2 ms per transformer layer:
+bench/results/scale_cuda.md), paid again in every fresh process; the bytecode is
+taken under the rule Python's import uses for it (PEP 552): a timestamp pyc whose
+recorded mtime and size are the file's, or a hash-based pyc whose hash is these
+bytes'. The loader has checked the bytes' sha256 against the manifest before.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import marshal
+import os
+import types
+from typing import Any
+
+
+def source_code(path: Any, source: bytes, filename: str) -> types.CodeType:
+    """The code object of ``source`` (the bytes of the file at ``path``).
+
+    Args:
+        path: the source half's location (a ``pathlib.Path`` or a Traversable of
+            importlib.resources); only a real file can have bytecode.
+        source: its bytes, as read (and verified) by the loader.
+        filename: the name compiled code carries (tracebacks, linecache).
+    Returns:
+        the bytecode pip compiled for it where valid (see the module docstring;
+        a missing, stale or unreadable pyc is no error), else ``compile(source)``.
+    Raises:
+        SyntaxError: ``source`` does not compile (a corrupted source half).
+    """
+    code = _installed_bytecode(path, source)
+    if code is None:
+        code = compile(source, filename, "exec", dont_inherit=True)
+    return code
+
+
+def _installed_bytecode(path: Any, source: bytes) -> types.CodeType | None:
+    try:
+        file = os.fspath(path)
+        with open(importlib.util.cache_from_source(file), "rb") as f:
+            data = f.read()
+        stat = os.stat(file)
+    except (TypeError, OSError, ValueError, NotImplementedError):  # no file, no pyc
+        return None
+    if len(data) < 16 or data[:4] != importlib.util.MAGIC_NUMBER:
+        return None  # another Python's, or not a pyc
+    flags = int.from_bytes(data[4:8], "little")
+    if flags & 0b1:  # hash-based
+        if data[8:16] != importlib.util.source_hash(source):
+            return None
+    elif flags != 0:
+        return None
+    elif (int.from_bytes(data[8:12], "little") != int(stat.st_mtime) & 0xFFFFFFFF
+          or int.from_bytes(data[12:16], "little") != len(source) & 0xFFFFFFFF
+          or stat.st_size != len(source)):
+        return None
+    try:
+        code = marshal.loads(data[16:])
+    except (ValueError, EOFError, TypeError):  # a truncated or corrupt pyc
+        return None
+    return code if isinstance(code, types.CodeType) else None
