@@ -22,6 +22,12 @@ precompile-runtime caches:
   compile   ``torch.compile`` cold: first result, steady ms
   profile   (not by default) cProfile of load + first call: the top functions by
             cumulative seconds, in the JSON only (where the first result goes)
+  wheel     (not by default; instead of ``capture``) the way users ship it: a project
+            with the target built by ``python -m build --no-isolation --wheel`` (the
+            capture runs in the build backend), the wheel installed with pip
+            (``--target``, byte-compiled as pip does); ``load``/``profile`` then load
+            the installed package. Build seconds and the manifest's figures for the
+            target (``capture_seconds``, ``peak_memory``, validation)
 
 First result: seconds from "model and inputs exist" to the first synchronized
 result. Each worker also reports its peak RSS (``host_peak_bytes``). The ``cpu`` size
@@ -238,6 +244,77 @@ def run_worker(mode: str, size: str, work: Path, cap_gib: float | None) -> dict:
     return json.loads(lines[-1][len("RESULT "):])
 
 
+_CAPTURE_SCRIPT = """import sys
+sys.path.insert(0, {bench!r})
+import torch
+import precompile_build
+from scale_llama import build, forward
+
+model, ids = build({size!r})
+with torch.no_grad(), precompile_build.capture(forward, engine="frozen") as f:
+    f(model, ids)
+"""
+
+
+def build_wheel(work: Path, size: str) -> dict:
+    """``wheel`` mode: build and pip-install the project wheel of one size's target
+    (see the module docstring); returns the row (``build_s``, ``wheel_bytes``, the
+    manifest's variant fields) or ``{"error": ...}``."""
+    import shutil
+    import textwrap
+
+    name = f"llama_{size.replace('.', '_')}"
+    proj = work / "proj"
+    shutil.rmtree(proj, ignore_errors=True)
+    (proj / PACKAGE).mkdir(parents=True)
+    (proj / PACKAGE / "__init__.py").write_text("")
+    (proj / "capture.py").write_text(_CAPTURE_SCRIPT.format(bench=str(HERE), size=size))
+    (proj / "pyproject.toml").write_text(textwrap.dedent(f"""
+        [build-system]
+        requires = ["precompile-build"]
+        build-backend = "precompile_build.backend"
+
+        [project]
+        name = "{PACKAGE}"
+        version = "0.1.0"
+        dynamic = ["dependencies"]
+
+        [tool.setuptools]
+        packages = ["{PACKAGE}"]
+
+        [tool.precompile]
+        package = "{PACKAGE}"
+
+        [tool.precompile.targets.{name}]
+        script = "capture.py"
+        device = "{_device()}"
+        timeout = 1800
+        """))
+    env = _env(work, "capture")
+    env["PRECOMPILE_CACHE"] = "0"  # a capture of this run, not one a previous build cached
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), str(ROOT / "runtime"), env.get("PYTHONPATH", "")])
+    dist, site = work / "dist", work / "site"
+    shutil.rmtree(dist, ignore_errors=True)
+    shutil.rmtree(site, ignore_errors=True)
+    t0 = time.perf_counter()
+    p = subprocess.run([sys.executable, "-m", "build", "--no-isolation", "--skip-dependency-check", "--wheel",
+                        "--outdir", str(dist), str(proj)], env=env, capture_output=True, text=True, timeout=3600)
+    out: dict = {"mode": "wheel", "size": size, "build_s": time.perf_counter() - t0}
+    wheels = sorted(dist.glob(f"{PACKAGE}-*.whl"))
+    if p.returncode != 0 or not wheels:
+        return {**out, "error": (p.stderr or p.stdout)[-1500:]}
+    out["wheel_bytes"] = wheels[0].stat().st_size
+    out["build_lines"] = [ln for ln in p.stdout.splitlines() + p.stderr.splitlines() if "precompile:" in ln][-3:]
+    q = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-index", "--target",
+                        str(site), str(wheels[0])], capture_output=True, text=True, timeout=600)
+    if q.returncode != 0:
+        return {**out, "error": "pip install: " + (q.stderr or q.stdout)[-1500:]}
+    manifest = json.loads((site / PACKAGE / "_precompiled" / "manifest.json").read_text())
+    variant = manifest["targets"][name]["variants"][0]
+    out["variant"] = {k: v for k, v in variant.items() if k not in ("files",)}
+    return out
+
+
 def _package(work: Path, name: str) -> None:
     """work/site/llamabench/_precompiled/: the pair and its manifest, as a wheel has them."""
     sys.path[:0] = [str(ROOT), str(ROOT / "runtime")]
@@ -325,6 +402,17 @@ def write(out_dir: Path, device: str = "cuda") -> str:
     for d in docs:
         for size, r in d["rows"].items():
             head.append(_row(size, r))
+    wheels = [(size, r["wheel"]) for d in docs for size, r in d["rows"].items() if r.get("wheel")]
+    if wheels:
+        head += ["", "Built as a wheel (`--modes wheel,...`: `python -m build`, then `pip install`; the load "
+                 "rows of these sizes load the installed package):", ""]
+    for size, w in wheels:
+        v = w.get("variant") or {}
+        pm = v.get("peak_memory") or {}
+        head.append(f"- `{size}`: " + (f"FAILED: {w['error'].strip().splitlines()[-1][:200]}" if "error" in w else
+                    f"build {w['build_s']:.0f} s, wheel {w['wheel_bytes'] / 2**20:.1f} MiB; manifest: capture "
+                    f"{v.get('capture_seconds')} s, peak_memory {json.dumps(pm)}, validation reference "
+                    f"{(v.get('validation') or {}).get('reference', '-')}"))
     section = "\n".join(head + ["<!-- /llama -->"])
     md = out_dir / f"scale_{device}.md"
     text = md.read_text() if md.exists() else ""
@@ -377,9 +465,13 @@ def main(argv=None) -> int:
         for size in sizes:
             rows = doc["rows"][size] = {}
             for mode in modes:
-                if mode in ("load", "profile") and "error" in rows.get("capture", {"error": "not captured"}):
+                made = rows.get("wheel") or rows.get("capture") or {"error": "not captured"}
+                if mode in ("load", "profile") and "error" in made:
                     continue
-                r = run_worker(mode, size, work, a.cap_gib if mode == "capture" else None)
+                if mode == "wheel":
+                    r = build_wheel(work, size)
+                else:
+                    r = run_worker(mode, size, work, a.cap_gib if mode == "capture" else None)
                 rows[mode] = r
                 failed |= "error" in r
                 print(f"{size} {mode}: {json.dumps({k: v for k, v in r.items() if k != 'validation'})[:600]}",
