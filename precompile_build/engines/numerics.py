@@ -209,38 +209,87 @@ def judge(eager, frozen, ref, *, training: bool = False) -> Verdict:
     mult = multiple_for(eager.dtype, eager.numel(), tuple(eager.shape))
     mask, denom, scale, max_abs = None, 1.0, 0.0, 0.0
     if floating and eager.numel():
-        fin_e, fin_f = torch.isfinite(eager), torch.isfinite(frozen)
-        new_bad = int((fin_e & ~fin_f).sum())
-        mask = fin_e & torch.isfinite(ref)
-        r = ref[mask].to(torch.float64)
-        rms = float(torch.sqrt(torch.mean(r * r))) if r.numel() else 0.0
+        st = _stats(eager, frozen, ref)
+        n = st["n"]
+        rms = math.sqrt(st["ref_sq"] / n) if n else 0.0
         # a value that is ~0 in exact arithmetic (a bias gradient before a norm) is
         # rounding noise: errors relative to that noise, not to ~1e-18
-        e = eager[mask].to(torch.float64)
-        rms_e = float(torch.sqrt(torch.mean(e * e))) if e.numel() else 0.0
+        rms_e = math.sqrt(st["a_sq"] / n) if n else 0.0
         denom = max(rms, rms_e) or 1.0
-        scale = float(r.abs().max()) if r.numel() else 0.0
-        both = mask & fin_f
-        if bool(both.any()):
-            max_abs = float((frozen[both].to(torch.float64) - eager[both].to(torch.float64)).abs().max())
+        scale, max_abs = st["ref_absmax"], st["max_abs"]
         floor = floor_for(eager.dtype, training)
-        if new_bad:
-            v = Verdict(_error(eager, ref, mask, denom), math.inf, mult, floor, math.inf, scale,
-                        problem=f"{new_bad} NaN/inf element(s) where the graph's own result is finite")
-            return v
+        eager_error = math.sqrt(st["a_err_sq"] / n) / denom if n else 0.0
+        if st["new_bad"]:
+            return Verdict(eager_error, math.inf, mult, floor, math.inf, scale,
+                           problem=f"{st['new_bad']} NaN/inf element(s) where the graph's own result is finite")
+        v = Verdict(eager_error, math.sqrt(st["b_err_sq"] / n) / denom if n else 0.0, mult, floor,
+                    max_abs, scale)
     else:
         floor = 0.0
         if eager.numel():
             max_abs = float((frozen.to(torch.float64) - eager.to(torch.float64)).abs().max()) \
                 if eager.dtype != torch.bool else float((frozen != eager).any())
-    v = Verdict(_error(eager, ref, mask, denom), _error(frozen, ref, mask, denom), mult, floor,
-                max_abs, scale)
+        v = Verdict(_error(eager, ref, mask, denom), _error(frozen, ref, mask, denom), mult, floor,
+                    max_abs, scale)
     if v.frozen_error > v.allowed:
         v.problem = "error beyond the allowed multiple of eager's"
-        if floating and bool(torch.allclose(frozen, eager, atol=ELEMENTWISE_TOL, rtol=ELEMENTWISE_TOL,
-                                            equal_nan=True)):
+        if floating and _allclose(frozen, eager):
             v.problem, v.elementwise = None, True  # torch's first step: close to eager elementwise
     return v
+
+
+CHUNK = 1 << 20
+"""Elements per piece when judging a value: its fp64 temporaries (8 MiB each) stay
+small whatever the value's size (a 128k-vocabulary model's logits for 128 tokens are
+16M elements: whole fp64 copies of them held a GiB beyond the model's own peak)."""
+
+
+def _pieces(*tensors):
+    """The tensors flattened, in aligned pieces of :data:`CHUNK` elements."""
+    flat = [t.reshape(-1) for t in tensors]
+    n = flat[0].numel()
+    for i in range(0, n, CHUNK):
+        yield [t[i:i + CHUNK] for t in flat]
+
+
+def _stats(a, b, ref) -> dict:
+    """Sums over the elements finite in ``a`` and ``ref`` (``n`` of them), in fp64,
+    piece by piece: ``ref_sq``, ``a_sq`` (sums of squares), ``a_err_sq``,
+    ``b_err_sq`` (of ``a - ref``, ``b - ref``), ``ref_absmax``, ``max_abs`` (largest
+    ``|b - a|`` where ``b`` is finite too) and ``new_bad`` (elements finite in ``a``
+    but not in ``b``; where there are, ``b_err_sq`` is not meaningful)."""
+    import torch
+
+    out = dict.fromkeys(("ref_sq", "a_sq", "a_err_sq", "b_err_sq", "ref_absmax", "max_abs"), 0.0)
+    out["n"] = out["new_bad"] = 0
+    f64 = torch.float64
+    for pa, pb, pr in _pieces(a, b, ref):
+        fin_a, fin_b = torch.isfinite(pa), torch.isfinite(pb)
+        out["new_bad"] += int((fin_a & ~fin_b).sum())
+        mask = fin_a & torch.isfinite(pr)
+        r, x = pr[mask].to(f64), pa[mask].to(f64)
+        if not r.numel():
+            continue
+        out["n"] += r.numel()
+        out["ref_sq"] += float(r.square().sum())
+        out["a_sq"] += float(x.square().sum())
+        out["a_err_sq"] += float((x - r).square().sum())
+        out["ref_absmax"] = max(out["ref_absmax"], float(r.abs().max()))
+        both = fin_b[mask]
+        y = pb[mask].to(f64)
+        if bool(both.all()):
+            out["b_err_sq"] += float((y - r).square().sum())
+        if bool(both.any()):
+            out["max_abs"] = max(out["max_abs"], float((y[both] - x[both]).abs().max()))
+    return out
+
+
+def _allclose(a, b) -> bool:
+    """``torch.allclose(a, b)`` at :data:`ELEMENTWISE_TOL`, NaNs equal, piece by piece."""
+    import torch
+
+    return all(bool(torch.allclose(pa, pb, atol=ELEMENTWISE_TOL, rtol=ELEMENTWISE_TOL, equal_nan=True))
+               for pa, pb in _pieces(a, b))
 
 
 EAGER_CHECKS = ("refuse", "warn", "off")
@@ -329,16 +378,19 @@ def judge_against_eager_call(real, frozen, ref, graph_verdict: Verdict) -> tuple
     if not real.is_floating_point():
         diff = float((real != frozen).double().mean()) if real.numel() else 0.0
         return diff, graph_verdict.allowed + graph_verdict.eager_error, float(diff > 0), diff == 0
-    mask = torch.isfinite(ref) & torch.isfinite(real) & torch.isfinite(frozen)
-    r = ref[mask].to(torch.float64)
-    rms = float(torch.sqrt(torch.mean(r * r))) if r.numel() else 0.0
-    nonfinite = int((torch.isfinite(real) != torch.isfinite(frozen)).sum())
+    nonfinite = sum(int((torch.isfinite(pr) != torch.isfinite(pf)).sum()) for pr, pf in _pieces(real, frozen))
     if nonfinite:
         return math.inf, 0.0, math.inf, False
-    d = (frozen[mask].to(torch.float64) - real[mask].to(torch.float64))
-    e = real[mask].to(torch.float64)
-    denom = max(rms, float(torch.sqrt(torch.mean(e * e))) if e.numel() else 0.0) or 1.0
-    diff = float(torch.sqrt(torch.mean(d * d))) / denom if d.numel() else 0.0
-    close = bool(torch.allclose(frozen, real, atol=ELEMENTWISE_TOL, rtol=ELEMENTWISE_TOL, equal_nan=True))
-    max_abs = float(d.abs().max()) if d.numel() else 0.0
-    return diff, graph_verdict.allowed + graph_verdict.eager_error, max_abs, close
+    # where real is finite so is frozen: the sums run over the elements finite in real and ref
+    st = _stats(real, frozen, ref)
+    n = st["n"]
+    denom = max(math.sqrt(st["ref_sq"] / n), math.sqrt(st["a_sq"] / n)) if n else 0.0
+    denom = denom or 1.0
+    # relative RMS of frozen - real: |frozen - real|^2 = |(frozen - ref) - (real - ref)|^2,
+    # summed piece by piece below (not from the two error sums: they lose the cross term)
+    d_sq = 0.0
+    for pr, pf, pref in _pieces(real, frozen, ref):
+        mask = torch.isfinite(pref) & torch.isfinite(pr)
+        d_sq += float((pf[mask].to(torch.float64) - pr[mask].to(torch.float64)).square().sum())
+    diff = math.sqrt(d_sq / n) / denom if n else 0.0
+    return diff, graph_verdict.allowed + graph_verdict.eager_error, st["max_abs"], _allclose(frozen, real)
