@@ -352,8 +352,24 @@ def peak_step(c: dict) -> str | None:
     return at[-1] if at else None
 
 
+def _from_wheel(w: dict | None) -> dict:
+    """A capture row made of a ``wheel`` row's manifest fields (its seconds are the
+    capture process's: the script's imports and model build included)."""
+    if not w or "error" in w:
+        return w or {}
+    v = w.get("variant") or {}
+    pm = v.get("peak_memory") or {}
+    out = {"capture_s": v.get("capture_seconds"), "gpu_bytes": pm.get("gpu_bytes"),
+           "eager_gpu_bytes": pm.get("eager_gpu_bytes"), "validation": v.get("validation") or {}}
+    out.update({f"{k}_s": x for k, x in (v.get("capture_breakdown") or {}).items()})
+    out.update({f"{k}_gpu_bytes": x for k, x in (pm.get("gpu_steps") or {}).items()})
+    return out
+
+
 def _row(size: str, r: dict) -> str:
     c, ld, e, cc = (r.get(m, {}) for m in ("capture", "load", "eager", "compile"))
+    if not c and r.get("wheel"):
+        c = dict(_from_wheel(r["wheel"]), params=ld.get("params") or e.get("params") or 0)
     if "error" in c:
         return f"| {size} | FAILED: {c['error'].strip().splitlines()[-1][:200]} |" + " |" * 8
     val = c.get("validation") or {}
