@@ -43,8 +43,11 @@ Per path: ``first token`` = seconds from the start of the path in its fresh proc
 (model built, weights on the device: not counted) to the first token on the host,
 compiling or loading included (load_packaged: the prefill target; the decode target is
 loaded after the first token is out, its seconds shown as ``decode load``); ``ms/token`` =
-the wall time of tokens 2..steps divided by steps - 1 (generate: ``(t(steps) - t(1)) /
-(steps - 1)``, each a full generate call, after the first-token call); tokens and
+the steady state: the loops' wall time of the decode calls after the first ``WARM`` = 3
+(a warm-up, the CUDA graphs' timed plain run and their recording: what generate's
+compiled paths do in their warm-up calls) over their number; generate: ``(t(steps) -
+t(1)) / (steps - 1)``, each a full generate call, after the first-token call and a
+warm-up call of 3 tokens; tokens and
 logits are compared with ``eager``'s (``max |dlogit|``: the largest absolute difference
 over all steps, rows and the vocabulary, and that over eager's largest |logit|).
 ``kernel floor`` (CUDA, load_packaged*): the GPU time of one decode step's kernels
@@ -216,6 +219,7 @@ def _sync(device):
 
 
 STOP = -1  # the stop token the loop checks for every step: none (every path decodes --steps)
+WARM = 3  # decode calls before the loops' timing starts: a warm-up, CUDA graphs' timed run, its recording
 
 
 def worker(path: str, device: str, batch: int, steps: int, n_prompt: int, logits_file: str) -> dict:
@@ -276,9 +280,10 @@ def worker(path: str, device: str, batch: int, steps: int, n_prompt: int, logits
             out["decode_load_s"] = time.perf_counter() - t1
         pos = torch.tensor([n_prompt], device=device)
         tokens, all_logits = [token], [logits]
-        _sync(device)
-        t1 = time.perf_counter()
-        for _ in range(steps - 1):
+        for i in range(steps - 1):
+            if i == WARM:  # steady state from here (the first calls warm up, time, record)
+                _sync(device)
+                t1 = time.perf_counter()
             logits = decode(model, token[:, None], cache, pos)
             token = logits.argmax(-1)
             pos += 1
@@ -286,7 +291,7 @@ def worker(path: str, device: str, batch: int, steps: int, n_prompt: int, logits
             all_logits.append(logits)
             if bool((token == STOP).all()):  # the stop flag on the host: one sync per step, as generate
                 break
-        out["ms_per_token"] = (time.perf_counter() - t1) / (steps - 1) * 1e3
+        out["ms_per_token"] = (time.perf_counter() - t1) / (steps - 1 - WARM) * 1e3
         out["tokens"] = torch.stack(tokens, 1).tolist()
         assert out["tokens"][0][0] == first[0].item()
         torch.save(torch.stack(all_logits, 1).float().cpu(), logits_file)
