@@ -42,7 +42,9 @@ host at the end.
 Per path: ``first token`` = seconds from the start of the path in its fresh process
 (model built, weights on the device: not counted) to the first token on the host,
 compiling or loading included (load_packaged: the prefill target; the decode target is
-loaded after the first token is out, its seconds shown as ``decode load``); ``ms/token`` =
+loaded after the first token is out, its seconds shown as ``decode load``; with
+``--prefill decode`` the wheel has no prefill targets: the decode target is loaded, then
+the prompt goes through it a token per call, its CUDA graph recorded on the way); ``ms/token`` =
 the steady state: the loops' wall time of the decode calls after the first ``WARM`` = 3
 (a warm-up, the CUDA graphs' timed plain run and their recording: what generate's
 compiled paths do in their warm-up calls) over their number; generate: ``(t(steps) -
@@ -165,7 +167,7 @@ with torch.no_grad(), precompile_build.capture(llmdecode.step) as f:
 '''
 
 
-def write_project(work: Path, device: str, batches: list[int], max_cache: int) -> Path:
+def write_project(work: Path, device: str, batches: list[int], max_cache: int, kinds=("prefill", "decode")) -> Path:
     proj = work / "project"
     (proj / "llmdecode").mkdir(parents=True, exist_ok=True)
     (proj / "captures").mkdir(exist_ok=True)
@@ -177,7 +179,7 @@ def write_project(work: Path, device: str, batches: list[int], max_cache: int) -
         args = ["{kind}", "{b}"]
         device = "{device}"
         timeout = 1800
-        ''') for b in batches for kind in ("prefill", "decode"))
+        ''') for b in batches for kind in kinds)
     (proj / "pyproject.toml").write_text(textwrap.dedent('''
         [build-system]
         requires = ["precompile-build", "torch", "transformers"]
@@ -222,7 +224,8 @@ STOP = -1  # the stop token the loop checks for every step: none (every path dec
 WARM = 3  # decode calls before the loops' timing starts: a warm-up, CUDA graphs' timed run, its recording
 
 
-def worker(path: str, device: str, batch: int, steps: int, n_prompt: int, logits_file: str) -> dict:
+def worker(path: str, device: str, batch: int, steps: int, n_prompt: int, logits_file: str,
+           prefill_with: str = "target") -> dict:
     """One path in this (fresh) process: first-token seconds, ms/token, tokens; the
     logits of every step (float32, [batch, steps, vocab]) saved to ``logits_file``."""
     import torch
@@ -260,23 +263,33 @@ def worker(path: str, device: str, batch: int, steps: int, n_prompt: int, logits
         torch.save(torch.stack(logits, 1).float().cpu(), logits_file)
         return out
     t0 = time.perf_counter()
+    graphs = path == "load_packaged_graphs"
+    by_decode = path != "eager" and prefill_with == "decode"
     if path == "eager":
         prefill = decode = llmdecode.step
     else:
         import precompile_runtime
 
-        prefill = precompile_runtime.load_packaged(f"prefill_b{batch}", package="llmdecode", strict=True)
+        if by_decode:  # the prompt through the decode target, a token per call: one target per batch
+            decode = precompile_runtime.load_packaged(f"decode_b{batch}", package="llmdecode", strict=True,
+                                                      cuda_graphs=graphs)
+        else:
+            prefill = precompile_runtime.load_packaged(f"prefill_b{batch}", package="llmdecode", strict=True)
     out["load_s"] = time.perf_counter() - t0
     cache = llmdecode.static_cache(model, batch, device)
     with torch.no_grad():
-        logits = prefill(model, ids, cache, torch.arange(n_prompt, device=device))
+        if by_decode:
+            for i in range(n_prompt):
+                logits = decode(model, ids[:, i:i + 1].contiguous(), cache, torch.tensor([i], device=device))
+        else:
+            logits = prefill(model, ids, cache, torch.arange(n_prompt, device=device))
         token = logits.argmax(-1)
         first = token.cpu()  # the first token on the host
         out["first_token_s"] = time.perf_counter() - t0
-        if path != "eager":  # loaded once the first token is out (a server streams it meanwhile)
+        if path != "eager" and not by_decode:  # loaded once the first token is out (a server streams it)
             t1 = time.perf_counter()
             decode = precompile_runtime.load_packaged(f"decode_b{batch}", package="llmdecode", strict=True,
-                                                      cuda_graphs=path == "load_packaged_graphs")
+                                                      cuda_graphs=graphs)
             out["decode_load_s"] = time.perf_counter() - t1
         pos = torch.tensor([n_prompt], device=device)
         tokens, all_logits = [token], [logits]
@@ -369,7 +382,8 @@ def breakdown(decode, model, cache, token, pos, n=20) -> dict:
     return {"steps": len(rows), **{k: statistics.median(r[k] for r in rows) for k in rows[0]}}
 
 
-def run_path(path: str, device: str, batch: int, steps: int, n_prompt: int, work: Path, timeout: float) -> dict:
+def run_path(path: str, device: str, batch: int, steps: int, n_prompt: int, work: Path, timeout: float,
+             prefill_with: str = "target") -> dict:
     env = dict(os.environ)
     caches = work / f"cache-{path}-{batch}"
     shutil.rmtree(caches, ignore_errors=True)  # fresh compiler caches: a first run
@@ -378,7 +392,8 @@ def run_path(path: str, device: str, batch: int, steps: int, n_prompt: int, work
                PYTHONPATH=os.pathsep.join([str(work / "site"), str(ROOT), str(ROOT / "runtime"),
                                            env.get("PYTHONPATH", "")]))
     cmd = [sys.executable, __file__, "--worker", path, "--device", device, "--batches", str(batch),
-           "--steps", str(steps), "--prompt", str(n_prompt), "--logits", str(work / f"logits-{path}-{batch}.pt")]
+           "--steps", str(steps), "--prompt", str(n_prompt), "--logits", str(work / f"logits-{path}-{batch}.pt"),
+           "--prefill", prefill_with]
     try:
         p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired:
@@ -487,51 +502,59 @@ def main() -> None:
     ap.add_argument("--budget", type=float, default=None,
                     help="seconds for the whole run, the build of the wheel included: a path that would start after it is skipped, "
                          "one running is stopped at it")
+    ap.add_argument("--prefill", choices=["target", "decode"], default="target",
+                    help="load_packaged paths: the prompt through a prefill target (one per batch, "
+                         "the prompt length dynamic) or through the decode target, a token per call "
+                         "(half the targets to build)")
     ap.add_argument("--work", help="folder for the project, wheel and caches (default: a temp dir)")
     ap.add_argument("--out", help="write the markdown table here")
     ap.add_argument("--worker", help=argparse.SUPPRESS)
     ap.add_argument("--logits", help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.worker:
-        print(json.dumps(worker(a.worker, a.device, a.batches[0], a.steps, a.prompt, a.logits)))
+        print(json.dumps(worker(a.worker, a.device, a.batches[0], a.steps, a.prompt, a.logits, a.prefill)))
         return
     work = Path(a.work or tempfile.mkdtemp(prefix="decode-bench-"))
     paths = [p for p in a.paths if a.device == "cuda" or p != "load_packaged_graphs"]
     if "eager" in paths:  # first: the others are compared with it
         paths.remove("eager")
         paths.insert(0, "eager")
-    proj = write_project(work, a.device, a.batches, a.prompt + a.steps + 48)
+    proj = write_project(work, a.device, a.batches, a.prompt + a.steps + 48,
+                         ("prefill", "decode") if a.prefill == "target" else ("decode",))
     start = time.perf_counter()
     build_s = build_wheel(work, proj) if any(p.startswith("load_packaged") for p in paths) else 0.0
     write = _writer(a, build_s)
     rows: list[dict] = []
-    for batch in a.batches:
-        eager = None
-        for path in paths:
-            left = a.timeout if a.budget is None else min(a.timeout, a.budget - (time.perf_counter() - start))
-            if left < 10:
-                r = {"error": "not run: the --budget was spent"}
-            else:
-                r = run_path(path, a.device, batch, a.steps, a.prompt, work, left)
-            r.update(path=path, batch=batch)
-            if path == "eager" and "error" not in r:
-                eager = r
-            if "error" not in r and eager is not None:
-                r["vs_eager"] = eager["ms_per_token"] / r["ms_per_token"]
-                diff = _first_difference(r["tokens"], eager["tokens"])
-                r["equal"] = "yes" if diff is None else f"no (first at {diff})"
-                if r is not eager:
-                    r.update(_logit_difference(work, path, batch))
-            rows.append(r)
-            print(json.dumps({k: v for k, v in r.items() if k != "tokens"}), flush=True)
-            floor = next((x["kernel_ms_per_step"] for x in rows if x["batch"] == batch and "kernel_ms_per_step" in x),
-                         None)
-            for x in rows:
-                if x["batch"] == batch and floor and "error" not in x:
-                    x["floor_ratio"] = x["ms_per_token"] / floor
-            write(rows)  # after every path: a run cut short keeps what it measured
-        for p in work.glob(f"logits-*-{batch}.pt"):
-            p.unlink()
+    eagers: dict = {}
+    # path-major (eager at every batch, then the next path at every batch, ...): a run cut
+    # short by --budget has the same paths at every batch
+    for path, batch in [(p, b) for p in paths for b in a.batches]:
+        left = a.timeout if a.budget is None else min(a.timeout, a.budget - (time.perf_counter() - start))
+        if left < 10:
+            r = {"error": "not run: the --budget was spent"}
+        else:
+            r = run_path(path, a.device, batch, a.steps, a.prompt, work, left, a.prefill)
+        r.update(path=path, batch=batch)
+        if path == "eager" and "error" not in r:
+            eagers[batch] = r
+        eager = eagers.get(batch)
+        if "error" not in r and eager is not None:
+            r["vs_eager"] = eager["ms_per_token"] / r["ms_per_token"]
+            diff = _first_difference(r["tokens"], eager["tokens"])
+            r["equal"] = "yes" if diff is None else f"no (first at {diff})"
+            if r is not eager:
+                r.update(_logit_difference(work, path, batch))
+        rows.append(r)
+        rows.sort(key=lambda x: (a.batches.index(x["batch"]), paths.index(x["path"])))
+        print(json.dumps({k: v for k, v in r.items() if k != "tokens"}), flush=True)
+        floor = next((x["kernel_ms_per_step"] for x in rows if x["batch"] == batch and "kernel_ms_per_step" in x),
+                     None)
+        for x in rows:
+            if x["batch"] == batch and floor and "error" not in x:
+                x["floor_ratio"] = x["ms_per_token"] / floor
+        write(rows)  # after every path: a run cut short keeps what it measured
+    for p in work.glob("logits-*.pt"):
+        p.unlink()
     for r in rows:
         print(summary(r, rows), flush=True)
 

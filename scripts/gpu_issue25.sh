@@ -1,13 +1,16 @@
 #!/usr/bin/env bash
 # Issue 25 on a CUDA host (python3 with torch, transformers), alone on the GPU, about 8
 # minutes: the decoding tests on CUDA, then bench/decode.py (a 1.1B-parameter Llama,
-# bf16) at batches 1 and 8 on the paths eager, load_packaged_graphs,
-# generate_compile_ro, generate_compile, generate. Each step prints its rc and the
-# script goes on after a failed step. Files in $OUT: summary.txt, pytest.log,
-# decode.log, decode_cuda.md.
+# bf16) at batches 1 and 8 on the paths eager, load_packaged_graphs, generate,
+# generate_compile_ro, generate_compile (run path-major: a budget cut drops the last
+# paths at both batches). The wheel has one target per batch (decode_b1, decode_b8:
+# the prompt goes through the decode target, --prefill decode; about 2 min to build).
+# Each step prints its rc and the script goes on after a failed step. Files in $OUT:
+# summary.txt, pytest.log, decode.log, decode_cuda.md.
 #   DECODE_BATCHES ("1 8"), DECODE_PATHS (the five above), DECODE_STEPS (128),
-#   DECODE_TIMEOUT (seconds per path, 120), BENCH_BUDGET (seconds for the bench, the
-#   wheel's build included (about 2 min for 4 targets), 330).
+#   DECODE_PREFILL (decode; "target" builds prefill_b<B> too: 4 targets, about 4 min),
+#   DECODE_TIMEOUT (seconds per path, 100), BENCH_BUDGET (seconds for the bench, the
+#   wheel's build included, 330), TEST_TIMEOUT (120).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/gpu_issue25}
@@ -16,20 +19,20 @@ export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD:$PWD/runtime:${PYTHONPATH:-}
 python3 -c 'import torch, transformers; print("torch", torch.__version__, "transformers", transformers.__version__, torch.cuda.get_device_name())' | tee "$OUT/summary.txt"
 
 echo "== 1. tests (CUDA decoding; pytree arguments; aliased tensors; the decode fast path)"
-timeout 150 python3 -m pytest -q -p no:cacheprovider tests/test_gpu_decode.py tests/test_pytree_args.py \
+timeout "${TEST_TIMEOUT:-120}" python3 -m pytest -q -p no:cacheprovider tests/test_gpu_decode.py tests/test_pytree_args.py \
   tests/test_llm_decode.py tests/test_decode_fast_path.py > "$OUT/pytest.log" 2>&1
 echo "pytest rc=$?" | tee -a "$OUT/summary.txt"
 grep -E "passed|failed|^FAILED|^ERROR" "$OUT/pytest.log" | tail -8 | tee -a "$OUT/summary.txt"
 
 BATCHES=${DECODE_BATCHES:-1 8}
-PATHS=${DECODE_PATHS:-eager load_packaged_graphs generate_compile_ro generate_compile generate}
+PATHS=${DECODE_PATHS:-eager load_packaged_graphs generate generate_compile_ro generate_compile}
 echo "== 2. bench/decode.py on CUDA (batches $BATCHES; $PATHS)"
 # --budget stops the bench itself (a path past it is skipped, a running one killed);
 # the outer timeout is only a safety net
 # shellcheck disable=SC2086
 timeout $(( ${BENCH_BUDGET:-330} + 60 )) python3 bench/decode.py --device cuda --batches $BATCHES \
-  --steps "${DECODE_STEPS:-128}" --timeout "${DECODE_TIMEOUT:-120}" --budget "${BENCH_BUDGET:-330}" \
-  --paths $PATHS --work "$OUT/work" --out "$OUT/decode_cuda.md" > "$OUT/decode.log" 2>&1
+  --steps "${DECODE_STEPS:-128}" --timeout "${DECODE_TIMEOUT:-100}" --budget "${BENCH_BUDGET:-330}" \
+  --prefill "${DECODE_PREFILL:-decode}" --paths $PATHS --work "$OUT/work" --out "$OUT/decode_cuda.md" > "$OUT/decode.log" 2>&1
 echo "bench rc=$?" | tee -a "$OUT/summary.txt"
 grep -E '^SUMMARY' "$OUT/decode.log" | tee -a "$OUT/summary.txt"
 grep -E '^Traceback|Error' "$OUT/decode.log" | tail -5 | tee -a "$OUT/summary.txt"
