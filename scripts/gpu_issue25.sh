@@ -6,11 +6,11 @@
 # paths at both batches). The wheel has one target per batch (decode_b1, decode_b8:
 # the prompt goes through the decode target, --prefill decode; about 2 min to build).
 # Each step prints its rc and the script goes on after a failed step. Files in $OUT:
-# summary.txt, pytest.log, decode.log, decode_cuda.md.
+# summary.txt, pytest.log, pytest_cpu.log, decode.log, decode_cuda.md.
 #   DECODE_BATCHES ("1 8"), DECODE_PATHS (the five above), DECODE_STEPS (128),
 #   DECODE_PREFILL (decode; "target" builds prefill_b<B> too: 4 targets, about 4 min),
 #   DECODE_TIMEOUT (seconds per path, 100), BENCH_BUDGET (seconds for the bench, the
-#   wheel's build included, 330), TEST_TIMEOUT (120).
+#   wheel's build included, 310), TEST_TIMEOUT (150; the two test runs go side by side).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/gpu_issue25}
@@ -18,11 +18,18 @@ mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD:$PWD/runtime:${PYTHONPATH:-}
 python3 -c 'import torch, transformers; print("torch", torch.__version__, "transformers", transformers.__version__, torch.cuda.get_device_name())' | tee "$OUT/summary.txt"
 
-echo "== 1. tests (CUDA decoding; pytree arguments; aliased tensors; the decode fast path)"
-timeout "${TEST_TIMEOUT:-120}" python3 -m pytest -q -p no:cacheprovider tests/test_gpu_decode.py tests/test_pytree_args.py \
-  tests/test_llm_decode.py tests/test_decode_fast_path.py > "$OUT/pytest.log" 2>&1
-echo "pytest rc=$?" | tee -a "$OUT/summary.txt"
-grep -E "passed|failed|^FAILED|^ERROR" "$OUT/pytest.log" | tail -8 | tee -a "$OUT/summary.txt"
+echo "== 1. tests: the CUDA decoding tests, and beside them (CPU only) pytree arguments, aliased tensors, the decode fast path"
+timeout "${TEST_TIMEOUT:-150}" python3 -m pytest -q -p no:cacheprovider tests/test_gpu_decode.py \
+  > "$OUT/pytest.log" 2>&1 &
+gpu_pid=$!
+timeout "${TEST_TIMEOUT:-150}" python3 -m pytest -q -p no:cacheprovider tests/test_pytree_args.py \
+  tests/test_llm_decode.py tests/test_decode_fast_path.py > "$OUT/pytest_cpu.log" 2>&1
+echo "pytest (cpu tests) rc=$?" | tee -a "$OUT/summary.txt"
+wait "$gpu_pid"
+echo "pytest (tests/test_gpu_decode.py) rc=$?" | tee -a "$OUT/summary.txt"
+for log in pytest.log pytest_cpu.log; do
+  grep -E "passed|failed|^FAILED|^ERROR" "$OUT/$log" | tail -6 | tee -a "$OUT/summary.txt"
+done
 
 BATCHES=${DECODE_BATCHES:-1 8}
 PATHS=${DECODE_PATHS:-eager load_packaged_graphs generate generate_compile_ro generate_compile}
@@ -30,8 +37,8 @@ echo "== 2. bench/decode.py on CUDA (batches $BATCHES; $PATHS)"
 # --budget stops the bench itself (a path past it is skipped, a running one killed);
 # the outer timeout is only a safety net
 # shellcheck disable=SC2086
-timeout $(( ${BENCH_BUDGET:-330} + 60 )) python3 bench/decode.py --device cuda --batches $BATCHES \
-  --steps "${DECODE_STEPS:-128}" --timeout "${DECODE_TIMEOUT:-100}" --budget "${BENCH_BUDGET:-330}" \
+timeout $(( ${BENCH_BUDGET:-310} + 40 )) python3 bench/decode.py --device cuda --batches $BATCHES \
+  --steps "${DECODE_STEPS:-128}" --timeout "${DECODE_TIMEOUT:-100}" --budget "${BENCH_BUDGET:-310}" \
   --prefill "${DECODE_PREFILL:-decode}" --paths $PATHS --work "$OUT/work" --out "$OUT/decode_cuda.md" > "$OUT/decode.log" 2>&1
 echo "bench rc=$?" | tee -a "$OUT/summary.txt"
 grep -E '^SUMMARY' "$OUT/decode.log" | tee -a "$OUT/summary.txt"
