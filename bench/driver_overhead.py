@@ -12,7 +12,10 @@ layers (hidden 32): ``lm_step(model, ids, cache, pos)`` with a transformers Stat
 argument (a pytree of 3 tensors per layer, walked and checked per call) and the export
 wrapper form ``wrapper(input_ids=, cache_position=)`` (its cache tensors are buffers).
 These pairs get the frozen engine's alias check (inputs written in place: the cache),
-which the eager engine's driver skips.
+which the eager engine's driver skips. ``graphs`` columns: the same StaticCache call
+through the CUDA graph lookup of frozen CUDA pairs (``_cuda_graphs.py``: size key,
+addresses of what the graph reads in place, input copies, output copies) after the
+driver, with a stand-in graph whose replay does nothing (no GPU needed).
 
 With ``--baseline REV`` the same pairs are also served by the driver of git
 revision REV (the source half's driver, calling-convention and pytree-type blocks
@@ -45,6 +48,7 @@ DRIVER = "precompile_build/engines/_driver.py"
 BLOCKS = [("precompile_build/engines/_pytree_types.py", "# ---- pytree registration of transformers"),
           ("precompile_build/engines/_call_args.py", "# ---- the calling convention: arguments"),
           (DRIVER, "# ---- driver: the calling convention")]
+GRAPHS = "precompile_build/engines/_cuda_graphs.py"
 nn = torch.nn
 
 
@@ -150,6 +154,27 @@ def _serve(source: str, blocks: dict | None, case: str, make):
     return fn, args
 
 
+class _StandInGraph:
+    def replay(self):
+        pass
+
+
+def _with_graphs(fn, graphs_code: str):
+    """``fn`` (a served pair) with the CUDA graph lookup after its driver: the call's
+    flat inputs go to ``_CudaGraphs`` (recording and replay stand-ins, cuda:0 as the
+    device), as a frozen CUDA pair's call does."""
+    ns = fn.__call__.__globals__
+    ns["_META"]["device"] = "cuda"
+    exec(compile(graphs_code, "_cuda_graphs.py", "exec"), ns)
+    run = fn._run
+    graphs = ns["_CudaGraphs"](run, True, 8, "graph")
+    graphs._capture = lambda inputs: (_StandInGraph(), tuple(run(inputs)))
+    graphs._current_stream = lambda: "stream"
+    cuda0 = torch.device("cuda", 0)
+    fn._run = lambda flat: graphs(flat, cuda0)
+    return fn
+
+
 def _time(fn, args, calls: int) -> float:
     t0 = time.perf_counter_ns()
     for _ in range(calls):
@@ -186,14 +211,21 @@ def main() -> None:
                 return nn.Sequential(*[Block() for _ in range(n)]).eval(), torch.randn(1, 16)
             sources.append((f"{n} layers", _source(n, Path(tmp)), make))
         for n in a.decode:
-            for kind in ("cache", "wrapper"):
+            for kind in ("cache", "wrapper", "graphs"):
                 name = f"decode {kind} {n}L"
                 columns.append(name)
-                sources.append((name, _decode_source(kind, n, Path(tmp)), _decode_case(kind, n)[1]))
+                sources.append((name, _decode_source("cache" if kind == "graphs" else kind, n, Path(tmp)),
+                                _decode_case("cache" if kind == "graphs" else kind, n)[1]))
+        graphs_code = {"this": (REPO / GRAPHS).read_text()}
+        if baseline:
+            graphs_code[a.baseline] = subprocess.run(["git", "show", f"{a.baseline}:{GRAPHS}"], cwd=REPO, check=True,
+                                                     capture_output=True, text=True).stdout
         for name, src, make in sources:
-            cases[("this", name)] = _serve(src, None, name, make)
-            if baseline:
-                cases[(a.baseline, name)] = _serve(src, baseline, name, make)
+            for who, blocks in [("this", None)] + ([(a.baseline, baseline)] if baseline else []):
+                fn, args = _serve(src, blocks, name, make)
+                if " graphs " in name:
+                    fn = _with_graphs(fn, graphs_code[who])
+                cases[(who, name)] = (fn, args)
     times = {k: [] for k in cases}
     for k, (fn, args) in cases.items():  # warm
         _time(fn, args, 200)
