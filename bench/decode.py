@@ -322,7 +322,6 @@ def worker(path: str, device: str, batch: int, steps: int, n_prompt: int, logits
 
 def kernel_floor(decode, model, cache, token, pos, device, n=20) -> float:
     """GPU time of one decode step's kernels (ms): torch.profiler over ``n`` steps."""
-    import torch
     from torch.profiler import ProfilerActivity, profile
 
     for _ in range(2):  # warm (MAX_CACHE leaves room)

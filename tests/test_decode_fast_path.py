@@ -105,7 +105,7 @@ def _changes(model):
 
 
 def test_changes_to_a_cache_between_calls_are_caught(decode):
-    step, ns, model = decode
+    step, _, model = decode
     for change, message in _changes(model):
         cache = modelzoo.static_cache(model, "cpu")
         step(model, torch.tensor([[3]]), cache, torch.tensor([0]))

@@ -8,6 +8,7 @@ from __future__ import annotations
 import importlib.util
 import os
 import py_compile
+from pathlib import Path
 
 import pytest
 
@@ -54,14 +55,14 @@ def _stale_timestamp(p, src):
 
 
 def _other_hash(p, src):
-    pyc = importlib.util.cache_from_source(str(src))
-    data = bytearray(open(pyc, "rb").read())
+    pyc = Path(importlib.util.cache_from_source(str(src)))
+    data = bytearray(pyc.read_bytes())
     data[8] ^= 0xFF  # a hash-based pyc of another source
-    open(pyc, "wb").write(bytes(data))
+    pyc.write_bytes(bytes(data))
 
 
 def _garbage(p, src):
-    open(importlib.util.cache_from_source(str(src)), "wb").write(b"not a pyc")
+    Path(importlib.util.cache_from_source(str(src))).write_bytes(b"not a pyc")
 
 
 @pytest.mark.parametrize("mode, spoil", [(TIMESTAMP, _stale_timestamp), (CHECKED, _other_hash),
