@@ -41,7 +41,9 @@ timeout $(( ${BENCH_BUDGET:-310} + 40 )) python3 bench/decode.py --device cuda -
   --steps "${DECODE_STEPS:-128}" --timeout "${DECODE_TIMEOUT:-100}" --budget "${BENCH_BUDGET:-310}" \
   --prefill "${DECODE_PREFILL:-decode}" --paths $PATHS --work "$OUT/work" --out "$OUT/decode_cuda.md" > "$OUT/decode.log" 2>&1
 echo "bench rc=$?" | tee -a "$OUT/summary.txt"
-grep -E '^SUMMARY' "$OUT/decode.log" | tee -a "$OUT/summary.txt"
+# (SUMMARY lines come at the end; a bench stopped early has its per-path JSON lines)
+grep -E '^SUMMARY' "$OUT/decode.log" | tee -a "$OUT/summary.txt" \
+  || grep -E '^\{' "$OUT/decode.log" | cut -c1-400 | tee -a "$OUT/summary.txt"
 grep -E '^Traceback|Error' "$OUT/decode.log" | tail -5 | tee -a "$OUT/summary.txt"
 [ -f "$OUT/decode_cuda.md" ] && cat "$OUT/decode_cuda.md" | tee -a "$OUT/summary.txt"
 rm -rf "$OUT/work"  # the wheel, sources, logits and compiler caches: not to be brought back
