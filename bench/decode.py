@@ -1,12 +1,26 @@
 """Greedy LLM decoding: time per token and first token, each path in a fresh process.
 
-A Llama-shaped transformers model with random weights (CUDA: about 1.1B parameters,
-bf16: hidden 2048, 16 layers, 32 heads, 8 KV heads, MLP 8192, vocabulary 32000; CPU:
-hidden 256, 4 layers, fp32), a prompt of ``--prompt`` tokens, then ``--steps``
-greedy tokens, at each batch of ``--batches``. Paths:
+A Llama-shaped transformers model (CUDA: about 1.1B parameters, bf16: hidden 2048,
+16 layers, 32 heads, 8 KV heads, MLP 8192, vocabulary 32000; CPU: hidden 256, 4
+layers, fp32), a prompt of ``--prompt`` tokens, then ``--steps`` greedy tokens, at
+each batch of ``--batches``.
 
-- ``eager``: a Python loop over ``model(input_ids=, past_key_values=StaticCache,
-  cache_position=)`` (prefill, then one token per call), each token copied to the host;
+Weights: random, built so that greedy tokens are decidable in bf16. With plain random
+weights the top two logits of a 32000-way argmax are often within bf16 rounding of
+each other, so two correct implementations pick other tokens (the bench saw this from
+token 1). Here the embeddings have unit-variance rows, the lm_head is the embedding
+matrix with its rows permuted (scaled by 1/sqrt(hidden)), and the layers' weights are
+small (``initializer_range``, chosen so that the 2 x layers sublayers add about 20% to
+the residual stream's norm): the final hidden state is mostly the current token's
+embedding, so the argmax is the one token whose lm_head row is that embedding, with a margin of about 0.9 x the top
+logit, far above bf16 rounding (about 0.4%), while every layer still runs in full
+(the same kernels and FLOPs as any weights) and moves the logits (reported: the
+largest logit difference to eager's). No eos token: every path decodes ``--steps``.
+
+Paths:
+
+- ``eager``: the server loop below over ``model(input_ids=, past_key_values=StaticCache,
+  cache_position=)`` (prefill, then one token per call);
 - ``generate``: ``model.generate(past_key_values=StaticCache(...))`` (a fresh cache of
   one size per call, as ``cache_implementation="static"`` makes one), eager
   (``disable_compile=True``); ``generate_auto``: the same as transformers runs it by
@@ -18,13 +32,33 @@ greedy tokens, at each batch of ``--batches``. Paths:
   ``precompile_runtime.load_packaged``; ``load_packaged_graphs``: with
   ``cuda_graphs=True`` (CUDA only).
 
+The server loop (eager, load_packaged*): the next token stays on the device and is fed
+back as the next input, the position is a device tensor advanced in place, logits are
+kept on the device; each step reads one stop flag on the host (``(token == stop).all()``,
+no stop token here): one host sync per step, as ``generate`` does on CUDA
+(``StopCheck``: ``bool(unfinished_sequences.max() == 0)`` every step). Tokens reach the
+host at the end.
+
 Per path: ``first token`` = seconds from the start of the path in its fresh process
 (model built, weights on the device: not counted) to the first token on the host,
-compiling or loading included; ``ms/token`` = the time of tokens 2..steps divided by
-steps - 1 (generate: ``(t(steps) - t(1)) / (steps - 1)``, each a full generate call,
-after the first-token call); tokens are compared with ``eager``'s. ``kernel floor``
-(CUDA): the GPU time of one decode step's kernels (torch.profiler over 20 steps of
-the frozen kernels without graphs): what a replayed graph can at best reach.
+compiling or loading included (load_packaged: the prefill target; the decode target is
+loaded after the first token is out, its seconds shown as ``decode load``; with
+``--prefill decode`` the wheel has no prefill targets: the decode target is loaded, then
+the prompt goes through it a token per call, its CUDA graph recorded on the way); ``ms/token`` =
+the steady state: the loops' wall time of the decode calls after the first ``WARM`` = 3
+(a warm-up, the CUDA graphs' timed plain run and their recording: what generate's
+compiled paths do in their warm-up calls) over their number; generate: ``(t(steps) -
+t(1)) / (steps - 1)``, each a full generate call, after the first-token call and a
+warm-up call of 3 tokens; tokens and
+logits are compared with ``eager``'s (``max |dlogit|``: the largest absolute difference
+over all steps, rows and the vocabulary, and that over eager's largest |logit|).
+``kernel floor`` (CUDA, load_packaged*): the GPU time of one decode step's kernels
+(torch.profiler over 20 steps of the frozen kernels without graphs): what a replayed
+graph can at best reach. ``load_packaged_graphs`` also gets a per-step breakdown (20
+instrumented steps after the timed ones): host time in the loaded function before the
+graph's replay (argument walk, checks, graph lookup, input copies), the replay call,
+after it (output copies, result), the loop's own host time (argmax, position, stop
+flag, waiting for the GPU), and the GPU time of the replay (CUDA events).
 
     PYTHONPATH=$PWD:$PWD/runtime python bench/decode.py --device cpu \\
         --out bench/results/decode_cpu.md
@@ -50,9 +84,9 @@ PATHS = ("eager", "load_packaged", "load_packaged_graphs", "generate", "generate
          "generate_auto")
 SIZES = {
     "cpu": dict(vocab_size=1024, hidden_size=256, intermediate_size=512, num_hidden_layers=4,
-                num_attention_heads=4, num_key_value_heads=2, initializer_range=0.1, dtype="float32"),
+                num_attention_heads=4, num_key_value_heads=2, initializer_range=0.014, dtype="float32"),
     "cuda": dict(vocab_size=32000, hidden_size=2048, intermediate_size=8192, num_hidden_layers=16,
-                 num_attention_heads=32, num_key_value_heads=8, initializer_range=0.05, dtype="bfloat16"),
+                 num_attention_heads=32, num_key_value_heads=8, initializer_range=0.005, dtype="bfloat16"),
 }
 
 # The package the wheel is built from: its module builds the model and is imported by
@@ -72,7 +106,17 @@ def build(device):
     dtype = getattr(torch, cfg.pop("dtype"))
     torch.manual_seed(0)
     with torch.device(device):
-        model = LlamaForCausalLM(LlamaConfig(max_position_embeddings=MAX_CACHE, **cfg))
+        model = LlamaForCausalLM(LlamaConfig(max_position_embeddings=MAX_CACHE, tie_word_embeddings=False,
+                                             eos_token_id=None, bos_token_id=None, pad_token_id=None, **cfg))
+        # decidable greedy tokens (bench/decode.py's docstring): unit-variance embeddings,
+        # the lm_head their rows permuted; the layers' weights small (initializer_range)
+        g = torch.Generator(device=device).manual_seed(2)
+        emb = torch.randn(cfg["vocab_size"], cfg["hidden_size"], generator=g, device=device)
+        perm = torch.randperm(cfg["vocab_size"], generator=g, device=device)
+        with torch.no_grad():
+            model.model.embed_tokens.weight.copy_(emb)
+            model.lm_head.weight.copy_(emb[perm] / cfg["hidden_size"] ** 0.5)
+    model.generation_config.eos_token_id = None
     return model.to(dtype).eval()
 
 
@@ -123,7 +167,7 @@ with torch.no_grad(), precompile_build.capture(llmdecode.step) as f:
 '''
 
 
-def write_project(work: Path, device: str, batches: list[int], max_cache: int) -> Path:
+def write_project(work: Path, device: str, batches: list[int], max_cache: int, kinds=("prefill", "decode")) -> Path:
     proj = work / "project"
     (proj / "llmdecode").mkdir(parents=True, exist_ok=True)
     (proj / "captures").mkdir(exist_ok=True)
@@ -135,7 +179,7 @@ def write_project(work: Path, device: str, batches: list[int], max_cache: int) -
         args = ["{kind}", "{b}"]
         device = "{device}"
         timeout = 1800
-        ''') for b in batches for kind in ("prefill", "decode"))
+        ''') for b in batches for kind in kinds)
     (proj / "pyproject.toml").write_text(textwrap.dedent('''
         [build-system]
         requires = ["precompile-build", "torch", "transformers"]
@@ -176,8 +220,14 @@ def _sync(device):
         torch.cuda.synchronize()
 
 
-def worker(path: str, device: str, batch: int, steps: int, n_prompt: int) -> dict:
-    """One path in this (fresh) process: first-token seconds, ms/token, tokens."""
+STOP = -1  # the stop token the loop checks for every step: none (every path decodes --steps)
+WARM = 3  # decode calls before the loops' timing starts: a warm-up, CUDA graphs' timed run, its recording
+
+
+def worker(path: str, device: str, batch: int, steps: int, n_prompt: int, logits_file: str,
+           prefill_with: str = "target") -> dict:
+    """One path in this (fresh) process: first-token seconds, ms/token, tokens; the
+    logits of every step (float32, [batch, steps, vocab]) saved to ``logits_file``."""
     import torch
 
     import llmdecode
@@ -198,63 +248,141 @@ def worker(path: str, device: str, batch: int, steps: int, n_prompt: int) -> dic
             t0 = time.perf_counter()
             # a fresh StaticCache of one size for every call: the compiled forward sees
             # the same shapes (generate's own static cache is sized by max_new_tokens)
-            seq = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=n, min_new_tokens=n,
+            res = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=n, min_new_tokens=n,
                                  do_sample=False, past_key_values=llmdecode.static_cache(model, batch, device),
-                                 pad_token_id=0, **extra)
-            toks = seq[:, n_prompt:].tolist()
-            return time.perf_counter() - t0, toks
+                                 pad_token_id=0, return_dict_in_generate=True, output_logits=True, **extra)
+            toks = res.sequences[:, n_prompt:].tolist()
+            return time.perf_counter() - t0, toks, res.logits
 
         with torch.no_grad():
-            out["first_token_s"], _ = generate(1)
+            out["first_token_s"], _, _ = generate(1)
             generate(3)  # a compiled path compiles its decode step here
-            one, _ = generate(1)
-            full, out["tokens"] = generate(steps)
+            one, _, _ = generate(1)
+            full, out["tokens"], logits = generate(steps)
         out["ms_per_token"] = (full - one) / (steps - 1) * 1e3
+        torch.save(torch.stack(logits, 1).float().cpu(), logits_file)
         return out
     t0 = time.perf_counter()
+    graphs = path == "load_packaged_graphs"
+    by_decode = path != "eager" and prefill_with == "decode"
     if path == "eager":
         prefill = decode = llmdecode.step
     else:
         import precompile_runtime
 
-        graphs = path == "load_packaged_graphs"
-        prefill = precompile_runtime.load_packaged(f"prefill_b{batch}", package="llmdecode", strict=True)
-        decode = precompile_runtime.load_packaged(f"decode_b{batch}", package="llmdecode", strict=True,
-                                                  cuda_graphs=graphs)
+        if by_decode:  # the prompt through the decode target, a token per call: one target per batch
+            decode = precompile_runtime.load_packaged(f"decode_b{batch}", package="llmdecode", strict=True,
+                                                      cuda_graphs=graphs)
+        else:
+            prefill = precompile_runtime.load_packaged(f"prefill_b{batch}", package="llmdecode", strict=True)
+    out["load_s"] = time.perf_counter() - t0
     cache = llmdecode.static_cache(model, batch, device)
-    tokens, times = [], []
     with torch.no_grad():
-        token = prefill(model, ids, cache, torch.arange(n_prompt, device=device)).argmax(-1)
-        tokens.append(token.cpu())
+        if by_decode:
+            for i in range(n_prompt):
+                logits = decode(model, ids[:, i:i + 1].contiguous(), cache, torch.tensor([i], device=device))
+        else:
+            logits = prefill(model, ids, cache, torch.arange(n_prompt, device=device))
+        token = logits.argmax(-1)
+        first = token.cpu()  # the first token on the host
         out["first_token_s"] = time.perf_counter() - t0
+        if path != "eager" and not by_decode:  # loaded once the first token is out (a server streams it)
+            t1 = time.perf_counter()
+            decode = precompile_runtime.load_packaged(f"decode_b{batch}", package="llmdecode", strict=True,
+                                                      cuda_graphs=graphs)
+            out["decode_load_s"] = time.perf_counter() - t1
+        pos = torch.tensor([n_prompt], device=device)
+        tokens, all_logits = [token], [logits]
         for i in range(steps - 1):
-            t = time.perf_counter()
-            token = decode(model, token[:, None], cache, torch.tensor([n_prompt + i], device=device)).argmax(-1)
-            tokens.append(token.cpu())  # the host has each token (streamed), as generate's loop does
-            times.append(time.perf_counter() - t)
-        out["ms_per_token"] = sum(times) / len(times) * 1e3
+            if i == WARM:  # steady state from here (the first calls warm up, time, record)
+                _sync(device)
+                t1 = time.perf_counter()
+            logits = decode(model, token[:, None], cache, pos)
+            token = logits.argmax(-1)
+            pos += 1
+            tokens.append(token)
+            all_logits.append(logits)
+            if bool((token == STOP).all()):  # the stop flag on the host: one sync per step, as generate
+                break
+        out["ms_per_token"] = (time.perf_counter() - t1) / (steps - 1 - WARM) * 1e3
         out["tokens"] = torch.stack(tokens, 1).tolist()
-        if path == "load_packaged" and device == "cuda":
-            out["kernel_ms_per_step"] = kernel_floor(decode, model, cache, token, n_prompt + steps, device)
+        assert out["tokens"][0][0] == first[0].item()
+        torch.save(torch.stack(all_logits, 1).float().cpu(), logits_file)
+        if path.startswith("load_packaged") and device == "cuda":
+            try:  # (after the timed loop: a failure here keeps the row, with the reason)
+                graphs = getattr(decode, "cuda_graphs", False)
+                plain = decode.with_cuda_graphs(False) if graphs else decode
+                out["kernel_ms_per_step"] = kernel_floor(plain, model, cache, token, pos, device)
+                if graphs:
+                    out["breakdown"] = breakdown(decode, model, cache, token, pos)
+            except Exception as e:  # noqa: BLE001 - reported in the table
+                out["logit_note"] = f"floor/breakdown failed: {type(e).__name__}: {str(e)[:150]}"
     return out
 
 
-def kernel_floor(decode, model, cache, token, start, device, n=20) -> float:
+def kernel_floor(decode, model, cache, token, pos, device, n=20) -> float:
     """GPU time of one decode step's kernels (ms): torch.profiler over ``n`` steps."""
-    import torch
     from torch.profiler import ProfilerActivity, profile
 
-    pos = [torch.tensor([start + i], device=device) for i in range(n)]  # MAX_CACHE leaves room
+    for _ in range(2):  # warm (MAX_CACHE leaves room)
+        decode(model, token[:, None], cache, pos)
+        pos += 1
     _sync(device)
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for p in pos:
-            decode(model, token[:, None], cache, p)
+        for _ in range(n):
+            decode(model, token[:, None], cache, pos)
+            pos += 1
         _sync(device)
     total_us = sum(e.device_time_total for e in prof.key_averages() if e.device_type.name == "CUDA")
     return total_us / n / 1e3
 
 
-def run_path(path: str, device: str, batch: int, steps: int, n_prompt: int, work: Path, timeout: float) -> dict:
+def breakdown(decode, model, cache, token, pos, n=20) -> dict:
+    """Median per-step times of the graphs path (us; GPU replay in ms): where the host
+    time goes, measured by wrapping CUDAGraph.replay for ``n`` steps of the loop."""
+    import statistics
+
+    import torch
+
+    orig = torch.cuda.CUDAGraph.replay
+    marks: list = []
+
+    def replay(self):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        marks.append(time.perf_counter())
+        start.record()
+        orig(self)
+        end.record()
+        marks.append(time.perf_counter())
+        marks.append((start, end))
+
+    rows = []
+    torch.cuda.CUDAGraph.replay = replay
+    try:
+        for _ in range(n):
+            marks.clear()
+            t0 = time.perf_counter()
+            logits = decode(model, token[:, None], cache, pos)
+            t1 = time.perf_counter()
+            token = logits.argmax(-1)
+            pos += 1
+            bool((token == STOP).all())
+            t2 = time.perf_counter()
+            if len(marks) != 3:  # no replay (a plain run): not a graph step
+                continue
+            r0, r1, (start, end) = marks
+            rows.append({"driver_before_replay_us": (r0 - t0) * 1e6, "replay_call_us": (r1 - r0) * 1e6,
+                         "driver_after_replay_us": (t1 - r1) * 1e6, "loop_and_wait_us": (t2 - t1) * 1e6,
+                         "replay_gpu_ms": start.elapsed_time(end), "step_ms": (t2 - t0) * 1e3})
+    finally:
+        torch.cuda.CUDAGraph.replay = orig
+    if not rows:
+        return {"steps": 0}
+    return {"steps": len(rows), **{k: statistics.median(r[k] for r in rows) for k in rows[0]}}
+
+
+def run_path(path: str, device: str, batch: int, steps: int, n_prompt: int, work: Path, timeout: float,
+             prefill_with: str = "target") -> dict:
     env = dict(os.environ)
     caches = work / f"cache-{path}-{batch}"
     shutil.rmtree(caches, ignore_errors=True)  # fresh compiler caches: a first run
@@ -263,7 +391,8 @@ def run_path(path: str, device: str, batch: int, steps: int, n_prompt: int, work
                PYTHONPATH=os.pathsep.join([str(work / "site"), str(ROOT), str(ROOT / "runtime"),
                                            env.get("PYTHONPATH", "")]))
     cmd = [sys.executable, __file__, "--worker", path, "--device", device, "--batches", str(batch),
-           "--steps", str(steps), "--prompt", str(n_prompt)]
+           "--steps", str(steps), "--prompt", str(n_prompt), "--logits", str(work / f"logits-{path}-{batch}.pt"),
+           "--prefill", prefill_with]
     try:
         p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired:
@@ -283,26 +412,82 @@ def _first_difference(got, want):
     return None
 
 
+def _logit_difference(work: Path, path: str, batch: int) -> dict:
+    """The largest |logit - eager's logit| over every step, row and token id, and that
+    over eager's largest |logit| (files written by the workers; removed after)."""
+    import torch
+
+    mine, eager = work / f"logits-{path}-{batch}.pt", work / f"logits-eager-{batch}.pt"
+    if not (mine.exists() and eager.exists()):
+        return {}
+    got, want = torch.load(mine), torch.load(eager)
+    if got.shape != want.shape:
+        return {"logit_note": f"logits of shape {list(got.shape)} vs eager's {list(want.shape)}"}
+    diff = (got - want).abs().max().item()
+    return {"max_dlogit": diff, "rel_dlogit": diff / max(want.abs().max().item(), 1e-30)}
+
+
 def markdown(meta: dict, rows: list[dict]) -> str:
     lines = [f"# Greedy decoding ({meta['device']})", "",
              f"`{meta['command']}` - torch {meta['torch']}, transformers {meta['transformers']}, "
-             f"{meta['host']}. Model: {meta['model']}. Prompt {meta['prompt']} tokens, then "
+             f"{meta['host']}. Model: {meta['model']} (weights built for decidable greedy tokens: "
+             f"bench/decode.py's docstring). Prompt {meta['prompt']} tokens, then "
              f"{meta['steps']} greedy tokens; each path in a fresh process with empty compiler caches "
-             f"(wheel built in {meta['build_s']:.0f} s).", "",
-             "| batch | path | first token (s) | ms/token | vs eager | tokens equal eager | note |",
-             "|---|---|---|---|---|---|---|"]
+             f"(wheel built in {meta['build_s']:.0f} s). The loops keep the token on the device and read "
+             "one stop flag per step, as generate does.", "",
+             "| batch | path | first token (s) | ms/token | vs eager | x kernel floor | tokens equal eager "
+             "| max abs dlogit (rel.) | note |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         if "error" in r:
-            lines.append(f"| {r['batch']} | {r['path']} | - | - | - | - | fails: {r['error']} |")
+            lines.append(f"| {r['batch']} | {r['path']} | - | - | - | - | - | - | fails: {r['error']} |")
             continue
         note = []
         if r.get("kernel_ms_per_step") is not None:
             note.append(f"kernel floor {r['kernel_ms_per_step']:.3f} ms/step")
-        if r.get("floor_ratio") is not None:
-            note.append(f"{r['floor_ratio']:.2f}x the kernel floor")
+        if r.get("decode_load_s") is not None:
+            note.append(f"load: prefill {r['load_s']:.2f} s (in first token), decode {r['decode_load_s']:.2f} s "
+                        "(after it)")
+        if r.get("logit_note"):
+            note.append(r["logit_note"])
+        floor = f"{r['floor_ratio']:.2f}x" if r.get("floor_ratio") is not None else "-"
+        dlogit = (f"{r['max_dlogit']:.3g} ({r['rel_dlogit']:.2%})" if r.get("max_dlogit") is not None else "-")
         lines.append(f"| {r['batch']} | {r['path']} | {r['first_token_s']:.2f} | {r['ms_per_token']:.3f} | "
-                     f"{r.get('vs_eager', float('nan')):.2f}x | {r['equal']} | {'; '.join(note)} |")
+                     f"{r.get('vs_eager', float('nan')):.2f}x | {floor} | {r.get('equal', '-')} | {dlogit} | "
+                     f"{'; '.join(note)} |")
+    parts = [r for r in rows if r.get("breakdown", {}).get("steps")]
+    if parts:
+        keys = [k for k in parts[0]["breakdown"] if k != "steps"]
+        lines += ["", "Per-step breakdown of load_packaged_graphs (medians of instrumented steps after the "
+                  "timed ones; us, GPU replay and step in ms): host time in the loaded function before "
+                  "CUDAGraph.replay, in it, after it; the loop's own host time incl. waiting for the GPU.", "",
+                  "| batch | steps | " + " | ".join(keys) + " |", "|---|---|" + "---|" * len(keys)]
+        for r in parts:
+            b = r["breakdown"]
+            lines.append(f"| {r['batch']} | {b['steps']} | " + " | ".join(f"{b[k]:.3f}" if k.endswith("_ms")
+                                                                          else f"{b[k]:.1f}" for k in keys) + " |")
     return "\n".join(lines) + "\n"
+
+
+def summary(r: dict, rows: list[dict]) -> str:
+    """One line for a (batch, path): what the issue's speed target reads."""
+    head = f"SUMMARY batch={r['batch']} path={r['path']}"
+    if "error" in r:
+        return f"{head} FAILS {r['error'][:200]}"
+    eager = next((x for x in rows if x["batch"] == r["batch"] and x["path"] == "eager" and "error" not in x), None)
+    text = f"{head} ms/token={r['ms_per_token']:.3f}"
+    if r.get("floor_ratio") is not None:
+        text += f" floor_x={r['floor_ratio']:.2f}"
+    text += f" first_token_s={r['first_token_s']:.2f}"
+    if eager is not None and r is not eager:
+        text += f" (eager {eager['first_token_s']:.2f}) tokens_equal={r.get('equal', '-').split(' ')[0]}"
+    if r.get("max_dlogit") is not None:
+        text += f" max_dlogit={r['max_dlogit']:.3g}"
+    b = r.get("breakdown") or {}
+    if b.get("steps"):
+        text += (f" host_before_replay_us={b['driver_before_replay_us']:.0f} replay_gpu_ms={b['replay_gpu_ms']:.3f}"
+                 f" step_ms={b['step_ms']:.3f}")
+    return text
 
 
 def main() -> None:
@@ -314,45 +499,63 @@ def main() -> None:
     ap.add_argument("--paths", nargs="+", default=list(PATHS), choices=PATHS)
     ap.add_argument("--timeout", type=float, default=900, help="seconds per path")
     ap.add_argument("--budget", type=float, default=None,
-                    help="seconds for the whole run: a path that would start after it is skipped, "
+                    help="seconds for the whole run, the build of the wheel included: a path that would start after it is skipped, "
                          "one running is stopped at it")
+    ap.add_argument("--prefill", choices=["target", "decode"], default="target",
+                    help="load_packaged paths: the prompt through a prefill target (one per batch, "
+                         "the prompt length dynamic) or through the decode target, a token per call "
+                         "(half the targets to build)")
     ap.add_argument("--work", help="folder for the project, wheel and caches (default: a temp dir)")
     ap.add_argument("--out", help="write the markdown table here")
     ap.add_argument("--worker", help=argparse.SUPPRESS)
+    ap.add_argument("--logits", help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.worker:
-        print(json.dumps(worker(a.worker, a.device, a.batches[0], a.steps, a.prompt)))
+        print(json.dumps(worker(a.worker, a.device, a.batches[0], a.steps, a.prompt, a.logits, a.prefill)))
         return
     work = Path(a.work or tempfile.mkdtemp(prefix="decode-bench-"))
     paths = [p for p in a.paths if a.device == "cuda" or p != "load_packaged_graphs"]
-    proj = write_project(work, a.device, a.batches, a.prompt + a.steps + 24)
+    if "eager" in paths:  # first: the others are compared with it
+        paths.remove("eager")
+        paths.insert(0, "eager")
+    proj = write_project(work, a.device, a.batches, a.prompt + a.steps + 48,
+                         ("prefill", "decode") if a.prefill == "target" else ("decode",))
+    start = time.perf_counter()
     build_s = build_wheel(work, proj) if any(p.startswith("load_packaged") for p in paths) else 0.0
     write = _writer(a, build_s)
     rows: list[dict] = []
-    start = time.perf_counter()
-    for batch in a.batches:
-        eager = None
-        for path in paths:
-            left = a.timeout if a.budget is None else min(a.timeout, a.budget - (time.perf_counter() - start))
-            if left < 10:
-                r = {"error": "not run: the --budget was spent"}
-            else:
-                r = run_path(path, a.device, batch, a.steps, a.prompt, work, left)
-            r.update(path=path, batch=batch)
-            if path == "eager" and "error" not in r:
-                eager = r
-            if "error" not in r and eager is not None:
-                r["vs_eager"] = eager["ms_per_token"] / r["ms_per_token"]
-                diff = _first_difference(r["tokens"], eager["tokens"])
-                r["equal"] = "yes" if diff is None else f"no (first at {diff})"
-            rows.append(r)
-            print(json.dumps({k: v for k, v in r.items() if k != "tokens"}), flush=True)
-            floor = next((x["kernel_ms_per_step"] for x in rows if x["batch"] == batch and "kernel_ms_per_step" in x),
-                         None)
-            for x in rows:
-                if x["batch"] == batch and floor and "error" not in x:
-                    x["floor_ratio"] = x["ms_per_token"] / floor
-            write(rows)  # after every path: a run cut short keeps what it measured
+    eagers: dict = {}
+    # path-major (eager at every batch, then the next path at every batch, ...): a run cut
+    # short by --budget has the same paths at every batch
+    for path, batch in [(p, b) for p in paths for b in a.batches]:
+        left = a.timeout if a.budget is None else min(a.timeout, a.budget - (time.perf_counter() - start))
+        if left < 10:
+            r = {"error": "not run: the --budget was spent"}
+        else:
+            r = run_path(path, a.device, batch, a.steps, a.prompt, work, left, a.prefill)
+        r.update(path=path, batch=batch)
+        if path == "eager" and "error" not in r:
+            eagers[batch] = r
+        eager = eagers.get(batch)
+        if "error" not in r and eager is not None:
+            r["vs_eager"] = eager["ms_per_token"] / r["ms_per_token"]
+            diff = _first_difference(r["tokens"], eager["tokens"])
+            r["equal"] = "yes" if diff is None else f"no (first at {diff})"
+            if r is not eager:
+                r.update(_logit_difference(work, path, batch))
+        rows.append(r)
+        rows.sort(key=lambda x: (a.batches.index(x["batch"]), paths.index(x["path"])))
+        print(json.dumps({k: v for k, v in r.items() if k != "tokens"}), flush=True)
+        floor = next((x["kernel_ms_per_step"] for x in rows if x["batch"] == batch and "kernel_ms_per_step" in x),
+                     None)
+        for x in rows:
+            if x["batch"] == batch and floor and "error" not in x:
+                x["floor_ratio"] = x["ms_per_token"] / floor
+        write(rows)  # after every path: a run cut short keeps what it measured
+    for p in work.glob("logits-*.pt"):
+        p.unlink()
+    for r in rows:
+        print(summary(r, rows), flush=True)
 
 
 def _writer(a, build_s):

@@ -7,9 +7,20 @@ one that returns a ready output tensor: what is timed is the driver (argument wa
 model and input checks, ambient checks, grad mode switch, output rebuild) and
 nothing else. N = 4 and 48 show whether the cost grows with the model.
 
+``--decode L [L ...]`` (needs transformers) adds LLM decode steps of a Llama with L
+layers (hidden 32): ``lm_step(model, ids, cache, pos)`` with a transformers StaticCache
+argument (a pytree of 3 tensors per layer, walked and checked per call) and the export
+wrapper form ``wrapper(input_ids=, cache_position=)`` (its cache tensors are buffers).
+These pairs get the frozen engine's alias check (inputs written in place: the cache),
+which the eager engine's driver skips. ``graphs`` columns: the same StaticCache call
+through the CUDA graph lookup of frozen CUDA pairs (``_cuda_graphs.py``: size key,
+addresses of what the graph reads in place, input copies, output copies) after the
+driver, with a stand-in graph whose replay does nothing (no GPU needed).
+
 With ``--baseline REV`` the same pairs are also served by the driver of git
-revision REV (the source half's driver block swapped), interleaved in the same
-process: the ratio is the change.
+revision REV (the source half's driver, calling-convention and pytree-type blocks
+swapped for REV's, those REV has), interleaved in the same process: the ratio is the
+change.
 
     PYTHONPATH=$PWD:$PWD/runtime python bench/driver_overhead.py --baseline de90e17 \
         --out bench/results/driver_overhead_cpu.md
@@ -33,6 +44,11 @@ import precompile_build
 
 REPO = Path(__file__).resolve().parent.parent
 DRIVER = "precompile_build/engines/_driver.py"
+# the source half's blocks after the models' settings, in codegen.py's order, by header
+BLOCKS = [("precompile_build/engines/_pytree_types.py", "# ---- pytree registration of transformers"),
+          ("precompile_build/engines/_call_args.py", "# ---- the calling convention: arguments"),
+          (DRIVER, "# ---- driver: the calling convention")]
+GRAPHS = "precompile_build/engines/_cuda_graphs.py"
 nn = torch.nn
 
 
@@ -64,73 +80,181 @@ def _source(layers: int, tmp: Path) -> str:
     return paths["artifact_path"].read_text()
 
 
-def _serve(source: str, driver: str | None, layers: int):
-    if driver is not None:  # swap the driver block for another revision's
-        start = source.index("# ---- driver: the calling convention")
-        source = source[:start] + driver
-    ns: dict = {"__name__": f"pair_{layers}"}
+def _llama(layers: int):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    cfg = LlamaConfig(vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=layers,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
+    return LlamaForCausalLM(cfg).eval()
+
+
+def _static_cache(model):
+    from transformers import StaticCache
+
+    cfg = model.config
+    cache = StaticCache(config=cfg, max_cache_len=64)
+    cache.early_initialization(1, cfg.num_key_value_heads, cfg.hidden_size // cfg.num_attention_heads,
+                               model.dtype, "cpu")
+    return cache
+
+
+def lm_step(model, ids, cache, pos):
+    return model(input_ids=ids, past_key_values=cache, cache_position=pos).logits[:, -1]
+
+
+def wrapper_step(wrapper, ids, pos):
+    return wrapper(input_ids=ids, cache_position=pos)
+
+
+def _wrapper(model):
+    from transformers.integrations.executorch import TorchExportableModuleWithStaticCache
+
+    model.generation_config.cache_implementation = "static"
+    return TorchExportableModuleWithStaticCache(model, batch_size=1, max_cache_len=64, device="cpu")
+
+
+def _decode_case(kind: str, layers: int):
+    """(step, argument maker) of a decode case: ``make()`` gives the call's arguments."""
+    model = _llama(layers)
+    ids, pos = torch.tensor([[1]]), torch.tensor([0])
+    if kind == "cache":
+        cache = _static_cache(model)
+        return lm_step, lambda: (model, ids, cache, pos)
+    wrapper = _wrapper(model)
+    return wrapper_step, lambda: (wrapper, ids, pos)
+
+
+def _decode_source(kind: str, layers: int, tmp: Path) -> str:
+    step, make = _decode_case(kind, layers)
+    paths = {"artifact_path": tmp / f"{kind}{layers}.py", "cache_path": tmp / f"{kind}{layers}.cache"}
+    with torch.no_grad(), precompile_build.capture(step, engine="eager", **paths) as f:
+        f(*make())
+    return paths["artifact_path"].read_text()
+
+
+def _swap(source: str, blocks: dict) -> str:
+    """``source`` with its blocks from the first of ``blocks`` on replaced by those."""
+    start = min(source.index(header) for path, header in BLOCKS if path in blocks)
+    return source[:start] + "\n\n".join(blocks[p].rstrip("\n") + "\n" for p, _ in BLOCKS if p in blocks)
+
+
+def _serve(source: str, blocks: dict | None, case: str, make):
+    if blocks is not None:  # swap the serving blocks for another revision's
+        source = _swap(source, blocks)
+    ns: dict = {"__name__": f"pair_{case}"}
     exec(compile(source, "pair.py", "exec"), ns)
     fn = ns["load"](None)
-    model = nn.Sequential(*[Block() for _ in range(layers)]).eval()
-    x = torch.randn(1, 16)
-    out = [fn(model, x)]  # the real result once; then the kernels are replaced
+    if ns["_META"].get("mutated_inputs"):
+        ns["_CHECK_ALIASES"] = True  # what the frozen engine's driver checks
+    args = make()
+    with torch.no_grad():
+        out = [fn(*args)]  # the real result once; then the kernels are replaced
     fn._run = lambda flat: out
-    return fn, model, x
+    return fn, args
 
 
-def _time(fn, model, x, calls: int) -> float:
+class _StandInGraph:
+    def replay(self):
+        pass
+
+
+def _with_graphs(fn, graphs_code: str):
+    """``fn`` (a served pair) with the CUDA graph lookup after its driver: the call's
+    flat inputs go to ``_CudaGraphs`` (recording and replay stand-ins, cuda:0 as the
+    device), as a frozen CUDA pair's call does."""
+    ns = fn.__call__.__globals__
+    ns["_META"]["device"] = "cuda"
+    exec(compile(graphs_code, "_cuda_graphs.py", "exec"), ns)
+    run = fn._run
+    graphs = ns["_CudaGraphs"](run, True, 8, "graph")
+    graphs._capture = lambda inputs: (_StandInGraph(), tuple(run(inputs)))
+    graphs._current_stream = lambda: "stream"
+    cuda0 = torch.device("cuda", 0)
+    fn._run = lambda flat: graphs(flat, cuda0)
+    return fn
+
+
+def _time(fn, args, calls: int) -> float:
     t0 = time.perf_counter_ns()
     for _ in range(calls):
-        fn(model, x)
+        fn(*args)
     return (time.perf_counter_ns() - t0) / calls
+
+
+def _revision_blocks(rev: str) -> dict:
+    blocks = {}
+    for path, _ in BLOCKS:
+        p = subprocess.run(["git", "show", f"{rev}:{path}"], cwd=REPO, capture_output=True, text=True)
+        if p.returncode == 0:
+            blocks[path] = p.stdout
+    return blocks
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--layers", type=int, nargs="+", default=[4, 48])
+    ap.add_argument("--decode", type=int, nargs="*", default=[],
+                    help="Llama decode steps of these layer counts (StaticCache argument, export wrapper)")
     ap.add_argument("--calls", type=int, default=20000)
     ap.add_argument("--rounds", type=int, default=7)
     ap.add_argument("--baseline", help="git revision whose driver is measured beside this one")
     ap.add_argument("--out", help="write a markdown table here")
     a = ap.parse_args()
-    baseline = None
-    if a.baseline:
-        baseline = subprocess.run(["git", "show", f"{a.baseline}:{DRIVER}"], cwd=REPO, check=True,
-                                  capture_output=True, text=True).stdout
-    cases = {}
+    baseline = _revision_blocks(a.baseline) if a.baseline else None
+    cases = {}  # (who, case) -> (fn, args)
+    columns = [f"{n} layers" for n in a.layers]
     with tempfile.TemporaryDirectory() as tmp:
+        sources = []
         for n in a.layers:
-            src = _source(n, Path(tmp))
-            cases[("this", n)] = _serve(src, None, n)
-            if baseline:
-                cases[(a.baseline, n)] = _serve(src, baseline, n)
+            def make(n=n):
+                return nn.Sequential(*[Block() for _ in range(n)]).eval(), torch.randn(1, 16)
+            sources.append((f"{n} layers", _source(n, Path(tmp)), make))
+        for n in a.decode:
+            for kind in ("cache", "wrapper", "graphs"):
+                name = f"decode {kind} {n}L"
+                columns.append(name)
+                sources.append((name, _decode_source("cache" if kind == "graphs" else kind, n, Path(tmp)),
+                                _decode_case("cache" if kind == "graphs" else kind, n)[1]))
+        graphs_code = {"this": (REPO / GRAPHS).read_text()}
+        if baseline:
+            graphs_code[a.baseline] = subprocess.run(["git", "show", f"{a.baseline}:{GRAPHS}"], cwd=REPO, check=True,
+                                                     capture_output=True, text=True).stdout
+        for name, src, make in sources:
+            for who, blocks in [("this", None)] + ([(a.baseline, baseline)] if baseline else []):
+                fn, args = _serve(src, blocks, name, make)
+                if " graphs " in name:
+                    fn = _with_graphs(fn, graphs_code[who])
+                cases[(who, name)] = (fn, args)
     times = {k: [] for k in cases}
-    for k, (fn, m, x) in cases.items():  # warm
-        _time(fn, m, x, 200)
+    for k, (fn, args) in cases.items():  # warm
+        _time(fn, args, 200)
     for _ in range(a.rounds):  # interleaved rounds
-        for k, (fn, m, x) in cases.items():
-            times[k].append(_time(fn, m, x, a.calls))
+        for k, (fn, args) in cases.items():
+            times[k].append(_time(fn, args, a.calls))
     med = {k: statistics.median(v) for k, v in times.items()}
+    growth = a.layers == [4, 48]
     lines = [
         "# Driver overhead per call (CPU, no kernels)",
         "",
         f"`python bench/driver_overhead.py {' '.join(sys.argv[1:])}` "
         f"- torch {torch.__version__}, Python {platform.python_version()}, {platform.machine()}, "
         f"{os.cpu_count()} CPUs (shared), median of {a.rounds} interleaved rounds x {a.calls} calls.",
-        "Each block: 7 submodules, 12 parameters; input 1x16; the kernel call returns a ready tensor.",
+        "Each block: 7 submodules, 12 parameters; input 1x16; the kernel call returns a ready tensor."
+        + (" Decode: a Llama of L layers (hidden 32), one token; `cache`: `lm_step(model, ids, "
+           "StaticCache, pos)`, `wrapper`: transformers' export wrapper; alias check on." if a.decode else ""),
         "",
-        "| driver | " + " | ".join(f"{n} layers (ns/call)" for n in a.layers) + " | 48/4 |" if a.layers == [4, 48]
-        else "| driver | " + " | ".join(f"{n} layers (ns/call)" for n in a.layers) + " |",
-        "|---|" + "---|" * (len(a.layers) + (1 if a.layers == [4, 48] else 0)),
+        "| driver | " + " | ".join(f"{c} (ns/call)" for c in columns) + (" | 48/4 |" if growth else " |"),
+        "|---|" + "---|" * (len(columns) + growth),
     ]
     for who in ["this"] + ([a.baseline] if baseline else []):
-        row = [f"{med[(who, n)]:.0f}" for n in a.layers]
-        if a.layers == [4, 48]:
-            row.append(f"{med[(who, 48)] / med[(who, 4)]:.2f}")
+        row = [f"{med[(who, c)]:.0f}" for c in columns]
+        if growth:
+            row.append(f"{med[(who, '48 layers')] / med[(who, '4 layers')]:.2f}")
         lines.append(f"| {'this branch' if who == 'this' else 'baseline ' + who} | " + " | ".join(row) + " |")
     if baseline:
         lines += ["", "Speed-up over the baseline: " + ", ".join(
-            f"{n} layers {med[(a.baseline, n)] / med[('this', n)]:.1f}x" for n in a.layers)]
+            f"{c} {med[(a.baseline, c)] / med[('this', c)]:.1f}x" for c in columns)]
     text = "\n".join(lines) + "\n"
     print(text)
     if a.out:

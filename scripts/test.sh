@@ -22,4 +22,4 @@ TORCH_SPEC=torch==2.14.1 make_venv .venv-torch214 "${deps[@]}" torchvision==0.29
 # transformers decoding (StaticCache arguments, the export wrapper) and the model matrix
 .venv-torch214/bin/python -m pytest -q -p no:cacheprovider \
   tests/test_torch_engine.py tests/test_frozen_engine.py tests/test_tracers.py \
-  tests/test_example_project.py tests/test_llm_decode.py tests/test_models.py "$@"
+  tests/test_example_project.py tests/test_llm_decode.py tests/test_decode_fast_path.py tests/test_models.py "$@"

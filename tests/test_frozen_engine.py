@@ -615,6 +615,11 @@ def test_an_input_the_function_writes_to_may_not_share_memory_with_another(tmp_p
                        r"function writes to it; pass separate tensors"):
         fn(t, t)
     torch.testing.assert_close(fn(torch.ones(4, 3), torch.ones(4, 3)), torch.full((4, 3), 1.5))
+    avg = torch.ones(4, 3)  # after passing calls (the verdict is kept), a view of it as x is caught
+    for _ in range(2):
+        fn(avg, torch.ones(4, 3))
+    with pytest.raises(CallError, match=r"argument 'avg' shares memory with argument 'x'"):
+        fn(avg, avg[:])
     # inputs only read may share memory (ids and targets cut from one buffer)
     fn = _capture_and_load(tmp_path / "read", lambda a, b: a + b, torch.ones(4, 3), torch.ones(4, 3))
     buf = torch.arange(24.0)

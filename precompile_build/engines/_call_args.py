@@ -7,6 +7,9 @@
 # to import (and, for named tuples and transformers' caches, register) before
 # treespec_loads. Loaded at the first call that needs them, not when the source runs.
 import collections as _collections
+import itertools as _itertools
+import operator as _operator
+import weakref as _weakref
 
 from torch.utils import _pytree as _pytree
 
@@ -142,11 +145,157 @@ def _check_structure(args, kwargs):
     return kwargs
 
 
+# ---- the fast walk: the captured structure checked without building a TreeSpec ----
+# tree_flatten builds a TreeSpec node per container and per registered object (a
+# StaticCache: one per layer) and the comparison walks both trees: microseconds per
+# layer on every decode step. The walk below follows the captured TreeSpec instead and
+# takes the leaves where it finds exactly what tree_flatten would have found there
+# (the node types tuple, list, dict, None and the classes _pytree_types.py registered;
+# same length, dict keys, attribute names, non-tensor attributes); on anything else, or
+# a capture with other node types, it gives way to tree_flatten and its messages.
+_LEAF, _SEQ, _DICT, _NONE, _ATTRS = range(5)
+_PLAN = []  # [the plan of the captured inputs (None: tree_flatten on every call)], built at first use
+_PLAIN_LEAVES = frozenset((torch.Tensor, torch.nn.Parameter, int, float, bool, str))
+
+
+class _Node:
+    """One node of the captured TreeSpec, as _walk checks it."""
+
+    __slots__ = ("kind", "type", "size", "keys", "get", "other_get", "other", "other_types", "kids",
+                 "leaves_only")
+
+
+def _getter(names):
+    """A function of a dict: the tuple of its values at ``names``."""
+    get = _operator.itemgetter(*names)
+    return get if len(names) > 1 else (lambda d: (get(d),))
+
+
+def _node_plan(spec):
+    """A TreeSpec as _Node objects for _walk, or None where a node is of another type."""
+    node = _Node()
+    node.kind = _LEAF
+    if spec.is_leaf():
+        return node
+    kids = [_node_plan(c) for c in _children(spec)]
+    if any(k is None for k in kids):
+        return None
+    node.kids, node.type = kids, spec.type
+    node.leaves_only = all(k.kind == _LEAF for k in kids)
+    if node.type is tuple or node.type is list:
+        node.kind, node.size = _SEQ, spec.num_children
+    elif node.type is dict:
+        node.kind, node.keys = _DICT, list(spec.context)
+    elif node.type is type(None):
+        node.kind = _NONE
+    else:
+        registered = _pytree.SUPPORTED_NODES.get(node.type)
+        if getattr(getattr(registered, "flatten_fn", None), "precompile_flatten", None) != "attrs-1":
+            return None
+        names, other = spec.context
+        if not names:  # (nothing to take: tree_flatten is as quick)
+            return None
+        node.kind, node.get = _ATTRS, _getter(names)
+        node.keys = frozenset(names) | {k for k, _ in other}
+        node.other_get = _getter([k for k, _ in other]) if other else None
+        node.other = tuple(v for _, v in other)
+        node.other_types = tuple(type(v) for _, v in other)
+        # _pt_flatten takes tensors and containers as children, the rest as context
+        if any(k.kind == _LEAF for k in kids) and not node.leaves_only:
+            return None
+    return node
+
+
+def _walk(node, obj, out):
+    """Append obj's leaves to ``out`` as tree_flatten would, where obj has the captured
+    structure ``node``; False (``out`` half-filled) where it may not."""
+    kind = node.kind
+    if kind == _SEQ:
+        if type(obj) is not node.type or len(obj) != node.size:
+            return False
+        children = obj
+    elif kind == _ATTRS:
+        d = getattr(obj, "__dict__", None) if type(obj) is node.type else None
+        if d is None or d.keys() != node.keys:
+            return False
+        if node.other_get is not None:
+            other = node.other_get(d)
+            if tuple(map(type, other)) != node.other_types or other != node.other:
+                return False
+        children = node.get(d)
+        if node.leaves_only and not all(map(isinstance, children, _TENSOR_TYPES)):
+            return False
+    elif kind == _DICT:
+        if type(obj) is not dict or list(obj) != node.keys:
+            return False
+        children = obj.values()
+    elif kind == _NONE:
+        return obj is None
+    else:
+        out.append(obj)
+        return True
+    if node.leaves_only:
+        out.extend(children)
+        return True
+    for k, c in zip(node.kids, children):
+        if k.kind == _LEAF:
+            out.append(c)
+        elif not _walk(k, c, out):
+            return False
+    return True
+
+
+_TENSOR_TYPES = _itertools.repeat(torch.Tensor)  # (an endless iterator: reused by every call)
+
+
+def _fast_leaves(args, kwargs):
+    """The leaves of (args, kwargs) where they have the captured structure, or None:
+    then tree_flatten decides (and names what differs)."""
+    if not _PLAN:
+        _PLAN.append(_node_plan(_spec("inputs")))
+    plan = _PLAN[0]
+    if plan is None:
+        return None
+    leaves = []
+    try:
+        if not _walk(plan, (args, kwargs), leaves):
+            return None
+    except Exception:  # an object whose attributes do not read as captured: tree_flatten's verdict
+        return None
+    if not all(map(_PLAIN_LEAVES.__contains__, map(type, leaves))):
+        for v in leaves:  # (a model: one look-up)
+            if type(v) not in _PLAIN_LEAVES and not _pytree.tree_is_leaf(v):
+                return None
+    return leaves
+
+
 def _flatten_call(args, kwargs):
     """The call's models and tensor leaves, its structure and constants checked
     against the capture's. Returns (modules, tensors). Raises CallError."""
     kwargs = _check_structure(args, kwargs)
     want = _spec("inputs")  # first: it registers the argument types this process lacks
+    leaves = _fast_leaves(args, kwargs)
+    if leaves is None:
+        leaves = _generic_leaves(args, kwargs, want)
+    modules = [leaves[i] for i in _IN_MODULES]
+    for i, m in zip(_IN_MODULES, modules):
+        if not isinstance(m, torch.nn.Module):
+            raise CallError(f"target {_META['target']!r}, {_leaf_paths(args, kwargs)[i]}: expected an "
+                            f"nn.Module, got {type(m).__name__}")
+    for i, c in _IN_CONSTS:
+        v = leaves[i]
+        if type(v) is not type(c) or v != c:
+            raise CallError(
+                f"target {_META['target']!r}, {_leaf_paths(args, kwargs)[i]}: the capture "
+                f"specialised on {c!r}, got " + (f"a {type(v).__name__}" if isinstance(v, torch.Tensor) else repr(v))
+                + "; capture again with this value"
+            )
+    return modules, [leaves[i] for i in _IN_TENSORS]
+
+
+def _generic_leaves(args, kwargs, want):
+    """tree_flatten's leaves of (args, kwargs), its TreeSpec compared with the captured
+    ``want``. Raises CallError naming the first difference."""
     try:
         leaves, spec = _pytree.tree_flatten((args, kwargs))
     except ValueError as e:  # NotReady: a registered class refusing its value (_pytree_types.py's, or
@@ -163,20 +312,7 @@ def _flatten_call(args, kwargs):
         problem = next((_spec_problem(w, g, label) for label, w, g in pairs if w != g), "the arguments")
         raise CallError(f"target {_META['target']!r}, {problem}; pass what was captured, or capture "
                         "again with this structure")
-    modules = [leaves[i] for i in _IN_MODULES]
-    for i, m in zip(_IN_MODULES, modules):
-        if not isinstance(m, torch.nn.Module):
-            raise CallError(f"target {_META['target']!r}, {_leaf_paths(args, kwargs)[i]}: expected an "
-                            f"nn.Module, got {type(m).__name__}")
-    for i, c in _IN_CONSTS:
-        v = leaves[i]
-        if type(v) is not type(c) or v != c:
-            raise CallError(
-                f"target {_META['target']!r}, {_leaf_paths(args, kwargs)[i]}: the capture "
-                f"specialised on {c!r}, got " + (f"a {type(v).__name__}" if isinstance(v, torch.Tensor) else repr(v))
-                + "; capture again with this value"
-            )
-    return modules, [leaves[i] for i in _IN_TENSORS]
+    return leaves
 
 
 def _tensor_paths(args, kwargs):
@@ -211,3 +347,43 @@ _OUT_VALUES = [k[1] if k[0] == "const" else None for k in _OUT["leaves"]]
 _OUT_TENSORS = [(pos, k[1]) for pos, k in enumerate(_OUT["leaves"]) if k[0] == "tensor"]
 _OUT_INPUTS = [(pos, k[1]) for pos, k in enumerate(_OUT["leaves"]) if k[0] == "input"]
 _SINGLE_OUT = bool(_OUT.get("single_tensor"))
+
+
+# ---- inputs written in place share memory with no other ---------------------------
+class _Params(list):
+    """The lifted tensors of a call's models (_driver._cached_params), weakly referable:
+    the alias verdict below is kept for them without keeping a deleted model alive."""
+
+    __slots__ = ("__weakref__",)
+
+
+_NO_PARAMS = _Params()
+_STORAGE_ID = getattr(torch._C, "_storage_id", None)  # the tensor's StorageImpl address
+_ALIAS_OK = [None]  # (weakref of the params, storage ids of the other inputs) of the last call that passed
+
+
+def _check_no_aliases(params, flat, names):
+    """The compiled code writes to the inputs at _META["mutated_inputs"] of ``flat``
+    (``params`` first, then the user tensors and constants) and reads the others as
+    separate memory: an input written to must share memory with no other. ``names()``
+    gives each input's name for the message. The verdict stands while the models' tensors
+    are the same (the state epoch, _driver.py) and the other inputs' storages are the
+    last passing call's: a decode step's cache passes once."""
+    rest = flat[len(params):]
+    ok = _ALIAS_OK[0]
+    ids = list(map(_STORAGE_ID, rest)) if _STORAGE_ID is not None else None
+    if ok is not None and ids is not None and ok[0]() is params and ok[1] == ids:
+        return
+    ptrs = [t.untyped_storage().data_ptr() if t.numel() else None for t in flat]
+    counts = _collections.Counter(ptrs)
+    for i in _META["mutated_inputs"]:
+        if ptrs[i] is None or counts[ptrs[i]] == 1:
+            continue
+        j = next(j for j, ptr in enumerate(ptrs) if j != i and ptr == ptrs[i])
+        names = names()
+        raise CallError(
+            f"target {_META['target']!r}: {names[i]} shares memory with {names[j]}, "
+            "and the captured function writes to it; pass separate tensors (.clone())"
+        )
+    if ids is not None:
+        _ALIAS_OK[0] = (_weakref.ref(params), ids)

@@ -33,7 +33,8 @@ class _CudaGraphs:
     (copy_outputs=False hands out the graph's own tensors, overwritten by the next
     replay of that graph).
 
-    Each size key (device, user input sizes) is recorded at its third call: the first
+    Each size key (device, the sizes of the user inputs copied, of all user inputs
+    with dynamic dims) is recorded at its third call: the first
     warms up (kernels loaded, allocator settled), the second is a plain run timed on
     the CPU and the GPU. Where the GPU took more than COMPUTE_BOUND times the CPU's
     time the call is compute-bound: a graph removes launch work only, so that size
@@ -88,6 +89,10 @@ class _CudaGraphs:
         self._static_idx = None  # set at the first call (the constants follow the inputs)
         self._written_user = sorted(i for i in mutated if n <= i < n + n_user)
         self._copied = [i for i in range(n, n + n_user) if i not in mutated]
+        # the inputs whose sizes key a graph: with dynamic dims every user input; else
+        # the driver has checked that the inputs written in place have the captured
+        # sizes (a decode step's cache: 3 tensors a layer), so only the copied ones
+        self._key_idx = list(range(n, n + n_user)) if _DYN else self._copied
         self.recorded = 0  # graphs recorded so far (tests, benchmarks)
         self.plain = 0  # decisions "compute-bound: run without a graph" so far
         self.failed = 0  # recordings that failed (each warned once)
@@ -107,7 +112,7 @@ class _CudaGraphs:
             self._static_idx = list(range(self._n)) + self._written_user + list(range(n_inputs, len(flat)))
         if self._freed:
             self._drop_freed()
-        key = (device.index, *[t.shape for t in flat[self._n:]])
+        key = (device.index, *[flat[i].shape for i in self._key_idx])
         if key in self._plain:
             self._plain[key] = self._plain.pop(key)  # the most recently seen: kept longest
             return self._plain_run(flat)

@@ -227,21 +227,6 @@ def _check_dynamic(leaves):
                 )
 
 
-def _check_no_aliases(flat, names):
-    """The compiled code writes to the inputs at _META["mutated_inputs"] and reads the
-    others as separate memory: an input written to must share memory with no other.
-    ``names()`` gives each input's name for the message."""
-    ptrs = [t.untyped_storage().data_ptr() if t.numel() else None for t in flat]
-    for i in _META["mutated_inputs"]:
-        for j, ptr in enumerate(ptrs):
-            if j != i and ptr is not None and ptr == ptrs[i]:
-                names = names()
-                raise CallError(
-                    f"target {_META['target']!r}: {names[i]} shares memory with {names[j]}, "
-                    "and the captured function writes to it; pass separate tensors (.clone())"
-                )
-
-
 # ---- per-call checks, cached -------------------------------------------------------
 # The full check of a model's parameters (names, dtype, device, shape, stride) and of
 # every submodule's train/eval flag walks the whole model: microseconds per tensor.
@@ -359,14 +344,14 @@ def _full_params(modules):
         _check_tensor(t, s, f"parameter/buffer {n}")
     _check_training(modules)
     _check_settings(modules)
-    return params
+    return _Params(params)
 
 
 def _cached_params(modules):
     """The lifted tensors of ``modules``, from the cache while the state epoch stands."""
     global _EPOCH
     if not modules:
-        return []
+        return _NO_PARAMS
     if _EPOCH is None:
         _EPOCH = _state_epoch()
     epoch = _EPOCH[0]
@@ -548,8 +533,8 @@ class CompiledArtifact:
             flat += _constants(cuda)
             if cuda is None and _ON_CUDA:  # no CUDA input: the constants' device
                 cuda = next((t.device for t in flat if t.is_cuda), None)
-        if _CHECK_ALIASES:
-            _check_no_aliases(flat, lambda: [f"parameter/buffer {n}" for n in _META["param_names"]]
+        if _CHECK_ALIASES:  # (_call_args.py)
+            _check_no_aliases(params, flat, lambda: [f"parameter/buffer {n}" for n in _META["param_names"]]
                               + _tensor_paths(args, kwargs))
         grad = torch.is_grad_enabled()
         torch._C._set_grad_enabled(False)
