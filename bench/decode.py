@@ -178,9 +178,8 @@ def _sync(device):
 
 def worker(path: str, device: str, batch: int, steps: int, n_prompt: int) -> dict:
     """One path in this (fresh) process: first-token seconds, ms/token, tokens."""
-    import torch
-
     import llmdecode
+    import torch
 
     model = llmdecode.build(device)
     ids = llmdecode.prompt(batch, n_prompt, device)

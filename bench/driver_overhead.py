@@ -105,7 +105,7 @@ def main() -> None:
             if baseline:
                 cases[(a.baseline, n)] = _serve(src, baseline, n)
     times = {k: [] for k in cases}
-    for k, (fn, m, x) in cases.items():  # warm
+    for fn, m, x in cases.values():  # warm
         _time(fn, m, x, 200)
     for _ in range(a.rounds):  # interleaved rounds
         for k, (fn, m, x) in cases.items():

@@ -11,14 +11,15 @@ from __future__ import annotations
 import difflib
 import os
 import sys
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any, Callable
 
 from precompile_runtime.envelope import write_atomic
 
 from . import engines, python_state
-from .rng_state import python_rng_states
 from .errors import CaptureError, CompilerFailed, PythonStateWarning, warn_at_caller
+from .rng_state import python_rng_states
 
 
 class Capture:
@@ -38,7 +39,7 @@ class Capture:
         self._pair: tuple[bytes, bytes] | None = None
         self.calls = 0
 
-    def __enter__(self) -> "Capture":
+    def __enter__(self) -> Capture:
         return self
 
     def __call__(self, *args, **kwargs):
@@ -237,7 +238,7 @@ def _warn_python_rng(before: dict[str, bytes], after: dict[str, bytes], target: 
             "as an argument", PythonStateWarning)
 
 
-def function_name(fn: Callable) -> "dict[str, str] | None":
+def function_name(fn: Callable) -> dict[str, str] | None:
     """``{"module", "qualname"}`` when importing ``module`` and following ``qualname``
     gives ``fn`` itself (a module-level function or class), else None (a lambda, a
     nested function, one of ``__main__``: the capture script's)."""

@@ -6,16 +6,25 @@ from __future__ import annotations
 import copy
 import hashlib
 import os
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from packaging.utils import canonicalize_name
+
 from precompile_runtime import manifest as manifest_format
 
 from . import arch_report
 from .errors import BuildError
-from .wheel import (PRECOMPILED, Entries, parse_name, patch_wheel_info, read_wheel,
-                    wheel_name, write_wheel)
+from .wheel import (
+    PRECOMPILED,
+    Entries,
+    parse_name,
+    patch_wheel_info,
+    read_wheel,
+    wheel_name,
+    write_wheel,
+)
 
 
 def _split(path: Path, entries: Entries) -> dict[str, Any]:
@@ -106,7 +115,7 @@ def _merge_manifests(parts: Sequence[dict], names: Sequence[str]) -> tuple[dict,
                     entry["path"] = path
                 merged["variants"].append(v)
                 merged["status"], merged["reason"] = "ok", None
-    for tname, t in doc["targets"].items():
+    for t in doc["targets"].values():
         if t["status"] == "failed" and not t.get("reason"):
             t["reason"] = "failed on every host"
     arch_report.mark_native_builds(doc)  # a native build of an architecture wins over a cross-compiled one

@@ -5,8 +5,9 @@ from __future__ import annotations
 import ast
 import hashlib
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any
 
 from precompile_runtime import envelope
 from precompile_runtime.errors import PrecompileLoadError

@@ -17,7 +17,8 @@ import sys
 import threading
 import time
 import warnings
-from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait as wait_all
+from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor
+from concurrent.futures import wait as wait_all
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional, Union
@@ -26,8 +27,15 @@ from . import arch_report, capture_cache, capture_stats
 from .errors import CaptureError
 from .pairs import PairInfo
 from .progress import Progress, human_size, summary
-from .script import (CANCELLED, LOG_TAIL_LINES, check_pair, error_line, log_file, log_tail,
-                     run_script)
+from .script import (
+    CANCELLED,
+    LOG_TAIL_LINES,
+    check_pair,
+    error_line,
+    log_file,
+    log_tail,
+    run_script,
+)
 from .settings import Settings, TargetSettings
 from .slots import Slots
 

@@ -6,10 +6,20 @@ import tarfile
 import zipfile
 
 import pytest
+from _build_helpers import (  # noqa: F401
+    _clean_env,
+    build,
+    check_record,
+    host_fp_json,
+    make_project,
+    manifest_of,
+    manylinux_tag,
+    metadata_lines,
+    read_member,
+    target_toml,
+    wheel_names,
+)
 
-from _build_helpers import (_clean_env, build, check_record, host_fp_json,  # noqa: F401
-                            make_project, manifest_of, manylinux_tag, metadata_lines,
-                            read_member, target_toml, wheel_names)
 from precompile_build import backend
 
 DI = "simplepkg-0.1.0.dist-info"

@@ -12,9 +12,8 @@ import time
 from pathlib import Path
 
 import pytest
+from _build_helpers import _clean_env, build, check_record, host_fp_json, make_project, target_toml  # noqa: F401
 
-from _build_helpers import (_clean_env, build, check_record, host_fp_json,  # noqa: F401
-                            make_project, target_toml)
 from precompile_build import capture_cache, progress, runner
 from precompile_build.cli import main
 from precompile_build.errors import CaptureError, ConfigError
@@ -436,7 +435,7 @@ with precompile_build.capture(lambda x: x * fixturedep.FACTOR + helpers.OFFSET, 
 """
 
 
-def _install_dep(deps: Path, version: "str | None") -> None:
+def _install_dep(deps: Path, version: str | None) -> None:
     """``fixturedep`` at ``version`` in ``deps`` (a directory on the path), or gone."""
     import shutil
 

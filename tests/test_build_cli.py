@@ -7,10 +7,18 @@ import subprocess
 import sys
 
 import pytest
+from _build_helpers import (  # noqa: F401
+    _clean_env,
+    build,
+    check_record,
+    host_fp_json,
+    make_project,
+    manifest_of,
+    metadata_lines,
+    target_toml,
+    wheel_names,
+)
 
-from _build_helpers import (_clean_env, build, check_record, host_fp_json,  # noqa: F401
-                            make_project, manifest_of, metadata_lines, target_toml,
-                            wheel_names)
 from precompile_build.cli import main
 
 

@@ -7,9 +7,17 @@ import os
 import time
 
 import pytest
+from _build_helpers import (  # noqa: F401
+    _clean_env,
+    build,
+    check_record,
+    host_fp_json,
+    make_project,
+    manifest_of,
+    target_toml,
+    wheel_names,
+)
 
-from _build_helpers import (_clean_env, build, check_record, host_fp_json,  # noqa: F401
-                            make_project, manifest_of, target_toml, wheel_names)
 from precompile_build import runner
 from precompile_build.errors import CaptureError
 from precompile_build.runner import CaptureWarning

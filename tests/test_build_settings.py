@@ -5,9 +5,11 @@ from __future__ import annotations
 import os
 
 import pytest
-from hypothesis import given, settings as hsettings, strategies as st
-
 from _build_helpers import _clean_env, build, host_fp_json, make_project, target_toml  # noqa: F401
+from hypothesis import given
+from hypothesis import settings as hsettings
+from hypothesis import strategies as st
+
 from precompile_build.errors import ConfigError
 from precompile_build.settings import load_settings, settings_from_table
 

@@ -8,9 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
-
-from _build_helpers import (_clean_env, check_record, host_fp_json,  # noqa: F401
-                            make_project, wheel_names)
+from _build_helpers import _clean_env, check_record, host_fp_json, make_project, wheel_names  # noqa: F401
 
 pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parents[1]

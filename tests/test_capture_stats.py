@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 
 from _build_helpers import _clean_env, host_fp_json, make_project, target_toml  # noqa: F401
+
 from precompile_build import capture_stats, runner
 from precompile_build.inspect_cmd import format_report, inspect_report
 from precompile_build.manifest_build import assemble

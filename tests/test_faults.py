@@ -17,8 +17,8 @@ import time
 from pathlib import Path
 
 import pytest
-
 from _build_helpers import _clean_env, host_fp_json, make_project  # noqa: F401
+
 from precompile_runtime import envelope
 
 REPO = Path(__file__).resolve().parents[1]

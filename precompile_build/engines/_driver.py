@@ -4,11 +4,33 @@
 # stdlib, and reads PRECOMPILE_METADATA, _graph, module_settings (_module_settings.py),
 # the calling convention's _flatten_call/_rebuild and constants (_call_args.py) and
 # (frozen) _make_call, defined in the same file.
-import importlib as _importlib
+# stand-ins: names the rest of the source half defines (codegen.py drops this block)
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import torch
+
+    from ._source_names import (
+        _GRAPH_SELF,
+        _MODULE_POS,
+        _N_POS,
+        _SIMPLE_ARGS,
+        _SINGLE_OUT,
+        _TENSOR_POS,
+        PRECOMPILE_METADATA,
+        _CudaGraphs,
+        _flatten_call,
+        _graph,
+        _load_kernels,
+        _make_call,
+        _rebuild,
+        _tensor_paths,
+        module_settings,
+    )
+# end stand-ins
+
 import math as _math
 import operator as _operator
-import os as _os
-import time as _time
 import weakref as _weakref
 
 try:  # the runtime's error type where it is installed; the file stays self-contained

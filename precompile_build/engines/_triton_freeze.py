@@ -30,7 +30,8 @@ import contextlib
 import hashlib
 import logging
 import threading
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 from ..errors import CaptureError
 

@@ -18,16 +18,20 @@ fallbacks), in this order::
 from __future__ import annotations
 
 import pprint
+import re
 import textwrap
 from pathlib import Path
 
 SOURCE_FORMAT = "precompile-build.source"
 SOURCE_VERSION = 1
 _HERE = Path(__file__).parent
+# A template's imports of the names other blocks define (_source_names.py), for linters
+_STAND_INS = re.compile(r"^# stand-ins:.*?^# end stand-ins\n\n?", re.M | re.S)
 
 
 def _template(name: str) -> str:
-    return (_HERE / name).read_text(encoding="utf-8")
+    """The template ``name`` as the source half carries it: without its stand-ins block."""
+    return _STAND_INS.sub("", (_HERE / name).read_text(encoding="utf-8"), count=1)
 
 
 def triton_launcher_code() -> str:

@@ -25,7 +25,8 @@ check run the collectives for real), in the same order.
 
 from __future__ import annotations
 
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 from ..errors import CaptureError
 

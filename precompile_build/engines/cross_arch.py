@@ -41,7 +41,8 @@ import subprocess
 import sys
 import tempfile
 import weakref
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 from ..errors import CaptureError
 
@@ -60,11 +61,11 @@ WORKER_TIMEOUT = 1800.0  # seconds for all cross compiles of one capture
 # What recording() keeps, in side tables rather than as attributes: Inductor pickles
 # autotuners and static kernels into its caches, and launchers and JITFunctions do
 # not pickle. Weak keys: an entry lives as long as Inductor's object.
-_timings: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+_timings: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 """CachingAutotuner -> {launcher: seconds} of its autotuning."""
-_sources: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+_sources: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 """static kernel -> (ASTSource, options) of the ``triton.compile`` it came from."""
-_options: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+_options: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 """CompiledKernel -> the options it was compiled with."""
 
 

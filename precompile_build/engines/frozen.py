@@ -215,8 +215,9 @@ def _cpu_target():
     """
     import platform
 
-    from precompile_runtime.fingerprint import ISA_REQUIRES, cpu_flags
     from torch._inductor import config, cpu_vec_isa
+
+    from precompile_runtime.fingerprint import ISA_REQUIRES, cpu_flags
 
     isa = cpu_vec_isa.pick_vec_isa()
     words = str(isa).split() or ["none"]

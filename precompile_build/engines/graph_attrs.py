@@ -30,7 +30,8 @@ from __future__ import annotations
 
 import base64
 import types
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 from ..errors import CaptureError
 
@@ -102,7 +103,7 @@ def reachable_tensors(roots: Iterable[Any], *, max_depth: int = 4, max_objects: 
             if isinstance(attrs, dict):
                 modules = isinstance(obj, torch.nn.Module)
                 children += [(v, f"{where}.{k}") for k, v in attrs.items() if not (modules and k == "_modules")]
-            if callable(getattr(type(obj), "__call__", None)) and not isinstance(obj, torch.nn.Module):
+            if callable(obj) and not isinstance(obj, torch.nn.Module):
                 children.append((type(obj).__call__, where))
             if isinstance(obj, torch.nn.Module):
                 children.append((type(obj).forward, f"{type(obj).__name__}.forward"))

@@ -140,7 +140,7 @@ TOL_INFERENCE = 1e-3
 TOL_TRAINING = 1e-2
 
 
-def multiple_for(dtype, numel: int, shape: "tuple[int, ...] | None" = None) -> float:
+def multiple_for(dtype, numel: int, shape: tuple[int, ...] | None = None) -> float:
     """torch's multiplier for a value of ``dtype`` with ``numel`` elements and, where
     known, ``shape``: :data:`MULTIPLE_LOW_PRECISION` for bf16/fp16,
     :data:`MULTIPLE_SMALL` for fewer than :data:`SMALL_NUMEL` elements or a 4-D value

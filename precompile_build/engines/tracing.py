@@ -30,9 +30,19 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from ..errors import CaptureError, warn_at_caller
-from . import _pytree_types, aliases, collectives, dynamic_dims, graph_attrs, pytree_io, sharing, tracers
+from . import (
+    _pytree_types,
+    aliases,
+    collectives,
+    dynamic_dims,
+    graph_attrs,
+    pytree_io,
+    sharing,
+    tracers,
+)
 from ._module_settings import module_setting_items, module_settings
 from .layouts import example_clone  # noqa: F401  (re-exported for the engines)
+
 
 @dataclass
 class TracedCall:

@@ -36,13 +36,11 @@ import warnings
 from importlib import resources
 from typing import Any
 
+from . import _stale
 from . import arch_select as _arch_select
 from . import envelope as _envelope
 from . import fingerprint as _fingerprint
 from . import manifest as _manifest
-from . import _stale
-from .kernel_cache import CACHE_ENV, cache_root
-from .kernel_cache import unpack as _unpack
 from ._env import env_flag
 from ._guard import install_if_env
 from .errors import (
@@ -58,6 +56,8 @@ from .errors import (
     StaleArtifactWarning,
     TargetNotFoundError,
 )
+from .kernel_cache import CACHE_ENV, cache_root
+from .kernel_cache import unpack as _unpack
 
 __all__ = ["load_packaged", "cache_root"]
 
@@ -66,7 +66,7 @@ DATA_DIR = "_precompiled"
 _NO_FALLBACK = " Strict mode (strict=True or PRECOMPILE_STRICT=1): no fallback."
 
 # (package, name) -> _Loaded ; one lock per key so distinct targets load in parallel
-_loaded: dict[tuple[str, str], "_Loaded"] = {}
+_loaded: dict[tuple[str, str], _Loaded] = {}
 _key_locks: dict[tuple[str, str], threading.Lock] = {}
 _global_lock = threading.Lock()
 
@@ -75,7 +75,7 @@ class _Loaded:
     __slots__ = ("value", "mismatch_text", "fallback", "refusal", "twins")
 
     def __init__(self, value: Any, mismatch_text: str | None, fallback: str,
-                 refusal: "tuple[type[PrecompileLoadError], str] | None" = None) -> None:
+                 refusal: tuple[type[PrecompileLoadError], str] | None = None) -> None:
         self.value = value
         self.twins: dict[bool, Any] = {}  # cuda_graphs override -> artifact
         self.mismatch_text = mismatch_text  # set when this is a fallback for the host
@@ -204,7 +204,7 @@ def _check_cuda_graphs(package: str, name: str, value: Any, cuda_graphs: bool | 
     )
 
 
-def _with_graphs(done: "_Loaded", cuda_graphs: bool | None) -> Any:
+def _with_graphs(done: _Loaded, cuda_graphs: bool | None) -> Any:
     """``done.value``, or its CUDA-graph twin (made once, kept on ``done``)."""
     value = done.value
     if (cuda_graphs is None or not getattr(value, "uses_kernels", False)
@@ -276,7 +276,8 @@ def _load(package: str, name: str, strict: bool) -> _Loaded:
 
     hosts: dict[str, dict[str, Any]] = {}
     chosen, reports = _select(variants, hosts)
-    text = stale = refusal = None  # refusal: what strict mode raises instead of a fallback
+    text = stale = None
+    refusal: tuple[type[PrecompileLoadError], str] | None = None  # what strict mode raises instead of a fallback
     if chosen is None:
         text = _mismatch_text(ctx, variants, reports)
         refusal = (HostMismatchError, text + _NO_FALLBACK)
@@ -287,7 +288,7 @@ def _load(package: str, name: str, strict: bool) -> _Loaded:
     if strict and refusal is not None:
         raise refusal[0](refusal[1])
     # PTX only: a compile at load (checked for the kernels that will serve: not a stale pair's)
-    if refusal is None and chosen.get("device") == "cuda":
+    if refusal is None and chosen is not None and chosen.get("device") == "cuda":
         _arch_select.check_jit_at_load(ctx, chosen, hosts["cuda"].get("compute_capability"), strict)
     variant = chosen if chosen is not None else variants[0]
     fallback = refusal is not None

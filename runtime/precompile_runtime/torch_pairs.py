@@ -215,7 +215,7 @@ def load_torch_pair(
     return _calls_checked(fn, getattr(api, "PrecompileError", None), where)
 
 
-def _serving_compile_error(e: BaseException) -> "ServingCompileError | None":
+def _serving_compile_error(e: BaseException | None) -> ServingCompileError | None:
     """The guard's :class:`ServingCompileError` in ``e`` or its causes/contexts (torch
     may wrap what a compile step raised), or None."""
     seen: set[int] = set()
