@@ -17,13 +17,14 @@ from typing import Any, Callable
 import torch  # noqa: F401 - codegen.py's `import torch` at the top of the file
 
 from precompile_runtime.errors import CallError  # noqa: F401 - _driver.py (or its fallback)
+from precompile_runtime.pair_format import PairMetadata
 
 from ._module_settings import module_settings  # noqa: F401 - _module_settings.py, copied in
 from ._pytree_types import register_cache_types  # noqa: F401 - _pytree_types.py, copied in
 
 # codegen.render: the literal metadata, and the driver's alias of it
-PRECOMPILE_METADATA: dict[str, Any]
-_META: dict[str, Any]
+PRECOMPILE_METADATA: PairMetadata
+_META: PairMetadata
 
 # codegen.graph_source: the captured ATen graph and the object passed as its ``self``
 _GRAPH_SELF: Any

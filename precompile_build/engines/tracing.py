@@ -29,6 +29,8 @@ import sys
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from precompile_runtime.pair_format import PairMetadata
+
 from ..errors import CaptureError, warn_at_caller
 from . import (
     _pytree_types,
@@ -51,7 +53,7 @@ class TracedCall:
     graph_module: Any  # torch.fx.GraphModule over flat tensors
     example_inputs: list  # flat tensors: the caller's where the graph only reads them, else clones
     # (sharing.py); run the graph on sharing.run_inputs(example_inputs, written) to keep them
-    metadata: dict  # literal calling convention, see _driver.py
+    metadata: PairMetadata  # the calling convention; the engine adds `engine` and `kernels`
     symbolic: Any = None  # dynamic_dims.SymbolicTrace when dims are marked dynamic
     sources: Any = None  # the caller's own flat tensors (params, then arguments), not clones
     outline: tuple = ("", "")  # the result's structure (pytree_io.outline), for the eager-call check
@@ -240,7 +242,7 @@ def trace_call(fn: Callable, args: tuple, kwargs: dict, *, target: str, tracer: 
 
     # public attributes the trace changed (a counter in forward) are state, not settings
     state = [_changed(b, module_setting_items(m)) for b, m in zip(settings_before, modules)]
-    metadata = {
+    metadata: PairMetadata = {  # the engine adds engine and kernels, codegen format and version
         "target": target,
         "inputs": {"spec": in_text, "leaves": in_kinds, "types": in_types, "num_args": len(args),
                    "kwarg_names": list(kwargs),  # the driver's fast path: each argument a leaf

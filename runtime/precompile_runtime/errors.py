@@ -19,6 +19,11 @@ class IntegrityError(PrecompileLoadError):
     (size, sha256, code_hash, envelope structure). Nothing from that pair ran."""
 
 
+class PairFormatError(PrecompileLoadError):
+    """A source half is of a pair format version this precompile-runtime does not read
+    (precompile_runtime.pair_format): upgrade precompile-runtime, or rebuild the wheel."""
+
+
 class HostMismatchError(PrecompileLoadError):
     """No variant of a target matches this host (raised only in strict mode; otherwise
     a :class:`HostMismatchWarning` is emitted and a fallback runs)."""

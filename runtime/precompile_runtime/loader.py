@@ -41,6 +41,7 @@ from . import arch_select as _arch_select
 from . import envelope as _envelope
 from . import fingerprint as _fingerprint
 from . import manifest as _manifest
+from . import pair_format as _pair_format
 from ._env import env_flag
 from ._guard import install_if_env
 from .errors import (
@@ -332,6 +333,8 @@ def _load(package: str, name: str, strict: bool) -> _Loaded:
         if not fallback and engine == "frozen":
             kernel_dir = _unpack(ctx, code_hash, env)
         module = _exec_source(package, name, variant["files"]["source"]["path"], source)
+        _pair_format.check_version(getattr(module, "PRECOMPILE_METADATA", None),
+                                   where=f"{ctx}: {DATA_DIR}/{variant['files']['source']['path']}")
         load = getattr(module, "load", None)
         if not callable(load):
             raise PrecompileLoadError(f"{ctx}: the source half defines no load(kernel_dir) function")
