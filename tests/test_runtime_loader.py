@@ -397,9 +397,8 @@ def test_a_source_of_another_format_is_refused(tmp_path, monkeypatch):
 
 
 def test_what_codegen_writes_is_what_the_runtime_reads():
-    from precompile_runtime import pair_format
-
     from precompile_build.engines import codegen
+    from precompile_runtime import pair_format
 
     assert (codegen.SOURCE_FORMAT, codegen.SOURCE_VERSION) == (pair_format.FORMAT, pair_format.VERSION)
     assert pair_format.READS[0] <= pair_format.VERSION <= pair_format.READS[1]
