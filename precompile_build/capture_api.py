@@ -66,14 +66,14 @@ class Capture:
             engine = "eager"
         if options.get("cuda_graphs") and engine != "frozen":
             raise CaptureError(
-                f"target {self.target!r}: cuda-graphs = true replays the frozen engine's kernels, "
+                "cuda-graphs = true replays the frozen engine's kernels, "
                 f"but this capture uses engine {engine!r}: use engine='frozen' (or 'auto') and "
-                "backend='inductor', or drop the option")
+                "backend='inductor', or drop the option", target=self.target)
         if options.get("cuda_graphs") and device != "cuda":  # checked before the trace
             raise CaptureError(
-                f"target {self.target!r}: cuda-graphs = true needs a CUDA inference target; "
+                "cuda-graphs = true needs a CUDA inference target; "
                 f"this one's arguments are on {device}: drop the option (a build drops it "
-                "for a `device = \"auto\"` target captured on a host without CUDA)")
+                "for a `device = \"auto\"` target captured on a host without CUDA)", target=self.target)
         if engine == "torch":
             self._refuse_frozen_only_settings(options)
         kernel_keys = [k for k in ("inductor", "validation_multiple") if k in options]
@@ -81,10 +81,10 @@ class Capture:
             why = (" (backend='eager')" if self.backend == "eager" else
                    " (from PRECOMPILE_ENGINE)" if self.engine == "auto" else "")
             raise CaptureError(
-                f"target {self.target!r}: options {', '.join(map(repr, kernel_keys))} apply to the "
+                f"options {', '.join(map(repr, kernel_keys))} apply to the "
                 f"frozen engine's kernels, but this capture uses engine 'eager'{why}, which has "
                 "none and would ignore them. Pass engine='frozen' (and backend='inductor') to "
-                "precompile_build.capture(), or drop them; nothing written")
+                "precompile_build.capture(), or drop them; nothing written", target=self.target)
         self.engine = engine
         if engine == "torch":
             options["backend"] = self.backend
@@ -143,14 +143,14 @@ class Capture:
             except CompilerFailed as e:
                 if self.fallback != "eager":
                     raise
-                reason = str(e).split("\n")[0]
+                reason = str(e).split("\n")[0]  # the message's first line, as printed
                 print(f"precompile_build.capture: {reason}; fallback = \"eager\": capturing with "
                       "the eager engine (no kernels)", file=sys.stderr)
                 self.engine = "eager"
                 self._pair = engines.get("eager").capture_pair(
                     self._fn, args, kwargs, target=self.target, device=device,
                     options=dict(options, fallback_reason=reason), real_call=extra.get("real_call"),
-                    traced=getattr(e, "traced", None), real=getattr(e, "real", None),
+                    traced=e.traced, real=e.real,
                 )
 
     def _refuse_frozen_only_settings(self, options: Mapping[str, Any]) -> None:
@@ -174,10 +174,10 @@ class Capture:
             return
         why = " (from PRECOMPILE_ENGINE)" if self.engine == "auto" else ""
         raise CaptureError(
-            f"target {self.target!r}: {'; '.join(given)}, but this capture uses engine 'torch'{why}, "
+            f"{'; '.join(given)}, but this capture uses engine 'torch'{why}, "
             "which would ignore it. Pass engine='frozen' to precompile_build.capture(), or drop "
             f"the setting ({'; '.join(drop)}); the torch engine's own "
-            "tracer is options={'tracer': 'make_fx'}; nothing written")
+            "tracer is options={'tracer': 'make_fx'}; nothing written", target=self.target)
 
     def __exit__(self, exc_type, exc, tb) -> bool:
         if exc_type is not None:
@@ -189,9 +189,9 @@ class Capture:
             return False
         if self._pair is None:
             raise CaptureError(
-                f"target {self.target!r}: the with-block made no call, so there is "
+                "the with-block made no call, so there is "
                 "nothing to capture; call the object the with-statement gave you "
-                "exactly as you would call the function"
+                "exactly as you would call the function", target=self.target
             )
         write_pair(self.artifact_path, self._pair[0], self.cache_path, self._pair[1])
         from .imported import write_record  # the capture cache's record of what fn imported
@@ -219,10 +219,10 @@ def _raise_if_the_function_fails(fn: Callable, args, kwargs, target: str) -> Non
     except Exception as own:
         text = (str(own).strip().splitlines() or [""])[0][:300]
         raise CaptureError(
-            f"target {target!r}: the function itself raises {type(own).__name__}: {text} -- "
+            f"the function itself raises {type(own).__name__}: {text} -- "
             "also when called eagerly, with no tracer (the with-block's real call), so this is "
             "an error in the function or its arguments, not a tracing problem (its traceback "
-            "is above). Fix it and capture again; nothing written") from own
+            "is above). Fix it and capture again; nothing written", target=target) from own
 
 
 def _warn_python_rng(before: dict[str, bytes], after: dict[str, bytes], target: str) -> None:
@@ -231,11 +231,11 @@ def _warn_python_rng(before: dict[str, bytes], after: dict[str, bytes], target: 
     moved = [name for name, state in after.items() if before.get(name, state) != state]
     if moved:
         warn_at_caller(
-            f"target {target!r}: the function drew from {' and '.join(moved)} while it was "
+            f"the function drew from {' and '.join(moved)} while it was "
             "captured; Python code runs once, at capture, and never when the pair is served, "
             "so the values it drew are frozen into the pair as constants. Use torch's RNG "
             "(torch.rand, F.dropout: served with a fresh draw per call) or pass the value "
-            "as an argument", PythonStateWarning)
+            "as an argument", PythonStateWarning, target=target)
 
 
 def function_name(fn: Callable) -> dict[str, str] | None:
@@ -273,11 +273,11 @@ def _warn_python_state(changed: list[str], target: str) -> None:
     if changed:
         shown = "; ".join(changed[:5]) + (f"; and {len(changed) - 5} more" if len(changed) > 5 else "")
         warn_at_caller(
-            f"target {target!r}: the function changed Python state while it was captured: "
+            "the function changed Python state while it was captured: "
             f"{shown}. Python code runs at capture only (the trace and the real call), never "
             "when the pair is served, so served calls leave this state as it is. Keep state "
             "the served calls need in tensors (a registered buffer, an argument updated in "
-            "place), or change it outside the function", PythonStateWarning)
+            "place), or change it outside the function", PythonStateWarning, target=target)
 
 
 def _device_of(args, kwargs) -> str:

@@ -275,7 +275,7 @@ def eager_check_mode(options: dict, target: str) -> str:
 
     problem = option_problem(options, "eager_check")
     if problem:
-        raise CaptureError(f"target {target!r}: {problem}")
+        raise CaptureError(f"{problem}", target=target)
     return options.get("eager_check", "refuse")
 
 
@@ -290,25 +290,25 @@ def eager_check_skipped(gm, real: dict) -> Optional[str]:
     return None
 
 
-def warn_or_refuse(text: str, mode: str) -> None:
-    """An eager-call check that failed (``text`` says how), in ``mode``
+def warn_or_refuse(text: str, mode: str, target: str) -> None:
+    """An eager-call check of ``target`` that failed (``text`` says how), in ``mode``
     (:func:`eager_check_mode`): ``"warn"`` warns at the user's line that the pair is
     written anyway; otherwise raises CaptureError saying nothing is written and how to
     keep the graph's result."""
     from ..errors import CaptureError, warn_at_caller
 
     if mode == "warn":
-        warn_at_caller(text + "; written anyway (options={'eager_check': 'refuse'} refuses)")
+        warn_at_caller(text + "; written anyway (options={'eager_check': 'refuse'} refuses)", target=target)
         return
     raise CaptureError(text + ", or pass options={'eager_check': 'warn'} to keep the graph's "
-                       "result; nothing written")
+                       "result; nothing written", target=target)
 
 
-def eager_structure_message(target: str, structure: str) -> str:
+def eager_structure_message(structure: str) -> str:
     """The eager-call check's text when the call returned another structure than the
     trace (``structure``: run_real_call's sentence saying both); each engine adds
     what it does about it."""
-    return (f"target {target!r}: {structure}: eager took another code path than the trace (a "
+    return (f"{structure}: eager took another code path than the trace (a "
             "branch skipped under torch.compiler.is_compiling(), an inference fast path); make "
             "both take one path (torch.where / torch.cond for a real choice)")
 

@@ -160,7 +160,7 @@ def trace_call(fn: Callable, args: tuple, kwargs: dict, *, target: str, tracer: 
     try:
         tracer = tracers.check_tracer(tracer)
     except ValueError as e:
-        raise CaptureError(f"target {target!r}: {e}") from None
+        raise CaptureError(str(e), target=target) from None
     arg_names = _arg_names(fn, len(args))
     if "transformers.cache_utils" in sys.modules:  # its StaticCache: an argument like any other
         _pytree_types.register_cache_types()
@@ -168,7 +168,7 @@ def trace_call(fn: Callable, args: tuple, kwargs: dict, *, target: str, tracer: 
         leaves, in_spec, in_kinds, leaf_paths = pytree_io.flatten_inputs(args, kwargs, arg_names)
         in_text, in_types = pytree_io.dump_spec(in_spec, "an argument")
     except CaptureError as e:
-        raise CaptureError(f"target {target!r}: {e}") from None
+        raise e.for_target(target) from None
     modules = [v for v, k in zip(leaves, in_kinds) if k[0] == "module"]
     user_tensors = [v for v, k in zip(leaves, in_kinds) if k[0] == "tensor"]
     paths = [p for p, k in zip(leaf_paths, in_kinds) if k[0] == "tensor"]
@@ -220,23 +220,23 @@ def trace_call(fn: Callable, args: tuple, kwargs: dict, *, target: str, tracer: 
     example = sharing.example_inputs(params + user_tensors)
     marks = [dynamic_dims.marked_dims(t) for t in user_tensors]
     if any(dynamic_dims.marked_dims(p) for p in params):
-        warn_at_caller(f"target {target!r}: a parameter/buffer is marked dynamic; parameters keep "
-                       "their captured sizes, the mark is ignored")
+        warn_at_caller("a parameter/buffer is marked dynamic; parameters keep their captured sizes, "
+                       "the mark is ignored", target=target)
     try:
         traced = tracers.trace(flat_fn, example, n_params=n_params, marks=marks, paths=paths, target=target,
                                tracer=tracer,
                                ran_backward=lambda: bool(out_box.get("grad_indices")))
     except CaptureError as e:
-        if str(e).startswith("target "):
+        if e.target is not None:
             raise
-        raise CaptureError(f"target {target!r}: {e}") from None
+        raise e.for_target(target) from None
     gm, symbolic = traced.graph_module, traced.symbolic
     if out_box.get("changed"):
-        raise CaptureError(f"target {target!r}: {out_box['changed']}")
+        raise CaptureError(out_box["changed"], target=target)
     try:
         out_text, out_types = pytree_io.dump_spec(out_box["spec"], "the result")
     except CaptureError as e:
-        raise CaptureError(f"target {target!r}: {e}") from None
+        raise e.for_target(target) from None
     example = sharing.own_written(example, params + user_tensors, sharing.written_inputs(gm))
     constants = graph_attrs.check_graph_attrs(gm, target, roots=(fn, *modules), symbolic=symbolic)
 

@@ -314,13 +314,13 @@ def _load(package: str, name: str, strict: bool) -> _Loaded:
         try:
             # _read_pair verified the whole file's sha256 against the manifest: header
             # and blobs, these very bytes; the blobs' own sha256s are not hashed again
-            env = _envelope.loads(cache, what=f"{ctx}: {cache_name}", check_blobs=False)
+            env = _envelope.loads(cache, what=cache_name, context=ctx, check_blobs=False)
             if env.code_hash != code_hash:
                 raise IntegrityError(
-                    f"{ctx}: {cache_name}: code_hash check failed: the cache belongs to a source "
-                    f"with sha256 {env.code_hash}, but {DATA_DIR}/{variant['files']['source']['path']} "
-                    f"has {code_hash}; the pair was mixed up or tampered with, rebuild the wheel"
-                )
+                    f"code_hash check failed: the cache belongs to a source with sha256 {env.code_hash}, "
+                    f"but {DATA_DIR}/{variant['files']['source']['path']} has {code_hash}",
+                    advice="the pair was mixed up or tampered with, rebuild the wheel", context=ctx,
+                    where=cache_name)
         except IntegrityError as e:
             _raise_if_changed(ctx, data, raw, e)
             raise
@@ -412,16 +412,14 @@ def _raise_if_changed(ctx: str, data: Any, raw: bytes, error: PrecompileLoadErro
             f"{ctx}: the installed files changed while they were being loaded (a pip install "
             f"of the package running at the same time?); nothing from them ran. Retry once "
             f"the installation has finished (in a new process if the package was upgraded). "
-            f"What was seen: {_what_was_seen(ctx, error)}"
+            f"What was seen: {_what_was_seen(error)}"
         ) from None
 
 
-def _what_was_seen(ctx: str, error: PrecompileLoadError) -> str:
-    """The finding of ``error`` without its context and its advice (which assumes
-    the files stay as they are)."""
-    text = str(error)
-    text = text[len(ctx) + 2:] if text.startswith(ctx + ": ") else text
-    return text.split("; ")[0]
+def _what_was_seen(error: PrecompileLoadError) -> str:
+    """The finding of ``error`` and where, without its context and its advice (which
+    assumes the files stay as they are)."""
+    return ": ".join(p for p in (error.where, error.finding) if p)
 
 
 def _package_data(package: str) -> Any:
@@ -490,31 +488,26 @@ def _read_pair(data: Any, ctx: str, variant: dict[str, Any]) -> tuple[bytes, byt
         try:
             blob = (data / rel).read_bytes()
         except (FileNotFoundError, NotADirectoryError, IsADirectoryError, KeyError):
-            raise IntegrityError(
-                f"{ctx}: {shown}: existence check failed: the manifest lists it, the package "
-                "does not have it; reinstall the package"
-            ) from None
+            raise IntegrityError("existence check failed: the manifest lists it, the package does not have it",
+                                 advice="reinstall the package", context=ctx, where=shown) from None
         except OSError as e:
-            raise IntegrityError(f"{ctx}: {shown}: cannot be read ({e})") from None
+            raise IntegrityError(f"cannot be read ({e})", context=ctx, where=shown) from None
         if len(blob) != entry["size"]:
             raise IntegrityError(
-                f"{ctx}: {shown}: size check failed: the manifest says {entry['size']} bytes, "
-                f"the file has {len(blob)}; the file is truncated or was replaced, reinstall the package"
-            )
+                f"size check failed: the manifest says {entry['size']} bytes, the file has {len(blob)}",
+                advice="the file is truncated or was replaced, reinstall the package", context=ctx, where=shown)
         digest = _envelope.sha256_hex(blob)
         if digest != entry["sha256"]:
             raise IntegrityError(
-                f"{ctx}: {shown}: sha256 check failed: the manifest says {entry['sha256']}, "
-                f"the file has {digest}; the file was modified, reinstall the package"
-            )
+                f"sha256 check failed: the manifest says {entry['sha256']}, the file has {digest}",
+                advice="the file was modified, reinstall the package", context=ctx, where=shown)
         out.append(blob)
         digests.append(digest)
     (source, cache), src_hash = out, digests[0]
     if variant["code_hash"] != src_hash:
         raise IntegrityError(
-            f"{ctx}: {DATA_DIR}/{variant['files']['source']['path']}: code_hash check failed: "
-            f"the manifest records code_hash {variant['code_hash']}, the source has {src_hash}"
-        )
+            f"code_hash check failed: the manifest records code_hash {variant['code_hash']}, the source "
+            f"has {src_hash}", context=ctx, where=f"{DATA_DIR}/{variant['files']['source']['path']}")
     return source, cache, src_hash
 
 
