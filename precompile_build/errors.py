@@ -76,6 +76,10 @@ class CompilerFailed(CaptureError):
     def _fields(self) -> dict:
         return dict(super()._fields(), traced=self.traced, real=self.real)
 
+    def with_call(self, traced: Any, real: Any) -> CompilerFailed:
+        """This error with the trace and the real call's results it happened on."""
+        return type(self)(self.detail, **dict(self._fields(), traced=traced, real=real))
+
 
 class ScriptFailed(CaptureError):
     """A capture script run by the backend failed (runner.py): ``Capture of target

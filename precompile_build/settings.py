@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
+from .capture_options import FALLBACKS
 from .engines import TRACERS
 from .errors import ConfigError
 from .settings_fields import PROJECT_KEYS
@@ -29,7 +30,6 @@ else:  # pragma: no cover
     import tomli as tomllib
 
 DEVICES = ("cuda", "cpu", "auto")
-FALLBACKS = ("none", "eager")
 TORCH_PINS = ("exact", "minor", "none")
 DEFAULT_TIMEOUT = 3600.0  # seconds
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")

@@ -85,7 +85,12 @@ def _capture(fn, args, kwargs, target: str, options: dict, real_call):
     if real_call is not None:
         with timed("eager_call"):
             real = run_real_call(traced, real_call)
-    source, blobs, fingerprint = _compile(traced, target, options, real)
+    try:
+        source, blobs, fingerprint = _compile(traced, target, options, real)
+    except CompilerFailed as e:
+        # `fallback = "eager"` (capture_api) serves this trace with the eager engine,
+        # judged by this real call: the call has run and must not run again
+        raise e.with_call(traced, real) from e.__cause__
     code_hash = hashlib.sha256(source).hexdigest()
     env = Envelope(
         engine="frozen", code_hash=code_hash, fingerprint=fingerprint,
@@ -131,8 +136,7 @@ def _compile(traced: TracedCall, target: str, options: dict, real: dict | None =
             f"Inductor failed: {type(e).__name__}: {e}\nThe compiler failed "
             "on a call it traced correctly: an upstream torch bug, not your code. Capture this "
             "target with engine='eager' (no kernels), or set `fallback = \"eager\"` in its "
-            f"[tool.precompile.targets.{target}] table to fall back when this happens",
-            target=target, traced=traced, real=real,  # for `fallback = "eager"` (capture_api)
+            f"[tool.precompile.targets.{target}] table to fall back when this happens", target=target
         ) from e
     traced.finish_dynamic(target)  # after the compile: Inductor's guards count too
     wrappers = [m for m in PyCodeCache.modules if id(m) not in before and hasattr(m, "call")]
