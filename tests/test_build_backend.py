@@ -6,11 +6,9 @@ import tarfile
 import zipfile
 
 import pytest
-from _build_helpers import (  # noqa: F401
-    _clean_env,
+from _build_helpers import (
     build,
     check_record,
-    host_fp_json,
     make_project,
     manifest_of,
     manylinux_tag,
@@ -21,6 +19,8 @@ from _build_helpers import (  # noqa: F401
 )
 
 from precompile_build import backend
+
+pytestmark = pytest.mark.usefixtures("build_env")
 
 DI = "simplepkg-0.1.0.dist-info"
 BASE = [f"{DI}/METADATA", f"{DI}/RECORD", f"{DI}/WHEEL", f"{DI}/top_level.txt",

@@ -12,12 +12,14 @@ import time
 from pathlib import Path
 
 import pytest
-from _build_helpers import _clean_env, build, check_record, host_fp_json, make_project, target_toml  # noqa: F401
+from _build_helpers import build, check_record, make_project, target_toml
 
 from precompile_build import capture_cache, progress, runner
 from precompile_build.cli import main
 from precompile_build.errors import CaptureError, ConfigError
 from precompile_build.settings import load_settings
+
+pytestmark = pytest.mark.usefixtures("build_env")
 
 REPO = Path(__file__).resolve().parents[1]
 

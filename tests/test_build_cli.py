@@ -7,11 +7,9 @@ import subprocess
 import sys
 
 import pytest
-from _build_helpers import (  # noqa: F401
-    _clean_env,
+from _build_helpers import (
     build,
     check_record,
-    host_fp_json,
     make_project,
     manifest_of,
     metadata_lines,
@@ -20,6 +18,8 @@ from _build_helpers import (  # noqa: F401
 )
 
 from precompile_build.cli import main
+
+pytestmark = pytest.mark.usefixtures("build_env")
 
 
 def _wheel(tmp_path, monkeypatch, tag, mode="ok", edit=None):

@@ -7,11 +7,9 @@ import os
 import time
 
 import pytest
-from _build_helpers import (  # noqa: F401
-    _clean_env,
+from _build_helpers import (
     build,
     check_record,
-    host_fp_json,
     make_project,
     manifest_of,
     target_toml,
@@ -21,6 +19,8 @@ from _build_helpers import (  # noqa: F401
 from precompile_build import runner
 from precompile_build.errors import CaptureError, ScriptFailed
 from precompile_build.runner import CaptureWarning
+
+pytestmark = pytest.mark.usefixtures("build_env")
 
 CASES = {
     "raise": ("exited with status 1", "RuntimeError: boom from capture script"),

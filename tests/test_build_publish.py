@@ -6,11 +6,9 @@ from __future__ import annotations
 import sys
 
 import pytest
-from _build_helpers import (  # noqa: F401
-    _clean_env,
+from _build_helpers import (
     build,
     check_record,
-    host_fp_json,
     make_project,
     manifest_of,
     metadata_lines,
@@ -20,6 +18,8 @@ from _build_helpers import (  # noqa: F401
 )
 
 from precompile_build.errors import CaptureError
+
+pytestmark = pytest.mark.usefixtures("build_env")
 
 # -- issue 16 case 4: no torch where the build runs ---------------------------------
 

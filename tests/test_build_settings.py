@@ -6,13 +6,15 @@ import os
 from pathlib import Path
 
 import pytest
-from _build_helpers import _clean_env, build, host_fp_json, make_project, target_toml  # noqa: F401
+from _build_helpers import build, make_project, target_toml
 from hypothesis import given
 from hypothesis import settings as hsettings
 from hypothesis import strategies as st
 
 from precompile_build.errors import ConfigError
 from precompile_build.settings import load_settings, settings_from_table
+
+pytestmark = pytest.mark.usefixtures("build_env")
 
 
 def _load(root, cs=None, env=None):

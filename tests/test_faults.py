@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 
 import pytest
-from _build_helpers import _clean_env, host_fp_json, make_project  # noqa: F401
+from _build_helpers import make_project
 
 from precompile_runtime import envelope
 
@@ -27,6 +27,8 @@ FIXTURES = Path(__file__).parent / "packages"
 HALF = '''"""Fault fixture: write the cache half, report, then sleep or die."""
 import os, signal, sys, time
 from pathlib import Path
+
+pytestmark = pytest.mark.usefixtures("build_env")
 
 with open(os.environ["PRECOMPILE_CACHE_PATH"], "wb") as f:
     f.write(b"PCBCACHE" + b"half of a pair " * 100)

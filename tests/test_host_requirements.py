@@ -57,11 +57,7 @@ AMX_HOST = AVX512_HOST + " amx_bf16 amx_tile amx_int8"
 AVX2_HOST = " ".join(f for f in AVX512_HOST.split() if not f.startswith("avx512"))
 
 
-@pytest.fixture(autouse=True)
-def clean_env(monkeypatch, tmp_path):
-    for var in ("PRECOMPILE_STRICT", "PRECOMPILE_NO_COMPILE", fingerprint.CPUINFO_ENV):
-        monkeypatch.delenv(var, raising=False)
-    monkeypatch.setenv("PRECOMPILE_CACHE_DIR", str(tmp_path / "kcache"))
+pytestmark = pytest.mark.usefixtures("runtime_env")
 
 
 def fake_cpu(monkeypatch, tmp_path, flags: str) -> None:

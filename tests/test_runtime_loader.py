@@ -159,11 +159,7 @@ def make_package(
     return pkg
 
 
-@pytest.fixture(autouse=True)
-def clean_env(monkeypatch, tmp_path):
-    for var in ("PRECOMPILE_STRICT", "PRECOMPILE_NO_COMPILE"):
-        monkeypatch.delenv(var, raising=False)
-    monkeypatch.setenv("PRECOMPILE_CACHE_DIR", str(tmp_path / "kcache"))
+pytestmark = pytest.mark.usefixtures("runtime_env")
 
 
 @pytest.fixture

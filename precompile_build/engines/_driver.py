@@ -26,6 +26,8 @@ if TYPE_CHECKING:
         _rebuild,
         _tensor_paths,
         module_settings,
+        module_tensors,
+        submodules,
     )
 # end stand-ins
 
@@ -113,21 +115,6 @@ def _check_dist():
             pass
         _C._register_process_group(name, pg)
     _DIST_WORLD[:] = [world]
-
-
-def _module_tensors(modules):
-    """Parameters then buffers of each module, tied tensors collapsed by identity,
-    in the order the capture lifted them: returns (names, tensors)."""
-    seen, names, tensors = set(), [], []
-    for i, mod in enumerate(modules):
-        for kind in (mod.named_parameters, mod.named_buffers):
-            for name, t in kind(remove_duplicate=False):
-                if id(t) in seen or t is None:
-                    continue
-                seen.add(id(t))
-                names.append(f"m{i}.{name}")
-                tensors.append(t)
-    return names, tensors
 
 
 def _layout_hint(want, shape):
@@ -314,19 +301,10 @@ def _state_epoch():
 _EPOCH = None  # the epoch box: installed at the first call that passes a model, not at load
 
 
-def _submodules(mod):
-    subs, stack = [], [mod]
-    while stack:  # pre-order, as named_modules() walks
-        m = stack.pop()
-        subs.append(m)
-        stack.extend(c for c in reversed(list(m._modules.values())) if c is not None)
-    return subs
-
-
 def _check_training(modules):
     """Dropout and batch norm were traced in the captured train/eval mode."""
     for i, (mod, want) in enumerate(zip(modules, _META.get("training", []))):
-        got = list(map(_TRAINING, _submodules(mod)))
+        got = list(map(_TRAINING, submodules(mod)))
         if got != want:
             if all(want):
                 fix = "call model.train()"
@@ -363,7 +341,7 @@ def _check_settings(modules):
 
 def _full_params(modules):
     """The full check of the model arguments: returns their lifted tensors."""
-    names, params = _module_tensors(modules)
+    names, params = module_tensors(modules)
     if names != _META["param_names"]:
         want = _META["param_names"]
         i = next((i for i, (g, w) in enumerate(zip(names, want)) if g != w), min(len(names), len(want)))

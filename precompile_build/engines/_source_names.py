@@ -19,7 +19,7 @@ import torch  # noqa: F401 - codegen.py's `import torch` at the top of the file
 from precompile_runtime.errors import CallError  # noqa: F401 - _driver.py (or its fallback)
 from precompile_runtime.pair_format import PairMetadata
 
-from ._module_settings import module_settings  # noqa: F401 - _module_settings.py, copied in
+from ._module_settings import module_settings, module_tensors, submodules  # noqa: F401 - copied in
 from ._pytree_types import register_cache_types  # noqa: F401 - _pytree_types.py, copied in
 
 # codegen.render: the literal metadata, and the driver's alias of it

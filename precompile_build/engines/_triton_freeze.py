@@ -172,11 +172,9 @@ def _clones_fit(autotuner, args, kwargs) -> bool:
     in inference graphs, where a clone would raise the allocator's peak, it restores
     them from a CPU copy inside the timed region instead, and it decides this per
     config (``CachingAutotuner.copy_args_to_cpu_if_needed``; pytorch/pytorch#194686).
-    The first config timed then pays a host-to-device copy the next ones do not: on
-    an H200 (torch 2.11) the GPT block's in-place GELU kernel (32 MiB) timed
-    XBLOCK=1024 at 0.634 ms and XBLOCK=512 at 0.12 ms in every capture, and the
-    slower 512 was frozen (33 us against 25 us per call in steady state;
-    bench/results/steady_state_cuda.md). A capture can afford one clone at a time.
+    The first config timed then pays a host-to-device copy the next ones do not, and
+    a slower config can win (docs/internals.md, "Frozen CUDA kernels", has the case).
+    A capture can afford one clone at a time.
     """
     import torch
 

@@ -95,8 +95,6 @@ def _judge_by_eager_call(traced: TracedCall, real: dict, target: str, options: d
         msg = (f"the traced graph's value {i} differs from what the eager call "
                f"returned at capture" + (f" (max abs difference {diff:.3g})" if diff is not None
                                          else f" (shape {list(g.shape)} vs {list(w.shape)})")
-               + ": eager took a path the trace did not (a branch on values skipped under "
-               "torch.compiler.is_compiling(), an inference fast path); make both take one path "
-               "(torch.where / torch.cond for a real choice)")
+               + f": {numerics.EAGER_PATH}")
         numerics.warn_or_refuse(msg, mode, target)
         return

@@ -34,6 +34,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from ..errors import CaptureError
+from . import sharing
 
 _LIFT_FRESH = ("aten::lift_fresh_copy", "aten::lift_fresh")
 
@@ -140,16 +141,6 @@ def _script_object_error(target: str, name: str, value) -> CaptureError:
     )
 
 
-def _writes(node, arg_node) -> bool:
-    """True when ``node`` (an ATen op) writes to its argument ``arg_node``."""
-    import torch
-
-    if node.op != "call_function" or not isinstance(node.target, torch._ops.OpOverload):
-        return False
-    return any(a.alias_info is not None and a.alias_info.is_write and v is arg_node
-               for a, v in zip(node.target._schema.arguments, node.args))
-
-
 def check_graph_attrs(gm, target: str, *, roots: Iterable[Any] = (), symbolic=None) -> list:
     """Classify every ``get_attr`` of ``gm`` (see the module docstring) and rewrite
     the graph in place so that it reads no tensor attribute.
@@ -193,7 +184,7 @@ def check_graph_attrs(gm, target: str, *, roots: Iterable[Any] = (), symbolic=No
         if not made_here:
             if user is None:
                 user = reachable_tensors(roots)
-            if any(_writes(u, node) for u in node.users):  # a trace-made constant is copied first
+            if any(sharing.writes(u, node) for u in node.users):  # a trace-made constant is copied first
                 raise CaptureError(
                     "the function writes in place to a tensor that is not an "
                     f"input ({user.get(id(value), node.target)}); the pair cannot update your object. "

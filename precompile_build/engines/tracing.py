@@ -42,7 +42,7 @@ from . import (
     sharing,
     tracers,
 )
-from ._module_settings import module_setting_items, module_settings
+from ._module_settings import module_setting_items, module_settings, module_tensors, submodules
 from .layouts import example_clone  # noqa: F401  (re-exported for the engines)
 
 
@@ -77,21 +77,6 @@ def _tensor_spec(t, requires_grad: bool) -> dict:
         "stride": list(t.stride()),
         "requires_grad": bool(requires_grad),
     }
-
-
-def _lift(modules) -> tuple[list[str], list]:
-    """Parameters then buffers of each module, tied tensors collapsed (the order the
-    driver re-derives at call time)."""
-    seen, names, tensors = set(), [], []
-    for i, mod in enumerate(modules):
-        for kind in (mod.named_parameters, mod.named_buffers):
-            for name, t in kind(remove_duplicate=False):
-                if t is None or id(t) in seen:
-                    continue
-                seen.add(id(t))
-                names.append(f"m{i}.{name}")
-                tensors.append(t)
-    return names, tensors
 
 
 def _reparametrize(modules, names, tensors):
@@ -173,7 +158,7 @@ def trace_call(fn: Callable, args: tuple, kwargs: dict, *, target: str, tracer: 
     user_tensors = [v for v, k in zip(leaves, in_kinds) if k[0] == "tensor"]
     paths = [p for p, k in zip(leaf_paths, in_kinds) if k[0] == "tensor"]
     collectives.refuse_data_parallel(fn, modules, target)
-    names, params = _lift(modules)
+    names, params = module_tensors(modules)  # the driver's walk (_module_settings.py)
     settings_before = [module_setting_items(m) for m in modules]  # as the trace sees them
     wants_grad = [isinstance(p, torch.nn.Parameter) and p.requires_grad for p in params]
     n_params = len(params)
@@ -256,7 +241,7 @@ def trace_call(fn: Callable, args: tuple, kwargs: dict, *, target: str, tracer: 
         "num_user_outputs": out_box["num_user_outputs"],
         "grad_param_indices": out_box["grad_indices"],
         "device": _device_of(params + user_tensors),
-        "training": [_training_flags(m) for m in modules],
+        "training": [[bool(s.training) for s in submodules(m)] for m in modules],
         "module_settings": [module_settings(m, s) for m, s in zip(modules, state)],
         "module_state": [sorted(s) for s in state],  # attributes the function changes
         "arg_names": arg_names,
@@ -350,17 +335,6 @@ def _changed(before: list, after: list) -> set[str]:
     old = {(p, k): t for p, _, attrs in before for k, t in attrs.items()}
     new = {(p, k): t for p, _, attrs in after for k, t in attrs.items()}
     return {f"{p}:{k}" for p, k in old.keys() | new.keys() if old.get((p, k)) != new.get((p, k))}
-
-
-def _training_flags(module) -> list[bool]:
-    """``.training`` of the module and every submodule, pre-order (as the driver walks
-    them): dropout and batch norm trace differently in train and eval mode."""
-    flags, stack = [], [module]
-    while stack:
-        m = stack.pop()
-        flags.append(bool(m.training))
-        stack.extend(c for c in reversed(list(m._modules.values())) if c is not None)
-    return flags
 
 
 def _arg_names(fn, n: int) -> list[str]:

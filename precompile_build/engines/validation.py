@@ -332,12 +332,8 @@ def _against_eager_call(real: dict, got, b, ref_out, ref_in, verdicts, labels, n
     text = (f"the frozen result's value {i} ({labels[i]}) differs from what "
             f"the eager call returned at capture: relative RMS difference {diff:.3g} (allowed "
             f"{allowed:.3g}, {ratio:.3g} x that), max |frozen - eager call| {max_abs:.3g} at values "
-            f"up to {v.scale:.3g}. The traced graph does not compute what eager computed: eager "
-            "took another code path than the trace (a branch on values skipped under "
-            "torch.compiler.is_compiling(): use torch.where / torch.cond for a real choice; an "
-            "inference fast path: nn.TransformerEncoder's zero-fills padded rows, turn it off "
-            "with torch.backends.mha.set_fastpath_enabled(False)), or the function depends on "
-            "state the capture does not see")
+            f"up to {v.scale:.3g}. The traced graph does not compute what eager computed: "
+            f"{numerics.EAGER_PATH}, or the function depends on state the capture does not see")
     if ratio <= numerics.EAGER_WARN_BAND or mode == "warn":
         warn_at_caller(text + "; written anyway (options={'eager_check': 'refuse'} refuses)"
                        if mode == "warn" else text + "; written anyway (within "

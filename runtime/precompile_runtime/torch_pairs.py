@@ -27,9 +27,9 @@ without that ISA the recompiled kernels are not guaranteed correct. Where the mi
 is the torch version or the CPU ISA, prefer eager model code or a variant built for
 this host.
 
-Measured on CPU with torch 2.14.1 (``bench/results/torch_engine_load_cpu.md``): torch's
-cache does not contain the compiled CPU kernels, so even ``fallback=False`` compiles
-the kernels with g++ inside ``load`` unless ``TORCHINDUCTOR_CACHE_DIR`` is already warm.
+torch's cache (torch 2.14.1) does not contain the compiled CPU kernels, so even
+``fallback=False`` compiles the kernels with g++ inside ``load`` unless
+``TORCHINDUCTOR_CACHE_DIR`` is already warm (``bench/results/torch_engine_load_cpu.md``).
 
 torch is imported inside the functions only: importing this module is cheap.
 """
