@@ -21,14 +21,14 @@ from _build_helpers import make_project
 
 from precompile_runtime import envelope
 
+pytestmark = pytest.mark.usefixtures("build_env")
+
 REPO = Path(__file__).resolve().parents[1]
 FIXTURES = Path(__file__).parent / "packages"
 
 HALF = '''"""Fault fixture: write the cache half, report, then sleep or die."""
 import os, signal, sys, time
 from pathlib import Path
-
-pytestmark = pytest.mark.usefixtures("build_env")
 
 with open(os.environ["PRECOMPILE_CACHE_PATH"], "wb") as f:
     f.write(b"PCBCACHE" + b"half of a pair " * 100)
