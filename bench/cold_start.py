@@ -272,7 +272,7 @@ def markdown(result: dict) -> str:
             if "error" in r:
                 out.append(f"| {r['mechanism']} | not measured: {r['error']} ||||||||||||")
                 continue
-            f = lambda k, fmt="{:.3f}": fmt.format(r[k]) if r.get(k) is not None else "-"  # noqa: E731
+            f = lambda k, fmt="{:.3f}", r=r: fmt.format(r[k]) if r.get(k) is not None else "-"  # noqa: E731
             out.append(" | ".join([
                 f"| {r['mechanism']}", f("import_s", "{:.2f}"), f("setup_s"), f("load_s"), f("first_call_s"),
                 f("to_first_result_s"), f("second_call_s"), f("steady_ms", "{:.3f}"), f("artifact_bytes", "{:,}"),

@@ -20,7 +20,6 @@ import time
 from pathlib import Path
 
 import torch
-
 from steady_state import forward, load_pair, make_case
 
 

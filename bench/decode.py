@@ -228,9 +228,8 @@ def worker(path: str, device: str, batch: int, steps: int, n_prompt: int, logits
            prefill_with: str = "target") -> dict:
     """One path in this (fresh) process: first-token seconds, ms/token, tokens; the
     logits of every step (float32, [batch, steps, vocab]) saved to ``logits_file``."""
-    import torch
-
     import llmdecode
+    import torch
 
     model = llmdecode.build(device)
     ids = llmdecode.prompt(batch, n_prompt, device)

@@ -227,7 +227,7 @@ def main() -> None:
                     fn = _with_graphs(fn, graphs_code[who])
                 cases[(who, name)] = (fn, args)
     times = {k: [] for k in cases}
-    for k, (fn, args) in cases.items():  # warm
+    for fn, args in cases.values():  # warm
         _time(fn, args, 200)
     for _ in range(a.rounds):  # interleaved rounds
         for k, (fn, args) in cases.items():

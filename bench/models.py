@@ -43,9 +43,8 @@ MECHANISMS = ("eager", "compile", "load_packaged")
 # ---- worker: a fresh process per (case, mechanism), prints one JSON line ---------------
 
 def worker(mech: str, name: str, device: str, out_path: str) -> dict:
-    import torch
-
     import modelzoo
+    import torch
 
     case = modelzoo.CASES[name]
     model, inputs = modelzoo.example(name, device)

@@ -39,7 +39,7 @@ def _print_autotuning():
     def benchmark_all_configs(self, *args, **kwargs):
         result = timed(self, *args, **kwargs)
         name = getattr(self.fn, "__name__", "?")
-        print(f"autotune {name}: " + ", ".join(f"{{{l.config}}} {t:.4f} ms" for l, t in result.items()),
+        print(f"autotune {name}: " + ", ".join(f"{{{launcher.config}}} {t:.4f} ms" for launcher, t in result.items()),
               flush=True)
         return result
 
@@ -68,10 +68,10 @@ def main() -> int:
         for m in wanted:  # built lazily in this order: the first one autotunes first
             if m == "pair":
                 pair = steady_state.load_pair(model, fn, args, Path(tmp))
-                calls[m] = lambda: pair(model, *args)
+                calls[m] = lambda pair=pair: pair(model, *args)
             else:
                 compiled = torch.compile(fn)
-                calls[m] = lambda: compiled(model, *args)
+                calls[m] = lambda compiled=compiled: compiled(model, *args)
         for name, call in calls.items():
             for _ in range(10):  # warm up (and compile)
                 call()

@@ -3,7 +3,8 @@ build line and `inspect` (`cuda-archs`, engines/cross_arch.py). Imports no torch
 
 from __future__ import annotations
 
-from typing import Any, Mapping, Optional
+from collections.abc import Mapping
+from typing import Any, Optional
 
 FIELDS = ("compiled_for", "tuned_on", "validated_on", "left_out", "replaced", "native_elsewhere")
 

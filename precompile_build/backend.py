@@ -22,8 +22,9 @@ one), since an editable import resolves the package to the source tree. Add
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Mapping, Optional
+from typing import Any, Optional
 
 from .workdir import build_tempdir
 

@@ -8,37 +8,34 @@ the example that is captured.
 
 from __future__ import annotations
 
-import difflib
 import os
 import sys
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any, Callable
 
 from precompile_runtime.envelope import write_atomic
 
 from . import engines, python_state
-from .rng_state import python_rng_states
+from .capture_options import FROZEN_OPTIONS, OPTIONS, CaptureOptions, check_choice  # noqa: F401 - re-exported
 from .errors import CaptureError, CompilerFailed, PythonStateWarning, warn_at_caller
+from .rng_state import python_rng_states
 
 
 class Capture:
     """Returned by :func:`capture`; use it as ``with capture(fn) as f: f(...)``."""
 
-    def __init__(self, fn, artifact_path, cache_path, engine, backend, target, options, fallback="none",
-                 tracer="auto"):
+    def __init__(self, fn, artifact_path: Path, cache_path: Path, options: CaptureOptions):
         self._fn = fn
         self.artifact_path = artifact_path
         self.cache_path = cache_path
-        self.engine = engine
-        self.backend = backend
-        self.target = target
-        self._options = options
-        self.tracer = tracer
-        self.fallback = fallback
+        self.options = options
+        self.engine = options.engine  # the engine the first call resolved to, after it
+        self.backend, self.target = options.backend, options.target
+        self.tracer, self.fallback = options.tracer, options.fallback
         self._pair: tuple[bytes, bytes] | None = None
         self.calls = 0
 
-    def __enter__(self) -> "Capture":
+    def __enter__(self) -> Capture:
         return self
 
     def __call__(self, *args, **kwargs):
@@ -48,58 +45,8 @@ class Capture:
         if self._pair is not None:
             return self._fn(*args, **kwargs)  # later calls run for real, uncaptured
         device = _device_of(args, kwargs)
-        options = dict(self._options)
-        if os.environ.get("PRECOMPILE_CUDA_GRAPHS") == "1":  # the `cuda-graphs` target option
-            options.setdefault("cuda_graphs", True)
-        if os.environ.get("PRECOMPILE_CUDA_ARCHS", "").strip() and device == "cuda":  # `cuda-archs`
-            options.setdefault("cuda_archs", os.environ["PRECOMPILE_CUDA_ARCHS"])
-        # CUDA graphs replay the frozen engine's kernels, and tracer/fallback and the
-        # FROZEN_OPTIONS are its settings: auto picks it for them (PRECOMPILE_ENGINE
-        # still decides when set)
-        wants_frozen = (options.get("cuda_graphs") or self.tracer != "auto" or self.fallback != "none"
-                        or any(k in options for k in FROZEN_OPTIONS if k != "cuda_graphs"))
-        engine = engines.resolve("frozen" if wants_frozen and self.engine == "auto"
-                                 and not os.environ.get("PRECOMPILE_ENGINE", "").strip()
-                                 else self.engine, device)
-        if self.backend == "eager" and engine == "frozen":
-            engine = "eager"
-        if options.get("cuda_graphs") and engine != "frozen":
-            raise CaptureError(
-                f"target {self.target!r}: cuda-graphs = true replays the frozen engine's kernels, "
-                f"but this capture uses engine {engine!r}: use engine='frozen' (or 'auto') and "
-                "backend='inductor', or drop the option")
-        if options.get("cuda_graphs") and device != "cuda":  # checked before the trace
-            raise CaptureError(
-                f"target {self.target!r}: cuda-graphs = true needs a CUDA inference target; "
-                f"this one's arguments are on {device}: drop the option (a build drops it "
-                "for a `device = \"auto\"` target captured on a host without CUDA)")
-        if engine == "torch":
-            self._refuse_frozen_only_settings(options)
-        kernel_keys = [k for k in ("inductor", "validation_multiple") if k in options]
-        if engine == "eager" and kernel_keys:  # settings of kernels the eager engine has not
-            why = (" (backend='eager')" if self.backend == "eager" else
-                   " (from PRECOMPILE_ENGINE)" if self.engine == "auto" else "")
-            raise CaptureError(
-                f"target {self.target!r}: options {', '.join(map(repr, kernel_keys))} apply to the "
-                f"frozen engine's kernels, but this capture uses engine 'eager'{why}, which has "
-                "none and would ignore them. Pass engine='frozen' (and backend='inductor') to "
-                "precompile_build.capture(), or drop them; nothing written")
+        engine, options = self.options.for_call(device)  # raises before the function runs
         self.engine = engine
-        if engine == "torch":
-            options["backend"] = self.backend
-        elif options.get("tracer"):  # for the torch engine torch's own tracer; here as tracer=
-            from .engines.tracers import TRACERS, check_tracer
-
-            try:
-                options["tracer"] = check_tracer(options["tracer"])
-            except ValueError:
-                raise ValueError(
-                    f"precompile_build.capture: target {self.target!r}: options['tracer'] = "
-                    f"{options['tracer']!r} is not a tracer of the {engine} engine: use one of "
-                    f"{', '.join(map(repr, TRACERS))} (torch's own 'make_fx' and 'dynamo' are "
-                    "the torch engine's, with engine='torch')") from None
-        else:
-            options["tracer"] = self.tracer
         # the capture traces clones: the real call is the only one with effects
         before = python_rng_states()
         state = python_state.snapshot(self._fn, args, kwargs) if engine != "torch" else None
@@ -142,41 +89,15 @@ class Capture:
             except CompilerFailed as e:
                 if self.fallback != "eager":
                     raise
-                reason = str(e).split("\n")[0]
+                reason = str(e).split("\n")[0]  # the message's first line, as printed
                 print(f"precompile_build.capture: {reason}; fallback = \"eager\": capturing with "
                       "the eager engine (no kernels)", file=sys.stderr)
                 self.engine = "eager"
                 self._pair = engines.get("eager").capture_pair(
                     self._fn, args, kwargs, target=self.target, device=device,
                     options=dict(options, fallback_reason=reason), real_call=extra.get("real_call"),
-                    traced=getattr(e, "traced", None), real=getattr(e, "real", None),
+                    traced=e.traced, real=e.real,
                 )
-
-    def _refuse_frozen_only_settings(self, options: Mapping[str, Any]) -> None:
-        """``tracer``, ``fallback`` and the :data:`FROZEN_OPTIONS` mean nothing to the
-        torch engine (torch traces with its own tracers and judges nothing against
-        eager; a compiler failure there has no fallback): refuse them rather than
-        ignore them. Raises CaptureError."""
-        given, drop = [], []
-        if self.tracer != "auto":
-            given.append(f"tracer={self.tracer!r} applies to the frozen and eager engines only")
-            drop.append("the target's `tracer` key in pyproject.toml, the capture's tracer=, "
-                        "PRECOMPILE_TRACER")
-        if self.fallback != "none":
-            given.append(f"fallback={self.fallback!r} applies to the frozen engine only")
-            drop.append("the target's `fallback` key, the capture's fallback=, PRECOMPILE_FALLBACK")
-        keys = [k for k in FROZEN_OPTIONS if k in options]
-        if keys:
-            given.append(f"options {', '.join(map(repr, keys))} apply to the frozen engine only")
-            drop.append("the keys of the capture's options=")
-        if not given:
-            return
-        why = " (from PRECOMPILE_ENGINE)" if self.engine == "auto" else ""
-        raise CaptureError(
-            f"target {self.target!r}: {'; '.join(given)}, but this capture uses engine 'torch'{why}, "
-            "which would ignore it. Pass engine='frozen' to precompile_build.capture(), or drop "
-            f"the setting ({'; '.join(drop)}); the torch engine's own "
-            "tracer is options={'tracer': 'make_fx'}; nothing written")
 
     def __exit__(self, exc_type, exc, tb) -> bool:
         if exc_type is not None:
@@ -188,9 +109,9 @@ class Capture:
             return False
         if self._pair is None:
             raise CaptureError(
-                f"target {self.target!r}: the with-block made no call, so there is "
+                "the with-block made no call, so there is "
                 "nothing to capture; call the object the with-statement gave you "
-                "exactly as you would call the function"
+                "exactly as you would call the function", target=self.target
             )
         write_pair(self.artifact_path, self._pair[0], self.cache_path, self._pair[1])
         from .imported import write_record  # the capture cache's record of what fn imported
@@ -218,10 +139,10 @@ def _raise_if_the_function_fails(fn: Callable, args, kwargs, target: str) -> Non
     except Exception as own:
         text = (str(own).strip().splitlines() or [""])[0][:300]
         raise CaptureError(
-            f"target {target!r}: the function itself raises {type(own).__name__}: {text} -- "
+            f"the function itself raises {type(own).__name__}: {text} -- "
             "also when called eagerly, with no tracer (the with-block's real call), so this is "
             "an error in the function or its arguments, not a tracing problem (its traceback "
-            "is above). Fix it and capture again; nothing written") from own
+            "is above). Fix it and capture again; nothing written", target=target) from own
 
 
 def _warn_python_rng(before: dict[str, bytes], after: dict[str, bytes], target: str) -> None:
@@ -230,14 +151,14 @@ def _warn_python_rng(before: dict[str, bytes], after: dict[str, bytes], target: 
     moved = [name for name, state in after.items() if before.get(name, state) != state]
     if moved:
         warn_at_caller(
-            f"target {target!r}: the function drew from {' and '.join(moved)} while it was "
+            f"the function drew from {' and '.join(moved)} while it was "
             "captured; Python code runs once, at capture, and never when the pair is served, "
             "so the values it drew are frozen into the pair as constants. Use torch's RNG "
             "(torch.rand, F.dropout: served with a fresh draw per call) or pass the value "
-            "as an argument", PythonStateWarning)
+            "as an argument", PythonStateWarning, target=target)
 
 
-def function_name(fn: Callable) -> "dict[str, str] | None":
+def function_name(fn: Callable) -> dict[str, str] | None:
     """``{"module", "qualname"}`` when importing ``module`` and following ``qualname``
     gives ``fn`` itself (a module-level function or class), else None (a lambda, a
     nested function, one of ``__main__``: the capture script's)."""
@@ -272,11 +193,11 @@ def _warn_python_state(changed: list[str], target: str) -> None:
     if changed:
         shown = "; ".join(changed[:5]) + (f"; and {len(changed) - 5} more" if len(changed) > 5 else "")
         warn_at_caller(
-            f"target {target!r}: the function changed Python state while it was captured: "
+            "the function changed Python state while it was captured: "
             f"{shown}. Python code runs at capture only (the trace and the real call), never "
             "when the pair is served, so served calls leave this state as it is. Keep state "
             "the served calls need in tensors (a registered buffer, an argument updated in "
-            "place), or change it outside the function", PythonStateWarning)
+            "place), or change it outside the function", PythonStateWarning, target=target)
 
 
 def _device_of(args, kwargs) -> str:
@@ -397,13 +318,8 @@ def capture(
     """
     if not callable(fn):
         raise TypeError(f"precompile_build.capture(fn): fn must be callable, got {type(fn).__name__}")
-    if backend not in ("inductor", "eager"):
-        raise ValueError(f"backend={backend!r}: use 'inductor' or 'eager'")
     fallback = fallback or os.environ.get("PRECOMPILE_FALLBACK") or "none"
-    if fallback not in ("none", "eager"):
-        raise ValueError(f"fallback={fallback!r} (or PRECOMPILE_FALLBACK): use 'none' or 'eager'")
-    if engine != "auto" and engine not in engines.ENGINES:
-        raise ValueError(f"engine={engine!r}: use 'auto', {', '.join(map(repr, engines.ENGINES))}")
+    check_choice(engine, backend, fallback)  # before the paths: a wrong choice is named first
     artifact_path = artifact_path or os.environ.get("PRECOMPILE_ARTIFACT_PATH")
     cache_path = cache_path or os.environ.get("PRECOMPILE_CACHE_PATH")
     if not artifact_path or not cache_path:
@@ -420,79 +336,12 @@ def capture(
         if not isinstance(value, (str, os.PathLike)) or Path(value).is_dir():
             raise TypeError(f"precompile_build.capture: {name}={value!r} must be a file path "
                             "(str or os.PathLike), not a directory")
-    from .engines.tracers import check_tracer  # lazily: `import precompile_build` stays light
-
-    tracer = check_tracer(tracer)
-    if options is not None and not isinstance(options, Mapping):
-        raise TypeError(f"precompile_build.capture: options must be a dict, e.g. "
-                        f"{{'inductor': {{...}}}}, not {type(options).__name__}")
     target = target or os.environ.get("PRECOMPILE_TARGET") or Path(artifact_path).stem
-    _check_options(options or {}, target)
-    given = (options or {}).get("tracer")
-    if given and tracer != "auto" and given != tracer:  # one would silently win
-        raise ValueError(
-            f"precompile_build.capture: target {target!r}: options['tracer'] = {given!r} and "
-            f"tracer={tracer!r} (from the call, the target's `tracer` key or PRECOMPILE_TRACER) "
-            "disagree: options['tracer'] is the torch engine's tracer, tracer= the frozen and "
-            "eager engines'; give one of them")
+    opts = CaptureOptions.parse(target=target, engine=engine, backend=backend, tracer=tracer,
+                                fallback=fallback, options=options)
     if Path(artifact_path).resolve() == Path(cache_path).resolve():
         raise CaptureError(
             f"precompile_build.capture: artifact_path and cache_path are both {str(artifact_path)!r}; "
             "the source half and the cache half need two files (e.g. NAME.py and NAME.cache)"
         )
-    return Capture(fn, Path(artifact_path), Path(cache_path), engine, backend, target, dict(options or {}),
-                   fallback, tracer=tracer)
-
-
-OPTIONS = ("cuda_archs", "cuda_graphs", "eager_check", "inductor", "tracer", "validation_multiple")
-"""The keys ``capture(options=...)`` accepts (see :func:`capture`)."""
-
-FROZEN_OPTIONS = ("cuda_graphs", "eager_check", "inductor", "validation_multiple", "cuda_archs")
-"""The keys of :data:`OPTIONS` that only the frozen engine (and, for ``eager_check``,
-the eager engine) reads: with ``engine="auto"`` any of them picks the frozen engine;
-with the torch engine they are refused. (``tracer`` means torch's own tracer there.)"""
-
-
-def _check_inductor_option(value: Any, target: str) -> None:
-    """``options["inductor"]``: a dict of Inductor config names (``"max_autotune"``,
-    ``"triton.cudagraphs"``...) to values, checked here so that a typo is not later
-    reported as a compiler failure. Raises ValueError."""
-    if value is None:
-        return
-    if not isinstance(value, Mapping):
-        raise ValueError(f"precompile_build.capture: target {target!r}: options['inductor'] = "
-                         f"{value!r}: use a dict of Inductor config names to values, e.g. "
-                         "{'max_autotune': True}")
-    from torch._inductor import config  # the capture compiles with Inductor anyway
-
-    known = set(config.get_config_copy())
-    for key in value:
-        if key not in known:
-            close = difflib.get_close_matches(str(key), sorted(known), n=1)
-            raise ValueError(f"precompile_build.capture: target {target!r}: options['inductor'] has "
-                             f"{key!r}, which is not an Inductor config name"
-                             + (f"; did you mean {close[0]!r}?" if close else "")
-                             + " (see torch/_inductor/config.py)")
-
-
-def _check_options(options: Mapping[str, Any], target: str) -> None:
-    """Unknown keys and the frozen/eager engines' numeric options, checked before
-    anything runs (the engines read them only after the compile). Raises ValueError."""
-    for key in options:
-        if key == "backend":
-            raise ValueError(f"precompile_build.capture: target {target!r}: options['backend'] "
-                             f"= {options[key]!r}: the backend is capture()'s own argument, "
-                             "not an option; pass backend='inductor' (default) or 'eager' to "
-                             "precompile_build.capture")
-        if key not in OPTIONS:
-            close = difflib.get_close_matches(str(key), OPTIONS, n=1)
-            hint = f"did you mean {close[0]!r}? " if close else ""
-            raise ValueError(f"precompile_build.capture: target {target!r}: unknown key {key!r} in "
-                             f"options; {hint}accepted keys: {', '.join(OPTIONS)}")
-    from .engines.numerics import option_problem  # light: no torch at import
-
-    for key in ("validation_multiple", "eager_check"):
-        problem = option_problem(options, key)
-        if problem:
-            raise ValueError(f"precompile_build.capture: target {target!r}: {problem}")
-    _check_inductor_option(options.get("inductor"), target)
+    return Capture(fn, Path(artifact_path), Path(cache_path), opts)

@@ -27,8 +27,9 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Any, Iterable, Mapping, Optional
+from typing import Any, Optional
 
 import filelock
 
@@ -205,7 +206,7 @@ def key_components(settings: Settings, target: TargetSettings, device: str,
     }
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _tool_code_sha256() -> str:
     """sha256 over the source files of precompile_build and precompile_runtime."""
     import precompile_runtime

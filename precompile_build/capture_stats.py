@@ -31,8 +31,9 @@ import json
 import os
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator, Optional
+from typing import Any, Optional
 
 STATS_ENV = "PRECOMPILE_STATS_PATH"
 """Environment variable naming the capture's stats file (set by the build)."""

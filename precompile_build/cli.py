@@ -10,8 +10,9 @@ import argparse
 import json
 import os
 import sys
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Optional, Sequence
+from typing import Optional
 
 from .errors import ConfigError
 from .workdir import build_tempdir

@@ -25,8 +25,9 @@ import os
 import re
 import sys
 import sysconfig
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Mapping, Optional
+from typing import Any, Optional
 
 RECORD_ENV = "PRECOMPILE_IMPORTS_PATH"
 
@@ -72,7 +73,7 @@ def record(modules: Optional[Mapping[str, Any]] = None) -> dict[str, dict[str, s
     return {"distributions": dict(sorted(dists.items())), "files": dict(sorted(files.items()))}
 
 
-def _not_inputs() -> "tuple[str, ...]":
+def _not_inputs() -> tuple[str, ...]:
     """Directories whose modules are no input of the capture: the standard library,
     site-packages (their distributions are recorded by version), and the compilers'
     caches (Inductor's and Triton's generated kernels are what the capture made)."""

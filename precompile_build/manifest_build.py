@@ -7,8 +7,9 @@ import os
 import shutil
 import tempfile
 import time
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 from precompile_runtime import manifest as manifest_format
 from precompile_runtime.fingerprint import variant_id

@@ -6,16 +6,27 @@ from __future__ import annotations
 import copy
 import hashlib
 import os
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from packaging.utils import canonicalize_name
+
 from precompile_runtime import manifest as manifest_format
 
 from . import arch_report
 from .errors import BuildError
-from .wheel import (PRECOMPILED, Entries, parse_name, patch_wheel_info, read_wheel,
-                    wheel_name, write_wheel)
+from .wheel import (
+    PRECOMPILED,
+    Entries,
+    insert_requires,
+    parse_name,
+    patch_wheel_info,
+    read_wheel,
+    requires_project,
+    wheel_name,
+    write_wheel,
+)
 
 
 def _split(path: Path, entries: Entries) -> dict[str, Any]:
@@ -36,22 +47,12 @@ def _split(path: Path, entries: Entries) -> dict[str, Any]:
         "tags": [ln[4:].strip() for ln in wheel_lines if ln.startswith("Tag:")],
         "wheel_rest": [ln for ln in wheel_lines
                        if not ln.startswith(("Tag:", "Root-Is-Purelib:"))],
-        "torch_pins": sorted(ln for ln in meta_lines if _is_torch_req(ln)),
-        "meta_rest": [ln for ln in meta_lines if not _is_torch_req(ln)],
+        "torch_pins": sorted(ln for ln in meta_lines if requires_project(ln, "torch")),
+        "meta_rest": [ln for ln in meta_lines if not requires_project(ln, "torch")],
         "dist_info": dist_info,
         "others": {a: e for a, e in entries.items() if not a.startswith(prefix)
                    and a not in (f"{dist_info}/WHEEL", f"{dist_info}/METADATA")},
     }
-
-
-def _is_torch_req(line: str) -> bool:
-    if not line.startswith("Requires-Dist:"):
-        return False
-    spec = line.split(":", 1)[1].strip()
-    name = spec.split(";")[0].split("[")[0]
-    for ch in "<>=!~ (":
-        name = name.split(ch)[0]
-    return canonicalize_name(name) == "torch"
 
 
 def _check_same(first: dict, other: dict, name: str) -> None:
@@ -106,7 +107,7 @@ def _merge_manifests(parts: Sequence[dict], names: Sequence[str]) -> tuple[dict,
                     entry["path"] = path
                 merged["variants"].append(v)
                 merged["status"], merged["reason"] = "ok", None
-    for tname, t in doc["targets"].items():
+    for t in doc["targets"].values():
         if t["status"] == "failed" and not t.get("reason"):
             t["reason"] = "failed on every host"
     arch_report.mark_native_builds(doc)  # a native build of an architecture wins over a cross-compiled one
@@ -160,8 +161,6 @@ def merge_wheels(wheels: Sequence[str | os.PathLike[str]],
     di = first["dist_info"]
     wheel_text = "\n".join(first["wheel_rest"] + ["Root-Is-Purelib: true"]) + "\n"
     entries[f"{di}/WHEEL"] = (patch_wheel_info(wheel_text, tags).encode(), 0o644)
-    meta = first["meta_rest"]
-    idx = max((i for i, ln in enumerate(meta) if ln.startswith("Requires-Dist:")), default=0)
-    meta = meta[: idx + 1] + first["torch_pins"] + meta[idx + 1:]
+    meta = insert_requires(first["meta_rest"], first["torch_pins"])
     entries[f"{di}/METADATA"] = ("\n".join(meta).encode(), 0o644)
     return write_wheel(out_dir, wheel_name(parsed[0], tags), entries)

@@ -5,16 +5,17 @@ from __future__ import annotations
 import ast
 import hashlib
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any
 
 from precompile_runtime import envelope
 from precompile_runtime.errors import PrecompileLoadError
+from precompile_runtime.pair_format import FORMAT as SOURCE_FORMAT
+from precompile_runtime.pair_format import VERSION as SOURCE_VERSION
 
 from .errors import CaptureError
 
-SOURCE_FORMAT = "precompile-build.source"
-SOURCE_VERSION = 1
 OUR_ENGINES = ("frozen", "eager")
 
 

@@ -27,8 +27,9 @@ import io
 import re
 import sys
 import sysconfig
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Iterable, Mapping, Optional
+from typing import Optional
 
 from packaging.tags import sys_tags
 

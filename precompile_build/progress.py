@@ -13,8 +13,9 @@ import re
 import sys
 import threading
 import time
+from collections.abc import Sequence
 from pathlib import Path
-from typing import IO, Optional, Sequence
+from typing import IO, Optional
 
 INTERVAL = 5.0  # seconds between status lines without a terminal
 TTY_INTERVAL = 1.0  # seconds between redraws on a terminal
@@ -84,7 +85,7 @@ class Progress:
         self._stop = threading.Event()
         self._thread: Optional[threading.Thread] = None
 
-    def __enter__(self) -> "Progress":
+    def __enter__(self) -> Progress:
         self._thread = threading.Thread(target=self._tick, daemon=True,
                                         name="precompile-progress")
         self._thread.start()
@@ -166,5 +167,5 @@ def summary(rows: Sequence[tuple]) -> str:
     cells = [head] + [(t, d, r, "-" if s is None else f"{s:.1f}", "-" if b is None else human_size(b),
                        short(rest[0] if rest else None, human_size)) for t, d, r, s, b, *rest in rows]
     widths = [max(len(c[i]) for c in cells) for i in range(6)]
-    fmt = "  {:<%d}  {:<%d}  {:<%d}  {:>%d}  {:>%d}  {:>%d}" % tuple(widths)
+    fmt = "".join(f"  {{:{align}{w}}}" for align, w in zip("<<<>>>", widths))
     return "\n".join(["precompile: summary"] + [fmt.format(*c).rstrip() for c in cells])

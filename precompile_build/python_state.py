@@ -33,17 +33,18 @@ import os
 import sys
 import sysconfig
 import types
-from typing import Any, Callable, Iterator
+from collections.abc import Iterator
+from typing import Any, Callable
 
 MAX_FUNCTIONS = 64
 """How many functions a snapshot follows from the captured one (bounds its cost)."""
 
 _SCALARS = (type(None), bool, int, float, complex, str, bytes)
 _CONTAINERS = (list, dict, set, bytearray, collections.deque)
-_library_roots: "tuple[str, ...] | None" = None
+_library_roots: tuple[str, ...] | None = None
 
 
-def _library_dirs() -> "tuple[str, ...]":
+def _library_dirs() -> tuple[str, ...]:
     global _library_roots
     if _library_roots is None:
         paths = sysconfig.get_paths()
@@ -120,7 +121,7 @@ def _callee(v: Any) -> Any:
     if isinstance(v, torch.nn.Module):
         v = type(v).forward
     elif not isinstance(v, types.FunctionType) and callable(v) and not isinstance(v, type):
-        v = getattr(type(v), "__call__", None)
+        v = type(v).__call__
     return v if isinstance(v, types.FunctionType) else None
 
 
@@ -183,10 +184,10 @@ def _record(out: dict, key: tuple, what: str, v: Any) -> None:
     out[(*key, "keys")] = (what, ("keys", tuple(sorted(map(str, items)))))
 
 
-_internals: "frozenset[str] | None" = None
+_internals: frozenset[str] | None = None
 
 
-def _module_internals() -> "frozenset[str]":
+def _module_internals() -> frozenset[str]:
     global _internals
     if _internals is None:
         import torch

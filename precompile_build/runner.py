@@ -17,17 +17,25 @@ import sys
 import threading
 import time
 import warnings
-from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait as wait_all
+from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor
+from concurrent.futures import wait as wait_all
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional, Union
 
 from . import arch_report, capture_cache, capture_stats
-from .errors import CaptureError
+from .errors import CaptureError, ScriptFailed
 from .pairs import PairInfo
 from .progress import Progress, human_size, summary
-from .script import (CANCELLED, LOG_TAIL_LINES, check_pair, error_line, log_file, log_tail,
-                     run_script)
+from .script import (
+    CANCELLED,
+    LOG_TAIL_LINES,
+    check_pair,
+    error_line,
+    log_file,
+    log_tail,
+    run_script,
+)
 from .settings import Settings, TargetSettings
 from .slots import Slots
 
@@ -342,9 +350,7 @@ def _fail_or_skip(b: _Build, target: TargetSettings, required: bool, device: str
             kept = _keep_log(log_path, target.name)
             tail = (f"\nlast {LOG_TAIL_LINES} lines of its log (whole log: {kept}):\n"
                     + log_tail(log_path))
-        err = CaptureError(f"Capture of target {target.name!r} failed: {reason}" + tail)
-        err.seconds = seconds  # type: ignore[attr-defined]  # for the summary row
-        raise err
+        raise ScriptFailed(reason, target=target.name, log_tail=tail, seconds=seconds)
     kept = _keep_log(log_path, target.name) if log_path is not None else None
     b.progress.say(f"precompile: {target.name}: left out ({reason}"
                    + (f"; whole log: {kept})" if kept else ")"))
@@ -490,7 +496,7 @@ def _row(name: str, device: Optional[str], out: Any) -> tuple:
     if isinstance(out, _Cancelled):
         return (name, device or "-", "cancelled" if out.started else "not started", None, None, None)
     if isinstance(out, BaseException):
-        return (name, device or "-", "failed", getattr(out, "seconds", None), None, None)
+        return (name, device or "-", "failed", out.seconds if isinstance(out, ScriptFailed) else None, None, None)
     where = out.device
     if out.device == "cuda" and out.device_index is not None:
         where = f"cuda:{out.device_index}"

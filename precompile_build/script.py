@@ -1,12 +1,14 @@
 """Run one capture script in a subprocess: environment, log, timeout, cancel, check.
 
-The script runs as ``python SCRIPT ARGS...`` in its own session (its whole process
-group is killed on timeout, cancel or Ctrl-C), with the project root as working
-directory; its output goes to ``work/logs/NAME.log``.
+The script runs as ``python SCRIPT ARGS...`` would run it, in its own session (its whole
+process group is killed on timeout, cancel or Ctrl-C), with the project root as working
+directory; its output goes to ``work/logs/NAME.log``, and the exception that ended it, if
+one did, to ``work/logs/NAME.result.json`` (:func:`result_file`).
 """
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -47,29 +49,26 @@ def log_tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:
 _ERROR_CAP = 2000  # characters of the error line put into a failure's reason
 
 
-def error_line(path: Path) -> Optional[str]:
-    """The first line of the exception that ended the script, read from its log:
-    ``CaptureError: target 't': ...`` (the exception's class name without its module;
-    cut at :data:`_ERROR_CAP` characters, not at a log line's cap). None when the log
-    ends without a Python traceback (killed, ``sys.exit(3)``)."""
+def result_file(log_path: Path) -> Path:
+    """Where the script's process reports how it ended (``NAME.result.json`` beside its
+    log): ``{"error": "Type: first line of the message"}`` when an exception ended it,
+    written by :data:`_RUN_SCRIPT`'s ``sys.excepthook``; no file otherwise."""
+    return log_path.with_suffix(".result.json")
+
+
+def error_line(log_path: Path) -> Optional[str]:
+    """The first line of the exception that ended the script, as its process reported
+    it (:func:`result_file`): ``CaptureError: target 't': ...`` (the exception's class
+    name without its module; cut at :data:`_ERROR_CAP` characters, not at a log line's
+    cap). None when no exception ended it (killed, ``sys.exit(3)``)."""
     try:
-        with open(path, "rb") as f:
-            f.seek(0, os.SEEK_END)
-            f.seek(max(0, f.tell() - _TAIL_BYTES))
-            lines = f.read().decode("utf-8", "replace").splitlines()
-    except OSError:
+        with open(result_file(log_path), encoding="utf-8") as f:
+            line = json.load(f)["error"]
+    except (OSError, ValueError, KeyError, TypeError):
         return None
-    starts = [i for i, ln in enumerate(lines) if ln.startswith("Traceback (most recent call last):")]
-    if not starts:
+    if not isinstance(line, str):
         return None
-    for ln in lines[starts[-1] + 1:]:
-        if ln.strip() and not ln[0].isspace():  # frames are indented; the error is not
-            head, sep, rest = ln.partition(": ")
-            if sep and " " not in head:
-                ln = head.rsplit(".", 1)[-1] + sep + rest  # precompile_build.errors.CaptureError
-            ln = ln.strip()
-            return ln if len(ln) <= _ERROR_CAP else ln[:_ERROR_CAP] + " [...]"
-    return None
+    return line if len(line) <= _ERROR_CAP else line[:_ERROR_CAP] + " [...]"
 
 
 def _kill_group(proc: subprocess.Popen) -> None:
@@ -216,7 +215,9 @@ def run_script(settings: Settings, target: TargetSettings, device: str, gpu: Opt
     stats = log_path.with_suffix(".stats.json")  # GPU peaks, seconds per step (capture_stats.py)
     stats.unlink(missing_ok=True)
     env[capture_stats.STATS_ENV] = str(stats)
-    cmd = [sys.executable, "-c", _DIE_WITH_PARENT, str(os.getpid()), str(target.script), *target.args]
+    result_file(log_path).unlink(missing_ok=True)
+    cmd = [sys.executable, "-c", _RUN_SCRIPT, str(os.getpid()), str(result_file(log_path)), str(target.script),
+           *target.args]
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(cmd, cwd=settings.root, env=env, stdin=subprocess.DEVNULL,
                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
@@ -235,17 +236,37 @@ def run_script(settings: Settings, target: TargetSettings, device: str, gpu: Opt
 # Runs the capture script so that it dies with the build: a frontend interrupted by
 # Ctrl-C may SIGKILL the backend, which then cannot end the script (it runs in its own
 # session, so that a timeout can end its whole process group). On Linux the script asks
-# for SIGKILL when its parent dies (prctl PR_SET_PDEATHSIG, kept across exec), then
-# becomes `python SCRIPT ARGS...` with sys.argv as the script expects.
-_DIE_WITH_PARENT = """\
+# for SIGKILL when its parent dies (prctl PR_SET_PDEATHSIG). Then the script runs as
+# `python SCRIPT ARGS...` would run it (sys.argv, sys.path[0] its folder, __main__), with
+# a sys.excepthook that reports the exception that ends it to the result file
+# (result_file) before Python prints its traceback.
+_RUN_SCRIPT = """\
 import os, signal, sys
-parent = int(sys.argv[1])
+parent, result, script = int(sys.argv[1]), sys.argv[2], os.path.abspath(sys.argv[3])
 if sys.platform.startswith("linux"):
     import ctypes
     ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
     if os.getppid() != parent:  # the build died before the request took effect
         sys.exit("precompile-build: the build that started this capture is gone")
-os.execv(sys.executable, [sys.executable, *sys.argv[2:]])
+
+
+def _report(kind, value, tb, _shown=sys.excepthook):
+    import json
+    text = value.msg if isinstance(value, SyntaxError) and value.msg else str(value)
+    line = (kind.__name__ + (": " + text if text else "")).strip().split("\\n")[0].strip()
+    try:
+        with open(result, "w", encoding="utf-8") as f:
+            json.dump({"error": line}, f)
+    except OSError:
+        pass
+    _shown(kind, value, tb)
+
+
+sys.excepthook = _report
+sys.argv = sys.argv[3:]
+sys.path[0] = os.path.dirname(os.path.realpath(script))
+import runpy
+runpy.run_path(script, run_name="__main__")
 """
 
 

@@ -51,7 +51,7 @@ def _normal_mode(info: tarfile.TarInfo) -> int:
     return 0o755 if info.isdir() or info.mode & 0o111 else 0o644
 
 
-def _pkg_info(info: tarfile.TarInfo, data: "bytes | None", base: str) -> "bytes | None":
+def _pkg_info(info: tarfile.TarInfo, data: bytes | None, base: str) -> bytes | None:
     parts = info.name.split("/")
     if data is None or parts[-1] != "PKG-INFO" or parts[0] != base or not (
             len(parts) == 2 or (len(parts) == 3 and parts[1].endswith(".egg-info"))):
@@ -90,7 +90,7 @@ def package_sdist(sdist_path: str | os.PathLike[str], out_dir: str | os.PathLike
     base = members[0][0].name.split("/")[0] if members else sdist_path.name[:-7]
     drop = f"{base}/{rel_pkg}/{PRECOMPILED}"
     kept = [(m, d) for m, d in members if m.name != drop and not m.name.startswith(drop + "/")]
-    for m, d in kept:
+    for m, _ in kept:
         m.mode = _normal_mode(m)
     kept = [(m, _pkg_info(m, d, base)) for m, d in kept]
     names = {m.name for m, _ in kept}

@@ -13,12 +13,16 @@ import math
 import os
 import re
 import sys
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping, Optional
+from typing import Any, Optional
 
+from .capture_options import FALLBACKS
 from .engines import TRACERS
 from .errors import ConfigError
+from .settings_fields import PROJECT_KEYS
+from .settings_fields import TARGET_KEYS as TARGET_TABLE_KEYS
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -26,7 +30,6 @@ else:  # pragma: no cover
     import tomli as tomllib
 
 DEVICES = ("cuda", "cpu", "auto")
-FALLBACKS = ("none", "eager")
 TORCH_PINS = ("exact", "minor", "none")
 DEFAULT_TIMEOUT = 3600.0  # seconds
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -116,17 +119,11 @@ class Settings:
     table): the build compares its static `dependencies` with what it adds."""
 
 
-# Keys of the tables, kebab-case as written in TOML.
-TOP_KEYS = ("package", "targets", "torch-pin", "cache", "cache-dir", "jobs", "cuda-archs")
-TARGET_KEYS = ("script", "args", "device", "timeout", "env", "required", "cache-env", "fallback",
-               "tracer", "cuda-graphs", "cuda-archs")
-# Override keys: config setting `precompile.KEY` / environment variable. Names the
-# runtime also reads get a BUILD_ infix (PRECOMPILE_STRICT, PRECOMPILE_CACHE_DIR).
-OVERRIDES = {"skip": "PRECOMPILE_SKIP", "targets": "PRECOMPILE_TARGETS",
-             "strict": "PRECOMPILE_BUILD_STRICT", "verbose": "PRECOMPILE_VERBOSE",
-             "torch-pin": "PRECOMPILE_TORCH_PIN", "cache": "PRECOMPILE_CACHE",
-             "cache-dir": "PRECOMPILE_BUILD_CACHE_DIR", "jobs": "PRECOMPILE_JOBS",
-             "cuda-archs": "PRECOMPILE_CUDA_ARCHS"}
+# Keys of the tables, kebab-case as written in TOML, and the overrides (config setting
+# `precompile.KEY` / environment variable): from the one table, settings_fields.py.
+TOP_KEYS = tuple(k.key for k in PROJECT_KEYS if k.toml)
+TARGET_KEYS = tuple(k.key for k in TARGET_TABLE_KEYS)
+OVERRIDES = {k.key: k.env for k in PROJECT_KEYS if k.env}
 # Override keys that take a list: repeating them (`-C precompile.targets=a -C
 # precompile.targets=b`) selects the union; any other key given twice must agree.
 LIST_OVERRIDES = ("targets", "cuda-archs")
@@ -268,9 +265,10 @@ def _parse_target(name: Any, raw: Any, root: Path) -> TargetSettings:
     if cuda_archs and device == "cpu":
         raise _fail(f"`{key}.cuda-archs` compiles CUDA kernels for other GPUs, but `{key}.device` "
                     "is \"cpu\": set `device` to \"auto\" or \"cuda\", or drop `cuda-archs`")
-    return TargetSettings(name, script, script_rel, tuple(args), device,
-                          float(timeout), dict(env), required, tuple(dict.fromkeys(cache_env)),
-                          fallback, tracer=tracer, cuda_graphs=cuda_graphs,
+    return TargetSettings(name=name, script=script, script_rel=script_rel, args=tuple(args), device=device,
+                          timeout=float(timeout), env=dict(env), required=required,
+                          cache_env=tuple(dict.fromkeys(cache_env)), fallback=fallback, tracer=tracer,
+                          cuda_graphs=cuda_graphs,
                           cuda_archs=cuda_archs)  # type: ignore[arg-type]  # None: not set here
 
 
@@ -561,7 +559,8 @@ def settings_from_table(root: Path, table: Mapping[str, Any],
                 raise ConfigError(f"Failed to read {where}: no target {n!r} in "
                                   f"`{_PREFIX}.targets`{hint}")
         selected = tuple(n for n in targets if n in names)
-    return Settings(root, package, package_dir, targets, selected,
-                    flags["skip"], flags["strict"], flags["verbose"], torch_pin,
-                    cache, cache_dir, jobs, project if isinstance(project, dict) else None)
+    return Settings(root=root, package=package, package_dir=package_dir, targets=targets, selected=selected,
+                    skip=flags["skip"], strict=flags["strict"], verbose=flags["verbose"], torch_pin=torch_pin,
+                    cache=cache, cache_dir=cache_dir, jobs=jobs,
+                    project=project if isinstance(project, dict) else None)
 

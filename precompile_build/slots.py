@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import os
 import threading
-from typing import Optional, Sequence
+from collections.abc import Sequence
+from typing import Optional
 
 
 def cpu_limit(jobs: Optional[int]) -> int:

@@ -12,8 +12,9 @@ import os
 import shutil
 import tempfile
 import zipfile
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import Iterable, Mapping, Optional, Sequence
+from typing import Optional
 
 from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name
@@ -145,11 +146,30 @@ def build_requirements(variants: Iterable[Mapping], policy: str) -> list[str]:
     return [runtime_requirement()] + ([pin] if pin else [])
 
 
-def _req(line: str) -> Optional[Requirement]:
+def requirement_of(line: str) -> Optional[Requirement]:
+    """The requirement of a METADATA ``Requires-Dist:`` line (``packaging``'s parse), or
+    None for another header or a requirement it cannot read."""
+    name, sep, value = line.partition(":")
+    if not sep or name != "Requires-Dist":
+        return None
     try:
-        return Requirement(line.split(":", 1)[1].strip())
+        return Requirement(value.strip())
     except InvalidRequirement:
         return None
+
+
+def requires_project(line: str, project: str) -> bool:
+    """Whether METADATA ``line`` is a ``Requires-Dist`` of ``project`` (names compared
+    canonically: ``Torch``, ``torch``)."""
+    req = requirement_of(line)
+    return req is not None and canonicalize_name(req.name) == canonicalize_name(project)
+
+
+def insert_requires(lines: list[str], new: Sequence[str]) -> list[str]:
+    """Header ``lines`` with the ``Requires-Dist`` lines ``new`` after the last one
+    there (after the last header when there is none)."""
+    idx = max((i for i, ln in enumerate(lines) if ln.startswith("Requires-Dist:")), default=len(lines) - 1)
+    return lines[:idx + 1] + list(new) + lines[idx + 1:]
 
 
 def patch_metadata(text: str, requires: Sequence[str]) -> str:
@@ -174,15 +194,14 @@ def patch_metadata(text: str, requires: Sequence[str]) -> str:
     for r in requires:
         want = Requirement(r)
         name = canonicalize_name(want.name)
-        hits = [i for i, ln in enumerate(lines) if ln.startswith("Requires-Dist:")
-                and (got := _req(ln)) is not None and canonicalize_name(got.name) == name]
+        hits = [i for i, ln in enumerate(lines) if requires_project(ln, name)]
         if not hits:
             new.append(f"Requires-Dist: {r}")
             continue
         if name == "precompile-runtime":
             continue
         for i in hits:
-            got = _req(lines[i])
+            got = requirement_of(lines[i])
             assert got is not None
             pinned = [s for s in want.specifier if s.operator == "=="]
             if pinned and not got.specifier.contains(pinned[0].version, prereleases=True):
@@ -192,10 +211,7 @@ def patch_metadata(text: str, requires: Sequence[str]) -> str:
                     "build with the torch it allows")
             got.specifier &= want.specifier
             lines[i] = f"Requires-Dist: {got}"
-    idx = max((i for i, ln in enumerate(lines) if ln.startswith("Requires-Dist:")),
-              default=len(lines) - 1)
-    lines[idx + 1:idx + 1] = new
-    return "\n".join(lines) + sep + body
+    return "\n".join(insert_requires(lines, new)) + sep + body
 
 
 def patch_wheel_info(text: str, tags: Sequence[str]) -> str:

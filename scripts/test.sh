@@ -7,9 +7,13 @@ cd "$(dirname "$0")/.."
 source scripts/_venv.sh
 deps=(pytest hypothesis setuptools wheel build packaging filelock pyproject-hooks uv twine auditwheel pyelftools)
 
-echo "== tests under torch 2.13 (frozen and eager engines, backend, runtime)"
-make_venv .venv-test "${deps[@]}"
+echo "== lint (ruff, the whole tree) and types (mypy, runtime/: [tool.mypy] in pyproject.toml)"
+make_venv .venv-test "${deps[@]}" ruff mypy
 .venv-test/bin/python -m pip install -q -e ./runtime -e .
+.venv-test/bin/python -m ruff check .
+.venv-test/bin/python -m mypy
+
+echo "== tests under torch 2.13 (frozen and eager engines, backend, runtime)"
 .venv-test/bin/python -m pytest -q -p no:cacheprovider tests example_project/tests "$@"
 
 echo "== tests under torch 2.14.1 (the torch engine; the transformers/timm model matrix)"

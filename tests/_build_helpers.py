@@ -1,5 +1,5 @@
 """Shared helpers of the build-side tests: fixture projects, in-process builds,
-wheel checks. Imported by test_build_*.py (not a conftest: other suites own that)."""
+wheel checks. Imported by test_build_*.py; their fixtures are in conftest.py."""
 
 from __future__ import annotations
 
@@ -13,28 +13,8 @@ import sys
 import zipfile
 from pathlib import Path
 
-import pytest
-
 PACKAGES = Path(__file__).parent / "packages"
 MARK = "# --- precompile ---"
-
-
-@pytest.fixture(scope="session")
-def host_fp_json() -> str:
-    from precompile_runtime.fingerprint import host_fingerprint
-
-    return json.dumps(host_fingerprint("cpu"))
-
-
-@pytest.fixture(autouse=True)
-def _clean_env(monkeypatch, host_fp_json, tmp_path_factory):
-    for var in ("PRECOMPILE_SKIP", "PRECOMPILE_TARGETS", "PRECOMPILE_BUILD_STRICT",
-                "PRECOMPILE_VERBOSE", "PRECOMPILE_TORCH_PIN", "SOURCE_DATE_EPOCH",
-                "PRECOMPILE_CACHE", "PRECOMPILE_JOBS"):
-        monkeypatch.delenv(var, raising=False)
-    monkeypatch.setenv("FIXTURE_FINGERPRINT", host_fp_json)
-    # every test gets its own capture cache, never the user's
-    monkeypatch.setenv("PRECOMPILE_BUILD_CACHE_DIR", str(tmp_path_factory.mktemp("pcache")))
 
 
 def make_project(tmp_path: Path, precompile_toml: str | None = None,

@@ -2,10 +2,10 @@
 decorators): the cross-compile worker imports such files in a process without a GPU."""
 import triton
 import triton.language as tl
-
 from torch._inductor.runtime import triton_helpers, triton_heuristics
-from torch._inductor.runtime.triton_helpers import libdevice, math as tl_math  # noqa: F401
-from torch._inductor.runtime.hints import AutotuneHint, ReductionHint, TileHint, DeviceProperties  # noqa: F401
+from torch._inductor.runtime.hints import AutotuneHint, DeviceProperties, ReductionHint, TileHint  # noqa: F401
+from torch._inductor.runtime.triton_helpers import libdevice  # noqa: F401
+
 triton_helpers.set_driver_to_gpu()
 
 

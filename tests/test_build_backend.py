@@ -6,11 +6,21 @@ import tarfile
 import zipfile
 
 import pytest
+from _build_helpers import (
+    build,
+    check_record,
+    make_project,
+    manifest_of,
+    manylinux_tag,
+    metadata_lines,
+    read_member,
+    target_toml,
+    wheel_names,
+)
 
-from _build_helpers import (_clean_env, build, check_record, host_fp_json,  # noqa: F401
-                            make_project, manifest_of, manylinux_tag, metadata_lines,
-                            read_member, target_toml, wheel_names)
 from precompile_build import backend
+
+pytestmark = pytest.mark.usefixtures("build_env")
 
 DI = "simplepkg-0.1.0.dist-info"
 BASE = [f"{DI}/METADATA", f"{DI}/RECORD", f"{DI}/WHEEL", f"{DI}/top_level.txt",

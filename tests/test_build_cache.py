@@ -12,13 +12,14 @@ import time
 from pathlib import Path
 
 import pytest
+from _build_helpers import build, check_record, make_project, target_toml
 
-from _build_helpers import (_clean_env, build, check_record, host_fp_json,  # noqa: F401
-                            make_project, target_toml)
 from precompile_build import capture_cache, progress, runner
 from precompile_build.cli import main
 from precompile_build.errors import CaptureError, ConfigError
 from precompile_build.settings import load_settings
+
+pytestmark = pytest.mark.usefixtures("build_env")
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -436,7 +437,7 @@ with precompile_build.capture(lambda x: x * fixturedep.FACTOR + helpers.OFFSET, 
 """
 
 
-def _install_dep(deps: Path, version: "str | None") -> None:
+def _install_dep(deps: Path, version: str | None) -> None:
     """``fixturedep`` at ``version`` in ``deps`` (a directory on the path), or gone."""
     import shutil
 

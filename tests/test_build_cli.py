@@ -7,11 +7,19 @@ import subprocess
 import sys
 
 import pytest
+from _build_helpers import (
+    build,
+    check_record,
+    make_project,
+    manifest_of,
+    metadata_lines,
+    target_toml,
+    wheel_names,
+)
 
-from _build_helpers import (_clean_env, build, check_record, host_fp_json,  # noqa: F401
-                            make_project, manifest_of, metadata_lines, target_toml,
-                            wheel_names)
 from precompile_build.cli import main
+
+pytestmark = pytest.mark.usefixtures("build_env")
 
 
 def _wheel(tmp_path, monkeypatch, tag, mode="ok", edit=None):

@@ -7,12 +7,20 @@ import os
 import time
 
 import pytest
+from _build_helpers import (
+    build,
+    check_record,
+    make_project,
+    manifest_of,
+    target_toml,
+    wheel_names,
+)
 
-from _build_helpers import (_clean_env, build, check_record, host_fp_json,  # noqa: F401
-                            make_project, manifest_of, target_toml, wheel_names)
 from precompile_build import runner
-from precompile_build.errors import CaptureError
+from precompile_build.errors import CaptureError, ScriptFailed
 from precompile_build.runner import CaptureWarning
+
+pytestmark = pytest.mark.usefixtures("build_env")
 
 CASES = {
     "raise": ("exited with status 1", "RuntimeError: boom from capture script"),
@@ -38,6 +46,18 @@ def test_required_failure_fails_build(tmp_path, monkeypatch, mode):
     assert len(msg) < 40 * 420 + 2000  # megabytes of output are not all in the message
     assert list((tmp_path / "dist").iterdir()) == []
     assert not (root / "simplepkg" / "_precompiled").exists()
+
+
+def test_the_error_comes_from_the_process_not_from_what_it_printed(tmp_path, monkeypatch):
+    """The script's process reports the exception that ended it; a traceback it only
+    printed is output, not its error. The error carries its data as fields."""
+    root = make_project(tmp_path, target_toml(mode="faketrace"))
+    with pytest.raises(ScriptFailed) as e:
+        build(root, monkeypatch)
+    assert str(e.value).splitlines()[0] == "Capture of target 'double' failed: exited with status 3"
+    assert "PrintedError: only printed" in str(e.value)  # in the log tail
+    assert (e.value.target, e.value.detail) == ("double", "exited with status 3")
+    assert e.value.seconds > 0
 
 
 def test_hang_times_out_and_kills_the_tree(tmp_path, monkeypatch):

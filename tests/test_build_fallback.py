@@ -7,9 +7,11 @@ from __future__ import annotations
 import json
 
 import pytest
+from _build_helpers import make_project
 
-from _build_helpers import _clean_env, host_fp_json, make_project  # noqa: F401
 from precompile_build.cli import main
+
+pytestmark = pytest.mark.usefixtures("build_env")
 
 pytest.importorskip("torch")
 

@@ -6,12 +6,20 @@ from __future__ import annotations
 import sys
 
 import pytest
+from _build_helpers import (
+    build,
+    check_record,
+    make_project,
+    manifest_of,
+    metadata_lines,
+    target_toml,
+    torch_only_path,
+    wheel_names,
+)
 
-from _build_helpers import (_clean_env, build, check_record, host_fp_json, torch_only_path,  # noqa: F401
-                            make_project, manifest_of, metadata_lines, target_toml,
-                            wheel_names)
 from precompile_build.errors import CaptureError
 
+pytestmark = pytest.mark.usefixtures("build_env")
 
 # -- issue 16 case 4: no torch where the build runs ---------------------------------
 
@@ -157,7 +165,7 @@ def test_static_dependencies_gap_takes_the_parsed_project_table():
     assert static_dependencies_gap(None, req) == []  # no [project]: setup.py/setup.cfg metadata
 
 
-def _uv() -> "str | None":
+def _uv() -> str | None:
     import shutil
     from pathlib import Path
 
@@ -247,6 +255,7 @@ def _auditwheel_show(tmp_path, so) -> str:
     import subprocess
 
     from _build_helpers import generic_tag
+
     from precompile_build.wheel import write_wheel
 
     tag = generic_tag()
@@ -314,7 +323,7 @@ def test_twine_check_passes_on_a_built_wheel(tmp_path, monkeypatch):
 def test_editable_load_notices_a_changed_source(tmp_path, monkeypatch):
     import warnings
 
-    from precompile_runtime import StaleArtifactError, StaleArtifactWarning, loader
+    from precompile_runtime import StaleArtifactError, loader
 
     root = make_project(tmp_path, target_toml(mode="frozen"))
     build(root, monkeypatch, hook="build_editable")

@@ -3,13 +3,18 @@
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import pytest
-from hypothesis import given, settings as hsettings, strategies as st
+from _build_helpers import build, make_project, target_toml
+from hypothesis import given
+from hypothesis import settings as hsettings
+from hypothesis import strategies as st
 
-from _build_helpers import _clean_env, build, host_fp_json, make_project, target_toml  # noqa: F401
 from precompile_build.errors import ConfigError
 from precompile_build.settings import load_settings, settings_from_table
+
+pytestmark = pytest.mark.usefixtures("build_env")
 
 
 def _load(root, cs=None, env=None):
@@ -232,3 +237,18 @@ def test_fuzz_only_config_errors(tmp_path_factory, table, cs):
         settings_from_table(root.resolve(), table, cs, {})
     except ConfigError:
         pass
+
+
+def test_the_settings_reference_is_generated_from_the_field_table():
+    """docs/settings.md is what settings_fields.reference() writes from the one table of
+    keys and overrides (and the settings' docstrings); settings.py reads the same table."""
+    from precompile_build import settings, settings_fields
+
+    docs = Path(__file__).resolve().parents[1] / "docs" / "settings.md"
+    assert docs.read_text(encoding="utf-8") == settings_fields.reference(), (
+        "regenerate: python -m precompile_build.settings_fields > docs/settings.md")
+    assert settings.TOP_KEYS == tuple(k.key for k in settings_fields.PROJECT_KEYS if k.toml)
+    assert settings.OVERRIDES == {k.key: k.env for k in settings_fields.PROJECT_KEYS if k.env}
+    assert set(settings.TARGET_KEYS) == {k.key for k in settings_fields.TARGET_KEYS}
+    attrs = set(settings_fields.field_docs(settings.TargetSettings))
+    assert {k.attr for k in settings_fields.TARGET_KEYS} <= attrs

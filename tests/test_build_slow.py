@@ -8,11 +8,9 @@ import sys
 from pathlib import Path
 
 import pytest
+from _build_helpers import check_record, make_project, wheel_names
 
-from _build_helpers import (_clean_env, check_record, host_fp_json,  # noqa: F401
-                            make_project, wheel_names)
-
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("build_env")]
 REPO = Path(__file__).resolve().parents[1]
 EXPECTED = sorted([
     "simplepkg-0.1.0.dist-info/METADATA", "simplepkg-0.1.0.dist-info/RECORD",

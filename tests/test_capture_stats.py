@@ -6,12 +6,16 @@ from __future__ import annotations
 
 import json
 
-from _build_helpers import _clean_env, host_fp_json, make_project, target_toml  # noqa: F401
+import pytest
+from _build_helpers import make_project, target_toml
+
 from precompile_build import capture_stats, runner
 from precompile_build.inspect_cmd import format_report, inspect_report
 from precompile_build.manifest_build import assemble
 from precompile_build.progress import human_size
 from precompile_build.settings import load_settings
+
+pytestmark = pytest.mark.usefixtures("build_env")
 
 GIB = 1 << 30
 

@@ -9,8 +9,8 @@ import json
 from pathlib import Path
 
 import pytest
-
 from _build_helpers import make_project, target_toml
+
 from precompile_build.errors import CaptureError, ConfigError
 from precompile_build.settings import load_settings
 from precompile_runtime import arch_select

@@ -107,12 +107,12 @@ def test_recording_keeps_what_a_cross_compile_needs(monkeypatch):
     kernel's source, autotuning's timings) give the candidates in the order to try:
     the chosen config, then the others fastest first; they compile for sm_86."""
     triton = pytest.importorskip("triton")
+    from torch._inductor.runtime import triton_heuristics as th
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
     from precompile_build.engines import _triton_freeze, cross_arch
     from precompile_build.engines._cross_compile import jit_function
-    from torch._inductor.runtime import triton_heuristics as th
 
     fn = jit_function(str(HERE / "_cross_arch_kernels.py"), "mm")
     launchers = []

@@ -15,9 +15,10 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers", reason="needs transformers (scripts/test.sh installs it)")
 
+from _pairs import load_pair  # noqa: E402
+
 import precompile_build  # noqa: E402
 from precompile_runtime.errors import CallError  # noqa: E402
-from _pairs import load_pair  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent / "packages" / "modelzoo"))
 import modelzoo  # noqa: E402

@@ -157,7 +157,7 @@ def _run(tmp_path, backend):
     for r in results:
         assert "error" not in r, r["error"]
     total = 1.0 + 2.0
-    for rank, r in enumerate(results):
+    for r in results:
         got, want = r["world"]
         assert got == want == [2 * total] * 4
         assert r["world_again"] == want

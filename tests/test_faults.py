@@ -17,9 +17,11 @@ import time
 from pathlib import Path
 
 import pytest
+from _build_helpers import make_project
 
-from _build_helpers import _clean_env, host_fp_json, make_project  # noqa: F401
 from precompile_runtime import envelope
+
+pytestmark = pytest.mark.usefixtures("build_env")
 
 REPO = Path(__file__).resolve().parents[1]
 FIXTURES = Path(__file__).parent / "packages"

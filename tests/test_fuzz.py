@@ -28,10 +28,11 @@ import struct
 from pathlib import Path
 
 import pytest
-from hypothesis import HealthCheck, assume, event, example, given, settings, strategies as st
+from hypothesis import HealthCheck, assume, event, example, given, settings
+from hypothesis import strategies as st
 
-from precompile_build.errors import ConfigError
 from precompile_build import settings as settings_mod
+from precompile_build.errors import ConfigError
 from precompile_build.settings import DEVICES, TORCH_PINS, settings_from_table
 from precompile_runtime import envelope, manifest
 from precompile_runtime.envelope import Envelope

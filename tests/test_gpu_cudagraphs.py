@@ -69,7 +69,7 @@ def test_replays_equal_eager_and_record_once(mlp_pair):
     tmp, m = mlp_pair
     fn = _load(tmp)
     assert fn.cuda_graphs
-    for i in range(6):
+    for _ in range(6):
         x = torch.randn(4, 32, device="cuda")
         with torch.no_grad():
             _eq(fn(m, x), m(x))
@@ -157,7 +157,7 @@ def test_one_graph_per_dynamic_size_lru(tmp_path):
     torch._dynamo.mark_dynamic(x, 0, min=2, max=64)
     _capture(tmp_path, forward, m, x)
     fn = _load(tmp_path, max_graphs=2)
-    for rnd in range(2):
+    for _round in range(2):
         for b in (2, 3, 8):
             for _ in range(3):  # round 0: warm-up, timed run, recording; round 1: see below
                 x = torch.randn(b, 32, device="cuda")
@@ -178,7 +178,7 @@ def test_inputs_the_function_writes_are_copied_back(tmp_path):
     _capture(tmp_path, ema, avg.clone(), x)
     fn = _load(tmp_path)
     ref = torch.zeros(64, device="cuda")
-    for i in range(4):
+    for _ in range(4):
         x = torch.randn(64, device="cuda")
         got = fn(avg, x)
         want = ema(ref, x)

@@ -15,8 +15,9 @@ pytest.importorskip("transformers", reason="needs transformers")
 if not torch.cuda.is_available():
     pytest.skip("needs CUDA", allow_module_level=True)
 
-import precompile_build  # noqa: E402
 from _pairs import load_pair  # noqa: E402
+
+import precompile_build  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent / "packages" / "modelzoo"))
 import modelzoo  # noqa: E402

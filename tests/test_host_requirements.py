@@ -22,6 +22,15 @@ import warnings
 from pathlib import Path
 
 import pytest
+from test_runtime_loader import (
+    BLOB,
+    RUNTIME,
+    file_entry,
+    make_package,
+    make_pair,
+    make_source,
+    on_path,
+)
 
 from precompile_runtime import (
     CacheDirNotExecutableError,
@@ -31,10 +40,10 @@ from precompile_runtime import (
     PackageChangedError,
     PrecompileLoadError,
     TargetNotFoundError,
+    fingerprint,
     load_packaged,
+    loader,
 )
-from precompile_runtime import fingerprint, loader
-from test_runtime_loader import RUNTIME, BLOB, file_entry, make_package, make_pair, make_source, on_path
 
 # A host with AVX512 and VNNI, without AMX (the flags line of a real /proc/cpuinfo).
 AVX512_HOST = ("fpu vme de pse tsc msr pae mce cx8 apic sep mtrr pge mca cmov pat pse36 clflush "
@@ -48,11 +57,7 @@ AMX_HOST = AVX512_HOST + " amx_bf16 amx_tile amx_int8"
 AVX2_HOST = " ".join(f for f in AVX512_HOST.split() if not f.startswith("avx512"))
 
 
-@pytest.fixture(autouse=True)
-def clean_env(monkeypatch, tmp_path):
-    for var in ("PRECOMPILE_STRICT", "PRECOMPILE_NO_COMPILE", fingerprint.CPUINFO_ENV):
-        monkeypatch.delenv(var, raising=False)
-    monkeypatch.setenv("PRECOMPILE_CACHE_DIR", str(tmp_path / "kcache"))
+pytestmark = pytest.mark.usefixtures("runtime_env")
 
 
 def fake_cpu(monkeypatch, tmp_path, flags: str) -> None:

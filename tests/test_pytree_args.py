@@ -11,12 +11,12 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+from _pairs import load_pair  # noqa: E402
+from torch.utils import _pytree as pytree  # noqa: E402
+
 import precompile_build  # noqa: E402
 from precompile_build.errors import CaptureError  # noqa: E402
 from precompile_runtime.errors import CallError  # noqa: E402
-from _pairs import load_pair  # noqa: E402
-
-from torch.utils import _pytree as pytree  # noqa: E402
 
 TRACERS = ["export", "export-strict", "make_fx"]
 

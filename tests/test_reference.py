@@ -34,9 +34,9 @@ def heads_last(x: torch.Tensor) -> torch.Tensor:
 
 @heads_last.register_fake
 def _(x):
-    b, h, l, d = x.shape
+    b, h, n, d = x.shape
     if _narrow(x.dtype):
-        return torch.empty_strided(x.shape, (l * h * d, d, h * d, 1), dtype=x.dtype, device=x.device)
+        return torch.empty_strided(x.shape, (n * h * d, d, h * d, 1), dtype=x.dtype, device=x.device)
     return torch.empty(x.shape, dtype=x.dtype, device=x.device)
 
 
@@ -62,10 +62,10 @@ class _Attention(torch.nn.Module):
         self.out = torch.nn.Linear(d, d)
 
     def forward(self, x):
-        b, l, d = x.shape
-        q = self.qkv(x).view(b, l, self.heads, d // self.heads).transpose(1, 2)
+        b, n, d = x.shape
+        q = self.qkv(x).view(b, n, self.heads, d // self.heads).transpose(1, 2)
         y = torch.ops.precompile_test.heads_last(q)
-        return self.out(y.transpose(1, 2).reshape(b, l, d))  # a view in the bf16 layout
+        return self.out(y.transpose(1, 2).reshape(b, n, d))  # a view in the bf16 layout
 
 
 class _Patches(torch.nn.Module):

@@ -36,9 +36,11 @@ from precompile_runtime import (
     StaleArtifactError,
     StaleArtifactWarning,
     TargetNotFoundError,
+    envelope,
+    fingerprint,
     load_packaged,
+    manifest,
 )
-from precompile_runtime import envelope, fingerprint, manifest
 
 RUNTIME = str(Path(__file__).resolve().parents[1] / "runtime")
 BLOB = b"\x7fELF pretend kernel \x00\x01\x02" * 10
@@ -155,11 +157,7 @@ def make_package(
     return pkg
 
 
-@pytest.fixture(autouse=True)
-def clean_env(monkeypatch, tmp_path):
-    for var in ("PRECOMPILE_STRICT", "PRECOMPILE_NO_COMPILE"):
-        monkeypatch.delenv(var, raising=False)
-    monkeypatch.setenv("PRECOMPILE_CACHE_DIR", str(tmp_path / "kcache"))
+pytestmark = pytest.mark.usefixtures("runtime_env")
 
 
 @pytest.fixture
@@ -569,7 +567,6 @@ def test_full_disk_while_unpacking_leaves_no_entry(pkg, tmp_path, monkeypatch):
     import errno
 
     import precompile_runtime.kernel_cache as kernel_cache
-    import precompile_runtime.loader as loader
 
     def full(path, data):
         with open(path, "wb") as f:

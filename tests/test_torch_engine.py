@@ -213,7 +213,7 @@ def test_mark_unbacked_batch_dim_serves_several_sizes():
         for n in (1, 3, 4, 17):
             xn = torch.randn(n, 8)
             torch.testing.assert_close(fn(model, xn), model(xn))
-        with pytest.raises(Exception):  # a static dim still refuses another size
+        with pytest.raises(Exception):  # noqa: B017 - a static dim still refuses another size (torch's guard error, whose type varies by version)
             fn(model, torch.randn(4, 9))
 
 

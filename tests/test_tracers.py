@@ -11,9 +11,10 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+from _pairs import load_pair  # noqa: E402
+
 import precompile_build  # noqa: E402
 from precompile_build.errors import CaptureError  # noqa: E402
-from _pairs import load_pair  # noqa: E402
 
 
 class LibraryStyleMask(torch.nn.Module):

@@ -12,7 +12,6 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import precompile_build  # noqa: E402
-
 import tinylm  # noqa: E402
 from tinylm import steps  # noqa: E402
 

@@ -14,9 +14,9 @@ from pathlib import Path
 # The build has not installed tinylm: import it from the project root.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import precompile_build  # noqa: E402
 import torch  # noqa: E402
 
+import precompile_build  # noqa: E402
 import tinylm  # noqa: E402
 from tinylm import steps  # noqa: E402
 

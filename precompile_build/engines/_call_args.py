@@ -6,7 +6,17 @@
 # treespec_dumps text of (args, kwargs) / of the result, a kind per leaf, and the types
 # to import (and, for named tuples and transformers' caches, register) before
 # treespec_loads. Loaded at the first call that needs them, not when the source runs.
+# stand-ins: names the rest of the source half defines (codegen.py drops this block)
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import torch
+
+    from ._source_names import _META, PRECOMPILE_METADATA, CallError, register_cache_types
+# end stand-ins
+
 import collections as _collections
+import importlib as _importlib
 import itertools as _itertools
 import operator as _operator
 import weakref as _weakref

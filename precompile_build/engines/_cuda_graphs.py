@@ -1,8 +1,19 @@
 # ---- CUDA graphs of the frozen kernels ----------------------------------------------
 # Appended after the driver (_driver.py) in the source half of frozen CUDA targets only
 # (codegen.py); reads the driver's _META, _RUNS_BACKWARD and CallError.
+# stand-ins: names the rest of the source half defines (codegen.py drops this block)
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import torch
+
+    from ._source_names import _DYN, _META, _RUNS_BACKWARD, CallError
+# end stand-ins
+
 import threading as _threading
+import time as _time
 import warnings as _warnings
+import weakref as _weakref
 
 try:
     from precompile_runtime.errors import CudaGraphWarning

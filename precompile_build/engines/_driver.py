@@ -4,11 +4,38 @@
 # stdlib, and reads PRECOMPILE_METADATA, _graph, module_settings (_module_settings.py),
 # the calling convention's _flatten_call/_rebuild and constants (_call_args.py) and
 # (frozen) _make_call, defined in the same file.
-import importlib as _importlib
+# stand-ins: names the rest of the source half defines (codegen.py drops this block)
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import torch
+
+    from ._source_names import (
+        _GRAPH_SELF,
+        _MODULE_POS,
+        _N_POS,
+        _NO_PARAMS,
+        _SIMPLE_ARGS,
+        _SINGLE_OUT,
+        _TENSOR_POS,
+        PRECOMPILE_METADATA,
+        _check_no_aliases,
+        _CudaGraphs,
+        _flatten_call,
+        _graph,
+        _load_kernels,
+        _make_call,
+        _Params,
+        _rebuild,
+        _tensor_paths,
+        module_settings,
+        module_tensors,
+        submodules,
+    )
+# end stand-ins
+
 import math as _math
 import operator as _operator
-import os as _os
-import time as _time
 import weakref as _weakref
 
 try:  # the runtime's error type where it is installed; the file stays self-contained
@@ -91,21 +118,6 @@ def _check_dist():
             pass
         _C._register_process_group(name, pg)
     _DIST_WORLD[:] = [world]
-
-
-def _module_tensors(modules):
-    """Parameters then buffers of each module, tied tensors collapsed by identity,
-    in the order the capture lifted them: returns (names, tensors)."""
-    seen, names, tensors = set(), [], []
-    for i, mod in enumerate(modules):
-        for kind in (mod.named_parameters, mod.named_buffers):
-            for name, t in kind(remove_duplicate=False):
-                if id(t) in seen or t is None:
-                    continue
-                seen.add(id(t))
-                names.append(f"m{i}.{name}")
-                tensors.append(t)
-    return names, tensors
 
 
 def _layout_hint(want, shape):
@@ -277,19 +289,10 @@ def _state_epoch():
 _EPOCH = None  # the epoch box: installed at the first call that passes a model, not at load
 
 
-def _submodules(mod):
-    subs, stack = [], [mod]
-    while stack:  # pre-order, as named_modules() walks
-        m = stack.pop()
-        subs.append(m)
-        stack.extend(c for c in reversed(list(m._modules.values())) if c is not None)
-    return subs
-
-
 def _check_training(modules):
     """Dropout and batch norm were traced in the captured train/eval mode."""
     for i, (mod, want) in enumerate(zip(modules, _META.get("training", []))):
-        got = list(map(_TRAINING, _submodules(mod)))
+        got = list(map(_TRAINING, submodules(mod)))
         if got != want:
             if all(want):
                 fix = "call model.train()"
@@ -326,7 +329,7 @@ def _check_settings(modules):
 
 def _full_params(modules):
     """The full check of the model arguments: returns their lifted tensors."""
-    names, params = _module_tensors(modules)
+    names, params = module_tensors(modules)
     if names != _META["param_names"]:
         want = _META["param_names"]
         i = next((i for i, (g, w) in enumerate(zip(names, want)) if g != w), min(len(names), len(want)))

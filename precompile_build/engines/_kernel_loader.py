@@ -2,7 +2,17 @@
 # Copied verbatim into source halves of the `frozen` engine. Loads compiled kernels
 # from the unpacked cache: no compiler, no torch._inductor import. Reads
 # PRECOMPILE_METADATA["kernels"]: [{"name", "kind", "file", ...}].
+# stand-ins: names the rest of the source half defines (codegen.py drops this block)
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import torch
+
+    from ._source_names import _META, CallError, _TritonKernel
+# end stand-ins
+
 import importlib.util as _importlib_util
+import os as _os
 import sys as _sys
 
 try:  # the runtime's serving guard where it is installed: PRECOMPILE_NO_COMPILE=1 or no_compilation()

@@ -1,7 +1,8 @@
-# ---- model settings: what a capture froze in besides the parameters ----------------
+# ---- model settings and walks: what a capture froze in besides the parameters -----
 # Copied verbatim into every source half of the `frozen` and `eager` engines (before the
 # driver, codegen.py) and imported by tracing.py at capture: one definition makes both
-# the recorded lines and the ones a call is checked against. Needs only the stdlib.
+# the recorded lines and the ones a call is checked against (and one walk of a model's
+# tensors and submodules, module_tensors and submodules). Needs only the stdlib.
 import types as _types
 
 _SETTING_TYPES = (bool, int, float, str, type(None))
@@ -57,3 +58,30 @@ def module_settings(module, state=()):
     """
     return [" ".join([f"{path}: {cls}"] + [f"{k}={t}" for k, t in attrs.items() if f"{path}:{k}" not in state])
             for path, cls, attrs in module_setting_items(module)]
+
+
+def module_tensors(modules):
+    """Parameters then buffers of each module, tied tensors collapsed by identity, in
+    the order the capture lifts them (and the driver re-derives at each call): returns
+    ``(names, tensors)``, names ``m<i>.<name>`` for module ``i``."""
+    seen, names, tensors = set(), [], []
+    for i, mod in enumerate(modules):
+        for kind in (mod.named_parameters, mod.named_buffers):
+            for name, t in kind(remove_duplicate=False):
+                if t is None or id(t) in seen:
+                    continue
+                seen.add(id(t))
+                names.append(f"m{i}.{name}")
+                tensors.append(t)
+    return names, tensors
+
+
+def submodules(module):
+    """``module`` and every submodule, pre-order (as ``named_modules()`` walks, but
+    with duplicates): whose ``.training`` the capture records and a call checks."""
+    subs, stack = [], [module]
+    while stack:
+        m = stack.pop()
+        subs.append(m)
+        stack.extend(c for c in reversed(list(m._modules.values())) if c is not None)
+    return subs

@@ -30,7 +30,8 @@ import contextlib
 import hashlib
 import logging
 import threading
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 from ..errors import CaptureError
 
@@ -196,11 +197,9 @@ def _clones_fit(autotuner, args, kwargs) -> bool:
     in inference graphs, where a clone would raise the allocator's peak, it restores
     them from a CPU copy inside the timed region instead, and it decides this per
     config (``CachingAutotuner.copy_args_to_cpu_if_needed``; pytorch/pytorch#194686).
-    The first config timed then pays a host-to-device copy the next ones do not: on
-    an H200 (torch 2.11) the GPT block's in-place GELU kernel (32 MiB) timed
-    XBLOCK=1024 at 0.634 ms and XBLOCK=512 at 0.12 ms in every capture, and the
-    slower 512 was frozen (33 us against 25 us per call in steady state;
-    bench/results/steady_state_cuda.md). A capture can afford one clone at a time.
+    The first config timed then pays a host-to-device copy the next ones do not, and
+    a slower config can win (docs/internals.md, "Frozen CUDA kernels", has the case).
+    A capture can afford one clone at a time.
     """
     import torch
 
@@ -250,17 +249,17 @@ def _triton_cache_cubin(result, kernel, launcher) -> bytes | None:
         return f.read()
 
 
-def _check_launcher_code(code: str, where: str) -> None:
+def _check_launcher_code(code: str, target: str, where: str) -> None:
     """The launcher must be plain grid arithmetic calling ``runner``: no other names."""
-    module = compile(code, f"<launcher of {where}>", "exec")
+    module = compile(code, f"<launcher of target {target!r}, {where}>", "exec")
     fn_codes = [c for c in module.co_consts if hasattr(c, "co_names")]
     if len(fn_codes) != 1 or not code.startswith("def launcher("):
-        raise CaptureError(f"{where}: unexpected launcher code from Inductor:\n{code}")
+        raise CaptureError(f"unexpected launcher code from Inductor:\n{code}", target=target, where=where)
     unknown = set(fn_codes[0].co_names) - {"runner"} - set(dir(builtins))
     if unknown:
         raise CaptureError(
-            f"{where}: Inductor's launcher needs {sorted(unknown)}, which a frozen pair "
-            f"cannot provide; {_UNSUPPORTED_HINT}. Launcher:\n{code}"
+            f"Inductor's launcher needs {sorted(unknown)}, which a frozen pair "
+            f"cannot provide; {_UNSUPPORTED_HINT}. Launcher:\n{code}", target=target, where=where
         )
 
 
@@ -284,38 +283,40 @@ def freeze_triton_kernel(name: str, autotuner: Any, target: str) -> tuple[dict, 
     """
     import torch
 
-    where = f"target {target!r}, Triton kernel {name!r}"
+    where = f"Triton kernel {name!r}"
     if torch.version.hip:
-        raise CaptureError(f"{where}: the frozen engine freezes CUDA cubins only (this is ROCm); {_UNSUPPORTED_HINT}")
+        raise CaptureError(f"the frozen engine freezes CUDA cubins only (this is ROCm); {_UNSUPPORTED_HINT}",
+                           target=target, where=where)
     launchers = list(getattr(autotuner, "launchers", None) or [])
     if len(launchers) != 1:
         raise CaptureError(
-            f"{where}: has {len(launchers)} launchers after the example run, so no "
+            f"has {len(launchers)} launchers after the example run, so no "
             "configuration was chosen (was the kernel launched by the example call?); "
-            f"{_UNSUPPORTED_HINT}"
+            f"{_UNSUPPORTED_HINT}", target=target, where=where
         )
     launcher = launchers[0]
     code, result = getattr(launcher, _CODE, None), getattr(launcher, _RESULT, None)
     if code is None or result is None:
         raise CaptureError(
-            f"{where}: its launcher was built outside precompile_build's recording "
+            "its launcher was built outside precompile_build's recording "
             "(Inductor reused a kernel compiled earlier in this process); capture in a "
-            f"fresh process, or {_UNSUPPORTED_HINT}"
+            f"fresh process, or {_UNSUPPORTED_HINT}", target=target, where=where
         )
     kernel = getattr(result, "kernel", None)
     if not isinstance(kernel, _static_kernel_class()):
         raise CaptureError(
-            f"{where}: Inductor launches it through Triton's own launcher "
+            "Inductor launches it through Triton's own launcher "
             f"({type(kernel).__name__}), not torch's static CUDA launcher, so it cannot "
             "be served without Triton (typical causes: more kernel arguments than the "
             "static launcher takes, TMA descriptors, num_ctas > 1, global scratch "
             f"memory, launch attributes); {_UNSUPPORTED_HINT}. Inductor's reasons: "
-            + ("; ".join(dict.fromkeys(_bypass_reasons)) or "none logged")
+            + ("; ".join(dict.fromkeys(_bypass_reasons)) or "none logged"), target=target, where=where
         )
     cubin = getattr(kernel, _CUBIN, None) or _triton_cache_cubin(result, kernel, launcher)
     if not cubin:
-        raise CaptureError(f"{where}: the cubin of {kernel.name!r} could not be read; {_UNSUPPORTED_HINT}")
-    _check_launcher_code(code, where)
+        raise CaptureError(f"the cubin of {kernel.name!r} could not be read; {_UNSUPPORTED_HINT}",
+                           target=target, where=where)
+    _check_launcher_code(code, target, where)
 
     # StaticallyLaunchedCudaKernel.run appends one None per scratch buffer Triton's
     # ABI declares (global, profile); the frozen runner does the same.

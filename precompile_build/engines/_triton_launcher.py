@@ -8,6 +8,22 @@
 # Reads names the source half defines: torch, _os, _META, CallError (_driver.py),
 # _serving_guard_on (_kernel_loader.py), _binary_pick and _binary_force_ptx
 # (precompile_runtime/_arch_rules.py, copied in before this block).
+# stand-ins: names the rest of the source half defines (codegen.py drops this block)
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import torch
+
+    from ._source_names import (
+        _META,
+        CallError,
+        _binary_force_ptx,
+        _binary_pick,
+        _os,
+        _serving_guard_on,
+    )
+# end stand-ins
+
 
 
 class _TritonKernel:

@@ -18,16 +18,22 @@ fallbacks), in this order::
 from __future__ import annotations
 
 import pprint
+import re
 import textwrap
 from pathlib import Path
 
-SOURCE_FORMAT = "precompile-build.source"
-SOURCE_VERSION = 1
+from precompile_runtime.pair_format import FORMAT as SOURCE_FORMAT
+from precompile_runtime.pair_format import VERSION as SOURCE_VERSION
+from precompile_runtime.pair_format import PairMetadata
+
 _HERE = Path(__file__).parent
+# A template's imports of the names other blocks define (_source_names.py), for linters
+_STAND_INS = re.compile(r"^# stand-ins:.*?^# end stand-ins\n\n?", re.M | re.S)
 
 
 def _template(name: str) -> str:
-    return (_HERE / name).read_text(encoding="utf-8")
+    """The template ``name`` as the source half carries it: without its stand-ins block."""
+    return _STAND_INS.sub("", (_HERE / name).read_text(encoding="utf-8"), count=1)
 
 
 def triton_launcher_code() -> str:
@@ -76,11 +82,12 @@ def graph_source(graph_module) -> str:
     return "\n\n".join(classes + [holder, "_GRAPH_SELF = _GraphSelf()", code]) + "\n"
 
 
-def render(metadata: dict, graph_code: str, wrapper_code: str | None) -> str:
+def render(metadata: PairMetadata, graph_code: str, wrapper_code: str | None) -> str:
     """Assemble the source half.
 
     Args:
-        metadata: the literal PRECOMPILE_METADATA (must round-trip through repr).
+        metadata: PRECOMPILE_METADATA (precompile_runtime.pair_format.PairMetadata: this
+            adds ``format`` and ``version``); a literal, it must round-trip through repr.
         graph_code: output of :func:`graph_source`.
         wrapper_code: the body of ``_make_call(_kernels)`` (frozen), or None (eager).
     Returns:

@@ -25,7 +25,8 @@ check run the collectives for real), in the same order.
 
 from __future__ import annotations
 
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 from ..errors import CaptureError
 
@@ -65,11 +66,11 @@ def group_ranks(pg, *, name: str, target: str) -> list[int]:
     mapping = c10d._world.pg_group_ranks.get(pg)  # global rank -> group rank
     if mapping is None:
         raise CaptureError(
-            f"target {target!r}: a collective names the process group {name!r}, which "
+            f"a collective names the process group {name!r}, which "
             "torch.distributed does not list among its groups (destroyed, or made without "
             "dist.new_group / dist.init_process_group), so the pair cannot record its ranks. "
             "Create the group with dist.new_group(ranks) on every rank, keep it alive during "
-            "the capture, and pass it (or the default world group) to the collective")
+            "the capture, and pass it (or the default world group) to the collective", target=target)
     return sorted(mapping, key=mapping.get)
 
 
@@ -100,8 +101,8 @@ def canonical_groups(gm, target: str) -> dict | None:
                     try:
                         pg = c10d._resolve_process_group(name)
                     except Exception as e:
-                        raise CaptureError(f"target {target!r}: a collective names the process group "
-                                           f"{name!r}, which this process cannot resolve ({e})") from e
+                        raise CaptureError("a collective names the process group "
+                                           f"{name!r}, which this process cannot resolve ({e})", target=target) from e
                     ranks = group_ranks(pg, name=name, target=target)
                     canonical = PREFIX + ",".join(map(str, ranks))
                     _register(canonical, pg)
@@ -162,10 +163,10 @@ def refuse_data_parallel(fn, modules: Iterable[Any], target: str) -> None:
         for m in c.modules():
             if isinstance(m, wrappers):
                 raise CaptureError(
-                    f"target {target!r}: the model is wrapped in {type(m).__name__}, whose gradient "
+                    f"the model is wrapped in {type(m).__name__}, whose gradient "
                     "averaging runs in autograd hooks the capture cannot trace (the loaded step "
                     "would not average gradients across ranks). Capture the inner module's step "
                     "(pass `wrapped.module`) and average the gradients outside the loaded function "
                     "(dist.all_reduce(p.grad) / world size per parameter), or average them inside "
-                    "with functional collectives (funcol.all_reduce(p.grad, 'avg', group))"
+                    "with functional collectives (funcol.all_reduce(p.grad, 'avg', group))", target=target
                 )

@@ -41,7 +41,8 @@ import subprocess
 import sys
 import tempfile
 import weakref
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 from ..errors import CaptureError
 
@@ -60,11 +61,11 @@ WORKER_TIMEOUT = 1800.0  # seconds for all cross compiles of one capture
 # What recording() keeps, in side tables rather than as attributes: Inductor pickles
 # autotuners and static kernels into its caches, and launchers and JITFunctions do
 # not pickle. Weak keys: an entry lives as long as Inductor's object.
-_timings: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+_timings: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 """CachingAutotuner -> {launcher: seconds} of its autotuning."""
-_sources: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+_sources: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 """static kernel -> (ASTSource, options) of the ``triton.compile`` it came from."""
-_options: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+_options: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 """CompiledKernel -> the options it was compiled with."""
 
 
@@ -105,7 +106,7 @@ def requested(options: dict, target: str) -> tuple[str, ...]:
         return parse_cuda_archs(value if isinstance(value, list) else str(value),
                                 "the capture option cuda_archs (PRECOMPILE_CUDA_ARCHS)")
     except ConfigError as e:
-        raise CaptureError(f"target {target!r}: {e}") from None
+        raise CaptureError(f"{e}", target=target) from None
 
 
 @contextlib.contextmanager
@@ -278,12 +279,12 @@ def compile_jobs(jobs: list[dict], target: str) -> list[dict]:
                 [sys.executable, "-m", "precompile_build.engines._cross_compile", jobs_path, out_path],
                 env=env, capture_output=True, text=True, timeout=WORKER_TIMEOUT)
         except subprocess.TimeoutExpired:
-            raise CaptureError(f"target {target!r}: compiling the kernels for `cuda-archs` took "
-                               f"over {WORKER_TIMEOUT:.0f} s; list fewer architectures") from None
+            raise CaptureError("compiling the kernels for `cuda-archs` took "
+                               f"over {WORKER_TIMEOUT:.0f} s; list fewer architectures", target=target) from None
         if proc.returncode != 0 or not os.path.exists(out_path):
             raise CaptureError(
-                f"target {target!r}: the compile-only Triton process for `cuda-archs` failed "
-                f"(exit status {proc.returncode}):\n{(proc.stdout + proc.stderr)[-3000:]}")
+                "the compile-only Triton process for `cuda-archs` failed "
+                f"(exit status {proc.returncode}):\n{(proc.stdout + proc.stderr)[-3000:]}", target=target)
         with open(out_path, "rb") as f:
             return pickle.load(f)
 
@@ -435,9 +436,9 @@ def cross_compile(kernels: list[dict], blobs: dict[str, bytes], cands: dict[str,
         cs = cands.get(k["name"]) or []
         if not cs:
             raise CaptureError(
-                f"target {target!r}, Triton kernel {k['name']!r}: its compile inputs were not "
-                "recorded, so it cannot be compiled for `cuda-archs`; capture in a fresh process, "
-                "or drop `cuda-archs`")
+                "its compile inputs were not recorded, so it cannot be compiled for `cuda-archs`; "
+                "capture in a fresh process, or drop `cuda-archs`",
+                target=target, where=f"Triton kernel {k['name']!r}")
         todo = [(a, "cubin", *shared_limit(a, listed)) for a in wanted]
         if ptx_arch:
             todo.append((ptx_arch, "ptx", ptx_limit, []))

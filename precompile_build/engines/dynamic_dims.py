@@ -73,24 +73,24 @@ def check_marks(t, marks: dict, path: str, target: str) -> None:
     for d, (lo, hi) in marks.items():
         size = t.shape[d]
         if lo < 0:
-            raise CaptureError(f"target {target!r}: {path} dim {d} is marked with min={lo}; sizes start at 0")
+            raise CaptureError(f"{path} dim {d} is marked with min={lo}; sizes start at 0", target=target)
         if hi is not None and hi < lo:
-            raise CaptureError(f"target {target!r}: {path} dim {d} is marked with the empty range {_fmt(lo, hi)}")
+            raise CaptureError(f"{path} dim {d} is marked with the empty range {_fmt(lo, hi)}", target=target)
         if hi == lo:
             raise CaptureError(
-                f"target {target!r}: {path} dim {d} is marked dynamic with the one-size range "
-                f"{_fmt(lo, hi)}: that is a static size; drop the mark, or widen the range"
+                f"{path} dim {d} is marked dynamic with the one-size range "
+                f"{_fmt(lo, hi)}: that is a static size; drop the mark, or widen the range", target=target
             )
         if memory_layout(t) != "dense":
             raise CaptureError(
-                f"target {target!r}: {path} has dims marked dynamic but is a view with gaps "
+                f"{path} has dims marked dynamic but is a view with gaps "
                 f"(shape {list(t.shape)}, stride {list(t.stride())}), whose strides do not follow "
-                "from its sizes; pass a dense example (.contiguous()) and dense tensors at call time"
+                "from its sizes; pass a dense example (.contiguous()) and dense tensors at call time", target=target
             )
         if size < lo or (hi is not None and size > hi):
             raise CaptureError(
-                f"target {target!r}: {path} dim {d} is marked dynamic in {_fmt(lo, hi)} but the "
-                f"example has size {size}; pass an example inside the range"
+                f"{path} dim {d} is marked dynamic in {_fmt(lo, hi)} but the "
+                f"example has size {size}; pass an example inside the range", target=target
             )
 
 
@@ -213,15 +213,15 @@ def finish(sym: SymbolicTrace, target: str) -> tuple[dict, list[dict]]:
             lo, hi = marks[d]
             if expr.is_number:
                 raise CaptureError(
-                    f"target {target!r}: {path} dim {d} is marked dynamic but the captured code "
+                    f"{path} dim {d} is marked dynamic but the captured code "
                     f"specialised it to {int(expr)} (a Python branch on the size, a fixed-size "
                     "view, or a constant-sized partner tensor); make that code size-agnostic, or "
-                    "drop the mark to capture this size only"
+                    "drop the mark to capture this size only", target=target
                 )
             if not isinstance(expr, sympy.Symbol):
                 raise CaptureError(
-                    f"target {target!r}: {path} dim {d} is marked dynamic but the captured code "
-                    f"ties it to another marked dim as {pexpr(expr)}; mark only the independent dim"
+                    f"{path} dim {d} is marked dynamic but the captured code "
+                    f"ties it to another marked dim as {pexpr(expr)}; mark only the independent dim", target=target
                 )
             name = str(expr)
             vr = env.var_to_range[expr]
@@ -240,10 +240,10 @@ def finish(sym: SymbolicTrace, target: str) -> tuple[dict, list[dict]]:
                     # the lower bound first and keep the declared upper one
                     fix_hi, advice = hi, "mark it from 2 (an upper bound may come from allowing size 1)"
                 raise CaptureError(
-                    f"target {target!r}: {path} dim {d} is marked dynamic in {_fmt(lo, hi)} but the "
+                    f"{path} dim {d} is marked dynamic in {_fmt(lo, hi)} but the "
                     f"captured code only holds for {_fmt(got_lo, got_hi)}{why}; {advice} "
                     f"(torch._dynamo.mark_dynamic(t, {d}, min={got_lo}, max={fix_hi})) or make the code "
-                    "size-agnostic"
+                    "size-agnostic", target=target
                 )
             symbols[name] = [max(lo, got_lo), hi]
             where.setdefault(name, f"{path} dim {d}")
@@ -262,9 +262,9 @@ def finish(sym: SymbolicTrace, target: str) -> tuple[dict, list[dict]]:
         unknown = {str(s) for s in cond.free_symbols} - set(symbols)
         if unknown:
             raise CaptureError(
-                f"target {target!r}: the captured code relies on {pexpr(cond)}, over sizes that "
+                f"the captured code relies on {pexpr(cond)}, over sizes that "
                 f"are not marked dims ({', '.join(sorted(unknown))}); this engine serves only "
-                "conditions over marked dims: capture with engine='torch' or drop the marks"
+                "conditions over marked dims: capture with engine='torch' or drop the marks", target=target
             )
         text = pexpr(cond)
         if text not in guards:
@@ -291,9 +291,9 @@ def _check_guard_keeps_range(guard: str, symbols: dict, where: dict, target: str
     if bad:
         shown = re.sub(rf"\b{name}\b", "size", guard)
         raise CaptureError(
-            f"target {target!r}: {where[name]} is marked dynamic in {_fmt(lo, hi)} but the "
+            f"{where[name]} is marked dynamic in {_fmt(lo, hi)} but the "
             f"captured code relies on {shown} (sizes {bad[:4]} break it): "
-            "make the code size-agnostic, or capture the sizes you need as separate targets"
+            "make the code size-agnostic, or capture the sizes you need as separate targets", target=target
         )
 
 

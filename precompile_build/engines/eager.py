@@ -77,7 +77,7 @@ def _judge_by_eager_call(traced: TracedCall, real: dict, target: str, options: d
     if mode == "off" or numerics.eager_check_skipped(traced.graph_module, real):
         return
     if real["structure"]:
-        numerics.warn_or_refuse(numerics.eager_structure_message(target, real["structure"]), mode)
+        numerics.warn_or_refuse(numerics.eager_structure_message(real["structure"]), mode, target)
         return
     with torch.no_grad():
         got = traced.graph_module(*sharing.run_inputs(traced.example_inputs,
@@ -92,11 +92,9 @@ def _judge_by_eager_call(traced: TracedCall, real: dict, target: str, options: d
         if same:
             continue
         diff = ((g.float() - w.float()).abs().max().item() if g.shape == w.shape else None)
-        msg = (f"target {target!r}: the traced graph's value {i} differs from what the eager call "
+        msg = (f"the traced graph's value {i} differs from what the eager call "
                f"returned at capture" + (f" (max abs difference {diff:.3g})" if diff is not None
                                          else f" (shape {list(g.shape)} vs {list(w.shape)})")
-               + ": eager took a path the trace did not (a branch on values skipped under "
-               "torch.compiler.is_compiling(), an inference fast path); make both take one path "
-               "(torch.where / torch.cond for a real choice)")
-        numerics.warn_or_refuse(msg, mode)
+               + f": {numerics.EAGER_PATH}")
+        numerics.warn_or_refuse(msg, mode, target)
         return

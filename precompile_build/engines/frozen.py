@@ -82,9 +82,9 @@ def _capture(fn, args, kwargs, target: str, device: str, options: dict, real_cal
     device = traced.metadata["device"]
     if options.get("cuda_graphs") and (device != "cuda" or traced.metadata["grad_param_indices"]):
         raise CaptureError(
-            f"target {target!r}: cuda-graphs = true needs a CUDA inference target; this "
+            "cuda-graphs = true needs a CUDA inference target; this "
             f"one {'runs a backward' if device == 'cuda' else 'was captured on ' + device}: "
-            "drop the option")
+            "drop the option", target=target)
     real = None
     if real_call is not None:
         with timed("eager_call"):
@@ -94,8 +94,7 @@ def _capture(fn, args, kwargs, target: str, device: str, options: dict, real_cal
     except CompilerFailed as e:
         # `fallback = "eager"` (capture_api) serves this trace with the eager engine,
         # judged by this real call: the call has run and must not run again
-        e.traced, e.real = traced, real
-        raise
+        raise e.with_call(traced, real) from e.__cause__
     code_hash = hashlib.sha256(source).hexdigest()
     env = Envelope(
         engine="frozen", code_hash=code_hash, fingerprint=fingerprint,
@@ -145,17 +144,17 @@ def _compile(traced: TracedCall, target: str, options: dict, real: dict | None =
                 compiled(*sharing.run_inputs(traced.example_inputs, sharing.written_inputs(traced.graph_module)))
     except Exception as e:
         raise CompilerFailed(
-            f"target {target!r}: Inductor failed: {type(e).__name__}: {e}\nThe compiler failed "
+            f"Inductor failed: {type(e).__name__}: {e}\nThe compiler failed "
             "on a call it traced correctly: an upstream torch bug, not your code. Capture this "
             "target with engine='eager' (no kernels), or set `fallback = \"eager\"` in its "
-            f"[tool.precompile.targets.{target}] table to fall back when this happens"
+            f"[tool.precompile.targets.{target}] table to fall back when this happens", target=target
         ) from e
     traced.finish_dynamic(target)  # after the compile: Inductor's guards count too
     wrappers = [m for m in PyCodeCache.modules if id(m) not in before and hasattr(m, "call")]
     if len(wrappers) != 1:
         raise CaptureError(
-            f"target {target!r}: expected one compiled graph, Inductor produced "
-            f"{len(wrappers)}; the frozen engine supports a single graph per target"
+            "expected one compiled graph, Inductor produced "
+            f"{len(wrappers)}; the frozen engine supports a single graph per target", target=target
         )
     module = wrappers[0]
     with open(module.__file__, encoding="utf-8") as f:
@@ -226,8 +225,9 @@ def _cpu_target():
     """
     import platform
 
-    from precompile_runtime.fingerprint import ISA_REQUIRES, cpu_flags
     from torch._inductor import config, cpu_vec_isa
+
+    from precompile_runtime.fingerprint import ISA_REQUIRES, cpu_flags
 
     isa = cpu_vec_isa.pick_vec_isa()
     words = str(isa).split() or ["none"]
@@ -310,9 +310,9 @@ def _extern_kernel_bindings(tree: ast.Module, target: str) -> list[str]:
             lines.append(f"    {attr} = torch.{attr}")
         else:
             raise CaptureError(
-                f"target {target!r}: Inductor chose the extern kernel {attr!r}, which the "
+                f"Inductor chose the extern kernel {attr!r}, which the "
                 "frozen engine cannot bind without the compiler stack; capture with "
-                "engine='eager' or report this kernel"
+                "engine='eager' or report this kernel", target=target
             )
     return ["class extern_kernels:  # Inductor's extern kernels are torch functions", *lines] if lines else []
 
@@ -334,8 +334,8 @@ def _rewrite_wrapper(src: str, kernel_names: set[str], target: str) -> str:
         if name is not None:
             if name not in kernel_names:
                 raise CaptureError(
-                    f"target {target!r}: kernel {name!r} of kind "
-                    f"{ast.unparse(node.value.func)} could not be frozen"
+                    f"kernel {name!r} of kind "
+                    f"{ast.unparse(node.value.func)} could not be frozen", target=target
                 )
             body.append(f"{name} = _kernels[{name!r}]")
             defined.add(name)
@@ -356,8 +356,8 @@ def _rewrite_wrapper(src: str, kernel_names: set[str], target: str) -> str:
                  if w in code.replace("torch._C._dynamo", "")]
     if leftovers:
         raise CaptureError(
-            f"target {target!r}: the generated wrapper still needs the compiler stack "
-            f"({', '.join(leftovers)}); the frozen engine cannot serve it. Use engine='eager'"
+            "the generated wrapper still needs the compiler stack "
+            f"({', '.join(leftovers)}); the frozen engine cannot serve it. Use engine='eager'", target=target
         )
     return code
 

@@ -30,9 +30,11 @@ from __future__ import annotations
 
 import base64
 import types
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 from ..errors import CaptureError
+from . import sharing
 
 _LIFT_FRESH = ("aten::lift_fresh_copy", "aten::lift_fresh")
 
@@ -102,7 +104,7 @@ def reachable_tensors(roots: Iterable[Any], *, max_depth: int = 4, max_objects: 
             if isinstance(attrs, dict):
                 modules = isinstance(obj, torch.nn.Module)
                 children += [(v, f"{where}.{k}") for k, v in attrs.items() if not (modules and k == "_modules")]
-            if callable(getattr(type(obj), "__call__", None)) and not isinstance(obj, torch.nn.Module):
+            if callable(obj) and not isinstance(obj, torch.nn.Module):
                 children.append((type(obj).__call__, where))
             if isinstance(obj, torch.nn.Module):
                 children.append((type(obj).forward, f"{type(obj).__name__}.forward"))
@@ -127,26 +129,16 @@ def _script_object_error(target: str, name: str, value) -> CaptureError:
         qualname = type(value).__name__
     if "c10d" in qualname or "ProcessGroup" in qualname:
         return CaptureError(
-            f"target {target!r}: the function calls a torch.distributed (c10d) collective such as "
+            "the function calls a torch.distributed (c10d) collective such as "
             f"dist.all_reduce(t), which passes a ProcessGroup object ({name}); use the functional "
             "collectives instead: `import torch.distributed._functional_collectives as funcol; "
             "t = funcol.all_reduce(t, 'sum', group=list_of_ranks)` (they return the result; see "
-            "the README's distributed contract)"
+            "the README's distributed contract)", target=target
         )
     return CaptureError(
-        f"target {target!r}: the function uses the TorchScript object {name} ({qualname}); "
-        "a pair cannot carry it: pass tensors, or capture with a function that does not use it"
+        f"the function uses the TorchScript object {name} ({qualname}); "
+        "a pair cannot carry it: pass tensors, or capture with a function that does not use it", target=target
     )
-
-
-def _writes(node, arg_node) -> bool:
-    """True when ``node`` (an ATen op) writes to its argument ``arg_node``."""
-    import torch
-
-    if node.op != "call_function" or not isinstance(node.target, torch._ops.OpOverload):
-        return False
-    return any(a.alias_info is not None and a.alias_info.is_write and v is arg_node
-               for a, v in zip(node.target._schema.arguments, node.args))
 
 
 def check_graph_attrs(gm, target: str, *, roots: Iterable[Any] = (), symbolic=None) -> list:
@@ -184,26 +176,26 @@ def check_graph_attrs(gm, target: str, *, roots: Iterable[Any] = (), symbolic=No
             raise _script_object_error(target, node.target, value)
         if not isinstance(value, torch.Tensor):
             raise CaptureError(
-                f"target {target!r}: the traced graph reads {node.target}, a "
-                f"{type(value).__name__} the pair cannot carry; pass it as an argument"
+                f"the traced graph reads {node.target}, a "
+                f"{type(value).__name__} the pair cannot carry; pass it as an argument", target=target
             )
         made_here = node.users and all(getattr(getattr(u.target, "_schema", None), "name", None) in _LIFT_FRESH
                                        for u in node.users)
         if not made_here:
             if user is None:
                 user = reachable_tensors(roots)
-            if any(_writes(u, node) for u in node.users):  # a trace-made constant is copied first
+            if any(sharing.writes(u, node) for u in node.users):  # a trace-made constant is copied first
                 raise CaptureError(
-                    f"target {target!r}: the function writes in place to a tensor that is not an "
+                    "the function writes in place to a tensor that is not an "
                     f"input ({user.get(id(value), node.target)}); the pair cannot update your object. "
-                    "Register it on the module (register_buffer) or pass it as an argument"
+                    "Register it on the module (register_buffer) or pass it as an argument", target=target
                 )
             if id(value) in user:
                 raise CaptureError(
-                    f"target {target!r}: the function reads a tensor that is not an input "
+                    "the function reads a tensor that is not an input "
                     f"({user[id(value)]}, traced as {node.target}): a closed-over tensor or an "
                     "attribute that is not a registered parameter/buffer. Register it on the "
-                    "module (register_buffer) or pass it as an argument"
+                    "module (register_buffer) or pass it as an argument", target=target
                 )
         constants.append(value.detach())
         nodes.append(node)
@@ -229,10 +221,10 @@ def _check_subgraphs(gm, target: str) -> None:
                 raise _script_object_error(target, f"{name}.{node.target}", value)
             if not isinstance(value, torch.fx.GraphModule):
                 raise CaptureError(
-                    f"target {target!r}: the branch/body {name} of a control-flow operator "
+                    f"the branch/body {name} of a control-flow operator "
                     f"reads the tensor {node.target} that is not one of its operands (a tensor "
                     "made or closed over inside the branch); create it outside and pass it in "
-                    "the operands tuple"
+                    "the operands tuple", target=target
                 )
 
 
@@ -319,9 +311,9 @@ def reassigned_buffers(modules: list, names: list[str], leaves: list, target: st
             got = "None" if new is None else (f"shape {list(new.shape)}, dtype {new.dtype}"
                                               if isinstance(new, torch.Tensor) else type(new).__name__)
             raise CaptureError(
-                f"target {target!r}: the call reassigns buffer {local!r} with a value of {got}; "
+                f"the call reassigns buffer {local!r} with a value of {got}; "
                 f"it was shape {list(leaf.shape)}, dtype {leaf.dtype}. The loaded function copies "
-                "a reassigned buffer's new value into the buffer, so keep its shape and dtype"
+                "a reassigned buffer's new value into the buffer, so keep its shape and dtype", target=target
             )
         out.append((index, new))
     return out

@@ -39,6 +39,8 @@ import math
 from dataclasses import dataclass
 from typing import Any, Optional
 
+from ..capture_options import EAGER_CHECKS, option_problem  # noqa: F401 - the engines' checks, re-exported
+
 # torch's same() first accepts values elementwise close to eager (its default tol)
 ELEMENTWISE_TOL = 1e-4
 # the band of the eager-call comparison (issue 18): up to `EAGER_WARN_BAND` times the
@@ -140,7 +142,7 @@ TOL_INFERENCE = 1e-3
 TOL_TRAINING = 1e-2
 
 
-def multiple_for(dtype, numel: int, shape: "tuple[int, ...] | None" = None) -> float:
+def multiple_for(dtype, numel: int, shape: tuple[int, ...] | None = None) -> float:
     """torch's multiplier for a value of ``dtype`` with ``numel`` elements and, where
     known, ``shape``: :data:`MULTIPLE_LOW_PRECISION` for bf16/fp16,
     :data:`MULTIPLE_SMALL` for fewer than :data:`SMALL_NUMEL` elements or a 4-D value
@@ -292,31 +294,6 @@ def _allclose(a, b) -> bool:
                for pa, pb in _pieces(a, b))
 
 
-EAGER_CHECKS = ("refuse", "warn", "off")
-"""Values of ``options["eager_check"]``: what a difference from the eager call does."""
-
-
-def option_problem(options: dict, key: str) -> Optional[str]:
-    """What is wrong with ``options[key]`` (``"validation_multiple"``: a positive
-    number; ``"eager_check"``: one of :data:`EAGER_CHECKS`), as the text both checks
-    use (capture()'s ValueError before the function runs, an engine's CaptureError
-    when called directly), or None when it is absent or valid."""
-    value = options.get(key)
-    if value is None:
-        return None
-    if key == "validation_multiple":
-        import numbers  # numpy's scalars register as numbers.Real too
-
-        if (isinstance(value, bool) or not isinstance(value, numbers.Real) or not value > 0
-                or not math.isfinite(value)):  # inf would accept any error: no check at all
-            return (f"options['validation_multiple'] = {value!r}: use a positive number (the "
-                    "multiple of eager's error allowed, e.g. 10; not inf, which would allow any error)")
-    elif key == "eager_check":
-        if value not in EAGER_CHECKS:
-            return f"options['eager_check'] = {value!r}: use 'refuse' (default), 'warn' or 'off'"
-    return None
-
-
 def eager_check_mode(options: dict, target: str) -> str:
     """``options["eager_check"]`` (default ``"refuse"``), validated: one of
     :data:`EAGER_CHECKS`. Raises CaptureError naming the target and the values."""
@@ -324,7 +301,7 @@ def eager_check_mode(options: dict, target: str) -> str:
 
     problem = option_problem(options, "eager_check")
     if problem:
-        raise CaptureError(f"target {target!r}: {problem}")
+        raise CaptureError(f"{problem}", target=target)
     return options.get("eager_check", "refuse")
 
 
@@ -339,27 +316,34 @@ def eager_check_skipped(gm, real: dict) -> Optional[str]:
     return None
 
 
-def warn_or_refuse(text: str, mode: str) -> None:
-    """An eager-call check that failed (``text`` says how), in ``mode``
+def warn_or_refuse(text: str, mode: str, target: str) -> None:
+    """An eager-call check of ``target`` that failed (``text`` says how), in ``mode``
     (:func:`eager_check_mode`): ``"warn"`` warns at the user's line that the pair is
     written anyway; otherwise raises CaptureError saying nothing is written and how to
     keep the graph's result."""
     from ..errors import CaptureError, warn_at_caller
 
     if mode == "warn":
-        warn_at_caller(text + "; written anyway (options={'eager_check': 'refuse'} refuses)")
+        warn_at_caller(text + "; written anyway (options={'eager_check': 'refuse'} refuses)", target=target)
         return
     raise CaptureError(text + ", or pass options={'eager_check': 'warn'} to keep the graph's "
-                       "result; nothing written")
+                       "result; nothing written", target=target)
 
 
-def eager_structure_message(target: str, structure: str) -> str:
+EAGER_PATH = (
+    "eager took another code path than the trace (a branch on values skipped under "
+    "torch.compiler.is_compiling(): use torch.where / torch.cond for a real choice; an inference "
+    "fast path: nn.TransformerEncoder's zero-fills padded rows, turn it off with "
+    "torch.backends.mha.set_fastpath_enabled(False))")
+"""What the eager-call checks (engines/eager.py, engines/validation.py) say when the real
+call and the traced graph disagree: why that happens and what to do."""
+
+
+def eager_structure_message(structure: str) -> str:
     """The eager-call check's text when the call returned another structure than the
     trace (``structure``: run_real_call's sentence saying both); each engine adds
     what it does about it."""
-    return (f"target {target!r}: {structure}: eager took another code path than the trace (a "
-            "branch skipped under torch.compiler.is_compiling(), an inference fast path); make "
-            "both take one path (torch.where / torch.cond for a real choice)")
+    return f"{structure}: {EAGER_PATH}"
 
 
 def judge_against_eager_call(real, frozen, ref, graph_verdict: Verdict) -> tuple[float, float, float, bool]:

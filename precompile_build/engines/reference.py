@@ -33,7 +33,6 @@ from __future__ import annotations
 import operator
 import weakref
 
-
 BLOCK_BYTES = 256 << 20
 """The largest wide copy of one matrix product's weight the reference makes at once:
 larger ones are widened and multiplied by blocks of output columns."""

@@ -81,7 +81,7 @@ def written_inputs(gm) -> set[int]:
                 if not isinstance(u.target, torch._ops.OpOverload):
                     written.add(i)
                     break
-                if _writes(u, v):
+                if writes(u, v):
                     written.add(i)
                     break
                 if any(r.alias_info is not None for r in u.target._schema.returns):
@@ -89,8 +89,14 @@ def written_inputs(gm) -> set[int]:
     return written
 
 
-def _writes(node, value) -> bool:
-    """True when ``node`` (an ATen op call) may write the ``value`` it reads."""
+def writes(node, value) -> bool:
+    """True when ``node``, an fx node, is an ATen op call that may write the ``value``
+    it reads: an alias annotation ``Tensor(a!)`` on the argument (positional, keyword or
+    in a list), or an op that writes without one (a batch norm's running stats)."""
+    import torch
+
+    if node.op != "call_function" or not isinstance(node.target, torch._ops.OpOverload):
+        return False
     schema = node.target._schema
     name = node.target._schema.name.split("::")[-1]
     if name in _HIDDEN_WRITERS:

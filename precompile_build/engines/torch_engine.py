@@ -25,7 +25,8 @@ import ast
 import hashlib
 import os
 import tempfile
-from typing import Any, Callable, Mapping
+from collections.abc import Mapping
+from typing import Any, Callable
 
 from ..errors import CaptureError, torch_warnings_shown
 

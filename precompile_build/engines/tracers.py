@@ -132,16 +132,16 @@ def trace(flat_fn: Callable, example: list, *, n_params: int, marks: list, paths
         if ran_backward():  # a training step export could not finish: make_fx's job anyway
             return traced
         where = _culprit(e)
-        warn_at_caller(f"target {target!r}: torch.export failed ({_first_line(e)}"
+        warn_at_caller(f"torch.export failed ({_first_line(e)}"
                        + (f" at {where}" if where else "") + "); traced with make_fx, which "
-                       "specialises data-dependent branches to the example's path")
+                       "specialises data-dependent branches to the example's path", target=target)
         return traced
     if ran_backward():
         if tracer != "auto":
             raise CaptureError(
-                f"target {target!r}: the function runs a backward (loss.backward()), which "
+                "the function runs a backward (loss.backward()), which "
                 f"tracer={tracer!r} does not capture; use tracer='make_fx' or 'auto' (the default), "
-                "which trace forward and backward together")
+                "which trace forward and backward together", target=target)
         return _with_message(lambda: _make_fx(flat_fn, example, n_params, marks, paths, target), "make_fx", target)
     return traced
 
@@ -232,8 +232,8 @@ def _flat_graph(ep, target: str):
             user_inputs[spec.arg.name] = node
             continue
         if spec.kind not in (InputKind.CONSTANT_TENSOR, InputKind.CUSTOM_OBJ):
-            raise CaptureError(f"target {target!r}: torch.export lifted an input of kind {spec.kind.name} "
-                               f"({spec.target}); use tracer='make_fx'")
+            raise CaptureError(f"torch.export lifted an input of kind {spec.kind.name} "
+                               f"({spec.target}); use tracer='make_fx'", target=target)
         kind = "tensor" if spec.kind == InputKind.CONSTANT_TENSOR else "obj"
         attr = f"_tensor_constant{counts[kind]}" if kind == "tensor" else f"_torchbind_obj{counts[kind]}"
         counts[kind] += 1
@@ -252,8 +252,8 @@ def _flat_graph(ep, target: str):
             with graph.inserting_before(output):
                 graph.call_function(torch.ops.aten.copy_.default, (user_inputs[spec.target], value))
         else:
-            raise CaptureError(f"target {target!r}: torch.export returned an output of kind {spec.kind.name}; "
-                               "use tracer='make_fx'")
+            raise CaptureError(f"torch.export returned an output of kind {spec.kind.name}; "
+                               "use tracer='make_fx'", target=target)
     output.args = (tuple(results),)
     graph.lint()
     gm.recompile()
@@ -317,15 +317,15 @@ def _failure(target: str, failures: list[tuple[str, BaseException]]) -> CaptureE
         at = f" (at {wheres[0]})" if len(wheres) == 1 else ""
         errors = "; ".join(f"{name}: {_first_line(e)}" for name, e in failures)
         return CaptureError(
-            f"target {target!r}: tracing failed on a data-dependent branch{at}: the line reads "
+            f"tracing failed on a data-dependent branch{at}: the line reads "
             "a tensor's value to decide what to run. If both paths compute the same result (an "
             "eager-only shortcut or check, as libraries have), skip it under a trace with "
             "`if not torch.compiler.is_compiling():`; for a real choice on values use "
             f"torch.where or torch.cond; or {_ANOTHER_TRACER}. The tracers said: {errors}"
-            + (f" (at {'; '.join(wheres)})" if len(wheres) > 1 else ""))
+            + (f" (at {'; '.join(wheres)})" if len(wheres) > 1 else ""), target=target)
     parts = []
     for name, e in failures:
         where = _culprit(e)
         parts.append(f"{name}: {_first_line(e)}" + (f" (at {where})" if where else ""))
-    return CaptureError(f"target {target!r}: tracing failed with "
-                        + "; ".join(parts) + ". " + _ANOTHER_TRACER)
+    return CaptureError("tracing failed with "
+                        + "; ".join(parts) + ". " + _ANOTHER_TRACER, target=target)

@@ -29,10 +29,22 @@ import sys
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from precompile_runtime.pair_format import PairMetadata
+
 from ..errors import CaptureError, warn_at_caller
-from . import _pytree_types, aliases, collectives, dynamic_dims, graph_attrs, pytree_io, sharing, tracers
-from ._module_settings import module_setting_items, module_settings
+from . import (
+    _pytree_types,
+    aliases,
+    collectives,
+    dynamic_dims,
+    graph_attrs,
+    pytree_io,
+    sharing,
+    tracers,
+)
+from ._module_settings import module_setting_items, module_settings, module_tensors, submodules
 from .layouts import example_clone  # noqa: F401  (re-exported for the engines)
+
 
 @dataclass
 class TracedCall:
@@ -41,7 +53,7 @@ class TracedCall:
     graph_module: Any  # torch.fx.GraphModule over flat tensors
     example_inputs: list  # flat tensors: the caller's where the graph only reads them, else clones
     # (sharing.py); run the graph on sharing.run_inputs(example_inputs, written) to keep them
-    metadata: dict  # literal calling convention, see _driver.py
+    metadata: PairMetadata  # the calling convention; the engine adds `engine` and `kernels`
     symbolic: Any = None  # dynamic_dims.SymbolicTrace when dims are marked dynamic
     sources: Any = None  # the caller's own flat tensors (params, then arguments), not clones
     outline: tuple = ("", "")  # the result's structure (pytree_io.outline), for the eager-call check
@@ -65,21 +77,6 @@ def _tensor_spec(t, requires_grad: bool) -> dict:
         "stride": list(t.stride()),
         "requires_grad": bool(requires_grad),
     }
-
-
-def _lift(modules) -> tuple[list[str], list]:
-    """Parameters then buffers of each module, tied tensors collapsed (the order the
-    driver re-derives at call time)."""
-    seen, names, tensors = set(), [], []
-    for i, mod in enumerate(modules):
-        for kind in (mod.named_parameters, mod.named_buffers):
-            for name, t in kind(remove_duplicate=False):
-                if t is None or id(t) in seen:
-                    continue
-                seen.add(id(t))
-                names.append(f"m{i}.{name}")
-                tensors.append(t)
-    return names, tensors
 
 
 def _reparametrize(modules, names, tensors):
@@ -148,7 +145,7 @@ def trace_call(fn: Callable, args: tuple, kwargs: dict, *, target: str, tracer: 
     try:
         tracer = tracers.check_tracer(tracer)
     except ValueError as e:
-        raise CaptureError(f"target {target!r}: {e}") from None
+        raise CaptureError(str(e), target=target) from None
     arg_names = _arg_names(fn, len(args))
     if "transformers.cache_utils" in sys.modules:  # its StaticCache: an argument like any other
         _pytree_types.register_cache_types()
@@ -156,12 +153,12 @@ def trace_call(fn: Callable, args: tuple, kwargs: dict, *, target: str, tracer: 
         leaves, in_spec, in_kinds, leaf_paths = pytree_io.flatten_inputs(args, kwargs, arg_names)
         in_text, in_types = pytree_io.dump_spec(in_spec, "an argument")
     except CaptureError as e:
-        raise CaptureError(f"target {target!r}: {e}") from None
+        raise e.for_target(target) from None
     modules = [v for v, k in zip(leaves, in_kinds) if k[0] == "module"]
     user_tensors = [v for v, k in zip(leaves, in_kinds) if k[0] == "tensor"]
     paths = [p for p, k in zip(leaf_paths, in_kinds) if k[0] == "tensor"]
     collectives.refuse_data_parallel(fn, modules, target)
-    names, params = _lift(modules)
+    names, params = module_tensors(modules)  # the driver's walk (_module_settings.py)
     settings_before = [module_setting_items(m) for m in modules]  # as the trace sees them
     wants_grad = [isinstance(p, torch.nn.Parameter) and p.requires_grad for p in params]
     n_params = len(params)
@@ -208,29 +205,29 @@ def trace_call(fn: Callable, args: tuple, kwargs: dict, *, target: str, tracer: 
     example = sharing.example_inputs(params + user_tensors)
     marks = [dynamic_dims.marked_dims(t) for t in user_tensors]
     if any(dynamic_dims.marked_dims(p) for p in params):
-        warn_at_caller(f"target {target!r}: a parameter/buffer is marked dynamic; parameters keep "
-                       "their captured sizes, the mark is ignored")
+        warn_at_caller("a parameter/buffer is marked dynamic; parameters keep their captured sizes, "
+                       "the mark is ignored", target=target)
     try:
         traced = tracers.trace(flat_fn, example, n_params=n_params, marks=marks, paths=paths, target=target,
                                tracer=tracer,
                                ran_backward=lambda: bool(out_box.get("grad_indices")))
     except CaptureError as e:
-        if str(e).startswith("target "):
+        if e.target is not None:
             raise
-        raise CaptureError(f"target {target!r}: {e}") from None
+        raise e.for_target(target) from None
     gm, symbolic = traced.graph_module, traced.symbolic
     if out_box.get("changed"):
-        raise CaptureError(f"target {target!r}: {out_box['changed']}")
+        raise CaptureError(out_box["changed"], target=target)
     try:
         out_text, out_types = pytree_io.dump_spec(out_box["spec"], "the result")
     except CaptureError as e:
-        raise CaptureError(f"target {target!r}: {e}") from None
+        raise e.for_target(target) from None
     example = sharing.own_written(example, params + user_tensors, sharing.written_inputs(gm))
     constants = graph_attrs.check_graph_attrs(gm, target, roots=(fn, *modules), symbolic=symbolic)
 
     # public attributes the trace changed (a counter in forward) are state, not settings
     state = [_changed(b, module_setting_items(m)) for b, m in zip(settings_before, modules)]
-    metadata = {
+    metadata: PairMetadata = {  # the engine adds engine and kernels, codegen format and version
         "target": target,
         "inputs": {"spec": in_text, "leaves": in_kinds, "types": in_types, "num_args": len(args),
                    "kwarg_names": list(kwargs),  # the driver's fast path: each argument a leaf
@@ -244,7 +241,7 @@ def trace_call(fn: Callable, args: tuple, kwargs: dict, *, target: str, tracer: 
         "num_user_outputs": out_box["num_user_outputs"],
         "grad_param_indices": out_box["grad_indices"],
         "device": _device_of(params + user_tensors),
-        "training": [_training_flags(m) for m in modules],
+        "training": [[bool(s.training) for s in submodules(m)] for m in modules],
         "module_settings": [module_settings(m, s) for m, s in zip(modules, state)],
         "module_state": [sorted(s) for s in state],  # attributes the function changes
         "arg_names": arg_names,
@@ -338,17 +335,6 @@ def _changed(before: list, after: list) -> set[str]:
     old = {(p, k): t for p, _, attrs in before for k, t in attrs.items()}
     new = {(p, k): t for p, _, attrs in after for k, t in attrs.items()}
     return {f"{p}:{k}" for p, k in old.keys() | new.keys() if old.get((p, k)) != new.get((p, k))}
-
-
-def _training_flags(module) -> list[bool]:
-    """``.training`` of the module and every submodule, pre-order (as the driver walks
-    them): dropout and batch norm trace differently in train and eval mode."""
-    flags, stack = [], [module]
-    while stack:
-        m = stack.pop()
-        flags.append(bool(m.training))
-        stack.extend(c for c in reversed(list(m._modules.values())) if c is not None)
-    return flags
 
 
 def _arg_names(fn, n: int) -> list[str]:

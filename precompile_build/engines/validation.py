@@ -36,7 +36,7 @@ def validate(source: str, blobs: dict[str, bytes], traced: TracedCall, target: s
 
     problem = numerics.option_problem(options, "validation_multiple")
     if problem:
-        raise CaptureError(f"target {target!r}: {problem}")
+        raise CaptureError(f"{problem}", target=target)
     cases = [("the example inputs", traced.example_inputs)]
     dynamic = traced.metadata.get("dynamic")
     if dynamic:
@@ -125,8 +125,8 @@ def compare(call, traced: TracedCall, inputs: list, what: str, target: str,
                 want = traced.graph_module(*a)
         except Exception as e:  # only at sizes other than the example's
             raise CaptureError(
-                f"target {target!r}: the captured function itself fails at {what} "
-                f"({type(e).__name__}: {e}); declare ranges that exclude these sizes (min=, max=)"
+                f"the captured function itself fails at {what} "
+                f"({type(e).__name__}: {e}); declare ranges that exclude these sizes (min=, max=)", target=target
             ) from e
         torch.manual_seed(_SEED)
         try:
@@ -134,22 +134,22 @@ def compare(call, traced: TracedCall, inputs: list, what: str, target: str,
                 got = call(list(b))
         except Exception as e:
             raise CaptureError(
-                f"target {target!r}: the frozen wrapper failed on {what} "
-                f"({type(e).__name__}: {e}); {fix}"
+                f"the frozen wrapper failed on {what} "
+                f"({type(e).__name__}: {e}); {fix}", target=target
             ) from e
         if len(want) != len(got):
             raise CaptureError(
-                f"target {target!r}: the frozen wrapper returns {len(got)} outputs, the graph "
-                f"{len(want)}; refusing to write a pair that computes something else"
+                f"the frozen wrapper returns {len(got)} outputs, the graph "
+                f"{len(want)}; refusing to write a pair that computes something else", target=target
             )
         labels = _labels(traced, len(want) + len(inputs))
         for i, d in digests.items():
             if sharing.checksum(inputs[i]) != d:
                 raise CaptureError(
-                    f"target {target!r}: the frozen kernels wrote to {labels[len(want) + i]}, which "
+                    f"the frozen kernels wrote to {labels[len(want) + i]}, which "
                     f"the traced graph leaves alone, on {what} (the run shares it with your model: "
                     f"this process's copy is changed); refusing to write a pair that computes "
-                    f"something else; {fix}")
+                    f"something else; {fix}", target=target)
         with timed("validate_reference"):
             ref_out, ref_in, info = _reference(traced, inputs, target, what, written)
     if ref_out is None:  # outputs and the inputs the graph writes (caches, running stats)
@@ -172,9 +172,9 @@ def compare(call, traced: TracedCall, inputs: list, what: str, target: str,
             # alias annotation, e.g. native_batch_norm's running stats, is judged below)
             if not torch.equal(w, g):
                 raise CaptureError(
-                    f"target {target!r}: the frozen kernels wrote to {labels[i]}, which the traced "
+                    f"the frozen kernels wrote to {labels[i]}, which the traced "
                     f"graph leaves alone, on {what}; refusing to write a pair that computes "
-                    f"something else; {fix}")
+                    f"something else; {fix}", target=target)
             verdicts.append(None)
             continue
         v = numerics.judge(w, g, r, training=bool(traced.metadata["grad_param_indices"]))
@@ -194,10 +194,10 @@ def compare(call, traced: TracedCall, inputs: list, what: str, target: str,
                               "past rounding: the compiled code computes something else. Capture with "
                               "engine='eager' (the graph, no kernels) or engine='torch', and report the kernel")
             raise CaptureError(
-                f"target {target!r}: the frozen kernels' value {i} ({labels[i]}) differs from the "
+                f"the frozen kernels' value {i} ({labels[i]}) differs from the "
                 f"traced graph on {what}; {v.problem}" + (f": {numbers}" if numbers else "")
                 + "; refusing to write a pair that computes something else"
-                + ("" if example else f"; {_OTHER_SIZES}") + ("" if not example else f"; {suggestion}"))
+                + ("" if example else f"; {_OTHER_SIZES}") + ("" if not example else f"; {suggestion}"), target=target)
         if worst is None or v.ratio > verdicts[worst].ratio:
             worst = i
     case: dict = {"case": what, "values": sum(v is not None for v in verdicts), **info}
@@ -233,9 +233,9 @@ def _reference(traced: TracedCall, inputs: list, target: str, what: str, written
                                        + errors[-1][:200] + "): the values are checked elementwise "
                                        "against the graph run in its own dtypes"}
     raise CaptureError(
-        f"target {target!r}: the traced graph does not run in a wider dtype on {what} "
+        f"the traced graph does not run in a wider dtype on {what} "
         f"(fp64: {errors[0][:300]}; fp32: {errors[1][:300]}), so the frozen kernels cannot be "
-        "judged against a reference; capture with engine='eager' and report the op")
+        "judged against a reference; capture with engine='eager' and report the op", target=target)
 
 
 # elementwise tolerances (rtol = atol) where no reference fits in memory: the graph
@@ -264,10 +264,10 @@ def _without_reference(want, got, labels, target: str, what: str) -> dict:
             diff = 0.0 if ok else 1.0
         if not ok:
             raise CaptureError(
-                f"target {target!r}: the frozen kernels' value {i} ({labels[i]}) differs from the "
+                f"the frozen kernels' value {i} ({labels[i]}) differs from the "
                 f"traced graph on {what} beyond its dtype's tolerance (max |frozen - graph| "
                 f"{diff:.3g}; no wider-dtype reference fits in memory); refusing to write a pair "
-                "that computes something else; capture with engine='eager' and report the kernel")
+                "that computes something else; capture with engine='eager' and report the kernel", target=target)
         if diff >= worst[0]:
             worst = (diff, labels[i])
     from .numerics import sig
@@ -302,7 +302,7 @@ def _against_eager_call(real: dict, got, b, ref_out, ref_in, verdicts, labels, n
     if skipped:
         return {"outcome": f"skipped: {skipped}"}
     if real.get("structure"):
-        numerics.warn_or_refuse(numerics.eager_structure_message(target, real["structure"]), mode)
+        numerics.warn_or_refuse(numerics.eager_structure_message(real["structure"]), mode, target)
         return {"outcome": "warned", "structure": real["structure"]}
     pairs = [(i, real["outputs"][i], got[i], ref_out[i]) for i in range(min(n_out, len(real["outputs"])))
              if real["outputs"][i] is not None]
@@ -329,20 +329,16 @@ def _against_eager_call(real: dict, got, b, ref_out, ref_in, verdicts, labels, n
         numbers["elementwise_close"] = numerics.ELEMENTWISE_TOL
     if ratio <= 1:
         return {"outcome": "ok", **numbers}
-    text = (f"target {target!r}: the frozen result's value {i} ({labels[i]}) differs from what "
+    text = (f"the frozen result's value {i} ({labels[i]}) differs from what "
             f"the eager call returned at capture: relative RMS difference {diff:.3g} (allowed "
             f"{allowed:.3g}, {ratio:.3g} x that), max |frozen - eager call| {max_abs:.3g} at values "
-            f"up to {v.scale:.3g}. The traced graph does not compute what eager computed: eager "
-            "took another code path than the trace (a branch on values skipped under "
-            "torch.compiler.is_compiling(): use torch.where / torch.cond for a real choice; an "
-            "inference fast path: nn.TransformerEncoder's zero-fills padded rows, turn it off "
-            "with torch.backends.mha.set_fastpath_enabled(False)), or the function depends on "
-            "state the capture does not see")
+            f"up to {v.scale:.3g}. The traced graph does not compute what eager computed: "
+            f"{numerics.EAGER_PATH}, or the function depends on state the capture does not see")
     if ratio <= numerics.EAGER_WARN_BAND or mode == "warn":
         warn_at_caller(text + "; written anyway (options={'eager_check': 'refuse'} refuses)"
                        if mode == "warn" else text + "; written anyway (within "
                        f"{numerics.EAGER_WARN_BAND:g} x the allowed difference; "
-                       "options={'eager_check': 'off'} skips this check)")
+                       "options={'eager_check': 'off'} skips this check)", target=target)
         return {"outcome": "warned", **numbers}
     raise CaptureError(text + "; refusing to write the pair. Make eager and the trace take one "
-                       "path, or pass options={'eager_check': 'warn'} to keep the graph's result")
+                       "path, or pass options={'eager_check': 'warn'} to keep the graph's result", target=target)

@@ -10,7 +10,7 @@ from pathlib import Path
 _SKIP_DIRS = ("__pycache__",)
 
 
-def sha256_file(path: "str | os.PathLike[str]") -> str:
+def sha256_file(path: str | os.PathLike[str]) -> str:
     """sha256 hex digest of a file's bytes, read in 1 MiB chunks. Raises OSError."""
     h = hashlib.sha256()
     with open(path, "rb") as f:
@@ -19,7 +19,7 @@ def sha256_file(path: "str | os.PathLike[str]") -> str:
     return h.hexdigest()
 
 
-def package_digest(package_dir: "str | os.PathLike[str]") -> str:
+def package_digest(package_dir: str | os.PathLike[str]) -> str:
     """sha256 (64 hex characters) over every file under ``package_dir`` (path-sorted,
     relative paths and contents), except the top-level ``_precompiled/`` and any
     ``__pycache__/`` or ``.pyc``. Raises OSError when a file cannot be read."""

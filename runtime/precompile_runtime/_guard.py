@@ -39,7 +39,8 @@ import functools
 import importlib.abc
 import sys
 import threading
-from typing import Any, Callable, Iterator
+from collections.abc import Iterator
+from typing import Any, Callable
 
 from ._env import env_flag
 from .errors import ServingCompileError

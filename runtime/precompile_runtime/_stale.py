@@ -21,7 +21,7 @@ from .errors import StaleArtifactError
 REINSTALL = "Run the editable install again (`pip install -e .`) to capture the current code."
 
 
-def stale_text(ctx: str, doc: dict[str, Any]) -> "str | None":
+def stale_text(ctx: str, doc: dict[str, Any]) -> str | None:
     """For an editable install's manifest: why its pair is stale, or None (not an
     editable manifest, its source tree is gone, or the source is unchanged). Other
     manifests cost nothing here; an editable one costs hashing the package source."""
@@ -39,7 +39,7 @@ def stale_text(ctx: str, doc: dict[str, Any]) -> "str | None":
             "and captured graph) computes what the old code did and is not used")
 
 
-def recorded_function(cache: bytes) -> "dict[str, str] | None":
+def recorded_function(cache: bytes) -> dict[str, str] | None:
     """The ``{"module", "qualname"}`` the capture recorded in the cache envelope, or
     None (a torch-engine pair, or a function not importable by name)."""
     if not _envelope.is_envelope(cache):
@@ -52,7 +52,7 @@ def recorded_function(cache: bytes) -> "dict[str, str] | None":
     return ref if ok else None
 
 
-def current_code(stale: str, cache: bytes) -> "tuple[Callable[..., Any], str]":
+def current_code(stale: str, cache: bytes) -> tuple[Callable[..., Any], str]:
     """``(the captured function's current code, the warning text)`` for a stale pair.
 
     Args:

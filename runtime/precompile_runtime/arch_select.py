@@ -26,7 +26,8 @@ can run, so that a GPU test can check the PTX path on a GPU that has its cubin.
 from __future__ import annotations
 
 import os
-from typing import Iterable, Optional
+from collections.abc import Iterable
+from typing import Optional
 
 from . import _arch_rules as _rules
 from .errors import PtxJitWarning  # noqa: F401  (raised here; exported by the package)

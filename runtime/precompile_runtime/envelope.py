@@ -74,12 +74,14 @@ def is_envelope(data: bytes) -> bool:
     return data[: len(MAGIC)] == MAGIC
 
 
-def loads(data: bytes, *, what: str = "cache", check_blobs: bool = True) -> Envelope:
+def loads(data: bytes, *, what: str = "cache", check_blobs: bool = True, context: str | None = None) -> Envelope:
     """Parse and verify an envelope.
 
     Args:
         data: the whole cache file.
         what: how to name the file in error messages (e.g. its path).
+        context: the package and target it belongs to, for error messages (the
+            errors' ``context``; ``what`` is their ``where``).
         check_blobs: verify each blob's sha256. Pass False only where ``data`` itself
             was just verified against a sha256 recorded when it was written (the
             manifest's, in ``load_packaged``): that covers the header and every blob,
@@ -91,43 +93,40 @@ def loads(data: bytes, *, what: str = "cache", check_blobs: bool = True) -> Enve
             a newer version than this runtime reads, or a blob whose size/sha256 differs.
     """
     if not is_envelope(data):
-        raise IntegrityError(f"{what}: not a precompile-build cache (bad magic bytes)")
+        raise IntegrityError("not a precompile-build cache (bad magic bytes)", where=what, context=context)
     if len(data) < len(MAGIC) + 4:
-        raise IntegrityError(f"{what}: truncated before its header")
+        raise IntegrityError("truncated before its header", where=what, context=context)
     (hlen,) = struct.unpack_from("<I", data, len(MAGIC))
     start = len(MAGIC) + 4
     if hlen > _MAX_HEADER or start + hlen > len(data):
-        raise IntegrityError(f"{what}: truncated or corrupt header (length {hlen})")
+        raise IntegrityError(f"truncated or corrupt header (length {hlen})", where=what, context=context)
     try:
         header = json.loads(data[start : start + hlen].decode())
     except (UnicodeDecodeError, ValueError, RecursionError) as e:
-        raise IntegrityError(f"{what}: header is not valid JSON ({type(e).__name__})") from None
+        raise IntegrityError(f"header is not valid JSON ({type(e).__name__})", where=what, context=context) from None
     if not isinstance(header, dict) or header.get("format") != FORMAT:
-        raise IntegrityError(f"{what}: header format is not {FORMAT!r}")
+        raise IntegrityError(f"header format is not {FORMAT!r}", where=what, context=context)
     version = header.get("version")
     if not isinstance(version, int) or isinstance(version, bool) or version < 1:
-        raise IntegrityError(f"{what}: header version {version!r} is not a format version")
+        raise IntegrityError(f"header version {version!r} is not a format version", where=what, context=context)
     if version > VERSION:
-        raise IntegrityError(
-            f"{what}: cache format version {version!r} is newer than this runtime reads "
-            f"({VERSION}); upgrade precompile-runtime"
-        )
+        raise IntegrityError(f"cache format version {version!r} is newer than this runtime reads ({VERSION})",
+                             advice="upgrade precompile-runtime", where=what, context=context)
     if set(header) != _HEADER_KEYS:
-        raise IntegrityError(
-            f"{what}: header keys {sorted(header)} differ from {sorted(_HEADER_KEYS)}"
-        )
+        raise IntegrityError(f"header keys {sorted(header)} differ from {sorted(_HEADER_KEYS)}",
+                             where=what, context=context)
     blobs: dict[str, bytes] = {}
     pos = start + hlen
     try:
         for entry in header["blobs"]:
             name, size, digest = entry["name"], entry["size"], entry["sha256"]
             if not isinstance(size, int) or isinstance(size, bool) or size < 0:
-                raise IntegrityError(f"{what}: blob {name!r} has a bad size {size!r}")
+                raise IntegrityError(f"blob {name!r} has a bad size {size!r}", where=what, context=context)
             chunk = data[pos : pos + size]
             if len(chunk) != size:
-                raise IntegrityError(f"{what}: truncated in blob {name!r}")
+                raise IntegrityError(f"truncated in blob {name!r}", where=what, context=context)
             if check_blobs and sha256_hex(chunk) != digest:
-                raise IntegrityError(f"{what}: blob {name!r} fails its sha256 check")
+                raise IntegrityError(f"blob {name!r} fails its sha256 check", where=what, context=context)
             blobs[name] = chunk
             pos += size
         env = Envelope(
@@ -138,9 +137,9 @@ def loads(data: bytes, *, what: str = "cache", check_blobs: bool = True) -> Enve
             blobs=blobs,
         )
     except (KeyError, TypeError, ValueError) as e:
-        raise IntegrityError(f"{what}: malformed header ({type(e).__name__}: {e})") from None
+        raise IntegrityError(f"malformed header ({type(e).__name__}: {e})", where=what, context=context) from None
     if pos != len(data):
-        raise IntegrityError(f"{what}: {len(data) - pos} trailing bytes after the last blob")
+        raise IntegrityError(f"{len(data) - pos} trailing bytes after the last blob", where=what, context=context)
     return env
 
 

@@ -6,7 +6,29 @@ from __future__ import annotations
 
 class PrecompileLoadError(RuntimeError):
     """Loading a packaged artifact failed; the message names the package, the target
-    and what to change."""
+    and what to change.
+
+    Args:
+        finding: what was found (or the whole message, given alone).
+        context: the package and target (``package 'pkg', target 'fwd'``), or None.
+        where: the file or part checked (``_precompiled/fwd.py``), or None.
+        advice: what to do, or None.
+    The message is ``context: where: finding; advice`` (the parts given); code that
+    catches one reads the fields, never the text.
+    """
+
+    def __init__(self, finding: str = "", *, context: str | None = None, where: str | None = None,
+                 advice: str | None = None) -> None:
+        self.finding, self.context, self.where, self.advice = finding, context, where, advice
+        super().__init__(": ".join(p for p in (context, where, finding) if p)
+                         + (f"; {advice}" if advice else ""))
+
+    def __reduce__(self):  # pickle keeps the fields
+        return _rebuild, (type(self), self.finding, self.context, self.where, self.advice)
+
+
+def _rebuild(cls, finding, context, where, advice):
+    return cls(finding, context=context, where=where, advice=advice)
 
 
 class ManifestError(PrecompileLoadError):
@@ -17,6 +39,11 @@ class ManifestError(PrecompileLoadError):
 class IntegrityError(PrecompileLoadError):
     """A file of an artifact pair differs from what the manifest or the pair records
     (size, sha256, code_hash, envelope structure). Nothing from that pair ran."""
+
+
+class PairFormatError(PrecompileLoadError):
+    """A source half is of a pair format version this precompile-runtime does not read
+    (precompile_runtime.pair_format): upgrade precompile-runtime, or rebuild the wheel."""
 
 
 class HostMismatchError(PrecompileLoadError):

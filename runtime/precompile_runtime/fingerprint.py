@@ -105,7 +105,7 @@ def host_fingerprint(device_type: str, device_index: int | None = None) -> dict[
         "cuda": torch.version.cuda,
         "hip": getattr(torch.version, "hip", None),
         "triton": None,
-        "python": "%d.%d" % sys.version_info[:2],
+        "python": "{}.{}".format(*sys.version_info[:2]),
         "platform": sysconfig.get_platform(),
         "device_type": device_type,
         "compute_capability": None,

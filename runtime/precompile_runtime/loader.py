@@ -36,13 +36,12 @@ import warnings
 from importlib import resources
 from typing import Any
 
+from . import _bytecode, _stale
 from . import arch_select as _arch_select
 from . import envelope as _envelope
 from . import fingerprint as _fingerprint
 from . import manifest as _manifest
-from . import _bytecode, _stale
-from .kernel_cache import CACHE_ENV, cache_root
-from .kernel_cache import unpack as _unpack
+from . import pair_format as _pair_format
 from ._env import env_flag
 from ._guard import install_if_env
 from .errors import (
@@ -58,6 +57,8 @@ from .errors import (
     StaleArtifactWarning,
     TargetNotFoundError,
 )
+from .kernel_cache import CACHE_ENV, cache_root
+from .kernel_cache import unpack as _unpack
 
 __all__ = ["load_packaged", "cache_root"]
 
@@ -66,7 +67,7 @@ DATA_DIR = "_precompiled"
 _NO_FALLBACK = " Strict mode (strict=True or PRECOMPILE_STRICT=1): no fallback."
 
 # (package, name) -> _Loaded ; one lock per key so distinct targets load in parallel
-_loaded: dict[tuple[str, str], "_Loaded"] = {}
+_loaded: dict[tuple[str, str], _Loaded] = {}
 _key_locks: dict[tuple[str, str], threading.Lock] = {}
 _global_lock = threading.Lock()
 
@@ -75,7 +76,7 @@ class _Loaded:
     __slots__ = ("value", "mismatch_text", "fallback", "refusal", "twins")
 
     def __init__(self, value: Any, mismatch_text: str | None, fallback: str,
-                 refusal: "tuple[type[PrecompileLoadError], str] | None" = None) -> None:
+                 refusal: tuple[type[PrecompileLoadError], str] | None = None) -> None:
         self.value = value
         self.twins: dict[bool, Any] = {}  # cuda_graphs override -> artifact
         self.mismatch_text = mismatch_text  # set when this is a fallback for the host
@@ -204,7 +205,7 @@ def _check_cuda_graphs(package: str, name: str, value: Any, cuda_graphs: bool | 
     )
 
 
-def _with_graphs(done: "_Loaded", cuda_graphs: bool | None) -> Any:
+def _with_graphs(done: _Loaded, cuda_graphs: bool | None) -> Any:
     """``done.value``, or its CUDA-graph twin (made once, kept on ``done``)."""
     value = done.value
     if (cuda_graphs is None or not getattr(value, "uses_kernels", False)
@@ -276,7 +277,8 @@ def _load(package: str, name: str, strict: bool) -> _Loaded:
 
     hosts: dict[str, dict[str, Any]] = {}
     chosen, reports = _select(variants, hosts)
-    text = stale = refusal = None  # refusal: what strict mode raises instead of a fallback
+    text = stale = None
+    refusal: tuple[type[PrecompileLoadError], str] | None = None  # what strict mode raises instead of a fallback
     if chosen is None:
         text = _mismatch_text(ctx, variants, reports)
         refusal = (HostMismatchError, text + _NO_FALLBACK)
@@ -287,7 +289,7 @@ def _load(package: str, name: str, strict: bool) -> _Loaded:
     if strict and refusal is not None:
         raise refusal[0](refusal[1])
     # PTX only: a compile at load (checked for the kernels that will serve: not a stale pair's)
-    if refusal is None and chosen.get("device") == "cuda":
+    if refusal is None and chosen is not None and chosen.get("device") == "cuda":
         _arch_select.check_jit_at_load(ctx, chosen, hosts["cuda"].get("compute_capability"), strict)
     variant = chosen if chosen is not None else variants[0]
     fallback = refusal is not None
@@ -312,13 +314,13 @@ def _load(package: str, name: str, strict: bool) -> _Loaded:
         try:
             # _read_pair verified the whole file's sha256 against the manifest: header
             # and blobs, these very bytes; the blobs' own sha256s are not hashed again
-            env = _envelope.loads(cache, what=f"{ctx}: {cache_name}", check_blobs=False)
+            env = _envelope.loads(cache, what=cache_name, context=ctx, check_blobs=False)
             if env.code_hash != code_hash:
                 raise IntegrityError(
-                    f"{ctx}: {cache_name}: code_hash check failed: the cache belongs to a source "
-                    f"with sha256 {env.code_hash}, but {DATA_DIR}/{variant['files']['source']['path']} "
-                    f"has {code_hash}; the pair was mixed up or tampered with, rebuild the wheel"
-                )
+                    f"code_hash check failed: the cache belongs to a source with sha256 {env.code_hash}, "
+                    f"but {DATA_DIR}/{variant['files']['source']['path']} has {code_hash}",
+                    advice="the pair was mixed up or tampered with, rebuild the wheel", context=ctx,
+                    where=cache_name)
         except IntegrityError as e:
             _raise_if_changed(ctx, data, raw, e)
             raise
@@ -332,6 +334,8 @@ def _load(package: str, name: str, strict: bool) -> _Loaded:
             kernel_dir = _unpack(ctx, code_hash, env)
         rel = variant["files"]["source"]["path"]
         module = _exec_source(package, name, rel, source, data / rel)
+        _pair_format.check_version(getattr(module, "PRECOMPILE_METADATA", None),
+                                   where=f"{ctx}: {DATA_DIR}/{rel}")
         load = getattr(module, "load", None)
         if not callable(load):
             raise PrecompileLoadError(f"{ctx}: the source half defines no load(kernel_dir) function")
@@ -409,16 +413,14 @@ def _raise_if_changed(ctx: str, data: Any, raw: bytes, error: PrecompileLoadErro
             f"{ctx}: the installed files changed while they were being loaded (a pip install "
             f"of the package running at the same time?); nothing from them ran. Retry once "
             f"the installation has finished (in a new process if the package was upgraded). "
-            f"What was seen: {_what_was_seen(ctx, error)}"
+            f"What was seen: {_what_was_seen(error)}"
         ) from None
 
 
-def _what_was_seen(ctx: str, error: PrecompileLoadError) -> str:
-    """The finding of ``error`` without its context and its advice (which assumes
-    the files stay as they are)."""
-    text = str(error)
-    text = text[len(ctx) + 2:] if text.startswith(ctx + ": ") else text
-    return text.split("; ")[0]
+def _what_was_seen(error: PrecompileLoadError) -> str:
+    """The finding of ``error`` and where, without its context and its advice (which
+    assumes the files stay as they are)."""
+    return ": ".join(p for p in (error.where, error.finding) if p)
 
 
 def _package_data(package: str) -> Any:
@@ -487,31 +489,26 @@ def _read_pair(data: Any, ctx: str, variant: dict[str, Any]) -> tuple[bytes, byt
         try:
             blob = (data / rel).read_bytes()
         except (FileNotFoundError, NotADirectoryError, IsADirectoryError, KeyError):
-            raise IntegrityError(
-                f"{ctx}: {shown}: existence check failed: the manifest lists it, the package "
-                "does not have it; reinstall the package"
-            ) from None
+            raise IntegrityError("existence check failed: the manifest lists it, the package does not have it",
+                                 advice="reinstall the package", context=ctx, where=shown) from None
         except OSError as e:
-            raise IntegrityError(f"{ctx}: {shown}: cannot be read ({e})") from None
+            raise IntegrityError(f"cannot be read ({e})", context=ctx, where=shown) from None
         if len(blob) != entry["size"]:
             raise IntegrityError(
-                f"{ctx}: {shown}: size check failed: the manifest says {entry['size']} bytes, "
-                f"the file has {len(blob)}; the file is truncated or was replaced, reinstall the package"
-            )
+                f"size check failed: the manifest says {entry['size']} bytes, the file has {len(blob)}",
+                advice="the file is truncated or was replaced, reinstall the package", context=ctx, where=shown)
         digest = _envelope.sha256_hex(blob)
         if digest != entry["sha256"]:
             raise IntegrityError(
-                f"{ctx}: {shown}: sha256 check failed: the manifest says {entry['sha256']}, "
-                f"the file has {digest}; the file was modified, reinstall the package"
-            )
+                f"sha256 check failed: the manifest says {entry['sha256']}, the file has {digest}",
+                advice="the file was modified, reinstall the package", context=ctx, where=shown)
         out.append(blob)
         digests.append(digest)
     (source, cache), src_hash = out, digests[0]
     if variant["code_hash"] != src_hash:
         raise IntegrityError(
-            f"{ctx}: {DATA_DIR}/{variant['files']['source']['path']}: code_hash check failed: "
-            f"the manifest records code_hash {variant['code_hash']}, the source has {src_hash}"
-        )
+            f"code_hash check failed: the manifest records code_hash {variant['code_hash']}, the source "
+            f"has {src_hash}", context=ctx, where=f"{DATA_DIR}/{variant['files']['source']['path']}")
     return source, cache, src_hash
 
 

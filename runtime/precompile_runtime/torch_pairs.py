@@ -27,9 +27,9 @@ without that ISA the recompiled kernels are not guaranteed correct. Where the mi
 is the torch version or the CPU ISA, prefer eager model code or a variant built for
 this host.
 
-Measured on CPU with torch 2.14.1 (``bench/results/torch_engine_load_cpu.md``): torch's
-cache does not contain the compiled CPU kernels, so even ``fallback=False`` compiles
-the kernels with g++ inside ``load`` unless ``TORCHINDUCTOR_CACHE_DIR`` is already warm.
+torch's cache (torch 2.14.1) does not contain the compiled CPU kernels, so even
+``fallback=False`` compiles the kernels with g++ inside ``load`` unless
+``TORCHINDUCTOR_CACHE_DIR`` is already warm (``bench/results/torch_engine_load_cpu.md``).
 
 torch is imported inside the functions only: importing this module is cheap.
 """
@@ -215,7 +215,7 @@ def load_torch_pair(
     return _calls_checked(fn, getattr(api, "PrecompileError", None), where)
 
 
-def _serving_compile_error(e: BaseException) -> "ServingCompileError | None":
+def _serving_compile_error(e: BaseException | None) -> ServingCompileError | None:
     """The guard's :class:`ServingCompileError` in ``e`` or its causes/contexts (torch
     may wrap what a compile step raised), or None."""
     seen: set[int] = set()

@@ -7,9 +7,9 @@ from pathlib import Path
 here = Path(__file__).resolve()
 sys.path[:0] = [str(here.parents[1]), str(here.parents[3] / "example_project")]
 
-import precompile_build  # noqa: E402
-
 import benchmodels  # noqa: E402
+
+import precompile_build  # noqa: E402
 
 device = os.environ.get("PRECOMPILE_DEVICE", "cpu")
 model, args = benchmodels.build(sys.argv[1], device)

@@ -14,9 +14,9 @@ import json
 import sys
 import time
 
+import modelzoo
 import torch
 
-import modelzoo
 import precompile_runtime
 
 COMPILER = ("torch._inductor", "torch._dynamo", "triton")

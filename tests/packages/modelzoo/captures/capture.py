@@ -2,8 +2,9 @@
 import os
 import sys
 
-import precompile_build
 import modelzoo
+
+import precompile_build
 
 name = sys.argv[1]
 device = os.environ.get("PRECOMPILE_DEVICE", "cpu")

@@ -15,7 +15,7 @@ weights), example inputs, and the function that is captured. ``CASES[name]``:
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Callable
 
 import torch
 import torch.nn.functional as F

@@ -47,6 +47,10 @@ if a.mode == "longerror":  # a long one-line error whose advice comes last (over
     raise CaptureError(f"target {target!r}: " + "detail " * 80 + "ADVICE AT THE END")
 if a.mode == "exit":
     sys.exit(3)
+if a.mode == "faketrace":  # output that looks like a traceback, then a plain exit
+    print("Traceback (most recent call last):\n  File \"x.py\", line 1, in <module>\n"
+          "PrintedError: only printed", flush=True)
+    sys.exit(3)
 if a.mode == "segv":
     os.kill(os.getpid(), 11)
 if a.mode == "hang":

@@ -1,0 +1,277 @@
+"""The artifact pair of the `frozen` and `eager` engines: what ``NAME.py`` records.
+
+This module is the description of the pair format. A pair is two files:
+
+``NAME.py``, the source half
+    A self-contained Python module (torch and the stdlib; precompile-runtime's error
+    classes and serving guard where installed). Its ``PRECOMPILE_METADATA = {...}`` is
+    a dict literal, readable with ``ast.literal_eval`` without running the file, of the
+    shape :class:`PairMetadata` below; its ``load(kernel_dir)`` returns the callable
+    (``kernel_dir``: the unpacked blobs of the cache half, or None for the captured ATen
+    graph without kernels). The build side writes it: ``engines/tracing.py`` builds the
+    metadata, the engines (``frozen.py``, ``eager.py``) add theirs, ``engines/codegen.py``
+    serialises it with the graph, Inductor's wrapper and the driver templates
+    (``engines/_driver.py`` and the blocks before it), which read it.
+``NAME.cache``, the cache half
+    An envelope (:mod:`precompile_runtime.envelope`): a header with ``engine``,
+    ``code_hash`` (sha256 of the exact bytes of ``NAME.py``), the host ``fingerprint``
+    and ``meta``, and the blobs ``kernels[*]["file"]`` name (compiled CPU kernels,
+    cubins; none for `eager`).
+
+The metadata's ``format`` is :data:`FORMAT` and its ``version`` an int: a change that an
+older driver or loader would misread takes a new :data:`VERSION`, and the runtime
+refuses a version outside :data:`READS` (:func:`check_version`) with
+:class:`~precompile_runtime.errors.PairFormatError`. The manifest that lists the pairs
+is :mod:`precompile_runtime.manifest`. The `torch` engine's pairs are torch's own
+format (``torch.compiler.precompile``).
+
+Leaf kinds (``inputs["leaves"]``, ``outputs["leaves"]``), one list per pytree leaf:
+``["module"]`` an ``nn.Module`` argument (its parameters and buffers are lifted),
+``["tensor"]`` a tensor argument, ``["const", value]`` a value the capture specialised
+on (compared on every call); in results ``["tensor", k]`` the k-th graph output,
+``["input", j]`` the j-th flat input returned as it is, ``["const", value]``.
+
+The flat inputs of the graph: the lifted parameters and buffers (``params``, named
+``param_names``), then the tensor arguments (``tensor_inputs``), then the trace-made
+``constants``. Its outputs: ``num_user_outputs`` result tensors, one gradient per
+``grad_param_indices`` entry, then the new values of ``reassigned_buffers``.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional, TypedDict, Union
+
+from .errors import PairFormatError
+
+FORMAT = "precompile-build.source"
+"""``PRECOMPILE_METADATA["format"]`` of every source half of our engines."""
+VERSION = 1
+"""The version this precompile-build writes."""
+READS = (1, 1)
+"""The versions (lowest, highest) this precompile-runtime loads."""
+
+Dim = Union[int, str]  # an int, or with dynamic dims a symbol / a Python expression of them
+
+
+class TensorSpec(TypedDict):
+    """A flat tensor input as captured: the call's tensors must match it."""
+
+    dtype: str
+    """``str(tensor.dtype)``, e.g. ``"torch.float32"``."""
+    device_type: str
+    """``"cpu"`` or ``"cuda"``."""
+    shape: list[Dim]
+    """Sizes; with dynamic dims a symbol of ``dynamic["symbols"]`` or an expression."""
+    stride: list[Dim]
+    """Strides, in elements, like ``shape``."""
+    requires_grad: bool
+    """The captured tensor's ``requires_grad``."""
+
+
+class InputsSpec(TypedDict):
+    """The arguments ``(args, kwargs)`` as a pytree (engines/pytree_io.py)."""
+
+    spec: str
+    """``torch.utils._pytree.treespec_dumps`` of ``(args, kwargs)``."""
+    leaves: list[list]
+    """One leaf kind per pytree leaf (see the module docstring)."""
+    types: list[list[str]]
+    """``[kind, "module:qualname", serialized name]`` of each type the driver imports (and
+    for ``"namedtuple"`` and ``"cache"`` registers) before ``treespec_loads``; kind
+    ``"namedtuple"``, ``"cache"`` (engines/_pytree_types.py), ``"dataclass"`` or
+    ``"registered"``."""
+    num_args: int
+    """The number of positional arguments."""
+    kwarg_names: list[str]
+    """The keyword arguments' names, in the captured order."""
+    positional_leaves: bool
+    """Every argument positional and a model or a tensor: the driver's fast path."""
+
+
+class OutputsSpec(TypedDict):
+    """The result as a pytree."""
+
+    spec: str
+    """``treespec_dumps`` of the result."""
+    leaves: list[list]
+    """One result leaf kind per leaf (see the module docstring)."""
+    types: list[list[str]]
+    """As :attr:`InputsSpec.types`."""
+    single_tensor: bool
+    """The result is the graph's one output: the driver returns it as it is."""
+
+
+class ConstantSpec(TypedDict):
+    """A tensor constant the trace made, passed after the inputs (engines/graph_attrs.py)."""
+
+    dtype: str
+    """``str(tensor.dtype)``."""
+    shape: list[int]
+    """Sizes."""
+    device_type: str
+    """``"cpu"``, or ``"cuda"``: placed on the call's CUDA device."""
+    data: str
+    """base64 of its bytes in C-contiguous order (``""`` when empty)."""
+
+
+class Collectives(TypedDict):
+    """The functional collectives' groups, by ranks (engines/collectives.py)."""
+
+    world_size: int
+    """The world size the pair was captured for; checked per call."""
+    groups: dict[str, list[int]]
+    """``precompile:ranks=...`` group name -> its ranks."""
+
+
+class Dynamic(TypedDict):
+    """Dims marked dynamic at capture (engines/dynamic_dims.py)."""
+
+    symbols: dict[str, list[Optional[int]]]
+    """symbol -> ``[min, max]`` (max None: unbounded), bound from the call's sizes."""
+    guards: list[str]
+    """Python expressions of the symbols that must hold for every call."""
+
+
+class Ambient(TypedDict):
+    """The caller's state at capture that the graph has built in."""
+
+    autocast: dict[str, str]
+    """device type -> autocast dtype, for the capture's device type when autocast was on."""
+
+
+class _KernelRequired(TypedDict):
+    name: str
+    """The name Inductor's wrapper calls it by."""
+    kind: str
+    """``"cpp"`` (a CPython extension module exporting ``kernel``) or ``"triton"``."""
+    file: str
+    """Its blob in the cache half."""
+    sha256: str
+    """sha256 hex of the blob."""
+
+
+class Kernel(_KernelRequired, total=False):
+    """A frozen kernel (engines/frozen.py; Triton ones engines/_triton_freeze.py). The
+    Triton fields are what autotuning chose, for torch's static CUDA launcher."""
+
+    function: str
+    """The cubin's entry function."""
+    num_warps: int
+    """Warps per block."""
+    shared: int
+    """Dynamic shared memory, bytes."""
+    arg_tys: str
+    """The launcher's argument type codes."""
+    scratch: int
+    """Scratch pointer arguments appended to ``arg_tys``."""
+    config: str
+    """The chosen autotuning config, for messages."""
+    launcher: str
+    """Inductor's launcher text (grid arithmetic, then ``runner(...)``)."""
+    archs: list[dict[str, Any]]
+    """With ``cuda-archs``: one binary per architecture (engines/cross_arch.py:
+    ``arch``, ``sm``, ``binary``, ``file``, ``sha256``, ``shared``, ``num_warps``, ...)."""
+
+
+# Why an `eager` pair stands in for another engine: {"from": "frozen", "reason": the
+# other engine's failure, as the build reported it} ("from" is a keyword: no class syntax)
+Fallback = TypedDict("Fallback", {"from": str, "reason": str})
+
+
+class _PairRequired(TypedDict):
+    format: str
+    """:data:`FORMAT`."""
+    version: int
+    """The pair format version, checked at load against :data:`READS`."""
+    engine: str
+    """``"frozen"`` or ``"eager"``; the cache half's envelope says the same."""
+    target: str
+    """The target's name, for messages."""
+    device: str
+    """``"cpu"`` or ``"cuda"``: where the capture's tensors were."""
+    tracer: str
+    """``"export"``, ``"export-strict"`` or ``"make_fx"``: what traced the call."""
+    arg_names: list[str]
+    """The function's positional parameter names, for messages (may be empty)."""
+    inputs: InputsSpec
+    """The arguments."""
+    outputs: OutputsSpec
+    """The result."""
+    param_names: list[str]
+    """``m<i>.<name>`` of each lifted parameter/buffer of model argument i (tied tensors
+    once), parameters then buffers of each model: the order the driver re-derives."""
+    params: list[TensorSpec]
+    """The lifted tensors, as ``param_names``."""
+    tensor_inputs: list[TensorSpec]
+    """The tensor arguments' leaves."""
+    num_user_outputs: int
+    """The graph's result tensors (before the gradients)."""
+    grad_param_indices: list[int]
+    """The lifted tensors whose gradient the graph returns (a captured ``.backward()``)."""
+    mutated_inputs: list[int]
+    """The flat inputs the graph writes in place (buffers, KV caches)."""
+    reassigned_buffers: list[int]
+    """Lifted buffers the call reassigns; the driver copies the graph's trailing outputs
+    into them."""
+    training: list[list[bool]]
+    """``.training`` of each model argument and its submodules, pre-order."""
+    module_settings: list[list[str]]
+    """Per model argument, ``engines/_module_settings.module_settings`` lines: the Python
+    settings the trace froze in; compared per call."""
+    module_state: list[list[str]]
+    """Per model argument, ``"path:attribute"`` the function itself changes (left out of
+    ``module_settings``)."""
+    constants: list[ConstantSpec]
+    """Trace-made tensor constants, appended to the flat inputs."""
+    collectives: Optional[Collectives]
+    """The collectives' groups, or None."""
+    ambient: Ambient
+    """Autocast at capture; compared per call."""
+    kernels: list[Kernel]
+    """The frozen kernels (``[]`` for `eager`)."""
+
+
+class PairMetadata(_PairRequired, total=False):
+    """``PRECOMPILE_METADATA`` of a source half. Keys not listed here are not part of
+    the format; a reader must not depend on them."""
+
+    dynamic: Dynamic
+    """Present when dims were marked dynamic."""
+    cuda_graphs: bool
+    """The frozen CUDA kernels replay through CUDA graphs (engines/_cuda_graphs.py)."""
+    cuda_archs: dict[str, Any]
+    """With ``cuda-archs``: ``tuned_on``, ``validated_on``, ``compiled_for``,
+    ``binaries``, ``left_out``, ``replaced`` (engines/cross_arch.py)."""
+    validation: dict[str, Any]
+    """The capture's validation report (engines/validation.py); nothing that runs reads it."""
+    fallback: Fallback
+    """An `eager` pair written because the frozen engine's compiler failed."""
+
+
+def check_version(meta: Any, *, where: str) -> None:
+    """Refuse a source half this precompile-runtime does not read.
+
+    Args:
+        meta: the source's ``PRECOMPILE_METADATA``.
+        where: the package, target and file, for the message.
+    Raises:
+        PairFormatError: ``format`` is not :data:`FORMAT`, or ``version`` is not an int
+            within :data:`READS`; the message says which side to upgrade or rebuild.
+    """
+    from . import __version__
+
+    fmt = meta.get("format") if isinstance(meta, dict) else None
+    if fmt != FORMAT:
+        raise PairFormatError(f"{where}: not a precompile-build source half (PRECOMPILE_METADATA "
+                              f"format {fmt!r}, not {FORMAT!r}); rebuild the wheel")
+    version = meta.get("version")
+    low, high = READS
+    if isinstance(version, int) and not isinstance(version, bool) and low <= version <= high:
+        return
+    reads = f"version {low}" if low == high else f"versions {low} to {high}"
+    if isinstance(version, int) and not isinstance(version, bool) and version > high:
+        todo = "upgrade precompile-runtime (pip install -U precompile-runtime) to load it"
+    else:
+        todo = "rebuild the wheel with a current precompile-build"
+    raise PairFormatError(f"{where}: the pair is of format version {version!r}, and "
+                          f"precompile-runtime {__version__} reads {reads}; {todo}")

@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# Issue 28 on a GPU host: the frozen CUDA paths that its refactors touched (the serving
+# templates assembled without their stand-ins blocks, the pair format check at load, the
+# Triton freezing errors with target/where fields, CUDA graphs), then the CPU tests of the
+# issue on CUDA's torch. Logs and a summary go to $OUT (default /tmp/gpu_issue28).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-/tmp/gpu_issue28}
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD:$PWD/runtime${PYTHONPATH:+:$PYTHONPATH}
+python3 -c 'import torch; print("torch", torch.__version__, "cuda", torch.cuda.is_available())' \
+  2>&1 | tee "$OUT/summary.txt"
+
+step() {  # step NAME TIMEOUT_S COMMAND...: runs it, logs to $OUT/NAME.log, prints its rc
+  local name=$1 limit=$2; shift 2
+  timeout "$limit" "$@" > "$OUT/$name.log" 2>&1
+  local rc=$?
+  echo "$name rc=$rc: $(grep -E '[0-9]+ (passed|failed|skipped|error)' "$OUT/$name.log" | tail -1)" \
+    | tee -a "$OUT/summary.txt"
+}
+
+step gpu_frozen 330 python3 -m pytest -q -p no:cacheprovider -x tests/test_gpu_frozen.py \
+  tests/test_gpu_cudagraphs.py tests/test_cuda_graph_keys.py
+step issue28_cpu_tests 150 python3 -m pytest -q -p no:cacheprovider tests/test_templates.py \
+  tests/test_pair_format.py tests/test_errors.py tests/test_capture_options.py \
+  tests/test_shared_helpers.py tests/test_cross_arch_recorded.py tests/test_driver_fast_path.py
+echo "done" | tee -a "$OUT/summary.txt"

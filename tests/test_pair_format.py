@@ -1,0 +1,72 @@
+"""A source half of another pair format or version is refused at load, with what to do
+(precompile_runtime/pair_format.py)."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+from test_runtime_loader import (
+    FakePkg,
+    envelope,
+    file_entry,
+    make_package,
+    make_pair,
+    make_source,
+    on_path,
+)
+
+import precompile_runtime
+from precompile_runtime import HostMismatchWarning, PairFormatError, load_packaged
+
+pytestmark = pytest.mark.usefixtures("runtime_env")
+
+
+def _with_source(p: FakePkg, source: bytes, engine: str = "frozen") -> None:
+    """Replace target fwd's source half (its cache and manifest entry follow it)."""
+    cache = make_pair(source, engine)
+    (p.data / "fwd.py").write_bytes(source)
+    (p.data / "fwd.cache").write_bytes(cache)
+    doc = p.manifest()
+    variant = doc["targets"]["fwd"]["variants"][0]
+    variant["code_hash"] = envelope.sha256_hex(source)
+    variant["files"] = {"source": file_entry("fwd.py", source), "cache": file_entry("fwd.cache", cache)}
+    p.write_manifest(doc)
+
+
+@pytest.mark.parametrize("version, shown, advice", [
+    ("2", "2", "upgrade precompile-runtime (pip install -U precompile-runtime) to load it"),
+    ("0", "0", "rebuild the wheel with a current precompile-build"),
+    ('"1"', "'1'", "rebuild the wheel with a current precompile-build"),
+])
+@pytest.mark.parametrize("fallback", [False, True])
+def test_a_pair_of_another_format_version_is_refused(tmp_path, monkeypatch, version, shown, advice, fallback):
+    """A source half of a format version this runtime does not read never serves: not
+    its kernels, nor (on a host it was not built for) its fallback."""
+    p = on_path(monkeypatch, make_package(tmp_path, {"fwd": [{"torch": "0.0.1"}]} if fallback else None))
+    _with_source(p, make_source(p.marker, "fwd").replace(b'"version": 1', f'"version": {version}'.encode()))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", HostMismatchWarning)
+        with pytest.raises(PairFormatError) as e:
+            load_packaged("fwd", package=p.name)
+    assert str(e.value) == (
+        f"package {p.name!r}, target 'fwd': _precompiled/fwd.py: the pair is of format version "
+        f"{shown}, and precompile-runtime "
+        f"{precompile_runtime.__version__} reads version 1; {advice}")
+
+
+def test_a_source_of_another_format_is_refused(tmp_path, monkeypatch):
+    p = on_path(monkeypatch, make_package(tmp_path))
+    _with_source(p, make_source(p.marker, "fwd").replace(b'"precompile-build.source"', b'"other"'))
+    with pytest.raises(PairFormatError, match=r"_precompiled/fwd.py: not a precompile-build source "
+                       r"half \(PRECOMPILE_METADATA format 'other', not 'precompile-build.source'\); "
+                       "rebuild the wheel"):
+        load_packaged("fwd", package=p.name)
+
+
+def test_what_codegen_writes_is_what_the_runtime_reads():
+    from precompile_build.engines import codegen
+    from precompile_runtime import pair_format
+
+    assert (codegen.SOURCE_FORMAT, codegen.SOURCE_VERSION) == (pair_format.FORMAT, pair_format.VERSION)
+    assert pair_format.READS[0] <= pair_format.VERSION <= pair_format.READS[1]
