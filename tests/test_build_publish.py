@@ -150,15 +150,15 @@ def test_static_dependencies_that_miss_the_build_requirements_warn(tmp_path, mon
     assert ("precompile: warning: `project.dependencies` in pyproject.toml is static, but "
             "this build adds " in err) is warned
     if deps == 'dependencies = ["torch"]':
-        assert "adds precompile-runtime>=0.2, torch==2.13.0 to the wheel" in err
+        assert "adds precompile-runtime>=0.3, torch==2.13.0 to the wheel" in err
 
 
 def test_static_dependencies_gap_takes_the_parsed_project_table():
     """The backend passes `[project]` as settings parsed it; nothing reads pyproject.toml again."""
     from precompile_build.backend import static_dependencies_gap
 
-    req = ["precompile-runtime>=0.2", "torch==2.13.0"]
-    assert static_dependencies_gap({"dependencies": ["torch==2.13.0"]}, req) == ["precompile-runtime>=0.2"]
+    req = ["precompile-runtime>=0.3", "torch==2.13.0"]
+    assert static_dependencies_gap({"dependencies": ["torch==2.13.0"]}, req) == ["precompile-runtime>=0.3"]
     assert static_dependencies_gap({"dependencies": ["torch"]}, req) == req
     assert static_dependencies_gap({}, req) == req  # no `dependencies`: static and empty
     assert static_dependencies_gap({"dynamic": ["dependencies"]}, req) == []

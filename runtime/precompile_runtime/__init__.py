@@ -36,7 +36,7 @@ from .errors import (
 )
 from .loader import load_packaged
 
-__version__ = "0.2.0"
+__version__ = "0.3.0"
 
 __all__ = [
     "CacheDirNotExecutableError",
