@@ -109,6 +109,17 @@ def _check_options(options: Mapping[str, Any], target: str) -> None:
         problem = option_problem(options, key)
         if problem:
             raise ValueError(f"precompile_build.capture: target {target!r}: {problem}")
+    if "cuda_graphs" in options and not isinstance(options["cuda_graphs"], bool):
+        raise ValueError(f"precompile_build.capture: target {target!r}: options['cuda_graphs'] = "
+                         f"{options['cuda_graphs']!r}: use True or False")
+    if options.get("cuda_archs") is not None:
+        from .errors import ConfigError
+        from .settings import parse_cuda_archs
+
+        try:
+            parse_cuda_archs(options["cuda_archs"], "options['cuda_archs']")
+        except ConfigError as e:
+            raise ValueError(f"precompile_build.capture: target {target!r}: {e}") from None
     _check_inductor_option(options.get("inductor"), target)
 
 
@@ -174,6 +185,10 @@ class CaptureOptions:
         ``PRECOMPILE_CUDA_ARCHS``) added, ``tracer`` (ours) or ``backend`` (the torch
         engine's) set.
 
+        Args:
+            device: the device type of the call's tensors (``"cuda"``, ``"cpu"``, ...).
+        Returns:
+            ``(engine, options)``: the engine's name and the options it is given (a new dict).
         Raises:
             CaptureError: an option or setting that the resolved engine or the device
                 cannot honour (checked before the function runs).
@@ -226,6 +241,10 @@ class CaptureOptions:
                 "cuda-graphs = true needs a CUDA inference target; "
                 f"this one's arguments are on {device}: drop the option (a build drops it "
                 "for a `device = \"auto\"` target captured on a host without CUDA)", target=self.target)
+        if options.get("cuda_archs") and device != "cuda":
+            raise CaptureError(
+                "options['cuda_archs'] compiles CUDA kernels for other GPUs; this call's "
+                f"arguments are on {device}, so it has none: drop the option", target=self.target)
         if engine == "torch":
             self._refuse_frozen_only_settings(options)
         kernel_keys = [k for k in KERNEL_OPTIONS if k in options]

@@ -23,6 +23,9 @@ def test_parse_gives_typed_validated_options():
     ({"options": {"validation_multiple": 0}}, ValueError, "options['validation_multiple'] = 0: use a positive"),
     ({"options": ["inductor"]}, TypeError, "options must be a dict"),
     ({"options": {"tracer": "make_fx"}, "tracer": "export"}, ValueError, "disagree"),
+    ({"options": {"cuda_graphs": "false"}}, ValueError, "options['cuda_graphs'] = 'false': use True or False"),
+    ({"options": {"cuda_archs": "bogus"}}, ValueError, "options['cuda_archs']: it has 'bogus', which is not "
+                                                       "a compute capability"),
 ])
 def test_parse_refuses_what_no_engine_can_take(kwargs, error, text):
     with pytest.raises(error) as e:
@@ -36,6 +39,9 @@ def test_a_first_call_resolves_the_engine_and_its_options(monkeypatch):
     with pytest.raises(CaptureError, match=r"^target 't': cuda-graphs = true needs a CUDA inference target"):
         CaptureOptions.parse(target="t").for_call("cpu")
     monkeypatch.delenv("PRECOMPILE_CUDA_GRAPHS")
+    with pytest.raises(CaptureError, match=r"^target 't': options\['cuda_archs'\] compiles CUDA kernels for "
+                       r"other GPUs; this call's arguments are on cpu"):
+        CaptureOptions.parse(target="t", options={"cuda_archs": "8.0"}).for_call("cpu")
     engine, options = CaptureOptions.parse(target="t", tracer="make_fx").for_call("cpu")
     assert engine == "frozen" and options == {"tracer": "make_fx"}
     with pytest.raises(CaptureError, match=r"options 'inductor' apply to the frozen engine's kernels, "

@@ -375,3 +375,16 @@ def test_a_zipped_package_without_data_is_not_called_a_race(tmp_path, monkeypatc
     with pytest.raises(TargetNotFoundError, match="rebuild the wheel") as ei:
         load_packaged("fwd", package=p.name)
     assert not isinstance(ei.value, PackageChangedError)
+
+
+def test_what_was_seen_keeps_the_finding_not_the_context_or_advice():
+    from precompile_runtime import loader
+    from precompile_runtime.errors import ManifestError
+
+    ctx = "package 'pkg', target 'fwd'"
+    whole = ManifestError(f"{ctx}: _precompiled/manifest.json: manifest format version 99; upgrade "
+                          "precompile-runtime")  # the manifest reader's one text
+    assert loader._what_was_seen(ctx, whole) == "_precompiled/manifest.json: manifest format version 99"
+    fields = IntegrityError("sha256 check failed", context=ctx, where="_precompiled/fwd.py",
+                            advice="reinstall the package")
+    assert loader._what_was_seen(ctx, fields) == "_precompiled/fwd.py: sha256 check failed"

@@ -70,3 +70,14 @@ def test_what_codegen_writes_is_what_the_runtime_reads():
 
     assert (codegen.SOURCE_FORMAT, codegen.SOURCE_VERSION) == (pair_format.FORMAT, pair_format.VERSION)
     assert pair_format.READS[0] <= pair_format.VERSION <= pair_format.READS[1]
+
+
+def test_a_newer_pair_whose_code_fails_here_is_a_format_error(tmp_path, monkeypatch):
+    """A newer format's source may fail while it runs (its driver reads fields this
+    format lacks): the load says to upgrade, not what the failure was."""
+    p = on_path(monkeypatch, make_package(tmp_path))
+    source = make_source(p.marker, "fwd").replace(b'"version": 1', b'"version": 2')
+    _with_source(p, source + b'\n_IN = PRECOMPILE_METADATA["inputs_v2"]\n')
+    with pytest.raises(PairFormatError, match=r"format version 2, .*upgrade precompile-runtime"):
+        load_packaged("fwd", package=p.name)
+    assert p.execs() == 1  # the one run of its text: nothing of it served

@@ -21,61 +21,80 @@ def _half(tmp_path, mode=py_compile.PycInvalidationMode.TIMESTAMP):
     return path
 
 
-def _origin(code):
-    return "pyc" if code.co_filename == "installed/f.py" else "compiled"
+def _code(monkeypatch, path, source, filename="x"):
+    """(source_code's result, "pyc" or "compiled": whether it compiled)."""
+    compiled = []
+
+    def counting(*a, **k):
+        compiled.append(1)
+        return compile(*a, **k)
+
+    monkeypatch.setattr(_bytecode, "compile", counting, raising=False)
+    code = _bytecode.source_code(path, source, filename)
+    return code, "compiled" if compiled else "pyc"
 
 
 @pytest.mark.parametrize("mode", [py_compile.PycInvalidationMode.TIMESTAMP,
                                   py_compile.PycInvalidationMode.CHECKED_HASH,
                                   py_compile.PycInvalidationMode.UNCHECKED_HASH])
-def test_valid_bytecode_is_used(tmp_path, mode):
+def test_valid_bytecode_is_used(tmp_path, monkeypatch, mode):
     path = _half(tmp_path, mode)
-    code = _bytecode.source_code(path, SOURCE, "pkg/_precompiled/f.py")
-    assert _origin(code) == "pyc"
+    code, origin = _code(monkeypatch, path, SOURCE, "pkg/_precompiled/f.py")
+    assert origin == "pyc" and code.co_filename == "pkg/_precompiled/f.py"  # the pair's name, not pip's path
     ns = {}
     exec(code, ns)
     assert ns["load"](None) == 42
 
 
-def test_bytecode_of_other_bytes_is_not_used(tmp_path):
-    path = _half(tmp_path, py_compile.PycInvalidationMode.CHECKED_HASH)
-    other = SOURCE.replace(b"41", b"40")  # what the loader read and verified is these
-    code = _bytecode.source_code(path, other, "pkg/_precompiled/f.py")
-    assert _origin(code) == "compiled" and code.co_filename == "pkg/_precompiled/f.py"
+@pytest.mark.parametrize("mode", [py_compile.PycInvalidationMode.TIMESTAMP,
+                                  py_compile.PycInvalidationMode.CHECKED_HASH])
+def test_bytecode_of_other_bytes_is_not_used(tmp_path, monkeypatch, mode):
+    # the file was replaced after the loader read (and verified) its bytes: same size,
+    # same mtime, so a timestamp pyc alone would pass
+    path = _half(tmp_path, mode)
+    other = SOURCE.replace(b"41", b"40")
+    code, origin = _code(monkeypatch, path, other, "pkg/_precompiled/f.py")
+    assert origin == "compiled" and code.co_filename == "pkg/_precompiled/f.py"
     ns = {}
     exec(code, ns)
     assert ns["load"](None) == 41
 
 
-def test_a_timestamp_pyc_of_another_mtime_or_size_is_stale(tmp_path):
+def test_a_timestamp_pyc_of_another_mtime_or_size_is_stale(tmp_path, monkeypatch):
     path = _half(tmp_path)
     st = os.stat(path)
     os.utime(path, (st.st_atime, st.st_mtime + 5))
-    assert _origin(_bytecode.source_code(path, SOURCE, "x")) == "compiled"
+    assert _code(monkeypatch, path, SOURCE)[1] == "compiled"
     path = _half(tmp_path)
     path.write_bytes(SOURCE + b"# more\n")  # same second, another size
     os.utime(path, (st.st_atime, st.st_mtime))
-    assert _origin(_bytecode.source_code(path, SOURCE + b"# more\n", "x")) == "compiled"
+    assert _code(monkeypatch, path, SOURCE + b"# more\n")[1] == "compiled"
+    path = _half(tmp_path)  # rewritten after its pyc, same size (and likely the same second)
+    other = SOURCE.replace(b"41", b"40")
+    path.write_bytes(other)
+    code, origin = _code(monkeypatch, path, other)
+    ns = {}
+    exec(code, ns)
+    assert origin == "compiled" and ns["load"](None) == 41
 
 
-@pytest.mark.parametrize("damage", ["truncated", "other magic", "garbage"])
-def test_a_damaged_pyc_falls_back_to_compiling(tmp_path, damage):
+@pytest.mark.parametrize("damage", ["truncated", "other magic", "garbage", "unknown flags"])
+def test_a_damaged_pyc_falls_back_to_compiling(tmp_path, monkeypatch, damage):
     path = _half(tmp_path)
     pyc = importlib.util.cache_from_source(str(path))
     data = open(pyc, "rb").read()
     data = {"truncated": data[:20], "other magic": b"\0\0\r\n" + data[4:],
-            "garbage": data[:16] + b"\xff" * 40}[damage]
+            "garbage": data[:16] + b"\xff" * 40, "unknown flags": data[:4] + b"\x04\0\0\0" + data[8:]}[damage]
     with open(pyc, "wb") as f:
         f.write(data)
     os.utime(path, (os.stat(path).st_atime, os.stat(path).st_mtime))
-    code = _bytecode.source_code(path, SOURCE, "x")
-    assert _origin(code) == "compiled"
+    assert _code(monkeypatch, path, SOURCE)[1] == "compiled"
 
 
-def test_no_file_or_no_pyc_compiles(tmp_path):
-    assert _origin(_bytecode.source_code(object(), SOURCE, "x")) == "compiled"  # a zip's Traversable
+def test_no_file_or_no_pyc_compiles(tmp_path, monkeypatch):
+    assert _code(monkeypatch, object(), SOURCE)[1] == "compiled"  # a zip's Traversable
     path = tmp_path / "g.py"
     path.write_bytes(SOURCE)
-    assert _origin(_bytecode.source_code(path, SOURCE, "x")) == "compiled"
+    assert _code(monkeypatch, path, SOURCE)[1] == "compiled"
     with pytest.raises(SyntaxError):
         _bytecode.source_code(path, b"def (:\n", "x")

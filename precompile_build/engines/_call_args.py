@@ -19,6 +19,7 @@ import collections as _collections
 import importlib as _importlib
 import itertools as _itertools
 import operator as _operator
+import threading as _threading
 import weakref as _weakref
 
 from torch.utils import _pytree as _pytree
@@ -58,12 +59,18 @@ def _load_types(types, what):
             )
 
 
+_SPECS_LOCK = _threading.Lock()  # first calls on several threads register the types once
+
+
 def _spec(which):
     spec = _SPECS.get(which)
     if spec is None:
-        entry = _META[which]
-        _load_types(entry["types"], "an argument" if which == "inputs" else "the result")
-        spec = _SPECS[which] = _pytree.treespec_loads(entry["spec"])
+        with _SPECS_LOCK:
+            spec = _SPECS.get(which)
+            if spec is None:
+                entry = _META[which]
+                _load_types(entry["types"], "an argument" if which == "inputs" else "the result")
+                spec = _SPECS[which] = _pytree.treespec_loads(entry["spec"])
     return spec
 
 
@@ -369,7 +376,10 @@ class _Params(list):
 
 _NO_PARAMS = _Params()
 _STORAGE_ID = getattr(torch._C, "_storage_id", None)  # the tensor's StorageImpl address
-_ALIAS_OK = [None]  # (weakref of the params, storage ids of the other inputs) of the last call that passed
+_PTRS_EQUAL = getattr(torch._C, "_tensors_data_ptrs_at_indices_equal", None)
+# (weakref of the params, their data pointers, storage ids of the other inputs, the
+# params' indices) of the last call that passed
+_ALIAS_OK = [None]
 
 
 def _check_no_aliases(params, flat, names):
@@ -377,12 +387,16 @@ def _check_no_aliases(params, flat, names):
     (``params`` first, then the user tensors and constants) and reads the others as
     separate memory: an input written to must share memory with no other. ``names()``
     gives each input's name for the message. The verdict stands while the models' tensors
-    are the same (the state epoch, _driver.py) and the other inputs' storages are the
-    last passing call's: a decode step's cache passes once."""
-    rest = flat[len(params):]
+    are the same objects (the state epoch, _driver.py) at the same addresses (a
+    ``p.data = other`` moves a parameter without a new object) and the other inputs'
+    storages are the last passing call's: a decode step's cache passes once."""
+    n = len(params)
+    rest = flat[n:]
     ok = _ALIAS_OK[0]
     ids = list(map(_STORAGE_ID, rest)) if _STORAGE_ID is not None else None
-    if ok is not None and ids is not None and ok[0]() is params and ok[1] == ids:
+    if (ok is not None and ids is not None and ok[0]() is params and ok[2] == ids
+            and (_PTRS_EQUAL(params, ok[1], ok[3]) if _PTRS_EQUAL is not None
+                 else [t.data_ptr() for t in params] == ok[1])):
         return
     ptrs = [t.untyped_storage().data_ptr() if t.numel() else None for t in flat]
     counts = _collections.Counter(ptrs)
@@ -396,4 +410,4 @@ def _check_no_aliases(params, flat, names):
             "and the captured function writes to it; pass separate tensors (.clone())"
         )
     if ids is not None:
-        _ALIAS_OK[0] = (_weakref.ref(params), ids)
+        _ALIAS_OK[0] = (_weakref.ref(params), [t.data_ptr() for t in params], ids, list(range(n)))

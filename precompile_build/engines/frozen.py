@@ -94,7 +94,7 @@ def _capture(fn, args, kwargs, target: str, device: str, options: dict, real_cal
     except CompilerFailed as e:
         # `fallback = "eager"` (capture_api) serves this trace with the eager engine,
         # judged by this real call: the call has run and must not run again
-        raise e.with_call(traced, real) from e.__cause__
+        raise e.with_call(traced, real).with_traceback(e.__traceback__) from e.__cause__
     code_hash = hashlib.sha256(source).hexdigest()
     env = Envelope(
         engine="frozen", code_hash=code_hash, fingerprint=fingerprint,

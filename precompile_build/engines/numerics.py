@@ -247,11 +247,17 @@ small whatever the value's size (a 128k-vocabulary model's logits for 128 tokens
 
 
 def _pieces(*tensors):
-    """The tensors flattened, in aligned pieces of :data:`CHUNK` elements."""
-    flat = [t.reshape(-1) for t in tensors]
-    n = flat[0].numel()
-    for i in range(0, n, CHUNK):
-        yield [t[i:i + CHUNK] for t in flat]
+    """The tensors (of one shape) in aligned pieces of about :data:`CHUNK` elements,
+    each flattened: blocks of whole rows of dim 0, so that a non-contiguous tensor (a
+    transposed result) is copied a piece at a time, never whole."""
+    if all(t.is_contiguous() for t in tensors) or tensors[0].dim() < 2:
+        flat = [t.reshape(-1) for t in tensors]
+        for i in range(0, flat[0].numel(), CHUNK):
+            yield [t[i:i + CHUNK] for t in flat]
+        return
+    rows = max(1, CHUNK // max(1, tensors[0][0].numel()))
+    for i in range(0, tensors[0].shape[0], rows):
+        yield [t[i:i + rows].reshape(-1) for t in tensors]
 
 
 def _stats(a, b, ref) -> dict:

@@ -5,13 +5,18 @@ A source half is a ``.py`` file in the package, so ``pip install`` byte-compiles
 into ``__pycache__`` like the package's own modules. Python's ``compile()`` of a large
 source half is the largest part of a load (about 2 ms per transformer layer:
 bench/results/scale_cuda.md), paid again in every fresh process; the bytecode is
-taken under the rule Python's import uses for it (PEP 552): a timestamp pyc whose
-recorded mtime and size are the file's, or a hash-based pyc whose hash is these
-bytes'. The loader has checked the bytes' sha256 against the manifest before.
+taken under the rule Python's import uses for it (PEP 552), bound to the bytes the
+loader verified (their sha256 against the manifest): a hash-based pyc whose hash is
+these bytes', or a timestamp pyc whose recorded mtime and size are the file's when the
+file still holds exactly these bytes (read again: a file replaced since the loader read
+it, by a concurrent upgrade, is compiled from the verified bytes instead) and was not
+written after its pyc. As for the package's own modules, a pyc forged together with
+the file's mtime by someone who may write the package is not defended against.
 """
 
 from __future__ import annotations
 
+import _imp
 import importlib.util
 import marshal
 import os
@@ -35,32 +40,45 @@ def source_code(path: Any, source: bytes, filename: str) -> types.CodeType:
     """
     code = _installed_bytecode(path, source)
     if code is None:
-        code = compile(source, filename, "exec", dont_inherit=True)
+        return compile(source, filename, "exec", dont_inherit=True)
+    _imp._fix_co_filename(code, filename)  # type: ignore[attr-defined]  # as importlib does: tracebacks name the pair's file
     return code
 
 
 def _installed_bytecode(path: Any, source: bytes) -> types.CodeType | None:
     try:
         file = os.fspath(path)
-        with open(importlib.util.cache_from_source(file), "rb") as f:
+        pyc = importlib.util.cache_from_source(file)
+        with open(pyc, "rb") as f:
             data = f.read()
-        stat = os.stat(file)
+        stat, pyc_stat = os.stat(file), os.stat(pyc)
     except (TypeError, OSError, ValueError, NotImplementedError):  # no file, no pyc
         return None
     if len(data) < 16 or data[:4] != importlib.util.MAGIC_NUMBER:
         return None  # another Python's, or not a pyc
     flags = int.from_bytes(data[4:8], "little")
-    if flags & 0b1:  # hash-based
+    if flags in (0b01, 0b11):  # hash-based (checked or not: here always checked)
         if data[8:16] != importlib.util.source_hash(source):
             return None
-    elif flags != 0:
+    elif flags != 0:  # bits Python's import does not know
         return None
     elif (int.from_bytes(data[8:12], "little") != int(stat.st_mtime) & 0xFFFFFFFF
           or int.from_bytes(data[12:16], "little") != len(source) & 0xFFFFFFFF
-          or stat.st_size != len(source)):
+          or stat.st_size != len(source) or not _holds(file, source)
+          # written after its pyc (within the header's second): not what was compiled
+          or stat.st_mtime_ns > pyc_stat.st_mtime_ns):
         return None
     try:
         code = marshal.loads(data[16:])
     except (ValueError, EOFError, TypeError):  # a truncated or corrupt pyc
         return None
     return code if isinstance(code, types.CodeType) else None
+
+
+def _holds(file: str, source: bytes) -> bool:
+    """Whether ``file`` holds exactly ``source`` now."""
+    try:
+        with open(file, "rb") as f:
+            return f.read() == source
+    except OSError:
+        return False

@@ -333,9 +333,10 @@ def _load(package: str, name: str, strict: bool) -> _Loaded:
         if not fallback and engine == "frozen":
             kernel_dir = _unpack(ctx, code_hash, env)
         rel = variant["files"]["source"]["path"]
-        module = _exec_source(package, name, rel, source, data / rel)
-        _pair_format.check_version(getattr(module, "PRECOMPILE_METADATA", None),
-                                   where=f"{ctx}: {DATA_DIR}/{rel}")
+        where = f"{ctx}: {DATA_DIR}/{rel}"
+        module = _exec_source(package, name, rel, source, data / rel,
+                              lambda meta: _pair_format.check_version(meta, where=where))
+        _pair_format.check_version(getattr(module, "PRECOMPILE_METADATA", None), where=where)
         load = getattr(module, "load", None)
         if not callable(load):
             raise PrecompileLoadError(f"{ctx}: the source half defines no load(kernel_dir) function")
@@ -413,14 +414,19 @@ def _raise_if_changed(ctx: str, data: Any, raw: bytes, error: PrecompileLoadErro
             f"{ctx}: the installed files changed while they were being loaded (a pip install "
             f"of the package running at the same time?); nothing from them ran. Retry once "
             f"the installation has finished (in a new process if the package was upgraded). "
-            f"What was seen: {_what_was_seen(error)}"
+            f"What was seen: {_what_was_seen(ctx, error)}"
         ) from None
 
 
-def _what_was_seen(error: PrecompileLoadError) -> str:
+def _what_was_seen(ctx: str, error: PrecompileLoadError) -> str:
     """The finding of ``error`` and where, without its context and its advice (which
-    assumes the files stay as they are)."""
-    return ": ".join(p for p in (error.where, error.finding) if p)
+    assumes the files stay as they are); for an error made of one text (the manifest
+    reader's), that text less the ``ctx`` prefix and what follows its first ``"; "``."""
+    if error.context is not None or error.where is not None or error.advice is not None:
+        return ": ".join(p for p in (error.where, error.finding) if p)
+    text = error.finding
+    text = text[len(ctx) + 2:] if text.startswith(ctx + ": ") else text
+    return text.split("; ")[0]
 
 
 def _package_data(package: str) -> Any:
@@ -512,7 +518,12 @@ def _read_pair(data: Any, ctx: str, variant: dict[str, Any]) -> tuple[bytes, byt
     return source, cache, src_hash
 
 
-def _exec_source(package: str, name: str, rel: str, source: bytes, path: Any) -> types.ModuleType:
+def _exec_source(package: str, name: str, rel: str, source: bytes, path: Any,
+                 check_format: Any = None) -> types.ModuleType:
+    """Run a verified source half as the module ``precompile_runtime.pairs.PACKAGE.NAME``.
+    Where it raises after defining ``PRECOMPILE_METADATA``, ``check_format(meta)`` runs
+    first: a pair of another format version fails with PairFormatError, not with the
+    error its unreadable metadata caused."""
     filename = f"{package}/{DATA_DIR}/{rel}"
     modname = f"precompile_runtime.pairs.{package}.{name}"
     code = _bytecode.source_code(path, source, filename)
@@ -525,5 +536,7 @@ def _exec_source(package: str, name: str, rel: str, source: bytes, path: Any) ->
         exec(code, module.__dict__)
     except BaseException:
         sys.modules.pop(modname, None)
+        if check_format is not None and "PRECOMPILE_METADATA" in module.__dict__:
+            check_format(module.__dict__["PRECOMPILE_METADATA"])
         raise
     return module
