@@ -40,7 +40,11 @@ def _split(path: Path, entries: Entries) -> dict[str, Any]:
     dist_info = next(a.split("/")[0] for a in entries if a.endswith(".dist-info/WHEEL"))
     doc = manifest_format.parse(entries[manifests[0]][0], where=f"{path.name}: {manifests[0]}")
     wheel_lines = entries[f"{dist_info}/WHEEL"][0].decode().splitlines()
-    meta_lines = entries[f"{dist_info}/METADATA"][0].decode().split("\n")
+    meta_text = entries[f"{dist_info}/METADATA"][0].decode()
+    head, sep, body = meta_text.partition("\n\n")  # headers end at the first blank line
+    stripped = head.rstrip("\n")
+    sep, head = head[len(stripped):] + sep, stripped  # (no body: the final newline is kept)
+    meta_lines = head.split("\n")
     return {
         "prefix": prefix, "doc": doc,
         "files": {a[len(prefix):]: d for a, (d, _) in entries.items() if a.startswith(prefix)},
@@ -49,6 +53,7 @@ def _split(path: Path, entries: Entries) -> dict[str, Any]:
                        if not ln.startswith(("Tag:", "Root-Is-Purelib:"))],
         "torch_pins": sorted(ln for ln in meta_lines if requires_project(ln, "torch")),
         "meta_rest": [ln for ln in meta_lines if not requires_project(ln, "torch")],
+        "meta_body": sep + body,  # the description: copied, never searched for headers
         "dist_info": dist_info,
         "others": {a: e for a, e in entries.items() if not a.startswith(prefix)
                    and a not in (f"{dist_info}/WHEEL", f"{dist_info}/METADATA")},
@@ -65,7 +70,7 @@ def _check_same(first: dict, other: dict, name: str) -> None:
                   if first["others"][a][0] != other["others"][a][0]]
     if first["wheel_rest"] != other["wheel_rest"]:
         diffs.append("WHEEL differs beyond its tags")
-    if first["meta_rest"] != other["meta_rest"]:
+    if first["meta_rest"] != other["meta_rest"] or first["meta_body"] != other["meta_body"]:
         diffs.append("METADATA differs beyond the torch pin")
     if first["torch_pins"] != other["torch_pins"]:
         diffs.append(f"torch pins differ ({first['torch_pins']} vs {other['torch_pins']}); "
@@ -162,5 +167,5 @@ def merge_wheels(wheels: Sequence[str | os.PathLike[str]],
     wheel_text = "\n".join(first["wheel_rest"] + ["Root-Is-Purelib: true"]) + "\n"
     entries[f"{di}/WHEEL"] = (patch_wheel_info(wheel_text, tags).encode(), 0o644)
     meta = insert_requires(first["meta_rest"], first["torch_pins"])
-    entries[f"{di}/METADATA"] = ("\n".join(meta).encode(), 0o644)
+    entries[f"{di}/METADATA"] = (("\n".join(meta) + first["meta_body"]).encode(), 0o644)
     return write_wheel(out_dir, wheel_name(parsed[0], tags), entries)

@@ -13,6 +13,7 @@ from _build_helpers import (
     make_project,
     manifest_of,
     metadata_lines,
+    read_member,
     target_toml,
     wheel_names,
 )
@@ -85,6 +86,26 @@ def test_merge_two_hosts(tmp_path, monkeypatch, capsys):
     assert main(["inspect", str(out), "--json"]) == 0
     rep = json.loads(capsys.readouterr().out)
     assert [v["matches_host"] for v in rep["targets"]["double"]["variants"]] == [True, False]
+
+
+def _with_readme(root):
+    (root / "README.md").write_text("# simplepkg\n\nInstall it.\nRequires-Dist: torch==9.9\n")
+    py = root / "pyproject.toml"
+    py.write_text(py.read_text().replace('requires-python = ">=3.9"', 'requires-python = ">=3.9"\nreadme = "README.md"'))
+
+
+def test_merge_keeps_the_description_as_it_is(tmp_path, monkeypatch):
+    """Only METADATA's headers are read and patched: a description line that looks like a
+    header (here a README's `Requires-Dist: torch==9.9`) stays in the description."""
+    a = _wheel(tmp_path, monkeypatch, "a", edit=_with_readme)
+    b = _wheel(tmp_path, monkeypatch, "b", mode="cuda-fp", edit=_with_readme)
+    assert main(["merge", str(a), str(b), "-o", str(tmp_path / "merged")]) == 0
+    (out,) = (tmp_path / "merged").iterdir()
+    check_record(out)
+    body = read_member(out, ".dist-info/METADATA").decode().split("\n\n", 1)[1]
+    assert body == read_member(a, ".dist-info/METADATA").decode().split("\n\n", 1)[1]
+    assert "Requires-Dist: torch==9.9" in body
+    assert metadata_lines(out, "Requires-Dist") == metadata_lines(a, "Requires-Dist")
 
 
 def test_merge_platform_tag_wins(tmp_path, monkeypatch):
