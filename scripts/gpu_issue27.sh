@@ -11,13 +11,7 @@ export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD:$PWD/runtime${PYTHONPATH:+:$PYTHONPATH
 python3 -c 'import torch, timm; print("torch", torch.__version__, "timm", timm.__version__, "cuda", torch.cuda.is_available())' \
   2>&1 | tee "$OUT/summary.txt"
 
-step() {  # step NAME TIMEOUT_S COMMAND...: runs it, logs to $OUT/NAME.log, prints its rc
-  local name=$1 limit=$2; shift 2
-  timeout "$limit" "$@" > "$OUT/$name.log" 2>&1
-  local rc=$?
-  echo "$name rc=$rc: $(grep -E '[0-9]+ (passed|failed|skipped|error)' "$OUT/$name.log" | tail -1)" \
-    | tee -a "$OUT/summary.txt"
-}
+source scripts/_gpu_steps.sh  # step NAME TIMEOUT_S COMMAND...
 
 step gpu_tolerances 330 python3 -m pytest -q -p no:cacheprovider -rs -s tests/test_gpu_tolerances.py
 grep -h "efficientnet_b0 worst value" "$OUT/gpu_tolerances.log" | tee -a "$OUT/summary.txt"

@@ -11,13 +11,7 @@ export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD:$PWD/runtime${PYTHONPATH:+:$PYTHONPATH
 python3 -c 'import torch; print("torch", torch.__version__, "cuda", torch.cuda.is_available())' \
   2>&1 | tee "$OUT/summary.txt"
 
-step() {  # step NAME TIMEOUT_S COMMAND...: runs it, logs to $OUT/NAME.log, prints its rc
-  local name=$1 limit=$2; shift 2
-  timeout "$limit" "$@" > "$OUT/$name.log" 2>&1
-  local rc=$?
-  echo "$name rc=$rc: $(grep -E '[0-9]+ (passed|failed|skipped|error)' "$OUT/$name.log" | tail -1)" \
-    | tee -a "$OUT/summary.txt"
-}
+source scripts/_gpu_steps.sh  # step NAME TIMEOUT_S COMMAND...
 
 step gpu_frozen 330 python3 -m pytest -q -p no:cacheprovider -x tests/test_gpu_frozen.py \
   tests/test_gpu_cudagraphs.py tests/test_cuda_graph_keys.py
