@@ -140,3 +140,28 @@ def test_an_alias_made_between_calls_is_caught(decode):
         step(model, torch.tensor([[6]]), cache, torch.tensor([3]))
     finally:
         ns["_CHECK_ALIASES"] = False
+
+
+def test_the_alias_verdict_holds_for_new_tokens_and_each_cache(decode):
+    """A decode loop passes a new token and position tensor on every call: the full
+    alias check runs once per cache (two requests interleaved), not per call; a
+    position that is a view of a cache's counter is still refused after it."""
+    step, ns, model = decode
+    full = ns["_full_alias_check"]
+    calls = []
+
+    def counting(*a):
+        calls.append(1)
+        return full(*a)
+
+    ns["_CHECK_ALIASES"], ns["_full_alias_check"] = True, counting
+    try:
+        caches = [modelzoo.static_cache(model, "cpu") for _ in range(2)]
+        for pos in range(4):
+            for c in caches:
+                step(model, torch.tensor([[pos + 3]]), c, torch.tensor([pos]))
+        assert len(calls) == 2
+        with pytest.raises(CallError, match=r"layers\[1\].cumulative_length shares memory with argument 'pos'"):
+            step(model, torch.tensor([[7]]), caches[0], caches[0].layers[1].cumulative_length.view(1))
+    finally:
+        ns["_CHECK_ALIASES"], ns["_full_alias_check"] = False, full

@@ -375,32 +375,48 @@ class _Params(list):
 
 
 _NO_PARAMS = _Params()
-_STORAGE_ID = getattr(torch._C, "_storage_id", None)  # the tensor's StorageImpl address
-_PTRS_EQUAL = getattr(torch._C, "_tensors_data_ptrs_at_indices_equal", None)
-# (weakref of the params, their data pointers, storage ids of the other inputs, the
-# params' indices) of the last call that passed
-_ALIAS_OK = [None]
+_PTRS_EQUAL = getattr(torch._C, "_tensors_data_ptrs_at_indices_equal", None)  # (CUDA builds)
+_DATA_PTR = torch.Tensor.data_ptr
+_WRITTEN = sorted(PRECOMPILE_METADATA.get("mutated_inputs") or ())  # indices into the flat inputs
+_UNWRITTEN = []  # [the indices of the user inputs and constants not written], set at the first check
+# verdicts of passing calls: (id of the params, data pointers of the inputs written) ->
+# (weakref of the params, their data pointers, their indices, the storages written to)
+_VERDICTS = {}
+_VERDICTS_KEPT = 16  # (several caches served in turn keep theirs; the oldest goes first)
 
 
 def _check_no_aliases(params, flat, names):
     """The compiled code writes to the inputs at _META["mutated_inputs"] of ``flat``
     (``params`` first, then the user tensors and constants) and reads the others as
     separate memory: an input written to must share memory with no other. ``names()``
-    gives each input's name for the message. The verdict stands while the models' tensors
-    are the same objects (the state epoch, _driver.py) at the same addresses (a
-    ``p.data = other`` moves a parameter without a new object) and the other inputs'
-    storages are the last passing call's: a decode step's cache passes once."""
+    gives each input's name for the message. Raises CallError.
+
+    A passing call's verdict is kept for the same models' tensors (the same objects,
+    the state epoch of _driver.py, at the same addresses: a ``p.data = other`` moves
+    a parameter without a new object) and written inputs at the same addresses (a
+    decode step's cache): then only the inputs not written (the new token, the
+    position) are looked up among the storages written to, O(those inputs)."""
+    key = (id(params), *[_DATA_PTR(flat[i]) for i in _WRITTEN])
+    verdict = _VERDICTS.get(key)
+    if verdict is not None and verdict[0]() is params and (
+            _PTRS_EQUAL(params, verdict[1], verdict[2]) if _PTRS_EQUAL is not None
+            else list(map(_DATA_PTR, params)) == verdict[1]):
+        written = verdict[3]
+        for i in _UNWRITTEN[0]:
+            t = flat[i]
+            if t.untyped_storage().data_ptr() in written and t.numel():
+                break  # (the full check names it)
+        else:
+            return
+    _full_alias_check(params, flat, names, key)
+
+
+def _full_alias_check(params, flat, names, key):
+    """_check_no_aliases over every input; keeps the verdict under ``key``."""
     n = len(params)
-    rest = flat[n:]
-    ok = _ALIAS_OK[0]
-    ids = list(map(_STORAGE_ID, rest)) if _STORAGE_ID is not None else None
-    if (ok is not None and ids is not None and ok[0]() is params and ok[2] == ids
-            and (_PTRS_EQUAL(params, ok[1], ok[3]) if _PTRS_EQUAL is not None
-                 else [t.data_ptr() for t in params] == ok[1])):
-        return
     ptrs = [t.untyped_storage().data_ptr() if t.numel() else None for t in flat]
     counts = _collections.Counter(ptrs)
-    for i in _META["mutated_inputs"]:
+    for i in _WRITTEN:
         if ptrs[i] is None or counts[ptrs[i]] == 1:
             continue
         j = next(j for j, ptr in enumerate(ptrs) if j != i and ptr == ptrs[i])
@@ -409,5 +425,10 @@ def _check_no_aliases(params, flat, names):
             f"target {_META['target']!r}: {names[i]} shares memory with {names[j]}, "
             "and the captured function writes to it; pass separate tensors (.clone())"
         )
-    if ids is not None:
-        _ALIAS_OK[0] = (_weakref.ref(params), [t.data_ptr() for t in params], ids, list(range(n)))
+    if not _UNWRITTEN:
+        done = set(_WRITTEN)
+        _UNWRITTEN.append([i for i in range(n, len(flat)) if i not in done])
+    _VERDICTS[key] = (_weakref.ref(params), list(map(_DATA_PTR, params)), list(range(n)),
+                      frozenset(ptrs[i] for i in _WRITTEN if ptrs[i] is not None))
+    if len(_VERDICTS) > _VERDICTS_KEPT:
+        _VERDICTS.pop(next(iter(_VERDICTS)), None)
