@@ -11,7 +11,14 @@ bench/decode.py's loops and transformers' ``generate`` do). Printed (and written
 - per-step medians (us) of each piece of the loaded function's host work, timed by
   wrapping the source half's functions (a wrapper adds ~0.2 us): the checks, the graph
   lookup, the input copies, ``CUDAGraph.replay``, the output copies, the result;
-- the top functions by own time under cProfile over the same loop.
+- the top functions by own time under cProfile over the same loop;
+- CUDA: a torch.profiler timeline of ``--steps`` steps of the loop that reads each
+  step's stop flag one step later (bench/decode.py's ``_lagged`` paths): GPU busy and
+  idle time per step, the kernels per step, and the kernels launched outside the graph
+  (the loop's own and the call's copies) with their GPU time.
+
+``--inductor KEY=VALUE`` passes an Inductor setting to the capture (e.g.
+``combo_kernels=1``: fewer, horizontally fused kernels: fewer gaps between them).
 
     PYTHONPATH=$PWD:$PWD/runtime python bench/decode_host.py --layers 16 --out /tmp/host.json
 """
@@ -86,11 +93,59 @@ def _timed(ns: dict, times: dict):
     return orig
 
 
+def _lagged_timeline(decode, model, cache, token, pos, n) -> dict:
+    """GPU busy/idle per step of the lagged loop (torch.profiler), and its kernels."""
+    import torch
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile
+
+    def run(k, token):
+        stop = None
+        pos.zero_()
+        for _ in range(k):
+            logits = decode(model, token[:, None], cache, pos)
+            token = logits.argmax(-1)
+            pos.add_(1)
+            flag = (token == -1).all()
+            if stop is not None and bool(stop):
+                break
+            stop = flag
+        torch.cuda.synchronize()
+        return token
+
+    token = run(5, token)
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        t0 = time.perf_counter()
+        run(n, token)
+        wall = time.perf_counter() - t0
+    spans = sorted((e.time_range.start, e.time_range.end, e.name) for e in prof.events()
+                   if e.device_type == DeviceType.CUDA)
+    busy, end = 0.0, None
+    for s0, s1, _ in spans:
+        if end is None or s0 >= end:
+            busy += s1 - s0
+            end = s1
+        elif s1 > end:
+            busy += s1 - end
+            end = s1
+    total = spans[-1][1] - spans[0][0] if spans else 0.0
+    names: dict = {}
+    for s0, s1, name in spans:
+        c, t = names.get(name, (0, 0.0))
+        names[name] = (c + 1, t + s1 - s0)
+    rare = {k[:90]: {"per_step": round(c / n, 2), "us": round(t / c, 2)} for k, (c, t) in names.items() if c <= 2 * n}
+    return {"steps": n, "wall_ms_per_step": wall / n * 1e3, "gpu_span_ms_per_step": total / n / 1e3,
+            "gpu_busy_ms_per_step": busy / n / 1e3, "kernels_per_step": len(spans) / n,
+            "kernel_sum_ms_per_step": sum(s1 - s0 for s0, s1, _ in spans) / n / 1e3,
+            "few_per_step": dict(sorted(rare.items(), key=lambda kv: -kv[1]["us"])[:25])}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--layers", type=int, default=16)
     ap.add_argument("--batch", type=int, default=1)
     ap.add_argument("--steps", type=int, default=200)
+    ap.add_argument("--inductor", action="append", default=[], help="KEY=VALUE (an int, else text)")
     ap.add_argument("--device", default="cuda", help="cpu: a smoke run of this script (no graphs)")
     ap.add_argument("--out", type=Path)
     a = ap.parse_args()
@@ -105,9 +160,13 @@ def main() -> None:
     model = lm.build(dev)
     ids = lm.prompt(a.batch, 1, dev).contiguous()
     src, cache_file = tmp / "decode.py", tmp / "decode.cache"
+    options: dict = {"cuda_graphs": dev == "cuda"}
+    for kv in a.inductor:
+        k, _, v = kv.partition("=")
+        options.setdefault("inductor", {})[k] = int(v) if v.lstrip("-").isdigit() else v
     t0 = time.perf_counter()
     with torch.no_grad(), precompile_build.capture(lm.step, artifact_path=src, cache_path=cache_file, target="decode",
-                                                   engine="frozen", options={"cuda_graphs": dev == "cuda"}) as f:
+                                                   engine="frozen", options=options) as f:
         f(model, ids, lm.static_cache(model, a.batch, dev), torch.tensor([0], device=dev))
     capture_s = time.perf_counter() - t0
     decode, ns = _load(src, cache_file)
@@ -119,6 +178,7 @@ def main() -> None:
 
     def loop(n):
         nonlocal token
+        pos.zero_()  # (the cache holds 256 positions)
         for _ in range(n):
             logits = decode(model, token[:, None], cache, pos)
             token = logits.argmax(-1)
@@ -146,6 +206,8 @@ def main() -> None:
         prof.enable()
         loop(a.steps)
         prof.disable()
+        if dev == "cuda":
+            out["lagged"] = _lagged_timeline(decode, model, cache, token, pos, min(a.steps, 50))
     s = io.StringIO()
     pstats.Stats(prof, stream=s).sort_stats("tottime").print_stats(30)
     out["cprofile"] = s.getvalue().splitlines()[:60]

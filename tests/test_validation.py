@@ -397,3 +397,22 @@ def test_inductor_option_is_checked_before_the_function_runs(tmp_path, value, ma
     # a real config name passes the check
     precompile_build.capture(lambda x: x, artifact_path=tmp_path / "b.py", cache_path=tmp_path / "b.cache",
                              options={"inductor": {"max_autotune": False}})
+
+
+def test_inductor_settings_reach_the_compile(tmp_path):
+    """options={"inductor": {...}} are Inductor config names set for the compile: a
+    setting that changes the generated code shows in the source half (the size and
+    stride asserts Inductor's wrapper makes by default), and a setting that does not
+    change it still captures (these were handed to compile_fx as keyword arguments)."""
+    def fn(x):
+        return torch.relu(x) * 2
+
+    texts = {}
+    for name, settings in (("default", {}), ("no_asserts", {"size_asserts": False}), ("tuning", {"max_autotune": False})):
+        src = tmp_path / f"{name}.py"
+        with torch.no_grad(), precompile_build.capture(fn, artifact_path=src, cache_path=tmp_path / f"{name}.cache",
+                                                       engine="frozen", options={"inductor": settings}) as f:
+            f(torch.randn(8))
+        texts[name] = src.read_text()
+    assert "assert_size_stride(" in texts["default"] and "assert_size_stride(" in texts["tuning"]
+    assert "assert_size_stride(" not in texts["no_asserts"]

@@ -134,11 +134,13 @@ def _compile(traced: TracedCall, target: str, options: dict, real: dict | None =
         with torch_warnings_shown(), torch.no_grad(), recording(), keep(), _reproducible_kernels(), pin_march, \
                 _torch_rng(), (dynamic_dims.compile_context(traced.graph_module) if dynamic
                                else contextlib.nullcontext()):
-            with timed("compile"):
+            # the user's Inductor settings are config names (capture_options.py checks
+            # them): patched around the compile, as torch.compile(options=) does;
+            # standalone_compile's own options= are compile_fx's keyword arguments
+            with timed("compile"), torch._inductor.config.patch(options.get("inductor") or {}):
                 compiled = torch._inductor.standalone_compile(
                     traced.graph_module, list(traced.symbolic.inputs if dynamic else traced.example_inputs),
                     dynamic_shapes="from_graph" if dynamic else "from_example_inputs",
-                    options=options.get("inductor") or None,
                 )
             with timed("first_run"):  # run once: loads every kernel and settles Triton autotuning
                 compiled(*sharing.run_inputs(traced.example_inputs, sharing.written_inputs(traced.graph_module)))
