@@ -102,6 +102,7 @@ def _lagged_timeline(decode, model, cache, token, pos, n) -> dict:
     def run(k, token):
         stop = None
         pos.zero_()
+        cache.reset()
         for _ in range(k):
             logits = decode(model, token[:, None], cache, pos)
             token = logits.argmax(-1)
@@ -144,7 +145,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--layers", type=int, default=16)
     ap.add_argument("--batch", type=int, default=1)
-    ap.add_argument("--steps", type=int, default=200)
+    ap.add_argument("--steps", type=int, default=100, help="per loop (the cache holds 256 positions)")
     ap.add_argument("--inductor", action="append", default=[], help="KEY=VALUE (an int, else text)")
     ap.add_argument("--device", default="cuda", help="cpu: a smoke run of this script (no graphs)")
     ap.add_argument("--out", type=Path)
@@ -178,7 +179,8 @@ def main() -> None:
 
     def loop(n):
         nonlocal token
-        pos.zero_()  # (the cache holds 256 positions)
+        pos.zero_()  # (the cache holds 256 positions: from the start again)
+        cache.reset()
         for _ in range(n):
             logits = decode(model, token[:, None], cache, pos)
             token = logits.argmax(-1)

@@ -206,22 +206,29 @@ def precompile_runtime_load(name: str):
 def _profile_first_result(load, model, ids, top: int = 40) -> list[dict]:
     """cProfile of ``load()`` and the loaded function's first call (synchronized):
     the ``top`` functions by cumulative seconds, each ``{"fn", "calls", "own_s",
-    "cum_s"}``. Profiling slows Python-heavy parts: read the shares, not the sums."""
+    "cum_s"}``, then the ``top // 4`` ATen ops by their own host seconds (torch.profiler,
+    ``{"op", "calls", "own_s"}``: which op a slow built-in call is). Profiling slows
+    Python-heavy parts: read the shares, not the sums."""
     import cProfile
     import pstats
 
+    from torch.profiler import ProfilerActivity, profile
+
     prof = cProfile.Profile()
-    prof.enable()
-    fn = load()
-    fn(model, ids)
-    _sync()
-    prof.disable()
-    rows = []
+    with profile(activities=[ProfilerActivity.CPU]) as ops:
+        prof.enable()
+        fn = load()
+        fn(model, ids)
+        _sync()
+        prof.disable()
+    by_op = sorted(ops.key_averages(), key=lambda e: -e.self_cpu_time_total)[:top // 4]
+    rows = [{"op": e.key, "calls": e.count, "own_s": round(e.self_cpu_time_total / 1e6, 4)} for e in by_op]
     for (path, line, func), (_, calls, own, cum, _) in pstats.Stats(prof).stats.items():
         rows.append({"fn": f"{os.path.basename(path)}:{line}:{func}", "calls": calls,
                      "own_s": round(own, 4), "cum_s": round(cum, 4)})
-    rows.sort(key=lambda r: -r["cum_s"])
-    return rows[:top]
+    fns = [r for r in rows if "fn" in r]
+    fns.sort(key=lambda r: -r["cum_s"])
+    return fns[:top] + [r for r in rows if "op" in r]
 
 
 def _env(work: Path, mode: str) -> dict:
