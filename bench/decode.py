@@ -147,6 +147,7 @@ def prompt(batch, n, device):
 
 CAPTURE = '''
 """Capture prefill_b<B> (dynamic prompt length) or decode_b<B>: argv = kind, batch."""
+import json
 import os
 import sys
 
@@ -167,12 +168,14 @@ else:
     # contiguous, as a decode loop's token[:, None] is (a slice of the batch's prompt
     # would be captured with its row stride)
     ids, pos = ids[:, :1].contiguous(), pos[:1].contiguous()
-with torch.no_grad(), precompile_build.capture(llmdecode.step) as f:
+settings = json.loads(os.environ.get("DECODE_INDUCTOR") or "{}")  # bench/decode.py --inductor
+with torch.no_grad(), precompile_build.capture(llmdecode.step, options={"inductor": settings} if settings else None) as f:
     f(model, ids, llmdecode.static_cache(model, batch, device), pos)
 '''
 
 
-def write_project(work: Path, device: str, batches: list[int], max_cache: int, kinds=("prefill", "decode")) -> Path:
+def write_project(work: Path, device: str, batches: list[int], max_cache: int, kinds=("prefill", "decode"),
+                  inductor: dict | None = None) -> Path:
     proj = work / "project"
     (proj / "llmdecode").mkdir(parents=True, exist_ok=True)
     (proj / "captures").mkdir(exist_ok=True)
@@ -184,6 +187,7 @@ def write_project(work: Path, device: str, batches: list[int], max_cache: int, k
         args = ["{kind}", "{b}"]
         device = "{device}"
         timeout = 1800
+        env = {{ DECODE_INDUCTOR = {json.dumps(json.dumps(inductor or {}))} }}
         ''') for b in batches for kind in kinds)
     (proj / "pyproject.toml").write_text(textwrap.dedent('''
         [build-system]
@@ -331,7 +335,7 @@ def worker(path: str, device: str, batch: int, steps: int, n_prompt: int, logits
                 plain = decode.with_cuda_graphs(False) if graphs else decode
                 out["kernel_ms_per_step"] = kernel_floor(plain, model, cache, token, pos, device)
                 if graphs:
-                    out["breakdown"] = breakdown(decode, model, cache, token, pos)
+                    out["breakdown"] = breakdown(decode, model, cache, token, pos, lagged=lagged)
             except Exception as e:  # noqa: BLE001 - reported in the table
                 out["logit_note"] = f"floor/breakdown failed: {type(e).__name__}: {str(e)[:150]}"
     return out
@@ -354,9 +358,10 @@ def kernel_floor(decode, model, cache, token, pos, device, n=20) -> float:
     return total_us / n / 1e3
 
 
-def breakdown(decode, model, cache, token, pos, n=20) -> dict:
+def breakdown(decode, model, cache, token, pos, n=20, lagged=False) -> dict:
     """Median per-step times of the graphs path (us; GPU replay in ms): where the host
-    time goes, measured by wrapping CUDAGraph.replay for ``n`` steps of the loop."""
+    time goes, measured by wrapping CUDAGraph.replay for ``n`` steps of the loop (the
+    ``lagged`` one: each step's stop flag read after the next step is launched)."""
     import statistics
 
     import torch
@@ -375,6 +380,7 @@ def breakdown(decode, model, cache, token, pos, n=20) -> dict:
 
     rows = []
     torch.cuda.CUDAGraph.replay = replay
+    stop = None
     try:
         for _ in range(n):
             marks.clear()
@@ -383,7 +389,9 @@ def breakdown(decode, model, cache, token, pos, n=20) -> dict:
             t1 = time.perf_counter()
             token = logits.argmax(-1)
             pos += 1
-            bool((token == STOP).all())
+            flag = (token == STOP).all()
+            bool(stop if lagged and stop is not None else flag)
+            stop = flag
             t2 = time.perf_counter()
             if len(marks) != 3:  # no replay (a plain run): not a graph step
                 continue
@@ -478,11 +486,12 @@ def markdown(meta: dict, rows: list[dict]) -> str:
         keys = [k for k in parts[0]["breakdown"] if k != "steps"]
         lines += ["", "Per-step breakdown of load_packaged_graphs (medians of instrumented steps after the "
                   "timed ones; us, GPU replay and step in ms): host time in the loaded function before "
-                  "CUDAGraph.replay, in it, after it; the loop's own host time incl. waiting for the GPU.", "",
-                  "| batch | steps | " + " | ".join(keys) + " |", "|---|---|" + "---|" * len(keys)]
+                  "CUDAGraph.replay, in it, after it; the loop's own host time incl. waiting for the GPU "
+                  "(the _lagged rows: in the lagged loop).", "",
+                  "| batch | path | steps | " + " | ".join(keys) + " |", "|---|---|---|" + "---|" * len(keys)]
         for r in parts:
             b = r["breakdown"]
-            lines.append(f"| {r['batch']} | {b['steps']} | " + " | ".join(f"{b[k]:.3f}" if k.endswith("_ms")
+            lines.append(f"| {r['batch']} | {r['path']} | {b['steps']} | " + " | ".join(f"{b[k]:.3f}" if k.endswith("_ms")
                                                                           else f"{b[k]:.1f}" for k in keys) + " |")
     return "\n".join(lines) + "\n"
 
@@ -523,6 +532,8 @@ def main() -> None:
                     help="load_packaged paths: the prompt through a prefill target (one per batch, "
                          "the prompt length dynamic) or through the decode target, a token per call "
                          "(half the targets to build)")
+    ap.add_argument("--inductor", action="append", default=[],
+                    help="KEY=VALUE (an int, else text): an Inductor setting for the targets' capture")
     ap.add_argument("--work", help="folder for the project, wheel and caches (default: a temp dir)")
     ap.add_argument("--out", help="write the markdown table here")
     ap.add_argument("--worker", help=argparse.SUPPRESS)
@@ -536,8 +547,12 @@ def main() -> None:
     if "eager" in paths:  # first: the others are compared with it
         paths.remove("eager")
         paths.insert(0, "eager")
+    inductor = {}
+    for kv in a.inductor:
+        k, _, v = kv.partition("=")
+        inductor[k] = int(v) if v.lstrip("-").isdigit() else v
     proj = write_project(work, a.device, a.batches, a.prompt + a.steps + 48,
-                         ("prefill", "decode") if a.prefill == "target" else ("decode",))
+                         ("prefill", "decode") if a.prefill == "target" else ("decode",), inductor)
     start = time.perf_counter()
     build_s = build_wheel(work, proj) if any(p.startswith("load_packaged") for p in paths) else 0.0
     write = _writer(a, build_s)

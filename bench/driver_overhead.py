@@ -170,6 +170,7 @@ def _with_graphs(fn, graphs_code: str):
     graphs = ns["_CudaGraphs"](run, True, 8, "graph")
     graphs._capture = lambda inputs: (_StandInGraph(), tuple(run(inputs)))
     graphs._current_stream = lambda: "stream"
+    graphs._stream_object = lambda: None
     cuda0 = torch.device("cuda", 0)
     fn._run = lambda flat: graphs(flat, cuda0)
     return fn

@@ -302,7 +302,7 @@ def _graphs_ns(ns):
 
 
 def _stand_in_recording(graphs, fail=()):
-    """Stand-ins for _CudaGraphs._capture/_recover/_current_stream without a GPU: a
+    """Stand-ins for _CudaGraphs._capture/_recover/_current_stream/_stream_object without a GPU: a
     graph whose replay does nothing and whose output is the recording's first input;
     recording a first input of a size in ``fail`` raises (as a failed capture does)."""
 
@@ -318,6 +318,7 @@ def _stand_in_recording(graphs, fail=()):
     graphs._capture = capture
     graphs._recover = lambda: None
     graphs._current_stream = lambda: "stream"
+    graphs._stream_object = lambda: None
 
 
 def test_cuda_graph_bookkeeping_is_bounded(tmp_path):

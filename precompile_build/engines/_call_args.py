@@ -383,6 +383,7 @@ _UNWRITTEN = []  # [the indices of the user inputs and constants not written], s
 # (weakref of the params, their data pointers, their indices, the storages written to)
 _VERDICTS = {}
 _VERDICTS_KEPT = 16  # (several caches served in turn keep theirs; the oldest goes first)
+_LAST_VERDICT = [None]  # the verdict of the last call that passed, and the addresses it holds for
 
 
 def _check_no_aliases(params, flat, names):
@@ -396,19 +397,28 @@ def _check_no_aliases(params, flat, names):
     a parameter without a new object) and written inputs at the same addresses (a
     decode step's cache): then only the inputs not written (the new token, the
     position) are looked up among the storages written to, O(those inputs)."""
-    key = (id(params), *[_DATA_PTR(flat[i]) for i in _WRITTEN])
-    verdict = _VERDICTS.get(key)
-    if verdict is not None and verdict[0]() is params and (
-            _PTRS_EQUAL(params, verdict[1], verdict[2]) if _PTRS_EQUAL is not None
-            else list(map(_DATA_PTR, params)) == verdict[1]):
-        written = verdict[3]
-        for i in _UNWRITTEN[0]:
-            t = flat[i]
-            if t.untyped_storage().data_ptr() in written and t.numel():
-                break  # (the full check names it)
-        else:
+    last = _LAST_VERDICT[0]  # (CUDA builds: one C call compares the models' and the written addresses)
+    if last is not None and last[0]() is params and len(flat) == len(last[1]) and _PTRS_EQUAL(flat, last[1], last[2]):
+        verdict = last[3]
+    else:
+        key = (id(params), *[_DATA_PTR(flat[i]) for i in _WRITTEN])
+        verdict = _VERDICTS.get(key)
+        if verdict is None or verdict[0]() is not params or not (
+                _PTRS_EQUAL(params, verdict[1], verdict[2]) if _PTRS_EQUAL is not None
+                else list(map(_DATA_PTR, params)) == verdict[1]):
+            _full_alias_check(params, flat, names, key)
             return
-    _full_alias_check(params, flat, names, key)
+    written = verdict[3]
+    for i in _UNWRITTEN[0]:
+        t = flat[i]
+        if t.untyped_storage().data_ptr() in written and t.numel():
+            _full_alias_check(params, flat, names, (id(params), *[_DATA_PTR(flat[i]) for i in _WRITTEN]))
+            return  # (it raises, naming the two)
+    if _PTRS_EQUAL is not None and (last is None or last[3] is not verdict):
+        ptrs = [None] * len(flat)
+        for i in verdict[2] + _WRITTEN:
+            ptrs[i] = _DATA_PTR(flat[i])
+        _LAST_VERDICT[0] = (verdict[0], ptrs, verdict[2] + _WRITTEN, verdict)
 
 
 def _full_alias_check(params, flat, names, key):

@@ -92,7 +92,7 @@ class _CudaGraphs:
         self._freed = []  # appended to when a tensor a graph reads in place is freed
         self._pool = None  # the graphs' private memory pool, while one of them lives
         self._device = None  # the one device graphs are recorded on
-        self._stream = None  # the CUDA stream of the latest replay
+        self._stream = None  # (handle, Stream) of the latest replay's CUDA stream
         n = len(_META["params"])
         n_user = len(_META["tensor_inputs"])
         mutated = set(_META.get("mutated_inputs", []))
@@ -181,10 +181,12 @@ class _CudaGraphs:
         return None
 
     def _replay(self, g, flat):
-        stream = self._current_stream()
-        if self._stream is not None and stream != self._stream:
-            stream.wait_stream(self._stream)  # the last replay's buffers are still in use there
-        self._stream = stream
+        raw = self._current_stream()
+        if self._stream is None or raw != self._stream[0]:
+            stream = self._stream_object()
+            if self._stream is not None:
+                stream.wait_stream(self._stream[1])  # the last replay's buffers are still in use there
+            self._stream = (raw, stream)
         if self._copied:
             torch._foreach_copy_(g.static_inputs, [flat[i] for i in self._copied])
         g.graph.replay()
@@ -202,6 +204,13 @@ class _CudaGraphs:
 
     @staticmethod
     def _current_stream():
+        """The current CUDA stream's handle (an int: torch.cuda.current_stream() makes
+        a Stream object per call, microseconds on every replay)."""
+        return torch._C._cuda_getCurrentRawStream(torch._C._cuda_getDevice())
+
+    @staticmethod
+    def _stream_object():
+        """The current CUDA stream (a torch.cuda.Stream), when its handle changed."""
         return torch.cuda.current_stream()
 
     def _keep_warm(self, key, timing=None):
