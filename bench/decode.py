@@ -41,7 +41,9 @@ host at the end. ``eager_lagged`` and ``load_packaged_graphs_lagged``: the same 
 reading each step's stop flag one step later, after the next step is launched (at
 most one step decoded past a stop, dropped): the host's work for step t+1 (the call's
 checks, the graph lookup, the launch) overlaps the GPU's step t, where the plain loop
-leaves the GPU idle while the host works after each sync.
+leaves the GPU idle while the host works after each sync. ``--inductor KEY=VALUE``
+passes an Inductor setting to the targets' captures (``combo_kernels=1``: independent
+small kernels fused horizontally, fewer launches per step).
 
 Per path: ``first token`` = seconds from the start of the path in its fresh process
 (model built, weights on the device: not counted) to the first token on the host,
