@@ -143,6 +143,26 @@ def test_without_the_one_pass_entry_point_the_two_passes_make_the_same_graph(mon
         torch.testing.assert_close(g, w)
 
 
+def test_a_call_the_one_pass_refuses_gets_the_two_passes(monkeypatch):
+    # what they trace is served; what they refuse fails with their error (the one
+    # docs/errors.md quotes), not the one pass's
+    real = aten_export._one_pass_export()
+
+    def refusing():
+        def one_pass(*a):
+            raise RuntimeError("the one pass refuses (simulated)")
+        return one_pass
+    monkeypatch.setattr(aten_export, "_one_pass_export", refusing)
+    runs = _two_pass(monkeypatch)
+    model, x, cache = _block()
+    traced = trace_call(block_call, (model, x, cache), {}, target="t", tracer="export")
+    assert runs == [({},)] and real is not None
+    assert _ops(traced.graph_module).get(aten.scaled_dot_product_attention.default) == 1
+    with pytest.raises(CaptureError, match=r"data-dependent branch .* export: GuardOnDataDependentSymNode") as e:
+        trace_call(lambda x: x * 2 if x.sum() > 0 else x, (torch.ones(3),), {}, target="t", tracer="export")
+    assert "simulated" not in str(e.value) and len(runs) == 1  # it failed in the first of the two passes
+
+
 def test_the_one_pass_entry_point_is_there_on_this_torch():
     # the CI's torch versions have it; a torch that drops it is still served (test
     # above), but slower: this says when that happens
@@ -177,15 +197,16 @@ def _step_autograd_grad(model, x):
 
 
 @pytest.mark.parametrize("step", [_step_backward, _step_autograd_grad], ids=["backward", "autograd.grad"])
-def test_a_backward_inside_is_seen_as_one(step):
+def test_a_backward_inside_is_seen_as_one(monkeypatch, step):
     # the one pass fails inside autograd (the kept composite ops have no backward
     # there): export refuses the call as a training step, auto traces it with make_fx
     torch.manual_seed(0)
     model, x = torch.nn.Linear(4, 2), torch.randn(3, 4)
+    runs = _two_pass(monkeypatch)
     with pytest.raises(CaptureError, match=r"runs a backward .*tracer='make_fx' or 'auto'"):
         trace_call(step, (model, x), {}, target="t", tracer="export")
     traced = trace_call(step, (model, x), {}, target="t", tracer="auto")
-    assert traced.metadata["tracer"] == "make_fx"
+    assert traced.metadata["tracer"] == "make_fx" and runs == []  # no second export of a training step
     want_model = copy.deepcopy(model)
     want = step(want_model, x)
     got = traced.graph_module(*[t.clone() for t in traced.example_inputs])

@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import contextlib
 import inspect
+import os
+import traceback
 from typing import Any, Callable
 
 from ..errors import CaptureError
@@ -38,8 +40,9 @@ def aten_program(flat_fn: Callable, args: tuple, *, dynamic_shapes: Any, strict:
         an ``ExportedProgram`` of functional ATen ops; writes to inputs are outputs of
         kind ``USER_INPUT_MUTATION`` (:func:`flat_graph` turns them back into writes).
     Raises:
-        whatever torch.export raises on the call (a backward inside the call fails
-        inside autograd's ``backward`` in the one-pass trace: see tracers.py).
+        whatever torch.export raises on the call: the two public passes' error where
+        the one pass failed too, but for a backward inside the call, which fails in
+        autograd's ``backward`` in the one pass (:func:`raised_in_backward`).
     """
     import torch
 
@@ -47,9 +50,39 @@ def aten_program(flat_fn: Callable, args: tuple, *, dynamic_shapes: Any, strict:
     one_pass = _one_pass_export()
     with _no_stack_traces():
         if one_pass is not None:
-            return one_pass(module, args, dynamic_shapes, strict)
+            try:
+                return one_pass(module, args, dynamic_shapes, strict)
+            except Exception as e:
+                if raised_in_backward(e):  # a training step: make_fx's (tracers.py), no retry
+                    raise
+            # where the one pass fails, the two public passes run (a failing call is
+            # traced twice): a call they trace is served as before, and one they refuse
+            # fails with their error, which docs/errors.md quotes (the one pass words
+            # some otherwise: an in-place write to a closed-over tensor is "Constant
+            # lifted_tensor_0 is mutated ..., register it as buffer" in torch.export's
+            # first pass, AOTAutograd's "expected ... an entirely functional graph" there)
         ep = torch.export.export(module, args, dynamic_shapes=dynamic_shapes, strict=strict)
         return ep.run_decompositions({})
+
+
+def raised_in_backward(exc: BaseException) -> bool:
+    """Whether ``exc`` (or an exception in its cause chain) was raised inside autograd's
+    backward (``Tensor.backward``, ``torch.autograd.backward`` or ``.grad``). The one
+    pass keeps functional composite ops whole, which have no backward there, so a
+    backward through one fails inside the trace instead of producing the parameter
+    gradients by which tracers.py knows a training step."""
+    import torch
+
+    autograd = os.path.join(os.path.dirname(os.path.abspath(torch.__file__)), "autograd") + os.sep
+    seen = set()
+    e: BaseException | None = exc
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        if any(os.path.abspath(f.filename).startswith(autograd) and f.name in ("backward", "grad")
+               for f in traceback.extract_tb(e.__traceback__)):
+            return True
+        e = e.__cause__ or e.__context__
+    return False
 
 
 def _flat_module(flat_fn: Callable, grad_enabled: bool):

@@ -24,7 +24,7 @@ backward (``loss.backward()`` inside: the trace produced parameter gradients) is
 traced with ``make_fx``: its joint trace of forward and backward is what the frozen
 engine has always served, where torch.export's IR is an inference graph (the
 one-pass export fails inside the backward instead: that failure counts as a
-backward, :func:`_raised_in_backward`). And when
+backward, :func:`aten_export.raised_in_backward`). And when
 export fails, ``make_fx`` is tried: on real tensors it can take a data-dependent
 branch (``if x.sum() > 0``) that export refuses; a failure of both names both.
 Dynamic dims map onto export's ``dynamic_shapes`` as ``Dim.AUTO(min=, max=)``, so
@@ -127,7 +127,7 @@ def trace(flat_fn: Callable, example: list, *, n_params: int, marks: list, paths
     except CaptureError:
         raise
     except Exception as e:
-        if _raised_in_backward(e):  # a training step, which make_fx traces (see ran_backward below)
+        if aten_export.raised_in_backward(e):  # a training step, which make_fx traces (see ran_backward below)
             if tracer != "auto":
                 raise _backward_refused(tracer, target) from e
             return _with_message(make_fx, "make_fx", target)
@@ -158,26 +158,6 @@ def _backward_refused(tracer: str, target: str) -> CaptureError:
         "the function runs a backward (loss.backward()), which "
         f"tracer={tracer!r} does not capture; use tracer='make_fx' or 'auto' (the default), "
         "which trace forward and backward together", target=target)
-
-
-def _raised_in_backward(exc: BaseException) -> bool:
-    """Whether ``exc`` (or an exception in its cause chain) was raised inside autograd's
-    backward (``Tensor.backward``, ``torch.autograd.backward`` or ``.grad``). The
-    one-pass export (aten_export.py) keeps functional composite ops whole, which have
-    no backward there, so a backward through one fails inside the trace instead of
-    producing the parameter gradients that ``ran_backward`` looks for."""
-    import torch
-
-    autograd = os.path.join(os.path.dirname(os.path.abspath(torch.__file__)), "autograd") + os.sep
-    seen = set()
-    e: BaseException | None = exc
-    while e is not None and id(e) not in seen:
-        seen.add(id(e))
-        if any(os.path.abspath(f.filename).startswith(autograd) and f.name in ("backward", "grad")
-               for f in traceback.extract_tb(e.__traceback__)):
-            return True
-        e = e.__cause__ or e.__context__
-    return False
 
 
 def _with_message(run: Callable[[], Traced], name: str, target: str) -> Traced:
