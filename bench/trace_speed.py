@@ -18,8 +18,9 @@ A transformers ``LlamaForCausalLM`` (random weights), the target ``forward(model
 in turn, so all see the same machine. It also checks that the graphs hold the same
 ATen ops (counts per op; the two-pass graphs' ``aten._assert_tensor_metadata`` checks
 aside, which the one pass does not record) and prints one line per result.
+``--no-grad``: traced under ``torch.no_grad()`` (as bench/scale_llama.py captures).
 ``--profile``: the top functions (``SORT``: cumulative seconds) of one more one-pass
-trace. ``--md PATH``: a markdown table of the result.
+trace. ``--md PATH``: a markdown section of the result, appended.
 """
 
 from __future__ import annotations
@@ -99,12 +100,16 @@ def main() -> int:
     p.add_argument("--vocab", type=int, default=1000)
     p.add_argument("--tokens", type=int, default=32)
     p.add_argument("--reps", type=int, default=3, help="timed traces per path (after one warm-up of each)")
+    p.add_argument("--no-grad", action="store_true", help="trace under torch.no_grad() (as bench/scale_llama.py "
+                   "captures); default: grad mode on, as a plain call")
     p.add_argument("--profile", action="store_true")
     p.add_argument("--md", type=Path)
     a = p.parse_args()
     import torch
 
     model, ids = build(a)
+    if a.no_grad:
+        torch.set_grad_enabled(False)
     for path in PATHS:  # warm-up: imports, first-call caches of each path
         trace_once(model, ids, path)
     times: dict[str, list[float]] = {p: [] for p in PATHS}
@@ -133,19 +138,23 @@ def main() -> int:
         pstats.Stats(prof).sort_stats(os.environ.get("SORT", "cumulative")).print_stats(40)
     if a.md:
         shape = (f"{a.layers} layers, hidden {a.hidden}, intermediate {a.intermediate}, {a.heads}/{a.kv_heads} "
-                 f"heads, vocab {a.vocab}, {a.dtype} on {a.device}, 1 x {a.tokens} tokens")
+                 f"heads, vocab {a.vocab}, {a.dtype} on {a.device}, 1 x {a.tokens} tokens, "
+                 + ("under `torch.no_grad()`" if a.no_grad else "grad mode on"))
         what = {"before": "`export` + `run_decompositions({})`, stack traces (before)",
                 "two-pass": "`export` + `run_decompositions({})` (where torch lacks the one pass)",
                 "one-pass": "`_export(pre_dispatch=False)`, composite ops kept (default)"}
         rows = "".join(f"| {what[p]} | {' / '.join(f'{x:.2f}' for x in times[p])} | {med[p]:.2f} | "
                        f"{med[p] / med['before']:.2f} |\n" for p in PATHS)
-        a.md.write_text(
-            "# The trace step: one-pass vs two-pass export\n\n"
-            f"Produced by `python bench/{Path(__file__).name} {' '.join(sys.argv[1:])}` (torch {torch.__version__}): "
-            f"LlamaForCausalLM, {shape}; `tracing.trace_call` (the capture's `trace` step) with the export "
-            "tracer, the paths in turn in one process after one warm-up trace each.\n\n"
-            "| path | seconds per trace | median | ratio to before |\n| --- | --- | --- | --- |\n"
-            + rows + f"\nSame ATen ops in all graphs (counts per op, `_assert_tensor_metadata` aside): {same}{diff}.\n")
+        head = "" if a.md.exists() else "# The trace step: one-pass vs two-pass export (issue 24)\n\n"
+        with a.md.open("a") as f:
+            f.write(
+                head + f"## {shape}\n\n"
+                f"Produced by `python bench/{Path(__file__).name} {' '.join(sys.argv[1:])}` (torch {torch.__version__}): "
+                "`tracing.trace_call` (the capture's `trace` step) of a LlamaForCausalLM with the export "
+                "tracer, the paths in turn in one process after one warm-up trace each.\n\n"
+                "| path | seconds per trace | median | ratio to before |\n| --- | --- | --- | --- |\n"
+                + rows + f"\nSame ATen ops in all graphs (counts per op, `_assert_tensor_metadata` aside): "
+                f"{same}{diff}.\n\n")
     return 0
 
 
