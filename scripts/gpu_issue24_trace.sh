@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Issue 24, capture seconds: the trace step of a 1B-shaped Llama on the GPU host, the
 # export before (two passes, stack traces), the two passes without stack traces and
-# the one pass (aten_export.py's default), in one process (bench/trace_speed.py);
+# the one pass (aten_export.py's default), in one process (bench/trace_speed.py; under
+# torch.no_grad(), as bench/scale_llama.py captures);
 # then the GPU frozen-engine tests and the export tests under this host's torch.
 # Prints one line per result; under 4 minutes. Results: $OUT/trace_speed_cuda.md,
 # $OUT/<step>.log, $OUT/summary.txt.
@@ -22,7 +23,7 @@ print(f"torch {torch.__version__} on {torch.cuda.get_device_name(0) if torch.cud
       f"fx do_not_emit_stack_traces {'available' if hasattr(torch.fx.config, 'do_not_emit_stack_traces') else 'MISSING'}")
 EOF
 step trace_1b 110 python3 bench/trace_speed.py --device cuda --dtype bfloat16 --hidden 2048 --layers 16 \
-  --heads 32 --kv-heads 8 --intermediate 8192 --vocab 32000 --tokens 128 --reps 2 --md "$OUT/trace_speed_cuda.md"
+  --heads 32 --kv-heads 8 --intermediate 8192 --vocab 32000 --tokens 128 --reps 2 --no-grad --md "$OUT/trace_speed_cuda.md"
 grep -E "^(median|same ops)" "$OUT/trace_1b.log" | sed 's/^/trace_1b: /' | tee -a "$OUT/summary.txt"
 step gpu_frozen 110 python3 -m pytest -q -p no:cacheprovider tests/test_gpu_frozen.py
 step export_tests 40 python3 -m pytest -q -p no:cacheprovider tests/test_aten_export.py tests/test_tracers.py
