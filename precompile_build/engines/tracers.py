@@ -9,9 +9,10 @@ in-place writes to inputs (mutated buffers) kept as in-place ops:
 =================  ==========================================================  ============
 tracer             what runs                                                   libraries see
 =================  ==========================================================  ============
-``export``         ``torch.export.export(strict=False)``, then                 ``torch.compiler.is_compiling()``
-                   ``run_decompositions({})`` (functional ATen; input           and ``is_exporting()`` True:
-                   mutations become ``copy_`` back into the input)             their trace-friendly paths
+``export``         what ``torch.export.export(strict=False)`` then             ``torch.compiler.is_compiling()``
+                   ``run_decompositions({})`` make, in one trace where torch    and ``is_exporting()`` True:
+                   allows (aten_export.py; functional ATen; input mutations    their trace-friendly paths
+                   become ``copy_`` back into the input)
 ``export-strict``  the same with ``strict=True`` (TorchDynamo reads the         the same
                    bytecode; slower, refuses more, catches side effects)
 ``make_fx``        ``make_fx`` (real tensors; fake tensors with symbols when   the same (set here, as
@@ -21,7 +22,9 @@ tracer             what runs                                                   l
 ``auto`` (the default) is ``export``, with two exceptions. A call that runs a
 backward (``loss.backward()`` inside: the trace produced parameter gradients) is
 traced with ``make_fx``: its joint trace of forward and backward is what the frozen
-engine has always served, where torch.export's IR is an inference graph. And when
+engine has always served, where torch.export's IR is an inference graph (the
+one-pass export fails inside the backward instead: that failure counts as a
+backward, :func:`aten_export.raised_in_backward`). And when
 export fails, ``make_fx`` is tried: on real tensors it can take a data-dependent
 branch (``if x.sum() > 0``) that export refuses; a failure of both names both.
 Dynamic dims map onto export's ``dynamic_shapes`` as ``Dim.AUTO(min=, max=)``, so
@@ -39,7 +42,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from ..errors import CaptureError, torch_warnings_shown, warn_at_caller
-from . import TRACERS, dynamic_dims
+from . import TRACERS, aten_export, dynamic_dims
 from .layouts import example_clone
 
 
@@ -112,8 +115,11 @@ def trace(flat_fn: Callable, example: list, *, n_params: int, marks: list, paths
         CaptureError: the trace failed; the message names the tracer(s), the error,
             the line of user or library code that raised it, and what to try.
     """
+    def make_fx():
+        return _make_fx(flat_fn, example, n_params, marks, paths, target)
+
     if tracer == "make_fx":
-        return _with_message(lambda: _make_fx(flat_fn, example, n_params, marks, paths, target), "make_fx", target)
+        return _with_message(make_fx, "make_fx", target)
     strict = tracer == "export-strict"
     name = "export-strict" if strict else "export"
     try:
@@ -121,10 +127,14 @@ def trace(flat_fn: Callable, example: list, *, n_params: int, marks: list, paths
     except CaptureError:
         raise
     except Exception as e:
+        if aten_export.raised_in_backward(e):  # a training step, which make_fx traces (see ran_backward below)
+            if tracer != "auto":
+                raise _backward_refused(tracer, target) from e
+            return _with_message(make_fx, "make_fx", target)
         if tracer != "auto":
             raise _failure(target, [(name, e)]) from e
         try:
-            traced = _make_fx(flat_fn, example, n_params, marks, paths, target)
+            traced = make_fx()
         except CaptureError:
             raise
         except Exception as e2:
@@ -138,12 +148,16 @@ def trace(flat_fn: Callable, example: list, *, n_params: int, marks: list, paths
         return traced
     if ran_backward():
         if tracer != "auto":
-            raise CaptureError(
-                "the function runs a backward (loss.backward()), which "
-                f"tracer={tracer!r} does not capture; use tracer='make_fx' or 'auto' (the default), "
-                "which trace forward and backward together", target=target)
-        return _with_message(lambda: _make_fx(flat_fn, example, n_params, marks, paths, target), "make_fx", target)
+            raise _backward_refused(tracer, target)
+        return _with_message(make_fx, "make_fx", target)
     return traced
+
+
+def _backward_refused(tracer: str, target: str) -> CaptureError:
+    return CaptureError(
+        "the function runs a backward (loss.backward()), which "
+        f"tracer={tracer!r} does not capture; use tracer='make_fx' or 'auto' (the default), "
+        "which trace forward and backward together", target=target)
 
 
 def _with_message(run: Callable[[], Traced], name: str, target: str) -> Traced:
@@ -169,18 +183,6 @@ def _make_fx(flat_fn, example, n_params, marks, paths, target) -> Traced:
     return Traced(gm, None, "make_fx")
 
 
-def _flat_module(flat_fn):
-    """``flat_fn`` as an nn.Module with no parameters (torch.export exports modules;
-    the parameters are already flat inputs)."""
-    import torch
-
-    class FlatCall(torch.nn.Module):
-        def forward(self, *flat):
-            return flat_fn(*flat)
-
-    return FlatCall()
-
-
 @torch_warnings_shown()
 def _export(flat_fn, example, n_params, marks, paths, target, strict: bool) -> Traced:
     import torch
@@ -194,13 +196,12 @@ def _export(flat_fn, example, n_params, marks, paths, target, strict: bool) -> T
     ]
     inputs = tuple(example)  # non-strict export runs on fake copies of them: nothing is written
     with (dynamic_dims.size_oblivious() if any(marks) else contextlib.nullcontext()):
-        ep = torch.export.export(_flat_module(flat_fn), inputs, dynamic_shapes=(tuple(shapes),) if any(marks) else None,
-                                 strict=strict)
-        ep = ep.run_decompositions({})
+        ep = aten_export.aten_program(flat_fn, inputs, dynamic_shapes=(tuple(shapes),) if any(marks) else None,
+                                      strict=strict)
     if strict:  # TorchDynamo does not replay the flat function's Python side effects
         # (the recorded calling convention): run it once more, eagerly, for them
         flat_fn(*[example_clone(t) for t in example])
-    gm = _flat_graph(ep, target)
+    gm = aten_export.flat_graph(ep, target)
     symbolic = None
     if any(marks):
         placeholders = [n.meta["val"] for n in gm.graph.nodes if n.op == "placeholder"]
@@ -212,52 +213,6 @@ def _export(flat_fn, example, n_params, marks, paths, target, strict: bool) -> T
         symbolic = dynamic_dims.SymbolicTrace(shape_env=shape_env, inputs=placeholders,
                                               fakes=placeholders[n_params:], marks=marks, paths=paths)
     return Traced(gm, symbolic, "export-strict" if strict else "export")
-
-
-def _flat_graph(ep, target: str):
-    """The exported program's graph as a flat function of the flat inputs: lifted
-    constants (tensors the trace made, script objects) become attributes read with
-    ``get_attr`` (as make_fx records them), and each mutated input gets its new value
-    copied back in place (``aten.copy_``) instead of being returned."""
-    import torch
-    from torch.export.graph_signature import InputKind, OutputKind
-
-    gm, sig = ep.graph_module, ep.graph_signature
-    graph = gm.graph
-    placeholders = [n for n in graph.nodes if n.op == "placeholder"]
-    user_inputs = {}
-    counts = {"tensor": 0, "obj": 0}
-    for node, spec in zip(placeholders, sig.input_specs):
-        if spec.kind == InputKind.USER_INPUT:
-            user_inputs[spec.arg.name] = node
-            continue
-        if spec.kind not in (InputKind.CONSTANT_TENSOR, InputKind.CUSTOM_OBJ):
-            raise CaptureError(f"torch.export lifted an input of kind {spec.kind.name} "
-                               f"({spec.target}); use tracer='make_fx'", target=target)
-        kind = "tensor" if spec.kind == InputKind.CONSTANT_TENSOR else "obj"
-        attr = f"_tensor_constant{counts[kind]}" if kind == "tensor" else f"_torchbind_obj{counts[kind]}"
-        counts[kind] += 1
-        setattr(gm, attr, ep.constants[spec.target])
-        with graph.inserting_before(node):
-            new = graph.get_attr(attr)
-        new.meta.update(node.meta)
-        node.replace_all_uses_with(new)
-        graph.erase_node(node)
-    output = next(n for n in reversed(graph.nodes) if n.op == "output")
-    results = []
-    for value, spec in zip(output.args[0], sig.output_specs):
-        if spec.kind == OutputKind.USER_OUTPUT:
-            results.append(value)
-        elif spec.kind == OutputKind.USER_INPUT_MUTATION:
-            with graph.inserting_before(output):
-                graph.call_function(torch.ops.aten.copy_.default, (user_inputs[spec.target], value))
-        else:
-            raise CaptureError(f"torch.export returned an output of kind {spec.kind.name}; "
-                               "use tracer='make_fx'", target=target)
-    output.args = (tuple(results),)
-    graph.lint()
-    gm.recompile()
-    return gm
 
 
 _OWN_DIRS = None
@@ -329,3 +284,4 @@ def _failure(target: str, failures: list[tuple[str, BaseException]]) -> CaptureE
         parts.append(f"{name}: {_first_line(e)}" + (f" (at {where})" if where else ""))
     return CaptureError("tracing failed with "
                         + "; ".join(parts) + ". " + _ANOTHER_TRACER, target=target)
+
