@@ -535,7 +535,7 @@ def main() -> None:
                          "the prompt length dynamic) or through the decode target, a token per call "
                          "(half the targets to build)")
     ap.add_argument("--inductor", action="append", default=[],
-                    help="KEY=VALUE (an int, else text): an Inductor setting for the targets' capture")
+                    help="KEY=VALUE (true/false, an int, else text): an Inductor setting for the targets' capture")
     ap.add_argument("--work", help="folder for the project, wheel and caches (default: a temp dir)")
     ap.add_argument("--out", help="write the markdown table here")
     ap.add_argument("--worker", help=argparse.SUPPRESS)
@@ -549,10 +549,7 @@ def main() -> None:
     if "eager" in paths:  # first: the others are compared with it
         paths.remove("eager")
         paths.insert(0, "eager")
-    inductor = {}
-    for kv in a.inductor:
-        k, _, v = kv.partition("=")
-        inductor[k] = int(v) if v.lstrip("-").isdigit() else v
+    inductor = dict(map(inductor_setting, a.inductor))
     proj = write_project(work, a.device, a.batches, a.prompt + a.steps + 48,
                          ("prefill", "decode") if a.prefill == "target" else ("decode",), inductor)
     start = time.perf_counter()
@@ -591,6 +588,14 @@ def main() -> None:
         p.unlink()
     for r in rows:
         print(summary(r, rows), flush=True)
+
+
+def inductor_setting(text: str) -> tuple:
+    """``KEY=VALUE`` as (key, value): true/false as bools, an int as an int, else text."""
+    key, _, value = text.partition("=")
+    if value.lower() in ("true", "false"):
+        return key, value.lower() == "true"
+    return key, int(value) if value.lstrip("-").isdigit() else value
 
 
 def _writer(a, build_s):

@@ -146,7 +146,7 @@ def main() -> None:
     ap.add_argument("--layers", type=int, default=16)
     ap.add_argument("--batch", type=int, default=1)
     ap.add_argument("--steps", type=int, default=100, help="per loop (the cache holds 256 positions)")
-    ap.add_argument("--inductor", action="append", default=[], help="KEY=VALUE (an int, else text)")
+    ap.add_argument("--inductor", action="append", default=[], help="KEY=VALUE (true/false, an int, else text)")
     ap.add_argument("--device", default="cuda", help="cpu: a smoke run of this script (no graphs)")
     ap.add_argument("--out", type=Path)
     a = ap.parse_args()
@@ -162,9 +162,10 @@ def main() -> None:
     ids = lm.prompt(a.batch, 1, dev).contiguous()
     src, cache_file = tmp / "decode.py", tmp / "decode.cache"
     options: dict = {"cuda_graphs": dev == "cuda"}
-    for kv in a.inductor:
-        k, _, v = kv.partition("=")
-        options.setdefault("inductor", {})[k] = int(v) if v.lstrip("-").isdigit() else v
+    if a.inductor:
+        import decode
+
+        options["inductor"] = dict(map(decode.inductor_setting, a.inductor))
     t0 = time.perf_counter()
     with torch.no_grad(), precompile_build.capture(lm.step, artifact_path=src, cache_path=cache_file, target="decode",
                                                    engine="frozen", options=options) as f:

@@ -69,6 +69,15 @@ def option_problem(options: Mapping[str, Any], key: str) -> Optional[str]:
     return None
 
 
+# Inductor settings the frozen engine pins for every capture (engines/frozen.py), and why
+PINNED_INDUCTOR = {
+    "cpp.march": "the CPU kernels' instruction set, from Inductor's vector ISA: the wheel's CPU "
+                 "requirement in its fingerprint",
+    "fallback_random": "random ops call torch's generator, as eager does",
+    "aot_inductor.enable_line_tables": "off: line tables name the build's cache path",
+}
+
+
 def _check_inductor_option(value: Any, target: str) -> None:
     """``options["inductor"]``: a dict of Inductor config names (``"max_autotune"``,
     ``"triton.cudagraphs"``...) to values, checked here so that a typo is not later
@@ -83,6 +92,10 @@ def _check_inductor_option(value: Any, target: str) -> None:
 
     known = set(config.get_config_copy())
     for key in value:
+        if key in PINNED_INDUCTOR:
+            raise ValueError(f"precompile_build.capture: target {target!r}: options['inductor'] sets "
+                             f"{key!r}, which the frozen engine sets itself ({PINNED_INDUCTOR[key]}); "
+                             "drop it")
         if key not in known:
             close = difflib.get_close_matches(str(key), sorted(known), n=1)
             raise ValueError(f"precompile_build.capture: target {target!r}: options['inductor'] has "

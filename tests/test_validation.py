@@ -385,6 +385,8 @@ def test_the_eager_engine_checks_the_eager_call_without_the_frozen_engine(tmp_pa
     ({"max_autotun": True}, r"options\['inductor'\] has 'max_autotun', which is not an Inductor config "
                             r"name; did you mean 'max_autotune'\?"),
     ("max-autotune", r"options\['inductor'\] = 'max-autotune': use a dict of Inductor config names"),
+    ({"cpp.march": "native"}, r"options\['inductor'\] sets 'cpp.march', which the frozen engine sets itself "
+                              r"\(the CPU kernels' instruction set.*\); drop it"),
 ])
 def test_inductor_option_is_checked_before_the_function_runs(tmp_path, value, match):
     """A typo in the Inductor options is the user's, not 'an upstream torch bug' (the

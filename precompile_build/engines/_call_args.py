@@ -377,13 +377,20 @@ class _Params(list):
 _NO_PARAMS = _Params()
 _PTRS_EQUAL = getattr(torch._C, "_tensors_data_ptrs_at_indices_equal", None)  # (CUDA builds)
 _DATA_PTR = torch.Tensor.data_ptr
+_OFFSET = torch.Tensor.storage_offset
 _WRITTEN = sorted(PRECOMPILE_METADATA.get("mutated_inputs") or ())  # indices into the flat inputs
 _UNWRITTEN = []  # [the indices of the user inputs and constants not written], set at the first check
-# verdicts of passing calls: (id of the params, data pointers of the inputs written) ->
-# (weakref of the params, their data pointers, their indices, the storages written to)
+# Verdicts are kept only where the written inputs' sizes are fixed (no dynamic dims):
+# then the same address and storage offset mean the same memory range and storage.
+_KEEP_VERDICTS = not PRECOMPILE_METADATA.get("dynamic")
+# verdicts of passing calls: (id of the params, data pointers and storage offsets of the
+# inputs written) -> (weakref of the params, their data pointers, their indices, the
+# storages written to)
 _VERDICTS = {}
 _VERDICTS_KEPT = 16  # (several caches served in turn keep theirs; the oldest goes first)
-_LAST_VERDICT = [None]  # the verdict of the last call that passed, and the addresses it holds for
+# the last call's verdict, for one C comparison of its addresses (CUDA builds):
+# (weakref of the params, data pointers by flat index, the indices, verdict, offsets)
+_LAST_VERDICT = [None]
 
 
 def _check_no_aliases(params, flat, names):
@@ -392,16 +399,23 @@ def _check_no_aliases(params, flat, names):
     separate memory: an input written to must share memory with no other. ``names()``
     gives each input's name for the message. Raises CallError.
 
-    A passing call's verdict is kept for the same models' tensors (the same objects,
-    the state epoch of _driver.py, at the same addresses: a ``p.data = other`` moves
-    a parameter without a new object) and written inputs at the same addresses (a
-    decode step's cache): then only the inputs not written (the new token, the
-    position) are looked up among the storages written to, O(those inputs)."""
-    last = _LAST_VERDICT[0]  # (CUDA builds: one C call compares the models' and the written addresses)
-    if last is not None and last[0]() is params and len(flat) == len(last[1]) and _PTRS_EQUAL(flat, last[1], last[2]):
+    A passing call's verdict is kept (static shapes) for the same models' tensors (the
+    same objects, the state epoch of _driver.py, at the same addresses: a ``p.data =
+    other`` moves a parameter without a new object) and written inputs at the same
+    addresses and storage offsets (a decode step's cache): then only the inputs not
+    written (the new token, the position) are looked up among the storages written
+    to, O(those inputs)."""
+    if not _KEEP_VERDICTS:
+        _full_alias_check(params, flat, names, None)
+        return
+    written_now = [flat[i] for i in _WRITTEN]
+    offsets = list(map(_OFFSET, written_now))
+    last = _LAST_VERDICT[0]
+    if (last is not None and last[0]() is params and last[4] == offsets and len(flat) == len(last[1])
+            and _PTRS_EQUAL(flat, last[1], last[2])):
         verdict = last[3]
     else:
-        key = (id(params), *[_DATA_PTR(flat[i]) for i in _WRITTEN])
+        key = (id(params), *map(_DATA_PTR, written_now), *offsets)
         verdict = _VERDICTS.get(key)
         if verdict is None or verdict[0]() is not params or not (
                 _PTRS_EQUAL(params, verdict[1], verdict[2]) if _PTRS_EQUAL is not None
@@ -412,17 +426,17 @@ def _check_no_aliases(params, flat, names):
     for i in _UNWRITTEN[0]:
         t = flat[i]
         if t.untyped_storage().data_ptr() in written and t.numel():
-            _full_alias_check(params, flat, names, (id(params), *[_DATA_PTR(flat[i]) for i in _WRITTEN]))
+            _full_alias_check(params, flat, names, None)
             return  # (it raises, naming the two)
     if _PTRS_EQUAL is not None and (last is None or last[3] is not verdict):
         ptrs = [None] * len(flat)
         for i in verdict[2] + _WRITTEN:
             ptrs[i] = _DATA_PTR(flat[i])
-        _LAST_VERDICT[0] = (verdict[0], ptrs, verdict[2] + _WRITTEN, verdict)
+        _LAST_VERDICT[0] = (verdict[0], ptrs, verdict[2] + _WRITTEN, verdict, offsets)
 
 
 def _full_alias_check(params, flat, names, key):
-    """_check_no_aliases over every input; keeps the verdict under ``key``."""
+    """_check_no_aliases over every input; keeps the verdict under ``key`` (None: not kept)."""
     n = len(params)
     ptrs = [t.untyped_storage().data_ptr() if t.numel() else None for t in flat]
     counts = _collections.Counter(ptrs)
@@ -435,10 +449,15 @@ def _full_alias_check(params, flat, names, key):
             f"target {_META['target']!r}: {names[i]} shares memory with {names[j]}, "
             "and the captured function writes to it; pass separate tensors (.clone())"
         )
+    if key is None:
+        return
     if not _UNWRITTEN:
         done = set(_WRITTEN)
         _UNWRITTEN.append([i for i in range(n, len(flat)) if i not in done])
     _VERDICTS[key] = (_weakref.ref(params), list(map(_DATA_PTR, params)), list(range(n)),
                       frozenset(ptrs[i] for i in _WRITTEN if ptrs[i] is not None))
-    if len(_VERDICTS) > _VERDICTS_KEPT:
-        _VERDICTS.pop(next(iter(_VERDICTS)), None)
+    while len(_VERDICTS) > _VERDICTS_KEPT:
+        try:
+            del _VERDICTS[next(iter(_VERDICTS))]
+        except (KeyError, RuntimeError, StopIteration):  # another thread took it (or changed the dict)
+            break
