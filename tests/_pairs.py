@@ -31,3 +31,36 @@ def load_pair(src, cache, kernel_dir=None):
     ns: dict = {"__name__": "pair"}
     exec(compile(src.read_text(), str(src), "exec"), ns)
     return ns["load"](str(kdir) if env.blobs else None)
+
+
+def pair_paths(tmp_path):
+    """capture()'s ``artifact_path``/``cache_path`` keywords for a pair in ``tmp_path``."""
+    return dict(artifact_path=Path(tmp_path) / "t.py", cache_path=Path(tmp_path) / "t.cache")
+
+
+def load_pair_at(tmp_path):
+    """The pair at pair_paths(tmp_path), loaded in this process with its frozen kernels."""
+    return load_pair(Path(tmp_path) / "t.py", Path(tmp_path) / "t.cache")
+
+
+def capture_and_load(tmp, fn, *args):
+    """``fn(*args)`` captured with the frozen engine into the new folder ``tmp``
+    (a Path), then loaded: the CompiledArtifact."""
+    import precompile_build
+
+    tmp.mkdir()
+    with precompile_build.capture(fn, engine="frozen", **pair_paths(tmp)) as f:
+        f(*args)
+    return load_pair_at(tmp)
+
+
+def marked(*shape, lo=1, hi=None, dims=(0,)):
+    """A random tensor of ``shape``, its ``dims`` marked dynamic in [lo, hi]
+    (torch._dynamo.mark_dynamic)."""
+    import torch
+
+    x = torch.randn(*shape)
+    for d in dims:
+        torch._dynamo.mark_dynamic(x, d, min=lo, max=hi)
+    return x
+

@@ -441,7 +441,7 @@ def test_load_packaged_cuda_graphs_on_a_cpu_target_is_a_load_error(tmp_path, mon
     """cuda_graphs=True for a target that can never replay graphs is refused when
     loading, with a LoadOptionError (a PrecompileLoadError and a ValueError) that says
     what to pass; the loaded target stays usable."""
-    from test_runtime_loader import file_entry, make_package, on_path
+    from _fake_packages import file_entry, make_package, on_path
 
     from precompile_runtime import LoadOptionError, PrecompileLoadError, load_packaged
     from precompile_runtime.envelope import sha256_hex

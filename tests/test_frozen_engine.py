@@ -8,7 +8,6 @@ started, compile entry points, modules imported), never with a timer.
 from __future__ import annotations
 
 import json
-import linecache
 import os
 import re
 import shutil
@@ -24,6 +23,8 @@ import precompile_build
 from precompile_build.errors import CaptureError
 
 torch = pytest.importorskip("torch")
+
+from _pairs import capture_and_load, load_pair_at, marked, pair_paths  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURE = Path(__file__).parent / "packages" / "fcases"
@@ -262,10 +263,6 @@ def test_manifest_and_inspect_carry_the_validation_numbers(installed):
     assert text.count("vs the eager call: ok") == 4
 
 
-def _paths(tmp_path):
-    return dict(artifact_path=tmp_path / "t.py", cache_path=tmp_path / "t.cache")
-
-
 MIXED = """
 import fcases
 fn = precompile_runtime.load_packaged("mixed", package="fcases")
@@ -339,153 +336,16 @@ def test_dynamic_batch_and_sequence_serve_their_range_and_refuse_the_rest(instal
     assert r["serving_spawned"] == [] and r["serving_modules"] == []
 
 
-def _dyn(*shape, lo=1, hi=None, dims=(0,)):
-    x = torch.randn(*shape)
-    for d in dims:
-        torch._dynamo.mark_dynamic(x, d, min=lo, max=hi)
-    return x
-
-
-@pytest.mark.parametrize("fn, x, message", [
-    (lambda x: x.view(4, 2, 4).sum(1), _dyn(4, 8), r"argument 'x' dim 0 is marked dynamic but the "
-     r"captured code specialised it to 4"),
-    (lambda x: x * 2 if x.shape[0] > 8 else x + 1, _dyn(4, 8), r"marked dynamic in \[1, inf\] but the "
-     r"captured code only holds for \[1, 8\].*mark_dynamic\(t, 0, min=1, max=8\)"),
-    (lambda x: x + 1, _dyn(4, 8, lo=5, hi=9), r"marked dynamic in \[5, 9\] but the example has size 4"),
-    (lambda x: x + 1, _dyn(4, 8, lo=3, hi=2), r"empty range \[3, 2\]"),
-    (lambda x: x + 1, _dyn(4, 8, lo=-3, hi=9), r"marked with min=-3; sizes start at 0"),
-    (lambda x: x + 1, _dyn(4, 8, lo=4, hi=4), r"one-size range \[4, 4\]: that is a static size"),
-    (lambda x: x * 2 if x.shape[0] % 2 == 0 else x + 1, _dyn(4, 8, hi=64),
-     r"target 'dyn': argument 'x' dim 0 is marked dynamic in \[1, 64\] but the captured code relies on "
-     r"\(size % 2\) == 0 \(sizes \[1, 3, 5, 7\] break it\)"),
-    (lambda x: (x * 2, x.shape[0]), _dyn(4, 8), r"target 'dyn': the result's part result\[1\] is a Python number computed while tracing \(SymInt"),
-])
-def test_a_dynamic_dim_the_code_cannot_serve_is_a_capture_error(tmp_path, fn, x, message):
-    with pytest.raises(CaptureError, match=message):
-        with precompile_build.capture(fn, engine="eager", target="dyn", **_paths(tmp_path)) as f:
-            f(x)
-    assert not list(tmp_path.iterdir())  # nothing half-written
-
-
-@pytest.mark.parametrize("fn, x, message", [
-    # eager squeezes dim 0 at size 1 only: the pair is refused at the range's low end
-    (lambda x: x.squeeze(0) + 1, _dyn(4, 8, hi=16), r"differs from the traced graph on sizes argument 'x' "
-     r"dim 0 = 1;.*narrow the marks \(min=, max=\)"),
-    # amax over an empty dim fails in eager too
-    (lambda x: x.amax(0), _dyn(4, 8, lo=0, hi=64), r"the captured function itself fails at sizes "
-     r"argument 'x' dim 0 = 0 \(IndexError.*declare ranges that exclude these sizes"),
-])
-def test_a_pair_that_fails_inside_its_range_is_never_written(tmp_path, fn, x, message):
-    with pytest.raises(CaptureError, match=message):
-        with precompile_build.capture(fn, engine="frozen", target="dyn", **_paths(tmp_path)) as f:
-            f(x)
-    assert not list(tmp_path.iterdir())
-
-
-def test_batchnorm_training_with_a_dynamic_batch(tmp_path):
-    # BatchNorm's running_var uses N/(N-1): Python float math on the dynamic size
-    import copy
-
-    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.BatchNorm1d(16)).train()
-    x = _dyn(6, 8, lo=2, hi=32)
-    with precompile_build.capture(lambda m, x: m(x), engine="frozen", **_paths(tmp_path)) as f:
-        f(copy.deepcopy(model), x)
-    served, eager, fn = copy.deepcopy(model), copy.deepcopy(model), _load_pair(tmp_path)
-    assert fn.uses_kernels
-    with torch.no_grad():
-        for n in (2, 3, 17, 32):
-            xn = torch.randn(n, 8)
-            torch.testing.assert_close(fn(served, xn), eager(xn))
-    for (name, b), c in zip(served.named_buffers(), eager.buffers()):
-        torch.testing.assert_close(b, c, msg=name)  # running statistics and the batch counter
-
-
-def test_layouts_the_example_had_are_served(tmp_path):
-    # a slice with gaps, captured without marks: compiled for that layout, served in it
-    x = torch.randn(6, 16)[:, :8]
-    fn = _capture_and_load(tmp_path / "slice", lambda x: x * 3, x)
-    y = torch.randn(6, 16)[:, :8]
-    torch.testing.assert_close(fn(y), y * 3)
-    from precompile_runtime import CallError
-
-    with pytest.raises(CallError, match=r"stride \[8, 1\] \(captured \[16, 1\]"):
-        fn(torch.randn(6, 8))
-    # a dim of size 1 may have any stride (it is never stepped along), as in eager
-    ids = torch.randint(0, 20, (3, 5))
-    torch._dynamo.mark_dynamic(ids, 0, min=1, max=16)
-    torch._dynamo.mark_dynamic(ids, 1, min=1, max=16)
-    emb = torch.nn.Embedding(20, 4)
-    fn = _capture_and_load(tmp_path / "size1", lambda m, ids: m(ids) * 2, emb, ids)
-    last = torch.randint(0, 20, (1, 9))[:, -1:]  # shape [1, 1], stride [9, 1]
-    with torch.no_grad():
-        torch.testing.assert_close(fn(emb, last), emb(last) * 2)
-
-
-def _capture_and_load(tmp, fn, *args):
-    tmp.mkdir()
-    with precompile_build.capture(fn, engine="frozen", **_paths(tmp)) as f:
-        f(*args)
-    return _load_pair(tmp)
-
-
-def _load_pair(tmp_path):
-    """The pair at _paths(tmp_path), loaded in this process with its frozen kernels."""
-    from _pairs import load_pair
-
-    return load_pair(tmp_path / "t.py", tmp_path / "t.cache")
-
-
-def test_size_one_is_refused_at_capture_or_served_correctly(tmp_path):
-    # Attention's output, transposed back and reshaped, has other strides at size 1.
-    # torch 2.13's compiler then guards on size != 1: the capture must be refused,
-    # naming the range that works. Where a torch's compiler adds no such guard, the
-    # pair must serve size 1 like eager.
-    def fn(x):
-        q = x.view(1, x.shape[0], 2, 2).transpose(1, 2)
-        y = torch.nn.functional.scaled_dot_product_attention(q, q, q)
-        return y.transpose(1, 2).reshape(x.shape[0], 4)
-
-    x = _dyn(3, 4)
-    try:
-        with precompile_build.capture(fn, engine="frozen", target="dyn", **_paths(tmp_path)) as f:
-            f(x)
-    except CaptureError as e:
-        assert re.search(r"only holds for \[2, inf\] \(its strides or kernels differ at size 1.*"
-                         r"min=2, max=None", str(e)), str(e)
-        assert not list(tmp_path.iterdir())  # nothing half-written
-        return
-    served = _load_pair(tmp_path)
-    for n in (1, 2, 5):
-        xn = torch.randn(n, 4)
-        torch.testing.assert_close(served(xn), fn(xn))
-
-
-def test_eager_engine_serves_dynamic_dims_from_the_graph(tmp_path):
-    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU())
-    x = _dyn(4, 8, lo=1, hi=32)
-    with precompile_build.capture(lambda m, x: m(x).cumsum(0), engine="eager", **_paths(tmp_path)) as f:
-        f(model, x)
-    from precompile_runtime import CallError
-
-    fn = _load_pair(tmp_path)  # an eager pair: no kernels, the graph runs
-    with torch.no_grad():
-        for n in (1, 4, 32):
-            xn = torch.randn(n, 8)
-            torch.testing.assert_close(fn(model, xn), model(xn).cumsum(0))
-    with pytest.raises(CallError, match=r"size 33 is outside the range \[1, 32\]"):
-        fn(model, torch.randn(33, 8))
-
-
 def test_call_errors_name_what_differs(tmp_path):
     """A shape error shows dynamic dims as ranges (no internal symbol); a structure
     error shows the first parameter names that differ, captured vs given."""
     model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU(), torch.nn.Linear(8, 8))
-    x = _dyn(2, 4, 8, lo=2, hi=64, dims=(1,))
-    with precompile_build.capture(lambda m, x: m(x), engine="eager", **_paths(tmp_path)) as f:
+    x = marked(2, 4, 8, lo=2, hi=64, dims=(1,))
+    with precompile_build.capture(lambda m, x: m(x), engine="eager", **pair_paths(tmp_path)) as f:
         f(model, x)
     from precompile_runtime import CallError
 
-    fn = _load_pair(tmp_path)
+    fn = load_pair_at(tmp_path)
     with pytest.raises(CallError) as ei:
         fn(model, torch.randn(3, 5, 8))
     assert "shape [3, 5, 8] (captured [2, 2..64, 8])" in str(ei.value)
@@ -501,7 +361,7 @@ def test_a_python_number_result_says_return_the_tensor(tmp_path):
     with pytest.raises(CaptureError, match=r"the result is a Python number computed while tracing "
                        r"\(Sym\w+: from \.item\(\).*cannot be a result.*return the tensor instead"):
         with precompile_build.capture(lambda x: (x * 2).sum().item(), engine="eager",
-                                      **_paths(tmp_path)) as f:
+                                      **pair_paths(tmp_path)) as f:
             f(torch.randn(4, 8))
     assert not list(tmp_path.iterdir())
 
@@ -513,21 +373,21 @@ def test_closed_over_tensor_is_refused(tmp_path):
         return x @ w
 
     with pytest.raises(CaptureError, match="register_buffer"):
-        with precompile_build.capture(fn, engine="eager", **_paths(tmp_path)) as f:
+        with precompile_build.capture(fn, engine="eager", **pair_paths(tmp_path)) as f:
             f(torch.randn(2, 4))
     assert not list(tmp_path.iterdir())
 
 
 def test_block_without_call_writes_nothing(tmp_path):
     with pytest.raises(CaptureError, match="made no call"):
-        with precompile_build.capture(torch.relu, engine="eager", **_paths(tmp_path)):
+        with precompile_build.capture(torch.relu, engine="eager", **pair_paths(tmp_path)):
             pass
     assert not list(tmp_path.iterdir())
 
 
 def test_block_that_raised_writes_nothing(tmp_path, capsys):
     with pytest.raises(KeyError):
-        with precompile_build.capture(torch.relu, engine="eager", **_paths(tmp_path)) as f:
+        with precompile_build.capture(torch.relu, engine="eager", **pair_paths(tmp_path)) as f:
             f(torch.randn(3))
             raise KeyError("user error")
     assert not list(tmp_path.iterdir())
@@ -536,7 +396,7 @@ def test_block_that_raised_writes_nothing(tmp_path, capsys):
 
 def test_unsupported_argument_type_is_named(tmp_path):
     with pytest.raises(CaptureError, match=r"argument 'o' is a object"):
-        with precompile_build.capture(lambda x, o: x, engine="eager", **_paths(tmp_path)) as f:
+        with precompile_build.capture(lambda x, o: x, engine="eager", **pair_paths(tmp_path)) as f:
             f(torch.randn(3), object())
 
 
@@ -556,7 +416,7 @@ def test_eager_engine_pair_round_trip(tmp_path):
 
     lin = torch.nn.Linear(3, 2)
     x = torch.randn(5, 3)
-    with precompile_build.capture(lambda m, x: m(x).relu(), engine="eager", **_paths(tmp_path)) as f:
+    with precompile_build.capture(lambda m, x: m(x).relu(), engine="eager", **pair_paths(tmp_path)) as f:
         want = f(lin, x)
     info = inspect_pair(tmp_path / "t.py", tmp_path / "t.cache")
     assert info.engine == "eager"
@@ -566,48 +426,12 @@ def test_eager_engine_pair_round_trip(tmp_path):
     torch.testing.assert_close(got, want)
 
 
-def test_a_mark_on_a_parameter_is_ignored_with_a_warning(tmp_path):
-    lin = torch.nn.Linear(4, 4)
-    torch._dynamo.mark_dynamic(lin.weight, 0)
-    with pytest.warns(UserWarning, match=r"target 'p': a parameter/buffer is marked dynamic; parameters keep") as rec:
-        with precompile_build.capture(lambda m, x: m(x), engine="eager", target="p", **_paths(tmp_path)) as f:
-            f(lin, torch.randn(2, 4))
-    # attributed to the user's line, not to the engine's code that noticed
-    assert [linecache.getline(w.filename, w.lineno).strip() for w in rec
-            if "marked dynamic" in str(w.message)] == ["f(lin, torch.randn(2, 4))"]
-    assert (tmp_path / "t.py").exists()
-
-
-def test_a_gapped_example_with_dynamic_dims_is_refused(tmp_path):
-    x = torch.randn(6, 16)[:, :8]  # a slice: its row stride does not follow from its sizes
-    torch._dynamo.mark_dynamic(x, 0, min=1, max=16)
-    with pytest.raises(CaptureError, match=r"argument 'x' has dims marked dynamic but is a view with "
-                       r"gaps \(shape \[6, 8\], stride \[16, 1\]\).*pass a dense example"):
-        with precompile_build.capture(lambda x: x * 3, engine="frozen", **_paths(tmp_path)) as f:
-            f(x)
-    assert not list(tmp_path.iterdir())
-
-
-def test_conditions_with_float_size_math_are_checked_per_call(tmp_path):
-    def f(x, y):
-        return x * 2 if x.shape[1] >= 0.75 * y.shape[1] else x + 1
-
-    x, y = _dyn(2, 6, 4, hi=32, dims=(1,)), _dyn(2, 7, 4, hi=33, dims=(1,))
-    fn = _capture_and_load(tmp_path / "pair", f, x, y)
-    a, b = torch.randn(2, 9, 4), torch.randn(2, 10, 4)
-    torch.testing.assert_close(fn(a, b), f(a, b))
-    from precompile_runtime import CallError
-
-    with pytest.raises(CallError, match=r"argument 'x' dim 1\), .*argument 'y' dim 1\) break the condition"):
-        fn(torch.randn(2, 3, 4), b)
-
-
 def test_an_input_the_function_writes_to_may_not_share_memory_with_another(tmp_path):
     def ema(avg, x):
         avg.mul_(0.5).add_(x)
         return avg * 1.0
 
-    fn = _capture_and_load(tmp_path / "pair", ema, torch.ones(4, 3), torch.ones(4, 3))
+    fn = capture_and_load(tmp_path / "pair", ema, torch.ones(4, 3), torch.ones(4, 3))
     from precompile_runtime import CallError
 
     t = torch.ones(4, 3)
@@ -621,7 +445,7 @@ def test_an_input_the_function_writes_to_may_not_share_memory_with_another(tmp_p
     with pytest.raises(CallError, match=r"argument 'avg' shares memory with argument 'x'"):
         fn(avg, avg[:])
     # inputs only read may share memory (ids and targets cut from one buffer)
-    fn = _capture_and_load(tmp_path / "read", lambda a, b: a + b, torch.ones(4, 3), torch.ones(4, 3))
+    fn = capture_and_load(tmp_path / "read", lambda a, b: a + b, torch.ones(4, 3), torch.ones(4, 3))
     buf = torch.arange(24.0)
     a, b = buf[:12].view(4, 3), buf[12:].view(4, 3)
     torch.testing.assert_close(fn(a, b), a + b)
@@ -638,7 +462,7 @@ def test_one_path_for_both_halves_is_refused(tmp_path):
     ({"options": "abc"}, r"options must be a dict, e.g. \{'inductor': \{...\}\}, not str"),
 ])
 def test_capture_arguments_of_the_wrong_kind_say_which(tmp_path, kwargs, message):
-    args = dict(_paths(tmp_path), **kwargs)
+    args = dict(pair_paths(tmp_path), **kwargs)
     with pytest.raises(TypeError, match=message):
         precompile_build.capture(lambda x: x, **args)
 
@@ -647,11 +471,11 @@ def test_an_argument_that_contains_itself_is_refused(tmp_path):
     loop = [torch.randn(2)]
     loop.append(loop)
     with pytest.raises(CaptureError, match="an argument contains itself"):
-        with precompile_build.capture(lambda x: x[0], engine="eager", **_paths(tmp_path)) as f:
+        with precompile_build.capture(lambda x: x[0], engine="eager", **pair_paths(tmp_path)) as f:
             f(loop)
     assert not list(tmp_path.iterdir())
     shared = [torch.randn(2)]  # the same list twice is fine
-    with precompile_build.capture(lambda a, b: a[0] + b[0], engine="eager", **_paths(tmp_path)) as f:
+    with precompile_build.capture(lambda a, b: a[0] + b[0], engine="eager", **pair_paths(tmp_path)) as f:
         f(shared, shared)
     assert (tmp_path / "t.py").exists()
 
@@ -666,7 +490,7 @@ def test_torch_random_ops_are_served_with_torch_rng(tmp_path):
     x = torch.randn(4, 64)
     with warnings.catch_warnings():
         warnings.simplefilter("error", precompile_build.PythonStateWarning)  # torch's RNG: no warning
-        served = _capture_and_load(tmp_path / "p", _random_ops, x)
+        served = capture_and_load(tmp_path / "p", _random_ops, x)
     assert served.uses_kernels
     torch.manual_seed(7)
     first, second = served(x), served(x)
@@ -676,7 +500,7 @@ def test_torch_random_ops_are_served_with_torch_rng(tmp_path):
     torch.manual_seed(7)
     torch.testing.assert_close(first, _random_ops(x))  # the same values as eager
     torch.manual_seed(3)
-    with precompile_build.capture(_random_ops, engine="frozen", **_paths(tmp_path / "p")) as f:
+    with precompile_build.capture(_random_ops, engine="frozen", **pair_paths(tmp_path / "p")) as f:
         during = f(x)  # the capture's own draws are not taken from the caller's RNG
     torch.manual_seed(3)
     torch.testing.assert_close(during, _random_ops(x))
@@ -702,11 +526,13 @@ def test_python_random_in_the_function_warns_that_it_is_frozen(tmp_path, rng):
     with pytest.warns(precompile_build.PythonStateWarning,
                       match=rf"target 't': the function drew from {rng} while it was captured; "
                             r"Python code runs once, at capture, and never when the pair is served") as rec:
-        served = _capture_and_load(tmp_path / "p", fn, x)
+        with precompile_build.capture(fn, engine="frozen", **pair_paths(tmp_path)) as f:  # (here: the
+            f(x)  # warning names the with-block's line, in this file)
+    served = load_pair_at(tmp_path)
     assert [w.filename for w in rec if isinstance(w.message, precompile_build.PythonStateWarning)] == [__file__]
     a, b = served(x), served(x)
     assert torch.equal(a, b)  # frozen: what the warning says
     if rng == "random":
         with warnings.catch_warnings():  # a function without Python randomness: no warning
             warnings.simplefilter("error", precompile_build.PythonStateWarning)
-            _capture_and_load(tmp_path / "q", lambda x: x * 2, x)
+            capture_and_load(tmp_path / "q", lambda x: x * 2, x)

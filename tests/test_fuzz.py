@@ -472,7 +472,7 @@ def test_envelope_every_single_bit_flip(kind):
     A flip in the magic, the length or a blob is an IntegrityError. A flip inside a
     header *value* (a blob name, a fingerprint string, meta) may still parse: the
     envelope does not hash its own header, the manifest's sha256 of the whole file
-    is what refuses it at load (test_runtime_loader's tamper tests). Then the parsed
+    is what refuses it at load (test_runtime_integrity's tamper tests). Then the parsed
     Envelope differs from the original, so the change is never silent. The one
     exception today is KNOWN BUG R3 (the version digit, below)."""
     orig = ENVELOPES[kind]

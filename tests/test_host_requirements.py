@@ -22,7 +22,7 @@ import warnings
 from pathlib import Path
 
 import pytest
-from test_runtime_loader import (
+from _fake_packages import (
     BLOB,
     RUNTIME,
     file_entry,

@@ -6,9 +6,8 @@ from __future__ import annotations
 import warnings
 
 import pytest
-from test_runtime_loader import (
+from _fake_packages import (
     FakePkg,
-    envelope,
     file_entry,
     make_package,
     make_pair,
@@ -17,7 +16,7 @@ from test_runtime_loader import (
 )
 
 import precompile_runtime
-from precompile_runtime import HostMismatchWarning, PairFormatError, load_packaged
+from precompile_runtime import HostMismatchWarning, PairFormatError, envelope, load_packaged
 
 pytestmark = pytest.mark.usefixtures("runtime_env")
 
