@@ -40,3 +40,14 @@ def runtime_env(monkeypatch, tmp_path):
     for var in ("PRECOMPILE_STRICT", "PRECOMPILE_NO_COMPILE", fingerprint.CPUINFO_ENV):
         monkeypatch.delenv(var, raising=False)
     monkeypatch.setenv("PRECOMPILE_CACHE_DIR", str(tmp_path / "kcache"))
+
+
+@pytest.fixture
+def pkg(tmp_path, monkeypatch):
+    """A fake installed package (tests/_fake_packages.py) with one target ``fwd`` matching
+    this host, importable (its folder on sys.path) for the test."""
+    from _fake_packages import make_package
+
+    p = make_package(tmp_path)
+    monkeypatch.syspath_prepend(str(p.root))
+    return p

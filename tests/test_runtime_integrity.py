@@ -37,13 +37,6 @@ from precompile_runtime import (
 pytestmark = pytest.mark.usefixtures("runtime_env")
 
 
-@pytest.fixture
-def pkg(tmp_path, monkeypatch):
-    p = make_package(tmp_path)
-    monkeypatch.syspath_prepend(str(p.root))
-    return p
-
-
 # -------------------------------------------------------------------- tampering
 
 
