@@ -131,13 +131,14 @@ def _compile(traced: TracedCall, target: str, options: dict, real: dict | None =
     on_cpu = traced.metadata["device"] == "cpu"
     cpu_isa, pin_march = _cpu_target() if on_cpu else (None, contextlib.nullcontext())
     try:
+        # the user's Inductor settings are config names (capture_options.py checks them and
+        # refuses the ones pinned here): patched around the compile and the first run (its
+        # autotuning reads them), as torch.compile(options=) does; standalone_compile's own
+        # options= are compile_fx's keyword arguments
         with torch_warnings_shown(), torch.no_grad(), recording(), keep(), _reproducible_kernels(), pin_march, \
-                _torch_rng(), (dynamic_dims.compile_context(traced.graph_module) if dynamic
-                               else contextlib.nullcontext()):
-            # the user's Inductor settings are config names (capture_options.py checks
-            # them): patched around the compile, as torch.compile(options=) does;
-            # standalone_compile's own options= are compile_fx's keyword arguments
-            with timed("compile"), torch._inductor.config.patch(options.get("inductor") or {}):
+                _torch_rng(), torch._inductor.config.patch(options.get("inductor") or {}), \
+                (dynamic_dims.compile_context(traced.graph_module) if dynamic else contextlib.nullcontext()):
+            with timed("compile"):
                 compiled = torch._inductor.standalone_compile(
                     traced.graph_module, list(traced.symbolic.inputs if dynamic else traced.example_inputs),
                     dynamic_shapes="from_graph" if dynamic else "from_example_inputs",
