@@ -364,17 +364,26 @@ def peak_step(c: dict) -> str | None:
 
 
 def _from_wheel(w: dict | None) -> dict:
-    """A capture row made of a ``wheel`` row's manifest fields (its seconds are the
-    capture process's: the script's imports and model build included)."""
+    """A capture row made of a ``wheel`` row's manifest fields: its seconds are the
+    capture steps' sum (the manifest's ``capture_seconds`` is the script process's, its
+    imports and model build included: ``setup``); a manifest without steps, that."""
     if not w or "error" in w:
         return w or {}
     v = w.get("variant") or {}
     pm = v.get("peak_memory") or {}
-    out = {"capture_s": v.get("capture_seconds"), "gpu_bytes": pm.get("gpu_bytes"),
+    steps = {k: x for k, x in (v.get("capture_breakdown") or {}).items() if k != "setup"}
+    out = {"capture_s": round(sum(steps.values()), 2) if steps else v.get("capture_seconds"),
+           "gpu_bytes": pm.get("gpu_bytes"),
            "eager_gpu_bytes": pm.get("eager_gpu_bytes"), "validation": v.get("validation") or {}}
     out.update({f"{k}_s": x for k, x in (v.get("capture_breakdown") or {}).items()})
     out.update({f"{k}_gpu_bytes": x for k, x in (pm.get("gpu_steps") or {}).items()})
     return out
+
+
+def _first(r: dict) -> str:
+    """A mode's first result: the median of its runs, with their number when more than one."""
+    runs = r.get("first_result_runs") or []
+    return _s(r.get("first_result_s")) + (f" (median of {len(runs)})" if len(runs) > 1 else "")
 
 
 def _row(size: str, r: dict) -> str:
@@ -400,7 +409,7 @@ def _row(size: str, r: dict) -> str:
             f"| {_gib(c.get('gpu_bytes'))} / {_gib(c.get('eager_gpu_bytes'))}"
             f" ({'-' if ratio is None else f'{ratio:.2f}x'}{', in ' + peak_step(c) if peak_step(c) else ''})"
             f" | {c.get('source_bytes', 0) / 1024:.0f} KiB / "
-            f"{c.get('cache_bytes', 0) / 1024:.0f} KiB | {_s(e.get('first_result_s'))} / {_s(ld.get('first_result_s'))}"
+            f"{c.get('cache_bytes', 0) / 1024:.0f} KiB | {_first(e)} / {_first(ld)}"
             f" (load {_s(ld.get('load_s'))} + first call {_s(ld.get('first_call_s'))})"
             f" / {_s(cc.get('first_result_s'))} | {_s(e.get('steady_ms'))} / {_s(ld.get('steady_ms'))} / "
             f"{_s(cc.get('steady_ms'))} | {_s(ld.get('max_abs_vs_eager'))} ({_s(ld.get('max_abs_value'))}) | "
@@ -438,7 +447,9 @@ def write(out_dir: Path, device: str = "cuda") -> str:
         pm = v.get("peak_memory") or {}
         head.append(f"- `{size}`: " + (f"FAILED: {w['error'].strip().splitlines()[-1][:200]}" if "error" in w else
                     f"build {w['build_s']:.0f} s, wheel {w['wheel_bytes'] / 2**20:.1f} MiB; manifest: capture "
-                    f"{v.get('capture_seconds')} s, peak_memory {json.dumps(pm)}, validation reference "
+                    f"{v.get('capture_seconds')} s (the script's process"
+                    + (f"; of it setup {v['capture_breakdown']['setup']} s" if "setup" in (v.get("capture_breakdown") or {})
+                       else "") + f"), peak_memory {json.dumps(pm)}, validation reference "
                     f"{(v.get('validation') or {}).get('reference', '-')}"))
     section = "\n".join(head + ["<!-- /llama -->"])
     md = out_dir / f"scale_{device}.md"

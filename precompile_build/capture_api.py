@@ -15,7 +15,7 @@ from typing import Any, Callable
 
 from precompile_runtime.envelope import write_atomic
 
-from . import engines, python_state
+from . import capture_stats, engines, python_state
 from .capture_options import FROZEN_OPTIONS, OPTIONS, CaptureOptions, check_choice  # noqa: F401 - re-exported
 from .errors import CaptureError, CompilerFailed, PythonStateWarning, warn_at_caller
 from .rng_state import python_rng_states
@@ -74,6 +74,7 @@ class Capture:
         """Run the engine's capture of the first call (``self._pair``). An engine that
         judges by the real call runs it: then ``box["ran"]`` is set, and
         ``box["result"]`` holds its result once it returned."""
+        capture_stats.capture_began()  # the script's setup ends here (the build's report)
         with _torch_rng_kept(device):  # the trace and checks draw too: not the user's RNG
             try:
                 mod, extra = engines.get(engine), {}

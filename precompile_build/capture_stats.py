@@ -13,7 +13,10 @@ memory comes back in bytes:
   capture writes them (:func:`record`) to the JSON file the build names in
   ``PRECOMPILE_STATS_PATH`` (nothing is written without it); :func:`read` gets them.
 
-and, for the frozen engine, the capture's seconds by step (:func:`timed`): ``trace``,
+and the script's ``setup`` seconds, from the build starting the script to its first
+capture (interpreter start, imports, the script building its model and inputs: the
+script's time, not the capture's; :func:`capture_began`, any engine), then, for the
+frozen engine, the capture's seconds by step (:func:`timed`): ``trace``,
 ``eager_call``, ``compile`` (Inductor), ``first_run`` (the first run of the compiled
 code: kernel loads and Triton's autotuning) and ``validate``; for CUDA captures also
 each step's GPU peak (``<step>_gpu_bytes``, the weights included): the step that set
@@ -39,8 +42,15 @@ STATS_ENV = "PRECOMPILE_STATS_PATH"
 """Environment variable naming the capture's stats file (set by the build)."""
 
 
-STEPS = ("trace", "eager_call", "compile", "first_run", "validate")
-"""The capture steps :func:`timed` measures, in the order they run."""
+STARTED_ENV = "PRECOMPILE_SCRIPT_STARTED"
+"""Environment variable: the wall-clock time (``time.time()``, seconds) at which the
+build started the capture script (set by the build)."""
+
+STEPS = ("setup", "trace", "eager_call", "compile", "first_run", "validate")
+"""The script's setup (:func:`capture_began`), then the capture steps :func:`timed`
+measures, in the order they run."""
+
+_began = False  # capture_began has recorded this process's setup
 
 VALIDATE_PARTS = ("validate_graph", "validate_frozen", "validate_reference")
 """Parts of ``validate`` (per case: the graph in its own dtypes, the frozen kernels,
@@ -60,6 +70,22 @@ def record(**numbers: float) -> None:
         old.update({k: v for k, v in numbers.items() if v is not None})
         Path(path).write_text(json.dumps(old, sort_keys=True))
     except (OSError, ValueError, TypeError):
+        pass
+
+
+def capture_began() -> None:
+    """Record ``setup_s``: the seconds from the build starting this script
+    (``PRECOMPILE_SCRIPT_STARTED``) to its first capture. Called as each capture
+    begins; only the first of a process records. Nothing outside a build (no
+    variable, or one that is not a number)."""
+    global _began
+    started = os.environ.get(STARTED_ENV)
+    if _began or not started:
+        return
+    _began = True
+    try:
+        record(setup_s=round(max(0.0, time.time() - float(started)), 3))
+    except ValueError:
         pass
 
 
@@ -162,10 +188,11 @@ def read(stats_path: Path, host_bytes: Optional[int]) -> tuple[Optional[dict], O
 
 
 def describe_breakdown(breakdown: Optional[dict]) -> str:
-    """``trace 5.1 s, compile 30.2 s, ...`` ("" for None)."""
+    """``script setup 12.0 s, trace 5.1 s, compile 30.2 s, ...`` ("" for None)."""
     if not breakdown:
         return ""
-    return ", ".join(f"{s.replace('_', ' ')} {breakdown[s]:.1f} s" for s in STEPS if s in breakdown)
+    names = {"setup": "script setup"}
+    return ", ".join(f"{names.get(s, s.replace('_', ' '))} {breakdown[s]:.1f} s" for s in STEPS if s in breakdown)
 
 
 def peak_step(peaks: Optional[dict]) -> Optional[str]:

@@ -79,8 +79,9 @@ class CaptureResult:
     CUDA captures of the frozen engine ``gpu_bytes`` and ``eager_gpu_bytes``); None
     for a reused pair or where nothing was measured."""
     capture_breakdown: Optional[dict] = None
-    """Seconds per capture step (:data:`.capture_stats.STEPS`: trace, eager call,
-    compile, first run, validate; the frozen engine's); None where not measured."""
+    """Seconds per step (:data:`.capture_stats.STEPS`: the script's setup before its
+    capture, then the frozen engine's trace, eager call, compile, first run, validate);
+    None where not measured."""
     log_path: Optional[Path] = None
     """A left-out target's whole log, kept after the build (as for a failed required
     target: ``<tmp>/precompile-build-logs/NAME-<pid>.log``); None when it has none."""

@@ -26,8 +26,10 @@ def _gpu_project(tmp_path):
     script = tmp_path / "proj" / "capture" / "gpu.py"
     root = make_project(tmp_path, target_toml("fwd", script="capture/gpu.py", extra='device = "cuda"'))
     script.write_text(
-        "import runpy, sys\n"
+        "import runpy, sys, time\n"
         "from precompile_build import capture_stats\n"
+        "time.sleep(0.3)\n"  # the script's own setup (imports, building a model)
+        "capture_stats.capture_began()\n"  # as a capture does when it begins
         f"capture_stats.record(gpu_bytes={5 * GIB}, eager_gpu_bytes={4 * GIB}, trace_s=1.25, validate_s=2.5)\n"
         "held = bytearray(64 << 20)\n"
         "sys.argv[0] = 'capture/pair.py'\nrunpy.run_path('capture/pair.py', run_name='__main__')\n")
@@ -44,8 +46,12 @@ def test_peaks_reach_the_build_line_the_table_the_manifest_and_inspect(tmp_path,
     assert 64 << 20 < r.peak_memory["host_bytes"] < 4 * GIB  # the script's own RSS
     err = capfd.readouterr().err
     line = next(ln for ln in err.splitlines() if "fwd: ok on cuda:0" in ln)
-    assert "; trace 1.2 s, validate 2.5 s; peak host " in line and "GPU 5.0 GiB (1.25x eager's 4.0 GiB)" in line
+    setup = r.capture_breakdown.pop("setup")  # from the build starting the script to its capture
+    assert 0.3 <= setup < r.capture_seconds, (setup, r.capture_seconds)
+    assert f"; script setup {setup:.1f} s, trace 1.2 s, validate 2.5 s; peak host " in line
+    assert "GPU 5.0 GiB (1.25x eager's 4.0 GiB)" in line
     assert r.capture_breakdown == {"trace": 1.25, "validate": 2.5}
+    r.capture_breakdown["setup"] = setup
     table = err.split("precompile: summary\n")[1].splitlines()
     assert table[0].split()[-2:] == ["peak", "host/GPU"] and table[1].endswith("/5.0 GiB")
     files = assemble("simplepkg", [r])
@@ -58,7 +64,7 @@ def test_peaks_reach_the_build_line_the_table_the_manifest_and_inspect(tmp_path,
     report = inspect_report(str(out), host=lambda d: {})
     assert report["targets"]["fwd"]["variants"][0]["peak_memory"] == r.peak_memory
     text = format_report(report)
-    assert "    capture: " in text and "(trace 1.2 s, validate 2.5 s); peak host" in text
+    assert "    capture: " in text and f"(script setup {setup:.1f} s, trace 1.2 s, validate 2.5 s); peak host" in text
     assert "GPU 5.0 GiB (1.25x eager's 4.0 GiB)" in text
 
 
@@ -70,6 +76,34 @@ def test_reproducible_builds_leave_the_peaks_out(tmp_path, monkeypatch):
     (r,) = runner.run_captures(load_settings(root, {"precompile.cache": "off"}), tmp_path / "work")
     (variant,) = json.loads(assemble("simplepkg", [r])["manifest.json"])["targets"]["fwd"]["variants"]
     assert not {"peak_memory", "capture_breakdown", "capture_seconds"} & set(variant)
+
+
+def test_the_scripts_setup_ends_where_its_first_capture_begins(tmp_path, monkeypatch):
+    # a real capture records the seconds since the build started the script, once per
+    # process (a second capture's setup would count the first capture's seconds)
+    import time
+
+    import torch
+
+    import precompile_build
+
+    stats = tmp_path / "stats.json"
+    monkeypatch.setenv(capture_stats.STATS_ENV, str(stats))
+    monkeypatch.setattr(capture_stats, "_began", False)
+    for i, started in enumerate((time.time() - 5, time.time() - 100)):
+        monkeypatch.setenv(capture_stats.STARTED_ENV, repr(started))
+        with precompile_build.capture(lambda x: x * 2 + 1, engine="eager", target=f"t{i}",
+                                      artifact_path=tmp_path / f"t{i}.py", cache_path=tmp_path / f"t{i}.cache") as f:
+            f(torch.ones(3))
+        setup = json.loads(stats.read_text())["setup_s"]
+        assert 5 <= setup < 60, setup
+    _, breakdown = capture_stats.read(stats, None)
+    assert breakdown == {"setup": setup}
+    monkeypatch.setattr(capture_stats, "_began", False)
+    monkeypatch.setenv(capture_stats.STARTED_ENV, "not a time")  # set by hand: no number, no report
+    stats.unlink()
+    capture_stats.capture_began()
+    assert not stats.exists()
 
 
 class _FakeCuda:

@@ -300,6 +300,14 @@ def test_kernels_compile_in_inductors_worker_pool(tmp_path, monkeypatch, user_ke
         calls.append(1)
         return orig(*a, **k)
 
+    # the pool up first: a capture begun before its workers answer compiles in this
+    # process (test_a_fresh_process_compiles_in_the_worker_pool: a trace long enough)
+    from torch._inductor.async_compile import AsyncCompile
+
+    from precompile_build.engines._triton_freeze import start_compile_workers
+
+    start_compile_workers()
+    AsyncCompile.wait_pool_ready(timeout=120)
     monkeypatch.setattr(triton, "compile", counting)
     torch.manual_seed(0)
     # sizes of this test only, and no FX graph cache: each kernel is compiled now
@@ -309,6 +317,43 @@ def test_kernels_compile_in_inductors_worker_pool(tmp_path, monkeypatch, user_ke
         source, cache = _capture(tmp_path, f"pool_{user_kernel}", fn, x, y)
     assert bool(calls) == user_kernel, len(calls)
     _serve(tmp_path, "user", source, cache, {"args": [x.cpu(), y.cpu()], "out": fn(x, y).cpu(), "tol": 1e-5})
+
+
+_FRESH_POOL_CHILD = textwrap.dedent("""
+    import json, sys, time
+    import torch, triton
+    import precompile_build
+
+    calls = []
+    orig = triton.compile
+    triton.compile = lambda *a, **k: calls.append(1) or orig(*a, **k)
+
+    def fn(a, b):
+        time.sleep(3)  # a trace long enough for the workers to come up (they import torch)
+        return torch.sigmoid(a * 3 + b) * 2, torch.tanh(a - b).sum(0)
+
+    x, y = torch.randn(37, 997, device="cuda"), torch.randn(37, 997, device="cuda")
+    with precompile_build.capture(fn, artifact_path=sys.argv[1] + ".py", cache_path=sys.argv[1] + ".cache",
+                                  engine="frozen", target="fresh") as f:
+        f(x, y)
+    print("CALLS " + json.dumps(len(calls)))
+""")
+
+
+@needs_triton
+def test_a_fresh_process_compiles_in_the_worker_pool(tmp_path):
+    """The first capture of a fresh process (a build's script) starts Inductor's
+    compile workers while it traces, as torch.compile does: they are up when the
+    kernels compile, so none compiles in the capturing process (Inductor compiles a
+    kernel in-process, one at a time, while its pool has not answered)."""
+    env = dict(os.environ, TORCHINDUCTOR_COMPILE_THREADS="2", TORCHINDUCTOR_FX_GRAPH_CACHE="0",
+               TORCHINDUCTOR_CACHE_DIR=str(tmp_path / "inductor"), TRITON_CACHE_DIR=str(tmp_path / "triton"))
+    env["PYTHONPATH"] = os.pathsep.join([REPO, os.path.join(REPO, "runtime"), env.get("PYTHONPATH", "")])
+    proc = subprocess.run([sys.executable, "-c", _FRESH_POOL_CHILD, str(tmp_path / "fresh")], env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, f"child failed:\n{proc.stdout}\n{proc.stderr}"
+    calls = json.loads([ln for ln in proc.stdout.splitlines() if ln.startswith("CALLS ")][-1][6:])
+    assert calls == 0, f"{calls} kernel(s) compiled in the capturing process, not in the worker pool"
 
 
 @needs_triton

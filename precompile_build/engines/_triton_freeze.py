@@ -78,10 +78,19 @@ def start_compile_workers() -> None:
     """Start Inductor's kernel-compile worker pool now, as torch.compile does when it
     begins, so that it is up by the time the compile needs it (its start overlaps
     the trace). Nothing when Inductor compiles in-process (``compile_threads`` <= 1,
-    e.g. ``TORCHINDUCTOR_COMPILE_THREADS=1``) or the pool is already up."""
-    from torch._inductor.async_compile import AsyncCompile
+    e.g. ``TORCHINDUCTOR_COMPILE_THREADS=1``) or the pool is already up.
 
-    AsyncCompile.warm_pool()
+    The workers themselves are woken too (``wakeup``), not only the pool's sidecar:
+    Inductor sends a kernel to the pool only once the pool answers, and compiles it
+    in this process, one at a time, before then."""
+    from torch._inductor import async_compile
+
+    warm = getattr(async_compile, "maybe_warm_pool", None)  # what torch.compile's backend calls
+    if warm is not None:
+        warm()
+    else:
+        async_compile.AsyncCompile.warm_pool()
+        async_compile.AsyncCompile.wakeup()
 
 
 def has_user_kernels(graph_module) -> bool:

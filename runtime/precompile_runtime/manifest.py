@@ -28,8 +28,9 @@ Schema (format ``precompile-build.manifest``, version 1)::
               "peak_memory": {"host_bytes": 1288490188,  # the capture's peak RSS; absent
                               "gpu_bytes": 17179869184,  # in reproducible builds; GPU: CUDA
                               "eager_gpu_bytes": 16106127360},  # frozen captures (and eager's call)
-              "capture_breakdown": {"trace": 5.1, "eager_call": 0.4, "compile": 30.2,  # seconds;
-                                    "first_run": 3.0, "validate": 4.1},  # frozen engine
+              "capture_breakdown": {"setup": 9.8,  # seconds; the script's, before its capture
+                                    "trace": 5.1, "eager_call": 0.4, "compile": 30.2,  # the
+                                    "first_run": 3.0, "validate": 4.1},  # frozen engine's steps
               "fallback": {"from": "frozen", "reason": "..."}  # only when `fallback = "eager"` was used
               "compiled_for": ["8.0", "9.0", "12.0"],  # frozen CUDA variants: GPUs it has kernels for
               "tuned_on": "9.0",       # the GPU whose autotuning chose the configs
