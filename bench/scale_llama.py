@@ -386,6 +386,12 @@ def _first(r: dict) -> str:
     return _s(r.get("first_result_s")) + (f" (median of {len(runs)})" if len(runs) > 1 else "")
 
 
+def _runs(c: dict) -> str:
+    """`` (runs 19.7, 17.7; steps of the last)`` for a capture given more than once."""
+    runs = c.get("capture_runs") or []
+    return f" (runs {', '.join(f'{x:.1f}' for x in runs)}; steps of the last)" if len(runs) > 1 else ""
+
+
 def _row(size: str, r: dict) -> str:
     c, ld, e, cc = (r.get(m, {}) for m in ("capture", "load", "eager", "compile"))
     if not c and r.get("wheel"):
@@ -405,7 +411,7 @@ def _row(size: str, r: dict) -> str:
     checked += f"; eager call {(val.get('eager_call') or {}).get('outcome', '-')}"
     mods = ld.get("compiler_modules_imported")
     return (f"| {size} ({c.get('params', 0) / 1e9:.2f}B{', cap ' + str(c['cap_gib']) + ' GiB' if c.get('cap_gib') else ''}) "
-            f"| {_s(c.get('capture_s'))} ({', '.join(f'{k[:-2]} {c[k]:.0f}' for k in _STEPS if k in c)}) "
+            f"| {_s(c.get('capture_s'))}{_runs(c)} ({', '.join(f'{k[:-2]} {c[k]:.0f}' for k in _STEPS if k in c)}) "
             f"| {_gib(c.get('gpu_bytes'))} / {_gib(c.get('eager_gpu_bytes'))}"
             f" ({'-' if ratio is None else f'{ratio:.2f}x'}{', in ' + peak_step(c) if peak_step(c) else ''})"
             f" | {c.get('source_bytes', 0) / 1024:.0f} KiB / "
@@ -516,6 +522,8 @@ def main(argv=None) -> int:
                     r["first_result_runs"] = prev.get("first_result_runs", [prev["first_result_s"]]) + [
                         r["first_result_s"]]
                     r["first_result_s"] = statistics.median(r["first_result_runs"])
+                if prev is not None and "capture_s" in prev and "capture_s" in r:  # capture given again
+                    r["capture_runs"] = prev.get("capture_runs", [prev["capture_s"]]) + [r["capture_s"]]
                 rows[mode] = r
                 failed |= "error" in r
                 print(f"{size} {mode}: {json.dumps({k: v for k, v in r.items() if k != 'validation'})[:600]}",
