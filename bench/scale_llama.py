@@ -350,7 +350,7 @@ def _s(v) -> str:
     return "-" if v is None else f"{v:.2f}"
 
 
-_STEPS = ("trace_s", "eager_call_s", "compile_s", "first_run_s", "validate_s")  # capture_stats.STEPS
+_STEPS = ("trace_s", "eager_call_s", "compile_s", "first_run_s", "validate_s")  # capture_stats.STEPS after setup
 # capture_stats.STEPS + VALIDATE_PARTS: the steps whose GPU peaks a CUDA capture records
 _PEAK_STEPS = ("trace", "eager_call", "compile", "first_run", "validate",
                "validate_graph", "validate_frozen", "validate_reference")
@@ -389,7 +389,7 @@ def _first(r: dict) -> str:
 def _runs(c: dict) -> str:
     """`` (runs 19.7, 17.7; steps of the last)`` for a capture given more than once."""
     runs = c.get("capture_runs") or []
-    return f" (runs {', '.join(f'{x:.1f}' for x in runs)}; steps of the last)" if len(runs) > 1 else ""
+    return f" (the last of runs {', '.join(f'{x:.1f}' for x in runs)}, and its steps)" if len(runs) > 1 else ""
 
 
 def _row(size: str, r: dict) -> str:
@@ -416,7 +416,8 @@ def _row(size: str, r: dict) -> str:
             f" ({'-' if ratio is None else f'{ratio:.2f}x'}{', in ' + peak_step(c) if peak_step(c) else ''})"
             f" | {c.get('source_bytes', 0) / 1024:.0f} KiB / "
             f"{c.get('cache_bytes', 0) / 1024:.0f} KiB | {_first(e)} / {_first(ld)}"
-            f" (load {_s(ld.get('load_s'))} + first call {_s(ld.get('first_call_s'))})"
+            f" ({'last run: ' if len(ld.get('first_result_runs') or []) > 1 else ''}load {_s(ld.get('load_s'))}"
+            f" + first call {_s(ld.get('first_call_s'))})"
             f" / {_s(cc.get('first_result_s'))} | {_s(e.get('steady_ms'))} / {_s(ld.get('steady_ms'))} / "
             f"{_s(cc.get('steady_ms'))} | {_s(ld.get('max_abs_vs_eager'))} ({_s(ld.get('max_abs_value'))}) | "
             f"{'-' if mods is None else len(mods)} | {checked} |")
@@ -433,7 +434,10 @@ def write(out_dir: Path, device: str = "cuda") -> str:
             "torch.cuda.max_memory_allocated during the capture (the weights included) / the same during "
             "the capture's own eager call, and the step that reached it (CPU rows: the peak RSS of the "
             "capturing process / of the eager process). load: `PRECOMPILE_NO_COMPILE=1`; compiler modules: "
-            "torch._inductor / torch._dynamo / triton modules the load imported.", ""]
+            "torch._inductor / torch._dynamo / triton modules the load imported. Capture s: the capture's wall "
+            "seconds from the model built (capture mode), or, for sizes built as wheels, the sum of the "
+            "manifest's capture steps (the script's setup, and the pair's writing, left out). A mode run more "
+            "than once: the median of its first results.", ""]
     for d in docs:
         head.append(f"- `{d['tag']}`: torch {d['torch']}, {d['gpu']}, {d.get('dtype', 'bfloat16')}, "
                     f"1 x {d.get('tokens', TOKENS)} tokens" + (f"; {d['note']}" if d.get("note") else ""))

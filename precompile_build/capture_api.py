@@ -44,6 +44,7 @@ class Capture:
         self.calls += 1
         if self._pair is not None:
             return self._fn(*args, **kwargs)  # later calls run for real, uncaptured
+        capture_stats.capture_began()  # the script's setup ends here (the build's report)
         device = _device_of(args, kwargs)
         engine, options = self.options.for_call(device)  # raises before the function runs
         self.engine = engine
@@ -74,7 +75,6 @@ class Capture:
         """Run the engine's capture of the first call (``self._pair``). An engine that
         judges by the real call runs it: then ``box["ran"]`` is set, and
         ``box["result"]`` holds its result once it returned."""
-        capture_stats.capture_began()  # the script's setup ends here (the build's report)
         with _torch_rng_kept(device):  # the trace and checks draw too: not the user's RNG
             try:
                 mod, extra = engines.get(engine), {}

@@ -43,8 +43,9 @@ STATS_ENV = "PRECOMPILE_STATS_PATH"
 
 
 STARTED_ENV = "PRECOMPILE_SCRIPT_STARTED"
-"""Environment variable: the wall-clock time (``time.time()``, seconds) at which the
-build started the capture script (set by the build)."""
+"""Environment variable: ``"<time> <pid>"``, the wall-clock time (``time.time()``,
+seconds) at which the build started the capture script, and the script's process id
+(processes the script starts inherit it: they record no setup)."""
 
 STEPS = ("setup", "trace", "eager_call", "compile", "first_run", "validate")
 """The script's setup (:func:`capture_began`), then the capture steps :func:`timed`
@@ -76,17 +77,21 @@ def record(**numbers: float) -> None:
 def capture_began() -> None:
     """Record ``setup_s``: the seconds from the build starting this script
     (``PRECOMPILE_SCRIPT_STARTED``) to its first capture. Called as each capture
-    begins; only the first of a process records. Nothing outside a build (no
-    variable, or one that is not a number)."""
+    begins; only the first capture of the script's own process records (not a rank or
+    worker it started). Nothing outside a build (no variable, or not ``"<time> <pid>"``),
+    nor when the clock went back (a negative setup)."""
     global _began
-    started = os.environ.get(STARTED_ENV)
-    if _began or not started:
+    if _began:
         return
     _began = True
     try:
-        record(setup_s=round(max(0.0, time.time() - float(started)), 3))
+        started, pid = os.environ.get(STARTED_ENV, "").split()
+        setup = time.time() - float(started)
+        mine = int(pid) == os.getpid()
     except ValueError:
-        pass
+        return
+    if mine and setup >= 0:
+        record(setup_s=round(setup, 3))
 
 
 class _StepPeaks:
@@ -114,7 +119,7 @@ _gpu: Optional[_StepPeaks] = None  # the CUDA capture being measured (cuda_peaks
 @contextlib.contextmanager
 def timed(step: str) -> Iterator[None]:
     """Record the wall seconds of the block as ``<step>_s`` (``step``: one of
-    :data:`STEPS` or :data:`VALIDATE_PARTS`), also when it raises; inside
+    :data:`STEPS` after ``setup``, or of :data:`VALIDATE_PARTS`), also when it raises; inside
     :func:`cuda_peaks` also its GPU peak in bytes as ``<step>_gpu_bytes`` (steps may
     nest; a step run more than once keeps its highest peak)."""
     gpu = _gpu
@@ -168,7 +173,8 @@ def maxrss_bytes(ru_maxrss: int) -> int:
 def read(stats_path: Path, host_bytes: Optional[int]) -> tuple[Optional[dict], Optional[dict]]:
     """The target's ``(peaks, breakdown)``: peaks ``{"host_bytes", "gpu_bytes",
     "eager_gpu_bytes", "gpu_steps": {step: bytes}}`` (those measured), breakdown
-    ``{step: seconds}`` for the :data:`STEPS` timed; None where nothing was measured."""
+    ``{step: seconds}`` for the :data:`STEPS` recorded (``setup`` and the timed steps);
+    None where nothing was measured."""
     peaks: dict[str, Any] = {}
     if host_bytes:
         peaks["host_bytes"] = int(host_bytes)

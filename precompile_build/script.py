@@ -215,7 +215,7 @@ def run_script(settings: Settings, target: TargetSettings, device: str, gpu: Opt
     stats = log_path.with_suffix(".stats.json")  # GPU peaks, seconds per step (capture_stats.py)
     stats.unlink(missing_ok=True)
     env[capture_stats.STATS_ENV] = str(stats)
-    env[capture_stats.STARTED_ENV] = repr(time.time())  # the script's setup seconds (capture_began)
+    env[capture_stats.STARTED_ENV] = repr(time.time())  # + the script's pid (_RUN_SCRIPT): capture_began
     result_file(log_path).unlink(missing_ok=True)
     cmd = [sys.executable, "-c", _RUN_SCRIPT, str(os.getpid()), str(result_file(log_path)), str(target.script),
            *target.args]
@@ -264,6 +264,8 @@ def _report(kind, value, tb, _shown=sys.excepthook):
 
 
 sys.excepthook = _report
+if "PRECOMPILE_SCRIPT_STARTED" in os.environ:  # capture_stats.capture_began: this process's setup only
+    os.environ["PRECOMPILE_SCRIPT_STARTED"] += " " + str(os.getpid())
 sys.argv = sys.argv[3:]
 sys.path[0] = os.path.dirname(os.path.realpath(script))
 import runpy

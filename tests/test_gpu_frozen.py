@@ -285,8 +285,8 @@ def test_train_step(tmp_path):
 @pytest.mark.parametrize("user_kernel", [False, True], ids=["inductor", "user"])
 def test_kernels_compile_in_inductors_worker_pool(tmp_path, monkeypatch, user_kernel):
     """As torch.compile does, the capture compiles Inductor's kernels in its worker
-    pool (this process calls no ``triton.compile``: the workers' compile results come
-    back, and the launchers frozen are made here); a graph with a user-defined Triton
+    pool once the pool answers (then this process calls no ``triton.compile``: the
+    workers' compile results come back, and the launchers frozen are made here); a graph with a user-defined Triton
     kernel compiles in this process (the workers would not launch it statically).
     Either pair serves like eager."""
     import torch._inductor.config as config
@@ -324,11 +324,14 @@ _FRESH_POOL_CHILD = textwrap.dedent("""
     import torch, triton
     import precompile_build
 
-    calls = []
+    from torch._inductor.async_compile import AsyncCompile
+
+    calls, woken = [], []
     orig = triton.compile
     triton.compile = lambda *a, **k: calls.append(1) or orig(*a, **k)
 
     def fn(a, b):
+        woken.append(AsyncCompile._ready_future is not None)  # the workers asked to start
         time.sleep(3)  # a trace long enough for the workers to come up (they import torch)
         return torch.sigmoid(a * 3 + b) * 2, torch.tanh(a - b).sum(0)
 
@@ -336,23 +339,25 @@ _FRESH_POOL_CHILD = textwrap.dedent("""
     with precompile_build.capture(fn, artifact_path=sys.argv[1] + ".py", cache_path=sys.argv[1] + ".cache",
                                   engine="frozen", target="fresh") as f:
         f(x, y)
-    print("CALLS " + json.dumps(len(calls)))
+    print("CALLS " + json.dumps([len(calls), woken[0]]))
 """)
 
 
 @needs_triton
 def test_a_fresh_process_compiles_in_the_worker_pool(tmp_path):
     """The first capture of a fresh process (a build's script) starts Inductor's
-    compile workers while it traces, as torch.compile does: they are up when the
-    kernels compile, so none compiles in the capturing process (Inductor compiles a
-    kernel in-process, one at a time, while its pool has not answered)."""
+    compile workers (not only the pool's sidecar) before it traces, as torch.compile
+    does: they are up when the kernels compile, so none compiles in the capturing
+    process (Inductor compiles a kernel in-process, one at a time, while its pool has
+    not answered)."""
     env = dict(os.environ, TORCHINDUCTOR_COMPILE_THREADS="2", TORCHINDUCTOR_FX_GRAPH_CACHE="0",
                TORCHINDUCTOR_CACHE_DIR=str(tmp_path / "inductor"), TRITON_CACHE_DIR=str(tmp_path / "triton"))
     env["PYTHONPATH"] = os.pathsep.join([REPO, os.path.join(REPO, "runtime"), env.get("PYTHONPATH", "")])
     proc = subprocess.run([sys.executable, "-c", _FRESH_POOL_CHILD, str(tmp_path / "fresh")], env=env,
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, f"child failed:\n{proc.stdout}\n{proc.stderr}"
-    calls = json.loads([ln for ln in proc.stdout.splitlines() if ln.startswith("CALLS ")][-1][6:])
+    calls, woken = json.loads([ln for ln in proc.stdout.splitlines() if ln.startswith("CALLS ")][-1][6:])
+    assert woken, "the workers were not asked to start before the trace ran the function"
     assert calls == 0, f"{calls} kernel(s) compiled in the capturing process, not in the worker pool"
 
 

@@ -77,20 +77,18 @@ def _read_cubin(kernel) -> bytes | None:
 def start_compile_workers() -> None:
     """Start Inductor's kernel-compile worker pool now, as torch.compile does when it
     begins, so that it is up by the time the compile needs it (its start overlaps
-    the trace). Nothing when Inductor compiles in-process (``compile_threads`` <= 1,
-    e.g. ``TORCHINDUCTOR_COMPILE_THREADS=1``) or the pool is already up.
+    the trace): torch's ``maybe_warm_pool``, what torch.compile's Inductor backend
+    calls. Nothing where that does nothing: Inductor compiling in-process
+    (``compile_threads`` <= 1, e.g. ``TORCHINDUCTOR_COMPILE_THREADS=1``), no Triton,
+    ``TORCH_WARM_POOL=0``; or when the pool is already up.
 
     The workers themselves are woken too (``wakeup``), not only the pool's sidecar:
     Inductor sends a kernel to the pool only once the pool answers, and compiles it
     in this process, one at a time, before then."""
     from torch._inductor import async_compile
 
-    warm = getattr(async_compile, "maybe_warm_pool", None)  # what torch.compile's backend calls
-    if warm is not None:
-        warm()
-    else:
-        async_compile.AsyncCompile.warm_pool()
-        async_compile.AsyncCompile.wakeup()
+    warm = getattr(async_compile, "maybe_warm_pool", None)  # (a torch without it: the sidecar only)
+    (warm or async_compile.AsyncCompile.warm_pool)()
 
 
 def has_user_kernels(graph_module) -> bool:

@@ -22,7 +22,7 @@ Schema (format ``precompile-build.manifest``, version 1)::
                 "source": {"path": "forward.py", "size": 1234, "sha256": "..."},
                 "cache":  {"path": "forward.cache", "size": 5678, "sha256": "..."}
               },
-              "capture_seconds": 12.3,    # absent in reproducible builds, like capture_device
+              "capture_seconds": 55.0,    # the script's run; absent in reproducible builds
               "captured_at": "2026-11-29T16:00:00Z",
               "capture_device": 0,     # CUDA device it ran on (index or UUID); null for cpu
               "peak_memory": {"host_bytes": 1288490188,  # the capture's peak RSS; absent
