@@ -61,16 +61,24 @@ the wide reference) whose GPU peaks are recorded too (their seconds are in
 
 def record(**numbers: float) -> None:
     """Merge ``numbers`` (name -> bytes as int, or seconds as float) into the stats
-    file named by ``PRECOMPILE_STATS_PATH``; does nothing without it. An unwritable
-    file is skipped: the numbers are a report, never a reason to fail a capture."""
+    file named by ``PRECOMPILE_STATS_PATH``; does nothing without it. Processes of one
+    script (ranks, workers) may record at once: each merge holds a lock file beside
+    it, and the file is replaced whole, so none loses another's numbers and a reader
+    never sees a part. An unwritable file, or a lock not had in 10 s, is skipped: the
+    numbers are a report, never a reason to fail a capture."""
+    import filelock
+
+    from precompile_runtime.envelope import write_atomic
+
     path = os.environ.get(STATS_ENV)
     if not path:
         return
     try:
-        old = json.loads(Path(path).read_text()) if os.path.exists(path) else {}
-        old.update({k: v for k, v in numbers.items() if v is not None})
-        Path(path).write_text(json.dumps(old, sort_keys=True))
-    except (OSError, ValueError, TypeError):
+        with filelock.FileLock(path + ".lock", timeout=10):
+            old = json.loads(Path(path).read_text()) if os.path.exists(path) else {}
+            old.update({k: v for k, v in numbers.items() if v is not None})
+            write_atomic(path, json.dumps(old, sort_keys=True).encode())
+    except (OSError, ValueError, TypeError, filelock.Timeout):
         pass
 
 

@@ -116,6 +116,21 @@ def test_the_scripts_setup_ends_where_its_first_capture_begins(tmp_path, monkeyp
         assert not stats.exists(), value
 
 
+def test_processes_recording_at_once_keep_each_others_numbers(tmp_path, monkeypatch):
+    # ranks or workers of one script record into the one stats file at the same time
+    import subprocess
+    import sys
+
+    stats = tmp_path / "stats.json"
+    monkeypatch.setenv(capture_stats.STATS_ENV, str(stats))
+    code = ("import sys\nfrom precompile_build import capture_stats\n"
+            "for i in range(40):\n    capture_stats.record(**{f'r{sys.argv[1]}_{i}_s': float(i)})\n")
+    procs = [subprocess.Popen([sys.executable, "-c", code, str(r)]) for r in range(4)]
+    assert [p.wait(timeout=120) for p in procs] == [0] * 4
+    got = json.loads(stats.read_text())
+    assert got == {f"r{r}_{i}_s": float(i) for r in range(4) for i in range(40)}
+
+
 class _FakeCuda:
     """torch.cuda's allocated-bytes counters, driven by hand."""
 
