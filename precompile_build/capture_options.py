@@ -75,6 +75,9 @@ PINNED_INDUCTOR = {
                  "requirement in its fingerprint",
     "fallback_random": "random ops call torch's generator, as eager does",
     "aot_inductor.enable_line_tables": "off: line tables name the build's cache path",
+    "use_static_cuda_launcher": "on: CUDA kernels are frozen with Triton's static launcher",
+    "static_launch_user_defined_triton_kernels": "on: user-defined Triton kernels are frozen the same way",
+    "triton.descriptive_names": "off: Triton truncates a long kernel name's cubin file, which is then not found",
 }
 
 

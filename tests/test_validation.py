@@ -387,6 +387,9 @@ def test_the_eager_engine_checks_the_eager_call_without_the_frozen_engine(tmp_pa
     ("max-autotune", r"options\['inductor'\] = 'max-autotune': use a dict of Inductor config names"),
     ({"cpp.march": "native"}, r"options\['inductor'\] sets 'cpp.march', which the frozen engine sets itself "
                               r"\(the CPU kernels' instruction set.*\); drop it"),
+    ({"triton.descriptive_names": "original_aten"}, r"sets 'triton.descriptive_names', which the frozen engine "
+                                                    r"sets itself \(off: Triton truncates"),
+    ({"use_static_cuda_launcher": False}, r"sets 'use_static_cuda_launcher', .*static launcher\); drop it"),
 ])
 def test_inductor_option_is_checked_before_the_function_runs(tmp_path, value, match):
     """A typo in the Inductor options is the user's, not 'an upstream torch bug' (the

@@ -134,9 +134,10 @@ def _compile(traced: TracedCall, target: str, options: dict, real: dict | None =
         # the user's Inductor settings are config names (capture_options.py checks them and
         # refuses the ones pinned here): patched around the compile and the first run (its
         # autotuning reads them), as torch.compile(options=) does; standalone_compile's own
-        # options= are compile_fx's keyword arguments
-        with torch_warnings_shown(), torch.no_grad(), recording(), keep(), _reproducible_kernels(), pin_march, \
-                _torch_rng(), torch._inductor.config.patch(options.get("inductor") or {}), \
+        # options= are compile_fx's keyword arguments. Patched first: what the engine sets
+        # inside (the in-process compile of cross_arch, its caches off) wins over them.
+        with torch._inductor.config.patch(options.get("inductor") or {}), torch_warnings_shown(), torch.no_grad(), \
+                recording(), keep(), _reproducible_kernels(), pin_march, _torch_rng(), \
                 (dynamic_dims.compile_context(traced.graph_module) if dynamic else contextlib.nullcontext()):
             with timed("compile"):
                 compiled = torch._inductor.standalone_compile(

@@ -284,4 +284,3 @@ def _failure(target: str, failures: list[tuple[str, BaseException]]) -> CaptureE
         parts.append(f"{name}: {_first_line(e)}" + (f" (at {where})" if where else ""))
     return CaptureError("tracing failed with "
                         + "; ".join(parts) + ". " + _ANOTHER_TRACER, target=target)
-
