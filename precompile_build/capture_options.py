@@ -79,6 +79,9 @@ PINNED_INDUCTOR = {
     "static_launch_user_defined_triton_kernels": "on: user-defined Triton kernels are frozen the same way",
     "triton.descriptive_names": "off: Triton truncates a long kernel name's cubin file, which is then not found",
 }
+# Not pinned, but set by the frozen engine where options['inductor'] does not:
+# triton.autotune_at_compile_time, off for CUDA graphs that do not branch (the capture's
+# first run autotunes, as under torch.compile; engines/frozen.py _standalone_options).
 
 
 def _check_inductor_option(value: Any, target: str) -> None:

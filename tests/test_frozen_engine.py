@@ -536,3 +536,92 @@ def test_python_random_in_the_function_warns_that_it_is_frozen(tmp_path, rng):
         with warnings.catch_warnings():  # a function without Python randomness: no warning
             warnings.simplefilter("error", precompile_build.PythonStateWarning)
             capture_and_load(tmp_path / "q", lambda x: x * 2, x)
+
+
+def _scaled_softmax(x):
+    return torch.softmax(x * 3, dim=-1) + 1
+
+
+def _branches(x):
+    return torch.cond(x.sum() > 0, lambda t: torch.softmax(t * 3, dim=-1), lambda t: t.cos() + 1, (x,))
+
+
+@pytest.mark.parametrize("fn, device, user, tuned_at_compile", [
+    (_scaled_softmax, "cpu", None, True),  # left as standalone_compile sets it
+    (_scaled_softmax, "cuda", None, False),  # autotuned in the first run
+    (_branches, "cuda", None, True),  # a branch the first run does not launch
+    (_scaled_softmax, "cpu", False, False),
+    (_scaled_softmax, "cuda", True, True),
+    (_branches, "cuda", False, False),
+], ids=["cpu", "cuda", "cuda_cond", "user_off", "user_on", "user_off_cond"])
+def test_cuda_kernels_autotune_in_the_first_run_not_at_compile_time(tmp_path, monkeypatch, fn, device, user,
+                                                                    tuned_at_compile):
+    """standalone_compile turns on Inductor's ``triton.autotune_at_compile_time`` (the
+    code generation waits for every kernel, then compiles them again to tune them). A
+    CUDA capture compiles with it off, as torch.compile does (its first run
+    autotunes), but for graphs that branch (torch.cond: a branch the first run
+    never launches would keep every config); the user's value in options['inductor']
+    wins; CPU captures are left alone. Here a CPU capture stands in for a CUDA one (the
+    device the decision is given), so the setting is seen where Inductor generates
+    code; each pair serves."""
+    from torch._inductor import config
+    from torch._inductor.graph import GraphLowering
+
+    from precompile_build.engines import frozen
+
+    monkeypatch.setattr(config, "fx_graph_cache", False)  # the code is generated now
+    monkeypatch.setattr(torch._functorch.config, "enable_autograd_cache", False)
+    decide = frozen._standalone_options
+    monkeypatch.setattr(frozen, "_standalone_options", lambda gm, _device, u: decide(gm, device, u))
+    seen = []
+    codegen = GraphLowering.codegen
+
+    def spy(self, *args, **kwargs):
+        seen.append(config.triton.autotune_at_compile_time)
+        return codegen(self, *args, **kwargs)
+
+    monkeypatch.setattr(GraphLowering, "codegen", spy)
+    options = None if user is None else {"inductor": {"triton.autotune_at_compile_time": user}}
+    x = torch.randn(8, 33)
+    with precompile_build.capture(fn, engine="frozen", options=options, **pair_paths(tmp_path)) as f:
+        f(x)
+    assert seen and set(seen) == {tuned_at_compile}, seen
+    served = load_pair_at(tmp_path)
+    torch.testing.assert_close(served(x), fn(x))
+    if fn is _branches:
+        torch.testing.assert_close(served(-x.abs()), fn(-x.abs()))  # the other branch
+
+
+def test_graphs_that_branch_are_found_at_any_depth():
+    """What keeps the compile-time tuning on: a cond or while_loop in the graph or in
+    one of its subgraphs; a graph without them does not."""
+    from torch._higher_order_ops.while_loop import while_loop
+
+    from precompile_build.engines.frozen import _branches
+
+    def count_up(x):
+        return while_loop(lambda i, t: i < 3, lambda i, t: (i + 1, t * 2), (torch.tensor(0), x))
+
+    def nested(x):
+        return torch.cond(x.sum() > 0, lambda t: count_up(t)[1], lambda t: t - 1, (x,))
+
+    x = torch.randn(4)
+    graphs = {name: torch.export.export(_Wrap(fn), (x,)).graph_module
+              for name, fn in (("plain", _scaled_softmax), ("while", count_up), ("nested", nested))}
+    assert {name: _branches(gm) for name, gm in graphs.items()} == {"plain": False, "while": True, "nested": True}
+    # a graph whose own nodes do not branch, calling one that does (the cond's branch with the while_loop)
+    root = torch.nn.Module()
+    root.sub = next(m for m in graphs["nested"].children() if _branches(m))
+    graph = torch.fx.Graph()
+    graph.output(graph.call_module("sub", (graph.placeholder("x"),)))
+    assert _branches(torch.fx.GraphModule(root, graph))
+
+
+class _Wrap(torch.nn.Module):
+    def __init__(self, fn):
+        super().__init__()
+        self.fn = fn
+
+    def forward(self, x):
+        return self.fn(x)
+

@@ -489,6 +489,68 @@ def test_autotuning_times_every_config_on_gpu_clones(tmp_path, monkeypatch):
     assert not any(cpu for _, cpu in timed), timed  # no config was timed off a CPU copy
 
 
+def _tuning_spies(monkeypatch, saved_configs=False):
+    """(scripts, timed): a 1 per compile-time tuning script Inductor runs
+    (``triton.autotune_at_compile_time``); per ``benchmark_all_configs`` call, whether
+    the capture's compile had returned (the first run) or not (the compile).
+    ``saved_configs``: Inductor's local autotune cache stays on (the caller gives it
+    an empty cache directory), else it is off: tuned now, not from a saved best config."""
+    from torch._inductor import config
+    from torch._inductor.codegen.wrapper import PythonWrapperCodegen
+    from torch._inductor.runtime import triton_heuristics as th
+
+    monkeypatch.setattr(config, "fx_graph_cache", False)  # compiled now
+    if not saved_configs:
+        monkeypatch.setattr(config, "autotune_local_cache", False)
+    scripts, timed, compiled = [], [], []
+    script = PythonWrapperCodegen.generate_and_run_autotune_block
+    monkeypatch.setattr(PythonWrapperCodegen, "generate_and_run_autotune_block",
+                        lambda self: scripts.append(1) or script(self))
+    bench = th.CachingAutotuner.benchmark_all_configs
+    monkeypatch.setattr(th.CachingAutotuner, "benchmark_all_configs",
+                        lambda self, *a, **k: timed.append(bool(compiled)) or bench(self, *a, **k))
+    standalone = torch._inductor.standalone_compile  # frozen.py looks it up when it compiles
+    monkeypatch.setattr(torch._inductor, "standalone_compile",
+                        lambda *a, **k: (standalone(*a, **k), compiled.append(1))[0])
+    return scripts, timed
+
+
+@needs_triton
+def test_kernels_compile_once_and_autotune_in_the_first_run(tmp_path, monkeypatch):
+    """The capture's compile runs no compile-time tuning script (standalone_compile's
+    ``triton.autotune_at_compile_time``, which waits for every kernel's compile and
+    compiles each a second time): the configs are timed in the capture's first run,
+    as under torch.compile, and the pair serves like eager."""
+    scripts, timed = _tuning_spies(monkeypatch)
+    x = torch.randn(513, 2049, device="cuda")  # a reduction with several configs to time on the H200
+    fn = lambda a: torch.softmax(a * 3, dim=-1) + a.sum(0)  # noqa: E731
+    source, cache = _capture(tmp_path, "first_run_tuning", fn, x)
+    assert scripts == [], "the compile ran a tuning script (autotune_at_compile_time)"
+    assert timed and all(timed), timed  # configs were timed, and only after the compile
+    _serve(tmp_path, "first_run_tuning", source, cache, {"args": [x.cpu()], "out": fn(x).cpu(), "tol": 1e-5})
+
+
+def _branches(a):
+    return torch.cond(a.sum() > 0, lambda t: torch.softmax(t * 3, dim=-1), lambda t: t.cos() + 1, (a,))
+
+
+@needs_triton
+def test_a_branch_the_first_run_does_not_take_is_tuned_at_compile_time(tmp_path, monkeypatch):
+    """A graph that branches (torch.cond) keeps standalone_compile's compile-time
+    tuning: the first run launches one branch, and a kernel it never launched would
+    keep every config, which cannot be frozen; the tuning script's choice reaches the
+    wrapper's kernels through Inductor's local autotune cache. Both branches serve."""
+    from torch._inductor.utils import fresh_inductor_cache
+
+    scripts, _ = _tuning_spies(monkeypatch, saved_configs=True)
+    x = torch.randn(513, 2049, device="cuda").abs()
+    with fresh_inductor_cache(dir=str(tmp_path / "inductor")):  # no best config saved by another test
+        source, cache = _capture(tmp_path, "cond_tuning", _branches, x)
+    assert scripts, "no compile-time tuning script ran for a graph with subgraphs"
+    for case, a in (("taken", x), ("other", -x)):
+        _serve(tmp_path, f"cond_{case}", source, cache, {"args": [a.cpu()], "out": _branches(a).cpu(), "tol": 1e-5})
+
+
 def test_unfreezable_kernel_is_a_capture_error():
     """A launcher built without the static CUDA launcher is refused, naming the kernel."""
     from precompile_build.engines._triton_freeze import freeze_triton_kernel

@@ -135,14 +135,18 @@ def _compile(traced: TracedCall, target: str, options: dict, real: dict | None =
         # refuses the ones pinned here): patched around the compile and the first run (its
         # autotuning reads them), as torch.compile(options=) does; standalone_compile's own
         # options= are compile_fx's keyword arguments. Patched first: what the engine sets
-        # inside (the in-process compile of cross_arch, its caches off) wins over them.
-        with torch._inductor.config.patch(options.get("inductor") or {}), torch_warnings_shown(), torch.no_grad(), \
+        # inside (the in-process compile of cross_arch, its caches off) wins over them; the
+        # user's triton.autotune_at_compile_time goes in again inside (_standalone_options),
+        # where standalone_compile would set its own over it.
+        user = options.get("inductor") or {}
+        with torch._inductor.config.patch(user), torch_warnings_shown(), torch.no_grad(), \
                 recording(), keep(), _reproducible_kernels(), pin_march, _torch_rng(), \
                 (dynamic_dims.compile_context(traced.graph_module) if dynamic else contextlib.nullcontext()):
             with timed("compile"):
                 compiled = torch._inductor.standalone_compile(
                     traced.graph_module, list(traced.symbolic.inputs if dynamic else traced.example_inputs),
                     dynamic_shapes="from_graph" if dynamic else "from_example_inputs",
+                    options=_standalone_options(traced.graph_module, traced.metadata["device"], user),
                 )
             with timed("first_run"):  # run once: loads every kernel and settles Triton autotuning
                 compiled(*sharing.run_inputs(traced.example_inputs, sharing.written_inputs(traced.graph_module)))
@@ -193,6 +197,47 @@ def _torch_rng():
     from torch._inductor import config
 
     return config.patch({"fallback_random": True})
+
+
+def _standalone_options(graph_module, device: str, user: dict) -> dict:
+    """``standalone_compile``'s ``options`` (compile_fx's keyword arguments) for a capture.
+
+    A CUDA capture compiles with ``triton.autotune_at_compile_time`` off, as
+    torch.compile does, where ``standalone_compile`` turns it on (its own artifact is
+    to load without autotuning): on, the wrapper's code generation stops until every
+    kernel has compiled in the worker pool, then runs a tuning script that defines
+    the kernels a second time (bench/results/gpu_check_h200.md). Off, the capture's
+    first run autotunes, and the configs chosen there are frozen.
+
+    It stays on (standalone_compile's) where the graph branches (``torch.cond``,
+    ``while_loop``, at any depth): the first run may not launch a branch's kernels,
+    and a kernel never launched keeps every config, which cannot be frozen; the
+    tuning script's choices reach the wrapper's kernels through Inductor's local
+    autotune cache, so with that cache off (``cuda-archs``, or the user's
+    ``autotune_local_cache = False``) such a kernel is refused either way. A value
+    set in ``options["inductor"]`` (``user``) wins. CPU captures are left as they are.
+
+    Returns:
+        ``{"config_patches": {...}}``, or ``{}``.
+    """
+    import torch
+
+    name = "triton.autotune_at_compile_time"
+    if name in user:
+        return {"config_patches": {name: user[name]}}
+    if device != "cuda" or not hasattr(torch._inductor.config.triton, "autotune_at_compile_time") \
+            or _branches(graph_module):
+        return {}
+    return {"config_patches": {name: False}}
+
+
+def _branches(graph_module) -> bool:
+    """Whether the graph, or a subgraph of it, calls ``torch.cond`` or ``while_loop``."""
+    import torch
+
+    ops = {op for op in (getattr(torch.ops.higher_order, n, None) for n in ("cond", "while_loop")) if op is not None}
+    return any(node.op == "call_function" and node.target in ops
+               for gm in graph_module.modules() if isinstance(gm, torch.fx.GraphModule) for node in gm.graph.nodes)
 
 
 def _reproducible_kernels():
