@@ -557,7 +557,7 @@ def _branches(x):
 def test_cuda_kernels_autotune_in_the_first_run_not_at_compile_time(tmp_path, monkeypatch, fn, device, user,
                                                                     tuned_at_compile):
     """standalone_compile turns on Inductor's ``triton.autotune_at_compile_time`` (the
-    code generation waits for every kernel, then compiles them again to tune them). A
+    code generation waits for every kernel, then defines them again to tune them). A
     CUDA capture compiles with it off, as torch.compile does (its first run
     autotunes), but for graphs that branch (torch.cond: a branch the first run
     never launches would keep every config); the user's value in options['inductor']
@@ -624,4 +624,3 @@ class _Wrap(torch.nn.Module):
 
     def forward(self, x):
         return self.fn(x)
-

@@ -519,7 +519,7 @@ def _tuning_spies(monkeypatch, saved_configs=False):
 def test_kernels_compile_once_and_autotune_in_the_first_run(tmp_path, monkeypatch):
     """The capture's compile runs no compile-time tuning script (standalone_compile's
     ``triton.autotune_at_compile_time``, which waits for every kernel's compile and
-    compiles each a second time): the configs are timed in the capture's first run,
+    defines each a second time): the configs are timed in the capture's first run,
     as under torch.compile, and the pair serves like eager."""
     scripts, timed = _tuning_spies(monkeypatch)
     x = torch.randn(513, 2049, device="cuda")  # a reduction with several configs to time on the H200
@@ -546,7 +546,7 @@ def test_a_branch_the_first_run_does_not_take_is_tuned_at_compile_time(tmp_path,
     x = torch.randn(513, 2049, device="cuda").abs()
     with fresh_inductor_cache(dir=str(tmp_path / "inductor")):  # no best config saved by another test
         source, cache = _capture(tmp_path, "cond_tuning", _branches, x)
-    assert scripts, "no compile-time tuning script ran for a graph with subgraphs"
+    assert scripts, "no compile-time tuning script ran for a graph that branches"
     for case, a in (("taken", x), ("other", -x)):
         _serve(tmp_path, f"cond_{case}", source, cache, {"args": [a.cpu()], "out": _branches(a).cpu(), "tol": 1e-5})
 
