@@ -30,7 +30,12 @@ Paths:
 - ``load_packaged``: the same loop as ``eager`` on the targets of one wheel built here
   (``prefill_b<B>``: the prompt length dynamic; ``decode_b<B>``: one token), loaded with
   ``precompile_runtime.load_packaged``; ``load_packaged_graphs``: with
-  ``cuda_graphs=True`` (CUDA only).
+  ``cuda_graphs=True`` (CUDA only);
+- ``load_packaged_greedy``: a loop over the target ``greedy_b<B>``, which holds the whole
+  step (``greedy_step`` in decode_project.py: the argmax, the next input, the position,
+  the token and logits kept in device buffers, the stop flag returned); the prompt goes
+  through it a token per call; ``load_packaged_graphs_greedy``: with ``cuda_graphs=True``,
+  so that each step is one graph replay and nothing else (CUDA only).
 
 The server loop (eager, load_packaged*): the next token stays on the device and is fed
 back as the next input, the position is a device tensor advanced in place, logits are
@@ -80,150 +85,18 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import textwrap
 import time
 from pathlib import Path
 
+from decode_project import MODULE, SIZES, build_wheel, write_project  # noqa: F401 - MODULE: decode_host.py
+
 ROOT = Path(__file__).resolve().parent.parent
 # (in the order they run: a run cut short has the cheap and the precompiled ones)
-PATHS = ("eager", "load_packaged", "load_packaged_graphs", "eager_lagged", "load_packaged_graphs_lagged", "generate",
-         "generate_compile", "generate_compile_ro", "generate_auto")
+PATHS = ("eager", "load_packaged", "load_packaged_graphs", "eager_lagged", "load_packaged_graphs_lagged",
+         "load_packaged_greedy", "load_packaged_graphs_greedy", "generate", "generate_compile", "generate_compile_ro",
+         "generate_auto")
+GREEDY = "_greedy"  # the loop over greedy_b<B>: the whole step (argmax, position, results) in the target
 LAGGED = "_lagged"  # the server loop that reads each step's stop flag one step later
-SIZES = {
-    "cpu": dict(vocab_size=1024, hidden_size=256, intermediate_size=512, num_hidden_layers=4,
-                num_attention_heads=4, num_key_value_heads=2, initializer_range=0.014, dtype="float32"),
-    "cuda": dict(vocab_size=32000, hidden_size=2048, intermediate_size=8192, num_hidden_layers=16,
-                 num_attention_heads=32, num_key_value_heads=8, initializer_range=0.005, dtype="bfloat16"),
-}
-
-# The package the wheel is built from: its module builds the model and is imported by
-# the capture scripts and by the workers (same seed, same weights everywhere).
-MODULE = '''
-"""The decoding benchmark's model, cache and step (written by bench/decode.py)."""
-import torch
-
-CONFIG = {config!r}
-MAX_CACHE = {max_cache}
-
-
-def build(device):
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    cfg = dict(CONFIG)
-    dtype = getattr(torch, cfg.pop("dtype"))
-    torch.manual_seed(0)
-    with torch.device(device):
-        model = LlamaForCausalLM(LlamaConfig(max_position_embeddings=MAX_CACHE, tie_word_embeddings=False,
-                                             eos_token_id=None, bos_token_id=None, pad_token_id=None, **cfg))
-        # decidable greedy tokens (bench/decode.py's docstring): unit-variance embeddings,
-        # the lm_head their rows permuted; the layers' weights small (initializer_range)
-        g = torch.Generator(device=device).manual_seed(2)
-        emb = torch.randn(cfg["vocab_size"], cfg["hidden_size"], generator=g, device=device)
-        perm = torch.randperm(cfg["vocab_size"], generator=g, device=device)
-        with torch.no_grad():
-            model.model.embed_tokens.weight.copy_(emb)
-            model.lm_head.weight.copy_(emb[perm] / cfg["hidden_size"] ** 0.5)
-    model.generation_config.eos_token_id = None
-    return model.to(dtype).eval()
-
-
-def static_cache(model, batch, device):
-    from transformers import StaticCache
-
-    cfg = model.config
-    cache = StaticCache(config=cfg, max_cache_len=MAX_CACHE)
-    cache.early_initialization(batch, cfg.num_key_value_heads, cfg.hidden_size // cfg.num_attention_heads,
-                               model.dtype, device)
-    return cache
-
-
-def step(model, ids, cache, pos):
-    """Logits of the last position [batch, vocab]; the cache is written in place."""
-    return model(input_ids=ids, past_key_values=cache, cache_position=pos).logits[:, -1]
-
-
-def prompt(batch, n, device):
-    g = torch.Generator().manual_seed(1)
-    return torch.randint(0, CONFIG["vocab_size"], (batch, n), generator=g).to(device)
-'''
-
-CAPTURE = '''
-"""Capture prefill_b<B> (dynamic prompt length) or decode_b<B>: argv = kind, batch."""
-import json
-import os
-import sys
-
-import torch
-
-import precompile_build
-import llmdecode
-
-kind, batch = sys.argv[1], int(sys.argv[2])
-device = os.environ.get("PRECOMPILE_DEVICE", "cpu")
-model = llmdecode.build(device)
-ids = llmdecode.prompt(batch, 8, device)
-pos = torch.arange(8, device=device)
-if kind == "prefill":
-    torch._dynamo.mark_dynamic(ids, 1, min=2, max=64)
-    torch._dynamo.mark_dynamic(pos, 0, min=2, max=64)
-else:
-    # contiguous, as a decode loop's token[:, None] is (a slice of the batch's prompt
-    # would be captured with its row stride)
-    ids, pos = ids[:, :1].contiguous(), pos[:1].contiguous()
-settings = json.loads(os.environ.get("DECODE_INDUCTOR") or "{}")  # bench/decode.py --inductor
-with torch.no_grad(), precompile_build.capture(llmdecode.step, options={"inductor": settings} if settings else None) as f:
-    f(model, ids, llmdecode.static_cache(model, batch, device), pos)
-'''
-
-
-def write_project(work: Path, device: str, batches: list[int], max_cache: int, kinds=("prefill", "decode"),
-                  inductor: dict | None = None) -> Path:
-    proj = work / "project"
-    (proj / "llmdecode").mkdir(parents=True, exist_ok=True)
-    (proj / "captures").mkdir(exist_ok=True)
-    (proj / "llmdecode" / "__init__.py").write_text(MODULE.format(config=SIZES[device], max_cache=max_cache))
-    (proj / "captures" / "capture.py").write_text(CAPTURE)
-    targets = "".join(textwrap.dedent(f'''
-        [tool.precompile.targets.{kind}_b{b}]
-        script = "captures/capture.py"
-        args = ["{kind}", "{b}"]
-        device = "{device}"
-        timeout = 1800
-        env = {{ DECODE_INDUCTOR = {json.dumps(json.dumps(inductor or {}))} }}
-        ''') for b in batches for kind in kinds)
-    (proj / "pyproject.toml").write_text(textwrap.dedent('''
-        [build-system]
-        requires = ["precompile-build", "torch", "transformers"]
-        build-backend = "precompile_build.backend"
-
-        [project]
-        name = "llmdecode"
-        version = "0.1.0"
-        dependencies = ["torch", "transformers"]
-
-        [tool.setuptools]
-        packages = ["llmdecode"]
-
-        [tool.precompile]
-        package = "llmdecode"
-        ''') + targets)
-    return proj
-
-
-def build_wheel(work: Path, proj: Path) -> float:
-    """Build and install the wheel into work/site; returns the build's seconds."""
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), str(ROOT / "runtime")]))
-    t0 = time.perf_counter()
-    subprocess.run([sys.executable, "-m", "build", "--no-isolation", "--skip-dependency-check", "--wheel",
-                    "--outdir", str(work / "dist"), str(proj)], check=True, env=env,
-                   stdout=subprocess.DEVNULL)
-    seconds = time.perf_counter() - t0
-    wheel = next((work / "dist").glob("llmdecode-*.whl"))
-    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(work / "site"),
-                    str(wheel)], check=True)
-    return seconds
-
-
 def _sync(device):
     import torch
 
@@ -239,6 +112,8 @@ def worker(path: str, device: str, batch: int, steps: int, n_prompt: int, logits
            prefill_with: str = "target") -> dict:
     """One path in this (fresh) process: first-token seconds, ms/token, tokens; the
     logits of every step (float32, [batch, steps, vocab]) saved to ``logits_file``."""
+    if path.endswith(GREEDY):
+        return greedy_worker(path, device, batch, steps, n_prompt, logits_file)
     import llmdecode
     import torch
 
@@ -335,7 +210,12 @@ def worker(path: str, device: str, batch: int, steps: int, n_prompt: int, logits
             try:  # (after the timed loop: a failure here keeps the row, with the reason)
                 graphs = getattr(decode, "cuda_graphs", False)
                 plain = decode.with_cuda_graphs(False) if graphs else decode
-                out["kernel_ms_per_step"] = kernel_floor(plain, model, cache, token, pos, device)
+
+                def one_step():
+                    plain(model, token[:, None], cache, pos)
+                    pos.add_(1)
+
+                out["kernel_ms_per_step"] = kernel_floor(one_step, device)
                 if graphs:
                     out["breakdown"] = breakdown(decode, model, cache, token, pos, lagged=lagged)
             except Exception as e:  # noqa: BLE001 - reported in the table
@@ -343,18 +223,74 @@ def worker(path: str, device: str, batch: int, steps: int, n_prompt: int, logits
     return out
 
 
-def kernel_floor(decode, model, cache, token, pos, device, n=20) -> float:
-    """GPU time of one decode step's kernels (ms): torch.profiler over ``n`` steps."""
+def greedy_worker(path: str, device: str, batch: int, steps: int, n_prompt: int, logits_file: str) -> dict:
+    """A ``*_greedy`` path in this (fresh) process, as :func:`worker`: the loop calls the
+    loaded ``greedy_b<B>`` (``load_packaged_graphs_greedy``: with CUDA graphs), whose one
+    call is the whole step: the prompt goes through it a token per call (the token and
+    position set before each), then each call decodes one token in place and returns the
+    stop flag, read one step later (as the ``_lagged`` loops); tokens and logits come
+    from the buffers the step wrote, at the end. The floor: this step's kernels."""
+    import llmdecode
+    import torch
+
+    import precompile_runtime
+
+    model = llmdecode.build(device)
+    ids = llmdecode.prompt(batch, n_prompt, device)
+    _sync(device)
+    out: dict = {}
+    t0 = time.perf_counter()
+    step = precompile_runtime.load_packaged(f"greedy_b{batch}", package="llmdecode", strict=True,
+                                            cuda_graphs=path.startswith("load_packaged_graphs"))
+    out["load_s"] = time.perf_counter() - t0
+    cache = llmdecode.static_cache(model, batch, device)
+    tokens, logits = llmdecode.greedy_buffers(model, batch, device)
+    # a tensor of its own (ids[:, :1].contiguous() is a view of ids at batch 1: the step would write the prompt)
+    token, pos = ids[:, :1].clone(), torch.zeros(1, dtype=torch.long, device=device)
+    with torch.no_grad():
+        for i in range(n_prompt):  # the same tensors every call: a graph reads them in place
+            token.copy_(ids[:, i:i + 1])
+            pos.fill_(i)
+            step(model, token, cache, pos, tokens, logits)
+        first = token[:, 0].tolist()  # the first token on the host (a copy: the step writes token)
+        out["first_token_s"] = time.perf_counter() - t0
+        stop = None
+        for i in range(steps - 1):
+            if i == WARM:
+                _sync(device)
+                t1 = time.perf_counter()
+            flag = step(model, token, cache, pos, tokens, logits)
+            if stop is not None and bool(stop):  # the previous step's flag (no stop token here)
+                break
+            stop = flag
+        _sync(device)
+        out["ms_per_token"] = (time.perf_counter() - t1) / (steps - 1 - WARM) * 1e3
+        made = slice(n_prompt, n_prompt + steps)  # the first token, then one per step
+        out["tokens"] = tokens[:, made].tolist()
+        assert [row[0] for row in out["tokens"]] == first
+        torch.save(logits[:, made].float().cpu(), logits_file)
+        if device == "cuda":
+            try:  # (after the timed loop: a failure here keeps the row, with the reason)
+                plain = step.with_cuda_graphs(False) if getattr(step, "cuda_graphs", False) else step
+                out["kernel_ms_per_step"] = kernel_floor(lambda: plain(model, token, cache, pos, tokens, logits),
+                                                         device)
+            except Exception as e:  # noqa: BLE001 - reported in the table
+                out["logit_note"] = f"floor failed: {type(e).__name__}: {str(e)[:150]}"
+    return out
+
+
+def kernel_floor(one_step, device, n=20) -> float:
+    """GPU time of one decode step's kernels (ms): torch.profiler over ``n`` calls of
+    ``one_step()`` (a step of the frozen kernels without graphs, its position advanced:
+    MAX_CACHE leaves room for them)."""
     from torch.profiler import ProfilerActivity, profile
 
-    for _ in range(2):  # warm (MAX_CACHE leaves room)
-        decode(model, token[:, None], cache, pos)
-        pos += 1
+    for _ in range(2):  # warm
+        one_step()
     _sync(device)
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         for _ in range(n):
-            decode(model, token[:, None], cache, pos)
-            pos += 1
+            one_step()
         _sync(device)
     total_us = sum(e.device_time_total for e in prof.key_averages() if e.device_type.name == "CUDA")
     return total_us / n / 1e3
@@ -550,8 +486,10 @@ def main() -> None:
         paths.remove("eager")
         paths.insert(0, "eager")
     inductor = dict(map(inductor_setting, a.inductor))
-    proj = write_project(work, a.device, a.batches, a.prompt + a.steps + 48,
-                         ("prefill", "decode") if a.prefill == "target" else ("decode",), inductor)
+    kinds = ("prefill", "decode") if a.prefill == "target" else ("decode",)
+    if any(p.endswith(GREEDY) for p in paths):
+        kinds += ("greedy",)
+    proj = write_project(work, a.device, a.batches, a.prompt + a.steps + 48, kinds, inductor)
     start = time.perf_counter()
     build_s = build_wheel(work, proj) if any(p.startswith("load_packaged") for p in paths) else 0.0
     write = _writer(a, build_s)

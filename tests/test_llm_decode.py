@@ -26,10 +26,10 @@ TRACERS = ["export", "export-strict", "make_fx"]
 STEPS = 8
 
 
-def _capture(tmp_path, fn, *args, tracer="auto", name="t"):
+def _capture(tmp_path, fn, *args, tracer="auto", name="t", engine="eager"):
     src, cache = tmp_path / f"{name}.py", tmp_path / f"{name}.cache"
     with torch.no_grad(), precompile_build.capture(fn, artifact_path=src, cache_path=cache, target=name,
-                                                   engine="eager", tracer=tracer) as f:
+                                                   engine=engine, tracer=tracer) as f:
         f(*args)
     return load_pair(src, cache)
 
@@ -129,3 +129,40 @@ def test_a_cache_of_another_shape_is_refused_naming_it(tmp_path):
     with pytest.raises(CallError, match=r"argument 'cache'.layers\[0\]: a StaticLayer with batch_size 2 "
                        r"\(captured 1\)"):
         step(model, torch.tensor([[1, 2]]), modelzoo.static_cache(model, "cpu", batch=2), torch.tensor([0]))
+
+
+def greedy_step(model, token, cache, pos, tokens):
+    """A server loop's whole step in one function: the next token written into ``token``
+    and into ``tokens[:, pos + 1]``, the position advanced; returns the stop flag."""
+    nxt = modelzoo.lm_step(model, token, cache, pos).argmax(-1)
+    tokens.index_copy_(1, pos + 1, nxt[:, None])
+    token.copy_(nxt[:, None])
+    pos.add_(1)
+    return (nxt == -1).all()
+
+
+def test_a_whole_greedy_step_writes_its_inputs_in_place(tmp_path):
+    """The step a CUDA graph can replay whole (bench/decode.py's ``*_greedy`` paths):
+    the token, the position and a buffer of results are inputs the frozen pair writes
+    in place, beside the cache; two requests (two caches and buffers) decode eager's
+    tokens, and the result buffer holds them."""
+    model = modelzoo.build_llama()
+    step = _capture(tmp_path, greedy_step, model, torch.tensor([[1]]), modelzoo.static_cache(model, "cpu"),
+                    torch.tensor([0]), torch.zeros(1, modelzoo.MAX_CACHE, dtype=torch.long), engine="frozen")
+    assert step.uses_kernels
+    ids = modelzoo.prompt("cpu", 4)
+    with torch.no_grad():
+        want = list(modelzoo.greedy(modelzoo.lm_step, modelzoo.lm_step, model, modelzoo.static_cache(model, "cpu"),
+                                    ids, STEPS))
+        for _ in range(2):
+            cache, tokens = modelzoo.static_cache(model, "cpu"), torch.zeros(1, modelzoo.MAX_CACHE, dtype=torch.long)
+            token, pos = torch.zeros(1, 1, dtype=torch.long), torch.zeros(1, dtype=torch.long)
+            for i in range(ids.shape[1]):  # the prompt a token per call
+                token.copy_(ids[:, i:i + 1])
+                pos.fill_(i)
+                step(model, token, cache, pos, tokens)
+            flags = [step(model, token, cache, pos, tokens) for _ in range(STEPS - 1)]
+            assert tokens[0, 4:4 + STEPS].tolist() == want
+            assert int(token) == want[-1] and int(pos) == 4 + STEPS - 1
+            assert not any(bool(f) for f in flags)
+
