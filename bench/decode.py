@@ -44,9 +44,12 @@ no stop token here): one host sync per step, as ``generate`` does on CUDA
 (``StopCheck``: ``bool(unfinished_sequences.max() == 0)`` every step). Tokens reach the
 host at the end. ``eager_lagged`` and ``load_packaged_graphs_lagged``: the same loop
 reading each step's stop flag one step later, after the next step is launched (at
-most one step decoded past a stop, dropped): the host's work for step t+1 (the call's
-checks, the graph lookup, the launch) overlaps the GPU's step t, where the plain loop
-leaves the GPU idle while the host works after each sync. ``--inductor KEY=VALUE``
+most one step decoded past a stop, dropped; :class:`StopFlags`: copied to pinned host
+memory and read after that copy's event, as a plain ``bool()`` of it would wait for the
+step just launched too): the host's work for step t+1 (the call's checks, the graph
+lookup, the launch) overlaps the GPU's step t, where the plain loop leaves the GPU idle
+while the host works after each sync. The ``_greedy`` paths read their flags the same
+way. ``--inductor KEY=VALUE``
 passes an Inductor setting to the targets' captures (``combo_kernels=1``: independent
 small kernels fused horizontally, fewer launches per step).
 
@@ -180,7 +183,7 @@ def worker(path: str, device: str, batch: int, steps: int, n_prompt: int, logits
             out["decode_load_s"] = time.perf_counter() - t1
         pos = torch.tensor([n_prompt], device=device)
         tokens, all_logits = [token], [logits]
-        stop = None
+        flags = StopFlags(device)
         for i in range(steps - 1):
             if i == WARM:  # steady state from here (the first calls warm up, time, record)
                 _sync(device)
@@ -194,13 +197,12 @@ def worker(path: str, device: str, batch: int, steps: int, n_prompt: int, logits
             if not lagged:
                 if bool(flag):  # the stop flag on the host: one sync per step, as generate
                     break
-            elif stop is not None and bool(stop):
+            elif flags.lagged(flag):
                 # the previous step's flag, read while this step runs: the host never waits
                 # for the step it just launched (at most one step decoded past the stop)
                 tokens.pop()
                 all_logits.pop()
                 break
-            stop = flag
         _sync(device)
         out["ms_per_token"] = (time.perf_counter() - t1) / (steps - 1 - WARM) * 1e3
         out["tokens"] = torch.stack(tokens, 1).tolist()
@@ -221,6 +223,41 @@ def worker(path: str, device: str, batch: int, steps: int, n_prompt: int, logits
             except Exception as e:  # noqa: BLE001 - reported in the table
                 out["logit_note"] = f"floor/breakdown failed: {type(e).__name__}: {str(e)[:150]}"
     return out
+
+
+class StopFlags:
+    """The ``_lagged`` loops' stop flags, each read one step after it was computed.
+
+    On CUDA a flag is copied to pinned host memory without waiting, and read after
+    waiting for that copy only (a CUDA event): ``bool(flag)`` of the previous step's
+    flag would wait for the step just launched too (a device-to-host copy waits for
+    all the work queued before it), and the GPU would idle while the host prepares
+    the next call. On CPU the previous flag is read as it is."""
+
+    def __init__(self, device: str):
+        import torch
+
+        self.cuda = device == "cuda"
+        if self.cuda:
+            self.host = torch.zeros(2, dtype=torch.bool, pin_memory=True)
+            self.copied = [torch.cuda.Event(), torch.cuda.Event()]
+        self.steps = 0
+        self.previous = None
+
+    def lagged(self, flag) -> bool:
+        """Keep this step's ``flag`` (a 0-dim bool tensor); returns the previous step's
+        (False at the first step)."""
+        first = self.steps == 0
+        slot, self.steps = self.steps % 2, self.steps + 1
+        if not self.cuda:
+            previous, self.previous = self.previous, flag
+            return not first and bool(previous)
+        self.host[slot].copy_(flag, non_blocking=True)
+        self.copied[slot].record()
+        if first:
+            return False
+        self.copied[1 - slot].synchronize()
+        return bool(self.host[1 - slot])
 
 
 def greedy_worker(path: str, device: str, batch: int, steps: int, n_prompt: int, logits_file: str) -> dict:
@@ -254,15 +291,13 @@ def greedy_worker(path: str, device: str, batch: int, steps: int, n_prompt: int,
             step(model, token, cache, pos, tokens, logits)
         first = token[:, 0].tolist()  # the first token on the host (a copy: the step writes token)
         out["first_token_s"] = time.perf_counter() - t0
-        stop = None
+        flags = StopFlags(device)
         for i in range(steps - 1):
             if i == WARM:
                 _sync(device)
                 t1 = time.perf_counter()
-            flag = step(model, token, cache, pos, tokens, logits)
-            if stop is not None and bool(stop):  # the previous step's flag (no stop token here)
+            if flags.lagged(step(model, token, cache, pos, tokens, logits)):  # (no stop token here)
                 break
-            stop = flag
         _sync(device)
         out["ms_per_token"] = (time.perf_counter() - t1) / (steps - 1 - WARM) * 1e3
         made = slice(n_prompt, n_prompt + steps)  # the first token, then one per step
@@ -318,7 +353,7 @@ def breakdown(decode, model, cache, token, pos, n=20, lagged=False) -> dict:
 
     rows = []
     torch.cuda.CUDAGraph.replay = replay
-    stop = None
+    flags = StopFlags("cuda")
     try:
         for _ in range(n):
             marks.clear()
@@ -328,8 +363,7 @@ def breakdown(decode, model, cache, token, pos, n=20, lagged=False) -> dict:
             token = logits.argmax(-1)
             pos += 1
             flag = (token == STOP).all()
-            bool(stop if lagged and stop is not None else flag)
-            stop = flag
+            flags.lagged(flag) if lagged else bool(flag)
             t2 = time.perf_counter()
             if len(marks) != 3:  # no replay (a plain run): not a graph step
                 continue
@@ -398,7 +432,9 @@ def markdown(meta: dict, rows: list[dict]) -> str:
              f"{meta['steps']} greedy tokens; each path in a fresh process with empty compiler caches "
              f"(wheel built in {meta['build_s']:.0f} s). The loops keep the token on the device and read "
              "one stop flag per step, as generate does; the `_lagged` paths read each step's flag after "
-             "launching the next step (the host's work overlaps the GPU's).", "",
+             "launching the next step (through pinned memory: the host's work overlaps the GPU's); the "
+             "`_greedy` paths call one target holding the whole step (argmax, next input, position), "
+             "lagged too, and their x kernel floor is over that step's own kernels.", "",
              "| batch | path | first token (s) | ms/token | vs eager | x kernel floor | tokens equal eager "
              "| max abs dlogit (rel.) | note |",
              "|---|---|---|---|---|---|---|---|---|"]
@@ -486,7 +522,9 @@ def main() -> None:
         paths.remove("eager")
         paths.insert(0, "eager")
     inductor = dict(map(inductor_setting, a.inductor))
-    kinds = ("prefill", "decode") if a.prefill == "target" else ("decode",)
+    kinds: tuple = ()
+    if any(p.startswith("load_packaged") and not p.endswith(GREEDY) for p in paths):
+        kinds += ("prefill", "decode") if a.prefill == "target" else ("decode",)
     if any(p.endswith(GREEDY) for p in paths):
         kinds += ("greedy",)
     proj = write_project(work, a.device, a.batches, a.prompt + a.steps + 48, kinds, inductor)
@@ -516,11 +554,12 @@ def main() -> None:
         rows.append(r)
         rows.sort(key=lambda x: (a.batches.index(x["batch"]), paths.index(x["path"])))
         print(json.dumps({k: v for k, v in r.items() if k != "tokens"}), flush=True)
-        floor = next((x["kernel_ms_per_step"] for x in rows if x["batch"] == batch and "kernel_ms_per_step" in x),
-                     None)
+        floor = next((x["kernel_ms_per_step"] for x in rows if x["batch"] == batch and "kernel_ms_per_step" in x
+                      and not x["path"].endswith(GREEDY)), None)  # the decode step's
         for x in rows:
-            if x["batch"] == batch and floor and "error" not in x:
-                x["floor_ratio"] = x["ms_per_token"] / floor
+            own = x.get("kernel_ms_per_step") or floor  # a greedy row: its own step's kernels
+            if x["batch"] == batch and own and "error" not in x:
+                x["floor_ratio"] = x["ms_per_token"] / own
         write(rows)  # after every path: a run cut short keeps what it measured
     for p in work.glob("logits-*.pt"):
         p.unlink()

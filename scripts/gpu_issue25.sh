@@ -1,16 +1,16 @@
 #!/usr/bin/env bash
 # Issue 25 on a CUDA host (python3 with torch, transformers), alone on the GPU, about 8
 # minutes: the decoding tests on CUDA, then bench/decode.py (a 1.1B-parameter Llama,
-# bf16) at batches 1 and 8 on the paths eager, load_packaged_graphs,
-# load_packaged_graphs_greedy (the whole greedy step one graph replay), generate,
-# generate_compile_ro, generate_compile (run path-major: a budget cut drops the last
-# paths at both batches). The wheel has two targets per batch (decode_b<B>, and
-# greedy_b<B> for the greedy path; the prompt goes through the decode target,
-# --prefill decode; about 4 min to build).
+# bf16) at batches 1 and 8 on the paths eager, load_packaged_graphs_greedy (the whole
+# greedy step in one target: one graph replay a token), generate, generate_compile_ro,
+# generate_compile (run path-major: a budget cut drops the last paths at both batches).
+# The wheel has one target per batch (greedy_b1, greedy_b8: the prompt goes through it
+# a token per call; about 2 min to build; a load_packaged* path of the decode target in
+# DECODE_PATHS adds decode_b<B>, about 2 min more).
 # Each step prints its rc and the script goes on after a failed step. Files in $OUT:
 # summary.txt, pytest.log, pytest_cpu.log, decode.log, decode_cuda.md.
-#   DECODE_BATCHES ("1 8"), DECODE_PATHS (the six above), DECODE_STEPS (128),
-#   DECODE_PREFILL (decode; "target" builds prefill_b<B> too: 4 targets, about 4 min),
+#   DECODE_BATCHES ("1 8"), DECODE_PATHS (the five above), DECODE_STEPS (128),
+#   DECODE_PREFILL (decode; "target": the decode target's paths get prefill_b<B> too),
 #   DECODE_TIMEOUT (seconds per path, 100), BENCH_BUDGET (seconds for the bench, the
 #   wheel's build included, 310), TEST_TIMEOUT (150; the two test runs go side by side).
 set -uo pipefail
@@ -34,7 +34,7 @@ for log in pytest.log pytest_cpu.log; do
 done
 
 BATCHES=${DECODE_BATCHES:-1 8}
-PATHS=${DECODE_PATHS:-eager load_packaged_graphs load_packaged_graphs_greedy generate generate_compile_ro generate_compile}
+PATHS=${DECODE_PATHS:-eager load_packaged_graphs_greedy generate generate_compile_ro generate_compile}
 echo "== 2. bench/decode.py on CUDA (batches $BATCHES; $PATHS)"
 # --budget stops the bench itself (a path past it is skipped, a running one killed);
 # the outer timeout is only a safety net

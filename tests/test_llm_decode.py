@@ -1,7 +1,8 @@
 """transformers decoding captured as it is written (torch 2.14.1 venv, with
 transformers): a StaticCache argument, and the unmodified export wrapper whose cache
 buffers are also held by its ``static_cache`` object, with every tracer (the eager
-engine: seconds; tests/test_models.py builds, installs and serves the frozen pairs)."""
+engine: seconds; tests/test_models.py builds, installs and serves the frozen pairs),
+and a whole greedy step with the frozen engine (its inputs written in place)."""
 
 from __future__ import annotations
 
