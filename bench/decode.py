@@ -92,6 +92,7 @@ import time
 from pathlib import Path
 
 from decode_project import MODULE, SIZES, build_wheel, write_project  # noqa: F401 - MODULE: decode_host.py
+from decode_timing import StopFlags, breakdown, kernel_floor, sync
 
 ROOT = Path(__file__).resolve().parent.parent
 # (in the order they run: a run cut short has the cheap and the precompiled ones)
@@ -100,11 +101,6 @@ PATHS = ("eager", "load_packaged", "load_packaged_graphs", "eager_lagged", "load
          "generate_auto")
 GREEDY = "_greedy"  # the loop over greedy_b<B>: the whole step (argmax, position, results) in the target
 LAGGED = "_lagged"  # the server loop that reads each step's stop flag one step later
-def _sync(device):
-    import torch
-
-    if device == "cuda":
-        torch.cuda.synchronize()
 
 
 STOP = -1  # the stop token the loop checks for every step: none (every path decodes --steps)
@@ -124,7 +120,7 @@ def worker(path: str, device: str, batch: int, steps: int, n_prompt: int, logits
     path = path.removesuffix(LAGGED)
     model = llmdecode.build(device)
     ids = llmdecode.prompt(batch, n_prompt, device)
-    _sync(device)
+    sync(device)
     out: dict = {}
     if path.startswith("generate"):
         if path != "generate":
@@ -134,7 +130,7 @@ def worker(path: str, device: str, batch: int, steps: int, n_prompt: int, logits
         extra = {} if path == "generate_auto" else {"disable_compile": True}
 
         def generate(n):
-            _sync(device)
+            sync(device)
             t0 = time.perf_counter()
             # a fresh StaticCache of one size for every call: the compiled forward sees
             # the same shapes (generate's own static cache is sized by max_new_tokens)
@@ -186,7 +182,7 @@ def worker(path: str, device: str, batch: int, steps: int, n_prompt: int, logits
         flags = StopFlags(device)
         for i in range(steps - 1):
             if i == WARM:  # steady state from here (the first calls warm up, time, record)
-                _sync(device)
+                sync(device)
                 t1 = time.perf_counter()
             logits = decode(model, token[:, None], cache, pos)
             token = logits.argmax(-1)
@@ -203,7 +199,7 @@ def worker(path: str, device: str, batch: int, steps: int, n_prompt: int, logits
                 tokens.pop()
                 all_logits.pop()
                 break
-        _sync(device)
+        sync(device)
         out["ms_per_token"] = (time.perf_counter() - t1) / (steps - 1 - WARM) * 1e3
         out["tokens"] = torch.stack(tokens, 1).tolist()
         assert out["tokens"][0][0] == first[0].item()
@@ -219,45 +215,18 @@ def worker(path: str, device: str, batch: int, steps: int, n_prompt: int, logits
 
                 out["kernel_ms_per_step"] = kernel_floor(one_step, device)
                 if graphs:
-                    out["breakdown"] = breakdown(decode, model, cache, token, pos, lagged=lagged)
+                    state = {"token": token}
+
+                    def after(logits):  # the loop's own work: the next input, the position, the flag
+                        state["token"] = logits.argmax(-1)
+                        pos.add_(1)
+                        return (state["token"] == STOP).all()
+
+                    out["breakdown"] = breakdown(lambda: decode(model, state["token"][:, None], cache, pos), after,
+                                                 lagged=lagged)
             except Exception as e:  # noqa: BLE001 - reported in the table
                 out["logit_note"] = f"floor/breakdown failed: {type(e).__name__}: {str(e)[:150]}"
     return out
-
-
-class StopFlags:
-    """The ``_lagged`` loops' stop flags, each read one step after it was computed.
-
-    On CUDA a flag is copied to pinned host memory without waiting, and read after
-    waiting for that copy only (a CUDA event): ``bool(flag)`` of the previous step's
-    flag would wait for the step just launched too (a device-to-host copy waits for
-    all the work queued before it), and the GPU would idle while the host prepares
-    the next call. On CPU the previous flag is read as it is."""
-
-    def __init__(self, device: str):
-        import torch
-
-        self.cuda = device == "cuda"
-        if self.cuda:
-            self.host = torch.zeros(2, dtype=torch.bool, pin_memory=True)
-            self.copied = [torch.cuda.Event(), torch.cuda.Event()]
-        self.steps = 0
-        self.previous = None
-
-    def lagged(self, flag) -> bool:
-        """Keep this step's ``flag`` (a 0-dim bool tensor); returns the previous step's
-        (False at the first step)."""
-        first = self.steps == 0
-        slot, self.steps = self.steps % 2, self.steps + 1
-        if not self.cuda:
-            previous, self.previous = self.previous, flag
-            return not first and bool(previous)
-        self.host[slot].copy_(flag, non_blocking=True)
-        self.copied[slot].record()
-        if first:
-            return False
-        self.copied[1 - slot].synchronize()
-        return bool(self.host[1 - slot])
 
 
 def greedy_worker(path: str, device: str, batch: int, steps: int, n_prompt: int, logits_file: str) -> dict:
@@ -274,7 +243,7 @@ def greedy_worker(path: str, device: str, batch: int, steps: int, n_prompt: int,
 
     model = llmdecode.build(device)
     ids = llmdecode.prompt(batch, n_prompt, device)
-    _sync(device)
+    sync(device)
     out: dict = {}
     t0 = time.perf_counter()
     step = precompile_runtime.load_packaged(f"greedy_b{batch}", package="llmdecode", strict=True,
@@ -294,11 +263,11 @@ def greedy_worker(path: str, device: str, batch: int, steps: int, n_prompt: int,
         flags = StopFlags(device)
         for i in range(steps - 1):
             if i == WARM:
-                _sync(device)
+                sync(device)
                 t1 = time.perf_counter()
             if flags.lagged(step(model, token, cache, pos, tokens, logits)):  # (no stop token here)
                 break
-        _sync(device)
+        sync(device)
         out["ms_per_token"] = (time.perf_counter() - t1) / (steps - 1 - WARM) * 1e3
         made = slice(n_prompt, n_prompt + steps)  # the first token, then one per step
         out["tokens"] = tokens[:, made].tolist()
@@ -306,76 +275,16 @@ def greedy_worker(path: str, device: str, batch: int, steps: int, n_prompt: int,
         torch.save(logits[:, made].float().cpu(), logits_file)
         if device == "cuda":
             try:  # (after the timed loop: a failure here keeps the row, with the reason)
-                plain = step.with_cuda_graphs(False) if getattr(step, "cuda_graphs", False) else step
+                graphs = getattr(step, "cuda_graphs", False)
+                plain = step.with_cuda_graphs(False) if graphs else step
                 out["kernel_ms_per_step"] = kernel_floor(lambda: plain(model, token, cache, pos, tokens, logits),
                                                          device)
+                if graphs:  # the loop's own work is the flag's read only
+                    out["breakdown"] = breakdown(lambda: step(model, token, cache, pos, tokens, logits),
+                                                 lambda flag: flag, lagged=True)
             except Exception as e:  # noqa: BLE001 - reported in the table
-                out["logit_note"] = f"floor failed: {type(e).__name__}: {str(e)[:150]}"
+                out["logit_note"] = f"floor/breakdown failed: {type(e).__name__}: {str(e)[:150]}"
     return out
-
-
-def kernel_floor(one_step, device, n=20) -> float:
-    """GPU time of one decode step's kernels (ms): torch.profiler over ``n`` calls of
-    ``one_step()`` (a step of the frozen kernels without graphs, its position advanced:
-    MAX_CACHE leaves room for them)."""
-    from torch.profiler import ProfilerActivity, profile
-
-    for _ in range(2):  # warm
-        one_step()
-    _sync(device)
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(n):
-            one_step()
-        _sync(device)
-    total_us = sum(e.device_time_total for e in prof.key_averages() if e.device_type.name == "CUDA")
-    return total_us / n / 1e3
-
-
-def breakdown(decode, model, cache, token, pos, n=20, lagged=False) -> dict:
-    """Median per-step times of the graphs path (us; GPU replay in ms): where the host
-    time goes, measured by wrapping CUDAGraph.replay for ``n`` steps of the loop (the
-    ``lagged`` one: each step's stop flag read after the next step is launched)."""
-    import statistics
-
-    import torch
-
-    orig = torch.cuda.CUDAGraph.replay
-    marks: list = []
-
-    def replay(self):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        marks.append(time.perf_counter())
-        start.record()
-        orig(self)
-        end.record()
-        marks.append(time.perf_counter())
-        marks.append((start, end))
-
-    rows = []
-    torch.cuda.CUDAGraph.replay = replay
-    flags = StopFlags("cuda")
-    try:
-        for _ in range(n):
-            marks.clear()
-            t0 = time.perf_counter()
-            logits = decode(model, token[:, None], cache, pos)
-            t1 = time.perf_counter()
-            token = logits.argmax(-1)
-            pos += 1
-            flag = (token == STOP).all()
-            flags.lagged(flag) if lagged else bool(flag)
-            t2 = time.perf_counter()
-            if len(marks) != 3:  # no replay (a plain run): not a graph step
-                continue
-            r0, r1, (start, end) = marks
-            rows.append({"driver_before_replay_us": (r0 - t0) * 1e6, "replay_call_us": (r1 - r0) * 1e6,
-                         "driver_after_replay_us": (t1 - r1) * 1e6, "loop_and_wait_us": (t2 - t1) * 1e6,
-                         "replay_gpu_ms": start.elapsed_time(end), "step_ms": (t2 - t0) * 1e3})
-    finally:
-        torch.cuda.CUDAGraph.replay = orig
-    if not rows:
-        return {"steps": 0}
-    return {"steps": len(rows), **{k: statistics.median(r[k] for r in rows) for k in rows[0]}}
 
 
 def run_path(path: str, device: str, batch: int, steps: int, n_prompt: int, work: Path, timeout: float,
