@@ -166,4 +166,3 @@ def test_a_whole_greedy_step_writes_its_inputs_in_place(tmp_path):
             assert tokens[0, 4:4 + STEPS].tolist() == want
             assert int(token) == want[-1] and int(pos) == 4 + STEPS - 1
             assert not any(bool(f) for f in flags)
-
