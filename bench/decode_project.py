@@ -144,6 +144,10 @@ else:
 
 def write_project(work: Path, device: str, batches: list[int], max_cache: int, kinds=("prefill", "decode"),
                   inductor: dict | None = None) -> Path:
+    """Write the project under ``work/project``: the ``llmdecode`` package (MODULE for
+    ``device``'s size, caches of ``max_cache`` tokens), the capture script, and one
+    target per kind (``prefill``, ``decode``, ``greedy``) and batch, each captured with
+    the Inductor settings ``inductor``. Returns the project's folder."""
     proj = work / "project"
     (proj / "llmdecode").mkdir(parents=True, exist_ok=True)
     (proj / "captures").mkdir(exist_ok=True)

@@ -617,6 +617,34 @@ def test_graphs_that_branch_are_found_at_any_depth():
     assert _branches(torch.fx.GraphModule(root, graph))
 
 
+def test_a_kernel_the_example_never_launched_is_refused_saying_why():
+    """An autotuner still holding every config after the example run (a branch the
+    example did not take, tuned nowhere) is a CaptureError that names the kernel, the
+    likely cause and what to capture with instead."""
+    from precompile_build.engines._triton_freeze import freeze_triton_kernel
+
+    autotuner = type("A", (), {"launchers": [object(), object()]})()
+    with pytest.raises(CaptureError, match=r"triton_poi_fused_cos_0.*2 launchers after the example run.*"
+                                           r"torch.cond or while_loop branch.*engine='torch' or engine='eager'"):
+        freeze_triton_kernel("triton_poi_fused_cos_0", autotuner, "t")
+
+
+def test_the_compile_workers_start_on_a_torch_without_maybe_warm_pool(monkeypatch):
+    """Where torch has no ``maybe_warm_pool``, the capture starts the pool's sidecar and
+    then wakes its workers itself (what maybe_warm_pool does)."""
+    from torch._inductor import async_compile
+
+    from precompile_build.engines._triton_freeze import start_compile_workers
+
+    calls = []
+    monkeypatch.delattr(async_compile, "maybe_warm_pool", raising=False)
+    monkeypatch.setattr(async_compile.AsyncCompile, "warm_pool", classmethod(lambda cls: calls.append("warm_pool")))
+    monkeypatch.setattr(async_compile.AsyncCompile, "wakeup", classmethod(lambda cls: calls.append("wakeup")),
+                        raising=False)
+    start_compile_workers()
+    assert calls == ["warm_pool", "wakeup"]
+
+
 class _Wrap(torch.nn.Module):
     def __init__(self, fn):
         super().__init__()

@@ -87,8 +87,14 @@ def start_compile_workers() -> None:
     in this process, one at a time, before then."""
     from torch._inductor import async_compile
 
-    warm = getattr(async_compile, "maybe_warm_pool", None)  # (a torch without it: the sidecar only)
-    (warm or async_compile.AsyncCompile.warm_pool)()
+    warm = getattr(async_compile, "maybe_warm_pool", None)
+    if warm is not None:
+        warm()
+        return
+    async_compile.AsyncCompile.warm_pool()  # an older torch: the sidecar, then its workers
+    wakeup = getattr(async_compile.AsyncCompile, "wakeup", None)
+    if wakeup is not None:
+        wakeup()
 
 
 def has_user_kernels(graph_module) -> bool:
@@ -298,7 +304,9 @@ def freeze_triton_kernel(name: str, autotuner: Any, target: str) -> tuple[dict, 
     if len(launchers) != 1:
         raise CaptureError(
             f"has {len(launchers)} launchers after the example run, so no "
-            "configuration was chosen (was the kernel launched by the example call?); "
+            "configuration was chosen (was the kernel launched by the example call? A "
+            "torch.cond or while_loop branch the example does not run is tuned at compile "
+            "time, which needs Inductor's autotune_local_cache on: not with cuda-archs); "
             f"{_UNSUPPORTED_HINT}", target=target, where=where
         )
     launcher = launchers[0]
