@@ -108,12 +108,22 @@ def test_a_returned_model_output_holds_the_callers_cache_tensors(tmp_path):
 
 
 def test_caches_the_pair_cannot_serve_are_refused(tmp_path):
-    from transformers import DynamicCache, StaticCache
+    from transformers import DynamicCache, MistralConfig, MistralForCausalLM, StaticCache
 
     model = modelzoo.build_llama()
     lazy = StaticCache(config=model.config, max_cache_len=16)
     with pytest.raises(CaptureError, match=r"not initialized .*cache.early_initialization\("):
         _capture(tmp_path, modelzoo.lm_step, model, torch.tensor([[1]]), lazy, torch.tensor([0]))
+    # a sliding-window model's StaticCache: its StaticSlidingWindowLayers keep their position in a Python int
+    mistral = MistralForCausalLM(MistralConfig(vocab_size=modelzoo.VOCAB, hidden_size=32, intermediate_size=64,
+                                               num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                                               max_position_embeddings=64, sliding_window=4)).eval()
+    for m, cache, where in ((model, DynamicCache(config=model.config), "argument 'cache' is a DynamicCache"),
+                            (mistral, modelzoo.static_cache(mistral, "cpu"),
+                             r"argument 'cache'.layers\[0\] is a StaticSlidingWindowLayer")):
+        with pytest.raises(CaptureError, match=where + r", a transformers cache the capture cannot take: .*"
+                           r"pass a transformers StaticCache allocated before the call \(cache.early_initialization"):
+            _capture(tmp_path, modelzoo.lm_step, m, torch.tensor([[1]]), cache, torch.tensor([0]))
     from transformers.integrations.executorch import register_dynamic_cache_export_support
 
     register_dynamic_cache_export_support()
@@ -123,13 +133,24 @@ def test_caches_the_pair_cannot_serve_are_refused(tmp_path):
     assert not (tmp_path / "t.py").exists()
 
 
-def test_a_cache_of_another_shape_is_refused_naming_it(tmp_path):
+def test_a_cache_of_another_shape_or_kind_is_refused_naming_it(tmp_path):
+    from transformers import DynamicCache
+
     model = modelzoo.build_llama()
     step = _capture(tmp_path, modelzoo.lm_step, model, torch.tensor([[1]]), modelzoo.static_cache(model, "cpu"),
                     torch.tensor([0]))
     with pytest.raises(CallError, match=r"argument 'cache'.layers\[0\]: a StaticLayer with batch_size 2 "
                        r"\(captured 1\)"):
         step(model, torch.tensor([[1, 2]]), modelzoo.static_cache(model, "cpu", batch=2), torch.tensor([0]))
+    layers = modelzoo.static_cache(model, "cpu").layers
+    for other, got in ((DynamicCache(config=model.config), "a DynamicCache"),  # (registered or not)
+                       (layers, r"a list of \d+ item\(s\)"), (layers[0].keys, "a Tensor")):
+        with pytest.raises(CallError, match=r"argument 'cache': expected a StaticCache of \d+ item\(s\), got " + got):
+            step(model, torch.tensor([[1]]), other, torch.tensor([0]))
+    cache = modelzoo.static_cache(model, "cpu")  # and a good call after them is served
+    with torch.no_grad():
+        want = modelzoo.lm_step(model, torch.tensor([[1]]), modelzoo.static_cache(model, "cpu"), torch.tensor([0]))
+    torch.testing.assert_close(step(model, torch.tensor([[1]]), cache, torch.tensor([0])), want)
 
 
 def greedy_step(model, token, cache, pos, tokens):

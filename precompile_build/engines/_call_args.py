@@ -93,17 +93,25 @@ def _leaf_paths(args, kwargs):
     return paths
 
 
-def _spec_problem(want, got, path):
+_UNNAMED = object()  # a value _spec_text does not know
+
+
+def _spec_problem(want, got, path, value):
     """Where two TreeSpecs first differ, as text (``argument 'x'[1]: expected a list of
-    2 items, got a tuple of 3``), or None."""
+    2 items, got a tuple of 3``), or None. ``value``: the call's value that ``got`` is
+    the spec of (a leaf is named by its type: ``got a DynamicCache``)."""
     if want == got:
         return None
     if want.is_leaf() or got.is_leaf() or want.type is not got.type or want.num_children != got.num_children:
-        return f"{path}: expected {_spec_text(want)}, got {_spec_text(got)}"
+        return f"{path}: expected {_spec_text(want)}, got {_spec_text(got, value)}"
     if want.context != got.context:
         return f"{path}: {_context_difference(want, got)}"
-    for key, w, g in zip(_child_keys(want), _children(want), _children(got)):
-        problem = _spec_problem(w, g, path + key)
+    try:
+        values = _pytree.SUPPORTED_NODES[got.type].flatten_fn(value)[0]
+    except Exception:  # (the value flattened once already: only names are lost)
+        values = [_UNNAMED] * got.num_children
+    for key, w, g, v in zip(_child_keys(want), _children(want), _children(got), values):
+        problem = _spec_problem(w, g, path + key, v)
         if problem:
             return problem
     return f"{path}: expected {_spec_text(want)}, got {_spec_text(got)}"  # pragma: no cover
@@ -136,9 +144,9 @@ def _context_difference(want, got):
     return text if len(text) <= 300 else text[:297] + "..."
 
 
-def _spec_text(spec):
+def _spec_text(spec, value=_UNNAMED):
     if spec.is_leaf():
-        return "a value (a tensor, model or constant)"
+        return "a value (a tensor, model or constant)" if value is _UNNAMED else f"a {type(value).__name__}"
     if spec.type is type(None):
         return "None"
     kind = getattr(spec.type, "__name__", str(spec.type))
@@ -323,10 +331,11 @@ def _generic_leaves(args, kwargs, want):
     if spec != want:
         names = _META.get("arg_names") or []
         (w_pos, w_kw), (g_pos, g_kw) = _children(want), _children(spec)
-        pairs = [(f"argument {names[i]!r}" if names else f"args[{i}]", w, g)
-                 for i, (w, g) in enumerate(zip(_children(w_pos), _children(g_pos)))]
-        pairs += [(f"keyword argument {k!r}", w, g) for k, w, g in zip(_KW_NAMES, _children(w_kw), _children(g_kw))]
-        problem = next((_spec_problem(w, g, label) for label, w, g in pairs if w != g), "the arguments")
+        pairs = [(f"argument {names[i]!r}" if names else f"args[{i}]", w, g, v)
+                 for i, (w, g, v) in enumerate(zip(_children(w_pos), _children(g_pos), args))]
+        pairs += [(f"keyword argument {k!r}", w, g, kwargs[k])
+                  for k, w, g in zip(_KW_NAMES, _children(w_kw), _children(g_kw))]
+        problem = next((_spec_problem(w, g, label, v) for label, w, g, v in pairs if w != g), "the arguments")
         raise CallError(f"target {_META['target']!r}, {problem}; pass what was captured, or capture "
                         "again with this structure")
     return leaves

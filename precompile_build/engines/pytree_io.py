@@ -81,6 +81,19 @@ def _register_hint(value) -> str:
             "register_pytree_node(...) for another class)")
 
 
+def _transformers_cache(value) -> bool:
+    """A transformers cache or cache layer (DynamicCache, StaticSlidingWindowLayer, ...):
+    only StaticCache and StaticLayer are registered (_pytree_types.CACHE_TYPES)."""
+    tp = type(value)
+    return tp.__module__.startswith("transformers") and any(
+        c.__name__ in ("Cache", "CacheLayerMixin") for c in tp.__mro__)
+
+
+_CACHE_ADVICE = ("pass a transformers StaticCache allocated before the call "
+                 "(cache.early_initialization(batch_size, num_kv_heads, head_dim, dtype, device)), "
+                 "for a model without sliding-window layers")
+
+
 def flatten_inputs(args: tuple, kwargs: dict, arg_names: list[str]):
     """Flatten a call's ``(args, kwargs)``.
 
@@ -105,6 +118,12 @@ def flatten_inputs(args: tuple, kwargs: dict, arg_names: list[str]):
             kinds.append(["tensor"])
         elif isinstance(v, _LITERALS):
             kinds.append(["const", v])
+        elif _transformers_cache(v):
+            raise CaptureError(
+                f"{path} is a {type(v).__name__}, a transformers cache the capture cannot take: it "
+                "grows its tensors or keeps its position in a Python int, and a served call makes "
+                f"no new tensors and keeps no Python state; {_CACHE_ADVICE}"
+            )
         else:
             hint = _register_hint(v)
             raise CaptureError(
@@ -158,9 +177,9 @@ def flatten_result(result):
                 ".item() cannot be a result of a captured function; return the tensor instead "
                 "(e.g. `loss`, not `loss.item()`)"
             )
-        hint = ("; it is a model's key/value cache: pass a transformers StaticCache (registered "
-                "by precompile-build), use_cache=False, or return the tensors you need"
-                if type(v).__name__.endswith("Cache") else "")
+        hint = (f"; it is a model's key/value cache: {_CACHE_ADVICE} and pass it as an argument, "
+                "use_cache=False, or return the tensors you need"
+                if _transformers_cache(v) or type(v).__name__.endswith("Cache") else "")
         raise CaptureError(
             f"{what} is a {type(v).__name__}; return tensors, int/float/bool/str/None and "
             f"containers torch's pytree knows (tuple, list, dict, namedtuple, registered classes): "
