@@ -126,10 +126,22 @@ def test_caches_the_pair_cannot_serve_are_refused(tmp_path):
             _capture(tmp_path, modelzoo.lm_step, m, torch.tensor([[1]]), cache, torch.tensor([0]))
     from transformers.integrations.executorch import register_dynamic_cache_export_support
 
-    register_dynamic_cache_export_support()
-    with pytest.raises(CaptureError, match=r"changes the structure of its arguments.*StaticCache"):
-        _capture(tmp_path, modelzoo.lm_step, model, torch.tensor([[1]]), DynamicCache(config=model.config),
-                 torch.tensor([0]), tracer="make_fx")
+    register_dynamic_cache_export_support()  # (for this check only: other tests take DynamicCache unregistered)
+    try:
+        with pytest.raises(CaptureError, match=r"changes the structure of its arguments.*StaticCache"):
+            _capture(tmp_path, modelzoo.lm_step, model, torch.tensor([[1]]), DynamicCache(config=model.config),
+                     torch.tensor([0]), tracer="make_fx")
+    finally:
+        torch.utils._pytree._deregister_pytree_node(DynamicCache)
+        torch.fx._pytree.SUPPORTED_NODES.pop(DynamicCache, None)
+    assert not (tmp_path / "t.py").exists()
+
+
+def test_a_cache_in_the_result_says_to_pass_a_static_cache(tmp_path):
+    model = modelzoo.build_llama()  # (use_cache: the output holds the DynamicCache the call made)
+    with pytest.raises(CaptureError, match=r"the result's part .*past_key_values.* is a DynamicCache; .*it is a "
+                       r"model's key/value cache: pass a transformers StaticCache allocated before the call"):
+        _capture(tmp_path, lambda m, ids: m(input_ids=ids, use_cache=True), model, torch.tensor([[1, 2]]))
     assert not (tmp_path / "t.py").exists()
 
 
