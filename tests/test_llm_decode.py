@@ -122,7 +122,7 @@ def test_caches_the_pair_cannot_serve_are_refused(tmp_path):
                             (mistral, modelzoo.static_cache(mistral, "cpu"),
                              r"argument 'cache'.layers\[0\] is a StaticSlidingWindowLayer")):
         with pytest.raises(CaptureError, match=where + r", a transformers cache the capture cannot take: .*"
-                           r"pass a transformers StaticCache allocated before the call \(cache.early_initialization"):
+                           r"Pass a transformers StaticCache allocated before the call \(cache.early_initialization"):
             _capture(tmp_path, modelzoo.lm_step, m, torch.tensor([[1]]), cache, torch.tensor([0]))
     from transformers.integrations.executorch import register_dynamic_cache_export_support
 
@@ -139,8 +139,9 @@ def test_caches_the_pair_cannot_serve_are_refused(tmp_path):
 
 def test_a_cache_in_the_result_says_to_pass_a_static_cache(tmp_path):
     model = modelzoo.build_llama()  # (use_cache: the output holds the DynamicCache the call made)
-    with pytest.raises(CaptureError, match=r"the result's part .*past_key_values.* is a DynamicCache; .*it is a "
-                       r"model's key/value cache: pass a transformers StaticCache allocated before the call"):
+    with pytest.raises(CaptureError, match=r"the result's part result\['past_key_values'\] is a DynamicCache, a "
+                       r"model's key/value cache made by the call: pass a transformers StaticCache allocated "
+                       r"before the call \(cache.early_initialization\(.*\) as an argument, use_cache=False"):
         _capture(tmp_path, lambda m, ids: m(input_ids=ids, use_cache=True), model, torch.tensor([[1, 2]]))
     assert not (tmp_path / "t.py").exists()
 

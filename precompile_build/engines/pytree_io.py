@@ -89,9 +89,8 @@ def _transformers_cache(value) -> bool:
         c.__name__ in ("Cache", "CacheLayerMixin") for c in tp.__mro__)
 
 
-_CACHE_ADVICE = ("pass a transformers StaticCache allocated before the call "
-                 "(cache.early_initialization(batch_size, num_kv_heads, head_dim, dtype, device)), "
-                 "for a model without sliding-window layers")
+_STATIC_CACHE = ("a transformers StaticCache allocated before the call "
+                 "(cache.early_initialization(batch_size, num_kv_heads, head_dim, dtype, device))")
 
 
 def flatten_inputs(args: tuple, kwargs: dict, arg_names: list[str]):
@@ -122,7 +121,8 @@ def flatten_inputs(args: tuple, kwargs: dict, arg_names: list[str]):
             raise CaptureError(
                 f"{path} is a {type(v).__name__}, a transformers cache the capture cannot take: it "
                 "grows its tensors or keeps its position in a Python int, and a served call makes "
-                f"no new tensors and keeps no Python state; {_CACHE_ADVICE}"
+                f"no new tensors and keeps no Python state. Pass {_STATIC_CACHE}; a model with "
+                "sliding-window layers (StaticSlidingWindowLayer) has no cache the capture takes"
             )
         else:
             hint = _register_hint(v)
@@ -177,13 +177,15 @@ def flatten_result(result):
                 ".item() cannot be a result of a captured function; return the tensor instead "
                 "(e.g. `loss`, not `loss.item()`)"
             )
-        hint = (f"; it is a model's key/value cache: {_CACHE_ADVICE} and pass it as an argument, "
-                "use_cache=False, or return the tensors you need"
-                if _transformers_cache(v) or type(v).__name__.endswith("Cache") else "")
+        if _transformers_cache(v):  # (registering it would not make a cache the call can return)
+            raise CaptureError(
+                f"{what} is a {type(v).__name__}, a model's key/value cache made by the call: pass "
+                f"{_STATIC_CACHE} as an argument, use_cache=False, or return the tensors you need"
+            )
         raise CaptureError(
             f"{what} is a {type(v).__name__}; return tensors, int/float/bool/str/None and "
             f"containers torch's pytree knows (tuple, list, dict, namedtuple, registered classes): "
-            f"{_register_hint(v)}{hint}"
+            f"{_register_hint(v)}"
         )
     raise AssertionError("unreachable")  # pragma: no cover
 
