@@ -137,6 +137,19 @@ def test_caches_the_pair_cannot_serve_are_refused(tmp_path):
     assert not (tmp_path / "t.py").exists()
 
 
+def test_only_the_caches_a_served_call_cannot_follow_get_the_static_cache_advice():
+    """A layer that keeps its position in tensors (StaticIndexedLayer, not registered by
+    precompile-build) gets the advice to register it, not to pass what it is part of."""
+    from transformers.cache_utils import DynamicLayer, StaticIndexedLayer
+
+    from precompile_build.engines.pytree_io import flatten_inputs
+
+    for layer, advice in ((DynamicLayer(), "Pass a transformers StaticCache"),
+                          (StaticIndexedLayer(8), "Register StaticIndexedLayer with torch.utils._pytree")):
+        with pytest.raises(CaptureError, match=advice):
+            flatten_inputs((layer,), {}, ["cache"])
+
+
 def test_a_cache_in_the_result_says_to_pass_a_static_cache(tmp_path):
     model = modelzoo.build_llama()  # (use_cache: the output holds the DynamicCache the call made)
     with pytest.raises(CaptureError, match=r"the result's part result\['past_key_values'\] is a DynamicCache, a "

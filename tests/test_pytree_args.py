@@ -91,6 +91,9 @@ def test_calls_of_another_structure_name_the_path(tmp_path):
         f({"a": (x["a"][0],)}, opts, extra=4)
     with pytest.raises(CallError, match=r"argument 'x': expected a dict with keys \['a'\], got a dict with keys \['b'\]"):
         f({"b": x["a"]}, opts, extra=4)
+    for leaf, got in ((None, "None"), (3, "an int"), (x["a"][0], "a Tensor")):  # a leaf named by its type
+        with pytest.raises(CallError, match=rf"argument 'x': expected a dict with keys \['a'\], got {got};"):
+            f(leaf, opts, extra=4)
     with pytest.raises(CallError, match=r"keyword argument 'extra': the capture specialised on 4, got 5"):
         f(x, opts, extra=5)
     with pytest.raises(CallError, match=r"argument 'opts'.scale: the capture specialised on 2.0, got 3.0"):

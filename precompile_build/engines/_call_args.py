@@ -146,7 +146,10 @@ def _context_difference(want, got):
 
 def _spec_text(spec, value=_UNNAMED):
     if spec.is_leaf():
-        return "a value (a tensor, model or constant)" if value is _UNNAMED else f"a {type(value).__name__}"
+        if value is _UNNAMED:
+            return "a value (a tensor, model or constant)"
+        name = type(value).__name__
+        return "None" if value is None else f"an {name}" if name[:1].lower() in "aeiou" else f"a {name}"
     if spec.type is type(None):
         return "None"
     kind = getattr(spec.type, "__name__", str(spec.type))

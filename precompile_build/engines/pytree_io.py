@@ -81,12 +81,22 @@ def _register_hint(value) -> str:
             "register_pytree_node(...) for another class)")
 
 
-def _transformers_cache(value) -> bool:
-    """A transformers cache or cache layer (DynamicCache, StaticSlidingWindowLayer, ...):
-    only StaticCache and StaticLayer are registered (_pytree_types.CACHE_TYPES)."""
+# transformers' caches a served call cannot follow: their tensors grow by reassignment
+# (the dynamic and quantized ones) or their position is a Python int (sliding-window layers)
+_UNSERVABLE_CACHES = ("DynamicCache", "DynamicLayer", "QuantizedCache", "SlidingWindowCache",
+                      "StaticSlidingWindowLayer")
+
+
+def _transformers_cache(value, kinds=("Cache", "CacheLayerMixin")) -> bool:
+    """A transformers class with one of ``kinds`` among its bases: by default any cache
+    or cache layer (only StaticCache and StaticLayer are registered:
+    _pytree_types.CACHE_TYPES)."""
     tp = type(value)
-    return tp.__module__.startswith("transformers") and any(
-        c.__name__ in ("Cache", "CacheLayerMixin") for c in tp.__mro__)
+    return tp.__module__.startswith("transformers") and any(c.__name__ in kinds for c in tp.__mro__)
+
+
+def _an(name: str) -> str:
+    return f"an {name}" if name[:1].lower() in "aeiou" else f"a {name}"
 
 
 _STATIC_CACHE = ("a transformers StaticCache allocated before the call "
@@ -117,9 +127,9 @@ def flatten_inputs(args: tuple, kwargs: dict, arg_names: list[str]):
             kinds.append(["tensor"])
         elif isinstance(v, _LITERALS):
             kinds.append(["const", v])
-        elif _transformers_cache(v):
+        elif _transformers_cache(v, _UNSERVABLE_CACHES):
             raise CaptureError(
-                f"{path} is a {type(v).__name__}, a transformers cache the capture cannot take: it "
+                f"{path} is {_an(type(v).__name__)}, a transformers cache the capture cannot take: it "
                 "grows its tensors or keeps its position in a Python int, and a served call makes "
                 f"no new tensors and keeps no Python state. Pass {_STATIC_CACHE}; a model with "
                 "sliding-window layers (StaticSlidingWindowLayer) has no cache the capture takes"
@@ -179,7 +189,7 @@ def flatten_result(result):
             )
         if _transformers_cache(v):  # (registering it would not make a cache the call can return)
             raise CaptureError(
-                f"{what} is a {type(v).__name__}, a model's key/value cache made by the call: pass "
+                f"{what} is {_an(type(v).__name__)}, a model's key/value cache made by the call: pass "
                 f"{_STATIC_CACHE} as an argument, use_cache=False, or return the tensors you need"
             )
         raise CaptureError(
