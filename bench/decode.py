@@ -101,9 +101,6 @@ PATHS = ("eager", "load_packaged", "load_packaged_graphs", "eager_lagged", "load
          "generate_auto")
 GREEDY = "_greedy"  # the loop over greedy_b<B>: the whole step (argmax, position, results) in the target
 LAGGED = "_lagged"  # the server loop that reads each step's stop flag one step later
-
-
-STOP = -1  # the stop token the loop checks for every step: none (every path decodes --steps)
 WARM = 3  # decode calls before the loops' timing starts: a warm-up, CUDA graphs' timed run, its recording
 
 
@@ -189,7 +186,7 @@ def worker(path: str, device: str, batch: int, steps: int, n_prompt: int, logits
             pos += 1
             tokens.append(token)
             all_logits.append(logits)
-            flag = (token == STOP).all()
+            flag = (token == llmdecode.STOP).all()
             if not lagged:
                 if bool(flag):  # the stop flag on the host: one sync per step, as generate
                     break
@@ -220,7 +217,7 @@ def worker(path: str, device: str, batch: int, steps: int, n_prompt: int, logits
                     def after(logits):  # the loop's own work: the next input, the position, the flag
                         state["token"] = logits.argmax(-1)
                         pos.add_(1)
-                        return (state["token"] == STOP).all()
+                        return (state["token"] == llmdecode.STOP).all()
 
                     out["breakdown"] = breakdown(lambda: decode(model, state["token"][:, None], cache, pos), after,
                                                  lagged=lagged)
