@@ -42,9 +42,9 @@ HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 sys.path[:0] = [str(REPO), str(REPO / "runtime")]
 
-from precompile_build.runner import cuda_available, gpu_ids, resolve_device  # noqa: E402
-from precompile_build.settings import load_settings  # noqa: E402
-from precompile_build.slots import cpu_limit  # noqa: E402
+from precompile_build.builder.runner import cuda_available, gpu_ids, resolve_device  # noqa: E402
+from precompile_build.builder.slots import cpu_limit  # noqa: E402
+from precompile_build.config.settings import load_settings  # noqa: E402
 
 _IGNORE = shutil.ignore_patterns("build", "dist", "*.egg-info", "_precompiled", "__pycache__")
 

@@ -13,7 +13,7 @@ argument (a pytree of 3 tensors per layer, walked and checked per call) and the 
 wrapper form ``wrapper(input_ids=, cache_position=)`` (its cache tensors are buffers).
 These pairs get the frozen engine's alias check (inputs written in place: the cache),
 which the eager engine's driver skips. ``graphs`` columns: the same StaticCache call
-through the CUDA graph lookup of frozen CUDA pairs (``_cuda_graphs.py``: size key,
+through the CUDA graph lookup of frozen CUDA pairs (``cuda_graphs.py``: size key,
 addresses of what the graph reads in place, input copies, output copies) after the
 driver, with a stand-in graph whose replay does nothing (no GPU needed).
 
@@ -43,12 +43,12 @@ import torch
 import precompile_build
 
 REPO = Path(__file__).resolve().parent.parent
-DRIVER = "precompile_build/engines/_driver.py"
+DRIVER = "precompile_build/templates/driver.py"
 # the source half's blocks after the models' settings, in codegen.py's order, by header
-BLOCKS = [("precompile_build/engines/_pytree_types.py", "# ---- pytree registration of transformers"),
-          ("precompile_build/engines/_call_args.py", "# ---- the calling convention: arguments"),
+BLOCKS = [("precompile_build/templates/pytree_types.py", "# ---- pytree registration of transformers"),
+          ("precompile_build/templates/call_args.py", "# ---- the calling convention: arguments"),
           (DRIVER, "# ---- driver: the calling convention")]
-GRAPHS = "precompile_build/engines/_cuda_graphs.py"
+GRAPHS = "precompile_build/templates/cuda_graphs.py"
 nn = torch.nn
 
 
@@ -165,7 +165,7 @@ def _with_graphs(fn, graphs_code: str):
     device), as a frozen CUDA pair's call does."""
     ns = fn.__call__.__globals__
     ns["_META"]["device"] = "cuda"
-    exec(compile(graphs_code, "_cuda_graphs.py", "exec"), ns)
+    exec(compile(graphs_code, "cuda_graphs.py", "exec"), ns)
     run = fn._run
     graphs = ns["_CudaGraphs"](run, True, 8, "graph")
     graphs._capture = lambda inputs: (_StandInGraph(), tuple(run(inputs)))

@@ -119,7 +119,7 @@ def worker(mode: str, cfg: dict, layers: int, device: str, work: Path) -> dict:
     name = f"L{layers}"
     if mode == "capture":
         import precompile_build
-        from precompile_build.pairs import read_source_metadata
+        from precompile_build.builder.pairs import read_source_metadata
 
         with torch.no_grad(), precompile_build.capture(
                 forward, engine="frozen", target=name, artifact_path=work / f"{name}.py",
@@ -186,9 +186,9 @@ def run_worker(mode: str, cfg: dict, layers: int, device: str, work: Path, gpu: 
 
 def _package(work: Path, names: list[str]) -> None:
     """work/site/scalebench/_precompiled/: the pairs and their manifest, as a wheel has them."""
-    from precompile_build.manifest_build import assemble, write_dir_atomic
-    from precompile_build.pairs import inspect_pair
-    from precompile_build.runner import CaptureResult
+    from precompile_build.builder.pairs import inspect_pair
+    from precompile_build.builder.runner import CaptureResult
+    from precompile_build.wheels.manifest import assemble, write_dir_atomic
 
     results = []
     for n in names:

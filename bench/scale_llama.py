@@ -145,7 +145,7 @@ def worker(mode: str, size: str, work: Path, cap_gib: float | None) -> dict:
     with torch.no_grad():
         if mode == "capture":
             import precompile_build
-            from precompile_build.pairs import read_source_metadata
+            from precompile_build.builder.pairs import read_source_metadata
 
             stats = work / f"{name}.stats.json"
             os.environ["PRECOMPILE_STATS_PATH"] = str(stats)
@@ -329,9 +329,9 @@ def build_wheel(work: Path, size: str) -> dict:
 def _package(work: Path, name: str) -> None:
     """work/site/llamabench/_precompiled/: the pair and its manifest, as a wheel has them."""
     sys.path[:0] = [str(ROOT), str(ROOT / "runtime")]
-    from precompile_build.manifest_build import assemble, write_dir_atomic
-    from precompile_build.pairs import inspect_pair
-    from precompile_build.runner import CaptureResult
+    from precompile_build.builder.pairs import inspect_pair
+    from precompile_build.builder.runner import CaptureResult
+    from precompile_build.wheels.manifest import assemble, write_dir_atomic
 
     src, cache = work / f"{name}.py", work / f"{name}.cache"
     info = inspect_pair(src, cache)

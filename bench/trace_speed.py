@@ -70,7 +70,7 @@ def trace_once(model, ids, path: str):
     """(seconds, op counts) of one ``trace_call`` along ``path`` (one of PATHS)."""
     import contextlib
 
-    from precompile_build.engines import aten_export, tracing
+    from precompile_build.capturing import aten_export, tracing
 
     saved = aten_export._one_pass_export, aten_export._no_stack_traces
     if path != "one-pass":

@@ -7,7 +7,7 @@ Importing this package does not import torch (the build backend imports it).
 
 from __future__ import annotations
 
-from .capture_api import Capture, capture
+from .capturing.api import Capture, capture
 from .errors import BuildError, CaptureError, ConfigError, PrecompileBuildError, PythonStateWarning
 
 __version__ = "0.1.0"

@@ -26,7 +26,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Optional
 
-from .workdir import build_tempdir
+from .builder.workdir import build_tempdir
 
 __all__ = [
     "build_editable",
@@ -60,14 +60,14 @@ def _setuptools_settings(config_settings: Optional[Mapping[str, Any]]) -> Option
 
 
 def _settings(config_settings: Optional[Mapping[str, Any]]):
-    from .settings import load_settings
+    from .config.settings import load_settings
 
     return load_settings(os.getcwd(), config_settings)
 
 
 def _capture(settings, work: Path) -> dict[str, bytes]:
-    from .manifest_build import assemble
-    from .runner import run_captures
+    from .builder.runner import run_captures
+    from .wheels.manifest import assemble
 
     return assemble(settings.package, run_captures(settings, work))
 
@@ -76,7 +76,7 @@ def _requirements(settings, variants: list) -> list:
     """What the wheel's ``Requires-Dist`` gains: precompile-runtime and the torch pin
     of the captures; with `skip`, precompile-runtime only (there are no captures to
     take the torch version from; see :func:`_say_skipped`)."""
-    from .wheel import build_requirements, runtime_requirement
+    from .wheels.rewrite import build_requirements, runtime_requirement
 
     return [runtime_requirement()] if settings.skip else build_requirements(
         variants, settings.torch_pin)
@@ -86,7 +86,7 @@ def _say_skipped(settings) -> None:
     """One line on stderr: the wheel is built without its precompiled targets."""
     import sys
 
-    from .wheel import runtime_requirement
+    from .wheels.rewrite import runtime_requirement
 
     print(f"precompile: skipped the precompiled targets ({', '.join(settings.targets)}) "
           "as `skip` asks (-C precompile.skip=true or PRECOMPILE_SKIP): the wheel has no "
@@ -98,8 +98,8 @@ def _say_skipped(settings) -> None:
 def _package(settings, plain: Path, out_dir: str, files: dict, *, add: bool) -> str:
     """Rewrite setuptools' wheel ``plain`` into ``out_dir``; ``add``: put ``files``
     into it (regular wheel) or only take requirements and tags from them (editable)."""
-    from .manifest_build import variants
-    from .wheel import NATIVE_ENGINES, package_wheel
+    from .wheels.manifest import variants
+    from .wheels.rewrite import NATIVE_ENGINES, package_wheel
 
     found = variants(files) if files else []  # skip: no captures, no manifest
     native = any(v["engine"] in NATIVE_ENGINES for v in found)
@@ -115,7 +115,7 @@ def static_dependencies_gap(project: Optional[Mapping[str, Any]], requires: list
 
     Args:
         project: the `[project]` table of pyproject.toml as parsed
-            (:attr:`precompile_build.settings.Settings.project`; None: no such table,
+            (:attr:`precompile_build.config.settings.Settings.project`; None: no such table,
             the metadata comes from setup.py/setup.cfg).
         requires: requirement strings the build adds (``wheel.build_requirements``).
     Returns:
@@ -194,9 +194,9 @@ def build_editable(wheel_directory: str, config_settings: Optional[Mapping[str, 
     link tree too: it holds only what setuptools knew of."""
     from setuptools import build_meta
 
-    from .capture_cache import package_digest
-    from .manifest_build import mark_editable, write_dir_atomic
-    from .wheel import PRECOMPILED
+    from .builder.capture_cache import package_digest
+    from .wheels.manifest import mark_editable, write_dir_atomic
+    from .wheels.rewrite import PRECOMPILED
 
     settings = _settings(config_settings)
     st_settings = _setuptools_settings(config_settings)
@@ -244,7 +244,7 @@ def build_sdist(sdist_directory: str,
     """setuptools' sdist, plus every capture script, minus `_precompiled/`."""
     from setuptools import build_meta
 
-    from .sdist import package_sdist
+    from .wheels.sdist import package_sdist
 
     settings = _settings(config_settings)
     with build_tempdir() as tmp:
@@ -253,7 +253,7 @@ def build_sdist(sdist_directory: str,
 
 
 def _patch_metadata_dir(settings, metadata_directory: str, dist_info: str) -> str:
-    from .wheel import patch_metadata
+    from .wheels.rewrite import patch_metadata
 
     path = Path(metadata_directory) / dist_info / "METADATA"
     text = path.read_text(encoding="utf-8")

@@ -14,8 +14,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Optional
 
+from .builder.workdir import build_tempdir
 from .errors import ConfigError
-from .workdir import build_tempdir
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -43,9 +43,9 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _capture(args: argparse.Namespace) -> int:
-    from .manifest_build import assemble, write_dir_atomic
-    from .runner import run_captures
-    from .settings import load_settings
+    from .builder.runner import run_captures
+    from .config.settings import load_settings
+    from .wheels.manifest import assemble, write_dir_atomic
 
     cs = {"precompile.targets": args.targets} if args.targets else {}
     environ = {k: v for k, v in os.environ.items()
@@ -60,7 +60,7 @@ def _capture(args: argparse.Namespace) -> int:
 
 
 def _inspect(args: argparse.Namespace) -> int:
-    from .inspect_cmd import format_report, inspect_report
+    from .wheels.inspect_cmd import format_report, inspect_report
 
     report = inspect_report(args.where)
     print(json.dumps(report, indent=2, sort_keys=True) if args.json else format_report(report))
@@ -68,15 +68,15 @@ def _inspect(args: argparse.Namespace) -> int:
 
 
 def _merge(args: argparse.Namespace) -> int:
-    from .merge import merge_wheels
+    from .wheels.merge import merge_wheels
 
     print(merge_wheels(args.wheels, args.out))
     return 0
 
 
 def _clean(args: argparse.Namespace) -> int:
-    from .capture_cache import clean
-    from .settings import default_cache_dir, load_settings, resolve_cache_dir
+    from .builder.capture_cache import clean
+    from .config.settings import default_cache_dir, load_settings, resolve_cache_dir
 
     # the directory the build uses: --cache-dir, else the project's settings (which
     # include PRECOMPILE_BUILD_CACHE_DIR, relative to the project root), else that

@@ -1,4 +1,4 @@
-"""The kept alias verdict (engines/_call_args.py): a call whose inputs are those of the
+"""The kept alias verdict (templates/call_args.py): a call whose inputs are those of the
 last passing call skips the full check, and anything that can make an input written
 to share memory with another input or a parameter ends the verdict."""
 

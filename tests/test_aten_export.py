@@ -1,4 +1,4 @@
-"""The export tracers' graph (precompile_build/engines/aten_export.py): one trace to
+"""The export tracers' graph (precompile_build/capturing/aten_export.py): one trace to
 functional ATen where torch has the entry point, the two public passes where it has
 not, and the same graph either way: what the rest of the pipeline needs of it."""
 
@@ -11,8 +11,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from precompile_build.engines import aten_export  # noqa: E402
-from precompile_build.engines.tracing import trace_call  # noqa: E402
+from precompile_build.capturing import aten_export  # noqa: E402
+from precompile_build.capturing.tracing import trace_call  # noqa: E402
 from precompile_build.errors import CaptureError  # noqa: E402
 
 aten = torch.ops.aten

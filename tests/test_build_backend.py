@@ -73,7 +73,7 @@ def test_skip_builds_plain_wheel(tmp_path, monkeypatch, capfd):
     """`skip` builds without captures and says so; Requires-Dist keeps the project's
     own dependencies and precompile-runtime (no torch pin: it comes from the captures),
     and prepare_metadata agrees with the wheel."""
-    from precompile_build.wheel import runtime_requirement
+    from precompile_build.wheels.rewrite import runtime_requirement
 
     monkeypatch.setenv("PRECOMPILE_SKIP", "1")
     root = make_project(tmp_path)

@@ -14,10 +14,10 @@ from pathlib import Path
 import pytest
 from _build_helpers import build, check_record, make_project, target_toml
 
-from precompile_build import capture_cache, progress, runner
+from precompile_build.builder import capture_cache, progress, runner
 from precompile_build.cli import main
+from precompile_build.config.settings import load_settings
 from precompile_build.errors import CaptureError, ConfigError
-from precompile_build.settings import load_settings
 
 pytestmark = pytest.mark.usefixtures("build_env")
 
@@ -248,7 +248,7 @@ def test_cuda_targets_get_one_gpu_each(tmp_path, monkeypatch, capfd):
         assert f"CVD={r.device_index}" in log
     table = capfd.readouterr().err.split("precompile: summary")[1]
     assert "cuda:0" in table and "cuda:1" in table
-    from precompile_build.manifest_build import assemble
+    from precompile_build.wheels.manifest import assemble
 
     doc = json.loads(assemble("simplepkg", results)["manifest.json"])
     assert {doc["targets"][n]["variants"][0]["capture_device"] for n in "ab"} == {0, 1}
@@ -374,7 +374,7 @@ def test_settings_defaults_and_overrides(tmp_path, monkeypatch):
               + target_toml())
     s = load_settings(root, {}, {})
     assert (s.cache, s.cache_dir, s.jobs) == (False, Path.home() / "pc", 2)
-    from precompile_build.settings import default_cache_dir
+    from precompile_build.config.settings import default_cache_dir
 
     assert default_cache_dir().name == "precompile-build"
 

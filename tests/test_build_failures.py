@@ -16,9 +16,9 @@ from _build_helpers import (
     wheel_names,
 )
 
-from precompile_build import runner
+from precompile_build.builder import runner
+from precompile_build.builder.runner import CaptureWarning
 from precompile_build.errors import CaptureError, ScriptFailed
-from precompile_build.runner import CaptureWarning
 
 pytestmark = pytest.mark.usefixtures("build_env")
 

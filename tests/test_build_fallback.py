@@ -46,8 +46,8 @@ def test_compiler_crash_without_the_option_names_it(tmp_path, capsys):
 
 
 def test_fallback_values_are_checked(tmp_path):
+    from precompile_build.config.settings import load_settings
     from precompile_build.errors import ConfigError
-    from precompile_build.settings import load_settings
 
     root = make_project(tmp_path, CRASH + 'fallback = "eagre"\n')
     with pytest.raises(ConfigError, match=r"`tool.precompile.targets.crash.fallback` must be one of "
@@ -63,8 +63,8 @@ def test_the_fallback_judges_the_frozen_engines_trace_by_the_one_real_call(tmp_p
     import torch
 
     import precompile_build
+    from precompile_build.capturing.tracing import trace_call
     from precompile_build.engines import frozen
-    from precompile_build.engines.tracing import trace_call
     from precompile_build.errors import CaptureError, CompilerFailed
 
     def crash(*a, **k):

@@ -33,7 +33,7 @@ def test_no_torch_in_the_build_is_a_clear_error(tmp_path, monkeypatch):
 
 
 def test_failed_fingerprint_turns_the_cache_off_not_a_key_error(tmp_path, monkeypatch, capfd):
-    from precompile_build import capture_cache
+    from precompile_build.builder import capture_cache
 
     def broken(*a, **k):
         raise CaptureError("Failed to compute the host fingerprint: No module named 'torch'")
@@ -256,7 +256,7 @@ def _auditwheel_show(tmp_path, so) -> str:
 
     from _build_helpers import generic_tag
 
-    from precompile_build.wheel import write_wheel
+    from precompile_build.wheels.rewrite import write_wheel
 
     tag = generic_tag()
     entries = {"plain/__init__.py": (b"", 0o644), f"plain/{so.name}": (so.read_bytes(), 0o755),
@@ -398,7 +398,7 @@ def test_strip_kernel_drops_debug_info_and_symtab_and_still_loads(tmp_path):
 
     from elftools.elf.elffile import ELFFile
 
-    from precompile_build.kernel_size import strip_kernel
+    from precompile_build.engines.kernel_size import strip_kernel
 
     if shutil.which("strip") is None:
         pytest.skip("binutils' strip is not installed")
@@ -422,7 +422,7 @@ def test_strip_kernel_drops_debug_info_and_symtab_and_still_loads(tmp_path):
 
 
 def test_without_auditwheel_the_tag_is_linux_with_the_reason(monkeypatch):
-    from precompile_build import platform_tags
+    from precompile_build.wheels import platform_tags
 
     monkeypatch.setitem(sys.modules, "auditwheel.policy", None)
     said = []
@@ -433,7 +433,7 @@ def test_without_auditwheel_the_tag_is_linux_with_the_reason(monkeypatch):
 
 def test_kernels_that_need_no_libc_get_the_floor_tag():
     """CUDA-only variants (cubins are ELF files for another machine): manylinux_2_17."""
-    from precompile_build.platform_tags import decide_platform
+    from precompile_build.wheels.platform_tags import decide_platform
 
     cubin = bytearray(open(sys.executable, "rb").read(64))
     cubin[18:20] = (190).to_bytes(2, "little")  # e_machine EM_CUDA

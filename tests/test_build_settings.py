@@ -1,4 +1,4 @@
-"""[tool.precompile] validation and overrides (precompile_build.settings)."""
+"""[tool.precompile] validation and overrides (precompile_build.config.settings)."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ from hypothesis import given
 from hypothesis import settings as hsettings
 from hypothesis import strategies as st
 
+from precompile_build.config.settings import load_settings, settings_from_table
 from precompile_build.errors import ConfigError
-from precompile_build.settings import load_settings, settings_from_table
 
 pytestmark = pytest.mark.usefixtures("build_env")
 
@@ -33,14 +33,14 @@ def test_valid_minimal(tmp_path):
 
 
 def test_config_parsing_imports_no_engine_module():
-    """settings.py validates `tracer` without importing precompile_build.engines.tracers
+    """settings.py validates `tracer` without importing precompile_build.capturing.tracers
     (nor torch): config parsing stays apart from the engines."""
     import subprocess
     import sys
 
-    code = ("import sys, precompile_build.settings; "
+    code = ("import sys, precompile_build.config.settings; "
             "print(sorted(m for m in sys.modules if m.startswith('precompile_build.engines.') "
-            "or m == 'torch'))")
+            "or m in ('precompile_build.capturing.tracers', 'torch')))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[]"
@@ -240,12 +240,12 @@ def test_fuzz_only_config_errors(tmp_path_factory, table, cs):
 
 
 def test_the_settings_reference_is_generated_from_the_field_table():
-    """docs/settings.md is what settings_fields.reference() writes from the one table of
-    keys and overrides (and the settings' docstrings); settings.py reads the same table."""
-    from precompile_build import settings, settings_fields
+    """docs/settings.md is what config/reference.py writes from the one table of keys and
+    overrides (and the settings' docstrings); settings.py reads the same table."""
+    from precompile_build.config import fields, reference, settings
 
     docs = Path(__file__).resolve().parents[1] / "docs" / "settings.md"
-    assert docs.read_text(encoding="utf-8") == settings_fields.reference(), (
-        "regenerate: python -m precompile_build.settings_fields > docs/settings.md")
-    attrs = set(settings_fields.field_docs(settings.TargetSettings))
-    assert {k.attr for k in settings_fields.TARGET_KEYS} <= attrs
+    assert docs.read_text(encoding="utf-8") == reference.reference(), (
+        "regenerate: python -m precompile_build.config.reference > docs/settings.md")
+    attrs = set(reference.field_docs(settings.TargetSettings))
+    assert {k.attr for k in fields.TARGET_KEYS} <= attrs

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from precompile_build.capture_options import CaptureOptions
+from precompile_build.config.capture_options import CaptureOptions
 from precompile_build.errors import CaptureError
 
 

@@ -1,5 +1,5 @@
 """Peak memory per target (issue 24): the capture script's peak RSS (``wait4``) and,
-for CUDA captures, the GPU peaks the capture records (capture_stats.py), in the build
+for CUDA captures, the GPU peaks the capture records (capturing/stats.py), in the build
 line, the summary table, the manifest and ``inspect``."""
 
 from __future__ import annotations
@@ -10,11 +10,12 @@ import os
 import pytest
 from _build_helpers import make_project, target_toml
 
-from precompile_build import capture_stats, runner
-from precompile_build.inspect_cmd import format_report, inspect_report
-from precompile_build.manifest_build import assemble
-from precompile_build.progress import human_size
-from precompile_build.settings import load_settings
+from precompile_build.builder import runner
+from precompile_build.builder.progress import human_size
+from precompile_build.capturing import stats as capture_stats
+from precompile_build.config.settings import load_settings
+from precompile_build.wheels.inspect_cmd import format_report, inspect_report
+from precompile_build.wheels.manifest import assemble
 
 pytestmark = pytest.mark.usefixtures("build_env")
 

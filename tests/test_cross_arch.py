@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 from _build_helpers import make_project, target_toml
 
+from precompile_build.config.settings import load_settings
 from precompile_build.errors import CaptureError, ConfigError
-from precompile_build.settings import load_settings
 from precompile_runtime import arch_select
 
 HERE = Path(__file__).parent
@@ -65,8 +65,8 @@ def test_cuda_archs_on_a_cpu_target_is_an_error(tmp_path):
 
 
 def test_cuda_archs_reach_the_script_and_the_cache_key(tmp_path):
-    from precompile_build import capture_cache
-    from precompile_build.script import script_env
+    from precompile_build.builder import capture_cache
+    from precompile_build.builder.script import script_env
 
     s = _load(tmp_path, target_toml(extra='cuda-archs = ["8.0", "12.0"]'))
     t = s.targets["double"]
@@ -182,7 +182,7 @@ def _kernel_namespace(monkeypatch, cc):
 
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: cc)
     ns = {"torch": torch, "_os": os, "CallError": CallError, "_META": {"target": "t"}}
-    src = codegen._template("_kernel_loader.py") + "\n\n" + codegen.triton_launcher_code()
+    src = codegen._template("kernel_loader.py") + "\n\n" + codegen.triton_launcher_code()
     exec(compile(src, "source half", "exec"), ns)
     return ns
 
@@ -227,8 +227,8 @@ REPORT = {"tuned_on": "9.0", "validated_on": ["9.0"], "compiled_for": ["8.0", "9
 
 
 def _result(tmp_path, name, fp, meta):
-    from precompile_build.pairs import PairInfo
-    from precompile_build.runner import CaptureResult
+    from precompile_build.builder.pairs import PairInfo
+    from precompile_build.builder.runner import CaptureResult
 
     d = tmp_path / f"pairs-{fp['compute_capability']}"
     d.mkdir(exist_ok=True)
@@ -241,10 +241,10 @@ def _result(tmp_path, name, fp, meta):
 
 
 def test_manifest_and_inspect_of_a_multi_arch_variant(tmp_path, monkeypatch):
-    from precompile_build import inspect_cmd, manifest_build
+    from precompile_build.wheels import inspect_cmd, manifest
 
     monkeypatch.setenv("SOURCE_DATE_EPOCH", "1700000000")
-    files = manifest_build.assemble("pkg", [
+    files = manifest.assemble("pkg", [
         _result(tmp_path, "forward", _fp("9.0", " ".join(REPORT["binaries"])), {"cuda_archs": REPORT})])
     doc = json.loads(files["manifest.json"])
     v = doc["targets"]["forward"]["variants"][0]
@@ -265,9 +265,9 @@ def test_manifest_and_inspect_of_a_multi_arch_variant(tmp_path, monkeypatch):
 
 
 def test_single_arch_cuda_variant_records_its_gpu(tmp_path):
-    from precompile_build import arch_report, manifest_build
+    from precompile_build.wheels import arch_report, manifest
 
-    files = manifest_build.assemble("pkg", [_result(tmp_path, "f", _fp("8.0"), {})])
+    files = manifest.assemble("pkg", [_result(tmp_path, "f", _fp("8.0"), {})])
     v = json.loads(files["manifest.json"])["targets"]["f"]["variants"][0]
     assert (v["compiled_for"], v["tuned_on"], v["validated_on"]) == (["8.0"], "8.0", ["8.0"])
     assert arch_report.variant_fields({"device_type": "cpu"}, {}, "frozen") == {}
@@ -299,14 +299,14 @@ def test_merge_marks_native_builds_and_the_runtime_prefers_them(tmp_path, monkey
     """An H200 wheel cross-compiled for 8.0/9.0/12.0 merged with an A100 wheel built
     natively on 8.0: the merged manifest says the A100's variant serves 8.0, and the
     loader picks it on an sm_80 host (the H200's cross-compiled sm_80 on sm_86)."""
-    from precompile_build import inspect_cmd, manifest_build
-    from precompile_build.merge import _merge_manifests
+    from precompile_build.wheels import inspect_cmd, manifest
+    from precompile_build.wheels.merge import _merge_manifests
     from precompile_runtime import fingerprint, loader
 
     monkeypatch.setenv("SOURCE_DATE_EPOCH", "1700000000")
     parts = []
     for fp, meta in ((_fp("9.0", " ".join(REPORT["binaries"])), {"cuda_archs": REPORT}), (_fp("8.0"), {})):
-        files = manifest_build.assemble("pkg", [_result(tmp_path, "forward", fp, meta)])
+        files = manifest.assemble("pkg", [_result(tmp_path, "forward", fp, meta)])
         parts.append({"doc": json.loads(files["manifest.json"]), "files": files})
     doc, files = _merge_manifests(parts, ["h200.whl", "a100.whl"])
     cross, native = doc["targets"]["forward"]["variants"]
@@ -364,7 +364,7 @@ def test_add_archs_is_the_frozen_engines_step():
     ("validated_on", [9.0], "`validated_on` must be a list of compute capabilities"),
     ("left_out", ["8.6"], "`left_out` must be an object")])
 def test_manifest_reader_checks_the_arch_fields(tmp_path, field, value, match):
-    from precompile_build import manifest_build
+    from precompile_build.wheels import manifest as manifest_build
     from precompile_runtime import manifest
     from precompile_runtime.errors import ManifestError
 

@@ -111,8 +111,8 @@ def test_recording_keeps_what_a_cross_compile_needs(monkeypatch):
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    from precompile_build.engines import _triton_freeze, cross_arch
-    from precompile_build.engines._cross_compile import jit_function
+    from precompile_build.engines import cross_arch, triton_freeze
+    from precompile_build.engines.cross_compile import jit_function
 
     fn = jit_function(str(HERE / "_cross_arch_kernels.py"), "mm")
     launchers = []
@@ -129,13 +129,13 @@ def test_recording_keeps_what_a_cross_compile_needs(monkeypatch):
             binary = triton.compile(ASTSource(fn, SIG, {"BM": 64, "BN": 64, "BK": bk}),
                                     target=GPUTarget("cuda", 90, 32), options={"num_warps": 4, "num_stages": 2})
             binary._cubin_path = None  # Inductor sets it where it wrote the cubin
-            kernel = _triton_freeze._static_kernel_class()(binary)
+            kernel = triton_freeze._static_kernel_class()(binary)
 
             def launcher():
                 pass
             launcher.config = f"BK={bk}"
-            setattr(launcher, _triton_freeze._CODE, f"def launcher(stream):\n    pass  # {bk}\n")
-            setattr(launcher, _triton_freeze._RESULT, type("R", (), {"kernel": kernel})())
+            setattr(launcher, triton_freeze._CODE, f"def launcher(stream):\n    pass  # {bk}\n")
+            setattr(launcher, triton_freeze._RESULT, type("R", (), {"kernel": kernel})())
             launchers.append(launcher)
         tuner.benchmark_all_configs()
     import pickle
@@ -178,8 +178,8 @@ def test_candidate_from_inductor_compile_meta():
     """A kernel Inductor restored from its caches (no triton.compile seen): the
     compile call is rebuilt from the compile result's compile_meta."""
     pytest.importorskip("triton")
-    from precompile_build.engines import _triton_freeze, cross_arch
-    from precompile_build.engines._cross_compile import jit_function
+    from precompile_build.engines import cross_arch, triton_freeze
+    from precompile_build.engines.cross_compile import jit_function
 
     fn = jit_function(str(HERE / "_cross_arch_kernels.py"), "mm")
     cm = {"signature": SIG, "constants": {"BM": 64, "BN": 64, "BK": 64}, "configs": [{}],
@@ -188,8 +188,8 @@ def test_candidate_from_inductor_compile_meta():
     def launcher():
         pass
     launcher.config = "BK=64"
-    setattr(launcher, _triton_freeze._CODE, "def launcher(stream):\n    pass\n")
-    setattr(launcher, _triton_freeze._RESULT, type("R", (), {"compile_meta": cm, "kernel": None})())
+    setattr(launcher, triton_freeze._CODE, "def launcher(stream):\n    pass\n")
+    setattr(launcher, triton_freeze._RESULT, type("R", (), {"compile_meta": cm, "kernel": None})())
     tuner = type("T", (), {"fn": fn, "launchers": [launcher]})()
     (c,) = cross_arch.candidates(tuner)
     assert c["options"] == {"num_warps": 8, "num_stages": 3, "debug": True, "sanitize_overflow": False,
@@ -204,16 +204,16 @@ def test_candidates_start_from_the_chosen_config():
     """The chosen config comes first even when slower ones were timed faster (coordinate
     descent), configs that failed on the build GPU (inf) are left out, and a chosen
     config whose compile was not recorded gives no candidates at all."""
-    from precompile_build.engines import _triton_freeze, cross_arch
+    from precompile_build.engines import cross_arch, triton_freeze
 
     def launcher(name, recorded=True):
         def fn():
             pass
         fn.config = name
-        setattr(fn, _triton_freeze._CODE, f"def launcher():\n    pass  # {name}\n")
+        setattr(fn, triton_freeze._CODE, f"def launcher():\n    pass  # {name}\n")
         if recorded:
             cm = {"signature": {"x": "*fp32"}, "constants": {}, "configs": [{}], "num_warps": 4, "num_stages": 1}
-            setattr(fn, _triton_freeze._RESULT, type("R", (), {"compile_meta": cm, "kernel": None})())
+            setattr(fn, triton_freeze._RESULT, type("R", (), {"compile_meta": cm, "kernel": None})())
         return fn
 
     jit = type("J", (), {"__name__": "k", "fn": test_candidates_start_from_the_chosen_config})()

@@ -24,7 +24,7 @@ REPO = HERE.parent
 
 # ---- the serving templates: no module but torch, one set of rules ---------------------
 
-@pytest.mark.parametrize("path", ["precompile_build/engines/_triton_launcher.py",
+@pytest.mark.parametrize("path", ["precompile_build/templates/triton_launcher.py",
                                   "runtime/precompile_runtime/_arch_rules.py"])
 def test_serving_templates_use_no_module(path):
     """What the source half copies for frozen Triton kernels uses only names the source
@@ -46,7 +46,7 @@ def test_one_implementation_of_the_binary_rules():
     assert arch_select.parse is _arch_rules._binary_parse
     assert arch_select.serves is _arch_rules._binary_serves
     assert Path(_arch_rules.__file__).read_text() in codegen.triton_launcher_code()
-    assert codegen._template("_triton_launcher.py") in codegen.triton_launcher_code()
+    assert codegen._template("triton_launcher.py") in codegen.triton_launcher_code()
 
 
 @pytest.mark.parametrize("name, parsed", [
@@ -62,7 +62,7 @@ def _serving_source():
     """The source half's kernel loader, binary rules and launcher (codegen's text)."""
     from precompile_build.engines import codegen
 
-    return codegen._template("_kernel_loader.py") + "\n\n" + codegen.triton_launcher_code()
+    return codegen._template("kernel_loader.py") + "\n\n" + codegen.triton_launcher_code()
 
 
 def _namespace(monkeypatch, cc, runtime=True):
@@ -211,7 +211,7 @@ ARCH_LINES = ("target ", "  variant ", "    compiled for ", "    binaries: ", " 
 def test_inspect_on_the_h200_is_what_it_printed_there():
     """The targets, variants, architecture fields and host verdict, line for line as
     the H200 printed them (the other lines, capture figures, belong to other features)."""
-    from precompile_build import inspect_cmd
+    from precompile_build.wheels import inspect_cmd
 
     def arch_lines(text):
         return [line for line in text.splitlines() if line.startswith(ARCH_LINES)]
@@ -232,7 +232,7 @@ HOSTS = [  # capability, the binary each kernel loads, how it serves (None: no m
 
 @pytest.mark.parametrize("cc, binary, kind", HOSTS)
 def test_inspect_of_the_h200_build_on_other_gpus(cc, binary, kind):
-    from precompile_build import inspect_cmd
+    from precompile_build.wheels import inspect_cmd
 
     report = inspect_cmd.inspect_report(str(RECORDED), host=lambda d: _host(cc))
     text = inspect_cmd.format_report(report)

@@ -190,7 +190,7 @@ def test_collectives_nccl(tmp_path):
 def test_a_group_c10d_does_not_list_is_a_capture_error():
     """A group name that resolves to a ProcessGroup c10d has no ranks for (destroyed,
     or made outside dist.new_group) is a CaptureError saying what to do, not a KeyError."""
-    from precompile_build.engines.collectives import group_ranks
+    from precompile_build.capturing.collectives import group_ranks
     from precompile_build.errors import CaptureError
 
     with pytest.raises(CaptureError, match=r"target 't': a collective names the process group '7', which "

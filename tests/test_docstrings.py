@@ -10,19 +10,19 @@ import inspect
 import pytest
 
 FUNCTIONS = [
-    ("precompile_build.engines.numerics", "judge"),
-    ("precompile_build.engines.graph_attrs", "constant_specs"),
-    ("precompile_build.platform_tags", "kernel_files"),
-    ("precompile_build.platform_tags", "decide_platform"),
-    ("precompile_build.engines.tracing", "run_real_call"),
-    ("precompile_build.engines.collectives", "group_ranks"),
+    ("precompile_build.validation.numerics", "judge"),
+    ("precompile_build.capturing.graph_attrs", "constant_specs"),
+    ("precompile_build.wheels.platform_tags", "kernel_files"),
+    ("precompile_build.wheels.platform_tags", "decide_platform"),
+    ("precompile_build.capturing.tracing", "run_real_call"),
+    ("precompile_build.capturing.collectives", "group_ranks"),
     ("precompile_build.backend", "static_dependencies_gap"),
 ]
 DATACLASSES = [
-    ("precompile_build.engines.numerics", "Verdict"),
-    ("precompile_build.engines.tracers", "Traced"),
-    ("precompile_build.settings", "TargetSettings"),
-    ("precompile_build.settings", "Settings"),
+    ("precompile_build.validation.numerics", "Verdict"),
+    ("precompile_build.capturing.tracers", "Traced"),
+    ("precompile_build.config.settings", "TargetSettings"),
+    ("precompile_build.config.settings", "Settings"),
 ]
 
 

@@ -293,11 +293,11 @@ def _double(x):
 
 def _graphs_ns(ns):
     """``ns`` (an executed pair) with the CUDA graph part that frozen CUDA pairs carry
-    (precompile_build/engines/_cuda_graphs.py), as if the pair had been captured on CUDA."""
+    (precompile_build/templates/cuda_graphs.py), as if the pair had been captured on CUDA."""
     from precompile_build.engines import codegen
 
     ns["_META"]["device"] = "cuda"
-    exec(compile(codegen._template("_cuda_graphs.py"), "_cuda_graphs.py", "exec"), ns)
+    exec(compile(codegen._template("cuda_graphs.py"), "cuda_graphs.py", "exec"), ns)
     return ns
 
 

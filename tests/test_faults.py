@@ -167,7 +167,7 @@ def test_ctrl_c_during_python_m_build_ends_the_script_and_temp_dir(ctrl_c_build)
     the runner's own cleanup never runs: the capture script still dies with it (it asked
     for SIGKILL when its parent dies), and the killed build's temp dir, named after its
     pid, is removed by the next build (workdir.sweep_stale)."""
-    from precompile_build.workdir import sweep_stale
+    from precompile_build.builder.workdir import sweep_stale
 
     r = ctrl_c_build
     assert r["script_gone"], "the capture script outlived the interrupted build"

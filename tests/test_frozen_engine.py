@@ -237,7 +237,7 @@ def test_fallback_without_kernels_gives_the_same_result(installed, tmp_path):
 
 def test_manifest_and_inspect_carry_the_validation_numbers(installed):
     # issue 17: every target's variant records how its kernels were judged at capture
-    from precompile_build.inspect_cmd import format_report, inspect_report
+    from precompile_build.wheels.inspect_cmd import format_report, inspect_report
 
     doc = json.loads((installed / "fcases" / "_precompiled" / "manifest.json").read_text())
     assert sorted(doc["targets"]) == ["bn_step", "dyn_step", "mixed", "tied_forward"]
@@ -412,7 +412,7 @@ def test_missing_paths_say_what_to_pass(monkeypatch):
 
 def test_eager_engine_pair_round_trip(tmp_path):
     """The eager engine: graph only; an envelope with no blobs, bound by code_hash."""
-    from precompile_build.pairs import inspect_pair
+    from precompile_build.builder.pairs import inspect_pair
 
     lin = torch.nn.Linear(3, 2)
     x = torch.randn(5, 3)
@@ -621,7 +621,7 @@ def test_a_kernel_the_example_never_launched_is_refused_saying_why():
     """An autotuner still holding every config after the example run (a branch the
     example did not take, tuned nowhere) is a CaptureError that names the kernel, the
     likely cause and what to capture with instead."""
-    from precompile_build.engines._triton_freeze import freeze_triton_kernel
+    from precompile_build.engines.triton_freeze import freeze_triton_kernel
 
     autotuner = type("A", (), {"launchers": [object(), object()]})()
     with pytest.raises(CaptureError, match=r"triton_poi_fused_cos_0.*2 launchers after the example run.*"
@@ -634,7 +634,7 @@ def test_the_compile_workers_start_on_a_torch_without_maybe_warm_pool(monkeypatc
     then wakes its workers itself (what maybe_warm_pool does)."""
     from torch._inductor import async_compile
 
-    from precompile_build.engines._triton_freeze import start_compile_workers
+    from precompile_build.engines.triton_freeze import start_compile_workers
 
     calls = []
     monkeypatch.delattr(async_compile, "maybe_warm_pool", raising=False)

@@ -1,6 +1,6 @@
 """Property-based fuzzing of the three parsers that read untrusted input (issue 7).
 
-- ``precompile_build.settings.settings_from_table``: a `[tool.precompile]` table as
+- ``precompile_build.config.settings.settings_from_table``: a `[tool.precompile]` table as
   tomllib returns it (str keys; str, int, float, bool, datetime, array, table values).
   Only ``ConfigError`` may escape, and a table it accepts must be usable as is.
 - ``precompile_runtime.manifest.parse``: arbitrary bytes, and valid manifests with
@@ -31,9 +31,9 @@ import pytest
 from hypothesis import HealthCheck, assume, event, example, given, settings
 from hypothesis import strategies as st
 
-from precompile_build import settings as settings_mod
+from precompile_build.config import settings as settings_mod
+from precompile_build.config.settings import DEVICES, TORCH_PINS, settings_from_table
 from precompile_build.errors import ConfigError
-from precompile_build.settings import DEVICES, TORCH_PINS, settings_from_table
 from precompile_runtime import envelope, manifest
 from precompile_runtime.envelope import Envelope
 from precompile_runtime.errors import IntegrityError, ManifestError

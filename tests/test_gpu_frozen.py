@@ -304,7 +304,7 @@ def test_kernels_compile_in_inductors_worker_pool(tmp_path, monkeypatch, user_ke
     # process (test_a_fresh_process_compiles_in_the_worker_pool: a trace long enough)
     from torch._inductor.async_compile import AsyncCompile
 
-    from precompile_build.engines._triton_freeze import start_compile_workers
+    from precompile_build.engines.triton_freeze import start_compile_workers
 
     start_compile_workers()
     AsyncCompile.wait_pool_ready(timeout=120)
@@ -553,7 +553,7 @@ def test_a_branch_the_first_run_does_not_take_is_tuned_at_compile_time(tmp_path,
 
 def test_unfreezable_kernel_is_a_capture_error():
     """A launcher built without the static CUDA launcher is refused, naming the kernel."""
-    from precompile_build.engines._triton_freeze import freeze_triton_kernel
+    from precompile_build.engines.triton_freeze import freeze_triton_kernel
     from precompile_build.errors import CaptureError
 
     class FakeLauncher:
@@ -571,6 +571,6 @@ def test_template_is_self_contained():
     """The launcher template needs only names the source half defines."""
     from precompile_build.engines import codegen
 
-    text = codegen._template("_triton_launcher.py")  # what the source half copies
+    text = codegen._template("triton_launcher.py")  # what the source half copies
     assert "import" not in text.replace("# ", "")
     assert textwrap.dedent(text) == text

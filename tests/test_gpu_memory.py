@@ -34,7 +34,7 @@ def _stack(d: int, layers: int):
 
 def _capture(tmp_path, model, x, monkeypatch):
     import precompile_build
-    from precompile_build.pairs import read_source_metadata
+    from precompile_build.builder.pairs import read_source_metadata
 
     stats = tmp_path / "stats.json"
     monkeypatch.setenv("PRECOMPILE_STATS_PATH", str(stats))

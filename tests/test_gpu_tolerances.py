@@ -34,7 +34,7 @@ def test_efficientnet_b0_train_step_builds_with_default_settings(tmp_path):
                                   artifact_path=tmp_path / "e.py", cache_path=tmp_path / "e.cache") as f:
         loss = f(model, x, y)
     assert torch.isfinite(loss) and (tmp_path / "e.py").is_file()
-    from precompile_build.pairs import read_source_metadata
+    from precompile_build.builder.pairs import read_source_metadata
 
     meta = read_source_metadata((tmp_path / "e.py").read_bytes(), what="pair")
     worst = meta["validation"]["cases"][0]["worst"]

@@ -99,7 +99,7 @@ def test_unreadable_cpu_flags_fail_a_requirement():
     ("avx512 avx512_vnni x86-64-v4", AVX2_HOST, "avx512f"),
 ])
 def test_kernels_for_a_cpu_feature_the_host_lacks_never_load(isa, host, lacks, tmp_path, monkeypatch):
-    from precompile_build.inspect_cmd import format_report, inspect_report
+    from precompile_build.wheels.inspect_cmd import format_report, inspect_report
 
     p = on_path(monkeypatch, make_package(tmp_path, {"fwd": [{"cpu_isa": isa}]}))
     fake_cpu(monkeypatch, tmp_path, host)
@@ -151,7 +151,7 @@ def test_a_real_cpuinfo_without_avx512_refuses_avx512_kernels(tmp_path):
 
 
 def test_kernels_load_where_the_cpu_has_every_feature(tmp_path, monkeypatch):
-    from precompile_build.inspect_cmd import format_report, inspect_report
+    from precompile_build.wheels.inspect_cmd import format_report, inspect_report
 
     p = on_path(monkeypatch, make_package(tmp_path, {"fwd": [{"cpu_isa": "avx512 avx512_vnni amx_tile"}]}))
     fake_cpu(monkeypatch, tmp_path, AMX_HOST)

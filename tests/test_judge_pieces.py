@@ -12,7 +12,7 @@ torch = pytest.importorskip("torch")
 
 from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
 
-from precompile_build.engines import numerics  # noqa: E402
+from precompile_build.validation import numerics  # noqa: E402
 
 
 def _values(n=5003, seed=0):

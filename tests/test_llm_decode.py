@@ -142,7 +142,7 @@ def test_only_the_caches_a_served_call_cannot_follow_get_the_static_cache_advice
     precompile-build) gets the advice to register it, not to pass what it is part of."""
     from transformers.cache_utils import DynamicLayer, StaticIndexedLayer
 
-    from precompile_build.engines.pytree_io import flatten_inputs
+    from precompile_build.capturing.pytree_io import flatten_inputs
 
     for layer, advice in ((DynamicLayer(), "Pass a transformers StaticCache"),
                           (StaticIndexedLayer(8), "Register StaticIndexedLayer with torch.utils._pytree")):

@@ -1,5 +1,5 @@
-"""Arguments and results through torch's pytree (engines/pytree_io.py, the driver's
-_flatten_call/_rebuild), and tensors a model holds twice (engines/aliases.py)."""
+"""Arguments and results through torch's pytree (capturing/pytree_io.py, the driver's
+_flatten_call/_rebuild), and tensors a model holds twice (capturing/aliases.py)."""
 
 from __future__ import annotations
 

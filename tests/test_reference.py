@@ -13,9 +13,10 @@ from __future__ import annotations
 import pytest
 
 import precompile_build
-from precompile_build.engines import reference, sharing, validation
-from precompile_build.engines.tracing import trace_call
+from precompile_build.capturing import sharing
+from precompile_build.capturing.tracing import trace_call
 from precompile_build.errors import CaptureError
+from precompile_build.validation import reference, validate
 
 torch = pytest.importorskip("torch")
 
@@ -96,7 +97,7 @@ def test_a_view_valid_only_in_the_narrow_kernels_layout_runs_in_fp64(case):
     wide = model_cls()
     wide.load_state_dict({k: v.double() for k, v in model.state_dict().items()})
     torch.testing.assert_close(ref, wide.double()(x.double()), rtol=1e-12, atol=1e-12)
-    case = validation.compare(lambda args: list(traced.graph_module(*args)), traced, traced.example_inputs,
+    case = validate.compare(lambda args: list(traced.graph_module(*args)), traced, traced.example_inputs,
                               "the example inputs", "t", {})
     assert case["reference"] == "float64"
 
@@ -110,7 +111,7 @@ def test_the_frozen_engine_captures_the_view(tmp_path, case):
     with precompile_build.capture(lambda m, x: m(x), engine="frozen", target="t",
                                   artifact_path=tmp_path / "t.py", cache_path=tmp_path / "t.cache") as f:
         got = f(model, x)
-    from precompile_build.pairs import read_source_metadata
+    from precompile_build.builder.pairs import read_source_metadata
 
     meta = read_source_metadata((tmp_path / "t.py").read_bytes(), what="pair")
     assert meta["validation"]["reference"] == "float64"
@@ -186,7 +187,7 @@ def test_frozen_code_that_writes_a_shared_weight_is_refused():
 
     with pytest.raises(CaptureError, match=r"target 't': the frozen kernels wrote to parameter/buffer "
                                            r"m0.0.weight after the call, which the traced graph leaves alone"):
-        validation.compare(writes_a_weight, traced, traced.example_inputs, "the example inputs", "t", {})
+        validate.compare(writes_a_weight, traced, traced.example_inputs, "the example inputs", "t", {})
 
 
 def test_where_no_reference_fits_the_values_are_checked_against_the_graph(monkeypatch):
@@ -196,7 +197,7 @@ def test_where_no_reference_fits_the_values_are_checked_against_the_graph(monkey
         raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 4.00 GiB")
     monkeypatch.setattr(reference, "reference_run", out_of_memory)
     graph = lambda args: list(traced.graph_module(*args))  # noqa: E731
-    case = validation.compare(graph, traced, traced.example_inputs, "the example inputs", "t", {})
+    case = validate.compare(graph, traced, traced.example_inputs, "the example inputs", "t", {})
     assert case["reference"] == "none" and case["checked"].startswith("no wider-dtype reference fits in memory")
     assert case["worst"] == {"value": "output 0", "max_abs_diff": 0.0}
 
@@ -207,13 +208,13 @@ def test_where_no_reference_fits_the_values_are_checked_against_the_graph(monkey
     with pytest.raises(CaptureError, match=r"value 0 \(output 0\) differs from the traced graph on the example "
                                            r"inputs beyond its dtype's tolerance \(max \|frozen - graph\| 1; no "
                                            r"wider-dtype reference fits in memory\)"):
-        validation.compare(off, traced, traced.example_inputs, "the example inputs", "t", {})
+        validate.compare(off, traced, traced.example_inputs, "the example inputs", "t", {})
 
 
 def test_where_no_reference_fits_inputs_written_in_place_are_checked_too(monkeypatch):
     """The no-reference path judges what the graph writes (a cache) as well as the
     outputs: kernels that write a wrong cache are refused there too."""
-    from precompile_build.engines.tracing import trace_call
+    from precompile_build.capturing.tracing import trace_call
 
     def step(cache, x):
         cache.mul_(0.5).add_(x)
@@ -229,9 +230,9 @@ def test_where_no_reference_fits_inputs_written_in_place_are_checked_too(monkeyp
         return outs
 
     graph = lambda args: list(traced.graph_module(*args))  # noqa: E731
-    assert validation.compare(graph, traced, traced.example_inputs, "the example inputs", "t", {})["reference"] == "none"
+    assert validate.compare(graph, traced, traced.example_inputs, "the example inputs", "t", {})["reference"] == "none"
     with pytest.raises(CaptureError, match=r"\(tensor argument 0 after the call\) differs from the traced graph"):
-        validation.compare(wrong_cache, traced, traced.example_inputs, "the example inputs", "t", {})
+        validate.compare(wrong_cache, traced, traced.example_inputs, "the example inputs", "t", {})
 
 
 def test_an_op_out_of_cuda_memory_moves_the_rest_of_the_reference_to_the_cpu(monkeypatch):

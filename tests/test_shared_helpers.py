@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import torch
 
-from precompile_build.engines import _module_settings, sharing
-from precompile_build.wheel import insert_requires, requirement_of, requires_project
+from precompile_build.capturing import sharing
+from precompile_build.templates import module_settings
+from precompile_build.wheels.rewrite import insert_requires, requirement_of, requires_project
 
 
 def test_metadata_requirements_are_read_with_packaging():
@@ -23,14 +24,14 @@ def test_metadata_requirements_are_read_with_packaging():
 
 def test_one_walk_of_a_models_tensors_and_submodules():
     """What tracing records and what the driver checks at a call come from one walk
-    (_module_settings.py, copied into the source half)."""
+    (module_settings.py, copied into the source half)."""
     a = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.BatchNorm1d(2), torch.nn.Linear(2, 2))
     a[2].weight = a[0].weight  # tied: lifted once
-    names, tensors = _module_settings.module_tensors([a])
+    names, tensors = module_settings.module_tensors([a])
     assert names == ["m0.0.weight", "m0.0.bias", "m0.1.weight", "m0.1.bias", "m0.2.bias",
                      "m0.1.running_mean", "m0.1.running_var", "m0.1.num_batches_tracked"]
     assert len({id(t) for t in tensors}) == len(tensors)
-    assert _module_settings.submodules(a) == [a, a[0], a[1], a[2]]
+    assert module_settings.submodules(a) == [a, a[0], a[1], a[2]]
 
 
 def test_writes_is_false_for_what_is_no_aten_op():

@@ -1,4 +1,4 @@
-"""The serving templates (engines/_*.py, copied into every source half by codegen.py)
+"""The serving templates (precompile_build/templates/*.py, copied into every source half by codegen.py)
 name what they take from the rest of the file in a stand-ins block for linters; the
 source half carries them without it."""
 
@@ -9,10 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from precompile_build.engines import _source_names, codegen
+from precompile_build.engines import codegen
+from precompile_build.templates import source_names
 
 ENGINES = Path(codegen.__file__).parent
-TEMPLATES = ["_kernel_loader.py", "_triton_launcher.py", "_call_args.py", "_driver.py", "_cuda_graphs.py"]
+TEMPLATES = ["kernel_loader.py", "triton_launcher.py", "call_args.py", "driver.py", "cuda_graphs.py"]
 
 
 def _stand_in_names(text: str) -> list[str]:
@@ -36,6 +37,6 @@ def test_the_copy_drops_the_stand_ins_and_keeps_the_rest(name):
 
 @pytest.mark.parametrize("name", TEMPLATES)
 def test_every_stand_in_is_declared(name):
-    declared = set(vars(_source_names)) | set(_source_names.__annotations__)
+    declared = set(vars(source_names)) | set(source_names.__annotations__)
     missing = [n for n in _stand_in_names((ENGINES / name).read_text(encoding="utf-8")) if n not in declared]
     assert missing == []

@@ -9,7 +9,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from precompile_build.engines import numerics  # noqa: E402
+from precompile_build.validation import numerics  # noqa: E402
 
 
 def _noisy(ref, rel: float, seed: int):

@@ -1,4 +1,4 @@
-"""The tracers (precompile_build/engines/tracers.py): torch.export by default, so that
+"""The tracers (precompile_build/capturing/tracers.py): torch.export by default, so that
 library code takes its trace-friendly paths; make_fx for training steps and where
 export fails; clear errors naming the tracer and the line that broke it."""
 
@@ -167,8 +167,8 @@ def test_env_selects_the_tracer(tmp_path, monkeypatch):
 
 
 def test_target_tracer_key_is_validated_and_reaches_the_script(tmp_path):
+    from precompile_build.config.settings import settings_from_table
     from precompile_build.errors import ConfigError
-    from precompile_build.settings import settings_from_table
 
     (tmp_path / "pkg").mkdir()
     (tmp_path / "pkg" / "__init__.py").write_text("")
@@ -176,7 +176,7 @@ def test_target_tracer_key_is_validated_and_reaches_the_script(tmp_path):
     with pytest.raises(ConfigError, match=r"`tool.precompile.targets.a.tracer` must be one of 'auto'"):
         settings_from_table(tmp_path, {"package": "pkg", "targets": {"a": {"script": "cap.py", "tracer": "fx"}}})
     s = settings_from_table(tmp_path, {"package": "pkg", "targets": {"a": {"script": "cap.py", "tracer": "make_fx"}}})
-    from precompile_build.script import script_env
+    from precompile_build.builder.script import script_env
 
     env = script_env(s, s.targets["a"], "cpu", tmp_path / "a.py", tmp_path / "a.cache", None)
     assert env["PRECOMPILE_TRACER"] == "make_fx"
@@ -387,10 +387,10 @@ def test_tracer_or_fallback_make_auto_pick_the_frozen_engine(tmp_path, monkeypat
     """engine="auto" would pick torch for a CUDA capture where torch has
     torch.compiler.precompile; a target that sets the frozen engine's settings gets
     the frozen engine there instead of an error on GPU hosts only."""
-    from precompile_build import engines
+    from precompile_build.config import capture_options
 
-    asked, real = [], engines.resolve
-    monkeypatch.setattr(engines, "resolve", lambda e, d: asked.append(e) or real(e, d))
+    asked, real = [], capture_options.resolve_engine
+    monkeypatch.setattr(capture_options, "resolve_engine", lambda e, d: asked.append(e) or real(e, d))
     src, cache = _capture(tmp_path, lambda x: x * 2, torch.ones(2), **kw)
     assert asked == ["frozen"]
     torch.testing.assert_close(load_pair(src, cache)(torch.ones(2)), torch.full((2,), 2.0))

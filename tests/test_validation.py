@@ -17,9 +17,10 @@ import re
 import pytest
 
 import precompile_build
-from precompile_build.engines import frozen, numerics, reference, validation
-from precompile_build.engines.tracing import trace_call
+from precompile_build.capturing.tracing import trace_call
+from precompile_build.engines import frozen
 from precompile_build.errors import CaptureError
+from precompile_build.validation import numerics, reference, validate
 
 torch = pytest.importorskip("torch")
 
@@ -31,7 +32,7 @@ def _paths(tmp_path):
 
 
 def _meta(tmp_path) -> dict:
-    from precompile_build.pairs import read_source_metadata
+    from precompile_build.builder.pairs import read_source_metadata
 
     return read_source_metadata((tmp_path / "t.py").read_bytes(), what="pair")
 
@@ -77,7 +78,7 @@ def test_bf16_rounding_of_another_kernel_choice_is_accepted_with_numbers():
         outs[0] = o
     changed = _graph_call(traced, other_kernel)(traced.example_inputs)[0]
     assert not torch.allclose(changed.float(), want.float(), atol=5e-2, rtol=5e-2)  # old rule: refused
-    case = validation.compare(_graph_call(traced, other_kernel), traced, traced.example_inputs,
+    case = validate.compare(_graph_call(traced, other_kernel), traced, traced.example_inputs,
                            "the example inputs", "t", {})
     w = case["worst"]
     assert case["reference"] == "float64" and case["fallback_ops"] == []
@@ -100,7 +101,7 @@ def test_a_more_accurate_kernel_is_accepted():
         for i in range(0, n, 2):
             h = torch.nn.functional.gelu(h @ ps[i].T + ps[i + 1])
         return [h.to(torch.bfloat16)]
-    case = validation.compare(fp32_inside, traced, traced.example_inputs, "the example inputs", "t", {})
+    case = validate.compare(fp32_inside, traced, traced.example_inputs, "the example inputs", "t", {})
     assert case["worst"]["frozen_error"] < case["worst"]["eager_error"]
 
 
@@ -121,7 +122,7 @@ def test_a_wrong_value_is_refused_with_the_numbers(change, value, problem):
     traced = trace_call(_step, (model, torch.randn(4, 8)), {}, target="t")
     with pytest.raises(CaptureError, match=rf"target 't': the frozen kernels' value \d+ \({value}\) "
                                            rf"differs from the traced graph on the example inputs; {problem}"):
-        validation.compare(_graph_call(traced, change), traced, traced.example_inputs,
+        validate.compare(_graph_call(traced, change), traced, traced.example_inputs,
                         "the example inputs", "t", {})
 
 
@@ -132,9 +133,9 @@ def test_the_suggested_multiple_accepts_the_pair():
     def off(outs):
         outs[0] = outs[0] * 1.02  # ~10 x eager's error: beyond 3x, offered
     with pytest.raises(CaptureError, match="validation_multiple") as e:
-        validation.compare(_graph_call(traced, off), traced, traced.example_inputs, "the example inputs", "t", {})
+        validate.compare(_graph_call(traced, off), traced, traced.example_inputs, "the example inputs", "t", {})
     suggested = float(re.search(r"'validation_multiple': ([0-9.e+]+)", str(e.value)).group(1))
-    case = validation.compare(_graph_call(traced, off), traced, traced.example_inputs, "the example inputs",
+    case = validate.compare(_graph_call(traced, off), traced, traced.example_inputs, "the example inputs",
                            "t", {"validation_multiple": suggested})
     assert case["worst"]["multiple"] == suggested > 3
 
@@ -236,14 +237,14 @@ def test_an_elementwise_close_eager_call_is_accepted_with_its_true_difference():
     # 1.1e-4 relative everywhere: past the RMS rule's floor (1e-4, torch's inference
     # tol / 10), within 1e-4 + 1e-4 * |value| of each element (values 3 to 6)
     real = {"outputs": [want * (1 + 1.1e-4)], "inputs": {}, "structure": None}
-    case = validation.compare(_graph_call(traced), traced, traced.example_inputs, "the example inputs", "t",
+    case = validate.compare(_graph_call(traced), traced, traced.example_inputs, "the example inputs", "t",
                            {}, real)
     ec = case["eager_call"]
     assert ec["outcome"] == "ok" and ec["elementwise_close"] == 1e-4
     assert ec["difference"] == pytest.approx(1.1e-4, rel=0.05) and ec["difference"] > ec["allowed"]
     real["outputs"] = [want * (1 + 5e-3)]  # past the elementwise tolerance: judged by the RMS
     with pytest.raises(CaptureError, match="differs from what the eager call returned at capture"):
-        validation.compare(_graph_call(traced), traced, traced.example_inputs, "the example inputs", "t",
+        validate.compare(_graph_call(traced), traced, traced.example_inputs, "the example inputs", "t",
                         {}, real)
 
 
@@ -251,9 +252,9 @@ def test_eager_check_option_is_checked():
     traced = trace_call(lambda x: x + 1, (torch.ones(3),), {}, target="t")
     real = {"outputs": [torch.ones(3) * 2], "inputs": {}, "structure": None}
     with pytest.raises(CaptureError, match=r"options\['eager_check'\] = 'maybe': use 'refuse'"):
-        validation.compare(_graph_call(traced), traced, traced.example_inputs, "the example inputs", "t",
+        validate.compare(_graph_call(traced), traced, traced.example_inputs, "the example inputs", "t",
                         {"eager_check": "maybe"}, real)
-    case = validation.compare(_graph_call(traced), traced, traced.example_inputs, "the example inputs", "t",
+    case = validate.compare(_graph_call(traced), traced, traced.example_inputs, "the example inputs", "t",
                            {}, real)
     assert case["eager_call"]["outcome"] == "ok" and case["eager_call"]["difference"] == 0.0
 
@@ -292,7 +293,7 @@ def test_an_op_without_an_fp64_kernel_runs_in_fp32_and_is_listed():
     assert info == {"reference": "float64", "fallback_ops": ["no_fp64.default"]}
     assert ref.dtype == torch.float64
     torch.testing.assert_close(ref, (x.double() * 2 + 1))  # fp32 inside, not bf16
-    case = validation.compare(_graph_call(traced), traced, traced.example_inputs, "the example inputs", "t", {})
+    case = validate.compare(_graph_call(traced), traced, traced.example_inputs, "the example inputs", "t", {})
     assert case["fallback_ops"] == ["no_fp64.default"]
 
 
@@ -305,12 +306,12 @@ def test_a_graph_that_runs_in_no_wider_dtype_is_a_capture_error(monkeypatch):
     with pytest.raises(CaptureError, match=r"target 't': the traced graph does not run in a wider dtype on "
                                            r"the example inputs \(fp64: RuntimeError: no kernel for float64; "
                                            r"fp32: RuntimeError: no kernel for torch.float32\).*engine='eager'"):
-        validation.compare(_graph_call(traced), traced, traced.example_inputs, "the example inputs", "t", {})
+        validate.compare(_graph_call(traced), traced, traced.example_inputs, "the example inputs", "t", {})
 
 
 def test_validation_multiple_must_be_a_positive_number(tmp_path):
     with pytest.raises(CaptureError, match=r"options\['validation_multiple'\] = 'ten': use a positive number"):
-        validation.validate("", {}, trace_call(lambda x: x + 1, (torch.ones(3),), {}, target="t"), "t",
+        validate.validate("", {}, trace_call(lambda x: x + 1, (torch.ones(3),), {}, target="t"), "t",
                          {"validation_multiple": "ten"})
 
 
@@ -331,7 +332,7 @@ def test_numpy_numbers_are_numbers(tmp_path):
     10 (it was refused with "use a positive number")."""
     import numpy as np
 
-    from precompile_build.engines.numerics import option_problem
+    from precompile_build.validation.numerics import option_problem
 
     for value in (np.int64(10), np.float32(10.0), 10, 2.5):
         assert option_problem({"validation_multiple": value}, "validation_multiple") is None, value

@@ -8,11 +8,11 @@ fallbacks), in this order::
     PRECOMPILE_METADATA = {...}          literal calling convention (ast.literal_eval-able)
     def _graph(self, ...)                the captured ATen graph (fallback, eager engine)
     def _make_call(_kernels)             frozen: Inductor's wrapper, kernels bound from the cache
-    frozen: kernel loader (_kernel_loader.py); with Triton kernels the binary choice
-      (precompile_runtime/_arch_rules.py) and launcher (_triton_launcher.py)
-    model settings (_module_settings.py), pytree types (_pytree_types.py),
-    arguments and results (_call_args.py), driver (_driver.py)
-    frozen CUDA targets: CUDA graphs (_cuda_graphs.py)
+    frozen: kernel loader (kernel_loader.py); with Triton kernels the binary choice
+      (precompile_runtime/_arch_rules.py) and launcher (triton_launcher.py)
+    model settings (module_settings.py), pytree types (pytree_types.py),
+    arguments and results (call_args.py), driver (driver.py)
+    frozen CUDA targets: CUDA graphs (cuda_graphs.py)
 """
 
 from __future__ import annotations
@@ -26,24 +26,24 @@ from precompile_runtime.pair_format import FORMAT as SOURCE_FORMAT
 from precompile_runtime.pair_format import VERSION as SOURCE_VERSION
 from precompile_runtime.pair_format import PairMetadata
 
-_HERE = Path(__file__).parent
-# A template's imports of the names other blocks define (_source_names.py), for linters
+_TEMPLATES = Path(__file__).parent.parent / "templates"
+# A template's imports of the names other blocks define (source_names.py), for linters
 _STAND_INS = re.compile(r"^# stand-ins:.*?^# end stand-ins\n\n?", re.M | re.S)
 
 
 def _template(name: str) -> str:
     """The template ``name`` as the source half carries it: without its stand-ins block."""
-    return _STAND_INS.sub("", (_HERE / name).read_text(encoding="utf-8"), count=1)
+    return _STAND_INS.sub("", (_TEMPLATES / name).read_text(encoding="utf-8"), count=1)
 
 
 def triton_launcher_code() -> str:
     """The source half's frozen Triton kernels: the runtime's rules for which binary a
     device runs (precompile_runtime/_arch_rules.py, the same file arch_select builds
-    on, so the two cannot disagree) and the launcher (_triton_launcher.py)."""
+    on, so the two cannot disagree) and the launcher (triton_launcher.py)."""
     from precompile_runtime import _arch_rules
 
     rules = Path(_arch_rules.__file__).read_text(encoding="utf-8")
-    return rules.rstrip("\n") + "\n\n\n" + _template("_triton_launcher.py")
+    return rules.rstrip("\n") + "\n\n\n" + _template("triton_launcher.py")
 
 
 def _forward_code(graph_module) -> str:
@@ -111,13 +111,13 @@ def render(metadata: PairMetadata, graph_code: str, wrapper_code: str | None) ->
             "def _make_call(_kernels):\n" + textwrap.indent(wrapper_code, "    ") + "\n"
             "    return call\n"
         )
-        parts.append(_template("_kernel_loader.py"))
+        parts.append(_template("kernel_loader.py"))
         if any(k["kind"] == "triton" for k in metadata.get("kernels", [])):
             parts.append(triton_launcher_code())
-    parts.append(_template("_module_settings.py"))  # the driver checks models with it
-    parts.append(_template("_pytree_types.py"))  # and registers transformers' caches with it
-    parts.append(_template("_call_args.py"))  # its arguments and results, through pytree
-    parts.append(_template("_driver.py"))
+    parts.append(_template("module_settings.py"))  # the driver checks models with it
+    parts.append(_template("pytree_types.py"))  # and registers transformers' caches with it
+    parts.append(_template("call_args.py"))  # its arguments and results, through pytree
+    parts.append(_template("driver.py"))
     if wrapper_code is not None and metadata.get("device") == "cuda":
-        parts.append(_template("_cuda_graphs.py"))  # CUDA graphs of the frozen kernels
+        parts.append(_template("cuda_graphs.py"))  # CUDA graphs of the frozen kernels
     return "\n\n".join(p.rstrip("\n") + "\n" for p in parts)

@@ -5,7 +5,7 @@ Then each frozen Triton kernel is compiled again, with the configuration chosen
 there (its constexprs such as XBLOCK, num_warps, num_stages: Inductor's own
 ``triton.compile`` arguments, recorded by :func:`recording`), for every other
 listed architecture, by Triton's compile-only path in a subprocess that sees no
-GPU (_cross_compile.py). Extern calls (cuBLAS, cuDNN, ATen) need nothing per
+GPU (cross_compile.py). Extern calls (cuBLAS, cuDNN, ATen) need nothing per
 architecture.
 
 A configuration that does not fit a target (shared memory per block,
@@ -96,8 +96,8 @@ def requested(options: dict, target: str) -> tuple[str, ...]:
     """The architectures ``options["cuda_archs"]`` lists (a list or a comma-separated
     string, as settings.parse_cuda_archs reads them); () when absent.
     Raises CaptureError for a value that is not one (the message names the option)."""
+    from ..config.settings import parse_cuda_archs
     from ..errors import ConfigError
-    from ..settings import parse_cuda_archs
 
     value = options.get("cuda_archs")
     if value is None or value == "" or value == []:
@@ -140,7 +140,7 @@ def _recording_hooks() -> Iterator[None]:
         return
     from torch._inductor.runtime import triton_heuristics as th
 
-    from ._triton_freeze import _static_kernel_class
+    from .triton_freeze import _static_kernel_class
 
     static_cls = _static_kernel_class()
     orig_compile = triton.compile
@@ -202,7 +202,7 @@ def _from_compile_meta(autotuner, result) -> tuple[Any, dict, dict, dict, dict] 
 def _candidate(autotuner, launcher) -> dict | None:
     """What the worker needs to compile ``launcher``'s configuration again, or None
     when it was not recorded."""
-    from ._triton_freeze import _CODE, _RESULT
+    from .triton_freeze import _CODE, _RESULT
 
     result = getattr(launcher, _RESULT, None)
     kernel = getattr(result, "kernel", None)
@@ -259,7 +259,7 @@ def candidates(autotuner) -> list[dict]:
 
 
 def compile_jobs(jobs: list[dict], target: str) -> list[dict]:
-    """Run :func:`precompile_build.engines._cross_compile.compile_one` for each job
+    """Run :func:`precompile_build.engines.cross_compile.compile_one` for each job
     in a subprocess that sees no GPU (``CUDA_VISIBLE_DEVICES=""``).
 
     Returns:
@@ -276,7 +276,7 @@ def compile_jobs(jobs: list[dict], target: str) -> list[dict]:
         env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
         try:
             proc = subprocess.run(
-                [sys.executable, "-m", "precompile_build.engines._cross_compile", jobs_path, out_path],
+                [sys.executable, "-m", "precompile_build.engines.cross_compile", jobs_path, out_path],
                 env=env, capture_output=True, text=True, timeout=WORKER_TIMEOUT)
         except subprocess.TimeoutExpired:
             raise CaptureError("compiling the kernels for `cuda-archs` took "

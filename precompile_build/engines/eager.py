@@ -11,10 +11,11 @@ import hashlib
 
 from precompile_runtime.envelope import Envelope, dumps
 
-from . import codegen, sharing
-from .tracing import TracedCall, run_real_call, trace_call
+from ..capturing import sharing
+from ..capturing.tracing import TracedCall, run_real_call, trace_call
+from . import codegen
 
-JUDGES_EAGER_CALL = True  # capture_api hands capture_pair the real call (real_call=)
+JUDGES_EAGER_CALL = True  # capturing/api.py hands capture_pair the real call (real_call=)
 
 # how far the graph, run op by op, may be from the real call: the same ATen ops,
 # so rounding only (another decomposition of a composite op at most)
@@ -26,7 +27,7 @@ def capture_pair(fn, args, kwargs, *, target: str, device: str, options: dict, r
     """Capture one call of ``fn`` as an eager pair.
 
     Args:
-        real_call: runs the user's call for real, once (capture_api); its results
+        real_call: runs the user's call for real, once (capturing/api.py); its results
             judge the traced graph, as in the frozen engine (``options["eager_check"]``:
             ``"refuse"`` default, ``"warn"``, ``"off"``).
         traced, real: the frozen engine's trace of this call and its real call's
@@ -49,7 +50,7 @@ def capture_pair(fn, args, kwargs, *, target: str, device: str, options: dict, r
     if real is not None:
         _judge_by_eager_call(traced, real, target, options)
     metadata = dict(traced.metadata, engine="eager", kernels=[])
-    if options.get("fallback_reason"):  # the frozen engine's compiler failed (capture_api)
+    if options.get("fallback_reason"):  # the frozen engine's compiler failed (capturing/api.py)
         metadata["fallback"] = {"from": "frozen", "reason": options["fallback_reason"]}
     source = codegen.render(metadata, codegen.graph_source(traced.graph_module), None).encode()
     env = Envelope(
@@ -71,7 +72,7 @@ def _judge_by_eager_call(traced: TracedCall, real: dict, target: str, options: d
     engine judges its kernels against an fp64 reference instead)."""
     import torch
 
-    from . import numerics
+    from ..validation import numerics
 
     mode = numerics.eager_check_mode(options, target)
     if mode == "off" or numerics.eager_check_skipped(traced.graph_module, real):

@@ -7,7 +7,7 @@ Inductor's generated wrapper module (``call(args)``) and the kernels it loaded:
 - CPU kernels are the C++ extension modules (``.so``) Inductor built; their bytes go
   into the cache, so serving never runs a C++ compiler;
 - CUDA kernels are Triton kernels; their cubins and the launch configuration chosen
-  by autotuning go into the cache (see _triton_launcher.py), so serving never runs
+  by autotuning go into the cache (see triton_launcher.py), so serving never runs
   Triton's compiler nor benchmarks configs.
 
 The wrapper is rewritten (``_rewrite_wrapper``) so that it imports nothing from
@@ -25,11 +25,12 @@ import hashlib
 
 from precompile_runtime.envelope import Envelope, dumps
 
-from ..capture_stats import timed
+from ..capturing import dynamic_dims, sharing
+from ..capturing.stats import timed
+from ..capturing.tracing import TracedCall, run_real_call, trace_call
 from ..errors import CaptureError, CompilerFailed, torch_warnings_shown
-from . import codegen, cross_arch, dynamic_dims, sharing
-from .tracing import TracedCall, run_real_call, trace_call
-from .validation import validate
+from ..validation.validate import validate
+from . import codegen, cross_arch
 
 # Names Inductor's wrapper imports from the compiler stack, and what replaces them.
 _SHIMS = {
@@ -66,7 +67,7 @@ def capture_pair(fn, args, kwargs, *, target: str, device: str, options: dict,
             frozen wrapper's results differ from the captured graph's (judged against
             an fp64 reference, see numerics.py) or from the eager call's beyond rounding.
     """
-    from ..capture_stats import cuda_peaks
+    from ..capturing.stats import cuda_peaks
 
     with cuda_peaks(device):  # the GPU peaks, per step too, for the build's report
         return _capture(fn, args, kwargs, target, device, options, real_call)
@@ -74,7 +75,7 @@ def capture_pair(fn, args, kwargs, *, target: str, device: str, options: dict,
 
 def _capture(fn, args, kwargs, target: str, device: str, options: dict, real_call):
     if device == "cuda" and not cross_arch.requested(options, target):
-        from ._triton_freeze import start_compile_workers
+        from .triton_freeze import start_compile_workers
 
         start_compile_workers()  # Inductor's compile workers start while the call is traced
     with timed("trace"):
@@ -92,7 +93,7 @@ def _capture(fn, args, kwargs, target: str, device: str, options: dict, real_cal
     try:
         source, blobs, fingerprint = _compile(traced, target, options, real)
     except CompilerFailed as e:
-        # `fallback = "eager"` (capture_api) serves this trace with the eager engine,
+        # `fallback = "eager"` (capturing/api.py) serves this trace with the eager engine,
         # judged by this real call: the call has run and must not run again
         raise e.with_call(traced, real).with_traceback(e.__traceback__) from e.__cause__
     code_hash = hashlib.sha256(source).hexdigest()
@@ -115,8 +116,8 @@ def _compile(traced: TracedCall, target: str, options: dict, real: dict | None =
     cross = traced.metadata["device"] == "cuda" and bool(cross_arch.requested(options, target))
     keep = cross_arch.recording if cross else contextlib.nullcontext
     if traced.metadata["device"] == "cuda":
-        from ._triton_freeze import has_user_kernels
-        from ._triton_freeze import recording as freeze_recording  # cubins + launch code per kernel
+        from .triton_freeze import has_user_kernels
+        from .triton_freeze import recording as freeze_recording  # cubins + launch code per kernel
 
         in_process = cross or has_user_kernels(traced.graph_module)
 
@@ -300,8 +301,8 @@ def _cpu_target():
 def _freeze_kernels(module, names: list[str], target: str) -> tuple[list[dict], dict[str, bytes]]:
     """Read the binary of each kernel the wrapper defines (``names``: the targets of
     its ``async_compile.*`` assignments, now bound to loaded kernels); CPU kernels
-    are stored stripped (:func:`precompile_build.kernel_size.strip_kernel`)."""
-    from ..kernel_size import strip_kernel
+    are stored stripped (:func:`precompile_build.engines.kernel_size.strip_kernel`)."""
+    from .kernel_size import strip_kernel
 
     kernels, blobs = [], {}
     for name in sorted(names):
@@ -316,7 +317,7 @@ def _freeze_kernels(module, names: list[str], target: str) -> tuple[list[dict], 
             kernels.append({"name": name, "kind": "cpp", "file": blob, "sha256": digest})
         elif type(value).__name__ in ("CachingAutotuner", "TritonTemplateCaller", "StaticallyLaunchedCudaKernel") \
                 or hasattr(value, "launchers"):
-            from ._triton_freeze import freeze_triton_kernel
+            from .triton_freeze import freeze_triton_kernel
 
             entry, files = freeze_triton_kernel(name, value, target)
             kernels.append(entry)

@@ -375,7 +375,7 @@ def inspect_torch_pair(source_bytes: bytes, cache_bytes: bytes, *, what: str = "
         what: how to name the pair in messages (e.g. its paths).
     Returns:
         a dict with the keys ``engine`` (``"torch"``), ``code_hash``, ``fingerprint``,
-        ``device`` and ``meta`` (``precompile_build.pairs`` makes it a ``PairInfo``).
+        ``device`` and ``meta`` (``precompile_build.builder.pairs`` makes it a ``PairInfo``).
         ``fingerprint`` is ``host_fingerprint(device)`` of this (the capture) host, plus
         ``cpu_isa`` for inductor CPU pairs and ``engine_key``; ``device`` is ``"cuda"``
         when torch recorded any CUDA input/param/buffer, else ``"cpu"``; ``meta`` holds

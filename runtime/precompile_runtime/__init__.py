@@ -16,6 +16,7 @@ Public API:
 from __future__ import annotations
 
 from ._guard import guard_active, no_compilation
+from ._version import __version__
 from .errors import (
     CacheDirNotExecutableError,
     CallError,
@@ -35,8 +36,6 @@ from .errors import (
     TargetNotFoundError,
 )
 from .loader import load_packaged
-
-__version__ = "0.3.0"
 
 __all__ = [
     "CacheDirNotExecutableError",

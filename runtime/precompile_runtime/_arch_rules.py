@@ -2,7 +2,7 @@
 # One implementation for both sides: precompile_runtime.arch_select builds its choice
 # of variant on these functions, and precompile_build's codegen copies this file
 # verbatim into the source half of frozen Triton kernels, whose launcher
-# (_triton_launcher.py) picks each kernel's binary with them. The source half runs on
+# (triton_launcher.py) picks each kernel's binary with them. The source half runs on
 # torch alone, so this file uses no other module, and its names stay private there.
 #
 # Binaries are named the way ptxas names its targets: sm_80 (a cubin), sm_90a (an

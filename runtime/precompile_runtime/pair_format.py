@@ -8,10 +8,10 @@ This module is the description of the pair format. A pair is two files:
     a dict literal, readable with ``ast.literal_eval`` without running the file, of the
     shape :class:`PairMetadata` below; its ``load(kernel_dir)`` returns the callable
     (``kernel_dir``: the unpacked blobs of the cache half, or None for the captured ATen
-    graph without kernels). The build side writes it: ``engines/tracing.py`` builds the
+    graph without kernels). The build side writes it: ``capturing/tracing.py`` builds the
     metadata, the engines (``frozen.py``, ``eager.py``) add theirs, ``engines/codegen.py``
     serialises it with the graph, Inductor's wrapper and the driver templates
-    (``engines/_driver.py`` and the blocks before it), which read it.
+    (``templates/driver.py`` and the blocks before it), which read it.
 ``NAME.cache``, the cache half
     An envelope (:mod:`precompile_runtime.envelope`): a header with ``engine``,
     ``code_hash`` (sha256 of the exact bytes of ``NAME.py``), the host ``fingerprint``
@@ -69,7 +69,7 @@ class TensorSpec(TypedDict):
 
 
 class InputsSpec(TypedDict):
-    """The arguments ``(args, kwargs)`` as a pytree (engines/pytree_io.py)."""
+    """The arguments ``(args, kwargs)`` as a pytree (capturing/pytree_io.py)."""
 
     spec: str
     """``torch.utils._pytree.treespec_dumps`` of ``(args, kwargs)``."""
@@ -78,7 +78,7 @@ class InputsSpec(TypedDict):
     types: list[list[str]]
     """``[kind, "module:qualname", serialized name]`` of each type the driver imports (and
     for ``"namedtuple"`` and ``"cache"`` registers) before ``treespec_loads``; kind
-    ``"namedtuple"``, ``"cache"`` (engines/_pytree_types.py), ``"dataclass"`` or
+    ``"namedtuple"``, ``"cache"`` (templates/pytree_types.py), ``"dataclass"`` or
     ``"registered"``."""
     num_args: int
     """The number of positional arguments."""
@@ -102,7 +102,7 @@ class OutputsSpec(TypedDict):
 
 
 class ConstantSpec(TypedDict):
-    """A tensor constant the trace made, passed after the inputs (engines/graph_attrs.py)."""
+    """A tensor constant the trace made, passed after the inputs (capturing/graph_attrs.py)."""
 
     dtype: str
     """``str(tensor.dtype)``."""
@@ -115,7 +115,7 @@ class ConstantSpec(TypedDict):
 
 
 class Collectives(TypedDict):
-    """The functional collectives' groups, by ranks (engines/collectives.py)."""
+    """The functional collectives' groups, by ranks (capturing/collectives.py)."""
 
     world_size: int
     """The world size the pair was captured for; checked per call."""
@@ -124,7 +124,7 @@ class Collectives(TypedDict):
 
 
 class Dynamic(TypedDict):
-    """Dims marked dynamic at capture (engines/dynamic_dims.py)."""
+    """Dims marked dynamic at capture (capturing/dynamic_dims.py)."""
 
     symbols: dict[str, list[Optional[int]]]
     """symbol -> ``[min, max]`` (max None: unbounded), bound from the call's sizes."""
@@ -151,7 +151,7 @@ class _KernelRequired(TypedDict):
 
 
 class Kernel(_KernelRequired, total=False):
-    """A frozen kernel (engines/frozen.py; Triton ones engines/_triton_freeze.py). The
+    """A frozen kernel (engines/frozen.py; Triton ones engines/triton_freeze.py). The
     Triton fields are what autotuning chose, for torch's static CUDA launcher."""
 
     function: str
@@ -216,7 +216,7 @@ class _PairRequired(TypedDict):
     training: list[list[bool]]
     """``.training`` of each model argument and its submodules, pre-order."""
     module_settings: list[list[str]]
-    """Per model argument, ``engines/_module_settings.module_settings`` lines: the Python
+    """Per model argument, ``templates/module_settings.py``'s ``module_settings`` lines: the Python
     settings the trace froze in; compared per call."""
     module_state: list[list[str]]
     """Per model argument, ``"path:attribute"`` the function itself changes (left out of
@@ -238,12 +238,12 @@ class PairMetadata(_PairRequired, total=False):
     dynamic: Dynamic
     """Present when dims were marked dynamic."""
     cuda_graphs: bool
-    """The frozen CUDA kernels replay through CUDA graphs (engines/_cuda_graphs.py)."""
+    """The frozen CUDA kernels replay through CUDA graphs (templates/cuda_graphs.py)."""
     cuda_archs: dict[str, Any]
     """With ``cuda-archs``: ``tuned_on``, ``validated_on``, ``compiled_for``,
     ``binaries``, ``left_out``, ``replaced`` (engines/cross_arch.py)."""
     validation: dict[str, Any]
-    """The capture's validation report (engines/validation.py); nothing that runs reads it."""
+    """The capture's validation report (validation/validate.py); nothing that runs reads it."""
     fallback: Fallback
     """An `eager` pair written because the frozen engine's compiler failed."""
 
@@ -258,7 +258,7 @@ def check_version(meta: Any, *, where: str) -> None:
         PairFormatError: ``format`` is not :data:`FORMAT`, or ``version`` is not an int
             within :data:`READS`; the message says which side to upgrade or rebuild.
     """
-    from . import __version__
+    from ._version import __version__
 
     fmt = meta.get("format") if isinstance(meta, dict) else None
     if fmt != FORMAT:

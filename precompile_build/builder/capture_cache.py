@@ -1,0 +1,374 @@
+"""Capture cache: reuse an artifact pair whose inputs have not changed.
+
+An entry is ``<cache dir>/<key>/{NAME.py, NAME.cache, entry.json}``; ``key`` is the
+sha256 of :func:`key_components` (capture script bytes, the package's importable
+source, the target's config, the values of the environment variables it declares,
+the host fingerprint, the versions of precompile-build and precompile-runtime).
+What the capture imported is known only after it ran: the entry records it
+(:mod:`precompile_build.capturing.imported`: the distributions and versions, and the files of
+other imported modules) and :func:`fetch` reuses the entry only while they are
+installed as recorded.
+Entries are written into a temp directory and renamed into place, under a per-key
+file lock (``<key>.lock``) that a build holds from lookup to store, so a second
+build of the same target waits and then reuses. An entry is verified (sizes,
+sha256s from entry.json, :func:`~precompile_build.builder.pairs.inspect_pair`) on a copy
+taken into the build's work directory before reuse; a bad one is discarded.
+The cache is an optimisation: failing to write it never fails a build.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any, Optional
+
+import filelock
+
+from precompile_runtime._digest import sha256_file  # one file hash for both sides
+from precompile_runtime.envelope import write_atomic
+
+from ..capturing import imported
+from ..config.settings import Settings, TargetSettings, default_cache_dir
+from ..errors import BuildError, CaptureError
+from .pairs import PairInfo, inspect_pair
+
+ENTRY_FORMAT = "precompile-build.capture-cache"
+ENTRY_VERSION = 2  # 2: entries record what the capture imported
+ENTRY_JSON = "entry.json"
+TAG_NAME = "CACHEDIR.TAG"
+_TAG = (b"Signature: 8a477f597d28d172789f06886806bc55\n"
+        b"# This directory is a precompile-build capture cache; "
+        b"`python -m precompile_build clean` removes it.\n")
+
+
+def cache_root(settings: Settings) -> Path:
+    """The cache directory of ``settings`` (configured, or the per-user default)."""
+    return settings.cache_dir if settings.cache_dir is not None else default_cache_dir()
+
+
+def package_digest(package_dir: Path) -> str:
+    """sha256 (64 hex characters) over every file under ``package_dir`` (path-sorted,
+    relative paths and contents), except the top-level ``_precompiled/`` and any
+    ``__pycache__/``. Raises OSError when a file cannot be read. (The runtime's
+    :func:`precompile_runtime._digest.package_digest`: an editable install's manifest
+    records it, and the loader compares it.)"""
+    from precompile_runtime._digest import package_digest as digest
+
+    return digest(package_dir)
+
+
+_FP_CODE = """
+import json, sys
+from precompile_runtime.fingerprint import host_fingerprint
+out = {}
+for dev in sys.argv[1:]:
+    if dev == "cuda":
+        import torch
+        n = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        out[dev] = [host_fingerprint("cuda", i) for i in range(n)] or [host_fingerprint("cuda")]
+    else:
+        out[dev] = [host_fingerprint(dev)]
+print(json.dumps(out))
+"""
+_fp_memo: dict[tuple, dict[str, Any]] = {}
+
+
+def _memo_key(devices: tuple) -> str:
+    """What determines the host fingerprints, read without importing torch: the
+    interpreter, the installed torch/triton versions (package metadata), the GPUs as
+    nvidia-smi lists them, and the fingerprint code itself."""
+    from importlib import metadata
+
+    import precompile_runtime.fingerprint as fingerprint
+
+    def version(dist: str) -> Optional[str]:
+        try:
+            return metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            return None
+
+    gpus = None
+    if "cuda" in devices:
+        try:
+            gpus = subprocess.run(
+                ["nvidia-smi", "--query-gpu=uuid,name,compute_cap", "--format=csv,noheader"],
+                capture_output=True, text=True, timeout=30).stdout
+        except (OSError, subprocess.SubprocessError):
+            gpus = "no nvidia-smi"
+    parts = [sys.executable, sys.version, list(devices), os.environ.get("CUDA_VISIBLE_DEVICES"),
+             [version(d) for d in ("torch", "triton", "pytorch-triton")], gpus,
+             sha256_file(Path(fingerprint.__file__)), _FP_CODE]
+    return hashlib.sha256(json.dumps(parts).encode()).hexdigest()
+
+
+def host_fingerprints(devices: Iterable[str], memo_dir: Optional[Path] = None) -> dict[str, Any]:
+    """Host fingerprint per device type, for the cache key.
+
+    Computed in a subprocess of the build's interpreter (the one that runs the
+    capture scripts), so the build process neither imports torch nor creates a CUDA
+    context on a GPU the captures need. Memoised per process, and on disk under
+    ``memo_dir/fingerprints/`` keyed by :func:`_memo_key`, so that a rebuild with
+    nothing changed need not import torch for it (seconds on a GPU host; checking a
+    reused `torch`-engine pair still does).
+
+    Args:
+        devices: device types (``cpu``, ``cuda``).
+        memo_dir: the capture cache's root, or None (no disk memo).
+    Returns:
+        ``{device: fingerprint}``; for ``cuda`` the distinct fingerprints of every
+        visible GPU (a capture may be scheduled on any of them), sorted.
+    Raises:
+        CaptureError: the subprocess failed (torch not importable, ...).
+    """
+    devices = tuple(sorted(set(devices)))
+    memo = (sys.executable, devices, os.environ.get("CUDA_VISIBLE_DEVICES"))
+    disk = Path(memo_dir) / "fingerprints" / f"{_memo_key(devices)}.json" if memo_dir else None
+    if memo not in _fp_memo and disk is not None and disk.is_file():
+        try:
+            _fp_memo[memo] = json.loads(disk.read_text())
+        except (OSError, ValueError):
+            pass  # unreadable memo: compute again
+    if memo not in _fp_memo:
+        import precompile_runtime
+
+        path = [str(Path(precompile_runtime.__file__).parent.parent),
+                os.environ.get("PYTHONPATH", "")]
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in path if p))
+        proc = subprocess.run([sys.executable, "-c", _FP_CODE, *devices], env=env,
+                              capture_output=True, text=True, timeout=300)
+        if proc.returncode != 0:
+            last = (proc.stderr.strip().splitlines() or ["no output"])[-1]
+            raise CaptureError(f"Failed to compute the host fingerprint: {last}")
+        lines = proc.stdout.strip().splitlines()
+        if not lines:
+            raise CaptureError("Failed to compute the host fingerprint: the probe printed nothing")
+        raw = json.loads(lines[-1])
+        _fp_memo[memo] = {d: sorted({json.dumps(fp, sort_keys=True) for fp in fps})
+                          for d, fps in raw.items()}
+        if disk is not None:
+            try:
+                disk.parent.mkdir(parents=True, exist_ok=True)
+                write_atomic(disk, json.dumps(_fp_memo[memo]).encode())
+            except OSError:
+                pass  # no memo: the next build computes it again
+    return _fp_memo[memo]
+
+
+# Variables every capture reads (precompile_build.config.choices.resolve): always in the key.
+CAPTURE_ENV = ("PRECOMPILE_ENGINE", "PRECOMPILE_TRACER")
+
+
+def key_components(settings: Settings, target: TargetSettings, device: str,
+                   fingerprint: Any, package_sha256: str) -> dict[str, Any]:
+    """Everything a capture's output depends on, as a JSON-able dict.
+
+    ``timeout`` and ``required`` are left out (they change no artifact). The
+    declared ``env`` table is part of the target config; ``cache-env`` names and
+    :data:`CAPTURE_ENV` are looked up in ``os.environ``, unset as None.
+
+    Args:
+        device: ``"cpu"`` or ``"cuda"``.
+        fingerprint: :func:`host_fingerprints`'s value for ``device``.
+        package_sha256: :func:`package_digest` of the project's package.
+    Raises:
+        OSError: the script or the tool's own files cannot be read (the runner then
+            builds without the cache).
+    """
+    import precompile_runtime
+    from precompile_runtime.fingerprint import cpu_flags
+
+    from .. import __version__
+
+    return {
+        "format": ENTRY_FORMAT, "version": ENTRY_VERSION,
+        "precompile_build": __version__, "precompile_runtime": precompile_runtime.__version__,
+        # the engines write their own code into every pair: a changed engine recaptures
+        "tool_code_sha256": _tool_code_sha256(),
+        "script_sha256": sha256_file(target.script),
+        "package_sha256": package_sha256,
+        "target": {"name": target.name, "script": target.script_rel,
+                   "args": list(target.args), "device": device,
+                   "env": dict(sorted(target.env.items())), "fallback": target.fallback,
+                   "tracer": target.tracer, "cuda_graphs": target.cuda_graphs,
+                   "cuda_archs": list(target.cuda_archs)},
+        "cache_env": {n: os.environ.get(n) for n in sorted({*target.cache_env, *CAPTURE_ENV})},
+        "fingerprint": fingerprint,
+        "cpu_flags": hashlib.sha256(" ".join(sorted(cpu_flags())).encode()).hexdigest(),
+    }
+
+
+@functools.cache
+def _tool_code_sha256() -> str:
+    """sha256 over the source files of precompile_build and precompile_runtime."""
+    import precompile_runtime
+
+    from .. import __file__ as build_init
+
+    h = hashlib.sha256()
+    for pkg in (Path(build_init).parent, Path(precompile_runtime.__file__).parent):
+        for f in sorted(pkg.rglob("*.py")):
+            h.update(f.relative_to(pkg).as_posix().encode() + b"\0" + f.read_bytes())
+    return h.hexdigest()
+
+
+def cache_key(components: Mapping[str, Any]) -> str:
+    """sha256 hex of the canonical JSON of :func:`key_components`."""
+    return hashlib.sha256(json.dumps(components, sort_keys=True).encode()).hexdigest()
+
+
+def lock(root: Path, key: str) -> filelock.FileLock:
+    """The file lock of entry ``key`` (``<root>/<key>.lock``; creates ``root``, raising
+    OSError when it cannot)."""
+    _ensure_root(root)
+    return filelock.FileLock(str(root / f"{key}.lock"))
+
+
+def _ensure_root(root: Path) -> None:
+    root.mkdir(parents=True, exist_ok=True)
+    tag = root / TAG_NAME
+    if not tag.exists():
+        try:
+            with open(tag, "xb") as f:
+                f.write(_TAG)
+        except FileExistsError:
+            pass
+
+
+def _file_meta(path: Path) -> dict[str, Any]:
+    return {"size": path.stat().st_size, "sha256": sha256_file(path)}
+
+
+def fetch(root: Path, key: str, name: str, dest: Path) -> tuple[Optional[dict], str]:
+    """Copy entry ``key`` of target ``name`` to ``dest/NAME.{py,cache}`` and verify it.
+
+    Call with :func:`lock` held; ``dest`` is a directory only this call writes (it
+    is removed again on a miss). Returns ``(entry.json dict with "info": PairInfo,
+    "")`` on a hit, else ``(None, why)``: ``"no entry"``, ``"imports changed: ..."``
+    (what the capture imported is installed in another version, or gone:
+    :func:`precompile_build.capturing.imported.changes`; the entry stays until the new
+    capture replaces it) or ``"entry corrupt: ..."`` (the corrupt entry is removed).
+    """
+    entry_dir = root / key
+    if not (entry_dir / ENTRY_JSON).is_file():
+        return None, "no entry"
+    dest.mkdir(parents=True, exist_ok=True)
+    try:
+        meta = json.loads((entry_dir / ENTRY_JSON).read_text(encoding="utf-8"))
+        if meta.get("format") != ENTRY_FORMAT or meta.get("key") != key:
+            raise ValueError(f"{ENTRY_JSON} is not this entry's (format/key differ)")
+        if not isinstance(meta.get("imports"), dict):
+            raise ValueError(f"{ENTRY_JSON} records no imports")
+        changed = imported.changes(meta["imports"])
+        if changed:  # the capture imported other code than is installed now: capture again
+            shutil.rmtree(dest, ignore_errors=True)
+            shown = ", ".join(changed[:3]) + (f" and {len(changed) - 3} more" if len(changed) > 3 else "")
+            return None, f"imports changed: {shown}"
+        for role, suffix in (("source", ".py"), ("cache", ".cache")):
+            copy = dest / f"{name}{suffix}"
+            shutil.copyfile(entry_dir / f"{name}{suffix}", copy)
+            got, want = _file_meta(copy), meta["files"][role]
+            if got != {"size": want["size"], "sha256": want["sha256"]}:
+                raise ValueError(f"{copy.name}: size/sha256 {got['size']}/"
+                                 f"{got['sha256'][:12]} != recorded {want['size']}/"
+                                 f"{want['sha256'][:12]}")
+        meta["info"] = inspect_pair(dest / f"{name}.py", dest / f"{name}.cache")
+    except (OSError, ValueError, KeyError, TypeError, AttributeError, CaptureError) as e:
+        shutil.rmtree(dest, ignore_errors=True)
+        discard(entry_dir)
+        return None, f"entry corrupt: {type(e).__name__}: {e}".replace("\n", " ")[:300]
+    return meta, ""
+
+
+def store(root: Path, key: str, name: str, source: Path, cache: Path, info: PairInfo,
+          *, seconds: float, capture_device: Any, components: Mapping[str, Any]) -> None:
+    """Write entry ``key`` atomically (temp dir beside it, then rename; no fsync:
+    :func:`fetch` checks every file's sha256, so an entry torn by a crash is
+    recaptured, never used).
+
+    Args:
+        seconds: how long the capture took (wall seconds).
+        capture_device: the CUDA device it ran on (index or CUDA_VISIBLE_DEVICES
+            entry), None for cpu.
+        components: :func:`key_components` of the entry, kept for `why` reports.
+    Call with :func:`lock` held. Raises OSError when the cache cannot be written.
+    """
+    _ensure_root(root)
+    tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{key[:16]}-", dir=root))
+    try:
+        files = {}
+        for role, src in (("source", source), ("cache", cache)):
+            dst = tmp / src.name
+            shutil.copyfile(src, dst)
+            files[role] = {"path": src.name, **_file_meta(dst)}
+        imports = imported.read_record(imported.record_path(source)) or imported.environment_record()
+        meta = {"format": ENTRY_FORMAT, "version": ENTRY_VERSION, "key": key,
+                "target": name, "engine": info.engine, "device": info.device, "imports": imports,
+                "capture_seconds": round(seconds, 3), "capture_device": capture_device,
+                "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                "files": files, "components": components}
+        (tmp / ENTRY_JSON).write_text(json.dumps(meta, indent=2, sort_keys=True), encoding="utf-8")
+        if (root / key).exists():
+            discard(root / key)
+        os.replace(tmp, root / key)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+def discard(entry_dir: Path) -> None:
+    """Remove an entry: rename it aside (atomic for readers), then delete it."""
+    trash = entry_dir.with_name(f".trash-{entry_dir.name[:16]}-{os.getpid()}-{time.time_ns()}")
+    try:
+        os.replace(entry_dir, trash)
+    except OSError:
+        return
+    shutil.rmtree(trash, ignore_errors=True)
+
+
+def clean(root: Path) -> int:
+    """Delete the capture cache at ``root``: only what this module writes (entries,
+    locks, temp dirs, the fingerprint memo, the CACHEDIR.TAG), then ``root`` itself
+    when left empty.
+
+    Returns:
+        the number of entries removed.
+    Raises:
+        BuildError: ``root`` has no CACHEDIR.TAG written by this module (it is not a
+            capture cache: nothing is touched).
+        OSError: ``root`` exists but cannot be listed.
+    """
+    if not root.is_dir():
+        return 0
+    tag = root / TAG_NAME
+    if not tag.is_file() or tag.read_bytes() != _TAG:
+        raise BuildError(
+            f"{root} is not a precompile-build capture cache (no CACHEDIR.TAG of ours); "
+            "nothing removed. Pass the directory the build uses (--cache-dir)"
+        )
+    removed = 0
+    for p in root.iterdir():
+        key = p.name.removesuffix(".lock")
+        if not (len(key) == 64 and all(c in "0123456789abcdef" for c in key)):
+            if p.is_dir() and (p.name.startswith((".tmp-", ".trash-")) or p.name == "fingerprints"):
+                shutil.rmtree(p, ignore_errors=True)
+            continue
+        if p.is_dir():
+            discard(p)
+            removed += 1
+        else:  # <key>.lock
+            p.unlink(missing_ok=True)
+    tag.unlink(missing_ok=True)
+    try:
+        root.rmdir()
+    except OSError:
+        pass  # something else lives there: keep it
+    return removed

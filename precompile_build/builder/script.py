@@ -1,0 +1,294 @@
+"""Run one capture script in a subprocess: environment, log, timeout, cancel, check.
+
+The script runs as ``python SCRIPT ARGS...`` would run it, in its own session (its whole
+process group is killed on timeout, cancel or Ctrl-C), with the project root as working
+directory; its output goes to ``work/logs/NAME.log``, and the exception that ended it, if
+one did, to ``work/logs/NAME.result.json`` (:func:`result_file`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import IO, Optional
+
+from ..capturing import stats as capture_stats
+from ..capturing.imported import record_path as imports_record_path
+from ..config.settings import Settings, TargetSettings
+from ..errors import CaptureError
+from .pairs import PairInfo, inspect_pair
+
+LOG_TAIL_LINES = 40
+_TAIL_BYTES = 64 * 1024
+_LINE_CAP = 400  # characters per shown log line
+_KILL_GRACE = 5.0  # seconds between SIGTERM and SIGKILL
+CANCELLED = "cancelled"
+"""Failure reason of a script stopped because the build was stopped."""
+
+
+def log_tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:
+    """The last ``lines`` lines of a log file (long lines cut), for error messages."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            f.seek(max(0, f.tell() - _TAIL_BYTES))
+            text = f.read().decode("utf-8", "replace")
+    except OSError:
+        return "(no log)"
+    out = [ln if len(ln) <= _LINE_CAP else ln[:_LINE_CAP] + " [...]"
+           for ln in text.splitlines()[-lines:]]
+    return "\n".join(out) or "(empty log)"
+
+
+_ERROR_CAP = 2000  # characters of the error line put into a failure's reason
+
+
+def result_file(log_path: Path) -> Path:
+    """Where the script's process reports how it ended (``NAME.result.json`` beside its
+    log): ``{"error": "Type: first line of the message"}`` when an exception ended it,
+    written by :data:`_RUN_SCRIPT`'s ``sys.excepthook``; no file otherwise."""
+    return log_path.with_suffix(".result.json")
+
+
+def error_line(log_path: Path) -> Optional[str]:
+    """The first line of the exception that ended the script, as its process reported
+    it (:func:`result_file`): ``CaptureError: target 't': ...`` (the exception's class
+    name without its module; cut at :data:`_ERROR_CAP` characters, not at a log line's
+    cap). None when no exception ended it (killed, ``sys.exit(3)``)."""
+    try:
+        with open(result_file(log_path), encoding="utf-8") as f:
+            line = json.load(f)["error"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    if not isinstance(line, str):
+        return None
+    return line if len(line) <= _ERROR_CAP else line[:_ERROR_CAP] + " [...]"
+
+
+def _kill_group(proc: subprocess.Popen) -> None:
+    """End the script and every process it started in its session."""
+    for sig, grace in ((signal.SIGTERM, _KILL_GRACE), (signal.SIGKILL, None)):
+        try:
+            os.killpg(proc.pid, sig)
+        except (ProcessLookupError, PermissionError):
+            return
+        if grace is None:
+            break
+        try:
+            proc.wait(timeout=grace)
+            # the leader is gone; SIGKILL what is left of its group
+        except subprocess.TimeoutExpired:
+            pass
+    try:
+        proc.wait(timeout=30)
+    except subprocess.TimeoutExpired:  # pragma: no cover
+        pass
+
+
+def _pump(stream: IO[bytes], log: IO[bytes], echo: Optional[str]) -> None:
+    """Copy the script's output to its log; with ``echo`` (the target name) also to
+    stderr, each line prefixed with ``[name]`` (captures may run side by side)."""
+    partial = b""
+    for chunk in iter(lambda: stream.read1(65536), b""):  # type: ignore[attr-defined]
+        log.write(chunk)
+        log.flush()  # the live progress line reads the log's last line
+        if echo is not None:
+            *lines, partial = (partial + chunk).split(b"\n")
+            if lines:
+                prefix = f"[{echo}] ".encode()
+                sys.stderr.buffer.write(b"".join(prefix + ln + b"\n" for ln in lines))
+                sys.stderr.flush()
+    if echo is not None and partial:
+        sys.stderr.buffer.write(f"[{echo}] ".encode() + partial + b"\n")
+        sys.stderr.flush()
+
+
+def _exit_reason(rc: int) -> str:
+    if rc < 0:
+        try:
+            return f"killed by signal {signal.Signals(-rc).name} ({-rc})"
+        except ValueError:
+            return f"killed by signal {-rc}"
+    return f"exited with status {rc}"
+
+
+def script_env(settings: Settings, target: TargetSettings, device: str,
+               src: Path, cache: Path, gpu: Optional[str]) -> dict[str, str]:
+    """The script's environment: ours, the target's `env`, the PRECOMPILE_* paths and
+    device, ``CUDA_VISIBLE_DEVICES`` (``""`` for cpu, ``gpu`` for cuda when given)."""
+    env = dict(os.environ)
+    env.update(target.env)
+    # The script imports the library being built: put its source root first.
+    base = str(settings.package_dir.parent)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (base, env.get("PYTHONPATH")) if p)
+    env.update(PRECOMPILE_TARGET=target.name, PRECOMPILE_ARTIFACT_PATH=str(src),
+               PRECOMPILE_CACHE_PATH=str(cache), PRECOMPILE_DEVICE=device,
+               PRECOMPILE_FALLBACK=target.fallback,
+               PRECOMPILE_IMPORTS_PATH=str(imports_record_path(src)))
+    if target.tracer:
+        env["PRECOMPILE_TRACER"] = target.tracer
+    if target.cuda_graphs:
+        env["PRECOMPILE_CUDA_GRAPHS"] = "1"
+    if target.cuda_archs and device == "cuda":  # engines/cross_arch.py reads it
+        env["PRECOMPILE_CUDA_ARCHS"] = ",".join(target.cuda_archs)
+    else:
+        env.pop("PRECOMPILE_CUDA_ARCHS", None)
+    if device == "cpu":
+        env["CUDA_VISIBLE_DEVICES"] = ""
+    elif gpu is not None:
+        env["CUDA_VISIBLE_DEVICES"] = gpu
+    return env
+
+
+def wait(proc: subprocess.Popen, timeout: float, abort: threading.Event) -> Optional[str]:
+    """Wait for the script at most ``timeout`` seconds; returns the failure reason, or
+    None for exit status 0. Kills the script's process group on timeout, ``abort`` or
+    an exception."""
+    deadline = time.monotonic() + timeout
+    try:
+        while True:
+            try:
+                rc = _wait_once(proc, max(0.0, min(0.5, deadline - time.monotonic())))
+                break
+            except subprocess.TimeoutExpired:
+                if abort.is_set():
+                    _kill_group(proc)
+                    return CANCELLED
+                if time.monotonic() >= deadline:
+                    _kill_group(proc)
+                    return f"timed out after {timeout:g} s (process group killed)"
+    except BaseException:  # Ctrl-C: end the script's tree, then re-raise
+        _kill_group(proc)
+        raise
+    _kill_group(proc)  # leftovers the script started in the background
+    return _exit_reason(rc) if rc != 0 else None
+
+
+def _wait_once(proc: subprocess.Popen, timeout: float) -> int:
+    """``proc.wait(timeout)``, reaping with ``os.wait4`` where there is one, so that the
+    script's peak RSS (``ru_maxrss``) is kept as ``proc.peak_rss_bytes``."""
+    if not hasattr(os, "wait4"):
+        return proc.wait(timeout=timeout)
+    end = time.monotonic() + timeout
+    while True:
+        pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
+        if pid:
+            proc.returncode = os.waitstatus_to_exitcode(status)
+            proc.peak_rss_bytes = capture_stats.maxrss_bytes(usage.ru_maxrss)  # type: ignore[attr-defined]
+            return proc.returncode
+        if time.monotonic() >= end:
+            raise subprocess.TimeoutExpired(proc.args, timeout)
+        time.sleep(min(0.05, max(0.0, end - time.monotonic())))
+
+
+def run_script(settings: Settings, target: TargetSettings, device: str, gpu: Optional[str],
+               work: Path, verbose: bool, abort: threading.Event,
+               ) -> tuple[Optional[str], Path, Path, Path, tuple[Optional[dict], Optional[dict]]]:
+    """Run one target's script (see the module docstring).
+
+    Args:
+        settings: the project's settings (project root, verbosity).
+        target: the target to run (script, args, env, timeout in seconds).
+        device: ``"cpu"`` or ``"cuda"``; sets PRECOMPILE_DEVICE (and hides GPUs for cpu).
+        gpu: ``CUDA_VISIBLE_DEVICES`` for a cuda capture (None: inherited).
+        work: the build's temp directory; the pair goes to ``work/pairs/NAME/``.
+        verbose: also stream the output to stderr, lines prefixed ``[NAME]``.
+        abort: set by the build to stop the script (reason :data:`CANCELLED`).
+    Returns:
+        (failure reason or None, source path, cache path, log path, what the capture
+        measured: :func:`.capture_stats.read`'s ``(peaks, breakdown)``).
+    Raises:
+        OSError: the pair or log directory cannot be created, or the interpreter
+            cannot be started.
+    """
+    out = work / "pairs" / target.name
+    out.mkdir(parents=True, exist_ok=True)
+    src, cache = out / f"{target.name}.py", out / f"{target.name}.cache"
+    log_path = log_file(work, target)
+    env = script_env(settings, target, device, src, cache, gpu)
+    stats = log_path.with_suffix(".stats.json")  # GPU peaks, seconds per step (capturing/stats.py)
+    stats.unlink(missing_ok=True)
+    env[capture_stats.STATS_ENV] = str(stats)
+    env[capture_stats.STARTED_ENV] = repr(time.time())  # + the script's pid (_RUN_SCRIPT): capture_began
+    result_file(log_path).unlink(missing_ok=True)
+    cmd = [sys.executable, "-c", _RUN_SCRIPT, str(os.getpid()), str(result_file(log_path)), str(target.script),
+           *target.args]
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen(cmd, cwd=settings.root, env=env, stdin=subprocess.DEVNULL,
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+        pump = threading.Thread(target=_pump, daemon=True, args=(
+            proc.stdout, log, target.name if verbose else None))
+        pump.start()
+        try:
+            reason = wait(proc, target.timeout, abort)
+        finally:
+            pump.join(timeout=10)
+            proc.stdout.close()  # type: ignore[union-attr]
+    return reason, src, cache, log_path, capture_stats.read(stats, getattr(proc, "peak_rss_bytes", None))
+
+
+# Runs the capture script so that it dies with the build: a frontend interrupted by
+# Ctrl-C may SIGKILL the backend, which then cannot end the script (it runs in its own
+# session, so that a timeout can end its whole process group). On Linux the script asks
+# for SIGKILL when its parent dies (prctl PR_SET_PDEATHSIG). Then the script runs as
+# `python SCRIPT ARGS...` would run it (sys.argv, sys.path[0] its folder, __main__), with
+# a sys.excepthook that reports the exception that ends it to the result file
+# (result_file) before Python prints its traceback.
+_RUN_SCRIPT = """\
+import os, signal, sys
+parent, result, script = int(sys.argv[1]), sys.argv[2], os.path.abspath(sys.argv[3])
+if sys.platform.startswith("linux"):
+    import ctypes
+    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    if os.getppid() != parent:  # the build died before the request took effect
+        sys.exit("precompile-build: the build that started this capture is gone")
+
+
+def _report(kind, value, tb, _shown=sys.excepthook):
+    import json
+    text = value.msg if isinstance(value, SyntaxError) and value.msg else str(value)
+    line = (kind.__name__ + (": " + text if text else "")).strip().split("\\n")[0].strip()
+    try:
+        with open(result, "w", encoding="utf-8") as f:
+            json.dump({"error": line}, f)
+    except OSError:
+        pass
+    _shown(kind, value, tb)
+
+
+sys.excepthook = _report
+if "PRECOMPILE_SCRIPT_STARTED" in os.environ:  # capture_stats.capture_began: this process's setup only
+    os.environ["PRECOMPILE_SCRIPT_STARTED"] += " " + str(os.getpid())
+sys.argv = sys.argv[3:]
+sys.path[0] = os.path.dirname(os.path.realpath(script))
+import runpy
+runpy.run_path(script, run_name="__main__")
+"""
+
+
+def log_file(work: Path, target: TargetSettings) -> Path:
+    """``work/logs/NAME.log`` (its directory created)."""
+    (work / "logs").mkdir(parents=True, exist_ok=True)
+    return work / "logs" / f"{target.name}.log"
+
+
+def check_pair(src: Path, cache: Path) -> tuple[Optional[str], Optional[PairInfo]]:
+    """(failure reason, None) or (None, PairInfo) for what a script that exited 0 wrote."""
+    have = [p.name for p in (src, cache) if p.is_file()]
+    if not have:
+        return ("exited 0 but wrote neither half of the pair; did the script run a "
+                "capture with PRECOMPILE_ARTIFACT_PATH / PRECOMPILE_CACHE_PATH?"), None
+    if len(have) == 1:
+        missing = cache.name if have[0] == src.name else src.name
+        return f"wrote only {have[0]}, not {missing}: half a pair is unusable", None
+    try:
+        return None, inspect_pair(src, cache)
+    except CaptureError as e:
+        return f"wrote an invalid pair: {e}", None

@@ -1,0 +1,287 @@
+"""Tracers: how the flat function of one captured call becomes an ATen graph.
+
+The flat function (tracing.py) takes the lifted parameters/buffers and the tensor
+leaves of the arguments, and returns the tensor leaves of the result (then the
+parameter gradients of a captured backward). A tracer turns it into a
+``torch.fx.GraphModule`` of ATen ops over the same flat inputs and outputs, with
+in-place writes to inputs (mutated buffers) kept as in-place ops:
+
+=================  ==========================================================  ============
+tracer             what runs                                                   libraries see
+=================  ==========================================================  ============
+``export``         what ``torch.export.export(strict=False)`` then             ``torch.compiler.is_compiling()``
+                   ``run_decompositions({})`` make, in one trace where torch    and ``is_exporting()`` True:
+                   allows (aten_export.py; functional ATen; input mutations    their trace-friendly paths
+                   become ``copy_`` back into the input)
+``export-strict``  the same with ``strict=True`` (TorchDynamo reads the         the same
+                   bytecode; slower, refuses more, catches side effects)
+``make_fx``        ``make_fx`` (real tensors; fake tensors with symbols when   the same (set here, as
+                   dims are marked dynamic, see dynamic_dims.py)               export does)
+=================  ==========================================================  ============
+
+``auto`` (the default) is ``export``, with two exceptions. A call that runs a
+backward (``loss.backward()`` inside: the trace produced parameter gradients) is
+traced with ``make_fx``: its joint trace of forward and backward is what the frozen
+engine has always served, where torch.export's IR is an inference graph (the
+one-pass export fails inside the backward instead: that failure counts as a
+backward, :func:`aten_export.raised_in_backward`). And when
+export fails, ``make_fx`` is tried: on real tensors it can take a data-dependent
+branch (``if x.sum() > 0``) that export refuses; a failure of both names both.
+Dynamic dims map onto export's ``dynamic_shapes`` as ``Dim.AUTO(min=, max=)``, so
+export specialises instead of raising and :func:`dynamic_dims.finish` reports what
+the code did to each marked dim with the same messages for every tracer.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import traceback
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from ..config.choices import TRACERS
+from ..errors import CaptureError, torch_warnings_shown, warn_at_caller
+from . import aten_export, dynamic_dims
+from .layouts import example_clone
+
+
+@dataclass
+class Traced:
+    """What :func:`trace` returns: one call's ATen graph and how it was made."""
+
+    graph_module: Any
+    """``torch.fx.GraphModule`` over the flat inputs (lifted parameters/buffers, then
+    the user's tensors) returning the flat function's outputs (tensor results, then
+    parameter gradients, see tracing.py); writes to inputs stay in-place ops."""
+    symbolic: Any
+    """``dynamic_dims.SymbolicTrace`` (the marked dims' symbols and fake inputs), or
+    None when no dim is marked."""
+    tracer: str
+    """The tracer that made the graph: ``"export"``, ``"export-strict"`` or
+    ``"make_fx"`` (never ``"auto"``)."""
+
+
+def check_tracer(tracer: str | None) -> str:
+    """``tracer`` (or the ``PRECOMPILE_TRACER`` variable when None/empty), validated.
+
+    Raises:
+        ValueError: not one of :data:`TRACERS`.
+    """
+    value = tracer or os.environ.get("PRECOMPILE_TRACER", "").strip() or "auto"
+    if value not in TRACERS:
+        raise ValueError(f"tracer={value!r} is not one of {', '.join(map(repr, TRACERS))} "
+                         "(from the capture call, the target's `tracer` or PRECOMPILE_TRACER)")
+    return value
+
+
+@contextlib.contextmanager
+def compiling_state():
+    """``torch.compiler.is_compiling()`` and ``is_exporting()`` answer True inside, as
+    under torch.export (torch/export/_trace.py ``_compiling_state_context``): library
+    code (transformers, timm) then skips data-dependent checks such as
+    ``if mask.all():`` and takes the paths it takes under torch.compile."""
+    import torch.compiler as tc
+
+    flags = [f for f in ("_is_compiling_flag", "_is_exporting_flag") if hasattr(tc, f)]
+    saved = {f: getattr(tc, f) for f in flags}
+    for f in flags:
+        setattr(tc, f, True)
+    try:
+        yield
+    finally:
+        for f, v in saved.items():
+            setattr(tc, f, v)
+
+
+def trace(flat_fn: Callable, example: list, *, n_params: int, marks: list, paths: list,
+          target: str, tracer: str, ran_backward: Callable[[], bool]) -> Traced:
+    """Trace ``flat_fn(*example)`` with ``tracer`` (see the module docstring).
+
+    Args:
+        flat_fn: the flat function (tensors in, tuple of tensors out).
+        example: flat example tensors, lifted parameters first (``n_params`` of them);
+            make_fx and the strict re-run run on clones of them; non-strict export
+            runs on fake copies (nothing is written: the caller's tensors may be passed).
+        marks: per user tensor, its marked dims ``{dim: (min, max|None)}``.
+        paths: per user tensor, its argument path, for messages.
+        target: the target name, for messages.
+        tracer: one of :data:`TRACERS` (already checked).
+        ran_backward: answers, after a trace, whether that trace computed parameter
+            gradients (a backward inside the call).
+    Returns:
+        a :class:`Traced`.
+    Raises:
+        CaptureError: the trace failed; the message names the tracer(s), the error,
+            the line of user or library code that raised it, and what to try.
+    """
+    def make_fx():
+        return _make_fx(flat_fn, example, n_params, marks, paths, target)
+
+    if tracer == "make_fx":
+        return _with_message(make_fx, "make_fx", target)
+    strict = tracer == "export-strict"
+    name = "export-strict" if strict else "export"
+    try:
+        traced = _export(flat_fn, example, n_params, marks, paths, target, strict)
+    except CaptureError:
+        raise
+    except Exception as e:
+        if aten_export.raised_in_backward(e):  # a training step, which make_fx traces (see ran_backward below)
+            if tracer != "auto":
+                raise _backward_refused(tracer, target) from e
+            return _with_message(make_fx, "make_fx", target)
+        if tracer != "auto":
+            raise _failure(target, [(name, e)]) from e
+        try:
+            traced = make_fx()
+        except CaptureError:
+            raise
+        except Exception as e2:
+            raise _failure(target, [(name, e), ("make_fx", e2)]) from e2
+        if ran_backward():  # a training step export could not finish: make_fx's job anyway
+            return traced
+        where = _culprit(e)
+        warn_at_caller(f"torch.export failed ({_first_line(e)}"
+                       + (f" at {where}" if where else "") + "); traced with make_fx, which "
+                       "specialises data-dependent branches to the example's path", target=target)
+        return traced
+    if ran_backward():
+        if tracer != "auto":
+            raise _backward_refused(tracer, target)
+        return _with_message(make_fx, "make_fx", target)
+    return traced
+
+
+def _backward_refused(tracer: str, target: str) -> CaptureError:
+    return CaptureError(
+        "the function runs a backward (loss.backward()), which "
+        f"tracer={tracer!r} does not capture; use tracer='make_fx' or 'auto' (the default), "
+        "which trace forward and backward together", target=target)
+
+
+def _with_message(run: Callable[[], Traced], name: str, target: str) -> Traced:
+    try:
+        return run()
+    except CaptureError:
+        raise
+    except Exception as e:
+        raise _failure(target, [(name, e)]) from e
+
+
+@torch_warnings_shown()
+def _make_fx(flat_fn, example, n_params, marks, paths, target) -> Traced:
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    with compiling_state():
+        if any(marks):  # marked dims stay symbolic: trace on fake tensors
+            with dynamic_dims.size_oblivious():
+                fakes, symbolic = dynamic_dims.fake_inputs(example, n_params, marks, paths, target)
+                gm = make_fx(flat_fn, tracing_mode="symbolic")(*fakes)
+            return Traced(gm, symbolic, "make_fx")
+        gm = make_fx(flat_fn, tracing_mode="real")(*[example_clone(t) for t in example])
+    return Traced(gm, None, "make_fx")
+
+
+@torch_warnings_shown()
+def _export(flat_fn, example, n_params, marks, paths, target, strict: bool) -> Traced:
+    import torch
+    from torch.export import Dim
+
+    for t, dims, path in zip(example[n_params:], marks, paths):
+        if dims:
+            dynamic_dims.check_marks(t, dims, path, target)
+    shapes = [None] * n_params + [
+        {d: Dim.AUTO(min=lo, max=hi) for d, (lo, hi) in dims.items()} if dims else None for dims in marks
+    ]
+    inputs = tuple(example)  # non-strict export runs on fake copies of them: nothing is written
+    with (dynamic_dims.size_oblivious() if any(marks) else contextlib.nullcontext()):
+        ep = aten_export.aten_program(flat_fn, inputs, dynamic_shapes=(tuple(shapes),) if any(marks) else None,
+                                      strict=strict)
+    if strict:  # TorchDynamo does not replay the flat function's Python side effects
+        # (the recorded calling convention): run it once more, eagerly, for them
+        flat_fn(*[example_clone(t) for t in example])
+    gm = aten_export.flat_graph(ep, target)
+    symbolic = None
+    if any(marks):
+        placeholders = [n.meta["val"] for n in gm.graph.nodes if n.op == "placeholder"]
+        shape_env = next((s.node.shape_env for v in placeholders for s in v.shape if isinstance(s, torch.SymInt)), None)
+        if shape_env is None:  # every marked dim specialised: finish() says which
+            from torch.fx.experimental.symbolic_shapes import ShapeEnv
+
+            shape_env = ShapeEnv()
+        symbolic = dynamic_dims.SymbolicTrace(shape_env=shape_env, inputs=placeholders,
+                                              fakes=placeholders[n_params:], marks=marks, paths=paths)
+    return Traced(gm, symbolic, "export-strict" if strict else "export")
+
+
+_OWN_DIRS = None
+
+
+def _culprit(exc: BaseException) -> str:
+    """``file:line: code`` of the innermost frame outside torch, this package and the
+    standard library: the model or library line that broke the trace ("" if none)."""
+    global _OWN_DIRS
+    import sysconfig
+
+    import torch
+
+    if _OWN_DIRS is None:
+        here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+        _OWN_DIRS = (os.path.dirname(os.path.abspath(torch.__file__)) + os.sep, here + os.sep,
+                     sysconfig.get_paths()["stdlib"] + os.sep)
+    frames = []
+    seen = set()
+    e: BaseException | None = exc
+    while e is not None and id(e) not in seen:  # the cause chain: export re-raises
+        seen.add(id(e))
+        frames = traceback.extract_tb(e.__traceback__) + frames
+        e = e.__cause__ or e.__context__
+    for f in reversed(frames):
+        path = os.path.abspath(f.filename)
+        if not path.startswith(_OWN_DIRS) and not f.filename.startswith("<"):
+            return f"{f.filename}:{f.lineno}: {(f.line or '').strip()}"
+    return ""
+
+
+# torch's hints meant for its own callers, not for a capture's user (they name make_fx
+# arguments this package sets), and noise in the first line of its errors
+_TORCH_HINTS = re.compile(
+    r"\s*It may be possible to trace this with dynamic shapes; try setting tracing_mode='symbolic' "
+    r"in your make_fx call\.|\s*\(Size-like symbols: [^)]*\)|\s*\(unhinted: [^()]*(\([^()]*\)[^()]*)*\)")
+
+
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip().splitlines()
+    line = _TORCH_HINTS.sub("", text[0] if text else "").strip().rstrip(".")
+    return f"{type(e).__name__}: {line}"[:400]
+
+
+_ANOTHER_TRACER = ("try another tracer (`tracer = \"export-strict\"` or \"make_fx\" in the target, "
+                   "or tracer= in precompile_build.capture)")
+
+
+def _failure(target: str, failures: list[tuple[str, BaseException]]) -> CaptureError:
+    """The CaptureError of a failed trace. For a data-dependent branch our advice comes
+    first, right after the line that broke the trace, and each tracer's error after it:
+    a message cut short (a log line, a terminal) still says what to change."""
+    data_dependent = any("data-dependent" in str(e) or "_local_scalar_dense" in str(e)
+                         or "GuardOnDataDependent" in type(e).__name__ for _, e in failures)
+    wheres = list(dict.fromkeys(w for w in (_culprit(e) for _, e in failures) if w))
+    if data_dependent:
+        at = f" (at {wheres[0]})" if len(wheres) == 1 else ""
+        errors = "; ".join(f"{name}: {_first_line(e)}" for name, e in failures)
+        return CaptureError(
+            f"tracing failed on a data-dependent branch{at}: the line reads "
+            "a tensor's value to decide what to run. If both paths compute the same result (an "
+            "eager-only shortcut or check, as libraries have), skip it under a trace with "
+            "`if not torch.compiler.is_compiling():`; for a real choice on values use "
+            f"torch.where or torch.cond; or {_ANOTHER_TRACER}. The tracers said: {errors}"
+            + (f" (at {'; '.join(wheres)})" if len(wheres) > 1 else ""), target=target)
+    parts = []
+    for name, e in failures:
+        where = _culprit(e)
+        parts.append(f"{name}: {_first_line(e)}" + (f" (at {where})" if where else ""))
+    return CaptureError("tracing failed with "
+                        + "; ".join(parts) + ". " + _ANOTHER_TRACER, target=target)

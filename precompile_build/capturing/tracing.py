@@ -1,0 +1,353 @@
+"""Capture one call as a flat ATen graph with a recorded calling convention.
+
+``trace_call(fn, args, kwargs)`` traces (tracers.py: torch.export by default, make_fx
+for a training step) a flat function of tensors:
+
+    flat inputs  = lifted parameters and buffers of every nn.Module argument
+                   (tied tensors, and tensors shared by two modules, collapsed by
+                   identity), then the tensor leaves of the other arguments, then
+                   the tensor constants the trace made (graph_attrs.py: their values
+                   travel in the source half)
+    flat outputs = the tensor leaves of fn's result (but those that are inputs),
+                   then the gradients of the parameters that received one in a
+                   captured ``.backward()``, then the new values of buffers the call
+                   reassigned
+
+Arguments and result are flattened with torch's pytree (pytree_io.py); their
+non-tensor leaves are specialised (recorded as constants and checked at call time).
+Plain references to a lifted tensor (a module's cache object holding its buffers)
+are re-pointed at the input during the trace (aliases.py). Buffers mutated in place stay in the graph as
+in-place ops on inputs. This is the programming model of torch.compiler.precompile
+(torch/_precompile.py): specialised shapes and control flow, no weights in the pair.
+Dimensions marked with ``torch._dynamo.mark_dynamic`` stay symbolic instead
+(dynamic_dims.py).
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from precompile_runtime.pair_format import PairMetadata
+
+from ..errors import CaptureError, warn_at_caller
+from ..templates import pytree_types
+from ..templates.module_settings import (
+    module_setting_items,
+    module_settings,
+    module_tensors,
+    submodules,
+)
+from . import aliases, collectives, dynamic_dims, graph_attrs, pytree_io, sharing, tracers
+from .layouts import example_clone  # noqa: F401  (re-exported for the engines)
+
+
+@dataclass
+class TracedCall:
+    """What the engines need: the graph, example inputs and the calling convention."""
+
+    graph_module: Any  # torch.fx.GraphModule over flat tensors
+    example_inputs: list  # flat tensors: the caller's where the graph only reads them, else clones
+    # (sharing.py); run the graph on sharing.run_inputs(example_inputs, written) to keep them
+    metadata: PairMetadata  # the calling convention; the engine adds `engine` and `kernels`
+    symbolic: Any = None  # dynamic_dims.SymbolicTrace when dims are marked dynamic
+    sources: Any = None  # the caller's own flat tensors (params, then arguments), not clones
+    outline: tuple = ("", "")  # the result's structure (pytree_io.outline), for the eager-call check
+
+    def finish_dynamic(self, target: str) -> None:
+        """Record the marked dims' symbols, ranges and guards in the metadata; call it
+        once nothing more will be compiled from the graph (the compiler adds guards)."""
+        if self.symbolic is None:
+            return
+        dynamic, shapes = dynamic_dims.finish(self.symbolic, target)
+        self.metadata["dynamic"] = dynamic
+        for spec, sym in zip(self.metadata["tensor_inputs"], shapes):
+            spec.update(sym)
+
+
+def _tensor_spec(t, requires_grad: bool) -> dict:
+    return {
+        "dtype": str(t.dtype),
+        "device_type": t.device.type,
+        "shape": list(t.shape),
+        "stride": list(t.stride()),
+        "requires_grad": bool(requires_grad),
+    }
+
+
+def _reparametrize(modules, names, tensors):
+    """One context that swaps every module's parameters/buffers for ``tensors`` (nested
+    ``with`` blocks, no ExitStack: TorchDynamo, the strict tracer, follows these). A
+    tensor registered in two module arguments is lifted once (under the first) and
+    swapped in both."""
+    import contextlib
+
+    from torch.nn.utils import stateless
+
+    lifted = {}
+    for name, t in zip(names, tensors):
+        i, _, local = name.partition(".")
+        lifted[id(_named_tensor(modules[int(i[1:])], local))] = t
+    per_module: list[dict] = []
+    for mod in modules:
+        own = {}
+        for kind in (mod.named_parameters, mod.named_buffers):
+            for local, t in kind(remove_duplicate=False):
+                if t is not None and id(t) in lifted:
+                    own[local] = lifted[id(t)]
+        per_module.append(own)
+
+    @contextlib.contextmanager
+    def nested(i):
+        if i == len(modules):
+            yield
+            return
+        # tie_weights: a tied tensor is one input, seen under every name it has
+        with stateless._reparametrize_module(modules[i], per_module[i], tie_weights=True), nested(i + 1):
+            yield
+
+    return nested(0)
+
+
+def _named_tensor(module, name: str):
+    *path, leaf = name.split(".")
+    for part in path:
+        module = getattr(module, part)
+    return module._parameters[leaf] if leaf in module._parameters else module._buffers[leaf]
+
+
+def trace_call(fn: Callable, args: tuple, kwargs: dict, *, target: str, tracer: str | None = None) -> TracedCall:
+    """Trace ``fn(*args, **kwargs)`` into a flat ATen graph.
+
+    Args:
+        fn: the function to capture; nn.Module arguments are lifted.
+        args, kwargs: the real example call.
+        target: the target name, for messages.
+        tracer: ``"auto"`` (default; also from ``PRECOMPILE_TRACER``), ``"export"``,
+            ``"export-strict"`` or ``"make_fx"``: see tracers.py.
+    Returns:
+        a :class:`TracedCall`. The real arguments (models included) are left
+        untouched: the trace reads the caller's tensors (non-strict export traces
+        fakes of them; make_fx runs on clones), and the example inputs are clones of
+        the tensors the graph may write (sharing.written_inputs), the caller's own
+        tensors otherwise.
+    Raises:
+        CaptureError: unsupported argument/result types, closed-over tensors or
+            script objects read by the graph (graph_attrs.py), or a failure inside the trace.
+    """
+    import torch
+    from torch.utils import _pytree as pytree
+
+    try:
+        tracer = tracers.check_tracer(tracer)
+    except ValueError as e:
+        raise CaptureError(str(e), target=target) from None
+    arg_names = _arg_names(fn, len(args))
+    if "transformers.cache_utils" in sys.modules:  # its StaticCache: an argument like any other
+        pytree_types.register_cache_types()
+    try:
+        leaves, in_spec, in_kinds, leaf_paths = pytree_io.flatten_inputs(args, kwargs, arg_names)
+        in_text, in_types = pytree_io.dump_spec(in_spec, "an argument")
+    except CaptureError as e:
+        raise e.for_target(target) from None
+    modules = [v for v, k in zip(leaves, in_kinds) if k[0] == "module"]
+    user_tensors = [v for v, k in zip(leaves, in_kinds) if k[0] == "tensor"]
+    paths = [p for p, k in zip(leaf_paths, in_kinds) if k[0] == "tensor"]
+    collectives.refuse_data_parallel(fn, modules, target)
+    names, params = module_tensors(modules)  # the driver's walk (module_settings.py)
+    settings_before = [module_setting_items(m) for m in modules]  # as the trace sees them
+    wants_grad = [isinstance(p, torch.nn.Parameter) and p.requires_grad for p in params]
+    n_params = len(params)
+    # plain references to the inputs (a cache object that holds the module's buffers)
+    held = aliases.find_aliases(modules, params + user_tensors)
+    out_box: dict = {}
+
+    def rebuild_args(flat_user):
+        it, mods = iter(flat_user), iter(modules)
+        values = [next(mods) if k[0] == "module" else next(it) if k[0] == "tensor" else k[1] for k in in_kinds]
+        return pytree.tree_unflatten(values, in_spec)
+
+    def flat_fn(*flat):
+        if torch.compiler.is_dynamo_compiling():
+            # export-strict: Dynamo (torch 2.11) refuses requires_grad_(); its graphs are
+            # forward-only (a backward inside fails there), so the inputs serve as leaves
+            leaves = list(flat[:n_params])
+        else:
+            leaves = [t.detach().requires_grad_(True) if g else t for t, g in zip(flat[:n_params], wants_grad)]
+        call_args, call_kwargs = rebuild_args(flat[n_params:])
+        with _reparametrize(modules, names, leaves), aliases.repointed(held, [*leaves, *flat[n_params:]]):
+            result = fn(*call_args, **call_kwargs)
+            reassigned = graph_attrs.reassigned_buffers(modules, names, leaves, target)
+        out_box["reassigned"] = [i for i, _ in reassigned]
+        if not torch.compiler.is_dynamo_compiling():
+            out_box["changed"] = pytree_io.changed_argument(call_args, call_kwargs, in_spec, flat[n_params:],
+                                                            in_kinds, leaf_paths)
+        res_leaves, out_box["spec"] = pytree_io.flatten_result(result)
+        out_box["kinds"], outs = pytree_io.result_leaves(res_leaves, [*leaves, *flat[n_params:]])
+        # A returned view would alias an input or an intermediate buffer of the
+        # compiled graph; return a fresh tensor so every output owns its storage.
+        outs = [o.detach().clone() if o._base is not None else o.detach() for o in outs]
+        grads, grad_indices = [], []
+        for i, (leaf, g) in enumerate(zip(leaves, wants_grad)):
+            if g and leaf.grad is not None:
+                grads.append(leaf.grad)
+                grad_indices.append(i)
+        out_box["grad_indices"] = grad_indices
+        out_box["num_user_outputs"] = len(outs)
+        return (*outs, *grads, *(new.detach().clone() if new._base is not None else new.detach() for _, new in reassigned))
+
+    # the caller's tensors where the trace may read them as they are; after the trace,
+    # copies of those the graph may write (the real call runs next and writes them)
+    example = sharing.example_inputs(params + user_tensors)
+    marks = [dynamic_dims.marked_dims(t) for t in user_tensors]
+    if any(dynamic_dims.marked_dims(p) for p in params):
+        warn_at_caller("a parameter/buffer is marked dynamic; parameters keep their captured sizes, "
+                       "the mark is ignored", target=target)
+    try:
+        traced = tracers.trace(flat_fn, example, n_params=n_params, marks=marks, paths=paths, target=target,
+                               tracer=tracer,
+                               ran_backward=lambda: bool(out_box.get("grad_indices")))
+    except CaptureError as e:
+        if e.target is not None:
+            raise
+        raise e.for_target(target) from None
+    gm, symbolic = traced.graph_module, traced.symbolic
+    if out_box.get("changed"):
+        raise CaptureError(out_box["changed"], target=target)
+    try:
+        out_text, out_types = pytree_io.dump_spec(out_box["spec"], "the result")
+    except CaptureError as e:
+        raise e.for_target(target) from None
+    example = sharing.own_written(example, params + user_tensors, sharing.written_inputs(gm))
+    constants = graph_attrs.check_graph_attrs(gm, target, roots=(fn, *modules), symbolic=symbolic)
+
+    # public attributes the trace changed (a counter in forward) are state, not settings
+    state = [_changed(b, module_setting_items(m)) for b, m in zip(settings_before, modules)]
+    metadata: PairMetadata = {  # the engine adds engine and kernels, codegen format and version
+        "target": target,
+        "inputs": {"spec": in_text, "leaves": in_kinds, "types": in_types, "num_args": len(args),
+                   "kwarg_names": list(kwargs),  # the driver's fast path: each argument a leaf
+                   "positional_leaves": not kwargs and all(isinstance(a, (torch.Tensor, torch.nn.Module))
+                                                           for a in args)},
+        "param_names": names,
+        "params": [_tensor_spec(t, p.requires_grad) for t, p in zip(example, params)],
+        "tensor_inputs": [_tensor_spec(t, u.requires_grad) for t, u in zip(example[n_params:], user_tensors)],
+        "outputs": {"spec": out_text, "leaves": out_box["kinds"], "types": out_types,
+                    "single_tensor": out_box["spec"].is_leaf() and out_box["kinds"] == [["tensor", 0]]},
+        "num_user_outputs": out_box["num_user_outputs"],
+        "grad_param_indices": out_box["grad_indices"],
+        "device": _device_of(params + user_tensors),
+        "training": [[bool(s.training) for s in submodules(m)] for m in modules],
+        "module_settings": [module_settings(m, s) for m, s in zip(modules, state)],
+        "module_state": [sorted(s) for s in state],  # attributes the function changes
+        "arg_names": arg_names,
+        "mutated_inputs": _mutated_inputs(gm),
+        "tracer": traced.tracer,
+        "collectives": collectives.canonical_groups(gm, target),  # groups by ranks, world size
+        "constants": graph_attrs.constant_specs(constants),  # trace-made: passed after the inputs
+        "reassigned_buffers": out_box["reassigned"],  # outputs after the gradients
+        "ambient": _ambient_state(_device_of(params + user_tensors)),
+    }
+    return TracedCall(graph_module=gm, example_inputs=example + constants, metadata=metadata, symbolic=symbolic,
+                      sources=params + user_tensors,
+                      outline=pytree_io.outline(out_box["spec"], [
+                          type(k[1]).__name__ if k[0] == "const" else "Tensor" for k in out_box["kinds"]]))
+
+
+def run_real_call(traced: TracedCall, real_call: Callable[[], Any]) -> dict:
+    """Run the user's real call (``real_call()``, once, after the trace took its clones)
+    and collect its results in the graph's flat order, for the engines' eager-call check.
+
+    Args:
+        traced: the trace of this call (its ``sources`` are the caller's own tensors).
+        real_call: runs ``fn(*args, **kwargs)`` for real and returns its result.
+    Returns:
+        ``{"result": what the call returned, "outputs": [tensor outputs (detached),
+        then per captured parameter gradient what the call added to ``.grad``, or
+        None], "inputs": {flat index: the caller's tensor (to judge those written)},
+        "structure": None when the call returned what the trace returned (same
+        outline, :func:`pytree_io.outline`), else a sentence saying both, "python_rng":
+        bool (the call drew from Python's or numpy's RNG)}``.
+    Raises:
+        whatever the call raises.
+    """
+    from .rng_state import python_rng_states
+
+    sources = traced.sources or []
+    grad_at = traced.metadata["grad_param_indices"]
+    before = {i: (sources[i].grad.detach().clone() if sources[i].grad is not None else None)
+              for i in grad_at if i < len(sources)}
+    rng_before = python_rng_states()
+    result = real_call()
+    python_rng = python_rng_states() != rng_before  # drew a value the trace drew another of
+    try:
+        leaves, spec = pytree_io.flatten_result(result)
+        got = pytree_io.outline(spec, pytree_io.leaf_types(leaves))
+    except CaptureError:
+        leaves, got = [], ("", f"a {type(result).__name__}, which a capture cannot return")
+    want = traced.outline
+    structure = (None if got[0] == want[0] else f"the eager call returned {pytree_io.short(got[1])} where "
+                 f"the traced graph returns {pytree_io.short(want[1])}")
+    kinds = traced.metadata["outputs"]["leaves"]
+    outs = [v for v, k in zip(leaves, kinds) if k[0] == "tensor"] if structure is None else []
+    grads = []
+    for i in grad_at:
+        g = sources[i].grad if i < len(sources) else None
+        grads.append(None if g is None else (g - before[i] if before.get(i) is not None else g).detach())
+    inputs = {i: t.detach() for i, t in enumerate(sources)}  # references: those written are judged
+    return {"result": result, "outputs": [o.detach() for o in outs] + grads, "inputs": inputs,
+            "structure": structure, "python_rng": python_rng}
+
+
+def _mutated_inputs(gm) -> list[int]:
+    """Positions of the flat inputs the graph writes to (buffers, in-place arguments)."""
+    import torch
+
+    inputs = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    written = set()
+    for n in gm.graph.nodes:
+        if n.op == "call_function" and isinstance(n.target, torch._ops.OpOverload):
+            for arg, a in zip(n.target._schema.arguments, n.args):
+                if arg.alias_info is not None and arg.alias_info.is_write and a in inputs:
+                    written.add(inputs.index(a))
+    return sorted(written)
+
+
+def _ambient_state(device: str) -> dict:
+    """The caller's state at capture that changes what eager computes and is built
+    into the graph: autocast of the capture's device type (its dtype, absent when
+    off). The driver compares it on every call."""
+    import torch
+
+    autocast = {}
+    if torch.is_autocast_enabled(device):
+        autocast[device] = str(torch.get_autocast_dtype(device))
+    return {"autocast": autocast}
+
+
+def _changed(before: list, after: list) -> set[str]:
+    """``"path:attribute"`` of each setting that differs between two
+    :func:`module_setting_items` readings of one module (or is new, or gone)."""
+    old = {(p, k): t for p, _, attrs in before for k, t in attrs.items()}
+    new = {(p, k): t for p, _, attrs in after for k, t in attrs.items()}
+    return {f"{p}:{k}" for p, k in old.keys() | new.keys() if old.get((p, k)) != new.get((p, k))}
+
+
+def _arg_names(fn, n: int) -> list[str]:
+    """Names of fn's first ``n`` positional parameters, for messages (may be empty)."""
+    import inspect
+
+    try:
+        params = list(inspect.signature(fn).parameters.values())
+    except (TypeError, ValueError):
+        return []
+    names = [p.name for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    return names[:n] if len(names) >= n else []
+
+
+def _device_of(tensors) -> str:
+    types = {t.device.type for t in tensors}
+    if "cuda" in types:
+        return "cuda"
+    return "cpu"

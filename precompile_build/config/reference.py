@@ -1,0 +1,57 @@
+"""docs/settings.md, generated: every `[tool.precompile]` key from the table in
+fields.py, documented by the docstrings under the settings dataclasses' fields.
+
+``python -m precompile_build.config.reference > docs/settings.md``; a test keeps the two equal.
+"""
+
+from __future__ import annotations
+
+import ast
+import inspect
+
+from .fields import PROJECT_KEYS, TARGET_KEYS
+from .settings import Settings, TargetSettings
+
+
+def field_docs(cls: type) -> dict[str, str]:
+    """The docstring under each annotated field of dataclass ``cls``, by name."""
+    body = ast.parse(inspect.getsource(cls)).body[0].body  # type: ignore[attr-defined]
+    out = {}
+    for stmt, nxt in zip(body, body[1:]):
+        if (isinstance(stmt, ast.AnnAssign) and isinstance(stmt.target, ast.Name)
+                and isinstance(nxt, ast.Expr) and isinstance(nxt.value, ast.Constant)
+                and isinstance(nxt.value.value, str)):
+            out[stmt.target.id] = " ".join(inspect.cleandoc(nxt.value.value).split())
+    return out
+
+
+def reference() -> str:
+    """docs/settings.md: every key, where it may be set, its override and what it does."""
+    lines = ["# Settings reference", "",
+             "Generated from `precompile_build/config/fields.py` (by `precompile_build/config/reference.py`) and the docstrings of "
+             "`Settings` / `TargetSettings` (`python -m precompile_build.config.reference > "
+             "docs/settings.md`); a test keeps them equal. Overrides: `-C precompile.KEY=VALUE` "
+             "(PEP 517 config settings) and the environment variable; the environment wins over "
+             "config settings, which win over pyproject.toml.", ""]
+    for title, keys, cls, prefix in (
+            ("`[tool.precompile]`", PROJECT_KEYS, Settings, "tool.precompile"),
+            ("`[tool.precompile.targets.NAME]`", TARGET_KEYS, TargetSettings, "tool.precompile.targets.NAME")):
+        docs = field_docs(cls)
+        if cls is Settings:
+            docs["cuda_archs"] = ("The default `cuda-archs` of the CUDA targets: "
+                                  + field_docs(TargetSettings)["cuda_archs"])
+        lines += [f"## {title}", "", "| key | in pyproject.toml | override | meaning |",
+                  "| --- | --- | --- | --- |"]
+        for k in keys:
+            where = f"`{prefix}.{k.key}`" if k.toml else "no"
+            over = f"`-C precompile.{k.key}`, `{k.env}`" if k.env else "-"
+            doc = docs[k.attr]
+            if cls is Settings and k.key == "targets":
+                doc = "The target tables (below); as an override, a comma-separated selection: " + doc
+            lines.append(f"| `{k.key}` | {where} | {over} | {doc.replace('|', '/')} |")
+        lines.append("")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    print(reference(), end="")

@@ -1,0 +1,565 @@
+"""`[tool.precompile]` -> typed settings, with validation and overrides.
+
+Sources, highest precedence first: ``PRECOMPILE_*`` environment variables, PEP 517
+config settings with the ``precompile.`` prefix, then ``[tool.precompile]`` of
+pyproject.toml. Every problem raises :class:`~precompile_build.errors.ConfigError`
+naming the full dotted key; nothing here runs a capture.
+"""
+
+from __future__ import annotations
+
+import difflib
+import math
+import os
+import re
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional
+
+from ..errors import ConfigError
+from .choices import FALLBACKS, TRACERS
+from .fields import PROJECT_KEYS
+from .fields import TARGET_KEYS as TARGET_TABLE_KEYS
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+DEVICES = ("cuda", "cpu", "auto")
+TORCH_PINS = ("exact", "minor", "none")
+DEFAULT_TIMEOUT = 3600.0  # seconds
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_NOT_PACKAGES = {"tests", "test", "testing", "docs", "doc", "examples", "example",
+                 "bench", "benchmarks", "build", "dist", "scripts", "capture"}
+_PREFIX = "tool.precompile"
+
+
+@dataclass(frozen=True)
+class TargetSettings:
+    """One `[tool.precompile.targets.NAME]` table."""
+
+    name: str
+    """Target name: an identifier; the pair is written as NAME.py / NAME.cache."""
+    script: Path
+    """Capture script, absolute and resolved (symlinks followed), inside the project root."""
+    script_rel: str
+    """The script path as written in pyproject.toml (relative to the project root)."""
+    args: tuple[str, ...] = ()
+    """Extra command-line arguments for the script (`args`, list of strings)."""
+    device: str = "auto"
+    """`cuda`, `cpu`, or `auto` (cuda when the build host has one)."""
+    timeout: float = DEFAULT_TIMEOUT
+    """Seconds before the script's whole process group is killed."""
+    env: Mapping[str, str] = field(default_factory=dict)
+    """Extra environment variables for the script (table of strings)."""
+    required: bool = True
+    """A failed required capture fails the build; a failed optional one is left out."""
+    cache_env: tuple[str, ...] = ()
+    """`cache-env`: names of environment variables the capture depends on; their
+    values (unset counts too) are part of the capture cache key."""
+    fallback: str = "none"
+    """`fallback`: `"eager"` captures the target with the eager engine (no kernels)
+    when the frozen engine's compiler (Inductor) fails on it, an upstream bug; the
+    build summary, the manifest and `inspect` say so. `"none"` (default): the
+    compiler's failure fails the capture."""
+    tracer: Optional[str] = None
+    """`tracer`: how the frozen/eager engines trace the call: `auto`, `export`,
+    `export-strict` or `make_fx` (capturing/tracers.py); passed to the script as
+    PRECOMPILE_TRACER. None: the environment's PRECOMPILE_TRACER, else auto."""
+    cuda_graphs: bool = False
+    """`cuda-graphs`: loads of this (CUDA, inference, frozen) target replay CUDA graphs
+    of its kernels; ``load_packaged(..., cuda_graphs=)`` overrides it. With `device =
+    "cpu"` it is a ConfigError; a `device = "auto"` target captured on a CPU build host
+    is captured without it (the build says so)."""
+    cuda_archs: tuple[str, ...] = ()
+    """`cuda-archs`: compute capabilities (``"8.0"``, ``"9.0"``, ...) the frozen
+    engine's Triton kernels are compiled for besides the build GPU's own: the
+    capture traces, autotunes and validates on the build GPU, then compiles each
+    kernel's chosen configuration for every other listed architecture
+    (engines/cross_arch.py). Resolved: the `cuda-archs` override, else the target's
+    key, else the project's; empty: the build GPU's architecture only."""
+
+
+@dataclass(frozen=True)
+class Settings:
+    """The whole resolved configuration of one project."""
+
+    root: Path
+    """Project root (directory of pyproject.toml), resolved."""
+    package: str
+    """Import package that receives `_precompiled/`."""
+    package_dir: Path
+    """Source directory of `package` (root/PKG or root/src/PKG)."""
+    targets: Mapping[str, TargetSettings]
+    """Every declared target, in pyproject order."""
+    selected: tuple[str, ...]
+    """Targets to run (all, or the `targets` override), in pyproject order."""
+    skip: bool = False
+    """`skip` override: build without running captures."""
+    strict: bool = False
+    """`strict` override: treat every target as required."""
+    verbose: bool = False
+    """`verbose` override: stream capture output to stderr."""
+    torch_pin: str = "exact"
+    """`torch-pin`: `exact` (torch==X.Y.Z), `minor` (>=X.Y,<X.Y+1) or `none`."""
+    cache: bool = True
+    """`cache`: reuse an earlier capture whose inputs are unchanged (capture_cache.py)."""
+    cache_dir: Optional[Path] = None
+    """`cache-dir`: capture cache directory, absolute; None: the per-user default
+    (:func:`default_cache_dir`)."""
+    jobs: Optional[int] = None
+    """`jobs`: most captures at once; None is `auto` (one per GPU for CUDA targets,
+    ``os.cpu_count() // 2`` (at least 1) for CPU targets)."""
+    project: Optional[Mapping[str, Any]] = None
+    """The `[project]` table of pyproject.toml as parsed (None when absent or not a
+    table): the build compares its static `dependencies` with what it adds."""
+
+
+# Keys of the tables, kebab-case as written in TOML, and the overrides (config setting
+# `precompile.KEY` / environment variable): from the one table, config/fields.py.
+TOP_KEYS = tuple(k.key for k in PROJECT_KEYS if k.toml)
+TARGET_KEYS = tuple(k.key for k in TARGET_TABLE_KEYS)
+OVERRIDES = {k.key: k.env for k in PROJECT_KEYS if k.env}
+# Override keys that take a list: repeating them (`-C precompile.targets=a -C
+# precompile.targets=b`) selects the union; any other key given twice must agree.
+LIST_OVERRIDES = ("targets", "cuda-archs")
+# Compute capabilities `cuda-archs` accepts: those Triton compiles for that have
+# a shared-memory limit in engines/cross_arch.py (SHARED_PER_BLOCK).
+CUDA_ARCHS = ("7.5", "8.0", "8.6", "8.7", "8.9", "9.0", "10.0", "10.3", "11.0", "12.0", "12.1")
+
+
+def _fail(msg: str) -> ConfigError:
+    return ConfigError(f"Failed to validate `{_PREFIX}` in pyproject.toml: {msg}")
+
+
+def _check_keys(table: Mapping[str, Any], allowed: tuple[str, ...], prefix: str) -> None:
+    for key in table:
+        if key not in allowed:
+            close = difflib.get_close_matches(str(key), allowed, n=1)
+            hint = f"; did you mean `{prefix}.{close[0]}`?" if close else (
+                f"; valid keys: {', '.join(allowed)}")
+            raise _fail(f"unknown key `{prefix}.{key}`{hint}")
+
+
+def _type_name(v: Any) -> str:
+    return {bool: "a boolean", str: "a string", int: "an integer", float: "a number",
+            list: "an array", dict: "a table"}.get(type(v), type(v).__name__)
+
+
+def _read_toml(root: Path) -> dict[str, Any]:
+    """``root/pyproject.toml``, parsed. Raises ConfigError: missing or unparsable."""
+    path = root / "pyproject.toml"
+    try:
+        with open(path, "rb") as f:
+            return tomllib.load(f)
+    except FileNotFoundError:
+        raise ConfigError(f"Failed to read {path}: file not found") from None
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(f"Failed to parse {path}: {e}") from None
+
+
+def read_pyproject(root: Path) -> dict[str, Any]:
+    """The `[tool.precompile]` table of ``root/pyproject.toml`` (raw dict).
+
+    Raises ConfigError when the file is missing, unparsable, or has no such table.
+    """
+    return _precompile_table(_read_toml(root))
+
+
+def _precompile_table(doc: Mapping[str, Any]) -> dict[str, Any]:
+    tool = doc.get("tool", {})
+    table = tool.get("precompile") if isinstance(tool, dict) else None
+    if table is None:
+        raise _fail("the table is missing; add `[tool.precompile.targets.NAME]` "
+                    "with a `script`")
+    if not isinstance(table, dict):
+        raise _fail(f"`{_PREFIX}` must be a table, not {_type_name(table)}")
+    return table
+
+
+def _inside(path: Path, root: Path) -> bool:
+    try:
+        path.relative_to(root)
+        return True
+    except ValueError:
+        return False
+
+
+def _finite(x: float) -> bool:
+    try:
+        return math.isfinite(x)
+    except OverflowError:  # an int too large for a float
+        return False
+
+
+def _parse_target(name: Any, raw: Any, root: Path) -> TargetSettings:
+    key = f"{_PREFIX}.targets.{name}"
+    if not isinstance(name, str) or not name.isidentifier():
+        raise _fail(f"target name {name!r} in `{key}` must be a Python identifier "
+                    "(letters, digits, underscores; not starting with a digit)")
+    if not isinstance(raw, dict):
+        raise _fail(f"`{key}` must be a table, not {_type_name(raw)}")
+    _check_keys(raw, TARGET_KEYS, key)
+    if "script" not in raw:
+        raise _fail(f"`{key}.script` is required (path of the capture script)")
+    script_rel = raw["script"]
+    if not isinstance(script_rel, str) or not script_rel or "\0" in script_rel:
+        raise _fail(f"`{key}.script` must be a non-empty string without NUL characters")
+    try:
+        script = (root / script_rel).resolve()
+        is_file = script.is_file()
+    except (OSError, RuntimeError) as e:  # name too long, symlink loop
+        raise _fail(f"`{key}.script` = {script_rel!r} is not a usable path ({e})") from None
+    if not _inside(script, root):
+        raise _fail(f"`{key}.script` = {script_rel!r} resolves to {script}, outside "
+                    f"the project root {root}; keep capture scripts inside the project")
+    if not is_file:
+        raise _fail(f"`{key}.script` = {script_rel!r}: no such file {script}")
+    args = raw.get("args", [])
+    if not isinstance(args, list) or not all(isinstance(a, str) and "\0" not in a for a in args):
+        raise _fail(f"`{key}.args` must be an array of strings without NUL characters")
+    device = raw.get("device", "auto")
+    if device not in DEVICES:
+        raise _fail(f"`{key}.device` must be one of {', '.join(map(repr, DEVICES))}, "
+                    f"not {device!r}")
+    timeout = raw.get("timeout", DEFAULT_TIMEOUT)
+    if (isinstance(timeout, bool) or not isinstance(timeout, (int, float))
+            or not _finite(timeout) or timeout <= 0):
+        raise _fail(f"`{key}.timeout` must be a positive number of seconds, "
+                    f"not {timeout!r}")
+    env = raw.get("env", {})
+    if not isinstance(env, dict) or not all(
+            isinstance(k, str) and _ENV_NAME.match(k) and isinstance(v, str) and "\0" not in v
+            for k, v in env.items()):
+        raise _fail(f"`{key}.env` must be a table of strings whose keys are environment "
+                    "variable names (letters, digits, underscores) and whose values have "
+                    "no NUL characters")
+    required = raw.get("required", True)
+    if not isinstance(required, bool):
+        raise _fail(f"`{key}.required` must be a boolean, not {_type_name(required)}")
+    cache_env = raw.get("cache-env", [])
+    if not isinstance(cache_env, list) or not all(
+            isinstance(n, str) and _ENV_NAME.match(n) for n in cache_env):
+        raise _fail(f"`{key}.cache-env` must be an array of environment variable names "
+                    "(letters, digits, underscores; not starting with a digit)")
+    fallback = raw.get("fallback", "none")
+    if fallback not in FALLBACKS:
+        raise _fail(f"`{key}.fallback` must be one of {', '.join(map(repr, FALLBACKS))}, "
+                    f"not {fallback!r}")
+    tracer = raw.get("tracer")
+    if tracer is not None and tracer not in TRACERS:
+        raise _fail(f"`{key}.tracer` must be one of {', '.join(map(repr, TRACERS))}, not {tracer!r}")
+    cuda_graphs = raw.get("cuda-graphs", False)
+    if not isinstance(cuda_graphs, bool):
+        raise _fail(f"`{key}.cuda-graphs` must be a boolean, not {_type_name(cuda_graphs)}")
+    if cuda_graphs and device == "cpu":
+        raise _fail(f"`{key}.cuda-graphs` = true replays CUDA graphs of CUDA kernels, but "
+                    f"`{key}.device` is \"cpu\": set `device` to \"auto\" (a CPU build "
+                    "host captures without the option, a CUDA one with it) or \"cuda\", or "
+                    "drop `cuda-graphs`")
+    cuda_archs = parse_cuda_archs(raw["cuda-archs"], f"`{key}.cuda-archs`") if "cuda-archs" in raw else None
+    if cuda_archs and device == "cpu":
+        raise _fail(f"`{key}.cuda-archs` compiles CUDA kernels for other GPUs, but `{key}.device` "
+                    "is \"cpu\": set `device` to \"auto\" or \"cuda\", or drop `cuda-archs`")
+    return TargetSettings(name=name, script=script, script_rel=script_rel, args=tuple(args), device=device,
+                          timeout=float(timeout), env=dict(env), required=required,
+                          cache_env=tuple(dict.fromkeys(cache_env)), fallback=fallback, tracer=tracer,
+                          cuda_graphs=cuda_graphs,
+                          cuda_archs=cuda_archs)  # type: ignore[arg-type]  # None: not set here
+
+
+def parse_cuda_archs(value: Any, where: str) -> tuple[str, ...]:
+    """A `cuda-archs` value as a sorted tuple of compute capabilities.
+
+    Args:
+        value: from pyproject.toml an array of strings (``["8.0", "9.0"]``); from an
+            override a comma-separated string (``"8.0,9.0"``), ``sm_80`` also accepted.
+        where: the key (backticked, pyproject.toml) or the override it came from.
+    Returns:
+        e.g. ``("8.0", "9.0")``: duplicates dropped, sorted by capability.
+    Raises:
+        ConfigError: not a list of strings, or an entry that is not one of
+            :data:`CUDA_ARCHS` (the message names the key and the valid values).
+    """
+    if isinstance(value, str) and not where.startswith("`"):
+        items: Any = [v.strip() for v in value.split(",") if v.strip()]
+    else:
+        items = value
+    if not isinstance(items, list):
+        raise _invalid(where, f"must be an array of compute capabilities as strings "
+                              f"(e.g. [\"8.0\", \"9.0\"]), not {_type_name(value)}")
+    bad = [v for v in items if not isinstance(v, str)]
+    if bad:
+        raise _invalid(where, f"must be an array of strings such as \"8.0\", not {bad[0]!r} "
+                              f"({_type_name(bad[0])}): quote each compute capability")
+    out = []
+    for item in items:
+        text = item.strip()
+        m = re.fullmatch(r"sm_?([0-9]{1,2})([0-9])", text)
+        if m:  # sm_80 -> 8.0
+            text = f"{m.group(1)}.{m.group(2)}"
+        if text not in CUDA_ARCHS:
+            close = difflib.get_close_matches(text, CUDA_ARCHS, n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            raise _invalid(where, f"has {item!r}{hint}, which is not a compute capability "
+                                  f"this build compiles for; use some of {', '.join(CUDA_ARCHS)}")
+        out.append(text)
+    return tuple(sorted(set(out), key=lambda a: tuple(int(p) for p in a.split("."))))
+
+
+def find_package(root: Path, name: str | None) -> tuple[str, Path]:
+    """Locate the import package that receives `_precompiled/`.
+
+    Args:
+        root: project root.
+        name: the configured `package`, or None to infer it.
+    Returns:
+        (package name, its source directory). Looks in ``root`` and ``root/src``
+        for a directory with ``__init__.py``.
+    Raises:
+        ConfigError: not found, or (when inferring) none or several candidates.
+    """
+    bases = [root, root / "src"]
+    if name is not None:
+        if not isinstance(name, str) or not name.isidentifier():
+            raise _fail(f"`{_PREFIX}.package` must be an import package name, "
+                        f"not {name!r}")
+        for base in bases:
+            try:
+                if (base / name / "__init__.py").is_file():
+                    return name, base / name
+            except OSError as e:  # name too long
+                raise _fail(f"`{_PREFIX}.package` = {name!r} is not a usable name ({e})") from None
+        raise _fail(f"`{_PREFIX}.package` = {name!r} is not in the distribution "
+                    f"(no {name}/__init__.py in {root} or {root / 'src'})")
+    found = sorted({(d.name, d) for base in bases if base.is_dir()
+                    for d in base.iterdir()
+                    if d.is_dir() and d.name.isidentifier() and d.name not in _NOT_PACKAGES
+                    and not d.name.startswith("_") and (d / "__init__.py").is_file()})
+    if len(found) != 1:
+        what = "no import package" if not found else (
+            "several import packages (" + ", ".join(n for n, _ in found) + ")")
+        raise _fail(f"found {what} in {root} or {root / 'src'}; set "
+                    f"`{_PREFIX}.package` to the one that receives `_precompiled/`")
+    return found[0]
+
+
+def _as_bool(value: Any, key: str) -> bool:
+    if isinstance(value, bool):
+        return value
+    text = str(value).strip().lower()
+    if text in ("1", "true", "yes", "on"):
+        return True
+    if text in ("0", "false", "no", "off", ""):
+        return False
+    raise ConfigError(f"Failed to read override {key}: {value!r} is not a boolean "
+                      "(use true/false, 1/0, yes/no, on/off)")
+
+
+def default_cache_dir() -> Path:
+    """The per-user capture cache: ``platformdirs.user_cache_dir("precompile-build")``
+    (``~/.cache/precompile-build`` on Linux)."""
+    import platformdirs
+
+    return Path(platformdirs.user_cache_dir("precompile-build"))
+
+
+def _invalid(where: str, msg: str) -> ConfigError:
+    """An invalid value, from pyproject.toml (``where`` a backticked key) or an override."""
+    if where.startswith(f"`{_PREFIX}"):
+        return _fail(f"{where} {msg}")
+    return ConfigError(f"Failed to read {where}: it {msg}")
+
+
+def _cache_dir(table: Mapping[str, Any], overrides: Mapping[str, tuple[Any, str]],
+               root: Path) -> Optional[Path]:
+    value, where = table.get("cache-dir"), f"`{_PREFIX}.cache-dir`"
+    if "cache-dir" in overrides:
+        value, where = overrides["cache-dir"]
+    if value is None:
+        return None
+    if not isinstance(value, str) or not value.strip() or "\x00" in value:
+        raise _invalid(where, f"must be a non-empty directory path, not {value!r}")
+    return resolve_cache_dir(value, root)
+
+
+def resolve_cache_dir(value: str, base: Path) -> Path:
+    """A `cache-dir` value as a path: ``~`` expanded, a relative path taken from
+    ``base`` (the project root for the build)."""
+    path = Path(os.path.expanduser(value))
+    return path if path.is_absolute() else base / path
+
+
+def _jobs(table: Mapping[str, Any], overrides: Mapping[str, tuple[Any, str]]) -> Optional[int]:
+    value, where = table.get("jobs", "auto"), f"`{_PREFIX}.jobs`"
+    if "jobs" in overrides:
+        value, where = overrides["jobs"]
+        if isinstance(value, str) and re.fullmatch(r"[0-9]{1,6}", value.strip()):
+            value = int(value.strip())
+    if isinstance(value, str) and value.strip() == "auto":
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise _invalid(where, f"must be \"auto\" or a positive integer, not {value!r}")
+    return value
+
+
+def _resolve_cuda_archs(table: Mapping[str, Any], targets: dict[str, TargetSettings],
+                        overrides: Mapping[str, tuple[Any, str]]) -> dict[str, TargetSettings]:
+    """Each target with its effective `cuda-archs`: the override (environment, then
+    config settings) for every target, else the target's key, else the project's."""
+    import dataclasses
+
+    project: tuple[str, ...] = ()
+    if "cuda-archs" in table:
+        project = parse_cuda_archs(table["cuda-archs"], f"`{_PREFIX}.cuda-archs`")
+    forced = None
+    if "cuda-archs" in overrides:
+        value, where = overrides["cuda-archs"]
+        forced = parse_cuda_archs(str(value), where)
+    out = {}
+    for name, t in targets.items():
+        archs = forced if forced is not None else t.cuda_archs if t.cuda_archs is not None else project
+        if t.device == "cpu":  # the project's list is for its CUDA targets
+            archs = () if forced is not None or t.cuda_archs is None else archs
+        out[name] = dataclasses.replace(t, cuda_archs=tuple(archs))
+    return out
+
+
+def _repeated(raw_key: str, key: str, values: list) -> Any:
+    """The value of a config setting given several times (``-C K=a -C K=b`` reaches
+    the backend as ``{K: ["a", "b"]}``): the union for a list-valued key
+    (:data:`LIST_OVERRIDES`), the one value for a scalar key given with one value.
+
+    Raises:
+        ConfigError: no value, or a scalar key given different values.
+    """
+    if not values:
+        raise ConfigError(f"Failed to read config settings: `{raw_key}` has no value")
+    if key in LIST_OVERRIDES:  # each value may itself be a comma-separated list
+        return ",".join(str(v) for v in values)
+    if len({str(v) for v in values}) > 1:
+        raise ConfigError(
+            f"Failed to read config settings: `{raw_key}` was given {len(values)} times "
+            f"({', '.join(map(repr, values))}) but takes one value; pass it once")
+    return values[0]
+
+
+def collect_overrides(config_settings: Mapping[str, Any] | None,
+                      environ: Mapping[str, str] | None = None) -> dict[str, tuple[Any, str]]:
+    """Overrides by key, each as ``(raw value, where it came from)``.
+
+    Environment variables win over config settings. Config settings keys outside
+    the ``precompile.`` prefix are left to setuptools.
+
+    Raises:
+        ConfigError: an unknown ``precompile.*`` key (with a suggestion), or both
+            `skip` and `targets` set by the same source (conflicting).
+    """
+    environ = os.environ if environ is None else environ
+    out: dict[str, tuple[Any, str]] = {}
+    by_source: dict[str, set[str]] = {}
+    for raw_key, value in (config_settings or {}).items():
+        if not str(raw_key).startswith("precompile."):
+            continue
+        key = str(raw_key)[len("precompile."):]
+        if key not in OVERRIDES:
+            close = difflib.get_close_matches(key, list(OVERRIDES), n=1)
+            hint = f"; did you mean `precompile.{close[0]}`?" if close else (
+                "; valid keys: " + ", ".join(f"precompile.{k}" for k in OVERRIDES))
+            raise ConfigError(f"Failed to read config settings: unknown key "
+                              f"`{raw_key}`{hint}")
+        if isinstance(value, list):  # pip and build pass a repeated -C key as a list
+            value = _repeated(str(raw_key), key, value)
+        out[key] = (value, f"config setting `{raw_key}`")
+        by_source.setdefault("config settings", set()).add(key)
+    for key, var in OVERRIDES.items():
+        if var in environ:
+            out[key] = (environ[var], f"environment variable {var}")
+            by_source.setdefault("environment", set()).add(key)
+    for source, keys in by_source.items():
+        if {"skip", "targets"} <= keys and _as_bool(out["skip"][0], out["skip"][1]):
+            raise ConfigError(f"Failed to read overrides: conflicting {source}: "
+                              "`skip` is true and `targets` selects targets; set one")
+    return out
+
+
+def load_settings(root: str | os.PathLike[str],
+                  config_settings: Mapping[str, Any] | None = None,
+                  environ: Mapping[str, str] | None = None) -> Settings:
+    """Read, validate and override the configuration of the project at ``root``.
+
+    Args:
+        root: project root (holds pyproject.toml).
+        config_settings: PEP 517 config settings (``precompile.*`` keys are ours).
+        environ: environment (default ``os.environ``).
+    Returns:
+        the resolved :class:`Settings`.
+    Raises:
+        ConfigError: any invalid key, type, path, package or override.
+    """
+    root = Path(root).resolve()
+    doc = _read_toml(root)
+    return settings_from_table(root, _precompile_table(doc), config_settings, environ,
+                               project=doc.get("project"))
+
+
+def settings_from_table(root: Path, table: Mapping[str, Any],
+                        config_settings: Mapping[str, Any] | None = None,
+                        environ: Mapping[str, str] | None = None, *,
+                        project: Any = None) -> Settings:
+    """As :func:`load_settings`, from an already-parsed `[tool.precompile]` table
+    (``root`` resolved) and `[project]` table (``project``: kept as
+    :attr:`Settings.project`, None unless a dict). Raises ConfigError for anything
+    invalid, including a ``table`` that is not a dict."""
+    if not isinstance(table, dict):
+        raise _fail(f"`{_PREFIX}` must be a table, not {_type_name(table)}")
+    _check_keys(table, TOP_KEYS, _PREFIX)
+    raw_targets = table.get("targets")
+    if raw_targets is None:
+        raise _fail(f"`{_PREFIX}.targets` is missing; add `[{_PREFIX}.targets.NAME]` "
+                    "with a `script`")
+    if not isinstance(raw_targets, dict):
+        raise _fail(f"`{_PREFIX}.targets` must be a table, not {_type_name(raw_targets)}")
+    if not raw_targets:
+        raise _fail(f"`{_PREFIX}.targets` is empty; add `[{_PREFIX}.targets.NAME]`")
+    targets = {n: _parse_target(n, t, root) for n, t in raw_targets.items()}
+    package, package_dir = find_package(root, table.get("package"))
+    overrides = collect_overrides(config_settings, environ)
+    torch_pin = table.get("torch-pin", "exact")
+    where = f"`{_PREFIX}.torch-pin`"
+    if "torch-pin" in overrides:
+        torch_pin, where = overrides["torch-pin"]
+    if torch_pin not in TORCH_PINS:
+        raise _fail(f"{where} must be one of {', '.join(map(repr, TORCH_PINS))}, "
+                    f"not {torch_pin!r}")
+    flags = {k: _as_bool(overrides[k][0], overrides[k][1]) if k in overrides else False
+             for k in ("skip", "strict", "verbose")}
+    cache = table.get("cache", True)
+    if not isinstance(cache, bool):
+        raise _fail(f"`{_PREFIX}.cache` must be a boolean, not {_type_name(cache)}")
+    if "cache" in overrides:
+        cache = _as_bool(overrides["cache"][0], overrides["cache"][1])
+    cache_dir, jobs = _cache_dir(table, overrides, root), _jobs(table, overrides)
+    targets = _resolve_cuda_archs(table, targets, overrides)
+    selected = tuple(targets)
+    if "targets" in overrides:
+        value, where = overrides["targets"]
+        names = [n.strip() for n in str(value).split(",") if n.strip()]
+        if not names:
+            raise ConfigError(f"Failed to read {where}: it selects no target; "
+                              f"use skip to build without captures")
+        for n in names:
+            if n not in targets:
+                close = difflib.get_close_matches(n, list(targets), n=1)
+                hint = f"; did you mean {close[0]!r}?" if close else ""
+                raise ConfigError(f"Failed to read {where}: no target {n!r} in "
+                                  f"`{_PREFIX}.targets`{hint}")
+        selected = tuple(n for n in targets if n in names)
+    return Settings(root=root, package=package, package_dir=package_dir, targets=targets, selected=selected,
+                    skip=flags["skip"], strict=flags["strict"], verbose=flags["verbose"], torch_pin=torch_pin,
+                    cache=cache, cache_dir=cache_dir, jobs=jobs,
+                    project=project if isinstance(project, dict) else None)
+

@@ -1,0 +1,591 @@
+# ---- driver: the calling convention of the captured function ----------------------
+# This block is copied verbatim into every source half written by the `frozen` and
+# `eager` engines (precompile_build/engines/codegen.py). It needs only torch and the
+# stdlib, and reads PRECOMPILE_METADATA, _graph, module_settings (module_settings.py),
+# the calling convention's _flatten_call/_rebuild and constants (call_args.py) and
+# (frozen) _make_call, defined in the same file.
+# stand-ins: names the rest of the source half defines (codegen.py drops this block)
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import torch
+
+    from .source_names import (
+        _GRAPH_SELF,
+        _MODULE_POS,
+        _N_POS,
+        _NO_PARAMS,
+        _SIMPLE_ARGS,
+        _SINGLE_OUT,
+        _TENSOR_POS,
+        PRECOMPILE_METADATA,
+        _check_no_aliases,
+        _CudaGraphs,
+        _flatten_call,
+        _graph,
+        _load_kernels,
+        _make_call,
+        _Params,
+        _rebuild,
+        _tensor_paths,
+        module_settings,
+        module_tensors,
+        submodules,
+    )
+# end stand-ins
+
+import math as _math
+import operator as _operator
+import weakref as _weakref
+
+try:  # the runtime's error type where it is installed; the file stays self-contained
+    from precompile_runtime.errors import CallError
+except ImportError:  # pragma: no cover - runs without precompile-runtime too
+
+    class CallError(ValueError):
+        """A call does not match what was captured."""
+
+
+_META = PRECOMPILE_METADATA
+
+
+def _decode_constants(specs, device):
+    """The tensor constants the trace made (graph_attrs.constant_specs), passed after
+    the inputs on every call: those captured on a CUDA device go to ``device`` (the
+    call's), the others stay on the CPU."""
+    import base64
+
+    out = []
+    for s in specs:
+        dtype = getattr(torch, s["dtype"].rpartition(".")[2])
+        data = bytearray(base64.b64decode(s["data"]))
+        t = torch.frombuffer(data, dtype=dtype).reshape(s["shape"]) if data else torch.empty(s["shape"], dtype=dtype)
+        out.append(t if s["device_type"] == "cpu" else t.to(device))
+    return out
+
+
+# Placed at the first call on each device, never when the source runs: executing the
+# source (load_packaged's fallback on a host without the capture's GPU, a plain exec)
+# touches no GPU, and a pair captured on cuda:0 serves cuda:1 with its constants there.
+_CONST_SPECS = _META.get("constants") or ()
+_CONSTS = {}  # the call's CUDA device (None: no CUDA input) -> the decoded constants
+
+
+def _constants(device):
+    consts = _CONSTS.get(device)
+    if consts is None:  # setdefault: racing threads share one list (graphs keep its addresses)
+        consts = _CONSTS.setdefault(device, _decode_constants(_CONST_SPECS, device or "cuda"))
+    return consts
+
+
+_REASSIGNED = _META.get("reassigned_buffers") or ()  # buffers the call reassigns, by lifted index
+_DIST = _META.get("collectives")  # {"world_size", "groups": {name: ranks}} (collectives.py)
+_DIST_WORLD = []  # the WORLD group whose groups are registered under the pair's names
+
+
+def _check_dist():
+    """The world size the pair was captured for, and its groups found by ranks in this
+    process and registered under the names the captured code uses. Raises CallError."""
+    import torch.distributed as dist
+
+    want = _DIST["world_size"]
+    got = dist.get_world_size() if dist.is_available() and dist.is_initialized() else None
+    if got != want:
+        raise CallError(
+            f"target {_META['target']!r}: the captured function runs collectives over a world of "
+            f"{want} process(es); this process is in " + ("no process group" if got is None else f"a world of {got}")
+            + f". Serve it with {want} processes (torchrun --nproc_per_node {want} and "
+            "dist.init_process_group), or capture again in this world"
+        )
+    world = dist.group.WORLD
+    if _DIST_WORLD and _DIST_WORLD[0] is world:
+        return
+    from torch._C import _distributed_c10d as _C
+    from torch.distributed import distributed_c10d as c10d
+
+    known = list(c10d._world.pg_group_ranks.items())
+    for name, ranks in _DIST["groups"].items():
+        pg = next((g for g, m in known if sorted(m, key=m.get) == ranks), None)
+        if pg is None:
+            raise CallError(
+                f"target {_META['target']!r}: the captured function runs a collective over the "
+                f"ranks {ranks}, and this process has no group of these ranks; create it on every "
+                f"rank before the call: dist.new_group(ranks={ranks})"
+            )
+        try:
+            _C._unregister_process_group(name)
+        except Exception:
+            pass
+        _C._register_process_group(name, pg)
+    _DIST_WORLD[:] = [world]
+
+
+def _layout_hint(want, shape):
+    """What to pass to get the captured strides ``want`` for ``shape``."""
+    step, contiguous = 1, []
+    for n in reversed(list(shape)):
+        contiguous.insert(0, step)
+        step *= n
+    if all(w == c or n == 1 for w, c, n in zip(want, contiguous, shape)):
+        return "pass .contiguous()"
+    return "pass a tensor with the captured memory layout, e.g. made as the capture's example was"
+
+
+def _same_strides(t, want):
+    """Strides equal but on dims of size 1, never stepped along (as Inductor's own
+    assert_size_stride); a size-1 dim's stride is arbitrary in torch."""
+    return all(g == w or n == 1 for g, w, n in zip(t.stride(), want, t.shape))
+
+
+def _check_tensor(t, spec, what, check_shape=True):
+    if not isinstance(t, torch.Tensor):
+        raise CallError(f"target {_META['target']!r}, {what}: expected a tensor, got {type(t).__name__}")
+    problems = []
+    if str(t.dtype) != spec["dtype"]:
+        problems.append(f"dtype {t.dtype} (captured {spec['dtype']})")
+    if t.device.type != spec["device_type"]:
+        problems.append(f"device {t.device} (captured {spec['device_type']})")
+    # (with dynamic dims, _check_dynamic checks shape and stride)
+    if check_shape and list(t.shape) != spec["shape"]:
+        problems.append(f"shape {list(t.shape)} (captured {spec['shape']})")
+    elif check_shape and _META["engine"] == "frozen" and not _same_strides(t, spec["stride"]):
+        problems.append(f"stride {list(t.stride())} (captured {spec['stride']}; {_layout_hint(spec['stride'], t.shape)})")
+    if problems:
+        raise CallError(
+            f"target {_META['target']!r}, {what}: " + "; ".join(problems)
+            + ". Dtypes, devices and shapes (but for dims marked dynamic) are fixed at capture: "
+            "pass what was captured, or capture again with these (torch._dynamo.mark_dynamic "
+            "lets a dim vary)"
+        )
+
+
+# ---- dynamic dims: symbols bound from the call's sizes, then ranges and guards ----
+_DYN = _META.get("dynamic")
+_EVAL_SCOPE = {"__builtins__": {}, "math": _math, "torch": torch, "max": max, "min": min, "abs": abs}
+_CODE = {}  # expression text -> code object
+
+
+def _eval(expr, sizes):
+    if isinstance(expr, int):
+        return expr
+    code = _CODE.get(expr)
+    if code is None:
+        code = _CODE[expr] = compile(expr, "<shape expression>", "eval")
+    return eval(code, _EVAL_SCOPE, sizes)
+
+
+def _fmt_shape(shape):
+    """A captured shape for messages: static dims as numbers, dynamic ones as their
+    range (``[2, 2..64]``; ``1..inf`` when unbounded)."""
+    dims = []
+    for w in shape:
+        if isinstance(w, str):
+            lo, hi = _DYN["symbols"][w]
+            w = f"{lo}..{'inf' if hi is None else hi}"
+        dims.append(str(w))
+    return "[" + ", ".join(dims) + "]"
+
+
+def _check_dynamic(leaves):
+    """Check the user tensors ``leaves`` ([(tensor, path)]) of a capture with dynamic
+    dims: dtype/device, static dims exact, marked dims bound to their symbols (a
+    symbol seen twice must have one size), then ranges, the capture's guards and,
+    for frozen kernels, the strides at these sizes. Raises CallError."""
+    sizes, where = {}, {}
+    for (t, path), spec in zip(leaves, _META["tensor_inputs"]):
+        _check_tensor(t, spec, path, check_shape=False)
+        shape = spec["shape"]
+        bad = t.dim() != len(shape) or any(
+            not isinstance(w, str) and g != w for g, w in zip(t.shape, shape))
+        for d, (g, w) in enumerate(zip(t.shape, shape)):
+            if bad or not isinstance(w, str):
+                continue
+            if w in sizes and sizes[w] != g:
+                raise CallError(
+                    f"target {_META['target']!r}, {path} dim {d}: size {g}, but {where[w]} has "
+                    f"size {sizes[w]} and the capture requires them equal"
+                )
+            sizes[w] = g
+            where.setdefault(w, f"{path} dim {d}")
+        if bad:
+            raise CallError(
+                f"target {_META['target']!r}, {path}: shape {list(t.shape)} (captured "
+                f"{_fmt_shape(shape)}). "
+                "Only the dims marked dynamic at capture may change size: pass what was "
+                "captured, or capture again with these dims marked"
+            )
+    for name, n in sizes.items():  # in argument order
+        lo, hi = _DYN["symbols"][name]
+        if n < lo or (hi is not None and n > hi):
+            raise CallError(
+                f"target {_META['target']!r}, {where[name]}: size {n} is outside the range "
+                f"[{lo}, {'inf' if hi is None else hi}] it was captured for; pass a size in "
+                "range, or capture again with a wider mark_dynamic(..., min=, max=)"
+            )
+    for guard in _DYN["guards"]:
+        if not _eval(guard, sizes):
+            named = ", ".join(f"{s} = {n} ({where[s]})" for s, n in sizes.items())
+            raise CallError(
+                f"target {_META['target']!r}: the sizes {named} break the condition "
+                f"{guard!r} that the captured code relies on; pass sizes that satisfy it"
+            )
+    if _META["engine"] == "frozen":
+        for (t, path), spec in zip(leaves, _META["tensor_inputs"]):
+            want = [_eval(e, sizes) for e in spec["stride"]]
+            if not _same_strides(t, want):
+                raise CallError(
+                    f"target {_META['target']!r}, {path}: stride {list(t.stride())} (the captured "
+                    f"layout at these sizes is {want}; {_layout_hint(want, t.shape)})"
+                )
+
+
+# ---- per-call checks, cached -------------------------------------------------------
+# The full check of a model's parameters (names, dtype, device, shape, stride) and of
+# every submodule's train/eval flag walks the whole model: microseconds per tensor.
+# It runs when a model is seen first and again whenever the model *state epoch*
+# moved: a process-wide counter bumped by torch's global registration hooks (a
+# parameter, buffer or submodule assigned: a swapped checkpoint, load_state_dict(...,
+# assign=True)) and by nn.Module.train / nn.Module._apply (train(), eval(), to(),
+# cuda(), half(), ...), which are wrapped once per process. Between bumps a call
+# costs one dict lookup per model argument, whatever the model's size. Not seen by
+# the epoch (documented): ``m.training = ...`` set directly, ``p.data = ...``,
+# ``requires_grad_()`` on a parameter, and a Python setting changed on a model already
+# checked (``m.eps = ...``: _check_settings runs with the full check); CUDA graphs still compare every parameter's
+# address before each replay.
+_FAST = {}  # id(first model) -> (weakref, epoch, lifted tensors, [weakref of each model])
+_TRAINING = _operator.attrgetter("training")
+
+
+def _state_epoch():
+    """The process-wide model state epoch box ([int]), installed on first use."""
+    M = torch.nn.modules.module
+    box = getattr(M, "_precompile_state_epoch", None)
+    if box is not None:
+        return box
+    box = [0]
+
+    def bump(*_args):
+        box[0] += 1  # returns None: the registration hooks keep the value assigned
+
+    for name in ("parameter", "buffer", "module"):
+        hook = getattr(M, f"register_module_{name}_registration_hook", None)
+        if hook is not None:
+            hook(bump)
+    for name in ("train", "_apply"):
+        orig = getattr(torch.nn.Module, name)
+
+        def wrapped(self, *args, _orig=orig, **kwargs):
+            try:
+                return _orig(self, *args, **kwargs)
+            finally:
+                box[0] += 1
+
+        wrapped.__name__, wrapped.__doc__, wrapped.__wrapped__ = orig.__name__, orig.__doc__, orig
+        setattr(torch.nn.Module, name, wrapped)
+    M._precompile_state_epoch = box
+    return box
+
+
+_EPOCH = None  # the epoch box: installed at the first call that passes a model, not at load
+
+
+def _check_training(modules):
+    """Dropout and batch norm were traced in the captured train/eval mode."""
+    for i, (mod, want) in enumerate(zip(modules, _META.get("training", []))):
+        got = list(map(_TRAINING, submodules(mod)))
+        if got != want:
+            if all(want):
+                fix = "call model.train()"
+            elif not any(want):
+                fix = "call model.eval()"
+            else:
+                fix = "put each submodule back in its train/eval mode of the capture"
+            raise CallError(
+                f"target {_META['target']!r}: model argument {i} is not in the train/eval "
+                f"mode it was captured in (dropout and batch norm trace differently); "
+                f"{fix}, or capture again in this mode"
+            )
+
+
+def _check_settings(modules):
+    """The models' Python settings (heads, eps, activation...) are the captured ones:
+    the frozen code has them built in, so another config with the same parameters
+    would be served silently wrong."""
+    state = _META.get("module_state") or []
+    for i, (mod, want) in enumerate(zip(modules, _META.get("module_settings") or [])):
+        got = module_settings(mod, frozenset(state[i] if i < len(state) else ()))  # module_settings.py, copied in above
+        if got == want:
+            continue
+        diff = next(((w, g) for w, g in zip(want, got) if w != g), None)
+        shown = (f"captured {diff[0]!r}, got {diff[1]!r}" if diff
+                 else f"captured {len(want)} submodules, got {len(got)}")
+        raise CallError(
+            f"target {_META['target']!r}: model argument {i} has other settings than the "
+            f"captured model ({shown}); the frozen code has the captured values built in "
+            "and would compute something else. Pass a model built with the captured "
+            "configuration, or capture this one"
+        )
+
+
+def _full_params(modules):
+    """The full check of the model arguments: returns their lifted tensors."""
+    names, params = module_tensors(modules)
+    if names != _META["param_names"]:
+        want = _META["param_names"]
+        i = next((i for i, (g, w) in enumerate(zip(names, want)) if g != w), min(len(names), len(want)))
+
+        def shown(seq):
+            part = seq[i:i + 4]
+            return (str(part)[:-1] + (", ...]" if len(seq) > i + 4 else "]")) if part else "nothing more"
+
+        raise CallError(
+            f"target {_META['target']!r}: the model passed has {len(names)} parameters/buffers, "
+            f"the capture lifted {len(want)}; they first differ at #{i}: captured "
+            f"{shown(want)}, given {shown(names)}; pass a model of the captured structure"
+        )
+    for t, n, s in zip(params, names, _META["params"]):
+        _check_tensor(t, s, f"parameter/buffer {n}")
+    _check_training(modules)
+    _check_settings(modules)
+    return _Params(params)
+
+
+def _cached_params(modules):
+    """The lifted tensors of ``modules``, from the cache while the state epoch stands."""
+    global _EPOCH
+    if not modules:
+        return _NO_PARAMS
+    if _EPOCH is None:
+        _EPOCH = _state_epoch()
+    epoch = _EPOCH[0]
+    entry = _FAST.get(id(modules[0]))
+    if entry is not None and entry[1] == epoch and entry[0]() is modules[0] and (
+            len(modules) == 1 or [r() for r in entry[3]] == modules):
+        return entry[2]
+    params = _full_params(modules)
+    key = id(modules[0])
+    ref = _weakref.ref(modules[0], lambda _r, k=key: _FAST.pop(k, None))
+    _FAST[key] = (ref, epoch, params, [_weakref.ref(m) for m in modules])
+    return params
+
+
+# User tensor inputs of a static-shape capture: torch's C tensor check
+# (torch._C._dynamo.guards.TensorGuards: dtype, device, sizes, strides, requires_grad,
+# dispatch keys; part of torch._C, no import of torch._dynamo) built from the last
+# call that passed the full check; a call it rejects takes the full check, which
+# names the problem or rebuilds the guard.
+_TENSOR_GUARDS = getattr(getattr(getattr(torch._C, "_dynamo", None), "guards", None), "TensorGuards", None)
+_INPUT_GUARD = [None]
+
+
+def _check_inputs(tensors, paths):
+    """Check the call's tensor leaves ``tensors``; ``paths()`` gives their path texts
+    (computed only when the fast guard refuses them). Raises CallError."""
+    guard = _INPUT_GUARD[0]
+    if guard is not None and guard.check(*tensors):
+        return
+    leaves = list(zip(tensors, paths()))
+    if _DYN:
+        _check_dynamic(leaves)
+        return
+    for (t, path), s in zip(leaves, _META["tensor_inputs"]):
+        _check_tensor(t, s, path)
+    if _TENSOR_GUARDS is not None and tensors:
+        try:
+            _INPUT_GUARD[0] = _TENSOR_GUARDS(
+                *tensors, dynamic_dims_sizes=[list(t.shape) for t in tensors],
+                dynamic_dims_strides=[list(t.stride()) for t in tensors])
+        except Exception:  # pragma: no cover - an older/newer signature: keep the Python check
+            _INPUT_GUARD[0] = None
+
+
+# ---- ambient state: what changes what eager computes, checked per call ------------
+_AMBIENT = _META.get("ambient") or {"autocast": {}}
+_ANY_AUTOCAST = getattr(torch._C, "_is_any_autocast_enabled", None)
+_RUNS_BACKWARD = bool(_META.get("grad_param_indices"))
+
+
+def _autocast_state(device_type):
+    if not torch.is_autocast_enabled(device_type):
+        return None
+    return str(torch.get_autocast_dtype(device_type))
+
+
+def _check_ambient():
+    """Raise CallError where the caller's ambient state would make eager compute
+    something else than what was captured: autocast (enabled, dtype) for the
+    capture's device type, and grad mode for a captured backward."""
+    want = _AMBIENT["autocast"]
+    if want or _ANY_AUTOCAST is None or _ANY_AUTOCAST():
+        device_type = _META["device"]
+        got = _autocast_state(device_type)
+        if got != want.get(device_type):
+            cap = want.get(device_type)
+            raise CallError(
+                f"target {_META['target']!r}: called with {device_type} autocast "
+                f"{'to ' + got if got else 'off'}, but captured with it "
+                f"{'to ' + cap if cap else 'off'}: the frozen code has the capture's casts "
+                "built in and would silently return other dtypes than eager. Call it "
+                + ("inside the same torch.autocast(...)" if cap else "outside torch.autocast "
+                   "(torch.autocast(..., enabled=False) around the call)")
+                + ", or capture again under this autocast"
+            )
+    if _RUNS_BACKWARD and not torch.is_grad_enabled():
+        raise CallError(
+            f"target {_META['target']!r}: called with grad disabled (torch.no_grad() or "
+            "torch.inference_mode()), but the captured function runs a backward; eager "
+            "would fail here. Call it with grad enabled"
+        )
+
+
+# ---- CUDA graphs (the class is in cuda_graphs.py, appended for CUDA targets) -----
+def _cuda_graphs_argument_problem(enabled, copy_outputs, max_graphs, compute_bound):
+    """What is wrong with with_cuda_graphs' arguments (text after "with_cuda_graphs("), or None."""
+    for name, value in (("enabled", enabled), ("copy_outputs", copy_outputs)):
+        if not isinstance(value, bool):
+            return f"{name}={value!r}): {name} takes True or False"
+    if isinstance(max_graphs, bool) or not isinstance(max_graphs, int) or max_graphs < 1:
+        return f"max_graphs={max_graphs!r}): max_graphs takes a positive int (graphs kept, one per input sizes)"
+    if compute_bound not in ("plain", "graph"):
+        return f"compute_bound={compute_bound!r}): compute_bound takes 'plain' or 'graph'"
+    return None
+
+
+class CompiledArtifact:
+    """The loaded artifact: call it exactly like the captured function.
+
+    Parameters and buffers of nn.Module arguments are read from the modules passed
+    at call time (no weights are stored); parameter gradients computed by a captured
+    backward are accumulated onto ``.grad`` like eager; buffers mutated by the call
+    (BatchNorm statistics, counters) are updated in place. Returned tensors carry no
+    autograd history. ``cuda_graphs`` is True when calls replay CUDA graphs (see
+    :meth:`with_cuda_graphs`).
+    """
+
+    def __init__(self, run, uses_kernels, cuda_graphs=None):
+        self._run = run
+        self.uses_kernels = uses_kernels
+        self.metadata = _META
+        self._graphs = cuda_graphs
+        self.cuda_graphs = cuda_graphs is not None
+
+    def with_cuda_graphs(self, enabled=True, *, copy_outputs=True, max_graphs=8, compute_bound="plain"):
+        """A new callable on the same kernels, with CUDA graphs on or off.
+
+        Args:
+            enabled: record the frozen kernels' launches into CUDA graphs and replay
+                them (bool).
+            copy_outputs: True (default): returned tensors are copies the caller
+                owns. False: the graph's own output tensors, overwritten by the next
+                call with the same sizes (no copy; keep them only until then).
+            max_graphs: graphs kept (one per input sizes), least recently
+                used dropped first.
+            compute_bound: "plain" (default): input sizes whose second call (a
+                timed plain run; the first warms up) kept the GPU busy over 1.5
+                times as long as the CPU took to issue it
+                run without a graph (it would save nothing and cost the copies);
+                "graph": every input size gets a graph.
+        Returns:
+            a :class:`CompiledArtifact`.
+        Raises:
+            ValueError: an argument of another type or value (enabled and
+                copy_outputs take True/False, max_graphs a positive int,
+                compute_bound "plain" or "graph"); checked first, whatever the target.
+            CallError: enabled for a CPU target, a target without frozen kernels, or
+                a target that runs a backward.
+        """
+        problem = _cuda_graphs_argument_problem(enabled, copy_outputs, max_graphs, compute_bound)
+        if problem:
+            raise ValueError(f"target {_META['target']!r}: with_cuda_graphs({problem}")
+        if not enabled:
+            return CompiledArtifact(self._run, self.uses_kernels)
+        if not self.uses_kernels:
+            raise CallError(f"target {_META['target']!r}: CUDA graphs replay frozen kernels; "
+                            "this load has none (a fallback or the eager engine)")
+        if _META["device"] != "cuda":
+            raise CallError(f"target {_META['target']!r}: CUDA graphs need a CUDA target; "
+                            f"this one was captured on {_META['device']}: load it without "
+                            "cuda_graphs (with_cuda_graphs(False)), or capture it on a CUDA device")
+        return CompiledArtifact(self._run, True, _CudaGraphs(self._run, copy_outputs, max_graphs, compute_bound))
+
+    def __call__(self, *args, **kwargs):
+        _check_ambient()
+        if _DIST:
+            _check_dist()
+        if kwargs or len(args) != _N_POS or not _SIMPLE_ARGS:
+            modules, tensors = _flatten_call(args, kwargs)
+            fast = False
+        else:
+            modules = [args[i] for i in _MODULE_POS]
+            for m in modules:
+                if not isinstance(m, torch.nn.Module):
+                    _flatten_call(args, kwargs)  # raises, naming the argument
+            fast = True
+        params = _cached_params(modules)
+        if fast:
+            tensors = [args[i] for i in _TENSOR_POS]
+            guard = _INPUT_GUARD[0]
+            if guard is None or not guard.check(*tensors):
+                _flatten_call(args, kwargs)
+                _check_inputs(tensors, lambda: _tensor_paths(args, kwargs))
+        else:
+            _check_inputs(tensors, lambda: _tensor_paths(args, kwargs))
+        flat = params + tensors  # no autograd below: run under no_grad
+        cuda = next((t.device for t in flat if t.is_cuda), None) if _ON_CUDA else None
+        if _CONST_SPECS:  # the trace-made tensor constants, after the inputs
+            flat += _constants(cuda)
+            if cuda is None and _ON_CUDA:  # no CUDA input: the constants' device
+                cuda = next((t.device for t in flat if t.is_cuda), None)
+        if _CHECK_ALIASES:  # (call_args.py)
+            _check_no_aliases(params, flat, lambda: [f"parameter/buffer {n}" for n in _META["param_names"]]
+                              + _tensor_paths(args, kwargs))
+        grad = torch.is_grad_enabled()
+        torch._C._set_grad_enabled(False)
+        try:
+            if cuda is None:
+                outs = self._run(flat)
+            elif torch._C._cuda_getDevice() == cuda.index:
+                outs = self._run(flat) if self._graphs is None else self._graphs(flat, cuda)
+            else:
+                with torch.cuda.device(cuda):
+                    outs = self._run(flat) if self._graphs is None else self._graphs(flat, cuda)
+        finally:
+            torch._C._set_grad_enabled(grad)
+        if _N_GRADS:
+            n_user = _META["num_user_outputs"]
+            for index, g in zip(_META["grad_param_indices"], outs[n_user:]):
+                p = params[index]
+                if p.grad is None:
+                    p.grad = g
+                else:
+                    p.grad.add_(g)
+        if _REASSIGNED:  # `self.steps = self.steps + 1`: the new value, into the caller's buffer
+            with torch.no_grad():
+                for index, new in zip(_REASSIGNED, outs[_META["num_user_outputs"] + _N_GRADS:]):
+                    params[index].copy_(new)
+        if _SINGLE_OUT:
+            return outs[0]
+        return _rebuild(outs, flat)
+
+
+_N_GRADS = len(_META["grad_param_indices"])
+_CHECK_ALIASES = bool(_META.get("mutated_inputs")) and _META["engine"] == "frozen"
+_ON_CUDA = _META["device"] == "cuda"
+
+
+def load(kernel_dir):
+    """Return the callable for this pair.
+
+    Args:
+        kernel_dir: directory with the cache's unpacked blobs (frozen kernels), or
+            None to run the captured ATen graph in eager mode (slower, no kernels).
+    Returns:
+        a :class:`CompiledArtifact`; with frozen kernels, it replays CUDA graphs when
+        the capture recorded the ``cuda-graphs`` target option
+        (``.with_cuda_graphs(enabled)`` gives the other setting).
+    """
+    if kernel_dir is None or _META["engine"] != "frozen":
+        return CompiledArtifact(lambda flat: _graph(_GRAPH_SELF, *flat), uses_kernels=False)
+    call = _make_call(_load_kernels(kernel_dir))
+    art = CompiledArtifact(call, uses_kernels=True)  # call(list) consumes the fresh list
+    return art.with_cuda_graphs() if _META.get("cuda_graphs") else art

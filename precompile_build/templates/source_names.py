@@ -1,0 +1,78 @@
+"""Typed stand-ins for the names a serving template reads from the rest of its source half.
+
+codegen.py assembles a source half from blocks (``kernel_loader.py``, ``call_args.py``,
+``driver.py``, ...) that share one module namespace with the generated parts
+(``PRECOMPILE_METADATA``, ``_graph``, ``_make_call``). Each template imports the names it
+takes from the others from here, between ``# stand-ins`` and ``# end stand-ins`` under
+``if TYPE_CHECKING:``, so that ruff and type checkers can read it; codegen.py drops that
+block when it copies the template, and nothing imports this module at run time. Beside
+each name: where the source half defines it.
+"""
+
+from __future__ import annotations
+
+import os as _os  # noqa: F401 - kernel_loader.py's, which triton_launcher.py (no imports) uses
+from typing import Any, Callable
+
+import torch  # noqa: F401 - codegen.py's `import torch` at the top of the file
+
+from precompile_runtime.errors import CallError  # noqa: F401 - driver.py (or its fallback)
+from precompile_runtime.pair_format import PairMetadata
+
+from .module_settings import module_settings, module_tensors, submodules  # noqa: F401 - copied in
+from .pytree_types import register_cache_types  # noqa: F401 - pytree_types.py, copied in
+
+# codegen.render: the literal metadata, and the driver's alias of it
+PRECOMPILE_METADATA: PairMetadata
+_META: PairMetadata
+
+# codegen.graph_source: the captured ATen graph and the object passed as its ``self``
+_GRAPH_SELF: Any
+
+
+def _graph(self: Any, *args: Any) -> Any: ...
+
+
+# codegen.render (frozen): Inductor's wrapper with the kernels bound
+def _make_call(_kernels: dict[str, Any]) -> Callable[[list[Any]], Any]: ...
+
+
+# kernel_loader.py
+def _load_kernels(kernel_dir: str) -> dict[str, Any]: ...
+def _serving_guard_on() -> bool: ...
+
+
+# _arch_rules.py (runtime), copied before the launcher
+def _binary_pick(choices: Any, host: Any, force_ptx: bool = False) -> Any: ...
+def _binary_force_ptx(environ: Any) -> bool: ...
+
+
+# triton_launcher.py
+_TritonKernel: Any
+
+# call_args.py
+def _flatten_call(args: tuple, kwargs: dict) -> tuple[list[Any], list[Any]]: ...
+def _tensor_paths(args: tuple, kwargs: dict) -> list[str]: ...
+def _rebuild(outs: Any, flat: list[Any]) -> Any: ...
+
+
+def _check_no_aliases(params: list[Any], flat: list[Any], names: Callable[[], list[str]]) -> None: ...
+
+
+class _Params(list):  # type: ignore[type-arg]
+    ...
+
+
+_NO_PARAMS: _Params
+_N_POS: int
+_SIMPLE_ARGS: bool
+_MODULE_POS: list[int]
+_TENSOR_POS: list[int]
+_SINGLE_OUT: bool
+
+# driver.py
+_RUNS_BACKWARD: bool
+_DYN: Any
+
+# cuda_graphs.py
+_CudaGraphs: Any

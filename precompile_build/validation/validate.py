@@ -1,0 +1,344 @@
+"""Validation at capture (frozen engine): the pair's frozen kernels judged against the
+traced graph, within the memory the model needs.
+
+:func:`validate` runs the rendered source with its kernels per case (the example
+inputs; for dynamic dims, other sizes) and :func:`compare` judges each value
+(numerics.judge) against the wide reference of the graph (reference.py). The runs
+share the inputs the graph only reads with the caller (sharing.py): no run copies
+the weights; each result is dropped as soon as it is judged.
+"""
+
+from __future__ import annotations
+
+import os
+
+from ..capturing import dynamic_dims, sharing
+from ..capturing.stats import timed
+from ..capturing.tracing import TracedCall
+from ..errors import CaptureError, warn_at_caller
+
+
+def validate(source: str, blobs: dict[str, bytes], traced: TracedCall, target: str,
+              options: dict, real: dict | None = None) -> dict:
+    """Run the source with its frozen kernels and judge it against an fp64 reference of
+    the traced graph (numerics.py), on the example inputs and, for dynamic dims, at
+    other sizes (dynamic_dims.example_sizes); on the example inputs also against the
+    eager call's own results ``real`` (:func:`.tracing.run_real_call`).
+
+    Returns:
+        the numbers for ``PRECOMPILE_METADATA["validation"]``.
+    Raises:
+        CaptureError: a value is refused; the message gives the numbers.
+    """
+    import tempfile
+
+    from . import numerics
+
+    problem = numerics.option_problem(options, "validation_multiple")
+    if problem:
+        raise CaptureError(f"{problem}", target=target)
+    cases = [("the example inputs", traced.example_inputs)]
+    dynamic = traced.metadata.get("dynamic")
+    if dynamic:
+        n_params = len(traced.metadata["params"])
+        params, user = traced.example_inputs[:n_params], traced.example_inputs[n_params:]
+        specs = traced.metadata["tensor_inputs"]
+        for sizes in dynamic_dims.example_sizes(dynamic, specs, user):
+            inputs = (params + [dynamic_dims.resized(t, s, sizes) for t, s in zip(user, specs)]
+                      + user[len(specs):])  # the trace-made constants (graph_attrs.py)
+            cases.append(("sizes " + dynamic_dims.describe(sizes, specs, traced.symbolic.paths), inputs))
+    report: dict = {"rule": "frozen_error <= multiple * eager_error + floor (relative RMS vs the reference)",
+                    "cases": []}
+    with tempfile.TemporaryDirectory(prefix="precompile-validate-") as kdir:
+        for name, data in blobs.items():
+            path = os.path.join(kdir, name)
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            with open(path, "wb") as f:
+                f.write(data)
+        namespace: dict = {"__name__": f"precompile_validate_{target}"}
+        exec(compile(source, f"<{target}.py>", "exec"), namespace)
+        call = namespace["_make_call"](namespace["_load_kernels"](kdir))
+        for what, inputs in cases:
+            case = compare(call, traced, inputs, what, target, options,
+                            real if inputs is traced.example_inputs else None)
+            for key in ("reference", "fallback_ops"):
+                report[key] = case.pop(key)
+            for key in ("checked", "spilled_to_cpu"):
+                if key in case:
+                    report[key] = case.pop(key)
+            if "eager_call" in case:
+                report["eager_call"] = case.pop("eager_call")
+            report["cases"].append(case)
+    return report
+
+
+# what to change when the pair fails at other sizes than the example's
+_OTHER_SIZES = ("the compiled code does not hold at these sizes inside the declared ranges: "
+                "narrow the marks (min=, max=) to exclude them, or capture with engine='eager'")
+_MAX_SUGGESTED = 100  # a larger multiple than this is never rounding: not offered
+_NUMERIC_FIX = ("if this is rounding you accept (a deep bf16/fp16 model), allow a larger multiple "
+                "with options={{'validation_multiple': {m:g}}}; else capture with engine='eager' "
+                "(the graph, no kernels) or engine='torch', and report the kernel")
+
+
+_SEED = 20240607  # any fixed seed: both sides of a comparison start from it
+
+
+def _labels(traced: TracedCall, n_values: int) -> list[str]:
+    """What each compared value is: outputs, gradients, then the flat inputs."""
+    meta = traced.metadata
+    names, n_user = meta["param_names"], meta["num_user_outputs"]
+    labels = [f"output {i}" for i in range(n_user)]
+    labels += [f"gradient of {names[i]}" for i in meta["grad_param_indices"]]
+    labels += [f"parameter/buffer {n} after the call" for n in names]
+    labels += [f"tensor argument {i} after the call" for i in range(n_values - len(labels))]
+    return labels
+
+
+def compare(call, traced: TracedCall, inputs: list, what: str, target: str,
+            options: dict, real: dict | None = None) -> dict:
+    """Run the graph (own dtypes and fp64 reference) and the frozen wrapper on
+    ``inputs`` (described by ``what``; clones of those the graph may write, the others
+    shared and checked to come back unchanged); judge outputs, gradients and inputs
+    written in place (numerics.judge); on the example inputs also the eager call's
+    results ``real``. Returns this case's numbers; raises CaptureError on a refusal."""
+    import math
+
+    import torch
+
+    from . import numerics
+
+    example = inputs is traced.example_inputs
+    fix = ("this torch's Inductor output needs something the frozen engine does not "
+           "provide. Use engine='eager' (or 'torch')") if example else _OTHER_SIZES
+    written = sharing.written_inputs(traced.graph_module)
+    # the shared inputs: a digest now, another after the runs (no copy of the weights)
+    digests = {i: sharing.checksum(t) for i, t in enumerate(inputs) if i not in written}
+    a = sharing.run_inputs(inputs, written)
+    b = sharing.run_inputs(inputs, written)
+    cuda = sorted({t.device.index or 0 for t in inputs if t.device.type == "cuda"})
+    # both runs draw from one RNG state (random ops), the caller's state is kept
+    with torch.no_grad(), torch.random.fork_rng(devices=cuda):
+        torch.manual_seed(_SEED)
+        try:
+            with timed("validate_graph"):
+                want = traced.graph_module(*a)
+        except Exception as e:  # only at sizes other than the example's
+            raise CaptureError(
+                f"the captured function itself fails at {what} "
+                f"({type(e).__name__}: {e}); declare ranges that exclude these sizes (min=, max=)", target=target
+            ) from e
+        torch.manual_seed(_SEED)
+        try:
+            with timed("validate_frozen"):
+                got = call(list(b))
+        except Exception as e:
+            raise CaptureError(
+                f"the frozen wrapper failed on {what} "
+                f"({type(e).__name__}: {e}); {fix}", target=target
+            ) from e
+        if len(want) != len(got):
+            raise CaptureError(
+                f"the frozen wrapper returns {len(got)} outputs, the graph "
+                f"{len(want)}; refusing to write a pair that computes something else", target=target
+            )
+        labels = _labels(traced, len(want) + len(inputs))
+        for i, d in digests.items():
+            if sharing.checksum(inputs[i]) != d:
+                raise CaptureError(
+                    f"the frozen kernels wrote to {labels[len(want) + i]}, which "
+                    f"the traced graph leaves alone, on {what} (the run shares it with your model: "
+                    f"this process's copy is changed); refusing to write a pair that computes "
+                    f"something else; {fix}", target=target)
+        with timed("validate_reference"):
+            ref_out, ref_in, info = _reference(traced, inputs, target, what, written)
+    if ref_out is None:  # outputs and the inputs the graph writes (caches, running stats)
+        idx = sorted(written)
+        return {**_without_reference(list(want) + [a[i] for i in idx], list(got) + [b[i] for i in idx],
+                                     labels[:len(want)] + [labels[len(want) + i] for i in idx],
+                                     target, what), **info}
+    mutated = set(traced.metadata["mutated_inputs"])
+    values = list(zip(want, got, ref_out)) + list(zip(a, b, ref_in))
+    ref_name = info["reference"] + (f" (ops without {info['reference']} kernels: "
+                                    f"{', '.join(info['fallback_ops'])})" if info["fallback_ops"] else "")
+    multiple = options.get("validation_multiple")
+    worst, verdicts = None, []
+    for i, (w, g, r) in enumerate(values):
+        if i >= len(want) and i - len(want) not in written:
+            verdicts.append(None)  # shared: the digests above found it unchanged
+            continue
+        if i >= len(want) and i - len(want) not in mutated and torch.equal(w, inputs[i - len(want)]):
+            # an input the graph leaves alone (one it writes through an op without an
+            # alias annotation, e.g. native_batch_norm's running stats, is judged below)
+            if not torch.equal(w, g):
+                raise CaptureError(
+                    f"the frozen kernels wrote to {labels[i]}, which the traced "
+                    f"graph leaves alone, on {what}; refusing to write a pair that computes "
+                    f"something else; {fix}", target=target)
+            verdicts.append(None)
+            continue
+        v = numerics.judge(w, g, r, training=bool(traced.metadata["grad_param_indices"]))
+        if multiple is not None and v.problem and v.problem.startswith("error beyond"):
+            v.multiple = float(multiple)
+            v.problem = None if v.frozen_error <= v.allowed else v.problem
+        verdicts.append(v)
+        if v.problem:
+            numbers = v.describe().format(ref=ref_name) if math.isfinite(v.frozen_error) else ""
+            need = _suggest(v)
+            if not math.isfinite(need):
+                suggestion = fix
+            elif need <= _MAX_SUGGESTED:
+                suggestion = _NUMERIC_FIX.format(m=need)
+            else:
+                suggestion = (f"that is {v.frozen_error / max(v.eager_error, 1e-300):.3g} x eager's error, far "
+                              "past rounding: the compiled code computes something else. Capture with "
+                              "engine='eager' (the graph, no kernels) or engine='torch', and report the kernel")
+            raise CaptureError(
+                f"the frozen kernels' value {i} ({labels[i]}) differs from the "
+                f"traced graph on {what}; {v.problem}" + (f": {numbers}" if numbers else "")
+                + "; refusing to write a pair that computes something else"
+                + ("" if example else f"; {_OTHER_SIZES}") + ("" if not example else f"; {suggestion}"), target=target)
+        if worst is None or v.ratio > verdicts[worst].ratio:
+            worst = i
+    case: dict = {"case": what, "values": sum(v is not None for v in verdicts), **info}
+    if worst is not None:
+        case["worst"] = {"value": labels[worst], **verdicts[worst].numbers()}
+    if real is not None:
+        case["eager_call"] = _against_eager_call(real, got, b, ref_out, ref_in, verdicts, labels,
+                                                 len(want), traced, target, options)
+    return case
+
+
+def _reference(traced: TracedCall, inputs: list, target: str, what: str, written):
+    """reference.reference_run in fp64, else fp32 (an op the interpreter cannot widen,
+    e.g. a user kernel that takes a dict of tensors); CaptureError if neither runs.
+    Where neither fits in memory (reference.py widens one op at a time and moves to
+    the CPU, so only an op larger than the host can hold), ``(None, None, info)``:
+    the caller judges the values against the graph run instead."""
+    import torch
+
+    from . import reference
+
+    errors, memory = [], False
+    for dtype in (None, torch.float32):
+        try:
+            return reference.reference_run(traced.graph_module, inputs, traced.metadata["device"], dtype,
+                                           written=written)
+        except Exception as e:  # the graph ran in its own dtypes: the widening broke it
+            memory = memory or reference._is_oom(e)
+            errors.append(f"{type(e).__name__}: {e}")
+    if memory:
+        return None, None, {"reference": "none", "fallback_ops": [],
+                            "checked": "no wider-dtype reference fits in memory ("
+                                       + errors[-1][:200] + "): the values are checked elementwise "
+                                       "against the graph run in its own dtypes"}
+    raise CaptureError(
+        f"the traced graph does not run in a wider dtype on {what} "
+        f"(fp64: {errors[0][:300]}; fp32: {errors[1][:300]}), so the frozen kernels cannot be "
+        "judged against a reference; capture with engine='eager' and report the op", target=target)
+
+
+# elementwise tolerances (rtol = atol) where no reference fits in memory: the graph
+# run and the kernels round differently, by about the dtype's resolution
+_NO_REFERENCE_TOL = {"torch.float16": 1e-2, "torch.bfloat16": 5e-2}
+
+
+def _without_reference(want, got, labels, target: str, what: str) -> dict:
+    """Judge the frozen results against the graph run alone (no reference fitted in
+    memory): each floating value elementwise within its dtype's tolerance
+    (``_NO_REFERENCE_TOL``, else 1e-4), others equal. Returns the case's numbers;
+    raises CaptureError on the first value outside."""
+    import torch
+
+    worst = (0.0, None)
+    for i, (w, g) in enumerate(zip(want, got)):
+        if g.shape != w.shape or g.dtype != w.dtype:
+            ok, diff = False, float("inf")
+        elif w.is_floating_point():
+            tol = _NO_REFERENCE_TOL.get(str(w.dtype), 1e-4)
+            ok = bool(torch.allclose(g, w, rtol=tol, atol=tol, equal_nan=True))
+            # the values' own dtype: no wide copy on the path taken for want of memory
+            diff = float((g - w).abs().max()) if w.numel() else 0.0
+        else:
+            ok = bool(torch.equal(g, w))
+            diff = 0.0 if ok else 1.0
+        if not ok:
+            raise CaptureError(
+                f"the frozen kernels' value {i} ({labels[i]}) differs from the "
+                f"traced graph on {what} beyond its dtype's tolerance (max |frozen - graph| "
+                f"{diff:.3g}; no wider-dtype reference fits in memory); refusing to write a pair "
+                "that computes something else; capture with engine='eager' and report the kernel", target=target)
+        if diff >= worst[0]:
+            worst = (diff, labels[i])
+    from .numerics import sig
+
+    return {"case": what, "values": len(want), "worst": {"value": worst[1], "max_abs_diff": sig(worst[0])}}
+
+
+def _suggest(v) -> float:
+    """A multiple that would accept ``v`` (rounded up to a readable number)."""
+    import math
+
+    need = (v.frozen_error - v.floor) / v.eager_error if v.eager_error > 0 else math.inf
+    if not math.isfinite(need):
+        return float("inf")
+    return float(f"{need * 1.25:.2g}")
+
+
+def _against_eager_call(real: dict, got, b, ref_out, ref_in, verdicts, labels, n_out: int,
+                        traced: TracedCall, target: str, options: dict) -> dict:
+    """Issue 18: the frozen results vs the eager call's own results on the example
+    inputs. Within the allowed difference: ok; up to numerics.EAGER_WARN_BAND times
+    it: a warning; beyond: CaptureError (``options['eager_check']``: ``'warn'`` only
+    warns, ``'off'`` skips). Returns the numbers."""
+    import math
+
+    from . import numerics
+
+    mode = numerics.eager_check_mode(options, target)
+    if mode == "off":
+        return {"outcome": "off"}
+    skipped = numerics.eager_check_skipped(traced.graph_module, real)
+    if skipped:
+        return {"outcome": f"skipped: {skipped}"}
+    if real.get("structure"):
+        numerics.warn_or_refuse(numerics.eager_structure_message(real["structure"]), mode, target)
+        return {"outcome": "warned", "structure": real["structure"]}
+    pairs = [(i, real["outputs"][i], got[i], ref_out[i]) for i in range(min(n_out, len(real["outputs"])))
+             if real["outputs"][i] is not None]
+    pairs += [(n_out + i, t, b[i], ref_in[i]) for i, t in real["inputs"].items()
+              if verdicts[n_out + i] is not None]
+    worst = None
+    for i, r, g, ref in pairs:
+        v = verdicts[i]
+        if v is None:
+            continue
+        diff, allowed, max_abs, close = numerics.judge_against_eager_call(r, g, ref, v)
+        ratio = diff / allowed if allowed > 0 else (0.0 if diff == 0 else math.inf)
+        if close:  # every element within ELEMENTWISE_TOL of the eager call's: accepted
+            ratio = min(ratio, 1.0)
+        if worst is None or ratio > worst[0]:
+            worst = (ratio, i, diff, allowed, max_abs, v, close)
+    if worst is None:
+        return {"outcome": "ok", "values": 0}
+    ratio, i, diff, allowed, max_abs, v, close = worst
+    numbers = {"value": labels[i], "difference": numerics.sig(diff) if math.isfinite(diff) else "inf",
+               "allowed": numerics.sig(allowed), "max_abs_diff": numerics.sig(max_abs) if math.isfinite(max_abs) else "inf",
+               "max_abs_value": numerics.sig(v.scale), "values": len(pairs)}
+    if close and diff > allowed:  # accepted elementwise, not by the RMS: say so
+        numbers["elementwise_close"] = numerics.ELEMENTWISE_TOL
+    if ratio <= 1:
+        return {"outcome": "ok", **numbers}
+    text = (f"the frozen result's value {i} ({labels[i]}) differs from what "
+            f"the eager call returned at capture: relative RMS difference {diff:.3g} (allowed "
+            f"{allowed:.3g}, {ratio:.3g} x that), max |frozen - eager call| {max_abs:.3g} at values "
+            f"up to {v.scale:.3g}. The traced graph does not compute what eager computed: "
+            f"{numerics.EAGER_PATH}, or the function depends on state the capture does not see")
+    if ratio <= numerics.EAGER_WARN_BAND or mode == "warn":
+        warn_at_caller(text + "; written anyway (options={'eager_check': 'refuse'} refuses)"
+                       if mode == "warn" else text + "; written anyway (within "
+                       f"{numerics.EAGER_WARN_BAND:g} x the allowed difference; "
+                       "options={'eager_check': 'off'} skips this check)", target=target)
+        return {"outcome": "warned", **numbers}
+    raise CaptureError(text + "; refusing to write the pair. Make eager and the trace take one "
+                       "path, or pass options={'eager_check': 'warn'} to keep the graph's result", target=target)

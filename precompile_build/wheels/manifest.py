@@ -1,0 +1,137 @@
+"""Assemble `_precompiled/` contents (manifest.json + pairs) from capture results."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import tempfile
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from precompile_runtime import manifest as manifest_format
+from precompile_runtime.fingerprint import variant_id
+
+from ..builder.runner import CaptureResult
+from . import arch_report
+
+MANIFEST_NAME = "manifest.json"
+
+
+def _file_entry(name: str, data: bytes) -> dict[str, Any]:
+    return {"path": name, "size": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+
+
+def _captured_at() -> str:
+    epoch = os.environ.get("SOURCE_DATE_EPOCH")
+    stamp = int(epoch) if epoch and epoch.isdigit() else time.time()
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(stamp))
+
+
+def assemble(package: str, results: Sequence[CaptureResult]) -> dict[str, bytes]:
+    """The files of `<package>/_precompiled/`, by plain file name.
+
+    Args:
+        package: import package receiving the files.
+        results: capture results; ``ok`` ones contribute ``NAME.py``/``NAME.cache``
+            and a variant, ``failed`` ones a target with ``status: failed``.
+    Returns:
+        ``{"manifest.json": bytes, "NAME.py": bytes, "NAME.cache": bytes, ...}``.
+        With ``SOURCE_DATE_EPOCH`` set, ``captured_at`` comes from it and
+        ``capture_seconds``, ``capture_device``, ``peak_memory`` and ``capture_breakdown``
+        are left out, so the manifest is
+        reproducible. ``capture_device`` is the CUDA device the capture ran on (its
+        index, or its CUDA_VISIBLE_DEVICES entry such as a UUID; None: cpu); a reused
+        pair keeps its original capture's device and seconds.
+    """
+    reproducible = "SOURCE_DATE_EPOCH" in os.environ
+    files: dict[str, bytes] = {}
+    targets: dict[str, Any] = {}
+    for r in results:
+        entry: dict[str, Any] = {"required": r.required, "status": r.status,
+                                 "reason": r.reason, "variants": []}
+        targets[r.name] = entry
+        if r.status != "ok":
+            continue
+        assert r.info is not None and r.source_path and r.cache_path
+        source, cache = r.source_path.read_bytes(), r.cache_path.read_bytes()
+        src_name, cache_name = f"{r.name}.py", f"{r.name}.cache"
+        files[src_name], files[cache_name] = source, cache
+        fp = dict(r.info.fingerprint)
+        variant = {"id": variant_id(fp), "engine": r.info.engine, "device": r.info.device,
+                   "fingerprint": fp, "code_hash": r.info.code_hash,
+                   "files": {"source": _file_entry(src_name, source),
+                             "cache": _file_entry(cache_name, cache)},
+                   "captured_at": _captured_at()}
+        if r.info.meta.get("fallback"):  # target `fallback = "eager"`: why not frozen
+            variant["fallback"] = dict(r.info.meta["fallback"])
+        validation = (r.info.meta or {}).get("validation")
+        if validation is not None:  # the numbers the capture was judged by (frozen engine)
+            variant["validation"] = validation
+        variant.update(arch_report.variant_fields(fp, r.info.meta, r.info.engine))  # compiled_for, tuned_on, ...
+        if not reproducible:  # which GPU and how long vary from build to build
+            variant["capture_device"] = r.device_index
+            seconds = r.capture_seconds if r.capture_seconds is not None else r.seconds
+            variant["capture_seconds"] = round(seconds, 1)
+            if r.peak_memory:  # what the capture held at most (capturing/stats.py), in bytes
+                variant["peak_memory"] = dict(r.peak_memory)
+            if r.capture_breakdown:  # its seconds per step
+                variant["capture_breakdown"] = dict(r.capture_breakdown)
+        entry["variants"].append(variant)
+    doc = {"format": manifest_format.FORMAT, "version": manifest_format.VERSION,
+           "package": package, "targets": targets}
+    files[MANIFEST_NAME] = manifest_format.dumps(doc)
+    return files
+
+
+def mark_editable(files: Mapping[str, bytes], package_dir: Path,
+                  package_sha256: str) -> dict[str, bytes]:
+    """``files`` with the manifest's ``editable`` entry set: the source package
+    directory (absolute) and its :func:`~precompile_runtime._digest.package_digest`
+    at capture time. Only editable builds write it; the loader then compares the
+    digest at load and serves no kernels of a changed source."""
+    doc = manifest_format.parse(files[MANIFEST_NAME], where="assembled manifest")
+    doc["editable"] = {"package_dir": str(Path(package_dir).resolve()),
+                       "package_sha256": package_sha256}
+    return {**files, MANIFEST_NAME: manifest_format.dumps(doc)}
+
+
+def variants(files: Mapping[str, bytes]) -> list[dict[str, Any]]:
+    """Every variant listed in the manifest of an assembled file set."""
+    doc = manifest_format.parse(files[MANIFEST_NAME], where="assembled manifest")
+    return [v for t in doc["targets"].values() for v in t.get("variants", [])]
+
+
+def write_dir_atomic(dest: str | os.PathLike[str], files: Mapping[str, bytes]) -> Path:
+    """Replace directory ``dest`` with exactly ``files`` (name -> bytes), atomically.
+
+    Writes a temp directory beside ``dest``, then renames it into place; an older
+    ``dest`` is moved aside first and removed after. On failure nothing of the
+    new content is left and the old directory is restored.
+    Returns the path of ``dest``.
+    """
+    dest = Path(dest)
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.tmp-", dir=dest.parent))
+    old = None
+    try:
+        for name, data in sorted(files.items()):
+            with open(tmp / name, "wb") as f:
+                f.write(data)
+                f.flush()
+                os.fsync(f.fileno())
+        if dest.exists():
+            old = Path(tempfile.mkdtemp(prefix=f".{dest.name}.old-", dir=dest.parent))
+            os.rmdir(old)
+            os.replace(dest, old)
+        os.replace(tmp, dest)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        if old is not None and not dest.exists():
+            os.replace(old, dest)
+        raise
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+    return dest
