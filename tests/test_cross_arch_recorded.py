@@ -32,7 +32,7 @@ def test_serving_templates_use_no_module(path):
     from precompile_build.engines import codegen
 
     text = (REPO / path).read_text()
-    if path.startswith("precompile_build/engines/"):  # what codegen copies: less the stand-ins
+    if path.startswith("precompile_build/templates/"):  # what codegen copies: less the stand-ins
         text = codegen._template(Path(path).name)
     assert "import" not in text.replace("# ", "")
     assert textwrap.dedent(text) == text
