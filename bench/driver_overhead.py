@@ -46,8 +46,14 @@ REPO = Path(__file__).resolve().parent.parent
 DRIVER = "precompile_build/templates/driver.py"
 # the source half's blocks after the models' settings, in codegen.py's order, by header
 BLOCKS = [("precompile_build/templates/pytree_types.py", "# ---- pytree registration of transformers"),
+          ("precompile_build/templates/state_values.py", "# ---- plain Python values and hooks"),
           ("precompile_build/templates/call_args.py", "# ---- the calling convention: arguments"),
-          (DRIVER, "# ---- driver: the calling convention")]
+          (DRIVER, "# ---- driver: the calling convention"),
+          ("precompile_build/templates/assumed_state.py", "# ---- the Python state the trace assumed")]
+# where a revision before the layout by stage (c264384) kept each block
+OLD_PATHS = {"precompile_build/templates/pytree_types.py": "precompile_build/engines/_pytree_types.py",
+             "precompile_build/templates/call_args.py": "precompile_build/engines/_call_args.py",
+             DRIVER: "precompile_build/engines/_driver.py"}
 GRAPHS = "precompile_build/templates/cuda_graphs.py"
 nn = torch.nn
 
@@ -135,7 +141,7 @@ def _decode_source(kind: str, layers: int, tmp: Path) -> str:
 
 def _swap(source: str, blocks: dict) -> str:
     """``source`` with its blocks from the first of ``blocks`` on replaced by those."""
-    start = min(source.index(header) for path, header in BLOCKS if path in blocks)
+    start = min(source.index(header) for path, header in BLOCKS if path in blocks and header in source)
     return source[:start] + "\n\n".join(blocks[p].rstrip("\n") + "\n" for p, _ in BLOCKS if p in blocks)
 
 
@@ -183,12 +189,25 @@ def _time(fn, args, calls: int) -> float:
     return (time.perf_counter_ns() - t0) / calls
 
 
+def _checks(fn) -> str:
+    """What the pair's assumed-state check holds (templates/assumed_state.py): the
+    attributes the trace read, how many of them (dicts, lists, sets) a call compares
+    between full checks, and the hook entries."""
+    ns = fn.__call__.__globals__
+    reads = sum(len(attrs) for *_, attrs in ns.get("_READS", ()))
+    watched = max((len(e[4]) for e in ns.get("_FAST", {}).values() if len(e) > 4), default=0)
+    hooks = ns.get("_HOOKS") or {}
+    return f"{reads} / {watched} / {len(hooks.get('modules', ())) + len(hooks.get('global', ()))}"
+
+
 def _revision_blocks(rev: str) -> dict:
     blocks = {}
     for path, _ in BLOCKS:
-        p = subprocess.run(["git", "show", f"{rev}:{path}"], cwd=REPO, capture_output=True, text=True)
-        if p.returncode == 0:
-            blocks[path] = p.stdout
+        for at in (path, OLD_PATHS.get(path)):
+            p = subprocess.run(["git", "show", f"{rev}:{at}"], cwd=REPO, capture_output=True, text=True)
+            if at and p.returncode == 0:
+                blocks[path] = p.stdout
+                break
     return blocks
 
 
@@ -253,9 +272,11 @@ def main() -> None:
         if growth:
             row.append(f"{med[(who, '48 layers')] / med[(who, '4 layers')]:.2f}")
         lines.append(f"| {'this branch' if who == 'this' else 'baseline ' + who} | " + " | ".join(row) + " |")
+    lines.append("| checks: attributes read / compared per call / hooks |"
+                 + "".join(f" {_checks(cases[('this', c)][0])} |" for c in columns) + (" |" if growth else ""))
     if baseline:
-        lines += ["", "Speed-up over the baseline: " + ", ".join(
-            f"{c} {med[(a.baseline, c)] / med[('this', c)]:.1f}x" for c in columns)]
+        lines += ["", "This branch over the baseline: " + ", ".join(
+            f"{c} {med[('this', c)] / med[(a.baseline, c)]:.2f}x" for c in columns)]
     text = "\n".join(lines) + "\n"
     print(text)
     if a.out:

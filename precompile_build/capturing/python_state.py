@@ -125,16 +125,22 @@ def _callee(v: Any) -> Any:
     return v if isinstance(v, types.FunctionType) else None
 
 
-def _reached(fn: Callable, args: tuple, kwargs: dict) -> list[types.FunctionType]:
+def reached(fn: Callable, args: tuple, kwargs: dict) -> list[types.FunctionType]:
     """The captured function and the user-code functions it reaches by global name or
     closure, breadth first, at most :data:`MAX_FUNCTIONS`; plus the ``forward`` of
-    user-code module classes among the arguments."""
+    user-code module classes among the arguments and the user-code hooks registered on
+    those modules or globally (a call runs them too)."""
     import torch
 
+    from ..templates.state_values import HOOK_KINDS
+
     start = [_callee(fn)]
+    hook_dicts = [getattr(torch.nn.modules.module, f"_global{attr}", None) or {} for _, attr in HOOK_KINDS]
     for a in (*args, *kwargs.values()):
         if isinstance(a, torch.nn.Module):
             start += [type(m).forward for m in a.modules() if _user_class(type(m))]
+            hook_dicts += [m.__dict__.get(attr) or {} for m in a.modules() for _, attr in HOOK_KINDS]
+    start += [_callee(h) for d in hook_dicts for h in d.values()]
     seen: dict[int, types.FunctionType] = {}
     queue = collections.deque(f for f in start if isinstance(f, types.FunctionType))
     while queue and len(seen) < MAX_FUNCTIONS:
@@ -149,6 +155,13 @@ def _reached(fn: Callable, args: tuple, kwargs: dict) -> list[types.FunctionType
             if g is not None and _user_function(g) and id(g) not in seen:
                 queue.append(g)
     return [f for f in seen.values() if _user_function(f) or f is start[0]]
+
+
+def global_names(f: types.FunctionType) -> set[str]:
+    """The names ``f``'s code (nested code included) may read as globals: its
+    ``co_names`` that are not dunders (attribute names among them; a caller keeps those
+    that ``f.__globals__`` holds)."""
+    return {n for c in _codes(f.__code__) for n in c.co_names if not n.startswith("__")}
 
 
 _EMPTY = object()
@@ -211,11 +224,10 @@ def _snapshot(fn: Callable, args: tuple, kwargs: dict) -> dict:
     import torch
 
     out: dict = {}
-    functions = _reached(fn, args, kwargs)
+    functions = reached(fn, args, kwargs)
     for f in functions:
         module = f.__globals__.get("__name__", "?")
-        names = {n for c in _codes(f.__code__) for n in c.co_names if not n.startswith("__")}
-        for n in sorted(names):
+        for n in sorted(global_names(f)):
             key = ("global", module, n)
             if key in out or (*key, "keys") in out:
                 continue

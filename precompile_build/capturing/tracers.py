@@ -96,7 +96,8 @@ def compiling_state():
 
 
 def trace(flat_fn: Callable, example: list, *, n_params: int, marks: list, paths: list,
-          target: str, tracer: str, ran_backward: Callable[[], bool]) -> Traced:
+          target: str, tracer: str, ran_backward: Callable[[], bool],
+          watching: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext) -> Traced:
     """Trace ``flat_fn(*example)`` with ``tracer`` (see the module docstring).
 
     Args:
@@ -110,6 +111,9 @@ def trace(flat_fn: Callable, example: list, *, n_params: int, marks: list, paths
         tracer: one of :data:`TRACERS` (already checked).
         ran_backward: answers, after a trace, whether that trace computed parameter
             gradients (a backward inside the call).
+        watching: a context entered around each run of ``flat_fn``'s Python that a
+            tracer makes (assumed_state.Recorder.watching records the reads), never
+            around TorchDynamo's trace.
     Returns:
         a :class:`Traced`.
     Raises:
@@ -117,14 +121,15 @@ def trace(flat_fn: Callable, example: list, *, n_params: int, marks: list, paths
             the line of user or library code that raised it, and what to try.
     """
     def make_fx():
-        return _make_fx(flat_fn, example, n_params, marks, paths, target)
+        with watching():
+            return _make_fx(flat_fn, example, n_params, marks, paths, target)
 
     if tracer == "make_fx":
         return _with_message(make_fx, "make_fx", target)
     strict = tracer == "export-strict"
     name = "export-strict" if strict else "export"
     try:
-        traced = _export(flat_fn, example, n_params, marks, paths, target, strict)
+        traced = _export(flat_fn, example, n_params, marks, paths, target, strict, watching)
     except CaptureError:
         raise
     except Exception as e:
@@ -132,7 +137,7 @@ def trace(flat_fn: Callable, example: list, *, n_params: int, marks: list, paths
             if tracer != "auto":
                 raise _backward_refused(tracer, target) from e
             return _with_message(make_fx, "make_fx", target)
-        if tracer != "auto":
+        if tracer != "auto" or _is_data_dependent(e):  # make_fx would freeze the example's path
             raise _failure(target, [(name, e)]) from e
         try:
             traced = make_fx()
@@ -181,11 +186,88 @@ def _make_fx(flat_fn, example, n_params, marks, paths, target) -> Traced:
                 gm = make_fx(flat_fn, tracing_mode="symbolic")(*fakes)
             return Traced(gm, symbolic, "make_fx")
         gm = make_fx(flat_fn, tracing_mode="real")(*[example_clone(t) for t in example])
+        if _data_dependent_ops(gm):
+            _refuse_frozen_decisions(flat_fn, example, target)
     return Traced(gm, None, "make_fx")
 
 
+def _data_dependent_ops(gm) -> list[str]:
+    """The ops of a graph whose output sizes come from the data (``nonzero``, a boolean
+    mask's ``index``, ``unique``, ...: torch tags them ``dynamic_output_shape``)."""
+    import torch
+
+    out = []
+    for n in gm.graph.nodes:
+        if n.op != "call_function" or not isinstance(n.target, torch._ops.OpOverload):
+            continue
+        tags = n.target.tags
+        if torch.Tag.dynamic_output_shape not in tags and torch.Tag.data_dependent_output not in tags:
+            continue
+        if n.target is torch.ops.aten.index.Tensor and not any(
+                getattr(getattr(i, "meta", {}).get("val"), "dtype", None) in (torch.bool, torch.uint8)
+                for i in (n.args[1] if len(n.args) > 1 else ())):
+            continue  # integer indices: the output has the index's size
+        out.append(str(n.target))
+    return out
+
+
+def _refuse_frozen_decisions(flat_fn, example, target: str) -> None:
+    """A real-tensor trace of a graph with data-dependent sizes saw one size, the
+    example's: if Python code decided on it (``if nonzero(x).shape[0] > 8``) or passed
+    it on (``torch.zeros(n)``), the graph holds that decision for every input. Trace
+    once more on fake tensors whose data-dependent sizes are unbacked symbols (static
+    shapes otherwise), as torch.export does: a decision on one raises, a size passed
+    on shows as a symbol with users. Raises CaptureError in either case."""
+    import torch
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx.experimental.proxy_tensor import make_fx
+    from torch.fx.experimental.symbolic_shapes import ShapeEnv, free_unbacked_symbols
+
+    mode = FakeTensorMode(shape_env=ShapeEnv(), static_shapes=True)
+    try:
+        with mode, compiling_state():
+            fakes = [mode.from_tensor(t, static_shapes=True) for t in example]
+            probe = make_fx(flat_fn, tracing_mode="real")(*fakes)
+    except Exception as e:
+        raise _frozen_decision(target, e) from e
+    for n in probe.graph.nodes:
+        v = n.meta.get("val")
+        if isinstance(v, (torch.SymInt, torch.SymFloat, torch.SymBool)) and n.users and free_unbacked_symbols(v):
+            where = n.meta.get("stack_trace", "").strip().splitlines()
+            raise CaptureError(
+                "tracer 'make_fx' would freeze a size computed from the data: the function passes "
+                f"it on ({n.name} -> {', '.join(u.name for u in n.users)}"
+                + (f", at {where[-2].strip()}" if len(where) >= 2 else "") + "), and a real-tensor "
+                "trace has the example's value built in. Use the export tracer (the default), "
+                "which keeps it symbolic", target=target)
+
+
+def _frozen_decision(target: str, e: BaseException) -> CaptureError:
+    where = _culprit(e)
+    return CaptureError(
+        "tracer 'make_fx' would freeze a data-dependent decision"
+        + (f" (at {where})" if where else "") + ": the line decides on a size or value computed "
+        "from the data, and a real-tensor trace takes the example's path for every input. "
+        "Compute both paths with torch.where, or choose with torch.cond; a check that only "
+        "eager needs can be skipped under `if not torch.compiler.is_compiling():`. "
+        f"(The check's trace said: {_first_line(e)})", target=target)
+
+
+def _is_data_dependent(e: BaseException) -> bool:
+    """The trace failed because code decided on a value computed from the data."""
+    seen: set[int] = set()
+    cur: BaseException | None = e
+    while cur is not None and id(cur) not in seen:
+        seen.add(id(cur))
+        if ("GuardOnDataDependent" in type(cur).__name__ or "data-dependent" in str(cur)
+                or "_local_scalar_dense" in str(cur)):
+            return True
+        cur = cur.__cause__ or cur.__context__
+    return False
+
+
 @torch_warnings_shown()
-def _export(flat_fn, example, n_params, marks, paths, target, strict: bool) -> Traced:
+def _export(flat_fn, example, n_params, marks, paths, target, strict: bool, watching) -> Traced:
     import torch
     from torch.export import Dim
 
@@ -196,12 +278,14 @@ def _export(flat_fn, example, n_params, marks, paths, target, strict: bool) -> T
         {d: Dim.AUTO(min=lo, max=hi) for d, (lo, hi) in dims.items()} if dims else None for dims in marks
     ]
     inputs = tuple(example)  # non-strict export runs on fake copies of them: nothing is written
-    with (dynamic_dims.size_oblivious() if any(marks) else contextlib.nullcontext()):
+    with (dynamic_dims.size_oblivious() if any(marks) else contextlib.nullcontext()), \
+            (contextlib.nullcontext() if strict else watching()):
         ep = aten_export.aten_program(flat_fn, inputs, dynamic_shapes=(tuple(shapes),) if any(marks) else None,
                                       strict=strict)
     if strict:  # TorchDynamo does not replay the flat function's Python side effects
         # (the recorded calling convention): run it once more, eagerly, for them
-        flat_fn(*[example_clone(t) for t in example])
+        with watching():
+            flat_fn(*[example_clone(t) for t in example])
     gm = aten_export.flat_graph(ep, target)
     symbolic = None
     if any(marks):
@@ -266,8 +350,7 @@ def _failure(target: str, failures: list[tuple[str, BaseException]]) -> CaptureE
     """The CaptureError of a failed trace. For a data-dependent branch our advice comes
     first, right after the line that broke the trace, and each tracer's error after it:
     a message cut short (a log line, a terminal) still says what to change."""
-    data_dependent = any("data-dependent" in str(e) or "_local_scalar_dense" in str(e)
-                         or "GuardOnDataDependent" in type(e).__name__ for _, e in failures)
+    data_dependent = any(_is_data_dependent(e) for _, e in failures)
     wheres = list(dict.fromkeys(w for w in (_culprit(e) for _, e in failures) if w))
     if data_dependent:
         at = f" (at {wheres[0]})" if len(wheres) == 1 else ""
@@ -277,11 +360,13 @@ def _failure(target: str, failures: list[tuple[str, BaseException]]) -> CaptureE
             "a tensor's value to decide what to run. If both paths compute the same result (an "
             "eager-only shortcut or check, as libraries have), skip it under a trace with "
             "`if not torch.compiler.is_compiling():`; for a real choice on values use "
-            f"torch.where or torch.cond; or {_ANOTHER_TRACER}. The tracers said: {errors}"
+            "torch.where or torch.cond (a tracer that ran on the example's values would freeze "
+            f"its path for every input). The tracers said: {errors}"
             + (f" (at {'; '.join(wheres)})" if len(wheres) > 1 else ""), target=target)
+    one_line = len(wheres) == 1 and len(failures) > 1  # the same line broke every tracer: once
     parts = []
     for name, e in failures:
-        where = _culprit(e)
+        where = "" if one_line else _culprit(e)
         parts.append(f"{name}: {_first_line(e)}" + (f" (at {where})" if where else ""))
-    return CaptureError("tracing failed with "
-                        + "; ".join(parts) + ". " + _ANOTHER_TRACER, target=target)
+    return CaptureError("tracing failed with " + "; ".join(parts)
+                        + (f" (at {wheres[0]})" if one_line else "") + ". " + _ANOTHER_TRACER, target=target)

@@ -39,7 +39,16 @@ from ..templates.module_settings import (
     module_tensors,
     submodules,
 )
-from . import aliases, collectives, dynamic_dims, graph_attrs, pytree_io, sharing, tracers
+from . import (
+    aliases,
+    assumed_state,
+    collectives,
+    dynamic_dims,
+    graph_attrs,
+    pytree_io,
+    sharing,
+    tracers,
+)
 from .layouts import example_clone  # noqa: F401  (re-exported for the engines)
 
 
@@ -204,10 +213,13 @@ def trace_call(fn: Callable, args: tuple, kwargs: dict, *, target: str, tracer: 
     if any(dynamic_dims.marked_dims(p) for p in params):
         warn_at_caller("a parameter/buffer is marked dynamic; parameters keep their captured sizes, "
                        "the mark is ignored", target=target)
+    hooks = assumed_state.hooks_record(modules)  # what the call runs, before it runs
+    globals_before = assumed_state.global_values(fn, args, kwargs)
+    reads = assumed_state.Recorder(modules)  # the plain values the trace reads
     try:
         traced = tracers.trace(flat_fn, example, n_params=n_params, marks=marks, paths=paths, target=target,
-                               tracer=tracer,
-                               ran_backward=lambda: bool(out_box.get("grad_indices")))
+                               tracer=tracer, ran_backward=lambda: bool(out_box.get("grad_indices")),
+                               watching=reads.watching)
     except CaptureError as e:
         if e.target is not None:
             raise
@@ -248,6 +260,7 @@ def trace_call(fn: Callable, args: tuple, kwargs: dict, *, target: str, tracer: 
         "constants": graph_attrs.constant_specs(constants),  # trace-made: passed after the inputs
         "reassigned_buffers": out_box["reassigned"],  # outputs after the gradients
         "ambient": _ambient_state(_device_of(params + user_tensors)),
+        "assumed": assumed_state.metadata(reads, hooks, globals_before, fn, args, kwargs),
     }
     return TracedCall(graph_module=gm, example_inputs=example + constants, metadata=metadata, symbolic=symbolic,
                       sources=params + user_tensors,

@@ -10,8 +10,9 @@ fallbacks), in this order::
     def _make_call(_kernels)             frozen: Inductor's wrapper, kernels bound from the cache
     frozen: kernel loader (kernel_loader.py); with Triton kernels the binary choice
       (precompile_runtime/_arch_rules.py) and launcher (triton_launcher.py)
-    model settings (module_settings.py), pytree types (pytree_types.py),
-    arguments and results (call_args.py), driver (driver.py)
+    model settings (module_settings.py), pytree types (pytree_types.py), recorded
+    values (state_values.py), arguments and results (call_args.py), driver (driver.py),
+    the Python state the trace assumed (assumed_state.py)
     frozen CUDA targets: CUDA graphs (cuda_graphs.py)
 """
 
@@ -116,8 +117,10 @@ def render(metadata: PairMetadata, graph_code: str, wrapper_code: str | None) ->
             parts.append(triton_launcher_code())
     parts.append(_template("module_settings.py"))  # the driver checks models with it
     parts.append(_template("pytree_types.py"))  # and registers transformers' caches with it
+    parts.append(_template("state_values.py"))  # the recorded Python state's encoding
     parts.append(_template("call_args.py"))  # its arguments and results, through pytree
     parts.append(_template("driver.py"))
+    parts.append(_template("assumed_state.py"))  # what the trace assumed, checked per call
     if wrapper_code is not None and metadata.get("device") == "cuda":
         parts.append(_template("cuda_graphs.py"))  # CUDA graphs of the frozen kernels
     return "\n\n".join(p.rstrip("\n") + "\n" for p in parts)

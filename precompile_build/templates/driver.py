@@ -11,7 +11,9 @@ if TYPE_CHECKING:
     import torch
 
     from .source_names import (
+        _GLOBALS,
         _GRAPH_SELF,
+        _HANDLES,
         _MODULE_POS,
         _N_POS,
         _NO_PARAMS,
@@ -19,6 +21,9 @@ if TYPE_CHECKING:
         _SINGLE_OUT,
         _TENSOR_POS,
         PRECOMPILE_METADATA,
+        _assumed_full,
+        _assumed_same,
+        _check_globals,
         _check_no_aliases,
         _CudaGraphs,
         _flatten_call,
@@ -27,6 +32,7 @@ if TYPE_CHECKING:
         _make_call,
         _Params,
         _rebuild,
+        _state_epoch,
         _tensor_paths,
         module_settings,
         module_tensors,
@@ -243,48 +249,19 @@ def _check_dynamic(leaves):
 # The full check of a model's parameters (names, dtype, device, shape, stride) and of
 # every submodule's train/eval flag walks the whole model: microseconds per tensor.
 # It runs when a model is seen first and again whenever the model *state epoch*
-# moved: a process-wide counter bumped by torch's global registration hooks (a
-# parameter, buffer or submodule assigned: a swapped checkpoint, load_state_dict(...,
-# assign=True)) and by nn.Module.train / nn.Module._apply (train(), eval(), to(),
-# cuda(), half(), ...), which are wrapped once per process. Between bumps a call
-# costs one dict lookup per model argument, whatever the model's size. Not seen by
-# the epoch (documented): ``m.training = ...`` set directly, ``p.data = ...``,
-# ``requires_grad_()`` on a parameter, and a Python setting changed on a model already
-# checked (``m.eps = ...``: _check_settings runs with the full check); CUDA graphs still compare every parameter's
-# address before each replay.
-_FAST = {}  # id(first model) -> (weakref, epoch, lifted tensors, [weakref of each model])
+# moved (assumed_state.py's _state_epoch: a parameter, buffer or submodule assigned,
+# train()/eval()/to()/half(), a hook removed, an attribute the trace read assigned on a
+# module or a recorded object), or a hook was registered anywhere, or a dict, list or
+# set the trace read no longer equals its captured value. Between, a call costs one
+# dict lookup per model argument and those comparisons, whatever the model's size.
+# Not seen (documented): ``p.data = ...``, ``requires_grad_()`` on a parameter, a
+# Python setting the trace did not read changed on a model already checked
+# (``_check_settings`` runs with the full check), writes through ``obj.__dict__`` or
+# ``object.__setattr__``; CUDA graphs still compare every parameter's address before
+# each replay.
+_FAST = {}  # id(first model) -> (weakref, epoch, lifted tensors, [weakref of each model],
+#   the values compared between full checks, the hook registration count: assumed_state.py)
 _TRAINING = _operator.attrgetter("training")
-
-
-def _state_epoch():
-    """The process-wide model state epoch box ([int]), installed on first use."""
-    M = torch.nn.modules.module
-    box = getattr(M, "_precompile_state_epoch", None)
-    if box is not None:
-        return box
-    box = [0]
-
-    def bump(*_args):
-        box[0] += 1  # returns None: the registration hooks keep the value assigned
-
-    for name in ("parameter", "buffer", "module"):
-        hook = getattr(M, f"register_module_{name}_registration_hook", None)
-        if hook is not None:
-            hook(bump)
-    for name in ("train", "_apply"):
-        orig = getattr(torch.nn.Module, name)
-
-        def wrapped(self, *args, _orig=orig, **kwargs):
-            try:
-                return _orig(self, *args, **kwargs)
-            finally:
-                box[0] += 1
-
-        wrapped.__name__, wrapped.__doc__, wrapped.__wrapped__ = orig.__name__, orig.__doc__, orig
-        setattr(torch.nn.Module, name, wrapped)
-    M._precompile_state_epoch = box
-    return box
-
 
 _EPOCH = None  # the epoch box: installed at the first call that passes a model, not at load
 
@@ -346,8 +323,9 @@ def _full_params(modules):
     for t, n, s in zip(params, names, _META["params"]):
         _check_tensor(t, s, f"parameter/buffer {n}")
     _check_training(modules)
+    watch = _assumed_full(modules)  # assumed_state.py: names the attribute the trace read
     _check_settings(modules)
-    return _Params(params)
+    return _Params(params), watch
 
 
 def _cached_params(modules):
@@ -360,12 +338,13 @@ def _cached_params(modules):
     epoch = _EPOCH[0]
     entry = _FAST.get(id(modules[0]))
     if entry is not None and entry[1] == epoch and entry[0]() is modules[0] and (
-            len(modules) == 1 or [r() for r in entry[3]] == modules):
+            len(modules) == 1 or [r() for r in entry[3]] == modules) and _assumed_same(entry[4], entry[5]):
         return entry[2]
-    params = _full_params(modules)
+    hook_id = _HANDLES.next_id  # (assumed_state.py) read before the check, as the epoch
+    params, watch = _full_params(modules)
     key = id(modules[0])
     ref = _weakref.ref(modules[0], lambda _r, k=key: _FAST.pop(k, None))
-    _FAST[key] = (ref, epoch, params, [_weakref.ref(m) for m in modules])
+    _FAST[key] = (ref, epoch, params, [_weakref.ref(m) for m in modules], watch, hook_id)
     return params
 
 
@@ -510,6 +489,8 @@ class CompiledArtifact:
 
     def __call__(self, *args, **kwargs):
         _check_ambient()
+        if _GLOBALS:  # module-level values the code read (assumed_state.py)
+            _check_globals()
         if _DIST:
             _check_dist()
         if kwargs or len(args) != _N_POS or not _SIMPLE_ARGS:

@@ -21,6 +21,12 @@ from precompile_runtime.pair_format import PairMetadata
 
 from .module_settings import module_settings, module_tensors, submodules  # noqa: F401 - copied in
 from .pytree_types import register_cache_types  # noqa: F401 - pytree_types.py, copied in
+from .state_values import (  # noqa: F401 - state_values.py, copied in
+    HOOK_KINDS,
+    global_hooks,
+    module_hooks,
+    state_decoded,
+)
 
 # codegen.render: the literal metadata, and the driver's alias of it
 PRECOMPILE_METADATA: PairMetadata
@@ -73,6 +79,16 @@ _SINGLE_OUT: bool
 # driver.py
 _RUNS_BACKWARD: bool
 _DYN: Any
+
+# assumed_state.py
+_GLOBALS: list[Any]
+_HANDLES: Any
+
+
+def _assumed_full(modules: list[Any]) -> list[Any]: ...
+def _assumed_same(watch: list[Any], hook_id: int) -> bool: ...
+def _check_globals() -> None: ...
+def _state_epoch() -> list[int]: ...
 
 # cuda_graphs.py
 _CudaGraphs: Any

@@ -66,11 +66,13 @@ def inspect_report(where: str, host: Optional[Callable[[str], Optional[dict]]] =
     Returns:
         ``{"source", "package", "targets": {name: {"status", "required", "reason",
         "variants": [{"id", "engine", "device", "fingerprint", "code_hash",
-        "files", "fallback" (None, or {"from", "reason"}), "validation",
-        "capture_seconds", "capture_breakdown", "peak_memory", "compiled_for",
+        "files", "fallback" (None, or {"from", "reason"}), "validation", "tracer",
+        "checks", "capture_seconds", "capture_breakdown", "peak_memory", "compiled_for",
         "tuned_on", "validated_on", "left_out", "replaced", "size", "matches_host",
         "mismatches"}]}}}``
         (``validation``: the capture's numbers, None for pairs without kernels;
+        ``tracer``: what traced the call and ``checks``: ``{"attributes", "hooks",
+        "globals"}`` counts of the Python state each call checks, None for torch pairs;
         ``capture_seconds``, ``capture_breakdown`` (seconds per step) and ``peak_memory``
         (bytes: ``host_bytes``, ``gpu_bytes``, ``eager_gpu_bytes``): None in reproducible
         builds; ``compiled_for`` ... ``replaced``: CUDA variants, None where not recorded).
@@ -91,6 +93,7 @@ def inspect_report(where: str, host: Optional[Callable[[str], Optional[dict]]] =
                     else ["torch: not importable on this host"])
             out.append({**{k: v.get(k) for k in ("id", "engine", "device", "fingerprint",
                                                   "code_hash", "files", "fallback", "validation",
+                                                  "tracer", "checks",
                                                   "capture_seconds", "capture_breakdown", "peak_memory",
                                                   *arch_report.FIELDS)},
                         "size": sum(f["size"] for f in v["files"].values()),
@@ -116,6 +119,11 @@ def format_report(report: dict[str, Any]) -> str:
             if v.get("fallback"):
                 lines.append(f"    fallback from {v['fallback'].get('from')}: {v['fallback'].get('reason')}")
             lines.append(f"    files: {sizes}")
+            if v.get("tracer") or v.get("checks"):
+                c = v.get("checks") or {}
+                checked = ", ".join(f"{n} {k}" for k, n in c.items() if n) or "no Python state"
+                lines.append(f"    traced with {v.get('tracer') or '?'}; each call checks {checked} "
+                             "the trace assumed")
             if v.get("capture_seconds") is not None or v.get("peak_memory"):
                 from ..builder.progress import human_size
                 from ..capturing.stats import describe, describe_breakdown

@@ -67,7 +67,12 @@ def assemble(package: str, results: Sequence[CaptureResult]) -> dict[str, bytes]
                    "captured_at": _captured_at()}
         if r.info.meta.get("fallback"):  # target `fallback = "eager"`: why not frozen
             variant["fallback"] = dict(r.info.meta["fallback"])
-        validation = (r.info.meta or {}).get("validation")
+        meta = r.info.meta or {}
+        if meta.get("tracer"):  # frozen and eager pairs: export, export-strict or make_fx
+            variant["tracer"] = meta["tracer"]
+        if "assumed" in meta:  # the Python state a call checks (capturing/assumed_state.py)
+            variant["checks"] = checks_count(meta["assumed"])
+        validation = meta.get("validation")
         if validation is not None:  # the numbers the capture was judged by (frozen engine)
             variant["validation"] = validation
         variant.update(arch_report.variant_fields(fp, r.info.meta, r.info.engine))  # compiled_for, tuned_on, ...
@@ -135,3 +140,13 @@ def write_dir_atomic(dest: str | os.PathLike[str], files: Mapping[str, bytes]) -
     if old is not None:
         shutil.rmtree(old, ignore_errors=True)
     return dest
+
+
+def checks_count(assumed: dict) -> dict[str, int]:
+    """How much Python state a call of the pair checks, from its ``assumed`` metadata:
+    ``{"attributes": recorded attribute reads, "hooks": module and global hook entries,
+    "globals": module-level values}``."""
+    hooks = assumed.get("hooks") or {}
+    return {"attributes": sum(len(e[3]) for e in assumed.get("reads", ())),
+            "hooks": len(hooks.get("modules", ())) + len(hooks.get("global", ())),
+            "globals": len(assumed.get("globals", ()))}

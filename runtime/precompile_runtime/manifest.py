@@ -32,6 +32,9 @@ Schema (format ``precompile-build.manifest``, version 1)::
                                     "trace": 5.1, "eager_call": 0.4, "compile": 30.2,  # the
                                     "first_run": 3.0, "validate": 4.1},  # frozen engine's steps
               "fallback": {"from": "frozen", "reason": "..."}  # only when `fallback = "eager"` was used
+              "tracer": "export",      # frozen and eager: what traced the call (make_fx, export-strict)
+              "checks": {"attributes": 12, "hooks": 0, "globals": 1},  # the Python state each
+                                       # call checks (the trace's assumptions); absent for torch
               "compiled_for": ["8.0", "9.0", "12.0"],  # frozen CUDA variants: GPUs it has kernels for
               "tuned_on": "9.0",       # the GPU whose autotuning chose the configs
               "validated_on": ["9.0"], # the GPUs its kernels ran on at capture
@@ -132,6 +135,11 @@ def _check_target(name: str, target: Any, where: str) -> None:
             raise ManifestError(f"{vctx}: `code_hash` must be 64 hex characters")
         if "validation" in v and not isinstance(v["validation"], dict):
             raise ManifestError(f"{vctx}: `validation` must be an object")
+        if "tracer" in v and not isinstance(v["tracer"], str):
+            raise ManifestError(f"{vctx}: `tracer` must be a string")
+        if "checks" in v and not (isinstance(v["checks"], dict)
+                                  and all(isinstance(n, int) for n in v["checks"].values())):
+            raise ManifestError(f"{vctx}: `checks` must be an object of counts")
         for key in ("compiled_for", "validated_on"):
             if key in v and not (isinstance(v[key], list) and all(isinstance(a, str) for a in v[key])):
                 raise ManifestError(f"{vctx}: `{key}` must be a list of compute capabilities (strings)")

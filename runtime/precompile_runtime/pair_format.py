@@ -139,6 +139,20 @@ class Ambient(TypedDict):
     """device type -> autocast dtype, for the capture's device type when autocast was on."""
 
 
+class AssumedState(TypedDict):
+    """The Python state the trace read and built in (capturing/assumed_state.py);
+    checked per call by the source half's templates/assumed_state.py. Values are
+    ``[kind, value]``: ``"="`` a literal, ``"set"`` a set as a sorted list."""
+
+    reads: list[list]
+    """``[model arg, submodule path, [attribute chain], [[attribute, kind, value], ...]]``
+    per object whose instance attributes the trace read."""
+    hooks: dict[str, list[list]]
+    """``{"modules": [[model arg, path, kind, [hook names]]], "global": [[kind, [names]]]}``."""
+    globals: list[list]
+    """``[module, name, kind, value]`` of module-level values the reached code read."""
+
+
 class _KernelRequired(TypedDict):
     name: str
     """The name Inductor's wrapper calls it by."""
@@ -246,6 +260,8 @@ class PairMetadata(_PairRequired, total=False):
     """The capture's validation report (validation/validate.py); nothing that runs reads it."""
     fallback: Fallback
     """An `eager` pair written because the frozen engine's compiler failed."""
+    assumed: AssumedState
+    """The Python state the trace assumed (absent in pairs before it was recorded)."""
 
 
 def check_version(meta: Any, *, where: str) -> None:

@@ -1,0 +1,224 @@
+# ---- the Python state the trace assumed, checked per call ---------------------------
+# Copied verbatim into every source half of the `frozen` and `eager` engines, after the
+# driver (codegen.py); the values are written and decoded by state_values.py (copied
+# before it, and imported by capturing/assumed_state.py at capture). Needs torch and
+# the stdlib.
+# PRECOMPILE_METADATA["assumed"] (capturing/assumed_state.py):
+#   "reads":   [[model arg, submodule path, [attribute chain to a plain object],
+#                [[attribute, kind, value], ...]], ...]  the instance attributes the trace
+#               read (peft's `_disable_adapters`, `scaling`; a config's fields)
+#   "hooks":   {"modules": [[model arg, submodule path, kind, [hook names]]],
+#               "global": [[kind, [hook names]]]}  the module hooks present at capture
+#   "globals": [[module, name, kind, value]]  module-level values the reached code reads
+# kind "=" : the value itself (a literal); "set": a set, as a sorted list.
+# A call checks these in full when its models are checked in full (the driver's
+# _full_params: a model seen first, or the state epoch moved); between, the values
+# that can change without an assignment (dicts, lists, sets: `scaling[k] = 0.5`) are
+# compared on every call, and a hook registered anywhere (RemovableHandle.next_id)
+# brings the full check back. An assignment to a recorded attribute name on a module
+# or a recorded object moves the epoch (their classes' __setattr__ is wrapped once).
+# stand-ins: names the rest of the source half defines (codegen.py drops this block)
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import torch
+
+    from .source_names import (
+        _META,
+        HOOK_KINDS,
+        CallError,
+        global_hooks,
+        module_hooks,
+        state_decoded,
+    )
+# end stand-ins
+
+_ASSUMED = _META.get("assumed") or {}
+_READS = [(i, path, tuple(chain), [(a, state_decoded(k, v)) for a, k, v in attrs])
+          for i, path, chain, attrs in _ASSUMED.get("reads", ())]
+_HOOKS = _ASSUMED.get("hooks") or {"modules": [], "global": []}
+_GLOBALS = [(m, n, state_decoded(k, v)) for m, n, k, v in _ASSUMED.get("globals", ())]
+_WATCHED = frozenset([a for _i, _p, _c, attrs in _READS for a, _v in attrs] + ["training"])
+_HANDLES = torch.utils.hooks.RemovableHandle
+_MISSING = object()
+
+
+def _differs(got, want):
+    # True and 1 compare equal; a flag that became a count (or back) is still a change
+    return got != want or (type(got) is bool) != (type(want) is bool)
+
+
+def _arg_label(i):
+    names = _META.get("arg_names") or []
+    return names[i] if i < len(names) else f"model argument {i}"
+
+
+def _submodule(root, path):
+    m = root
+    for part in path.split(".") if path else ():
+        m = m._modules.get(part) if m is not None else None
+    return m
+
+
+def _first_difference(want, got):
+    """``"['k'] was A at capture, now B"`` for the first key or index that differs
+    (one level), else the two values."""
+    if type(want) is dict and type(got) is dict:
+        for k in list(want) + [k for k in got if k not in want]:
+            a, b = want.get(k, _MISSING), got.get(k, _MISSING)
+            if a != b:
+                shown = lambda x: "unset" if x is _MISSING else repr(x)  # noqa: E731
+                return f"[{k!r}] was {shown(a)} at capture, now {shown(b)}"
+    return f" was {want!r} at capture, now {got!r}"
+
+
+def _assumed_full(modules):
+    """The full check of what the trace assumed of ``modules`` (the model arguments):
+    every recorded attribute, the hooks of every submodule and torch's global hooks.
+    Returns the values a call compares between full checks (dicts, lists and sets read
+    from the models: ``[(value object, recorded value, label)]``). Raises CallError
+    naming the first attribute or hook that differs."""
+    target = _META["target"]
+    watch = []
+    for i, path, chain, attrs in _READS:
+        obj = _submodule(modules[i], path) if i < len(modules) else None
+        where = ".".join([_arg_label(i)] + ([path] if path else []) + list(chain))
+        for name in chain:
+            obj = None if obj is None else obj.__dict__.get(name) if hasattr(obj, "__dict__") else None
+        if obj is None:
+            raise CallError(f"target {target!r}: {where} is missing; the capture read its "
+                            f"attributes ({', '.join(a for a, _ in attrs)}). Pass a model of the "
+                            "captured structure")
+        d = obj.__dict__
+        _watch_class(type(obj))
+        for attr, want in attrs:
+            got = d.get(attr, _MISSING)
+            if got is _MISSING or _differs(got, want):
+                diff = (" was set at capture, now unset" if got is _MISSING
+                        else _first_difference(want, got))
+                raise CallError(
+                    f"target {target!r}: {where}: {attr}{diff}. The pair was traced with the "
+                    "captured value built in and would answer for it; set it back, or capture "
+                    "this state too (another target)")
+            if type(want) in (dict, list, set):
+                watch.append((got, want, f"{where}: {attr}"))
+    _check_hooks(modules)
+    return watch
+
+
+def _check_hooks(modules):
+    target = _META["target"]
+    want = {(i, path, kind): names for i, path, kind, names in _HOOKS["modules"]}
+    for i, mod in enumerate(modules):
+        stack = [("", mod)]
+        while stack:
+            path, m = stack.pop()
+            for kind, names in module_hooks(m):
+                if want.get((i, path, kind)) != names:
+                    _hook_error(target, i, path, kind, want.get((i, path, kind), []), names)
+            for kind, _attr in HOOK_KINDS:
+                if (i, path, kind) in want and not m.__dict__.get(_attr):
+                    _hook_error(target, i, path, kind, want[(i, path, kind)], [])
+            stack.extend((f"{path}.{k}" if path else k, c) for k, c in m._modules.items() if c is not None)
+    got = dict(global_hooks())
+    for kind, names in list(_HOOKS["global"]) + [(k, []) for k in got if k not in dict(_HOOKS["global"])]:
+        if got.get(kind, []) != names:
+            _hook_error(target, None, "", kind, names, got.get(kind, []))
+
+
+def _hook_error(target, i, path, kind, want, got):
+    where = (f"torch's global {kind} hooks" if i is None else
+             f"the {kind} hooks of {'.'.join([_arg_label(i)] + ([path] if path else []))}")
+    raise CallError(
+        f"target {target!r}: {where} were {want or 'none'} at capture, now {got or 'none'}; "
+        "the graph ran the captured hooks (and no other): restore them, or capture again "
+        "with these hooks")
+
+
+def _check_globals():
+    """Module-level values the reached code read (``SCALES = {"x": 1.0}``), per call."""
+    import sys as _sys
+
+    for mod, name, want in _GLOBALS:
+        m = _sys.modules.get(mod)
+        got = m.__dict__.get(name, _MISSING) if m is not None else _MISSING
+        if got is _MISSING and m is None:
+            continue  # the module is not imported here: nothing of it can have changed
+        if got is _MISSING or _differs(got, want):
+            diff = " was set at capture, now unset" if got is _MISSING else _first_difference(want, got)
+            raise CallError(
+                f"target {_META['target']!r}: the global {mod}.{name}{diff}. The pair has the "
+                "captured value built in; set it back, or capture again")
+
+
+def _watch_class(cls):
+    """Wrap ``cls.__setattr__`` once so that an assignment of a watched attribute name
+    moves the state epoch (what ends the cached verdict of a model)."""
+    if cls.__dict__.get("_precompile_watched_setattr"):
+        return
+    box = _state_epoch()
+    watched = torch.nn.modules.module._precompile_watched
+    orig = cls.__setattr__
+
+    def __setattr__(self, name, value, _orig=orig):
+        _orig(self, name, value)
+        if name in watched:
+            box[0] += 1
+
+    __setattr__.__wrapped__ = orig
+    try:
+        cls.__setattr__ = __setattr__
+        cls._precompile_watched_setattr = True
+    except (TypeError, AttributeError):  # a built-in class: no assignment to watch
+        pass
+
+
+def _state_epoch():
+    """The process-wide model state epoch box ([int]), installed on first use: moved by
+    torch's global registration hooks (a parameter, buffer or submodule assigned), by
+    nn.Module.train/_apply (train(), eval(), to(), half(), ...), by an assignment of a
+    watched attribute name (the attributes pairs read) on a module, and by a hook's
+    removal (RemovableHandle.remove)."""
+    M = torch.nn.modules.module
+    box = getattr(M, "_precompile_state_epoch", None)
+    if box is None:
+        box = [0]
+
+        def bump(*_args):
+            box[0] += 1  # returns None: the registration hooks keep the value assigned
+
+        for name in ("parameter", "buffer", "module"):
+            hook = getattr(M, f"register_module_{name}_registration_hook", None)
+            if hook is not None:
+                hook(bump)
+        for name in ("train", "_apply"):
+            setattr(torch.nn.Module, name, _bumping(getattr(torch.nn.Module, name), box))
+        M._precompile_state_epoch = box
+    if getattr(M, "_precompile_watched", None) is None:  # (a pair of an older format made the box)
+        M._precompile_watched = set()
+        _HANDLES.remove = _bumping(_HANDLES.remove, box)
+        _watch_class(torch.nn.Module)
+    M._precompile_watched.update(_WATCHED)
+    return box
+
+
+def _bumping(orig, box):
+    def wrapped(self, *args, _orig=orig, **kwargs):
+        try:
+            return _orig(self, *args, **kwargs)
+        finally:
+            box[0] += 1
+
+    wrapped.__name__, wrapped.__doc__, wrapped.__wrapped__ = orig.__name__, orig.__doc__, orig
+    return wrapped
+
+
+def _assumed_same(watch, hook_id):
+    """Between full checks: True while no hook was registered anywhere and every
+    watched dict/list/set equals its recorded value."""
+    if _HANDLES.next_id != hook_id:
+        return False
+    for got, want, _label in watch:
+        if got != want:
+            return False
+    return True
