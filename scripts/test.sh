@@ -18,8 +18,10 @@ echo "== tests under torch 2.13 (frozen and eager engines, backend, runtime)"
 
 echo "== tests under torch 2.14.1 (the torch engine; the transformers/timm model matrix)"
 # torchvision (timm needs it) exists for this torch; transformers pinned: the matrix's
-# tiny configs are tested at this version (the GPU host has it too)
-TORCH_SPEC=torch==2.14.1 make_venv .venv-torch214 "${deps[@]}" torchvision==0.29.1 transformers==5.17.0 timm==1.0.31
+# tiny configs are tested at this version (the GPU host has it too); peft for the
+# adapter state a served call checks (test_assumed_state.py)
+TORCH_SPEC=torch==2.14.1 make_venv .venv-torch214 "${deps[@]}" torchvision==0.29.1 transformers==5.17.0 timm==1.0.31 \
+  peft==0.21.2
 .venv-torch214/bin/python -m pip install -q -e ./runtime -e .
 # the torch engine's tests, the frozen engine's cases, the tracers (and the one-pass export
 # on torch's private names), the example project
@@ -27,4 +29,5 @@ TORCH_SPEC=torch==2.14.1 make_venv .venv-torch214 "${deps[@]}" torchvision==0.29
 # transformers decoding (StaticCache arguments, the export wrapper) and the model matrix
 .venv-torch214/bin/python -m pytest -q -p no:cacheprovider \
   tests/test_torch_engine.py tests/test_frozen_engine.py tests/test_frozen_dynamic_dims.py tests/test_tracers.py \
-  tests/test_aten_export.py tests/test_example_project.py tests/test_llm_decode.py tests/test_decode_fast_path.py tests/test_models.py "$@"
+  tests/test_aten_export.py tests/test_example_project.py tests/test_llm_decode.py tests/test_decode_fast_path.py tests/test_models.py \
+  tests/test_assumed_state.py "$@"
