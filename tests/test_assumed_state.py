@@ -219,6 +219,51 @@ def test_a_module_level_value_the_code_reads_is_checked(tmp_path, monkeypatch):
         sys.modules.pop("scales_mod", None)
 
 
+class ClassScaled(torch.nn.Module):
+    SCALES = {"a": 2.0}  # class-level: no instance attribute, no assignment to see
+    offset = 1.0
+
+    def forward(self, x):
+        return x * self.SCALES["a"] + self.offset
+
+
+def test_class_level_values_the_trace_read_are_compared_on_every_call(tmp_path):
+    m, x = ClassScaled(), torch.randn(3)
+    f = _serve(tmp_path, call, m, x)
+    torch.testing.assert_close(f(m, x), m(x))
+    ClassScaled.SCALES["a"] = 3.0
+    try:
+        with pytest.raises(CallError, match=r"m: SCALES\['a'\] was 2.0 at capture, now 3.0"):
+            f(m, x)
+    finally:
+        ClassScaled.SCALES["a"] = 2.0
+    ClassScaled.offset = 0.0  # rebound on the class: no __setattr__ of an instance runs
+    try:
+        with pytest.raises(CallError, match=r"m: offset was 1.0 at capture, now 0.0"):
+            f(m, x)
+    finally:
+        ClassScaled.offset = 1.0
+    torch.testing.assert_close(f(m, x), m(x))
+
+
+def test_a_graph_that_relies_on_the_default_dtype_checks_it(tmp_path):
+    def ramp(x):
+        return x + torch.arange(3) * 0.5  # no dtype: eager follows torch.set_default_dtype
+
+    x = torch.ones(3)
+    f = _serve(tmp_path, ramp, x)
+    g = _serve(tmp_path, lambda x: x * 2, x, name="plain")
+    torch.set_default_dtype(torch.float64)
+    try:
+        with pytest.raises(CallError, match=r"called with the default dtype torch.float64, but captured "
+                                            r"with torch.float32"):
+            f(x)
+        torch.testing.assert_close(g(x), x * 2)  # creates no tensor: no default dtype to check
+    finally:
+        torch.set_default_dtype(torch.float32)
+    torch.testing.assert_close(f(x), ramp(x))
+
+
 def test_a_pair_with_nothing_assumed_records_nothing(tmp_path):
     f = _serve(tmp_path, lambda x: x + 1, torch.ones(2))
     src = (tmp_path / "t.py").read_text()

@@ -10,12 +10,13 @@ state differs (templates/assumed_state.py, copied into the pair: the same encodi
 
 Recorded, in ``PRECOMPILE_METADATA["assumed"]``:
 
-- ``reads``: every instance attribute of a plain value (templates' ``state_value``:
-  scalars, short tuples/lists/dicts/sets of them) that the trace read on a submodule of
-  a model argument, or on a plain object one attribute away from one (a config), found
-  by recording ``__getattribute__`` of ``nn.Module`` and of those objects' classes
-  while the tracer runs the function. Class attributes and properties are not recorded
-  (the instance attributes a property reads are). Values the function itself changes
+- ``reads``: every attribute of a plain value (templates' ``state_value``: scalars,
+  short tuples/lists/dicts/sets of them) that the trace read on a submodule of a model
+  argument, or on a plain object one attribute away from one (a config), found by
+  recording ``__getattribute__`` of ``nn.Module`` and of those objects' classes while
+  the tracer runs the function: instance attributes and class attributes
+  (``class M: SCALES = {...}``) alike. Properties are not recorded (the attributes a
+  property reads are). Values the function itself changes
   are state, not assumptions (python_state.py warns about them), and are left out;
   ``training`` has its own check (the driver's ``_check_training``).
 - ``hooks``: the forward, forward-pre, backward and backward-pre hooks of every
@@ -27,8 +28,8 @@ Recorded, in ``PRECOMPILE_METADATA["assumed"]``:
 
 Not recorded (README, "What a served call checks"): reads through ``vars(obj)`` or
 ``obj.__dict__[...]``, objects more than one attribute away from a module, library
-modules' globals (transformers' own tables), values of other types (enums, objects:
-their identity cannot be compared across processes), and class-level attributes.
+modules' globals (transformers' own tables), and values of other types (enums,
+objects: their identity cannot be compared across processes).
 """
 
 from __future__ import annotations
@@ -47,8 +48,24 @@ _NOT_SET = object()
 def _internals() -> frozenset[str]:
     import torch
 
-    # nn.Module's own bookkeeping (parameters, hooks, the train flag) and dunder names
-    return frozenset(vars(torch.nn.Module())) | {"__dict__", "__class__", "forward"}
+    # nn.Module's own bookkeeping (parameters, hooks, the train flag, its class-level
+    # flags) and dunder names
+    flags = {k for k, v in vars(torch.nn.Module).items() if state_value(v) is not None}  # dump_patches, ...
+    return frozenset(vars(torch.nn.Module())) | frozenset(flags) | {"__dict__", "__class__", "forward"}
+
+
+def _class_value(cls: type, name: str) -> Any:
+    """What ``name`` is on ``cls`` (the first class of its MRO that has it)."""
+    for k in cls.__mro__:
+        if name in k.__dict__:
+            return k.__dict__[name]
+    return _NOT_SET
+
+
+def _current(obj: Any, name: str) -> Any:
+    """``obj.name`` as an instance attribute, else as a class attribute."""
+    d = vars(obj)
+    return d[name] if name in d else _class_value(type(obj), name)
 
 
 def _walk(module) -> Iterator[tuple[str, Any]]:
@@ -100,8 +117,9 @@ class Recorder:
         if name in attrs:
             return
         d = object.__getattribute__(obj, "__dict__")
-        if d.get(name, _NOT_SET) is not value:  # a class attribute or a property's result
-            return
+        if d.get(name, _NOT_SET) is not value and (name in d or _class_value(type(obj), name) is not value):
+            return  # a property's result, or what __getattr__ made
+
         enc = state_value(value)
         attrs[name] = None if enc is None else (enc[0], copy.deepcopy(enc[1]))
 
@@ -154,12 +172,12 @@ class Recorder:
         objects = {w: o for o, w in ((o, self.where[id(o)]) for o in self.objects)}
         out = []
         for where, attrs in sorted(self.reads.items(), key=lambda kv: kv[0]):
-            d = vars(objects[where])
+            obj = objects[where]
             kept = []
             for name, enc in sorted(attrs.items()):
                 if enc is None:
                     continue
-                now = state_value(d.get(name, _NOT_SET))
+                now = state_value(_current(obj, name))
                 if now is not None and list(now) == list(enc):  # the function did not change it
                     kept.append([name, enc[0], enc[1]])
             if kept:

@@ -259,7 +259,7 @@ def trace_call(fn: Callable, args: tuple, kwargs: dict, *, target: str, tracer: 
         "collectives": collectives.canonical_groups(gm, target),  # groups by ranks, world size
         "constants": graph_attrs.constant_specs(constants),  # trace-made: passed after the inputs
         "reassigned_buffers": out_box["reassigned"],  # outputs after the gradients
-        "ambient": _ambient_state(_device_of(params + user_tensors)),
+        "ambient": _ambient_state(_device_of(params + user_tensors), gm),
         "assumed": assumed_state.metadata(reads, hooks, globals_before, fn, args, kwargs),
     }
     return TracedCall(graph_module=gm, example_inputs=example + constants, metadata=metadata, symbolic=symbolic,
@@ -327,16 +327,35 @@ def _mutated_inputs(gm) -> list[int]:
     return sorted(written)
 
 
-def _ambient_state(device: str) -> dict:
+def _ambient_state(device: str, gm) -> dict:
     """The caller's state at capture that changes what eager computes and is built
     into the graph: autocast of the capture's device type (its dtype, absent when
-    off). The driver compares it on every call."""
+    off), and the default dtype where the graph creates a tensor without a dtype
+    (``torch.zeros(n)``: eager follows ``torch.set_default_dtype``, as Dynamo's
+    global-state guard does). The driver compares them on every call."""
     import torch
 
     autocast = {}
     if torch.is_autocast_enabled(device):
         autocast[device] = str(torch.get_autocast_dtype(device))
-    return {"autocast": autocast}
+    out: dict = {"autocast": autocast}
+    if _uses_default_dtype(gm):
+        out["default_dtype"] = str(torch.get_default_dtype())
+    return out
+
+
+def _uses_default_dtype(gm) -> bool:
+    """A factory op of the graph (no tensor argument) was called without a dtype."""
+    import torch
+
+    for n in gm.graph.nodes:
+        if n.op != "call_function" or not isinstance(n.target, torch._ops.OpOverload):
+            continue
+        args = n.target._schema.arguments
+        if (any(a.name == "dtype" for a in args) and n.kwargs.get("dtype") is None
+                and not any(isinstance(a.type, torch.TensorType) for a in args)):
+            return True
+    return False
 
 
 def _changed(before: list, after: list) -> set[str]:

@@ -5,16 +5,16 @@
 # the stdlib.
 # PRECOMPILE_METADATA["assumed"] (capturing/assumed_state.py):
 #   "reads":   [[model arg, submodule path, [attribute chain to a plain object],
-#                [[attribute, kind, value], ...]], ...]  the instance attributes the trace
-#               read (peft's `_disable_adapters`, `scaling`; a config's fields)
+#                [[attribute, kind, value], ...]], ...]  the attributes the trace read
+#               (peft's `_disable_adapters`, `scaling`; a config's fields; class-level ones)
 #   "hooks":   {"modules": [[model arg, submodule path, kind, [hook names]]],
 #               "global": [[kind, [hook names]]]}  the module hooks present at capture
 #   "globals": [[module, name, kind, value]]  module-level values the reached code reads
 # kind "=" : the value itself (a literal); "set": a set, as a sorted list.
 # A call checks these in full when its models are checked in full (the driver's
 # _full_params: a model seen first, or the state epoch moved); between, the values
-# that can change without an assignment (dicts, lists, sets: `scaling[k] = 0.5`) are
-# compared on every call, and a hook registered anywhere (RemovableHandle.next_id)
+# that can change without an assignment the epoch sees (dicts, lists, sets:
+# `scaling[k] = 0.5`; class attributes) are compared on every call, and a hook registered anywhere (RemovableHandle.next_id)
 # brings the full check back. An assignment to a recorded attribute name on a module
 # or a recorded object moves the epoch (their classes' __setattr__ is wrapped once).
 # stand-ins: names the rest of the source half defines (codegen.py drops this block)
@@ -75,9 +75,10 @@ def _first_difference(want, got):
 def _assumed_full(modules):
     """The full check of what the trace assumed of ``modules`` (the model arguments):
     every recorded attribute, the hooks of every submodule and torch's global hooks.
-    Returns the values a call compares between full checks (dicts, lists and sets read
-    from the models: ``[(value object, recorded value, label)]``). Raises CallError
-    naming the first attribute or hook that differs."""
+    Returns what a call compares between full checks: the dicts, lists and sets read,
+    and the class attributes read (rebound with no assignment the epoch sees), as
+    ``[(the instance's or class's __dict__, attribute, recorded value)]``. Raises
+    CallError naming the first attribute or hook that differs."""
     target = _META["target"]
     watch = []
     for i, path, chain, attrs in _READS:
@@ -92,7 +93,8 @@ def _assumed_full(modules):
         d = obj.__dict__
         _watch_class(type(obj))
         for attr, want in attrs:
-            got = d.get(attr, _MISSING)
+            holder = d if attr in d else next((k.__dict__ for k in type(obj).__mro__ if attr in k.__dict__), d)
+            got = holder.get(attr, _MISSING)
             if got is _MISSING or _differs(got, want):
                 diff = (" was set at capture, now unset" if got is _MISSING
                         else _first_difference(want, got))
@@ -100,8 +102,8 @@ def _assumed_full(modules):
                     f"target {target!r}: {where}: {attr}{diff}. The pair was traced with the "
                     "captured value built in and would answer for it; set it back, or capture "
                     "this state too (another target)")
-            if type(want) in (dict, list, set):
-                watch.append((got, want, f"{where}: {attr}"))
+            if holder is not d or type(want) in (dict, list, set):  # no assignment tells
+                watch.append((holder, attr, want))
     _check_hooks(modules)
     return watch
 
@@ -218,7 +220,7 @@ def _assumed_same(watch, hook_id):
     watched dict/list/set equals its recorded value."""
     if _HANDLES.next_id != hook_id:
         return False
-    for got, want, _label in watch:
-        if got != want:
+    for holder, attr, want in watch:
+        if holder.get(attr, _MISSING) != want:
             return False
     return True

@@ -381,6 +381,7 @@ def _check_inputs(tensors, paths):
 # ---- ambient state: what changes what eager computes, checked per call ------------
 _AMBIENT = _META.get("ambient") or {"autocast": {}}
 _ANY_AUTOCAST = getattr(torch._C, "_is_any_autocast_enabled", None)
+_DEFAULT_DTYPE = _AMBIENT.get("default_dtype")  # recorded where the graph creates tensors without a dtype
 _RUNS_BACKWARD = bool(_META.get("grad_param_indices"))
 
 
@@ -393,7 +394,8 @@ def _autocast_state(device_type):
 def _check_ambient():
     """Raise CallError where the caller's ambient state would make eager compute
     something else than what was captured: autocast (enabled, dtype) for the
-    capture's device type, and grad mode for a captured backward."""
+    capture's device type, the default dtype where the graph relies on it, and grad
+    mode for a captured backward."""
     want = _AMBIENT["autocast"]
     if want or _ANY_AUTOCAST is None or _ANY_AUTOCAST():
         device_type = _META["device"]
@@ -409,6 +411,12 @@ def _check_ambient():
                    "(torch.autocast(..., enabled=False) around the call)")
                 + ", or capture again under this autocast"
             )
+    if _DEFAULT_DTYPE is not None and str(torch.get_default_dtype()) != _DEFAULT_DTYPE:
+        raise CallError(
+            f"target {_META['target']!r}: called with the default dtype "
+            f"{torch.get_default_dtype()}, but captured with {_DEFAULT_DTYPE}: the function "
+            "creates tensors without a dtype, and the pair has the captured one built in. "
+            f"Call it with torch.set_default_dtype({_DEFAULT_DTYPE}), or capture again")
     if _RUNS_BACKWARD and not torch.is_grad_enabled():
         raise CallError(
             f"target {_META['target']!r}: called with grad disabled (torch.no_grad() or "

@@ -132,11 +132,16 @@ class Dynamic(TypedDict):
     """Python expressions of the symbols that must hold for every call."""
 
 
-class Ambient(TypedDict):
-    """The caller's state at capture that the graph has built in."""
-
+class _AmbientRequired(TypedDict):
     autocast: dict[str, str]
     """device type -> autocast dtype, for the capture's device type when autocast was on."""
+
+
+class Ambient(_AmbientRequired, total=False):
+    """The caller's state at capture that the graph has built in."""
+
+    default_dtype: str
+    """``str(torch.get_default_dtype())``, where the graph creates a tensor without a dtype."""
 
 
 class AssumedState(TypedDict):
