@@ -1,0 +1,95 @@
+"""What a trace assumed of Python state, on CUDA with graphs on (issue 37): a frozen
+CUDA pair replaying CUDA graphs refuses a call whose flags, dicts or hooks differ from
+the capture's, from several threads with a model each, and serves again once they are
+back. The CPU cases are tests/test_assumed_state.py. Skipped without CUDA."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+try:
+    import torch
+except ImportError:  # pragma: no cover - CI without torch
+    torch = None
+
+HAVE_CUDA = torch is not None and torch.cuda.is_available()
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not HAVE_CUDA, reason="needs CUDA")]
+
+
+def _block_class():
+    nn = torch.nn
+
+    class Block(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.up, self.down = nn.Linear(64, 128), nn.Linear(128, 64)
+            self.scaling = {"default": 0.5}
+            self._disabled = False
+
+        def forward(self, x):
+            h = self.down(torch.nn.functional.gelu(self.up(x)))
+            return x if self._disabled else x + h * self.scaling["default"]
+
+    return Block
+
+
+def forward(model, x):
+    return model(x)
+
+
+def test_a_cuda_graph_pair_checks_the_state_the_trace_read_from_several_threads(tmp_path):
+    from _pairs import load_pair
+
+    import precompile_build
+    from precompile_runtime.errors import CallError
+
+    Block = _block_class()
+    torch.manual_seed(0)
+    models = [Block().cuda().eval() for _ in range(4)]
+    for m in models[1:]:
+        m.load_state_dict(models[0].state_dict())
+    x = torch.randn(8, 64, device="cuda")
+    paths = {"artifact_path": tmp_path / "t.py", "cache_path": tmp_path / "t.cache"}
+    with precompile_build.capture(forward, engine="frozen", **paths) as f:
+        f(models[0], x)
+    served = load_pair(paths["artifact_path"], paths["cache_path"]).with_cuda_graphs()
+    problems: list = []
+
+    def client(i):
+        m, xi = models[i], torch.randn(8, 64, device="cuda")
+        try:
+            for step in range(20):
+                if step == 5:
+                    m.scaling["default"] = 0.25  # this thread's model only
+                    try:
+                        served(m, xi)
+                        problems.append(f"thread {i}: served a changed scaling")
+                    except CallError as e:
+                        assert "scaling['default'] was 0.5 at capture, now 0.25" in str(e), e
+                    m.scaling["default"] = 0.5
+                if step == 10:
+                    h = m.up.register_forward_hook(lambda mod, inp, out: out * 0)
+                    try:
+                        served(m, xi)
+                        problems.append(f"thread {i}: served with a new hook")
+                    except CallError as e:
+                        assert "forward hooks of m.up were none at capture" in str(e), e
+                    h.remove()
+                got = served(m, xi)
+                torch.testing.assert_close(got, m(xi), rtol=2e-3, atol=2e-3)
+        except Exception as e:  # noqa: BLE001 - reported below with the thread
+            problems.append(f"thread {i}: {type(e).__name__}: {e}")
+
+    threads = [threading.Thread(target=client, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert problems == []
+    models[0]._disabled = True  # a flag on a model already checked, between replays
+    with pytest.raises(CallError, match=r"m: _disabled was False at capture, now True"):
+        served(models[0], x)
+    models[0]._disabled = False
+    torch.testing.assert_close(served(models[0], x), models[0](x), rtol=2e-3, atol=2e-3)
