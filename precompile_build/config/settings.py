@@ -161,14 +161,6 @@ def _read_toml(root: Path) -> dict[str, Any]:
         raise ConfigError(f"Failed to parse {path}: {e}") from None
 
 
-def read_pyproject(root: Path) -> dict[str, Any]:
-    """The `[tool.precompile]` table of ``root/pyproject.toml`` (raw dict).
-
-    Raises ConfigError when the file is missing, unparsable, or has no such table.
-    """
-    return _precompile_table(_read_toml(root))
-
-
 def _precompile_table(doc: Mapping[str, Any]) -> dict[str, Any]:
     tool = doc.get("tool", {})
     table = tool.get("precompile") if isinstance(tool, dict) else None
