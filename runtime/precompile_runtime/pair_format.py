@@ -248,30 +248,47 @@ class PairMetadata(_PairRequired, total=False):
     """An `eager` pair written because the frozen engine's compiler failed."""
 
 
+def version_problem(meta: Any) -> tuple[str, str] | None:
+    """The one rule of which source halves this precompile-runtime reads.
+
+    Args:
+        meta: a source half's ``PRECOMPILE_METADATA`` (anything: it may be no dict).
+    Returns:
+        None when ``format`` is :data:`FORMAT` and ``version`` an int (not a bool)
+        within :data:`READS`; else ``(finding, advice)``: what is wrong, and which side
+        to upgrade or rebuild.
+    """
+    from ._version import __version__
+
+    fmt = meta.get("format") if isinstance(meta, dict) else None
+    if fmt != FORMAT:
+        return (f"not a precompile-build source half (PRECOMPILE_METADATA format {fmt!r}, "
+                f"not {FORMAT!r})", "rebuild the wheel")
+    version = meta.get("version")
+    low, high = READS
+    is_int = isinstance(version, int) and not isinstance(version, bool)
+    if is_int and low <= version <= high:
+        return None
+    reads = f"version {low}" if low == high else f"versions {low} to {high}"
+    if is_int and version > high:
+        todo = "upgrade precompile-runtime (pip install -U precompile-runtime) to load it"
+    else:
+        todo = "rebuild the wheel with a current precompile-build"
+    return (f"the pair is of format version {version!r}, and precompile-runtime "
+            f"{__version__} reads {reads}", todo)
+
+
 def check_version(meta: Any, *, where: str) -> None:
-    """Refuse a source half this precompile-runtime does not read.
+    """Refuse a source half this precompile-runtime does not read (:func:`version_problem`).
 
     Args:
         meta: the source's ``PRECOMPILE_METADATA``.
         where: the package, target and file, for the message.
     Raises:
         PairFormatError: ``format`` is not :data:`FORMAT`, or ``version`` is not an int
-            within :data:`READS`; the message says which side to upgrade or rebuild.
+            within :data:`READS`; its ``finding`` says which, its ``advice`` which side
+            to upgrade or rebuild.
     """
-    from ._version import __version__
-
-    fmt = meta.get("format") if isinstance(meta, dict) else None
-    if fmt != FORMAT:
-        raise PairFormatError(f"{where}: not a precompile-build source half (PRECOMPILE_METADATA "
-                              f"format {fmt!r}, not {FORMAT!r}); rebuild the wheel")
-    version = meta.get("version")
-    low, high = READS
-    if isinstance(version, int) and not isinstance(version, bool) and low <= version <= high:
-        return
-    reads = f"version {low}" if low == high else f"versions {low} to {high}"
-    if isinstance(version, int) and not isinstance(version, bool) and version > high:
-        todo = "upgrade precompile-runtime (pip install -U precompile-runtime) to load it"
-    else:
-        todo = "rebuild the wheel with a current precompile-build"
-    raise PairFormatError(f"{where}: the pair is of format version {version!r}, and "
-                          f"precompile-runtime {__version__} reads {reads}; {todo}")
+    problem = version_problem(meta)
+    if problem is not None:
+        raise PairFormatError(problem[0], where=where, advice=problem[1])
