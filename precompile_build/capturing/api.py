@@ -16,6 +16,7 @@ from typing import Any, Callable
 from precompile_runtime.envelope import write_atomic
 
 from .. import engines
+from ..config import capture_env
 from ..config.capture_options import FROZEN_OPTIONS, OPTIONS, CaptureOptions, check_choice  # noqa: F401 - re-exported
 from ..errors import CaptureError, CompilerFailed, PythonStateWarning, warn_at_caller
 from . import python_state
@@ -321,10 +322,10 @@ def capture(
     """
     if not callable(fn):
         raise TypeError(f"precompile_build.capture(fn): fn must be callable, got {type(fn).__name__}")
-    fallback = fallback or os.environ.get("PRECOMPILE_FALLBACK") or "none"
+    fallback = fallback or os.environ.get(capture_env.FALLBACK) or "none"
     check_choice(engine, backend, fallback)  # before the paths: a wrong choice is named first
-    artifact_path = artifact_path or os.environ.get("PRECOMPILE_ARTIFACT_PATH")
-    cache_path = cache_path or os.environ.get("PRECOMPILE_CACHE_PATH")
+    artifact_path = artifact_path or os.environ.get(capture_env.ARTIFACT_PATH)
+    cache_path = cache_path or os.environ.get(capture_env.CACHE_PATH)
     if not artifact_path or not cache_path:
         raise CaptureError(
             "precompile_build.capture needs artifact_path= and cache_path=, and neither "
@@ -339,7 +340,7 @@ def capture(
         if not isinstance(value, (str, os.PathLike)) or Path(value).is_dir():
             raise TypeError(f"precompile_build.capture: {name}={value!r} must be a file path "
                             "(str or os.PathLike), not a directory")
-    target = target or os.environ.get("PRECOMPILE_TARGET") or Path(artifact_path).stem
+    target = target or os.environ.get(capture_env.TARGET) or Path(artifact_path).stem
     opts = CaptureOptions.parse(target=target, engine=engine, backend=backend, tracer=tracer,
                                 fallback=fallback, options=options)
     if Path(artifact_path).resolve() == Path(cache_path).resolve():

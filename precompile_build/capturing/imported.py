@@ -29,7 +29,9 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Optional
 
-RECORD_ENV = "PRECOMPILE_IMPORTS_PATH"
+from ..config import capture_env
+
+RECORD_ENV = capture_env.IMPORTS_PATH
 
 
 def _normal(name: str) -> str:

@@ -38,11 +38,13 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Optional
 
-STATS_ENV = "PRECOMPILE_STATS_PATH"
+from ..config import capture_env
+
+STATS_ENV = capture_env.STATS_PATH
 """Environment variable naming the capture's stats file (set by the build)."""
 
 
-STARTED_ENV = "PRECOMPILE_SCRIPT_STARTED"
+STARTED_ENV = capture_env.SCRIPT_STARTED
 """Environment variable: ``"<time> <pid>"``, the wall-clock time (``time.time()``,
 seconds) at which the build started the capture script, and the script's process id
 (processes the script starts inherit it: they record no setup)."""

@@ -41,6 +41,7 @@ import traceback
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from ..config import capture_env
 from ..config.choices import TRACERS
 from ..errors import CaptureError, torch_warnings_shown, warn_at_caller
 from . import aten_export, dynamic_dims
@@ -69,7 +70,7 @@ def check_tracer(tracer: str | None) -> str:
     Raises:
         ValueError: not one of :data:`TRACERS`.
     """
-    value = tracer or os.environ.get("PRECOMPILE_TRACER", "").strip() or "auto"
+    value = tracer or os.environ.get(capture_env.TRACER, "").strip() or "auto"
     if value not in TRACERS:
         raise ValueError(f"tracer={value!r} is not one of {', '.join(map(repr, TRACERS))} "
                          "(from the capture call, the target's `tracer` or PRECOMPILE_TRACER)")

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from ..errors import CaptureError
+from . import capture_env
 from .choices import ENGINES, FALLBACKS
 from .choices import resolve as resolve_engine
 
@@ -214,17 +215,17 @@ class CaptureOptions:
             ValueError: ``options['tracer']`` is not a tracer of our engines.
         """
         options = dict(self.options)
-        if os.environ.get("PRECOMPILE_CUDA_GRAPHS") == "1":  # the `cuda-graphs` target option
+        if os.environ.get(capture_env.CUDA_GRAPHS) == "1":  # the `cuda-graphs` target option
             options.setdefault("cuda_graphs", True)
-        if os.environ.get("PRECOMPILE_CUDA_ARCHS", "").strip() and device == "cuda":  # `cuda-archs`
-            options.setdefault("cuda_archs", os.environ["PRECOMPILE_CUDA_ARCHS"])
+        if os.environ.get(capture_env.CUDA_ARCHS, "").strip() and device == "cuda":  # `cuda-archs`
+            options.setdefault("cuda_archs", os.environ[capture_env.CUDA_ARCHS])
         # CUDA graphs replay the frozen engine's kernels, and tracer/fallback and the
         # FROZEN_OPTIONS are its settings: auto picks it for them (PRECOMPILE_ENGINE
         # still decides when set)
         wants_frozen = (options.get("cuda_graphs") or self.tracer != "auto" or self.fallback != "none"
                         or any(k in options for k in FROZEN_OPTIONS if k != "cuda_graphs"))
         engine = resolve_engine("frozen" if wants_frozen and self.engine == "auto"
-                                 and not os.environ.get("PRECOMPILE_ENGINE", "").strip()
+                                 and not os.environ.get(capture_env.ENGINE, "").strip()
                                  else self.engine, device)
         if self.backend == "eager" and engine == "frozen":
             engine = "eager"

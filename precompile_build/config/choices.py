@@ -38,7 +38,9 @@ def resolve(engine: str, device: str) -> str:
     import os
 
     if engine == "auto":
-        engine = os.environ.get("PRECOMPILE_ENGINE", "").strip() or "auto"
+        from .capture_env import ENGINE
+
+        engine = os.environ.get(ENGINE, "").strip() or "auto"
     if engine == "auto":
         if device != "cpu" and torch_has_precompile():
             return "torch"

@@ -44,6 +44,7 @@ import weakref
 from collections.abc import Iterator
 from typing import Any
 
+from ..config import capture_env
 from ..errors import CaptureError
 
 # Most shared memory one block may use (the opt-in maximum, bytes): CUDA C
@@ -53,7 +54,7 @@ SHARED_PER_BLOCK = {
     "8.9": 99 * 1024, "9.0": 227 * 1024, "10.0": 227 * 1024, "10.3": 227 * 1024,
     "11.0": 227 * 1024, "12.0": 99 * 1024, "12.1": 99 * 1024,
 }
-TEST_CROSS_NATIVE_ENV = "PRECOMPILE_TEST_CROSS_NATIVE"
+TEST_CROSS_NATIVE_ENV = capture_env.TEST_CROSS_NATIVE
 """Test-only: ``1`` compiles the build GPU's architecture through the cross path
 too and freezes those cubins instead of the native ones (so validation runs them)."""
 WORKER_TIMEOUT = 1800.0  # seconds for all cross compiles of one capture
