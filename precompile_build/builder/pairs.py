@@ -11,11 +11,11 @@ from typing import Any
 
 from precompile_runtime import envelope
 from precompile_runtime.errors import PrecompileLoadError
-from precompile_runtime.pair_format import version_problem
+from precompile_runtime.pair_format import SOURCE_ENGINES, version_problem
 
 from ..errors import CaptureError
 
-OUR_ENGINES = ("frozen", "eager")
+OUR_ENGINES = SOURCE_ENGINES
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import sys
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Literal
 
 from precompile_runtime.envelope import write_atomic
 
@@ -67,6 +67,7 @@ class Capture:
             raise failed  # except block: the function's traceback is not this one's context)
         if engine != "torch":  # ours trace Python once (torch.compile replays random calls)
             _warn_python_rng(before, python_rng_states(), self.target)
+        assert self._pair is not None  # (_capture wrote it, or raised)
         self._pair = (self._pair[0], _with_function_name(self._pair[1], self._fn))
         result = box["result"] if "result" in box else self._fn(*args, **kwargs)
         if state is not None:  # (after the real call: what it changed, the trace too)
@@ -103,7 +104,7 @@ class Capture:
                     traced=e.traced, real=e.real,
                 )
 
-    def __exit__(self, exc_type, exc, tb) -> bool:
+    def __exit__(self, exc_type, exc, tb) -> Literal[False]:
         if exc_type is not None:
             print(
                 f"precompile_build.capture: target {self.target!r}: nothing written, "

@@ -91,12 +91,12 @@ def _not_inputs() -> tuple[str, ...]:
     return tuple(os.path.realpath(d) + os.sep for d in dirs if d)
 
 
-def environment_record() -> dict[str, dict[str, str]]:
+def environment_record() -> dict[str, Any]:
     """Every distribution installed where this process imports from, for a capture
     that recorded nothing."""
     from importlib import metadata
 
-    dists = {}
+    dists: dict[str, str] = {}
     for dist in metadata.distributions():
         name = dist.metadata["Name"]
         if name:

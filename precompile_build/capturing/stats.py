@@ -215,7 +215,8 @@ def peak_step(peaks: Optional[dict]) -> Optional[str]:
     """The capture step whose GPU peak is the capture's (``peaks["gpu_steps"]``; a part
     of validate rather than validate), or None (not measured, or the peak fell between
     steps)."""
-    steps = (peaks or {}).get("gpu_steps") or {}
+    peaks = peaks or {}
+    steps = peaks.get("gpu_steps") or {}
     at_peak = [s for s in STEPS + VALIDATE_PARTS if s in steps and steps[s] >= peaks.get("gpu_bytes", 0)]
     return at_peak[-1] if at_peak else None
 

@@ -42,7 +42,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from ..config import capture_env
-from ..config.choices import TRACERS
+from ..config.choices import TRACERS, Tracer
 from ..errors import CaptureError, torch_warnings_shown, warn_at_caller
 from . import aten_export, dynamic_dims
 from .layouts import example_clone
@@ -59,7 +59,7 @@ class Traced:
     symbolic: Any
     """``dynamic_dims.SymbolicTrace`` (the marked dims' symbols and fake inputs), or
     None when no dim is marked."""
-    tracer: str
+    tracer: Tracer
     """The tracer that made the graph: ``"export"``, ``"export-strict"`` or
     ``"make_fx"`` (never ``"auto"``)."""
 
@@ -232,7 +232,7 @@ def _culprit(exc: BaseException) -> str:
         here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
         _OWN_DIRS = (os.path.dirname(os.path.abspath(torch.__file__)) + os.sep, here + os.sep,
                      sysconfig.get_paths()["stdlib"] + os.sep)
-    frames = []
+    frames: list[traceback.FrameSummary] = []
     seen = set()
     e: BaseException | None = exc
     while e is not None and id(e) not in seen:  # the cause chain: export re-raises

@@ -25,11 +25,12 @@ def get(engine: str):
     """The module implementing ``engine``: ``"frozen"``, ``"eager"`` or ``"torch"``
     (already resolved); ValueError for any other name."""
     if engine == "frozen":
-        from . import frozen as mod
-    elif engine == "eager":
-        from . import eager as mod
-    elif engine == "torch":
-        from . import torch_engine as mod
-    else:  # pragma: no cover - resolve() rejects these
-        raise ValueError(engine)
-    return mod
+        from . import frozen
+        return frozen
+    if engine == "eager":
+        from . import eager
+        return eager
+    if engine == "torch":
+        from . import torch_engine
+        return torch_engine
+    raise ValueError(engine)  # pragma: no cover - resolve() rejects these

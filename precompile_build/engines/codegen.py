@@ -24,7 +24,7 @@ from pathlib import Path
 
 from precompile_runtime.pair_format import FORMAT as SOURCE_FORMAT
 from precompile_runtime.pair_format import VERSION as SOURCE_VERSION
-from precompile_runtime.pair_format import PairMetadata
+from precompile_runtime.pair_format import CallConvention, Kernel, PairMetadata, SourceEngine
 
 _TEMPLATES = Path(__file__).parent.parent / "templates"
 # A template's imports of the names other blocks define (source_names.py), for linters
@@ -82,12 +82,20 @@ def graph_source(graph_module) -> str:
     return "\n\n".join(classes + [holder, "_GRAPH_SELF = _GraphSelf()", code]) + "\n"
 
 
+def pair_metadata(call: CallConvention, engine: SourceEngine, kernels: list[Kernel]) -> PairMetadata:
+    """The pair's ``PRECOMPILE_METADATA``: the trace's ``call`` (copied), this pair
+    format's ``format`` and ``version``, the ``engine`` and its ``kernels`` (``[]``:
+    eager); the engine may add the optional keys of PairMetadata after."""
+    return {**call, "format": SOURCE_FORMAT, "version": SOURCE_VERSION, "engine": engine,
+            "kernels": kernels}
+
+
 def render(metadata: PairMetadata, graph_code: str, wrapper_code: str | None) -> str:
     """Assemble the source half.
 
     Args:
-        metadata: PRECOMPILE_METADATA (precompile_runtime.pair_format.PairMetadata: this
-            adds ``format`` and ``version``); a literal, it must round-trip through repr.
+        metadata: PRECOMPILE_METADATA (precompile_runtime.pair_format.PairMetadata, as
+            :func:`pair_metadata` makes it); a literal, it must round-trip through repr.
         graph_code: output of :func:`graph_source`.
         wrapper_code: the body of ``_make_call(_kernels)`` (frozen), or None (eager).
     Returns:

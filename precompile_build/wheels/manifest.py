@@ -60,7 +60,7 @@ def assemble(package: str, results: Sequence[CaptureResult]) -> dict[str, bytes]
         src_name, cache_name = f"{r.name}.py", f"{r.name}.cache"
         files[src_name], files[cache_name] = source, cache
         fp = dict(r.info.fingerprint)
-        variant = {"id": variant_id(fp), "engine": r.info.engine, "device": r.info.device,
+        variant: dict[str, Any] = {"id": variant_id(fp), "engine": r.info.engine, "device": r.info.device,
                    "fingerprint": fp, "code_hash": r.info.code_hash,
                    "files": {"source": _file_entry(src_name, source),
                              "cache": _file_entry(cache_name, cache)},

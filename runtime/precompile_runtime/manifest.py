@@ -64,10 +64,10 @@ import re
 from typing import Any
 
 from .errors import ManifestError
+from .pair_format import ENGINES
 
 FORMAT = "precompile-build.manifest"
 VERSION = 1
-ENGINES = ("frozen", "torch", "eager")
 _SAFE_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$")
 _HEX64 = re.compile(r"^[0-9a-f]{64}$")
 

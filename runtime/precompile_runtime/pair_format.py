@@ -39,7 +39,7 @@ The flat inputs of the graph: the lifted parameters and buffers (``params``, nam
 
 from __future__ import annotations
 
-from typing import Any, Optional, TypedDict, Union
+from typing import Any, Literal, Optional, TypedDict, Union, get_args
 
 from .errors import PairFormatError
 
@@ -49,6 +49,20 @@ VERSION = 1
 """The version this precompile-build writes."""
 READS = (1, 1)
 """The versions (lowest, highest) this precompile-runtime loads."""
+
+Engine = Literal["frozen", "torch", "eager"]
+"""The engines a variant is made by: ``frozen`` and ``eager`` write this format, ``torch``
+writes torch's own (``torch.compiler.precompile``)."""
+SourceEngine = Literal["frozen", "eager"]
+"""The engines whose pairs are of this format."""
+Device = Literal["cpu", "cuda"]
+"""Where a capture's tensors were, and what a variant serves on."""
+Tracer = Literal["export", "export-strict", "make_fx"]
+"""What traced the call (the `tracer` setting's ``auto`` is resolved to one of these)."""
+ENGINES: tuple[Engine, ...] = get_args(Engine)
+SOURCE_ENGINES: tuple[SourceEngine, ...] = get_args(SourceEngine)
+DEVICES: tuple[Device, ...] = get_args(Device)
+TRACERS: tuple[Tracer, ...] = get_args(Tracer)
 
 Dim = Union[int, str]  # an int, or with dynamic dims a symbol / a Python expression of them
 
@@ -178,18 +192,12 @@ class Kernel(_KernelRequired, total=False):
 Fallback = TypedDict("Fallback", {"from": str, "reason": str})
 
 
-class _PairRequired(TypedDict):
-    format: str
-    """:data:`FORMAT`."""
-    version: int
-    """The pair format version, checked at load against :data:`READS`."""
-    engine: str
-    """``"frozen"`` or ``"eager"``; the cache half's envelope says the same."""
+class _CallRequired(TypedDict):
     target: str
     """The target's name, for messages."""
-    device: str
+    device: Device
     """``"cpu"`` or ``"cuda"``: where the capture's tensors were."""
-    tracer: str
+    tracer: Tracer
     """``"export"``, ``"export-strict"`` or ``"make_fx"``: what traced the call."""
     arg_names: list[str]
     """The function's positional parameter names, for messages (may be empty)."""
@@ -227,6 +235,23 @@ class _PairRequired(TypedDict):
     """The collectives' groups, or None."""
     ambient: Ambient
     """Autocast at capture; compared per call."""
+
+
+class CallConvention(_CallRequired, total=False):
+    """What the trace records of a call (capturing/tracing.py): the metadata less what
+    the engine and codegen add."""
+
+    dynamic: Dynamic
+    """Present when dims were marked dynamic."""
+
+
+class _PairRequired(CallConvention):
+    format: str
+    """:data:`FORMAT`."""
+    version: int
+    """The pair format version, checked at load against :data:`READS`."""
+    engine: SourceEngine
+    """``"frozen"`` or ``"eager"``; the cache half's envelope says the same."""
     kernels: list[Kernel]
     """The frozen kernels (``[]`` for `eager`)."""
 
@@ -235,8 +260,6 @@ class PairMetadata(_PairRequired, total=False):
     """``PRECOMPILE_METADATA`` of a source half. Keys not listed here are not part of
     the format; a reader must not depend on them."""
 
-    dynamic: Dynamic
-    """Present when dims were marked dynamic."""
     cuda_graphs: bool
     """The frozen CUDA kernels replay through CUDA graphs (templates/cuda_graphs.py)."""
     cuda_archs: dict[str, Any]
