@@ -5,9 +5,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/_venv.sh
-deps=(pytest hypothesis setuptools wheel build packaging filelock pyproject-hooks uv twine auditwheel pyelftools)
+deps=(pytest hypothesis setuptools wheel build packaging filelock pyproject-hooks uv twine auditwheel pyelftools typeguard)
 
-echo "== lint (ruff, the whole tree) and types (mypy, runtime/: [tool.mypy] in pyproject.toml)"
+echo "== lint (ruff, the whole tree) and types (mypy, both packages: [tool.mypy] in pyproject.toml)"
 make_venv .venv-test "${deps[@]}" "ruff==0.17.6" "mypy==2.4.1"  # pinned: a new release may add checks
 .venv-test/bin/python -m pip install -q -e ./runtime -e .
 .venv-test/bin/python -m ruff check .
