@@ -1,6 +1,12 @@
-"""``_precompiled/manifest.json``: the schema, and a strict reader.
+"""``_precompiled/manifest.json``: its schema (the TypedDicts below) and a strict reader.
 
-Schema (format ``precompile-build.manifest``, version 1)::
+The build writes it (``precompile_build/wheels/manifest.py``, ``merge.py`` for merged
+wheels, ``mark_editable`` for editable installs); :func:`parse` checks what a load
+relies on and returns a plain dict (the loader reads the rest with ``.get``: a
+newer writer's extra keys are no error); the build writes :class:`Manifest`, typed. :class:`Manifest` is the
+whole document, :class:`Variant` one build of a target for one host. A CPU variant of
+a frozen target, as JSON (``tests/test_manifest_schema.py`` parses this example and
+checks it against :class:`Manifest`)::
 
     {
       "format": "precompile-build.manifest",
@@ -9,51 +15,37 @@ Schema (format ``precompile-build.manifest``, version 1)::
       "targets": {
         "forward": {
           "required": true,
-          "status": "ok",              # or "failed": optional target left out
-          "reason": null,              # why it failed, when it did
+          "status": "ok",
+          "reason": null,
           "variants": [
             {
-              "id": "3f2a9c0d11aa",    # fingerprint.variant_id(fingerprint)
-              "engine": "frozen",      # frozen | torch | eager
+              "id": "3f2a9c0d11aa",
+              "engine": "frozen",
               "device": "cpu",
-              "fingerprint": {...},
-              "code_hash": "<sha256 of the source file>",
+              "fingerprint": {"torch": "2.13.0+cpu", "cuda": null, "hip": null, "triton": null,
+                              "python": "3.11", "platform": "linux-x86_64", "device_type": "cpu",
+                              "compute_capability": null, "cpu_isa": "avx2 x86-64-v3"},
+              "code_hash": "9c1185a5c5e9fc54612808977ee8f548b2258d31a2d3e6f1b34a6e4bc8b0a111",
               "files": {
-                "source": {"path": "forward.py", "size": 1234, "sha256": "..."},
-                "cache":  {"path": "forward.cache", "size": 5678, "sha256": "..."}
+                "source": {"path": "forward.py", "size": 1234,
+                           "sha256": "9c1185a5c5e9fc54612808977ee8f548b2258d31a2d3e6f1b34a6e4bc8b0a111"},
+                "cache": {"path": "forward.cache", "size": 5678,
+                          "sha256": "0b5e4d3c2a1f0e9d8c7b6a5f4e3d2c1b0a9f8e7d6c5b4a3f2e1d0c9b8a7f6e5d"}
               },
-              "capture_seconds": 55.0,    # the script's run; absent in reproducible builds
               "captured_at": "2026-11-29T16:00:00Z",
-              "capture_device": 0,     # CUDA device it ran on (index or UUID); null for cpu
-              "peak_memory": {"host_bytes": 1288490188,  # the capture's peak RSS; absent
-                              "gpu_bytes": 17179869184,  # in reproducible builds; GPU: CUDA
-                              "eager_gpu_bytes": 16106127360},  # frozen captures (and eager's call)
-              "capture_breakdown": {"setup": 9.8,  # seconds; the script's, before its capture
-                                    "trace": 5.1, "eager_call": 0.4, "compile": 30.2,  # the
-                                    "first_run": 3.0, "validate": 4.1},  # frozen engine's steps
-              "fallback": {"from": "frozen", "reason": "..."}  # only when `fallback = "eager"` was used
-              "compiled_for": ["8.0", "9.0", "12.0"],  # frozen CUDA variants: GPUs it has kernels for
-              "tuned_on": "9.0",       # the GPU whose autotuning chose the configs
-              "validated_on": ["9.0"], # the GPUs its kernels ran on at capture
-              "left_out": {"8.6": "kernel k: ..."},   # `cuda-archs` entries dropped, and why
-              "replaced": {"12.0": {"k": "..."}},     # configs swapped for one that fits
-              "native_elsewhere": {"8.0": "<id>"},    # merge: a variant built on that GPU
-              "validation": {          # frozen engine: how the capture judged its kernels
-                "reference": "float64",  # the traced graph run in this dtype
-                "fallback_ops": [],    # ops run in a narrower dtype (no kernel in the reference dtype)
-                "rule": "frozen_error <= multiple * eager_error + floor (...)",
-                "cases": [{"case": "the example inputs", "values": 3,
-                           "worst": {"value": "output 0", "eager_error": 0.0021,
-                                     "frozen_error": 0.0024, "multiple": 3.0, "floor": 0.0078,
-                                     "max_abs_diff": 0.0625, "max_abs_value": 5.25}}],
-                "eager_call": {"outcome": "ok", "difference": 0.0, "allowed": 0.0149, ...}
-              }
+              "capture_device": null,
+              "capture_seconds": 55.0,
+              "peak_memory": {"host_bytes": 1288490188},
+              "capture_breakdown": {"setup": 9.8, "trace": 5.1, "eager_call": 0.4, "compile": 30.2,
+                                    "first_run": 3.0, "validate": 4.1},
+              "validation": {"reference": "float64", "fallback_ops": [], "cases": []}
             }
           ]
         }
       }
     }
 
+A failed optional target has ``"status": "failed"``, its ``reason`` and no variants.
 File paths are plain names inside ``_precompiled/`` (no ``/``, ``\\``, ``..``).
 """
 
@@ -61,15 +53,123 @@ from __future__ import annotations
 
 import json
 import re
-from typing import Any
+from collections.abc import Mapping
+from typing import Any, Literal, Optional, TypedDict, Union
 
 from .errors import ManifestError
-from .pair_format import ENGINES
+from .pair_format import ENGINES, Device, Engine, Fallback
 
 FORMAT = "precompile-build.manifest"
 VERSION = 1
 _SAFE_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$")
 _HEX64 = re.compile(r"^[0-9a-f]{64}$")
+
+
+class FileEntry(TypedDict):
+    """One half of a pair inside ``_precompiled/``."""
+
+    path: str
+    """A plain file name (:func:`safe_file_name`)."""
+    size: int
+    """Bytes."""
+    sha256: str
+    """sha256 hex of the file."""
+
+
+class VariantFiles(TypedDict):
+    source: FileEntry
+    """The source half (``NAME.py``)."""
+    cache: FileEntry
+    """The cache half (``NAME.cache``)."""
+
+
+class _VariantRequired(TypedDict):
+    id: str
+    """:func:`precompile_runtime.fingerprint.variant_id` of the fingerprint."""
+    engine: Engine
+    """The engine that made the pair."""
+    device: Device
+    """What it serves on."""
+    fingerprint: dict[str, Any]
+    """The capture host's fingerprint (:mod:`precompile_runtime.fingerprint`)."""
+    code_hash: str
+    """sha256 hex of the source half (its cache half is bound to it)."""
+    files: VariantFiles
+    """The two halves."""
+    captured_at: str
+    """UTC, ``YYYY-MM-DDTHH:MM:SSZ`` (from ``SOURCE_DATE_EPOCH`` when set)."""
+
+
+class Variant(_VariantRequired, total=False):
+    """One build of a target, for the hosts its fingerprint matches. The capture's
+    device, seconds and peaks are left out of reproducible builds (``SOURCE_DATE_EPOCH``)."""
+
+    capture_device: Union[int, str, None]
+    """The CUDA device the capture ran on (index, or its CUDA_VISIBLE_DEVICES entry
+    such as a UUID); None for a CPU capture."""
+    capture_seconds: float
+    """The capture script's run, seconds."""
+    peak_memory: dict[str, Any]
+    """Bytes: ``host_bytes`` (the capture's peak RSS); CUDA: ``gpu_bytes``,
+    ``eager_gpu_bytes`` (the eager call's), per step ``gpu_steps``."""
+    capture_breakdown: dict[str, float]
+    """Seconds per step: ``setup`` (the script's, before its capture), ``trace``,
+    ``eager_call``, ``compile``, ``first_run``, ``validate``."""
+    fallback: Fallback
+    """The target's ``fallback = "eager"`` was used: why not frozen."""
+    compiled_for: list[str]
+    """Frozen CUDA variants: the compute capabilities it has kernels for."""
+    tuned_on: str
+    """The GPU whose autotuning chose the configs."""
+    validated_on: list[str]
+    """The GPUs its kernels ran on at capture."""
+    left_out: dict[str, str]
+    """`cuda-archs` entries dropped, and why."""
+    replaced: dict[str, dict[str, str]]
+    """Per architecture, kernels whose config was swapped for one that fits, and why."""
+    native_elsewhere: dict[str, str]
+    """After ``merge``: architecture -> the id of a variant built on that GPU."""
+    validation: dict[str, Any]
+    """Frozen engine: how the capture judged its kernels (``reference``,
+    ``fallback_ops``, ``rule``, ``cases``, ``eager_call``); nothing that loads reads it."""
+
+
+class Target(TypedDict):
+    required: bool
+    """A required target's failed capture failed the build; this one's did not."""
+    status: Literal["ok", "failed"]
+    """``failed``: an optional target left out (no variants)."""
+    reason: Optional[str]
+    """Why it failed, when it did."""
+    variants: list[Variant]
+    """Its builds, one per host kind (several after ``merge``)."""
+
+
+class Editable(TypedDict):
+    """An editable install's source (``mark_editable``), to tell a stale pair."""
+
+    package_dir: str
+    """The package's source directory, absolute."""
+    package_sha256: str
+    """Its digest at capture (:func:`precompile_runtime._digest.package_digest`)."""
+
+
+class _ManifestRequired(TypedDict):
+    format: str
+    """:data:`FORMAT`."""
+    version: int
+    """:data:`VERSION` (a newer one is refused)."""
+    package: str
+    """The import package that carries ``_precompiled/``."""
+    targets: dict[str, Target]
+    """Target name -> its entry."""
+
+
+class Manifest(_ManifestRequired, total=False):
+    """The whole ``manifest.json``."""
+
+    editable: Editable
+    """Only in editable installs."""
 
 
 def safe_file_name(name: object) -> bool:
@@ -156,6 +256,6 @@ def _check_target(name: str, target: Any, where: str) -> None:
                 raise ManifestError(f"{vctx}: files.{role}.sha256 must be 64 hex characters")
 
 
-def dumps(doc: dict[str, Any]) -> bytes:
+def dumps(doc: Mapping[str, Any]) -> bytes:
     """Canonical bytes of a manifest: sorted keys, 2-space indent, trailing newline."""
     return (json.dumps(doc, sort_keys=True, indent=2) + "\n").encode("utf-8")
