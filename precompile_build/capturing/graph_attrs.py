@@ -135,7 +135,7 @@ def _script_object_error(target: str, name: str, value) -> CaptureError:
             f"dist.all_reduce(t), which passes a ProcessGroup object ({name}); use the functional "
             "collectives instead: `import torch.distributed._functional_collectives as funcol; "
             "t = funcol.all_reduce(t, 'sum', group=list_of_ranks)` (they return the result; see "
-            "the README's distributed contract)", target=target
+            "docs/capture-contract.md, torch.distributed)", target=target
         )
     return CaptureError(
         f"the function uses the TorchScript object {name} ({qualname}); "

@@ -22,7 +22,7 @@ library modules (transformers' and timm's caches) are not looked into.
 the reached code that names it where there is one. What it cannot see: an item
 replaced in a container (same length), state reached only through objects
 deeper than one attribute, state of library code, files and other processes
-(README, "Python state the call changes").
+(docs/capture-contract.md, "Randomness and Python side effects").
 """
 
 from __future__ import annotations

@@ -108,7 +108,7 @@ def load_packaged(name: str, *, package: str | None = None, strict: bool | None 
             None (default): strict when the environment variable ``PRECOMPILE_STRICT``
             is on (``1``, ``true``, ``yes``, ``on``, any case). A bool or None only.
         cuda_graphs: True/False: replay CUDA graphs of the frozen kernels, or not
-            (frozen CUDA inference targets; see the README on when graphs pay).
+            (frozen CUDA inference targets; docs/cuda-graphs.md says when graphs pay).
             None (default): as the target's ``cuda-graphs`` option recorded. Ignored
             by fallbacks and by pairs of the ``torch`` engine. A bool or None only.
     Returns:
