@@ -177,83 +177,89 @@ def safe_file_name(name: object) -> bool:
     return isinstance(name, str) and bool(_SAFE_NAME.match(name)) and ".." not in name
 
 
-def parse(data: bytes, *, where: str) -> dict[str, Any]:
+def parse(data: bytes, *, where: str, context: str | None = None) -> dict[str, Any]:
     """Parse and validate a manifest.
 
     Args:
         data: the bytes of manifest.json.
-        where: how to name it in messages (package and path).
+        where: how to name it in messages (its path, and with no ``context`` the package).
+        context: the package (``package 'pkg'``), or None.
     Returns:
         the manifest dict, structurally valid.
     Raises:
         ManifestError: not JSON, wrong format, newer version, or any field of the
-            wrong type; a file path that is not a plain name in ``_precompiled/``.
+            wrong type; a file path that is not a plain name in ``_precompiled/``. Its
+            ``context`` and ``where`` (the file, and the target and variant within it)
+            locate the problem, its ``finding`` says what it is, its ``advice`` what to
+            do where there is one.
     """
+    def fail(finding: str, advice: str | None = None) -> ManifestError:
+        return ManifestError(finding, context=context, where=where, advice=advice)
+
     try:
         doc = json.loads(data.decode("utf-8"))
     except (UnicodeDecodeError, ValueError, RecursionError) as e:
-        raise ManifestError(f"{where}: manifest is not valid JSON ({type(e).__name__}: {e})") from None
+        raise fail(f"manifest is not valid JSON ({type(e).__name__}: {e})") from None
     if not isinstance(doc, dict) or doc.get("format") != FORMAT:
-        raise ManifestError(f"{where}: not a precompile-build manifest (format != {FORMAT!r})")
+        raise fail(f"not a precompile-build manifest (format != {FORMAT!r})")
     version = doc.get("version")
     if not isinstance(version, int) or isinstance(version, bool):
-        raise ManifestError(f"{where}: `version` must be an integer")
+        raise fail("`version` must be an integer")
     if version > VERSION:
-        raise ManifestError(
-            f"{where}: manifest format version {version} is newer than this "
-            f"precompile-runtime reads ({VERSION}); upgrade precompile-runtime"
-        )
+        raise fail(f"manifest format version {version} is newer than this precompile-runtime "
+                   f"reads ({VERSION})", advice="upgrade precompile-runtime")
     targets = doc.get("targets")
     if not isinstance(targets, dict):
-        raise ManifestError(f"{where}: `targets` must be an object")
+        raise fail("`targets` must be an object")
     for name, target in targets.items():
-        _check_target(name, target, where)
+        _check_target(name, target, where, context)
     return doc
 
 
-def _check_target(name: str, target: Any, where: str) -> None:
-    ctx = f"{where}: target {name!r}"
+def _check_target(name: str, target: Any, where: str, context: str | None) -> None:
+    def fail(at: str, finding: str) -> ManifestError:
+        return ManifestError(finding, context=context, where=f"{where}: {at}" if at else where)
+
+    at = f"target {name!r}"
     if not isinstance(target, dict):
-        raise ManifestError(f"{ctx} must be an object")
+        raise fail("", f"{at} must be an object")
     if target.get("status", "ok") not in ("ok", "failed"):
-        raise ManifestError(f"{ctx}: `status` must be 'ok' or 'failed'")
+        raise fail(at, "`status` must be 'ok' or 'failed'")
     variants = target.get("variants", [])
     if not isinstance(variants, list):
-        raise ManifestError(f"{ctx}: `variants` must be a list")
+        raise fail(at, "`variants` must be a list")
     for i, v in enumerate(variants):
-        vctx = f"{ctx} variant {i}"
+        vat = f"{at} variant {i}"
         if not isinstance(v, dict):
-            raise ManifestError(f"{vctx} must be an object")
+            raise fail("", f"{vat} must be an object")
         if v.get("engine") not in ENGINES:
-            raise ManifestError(f"{vctx}: unknown engine {v.get('engine')!r}")
+            raise fail(vat, f"unknown engine {v.get('engine')!r}")
         if not isinstance(v.get("fingerprint"), dict):
-            raise ManifestError(f"{vctx}: `fingerprint` must be an object")
+            raise fail(vat, "`fingerprint` must be an object")
         if not isinstance(v.get("code_hash"), str) or not _HEX64.match(v["code_hash"]):
-            raise ManifestError(f"{vctx}: `code_hash` must be 64 hex characters")
+            raise fail(vat, "`code_hash` must be 64 hex characters")
         if "validation" in v and not isinstance(v["validation"], dict):
-            raise ManifestError(f"{vctx}: `validation` must be an object")
+            raise fail(vat, "`validation` must be an object")
         for key in ("compiled_for", "validated_on"):
             if key in v and not (isinstance(v[key], list) and all(isinstance(a, str) for a in v[key])):
-                raise ManifestError(f"{vctx}: `{key}` must be a list of compute capabilities (strings)")
+                raise fail(vat, f"`{key}` must be a list of compute capabilities (strings)")
         for key in ("left_out", "replaced", "native_elsewhere", "peak_memory", "capture_breakdown"):
             if key in v and not isinstance(v[key], dict):
-                raise ManifestError(f"{vctx}: `{key}` must be an object")
+                raise fail(vat, f"`{key}` must be an object")
         files = v.get("files")
         if not isinstance(files, dict) or set(files) != {"source", "cache"}:
-            raise ManifestError(f"{vctx}: `files` must have exactly `source` and `cache`")
+            raise fail(vat, "`files` must have exactly `source` and `cache`")
         for role, entry in files.items():
             if not isinstance(entry, dict):
-                raise ManifestError(f"{vctx}: files.{role} must be an object")
+                raise fail(vat, f"files.{role} must be an object")
             if not safe_file_name(entry.get("path")):
-                raise ManifestError(
-                    f"{vctx}: files.{role}.path {entry.get('path')!r} is not a plain file "
-                    "name inside _precompiled/ (path traversal refused)"
-                )
+                raise fail(vat, f"files.{role}.path {entry.get('path')!r} is not a plain file "
+                           "name inside _precompiled/ (path traversal refused)")
             size = entry.get("size")
             if not isinstance(size, int) or isinstance(size, bool) or size < 0:
-                raise ManifestError(f"{vctx}: files.{role}.size must be a non-negative integer")
+                raise fail(vat, f"files.{role}.size must be a non-negative integer")
             if not isinstance(entry.get("sha256"), str) or not _HEX64.match(entry["sha256"]):
-                raise ManifestError(f"{vctx}: files.{role}.sha256 must be 64 hex characters")
+                raise fail(vat, f"files.{role}.sha256 must be 64 hex characters")
 
 
 def dumps(doc: Mapping[str, Any]) -> bytes:
