@@ -77,7 +77,12 @@ def test_the_runtime_raises_its_errors_with_their_fields(tmp_path, monkeypatch):
 
     from _fake_packages import make_package, on_path
 
-    from precompile_runtime import ManifestError, PairFormatError, TargetNotFoundError, load_packaged
+    from precompile_runtime import (
+        ManifestError,
+        PairFormatError,
+        TargetNotFoundError,
+        load_packaged,
+    )
     from precompile_runtime import manifest as manifest_format
     from precompile_runtime.pair_format import check_version
 
