@@ -158,7 +158,7 @@ def _warn_static_dependencies(project: Optional[Mapping[str, Any]], requires: li
               f"this build adds {', '.join(gap)} to the wheel; tools that read "
               "pyproject.toml (uv) will not install them. Add \"dependencies\" to "
               "`project.dynamic` (list your own in `[tool.setuptools.dynamic]`), or add "
-              "these to `project.dependencies` (README: Publishing)", file=sys.stderr)
+              "these to `project.dependencies` (docs/publishing.md)", file=sys.stderr)
 
 
 def build_wheel(wheel_directory: str, config_settings: Optional[Mapping[str, Any]] = None,

@@ -130,6 +130,7 @@ def warn_at_caller(message: str, category: type[Warning] = UserWarning, *, targe
     import warnings
 
     package = os.path.dirname(os.path.abspath(__file__)) + os.sep
+    frame: Any
     frame, level = sys._getframe(1), 2  # stacklevel 2: our caller
     while frame is not None and (frame.f_code.co_filename.startswith(package)
                                  or frame.f_code.co_filename == contextlib.__file__):
@@ -154,7 +155,7 @@ def torch_warnings_shown():
         warnings.resetwarnings()
         for action, message, category, module, lineno in kept:  # the public API, in order
             # patterns are compiled regexes, or plain strings in the interpreter's defaults
-            warnings.filterwarnings("default" if action == "error" else action,
-                                    getattr(message, "pattern", message or ""), category,
-                                    getattr(module, "pattern", module or ""), lineno, append=True)
+            warnings.filterwarnings("default" if action == "error" else action,  # type: ignore[arg-type]
+                                    getattr(message, "pattern", message or ""), category,  # type: ignore[arg-type]
+                                    getattr(module, "pattern", module or ""), lineno, append=True)  # type: ignore[arg-type]
         yield

@@ -4,6 +4,11 @@
 # in one), so a host whose Python already has torch uses it and needs no package
 # registry; elsewhere pip installs what is missing (torch 2.13.0 CPU by default:
 # TORCH_SPEC overrides).
+# pip runs with --no-warn-conflicts: it checks the dependencies of every package it can
+# see, and the venv sees all of $PYTHON's (an AWS CLI, Jupyter, ...), so a conflict
+# among those, which this project neither installs nor imports, came out as an
+# "ERROR: pip's dependency resolver ..." line during set-up. The packages installed
+# here are pinned by the scripts; `DIR/bin/python -m pip check` lists every conflict.
 set -euo pipefail
 PYTHON=${PYTHON:-python3}
 make_venv() {
@@ -21,9 +26,9 @@ make_venv() {
     fi
   fi
   if ! "$dir/bin/python" -c "import torch" 2>/dev/null; then
-    "$dir/bin/python" -m pip install -q "${TORCH_SPEC:-torch==2.13.0}"
+    "$dir/bin/python" -m pip install -q --no-warn-conflicts "${TORCH_SPEC:-torch==2.13.0}"
   fi
   if [ $# -gt 0 ]; then
-    "$dir/bin/python" -m pip install -q "$@"
+    "$dir/bin/python" -m pip install -q --no-warn-conflicts "$@"
   fi
 }

@@ -17,7 +17,7 @@ SECONDS=0
 python3 - <<'EOF' | tee -a "$OUT/summary.txt"
 import torch
 import torch.fx.config
-from precompile_build.engines import aten_export
+from precompile_build.capturing import aten_export
 print(f"torch {torch.__version__} on {torch.cuda.get_device_name(0) if torch.cuda.is_available() else 'no GPU'}: "
       f"one-pass export {'available' if aten_export._one_pass_export() else 'MISSING (two passes)'}, "
       f"fx do_not_emit_stack_traces {'available' if hasattr(torch.fx.config, 'do_not_emit_stack_traces') else 'MISSING'}")

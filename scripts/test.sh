@@ -1,17 +1,27 @@
 #!/usr/bin/env bash
 # The test suite: installs what the tests need into .venv-test (torch 2.13 CPU) and
-# .venv-torch214 (torch 2.14.1, which has torch.compiler.precompile), then runs
-# pytest in both. Extra arguments go to pytest (e.g. -k runtime, -m "not slow").
+# .venv-torch214 (torch 2.14.1, which has torch.compiler.precompile), lints, type-checks,
+# builds the docs site, then runs pytest in both. Extra arguments go to pytest (e.g.
+# -k runtime, -m "not slow and not gpu": docs/contributing.md says what the marks mean).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/_venv.sh
-deps=(pytest hypothesis setuptools wheel build packaging filelock pyproject-hooks uv twine auditwheel pyelftools)
+# pinned: the versions the suite was last run with (a new pytest changed how monkeypatch
+# undoes, a new ruff or mypy adds checks); raise a pin in its own commit, after a full run
+deps=(pytest==9.0.3 hypothesis==6.155.2 setuptools==84.2.1 wheel==0.48.0 build==1.6.1 packaging==26.2
+      filelock==4.3.1 pyproject-hooks==1.3.3 uv==0.13.9 twine==7.0.0 auditwheel==6.8.2 pyelftools==0.33
+      typeguard==4.6.0)
 
-echo "== lint (ruff, the whole tree) and types (mypy, runtime/: [tool.mypy] in pyproject.toml)"
-make_venv .venv-test "${deps[@]}" "ruff==0.17.6" "mypy==2.4.1"  # pinned: a new release may add checks
+echo "== lint (ruff, the whole tree) and types (mypy, both packages: [tool.mypy] in pyproject.toml)"
+make_venv .venv-test "${deps[@]}" "ruff==0.17.6" "mypy==2.4.1" "mkdocs==1.6.1"
 .venv-test/bin/python -m pip install -q -e ./runtime -e .
 .venv-test/bin/python -m ruff check .
 .venv-test/bin/python -m mypy
+
+echo "== the docs site (mkdocs.yml: every page in the nav, every link and anchor resolves)"
+site=$(mktemp -d)
+.venv-test/bin/python -m mkdocs build --strict --quiet --site-dir "$site"
+rm -rf "$site"
 
 echo "== tests under torch 2.13 (frozen and eager engines, backend, runtime)"
 .venv-test/bin/python -m pytest -q -p no:cacheprovider tests example_project/tests "$@"

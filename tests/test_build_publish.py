@@ -74,7 +74,7 @@ def test_a_failed_build_names_no_torch_for_artifacts(tmp_path, monkeypatch, capf
 
 
 def test_dynamic_dependencies_from_a_file_keep_the_users_and_add_ours(tmp_path, monkeypatch, capfd):
-    """The README's `[tool.setuptools.dynamic]` example: the user's own requirement
+    """The user guide's (docs/guide.md) `[tool.setuptools.dynamic]` example: the user's own requirement
     from requirements.txt and the build's precompile-runtime, both in METADATA, and no
     warning about static dependencies."""
     root = make_project(tmp_path, target_toml())

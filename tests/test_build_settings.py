@@ -249,3 +249,19 @@ def test_the_settings_reference_is_generated_from_the_field_table():
         "regenerate: python -m precompile_build.config.reference > docs/settings.md")
     attrs = set(reference.field_docs(settings.TargetSettings))
     assert {k.attr for k in fields.TARGET_KEYS} <= attrs
+
+
+def test_engine_device_and_tracer_names_are_spelled_once():
+    """The Literal types of precompile_runtime/pair_format.py are the one spelling: the
+    settings, the capture options, the manifest reader and the pair check use them."""
+    from typing import get_args
+
+    from precompile_build.builder import pairs
+    from precompile_build.config import choices, settings
+    from precompile_runtime import manifest, pair_format
+
+    assert choices.ENGINES is pair_format.ENGINES and manifest.ENGINES is pair_format.ENGINES
+    assert pairs.OUR_ENGINES == pair_format.SOURCE_ENGINES == ("frozen", "eager")
+    assert set(pair_format.SOURCE_ENGINES) < set(pair_format.ENGINES)
+    assert choices.TRACERS == ("auto", *pair_format.TRACERS)
+    assert set(settings.DEVICES) == set(get_args(choices.DeviceChoice)) == {"auto", *pair_format.DEVICES}

@@ -9,6 +9,7 @@ import os
 
 import pytest
 from _build_helpers import make_project, target_toml
+from typeguard import check_type
 
 from precompile_build.builder import runner
 from precompile_build.builder.progress import human_size
@@ -16,6 +17,7 @@ from precompile_build.capturing import stats as capture_stats
 from precompile_build.config.settings import load_settings
 from precompile_build.wheels.inspect_cmd import format_report, inspect_report
 from precompile_build.wheels.manifest import assemble
+from precompile_runtime.manifest import Manifest
 
 pytestmark = pytest.mark.usefixtures("build_env")
 
@@ -35,7 +37,7 @@ def _gpu_project(tmp_path):
         # a process the script starts (a rank, a worker) captures 2 s later: not the setup
         "import subprocess\n"
         "subprocess.run([sys.executable, '-c', 'import time; time.sleep(2); from precompile_build.capturing "
-        "import stats; stats.capture_began()'], check=True)\n"
+        "import stats as capture_stats; capture_stats.capture_began()'], check=True)\n"
         f"capture_stats.record(gpu_bytes={5 * GIB}, eager_gpu_bytes={4 * GIB}, trace_s=1.25, validate_s=2.5)\n"
         "held = bytearray(64 << 20)\n"
         "sys.argv[0] = 'capture/pair.py'\nrunpy.run_path('capture/pair.py', run_name='__main__')\n")
@@ -61,6 +63,7 @@ def test_peaks_reach_the_build_line_the_table_the_manifest_and_inspect(tmp_path,
     table = err.split("precompile: summary\n")[1].splitlines()
     assert table[0].split()[-2:] == ["peak", "host/GPU"] and table[1].endswith("/5.0 GiB")
     files = assemble("simplepkg", [r])
+    check_type(json.loads(files["manifest.json"]), Manifest)  # the writer keeps to the schema
     (variant,) = json.loads(files["manifest.json"])["targets"]["fwd"]["variants"]
     assert variant["peak_memory"] == r.peak_memory and variant["capture_breakdown"] == r.capture_breakdown
     out = tmp_path / "out"
@@ -80,7 +83,9 @@ def test_reproducible_builds_leave_the_peaks_out(tmp_path, monkeypatch):
     monkeypatch.setenv("SOURCE_DATE_EPOCH", "1700000000")
     root = _gpu_project(tmp_path)
     (r,) = runner.run_captures(load_settings(root, {"precompile.cache": "off"}), tmp_path / "work")
-    (variant,) = json.loads(assemble("simplepkg", [r])["manifest.json"])["targets"]["fwd"]["variants"]
+    doc = json.loads(assemble("simplepkg", [r])["manifest.json"])
+    check_type(doc, Manifest)
+    (variant,) = doc["targets"]["fwd"]["variants"]
     assert not {"peak_memory", "capture_breakdown", "capture_seconds"} & set(variant)
 
 

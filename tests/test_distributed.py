@@ -181,6 +181,7 @@ def test_collectives_gloo(tmp_path):
     _run(tmp_path, "gloo")
 
 
+@pytest.mark.gpu
 @pytest.mark.skipif(not (torch.cuda.is_available() and torch.cuda.device_count() >= 2
                          and dist.is_nccl_available()), reason="needs 2 CUDA GPUs and NCCL")
 def test_collectives_nccl(tmp_path):

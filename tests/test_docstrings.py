@@ -1,5 +1,5 @@
 """Public functions and dataclasses of the build side say what they take and give
-(style.md: argument and return shapes, units, errors raised and when)."""
+(the project's rule: argument and return shapes, units, errors raised and when)."""
 
 from __future__ import annotations
 

@@ -68,3 +68,44 @@ def test_a_load_error_formats_its_parts_and_keeps_them():
     back = pickle.loads(pickle.dumps(e))
     assert type(back) is IntegrityError and str(back) == str(e) and back.where == e.where
     assert str(PrecompileLoadError("one message")) == "one message"
+
+
+def test_the_runtime_raises_its_errors_with_their_fields(tmp_path, monkeypatch):
+    """The manifest reader's, the loader's and the pair format's raises keep where they
+    are and what to do as fields, the message made of them (the text stays as it was)."""
+    import json
+
+    from _fake_packages import make_package, on_path
+
+    from precompile_runtime import (
+        ManifestError,
+        PairFormatError,
+        TargetNotFoundError,
+        load_packaged,
+    )
+    from precompile_runtime import manifest as manifest_format
+    from precompile_runtime.pair_format import check_version
+
+    doc = {"format": manifest_format.FORMAT, "version": 9, "targets": {}}
+    with pytest.raises(ManifestError) as e:
+        manifest_format.parse(json.dumps(doc).encode(), where="_precompiled/manifest.json", context="package 'p'")
+    assert (e.value.context, e.value.where, e.value.advice) == (
+        "package 'p'", "_precompiled/manifest.json", "upgrade precompile-runtime")
+    assert str(e.value) == ("package 'p': _precompiled/manifest.json: manifest format version 9 is newer than "
+                            "this precompile-runtime reads (1); upgrade precompile-runtime")
+    doc = {"format": manifest_format.FORMAT, "version": 1, "targets": {"t": {"variants": [{"engine": "jit"}]}}}
+    with pytest.raises(ManifestError) as e:
+        manifest_format.parse(json.dumps(doc).encode(), where="m")
+    assert (e.value.where, e.value.finding) == ("m: target 't' variant 0", "unknown engine 'jit'")
+
+    monkeypatch.setenv("PRECOMPILE_CACHE_DIR", str(tmp_path / "kcache"))
+    p = on_path(monkeypatch, make_package(tmp_path))
+    with pytest.raises(TargetNotFoundError) as e:
+        load_packaged("nope", package=p.name)
+    assert (e.value.context, e.value.finding) == (f"package {p.name!r}, target 'nope'", "no such target")
+    assert e.value.advice == "the package has 'fwd'"
+    assert pickle.loads(pickle.dumps(e.value)).advice == e.value.advice
+
+    with pytest.raises(PairFormatError) as e:
+        check_version({"format": "other"}, where="fwd.py")
+    assert (e.value.where, e.value.advice) == ("fwd.py", "rebuild the wheel")

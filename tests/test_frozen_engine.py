@@ -135,6 +135,7 @@ result["batches"] = int(ours[1].num_batches_tracked)
 """
 
 
+@pytest.mark.slow  # the installed fixture builds with python -m build and pip
 def test_training_step_with_buffers_matches_eager_and_compiles_nothing(installed, tmp_path):
     r = run_fresh(installed, BN_CHECK, tmp_path)
     assert r["uses_kernels"] is True
@@ -166,6 +167,7 @@ result["checkpoint_err"] = float((fwd(ck, ids)[0].logits - fcases.tied_forward(c
 """
 
 
+@pytest.mark.slow  # the installed fixture builds with python -m build and pip
 def test_tied_weights_frozen_param_structured_outputs(installed, tmp_path):
     r = run_fresh(installed, TIED_CHECK, tmp_path)
     assert r["types"] == ["Out", "Stats", "None"]
@@ -205,6 +207,7 @@ refused = {
 """ + _COLLECT_REFUSALS
 
 
+@pytest.mark.slow  # the installed fixture builds with python -m build and pip
 def test_calls_unlike_the_capture_are_refused(installed, tmp_path):
     r = run_fresh(installed, BAD_CALLS, tmp_path)
     assert "dtype torch.float64 (captured torch.float32)" in r["dtype"]
@@ -218,6 +221,7 @@ def test_calls_unlike_the_capture_are_refused(installed, tmp_path):
     assert "called with 0 positional argument(s) and keyword(s) ['model', 'scale', 'x']" in r["keywords"]
 
 
+@pytest.mark.slow  # the installed fixture builds with python -m build and pip
 def test_fallback_without_kernels_gives_the_same_result(installed, tmp_path):
     """The source half runs on its own: load(None) runs the captured graph."""
     code = BN_CHECK.replace(
@@ -235,6 +239,7 @@ def test_fallback_without_kernels_gives_the_same_result(installed, tmp_path):
 
 # ---- capture-time errors: nothing written, a message that says what to change ----
 
+@pytest.mark.slow  # the installed fixture builds with python -m build and pip
 def test_manifest_and_inspect_carry_the_validation_numbers(installed):
     # issue 17: every target's variant records how its kernels were judged at capture
     from precompile_build.wheels.inspect_cmd import format_report, inspect_report
@@ -274,6 +279,7 @@ result["errs"] = [float((g.float() - w.float()).abs().max()) for g, w in zip(got
 """
 
 
+@pytest.mark.slow  # the installed fixture builds with python -m build and pip
 def test_bf16_fp16_models_and_autocast(installed, tmp_path):
     r = run_fresh(installed, MIXED, tmp_path)
     assert r["dtypes"] == ["torch.bfloat16", "torch.float16", "torch.bfloat16"]  # autocast's output dtype kept
@@ -320,6 +326,7 @@ result["errs"] = errs
 """
 
 
+@pytest.mark.slow  # the installed fixture builds with python -m build and pip
 def test_dynamic_batch_and_sequence_serve_their_range_and_refuse_the_rest(installed, tmp_path):
     r = run_fresh(installed, DYN_CHECK, tmp_path)
     for size, (shape, err) in r["errs"].items():
@@ -554,8 +561,8 @@ def _branches(x):
     (_scaled_softmax, "cuda", True, True),
     (_branches, "cuda", False, False),
 ], ids=["cpu", "cuda", "cuda_cond", "user_off", "user_on", "user_off_cond"])
-def test_cuda_kernels_autotune_in_the_first_run_not_at_compile_time(tmp_path, monkeypatch, fn, device, user,
-                                                                    tuned_at_compile):
+def test_cuda_kernels_autotune_in_the_first_run_not_at_compile_time(tmp_path, monkeypatch, torch_config, fn, device,
+                                                                    user, tuned_at_compile):
     """standalone_compile turns on Inductor's ``triton.autotune_at_compile_time`` (the
     code generation waits for every kernel, then defines them again to tune them). A
     CUDA capture compiles with it off, as torch.compile does (its first run
@@ -569,8 +576,8 @@ def test_cuda_kernels_autotune_in_the_first_run_not_at_compile_time(tmp_path, mo
 
     from precompile_build.engines import frozen
 
-    monkeypatch.setattr(config, "fx_graph_cache", False)  # the code is generated now
-    monkeypatch.setattr(torch._functorch.config, "enable_autograd_cache", False)
+    torch_config(config, fx_graph_cache=False)  # the code is generated now
+    torch_config(torch._functorch.config, enable_autograd_cache=False)
     decide = frozen._standalone_options
     monkeypatch.setattr(frozen, "_standalone_options", lambda gm, _device, u: decide(gm, device, u))
     seen = []

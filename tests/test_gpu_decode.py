@@ -23,6 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent / "packages" / "modelzoo"
 import modelzoo  # noqa: E402
 
 DEV = "cuda"
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 
 
 @pytest.fixture(autouse=True)

@@ -457,7 +457,7 @@ def gelu_of_product(x, w):
     return torch.nn.functional.gelu(x @ w)  # GELU writes the product's buffer in place
 
 
-def test_autotuning_times_every_config_on_gpu_clones(tmp_path, monkeypatch):
+def test_autotuning_times_every_config_on_gpu_clones(tmp_path, monkeypatch, torch_config):
     """Inductor times the configs of a kernel that writes in place on clones of the
     written arguments, but where a clone would raise the allocator's peak it restores
     them from a CPU copy inside the timed region, deciding per config: on the H200 the
@@ -467,7 +467,7 @@ def test_autotuning_times_every_config_on_gpu_clones(tmp_path, monkeypatch):
     from torch._inductor.runtime import triton_heuristics as th
 
     # autotune now, not from a best config another test or process saved
-    monkeypatch.setattr(config, "autotune_local_cache", False)
+    torch_config(config, autotune_local_cache=False)
     # no headroom under the peak: Inductor's own policy copies every written argument
     for mod in (torch.cuda, getattr(torch, "accelerator", None)):
         if mod is not None and hasattr(mod, "max_memory_allocated"):
@@ -489,7 +489,7 @@ def test_autotuning_times_every_config_on_gpu_clones(tmp_path, monkeypatch):
     assert not any(cpu for _, cpu in timed), timed  # no config was timed off a CPU copy
 
 
-def _tuning_spies(monkeypatch, saved_configs=False):
+def _tuning_spies(monkeypatch, torch_config, saved_configs=False):
     """(scripts, timed): a 1 per compile-time tuning script Inductor runs
     (``triton.autotune_at_compile_time``); per ``benchmark_all_configs`` call, whether
     the capture's compile had returned (the first run) or not (the compile).
@@ -499,9 +499,9 @@ def _tuning_spies(monkeypatch, saved_configs=False):
     from torch._inductor.codegen.wrapper import PythonWrapperCodegen
     from torch._inductor.runtime import triton_heuristics as th
 
-    monkeypatch.setattr(config, "fx_graph_cache", False)  # compiled now
+    torch_config(config, fx_graph_cache=False)  # compiled now
     if not saved_configs:
-        monkeypatch.setattr(config, "autotune_local_cache", False)
+        torch_config(config, autotune_local_cache=False)
     scripts, timed, compiled = [], [], []
     script = PythonWrapperCodegen.generate_and_run_autotune_block
     monkeypatch.setattr(PythonWrapperCodegen, "generate_and_run_autotune_block",
@@ -516,12 +516,12 @@ def _tuning_spies(monkeypatch, saved_configs=False):
 
 
 @needs_triton
-def test_kernels_compile_once_and_autotune_in_the_first_run(tmp_path, monkeypatch):
+def test_kernels_compile_once_and_autotune_in_the_first_run(tmp_path, monkeypatch, torch_config):
     """The capture's compile runs no compile-time tuning script (standalone_compile's
     ``triton.autotune_at_compile_time``, which waits for every kernel's compile and
     defines each a second time): the configs are timed in the capture's first run,
     as under torch.compile, and the pair serves like eager."""
-    scripts, timed = _tuning_spies(monkeypatch)
+    scripts, timed = _tuning_spies(monkeypatch, torch_config)
     x = torch.randn(513, 2049, device="cuda")  # a reduction with several configs to time on the H200
     fn = lambda a: torch.softmax(a * 3, dim=-1) + a.sum(0)  # noqa: E731
     source, cache = _capture(tmp_path, "first_run_tuning", fn, x)
@@ -535,14 +535,14 @@ def _branches(a):
 
 
 @needs_triton
-def test_a_branch_the_first_run_does_not_take_is_tuned_at_compile_time(tmp_path, monkeypatch):
+def test_a_branch_the_first_run_does_not_take_is_tuned_at_compile_time(tmp_path, monkeypatch, torch_config):
     """A graph that branches (torch.cond) keeps standalone_compile's compile-time
     tuning: the first run launches one branch, and a kernel it never launched would
     keep every config, which cannot be frozen; the tuning script's choice reaches the
     wrapper's kernels through Inductor's local autotune cache. Both branches serve."""
     from torch._inductor.utils import fresh_inductor_cache
 
-    scripts, _ = _tuning_spies(monkeypatch, saved_configs=True)
+    scripts, _ = _tuning_spies(monkeypatch, torch_config, saved_configs=True)
     x = torch.randn(513, 2049, device="cuda").abs()
     with fresh_inductor_cache(dir=str(tmp_path)):  # no best config saved by another test
         source, cache = _capture(tmp_path, "cond_tuning", _branches, x)

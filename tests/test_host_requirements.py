@@ -295,8 +295,8 @@ def _reinstall_after_manifest_read(monkeypatch, p, tmp_path, how):
     """Make the next load see its package replaced right after it read the manifest."""
     parse = loader._manifest.parse
 
-    def parse_then_reinstall(raw, where):
-        doc = parse(raw, where=where)
+    def parse_then_reinstall(raw, **where):
+        doc = parse(raw, **where)
         monkeypatch.setattr(loader._manifest, "parse", parse)
         how(p, tmp_path)
         return doc

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import re
 import warnings
 
 import pytest
@@ -16,7 +17,13 @@ from _fake_packages import (
 )
 
 import precompile_runtime
-from precompile_runtime import HostMismatchWarning, PairFormatError, envelope, load_packaged
+from precompile_runtime import (
+    HostMismatchWarning,
+    PairFormatError,
+    envelope,
+    load_packaged,
+    pair_format,
+)
 
 pytestmark = pytest.mark.usefixtures("runtime_env")
 
@@ -64,11 +71,39 @@ def test_a_source_of_another_format_is_refused(tmp_path, monkeypatch):
 
 
 def test_what_codegen_writes_is_what_the_runtime_reads():
+    """The version a rendered source half carries is one the runtime loads, and the
+    build's check of a pair (builder/pairs.py) reads it back."""
+    import ast
+
+    from precompile_build.builder.pairs import read_source_metadata
     from precompile_build.engines import codegen
     from precompile_runtime import pair_format
 
-    assert (codegen.SOURCE_FORMAT, codegen.SOURCE_VERSION) == (pair_format.FORMAT, pair_format.VERSION)
-    assert pair_format.READS[0] <= pair_format.VERSION <= pair_format.READS[1]
+    text = codegen.render({"engine": "eager", "target": "fwd", "device": "cpu"},
+                          "def _graph(self):\n    return ()\n\n\n_GRAPH_SELF = None\n", None)
+    literal = next(n.value for n in ast.parse(text).body if isinstance(n, ast.Assign)
+                   and getattr(n.targets[0], "id", "") == "PRECOMPILE_METADATA")
+    meta = ast.literal_eval(literal)
+    assert pair_format.version_problem(meta) is None
+    pair_format.check_version(meta, where="fwd.py")
+    assert read_source_metadata(text.encode(), what="pair")["version"] == meta["version"]
+
+
+@pytest.mark.parametrize("version", [0, -1, True, 1.0, "1", None, pair_format.READS[1] + 1])
+def test_one_version_rule_for_the_build_and_the_runtime(version):
+    """0, a negative, a bool (True == 1), a float, a string, none at all, a newer one:
+    the runtime refuses to load them, so the build's check of a pair refuses them too."""
+    from precompile_build.builder.pairs import read_source_metadata
+    from precompile_build.errors import CaptureError
+
+    meta = {"format": pair_format.FORMAT, "version": version}
+    finding, _ = pair_format.version_problem(meta)
+    with pytest.raises(PairFormatError) as e:
+        pair_format.check_version(meta, where="fwd.py")
+    assert (e.value.where, e.value.finding) == ("fwd.py", finding)
+    source = f"PRECOMPILE_METADATA = {meta!r}\n".encode()
+    with pytest.raises(CaptureError, match=re.escape(f"Failed to validate pair source: {finding}: ")):
+        read_source_metadata(source, what="pair source")
 
 
 def test_a_newer_pair_whose_code_fails_here_is_a_format_error(tmp_path, monkeypatch):

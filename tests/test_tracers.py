@@ -440,7 +440,7 @@ def test_a_library_model_of_another_config_is_refused(tmp_path, change):
     ({"eager_check": "warn", "inductor": {}}, "'eager_check', 'inductor'"),
 ])
 def test_frozen_engine_options_are_refused_with_the_torch_engine(tmp_path, options, keys):
-    """The frozen engine's options (the README's validation_multiple / eager_check for
+    """The frozen engine's options (docs/capture-contract.md's validation_multiple / eager_check for
     deep bf16 models) are refused for engine='torch' before the function runs, instead
     of torch's "unknown torch engine option(s)" after it; auto picks frozen for them."""
     ran = []

@@ -3,19 +3,15 @@ the model's parameters like eager.
 
 Run by the precompile-build backend as `python captures/train_step.py` from the
 project root, with PRECOMPILE_DEVICE, PRECOMPILE_ARTIFACT_PATH and
-PRECOMPILE_CACHE_PATH set.
+PRECOMPILE_CACHE_PATH set, and the project root first on PYTHONPATH: tinylm
+imports from the source tree, uninstalled.
 """
 
 import os
-import sys
-from pathlib import Path
 
-# The build has not installed tinylm: import it from the project root.
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-import precompile_build  # noqa: E402
-import tinylm  # noqa: E402
-from tinylm import steps  # noqa: E402
+import precompile_build
+import tinylm
+from tinylm import steps
 
 device = os.environ.get("PRECOMPILE_DEVICE", "cpu")
 model = tinylm.build_model(seed=0, device=device)

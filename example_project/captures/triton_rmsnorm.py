@@ -4,21 +4,18 @@ model's embeddings.
 
 Run by the precompile-build backend as `python captures/triton_rmsnorm.py` from the
 project root, with PRECOMPILE_DEVICE=cuda, PRECOMPILE_ARTIFACT_PATH and
-PRECOMPILE_CACHE_PATH set.
+PRECOMPILE_CACHE_PATH set, and the project root first on PYTHONPATH: tinylm
+imports from the source tree, uninstalled.
 """
 
 import os
 import sys
-from pathlib import Path
 
-# The build has not installed tinylm: import it from the project root.
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import torch
 
-import torch  # noqa: E402
-
-import precompile_build  # noqa: E402
-import tinylm  # noqa: E402
-from tinylm import steps  # noqa: E402
+import precompile_build
+import tinylm
+from tinylm import steps
 
 device = os.environ.get("PRECOMPILE_DEVICE", "cuda")
 if not torch.cuda.is_available() or not device.startswith("cuda"):

@@ -116,6 +116,7 @@ def test_fused_rmsnorm_refuses_cpu_tensors():
     torch.testing.assert_close(ref.pow(2).mean(-1), torch.ones(2, 4), atol=1e-4, rtol=1e-4)
 
 
+@pytest.mark.gpu
 @pytest.mark.skipif(not kernels.triton_available(), reason="needs CUDA and triton")
 def test_fused_rmsnorm_matches_reference_on_cuda():
     model = tinylm.build_model(0, device="cuda")

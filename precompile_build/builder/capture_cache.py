@@ -37,6 +37,7 @@ from precompile_runtime._digest import sha256_file  # one file hash for both sid
 from precompile_runtime.envelope import write_atomic
 
 from ..capturing import imported
+from ..config import capture_env
 from ..config.settings import Settings, TargetSettings, default_cache_dir
 from ..errors import BuildError, CaptureError
 from .pairs import PairInfo, inspect_pair
@@ -164,7 +165,7 @@ def host_fingerprints(devices: Iterable[str], memo_dir: Optional[Path] = None) -
 
 
 # Variables every capture reads (precompile_build.config.choices.resolve): always in the key.
-CAPTURE_ENV = ("PRECOMPILE_ENGINE", "PRECOMPILE_TRACER")
+CAPTURE_ENV = (capture_env.ENGINE, capture_env.TRACER)
 
 
 def key_components(settings: Settings, target: TargetSettings, device: str,

@@ -11,12 +11,11 @@ from typing import Any
 
 from precompile_runtime import envelope
 from precompile_runtime.errors import PrecompileLoadError
-from precompile_runtime.pair_format import FORMAT as SOURCE_FORMAT
-from precompile_runtime.pair_format import VERSION as SOURCE_VERSION
+from precompile_runtime.pair_format import SOURCE_ENGINES, version_problem
 
 from ..errors import CaptureError
 
-OUR_ENGINES = ("frozen", "eager")
+OUR_ENGINES = SOURCE_ENGINES
 
 
 @dataclass(frozen=True)
@@ -39,8 +38,8 @@ def read_source_metadata(source: bytes, *, what: str) -> dict[str, Any]:
     """``PRECOMPILE_METADATA`` of a source half, read with ``ast.literal_eval``.
 
     The file is parsed, never executed. Raises CaptureError when it does not parse,
-    lacks a top-level ``PRECOMPILE_METADATA = {...}`` literal, or has the wrong
-    format or a newer version.
+    lacks a top-level ``PRECOMPILE_METADATA = {...}`` literal, or has a format or
+    version the runtime would refuse to load (``pair_format.version_problem``).
     """
     try:
         tree = ast.parse(source, filename=what)
@@ -56,14 +55,11 @@ def read_source_metadata(source: bytes, *, what: str) -> dict[str, Any]:
                 break
             if not isinstance(meta, dict):
                 break
-            if meta.get("format") != SOURCE_FORMAT:
-                raise CaptureError(f"Failed to validate {what}: PRECOMPILE_METADATA "
-                                   f"format is {meta.get('format')!r}, not {SOURCE_FORMAT!r}")
-            version = meta.get("version")
-            if not isinstance(version, int) or version > SOURCE_VERSION:
-                raise CaptureError(f"Failed to validate {what}: source format version "
-                                   f"{version!r} is not one this precompile-build reads "
-                                   f"({SOURCE_VERSION})")
+            problem = version_problem(meta)  # the runtime's rule: what it would refuse to load
+            if problem is not None:
+                raise CaptureError(f"Failed to validate {what}: {problem[0]}: the capture "
+                                   "script imported another precompile-build or precompile-runtime "
+                                   "than the build's; run it with the build's Python")
             return meta
     raise CaptureError(f"Failed to validate {what}: no top-level `PRECOMPILE_METADATA = "
                        "{...}` dict literal")

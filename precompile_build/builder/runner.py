@@ -21,7 +21,7 @@ from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor
 from concurrent.futures import wait as wait_all
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional, Union
+from typing import Any, Optional, Union, cast
 
 from ..capturing import stats as capture_stats
 from ..config.settings import Settings, TargetSettings
@@ -350,7 +350,7 @@ def _fail_or_skip(b: _Build, target: TargetSettings, required: bool, device: str
     if required:
         tail = ""
         if log_path is not None:
-            kept = _keep_log(log_path, target.name)
+            kept: Optional[Path] = _keep_log(log_path, target.name)
             tail = (f"\nlast {LOG_TAIL_LINES} lines of its log (whole log: {kept}):\n"
                     + log_tail(log_path))
         raise ScriptFailed(reason, target=target.name, log_tail=tail, seconds=seconds)
@@ -472,13 +472,13 @@ def run_captures(settings: Settings, work: Path,
     for n in names:
         if isinstance(outcomes[n], BaseException) and not isinstance(outcomes[n], _Cancelled):
             raise outcomes[n]  # type: ignore[misc]
-    results = [outcomes[n] for n in names]
+    results = cast("list[CaptureResult]", [outcomes[n] for n in names])  # the failures raised above
     for r in results:
         if r.status != "ok":  # warned here, in the calling thread
             warnings.warn(f"optional target {r.name!r} left out of the wheel: {r.reason}"
                           + (f" (whole log: {r.log_path})" if r.log_path else ""),
                           CaptureWarning, stacklevel=2)
-    return results  # type: ignore[return-value]
+    return results
 
 
 def _for_device(target: TargetSettings, device: Optional[str],

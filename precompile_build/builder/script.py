@@ -20,6 +20,7 @@ from typing import IO, Optional
 
 from ..capturing import stats as capture_stats
 from ..capturing.imported import record_path as imports_record_path
+from ..config import capture_env
 from ..config.settings import Settings, TargetSettings
 from ..errors import CaptureError
 from .pairs import PairInfo, inspect_pair
@@ -127,18 +128,18 @@ def script_env(settings: Settings, target: TargetSettings, device: str,
     # The script imports the library being built: put its source root first.
     base = str(settings.package_dir.parent)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (base, env.get("PYTHONPATH")) if p)
-    env.update(PRECOMPILE_TARGET=target.name, PRECOMPILE_ARTIFACT_PATH=str(src),
-               PRECOMPILE_CACHE_PATH=str(cache), PRECOMPILE_DEVICE=device,
-               PRECOMPILE_FALLBACK=target.fallback,
-               PRECOMPILE_IMPORTS_PATH=str(imports_record_path(src)))
+    env.update({capture_env.TARGET: target.name, capture_env.ARTIFACT_PATH: str(src),
+                capture_env.CACHE_PATH: str(cache), capture_env.DEVICE: device,
+                capture_env.FALLBACK: target.fallback,
+                capture_env.IMPORTS_PATH: str(imports_record_path(src))})
     if target.tracer:
-        env["PRECOMPILE_TRACER"] = target.tracer
+        env[capture_env.TRACER] = target.tracer
     if target.cuda_graphs:
-        env["PRECOMPILE_CUDA_GRAPHS"] = "1"
+        env[capture_env.CUDA_GRAPHS] = "1"
     if target.cuda_archs and device == "cuda":  # engines/cross_arch.py reads it
-        env["PRECOMPILE_CUDA_ARCHS"] = ",".join(target.cuda_archs)
+        env[capture_env.CUDA_ARCHS] = ",".join(target.cuda_archs)
     else:
-        env.pop("PRECOMPILE_CUDA_ARCHS", None)
+        env.pop(capture_env.CUDA_ARCHS, None)
     if device == "cpu":
         env["CUDA_VISIBLE_DEVICES"] = ""
     elif gpu is not None:
@@ -240,7 +241,8 @@ def run_script(settings: Settings, target: TargetSettings, device: str, gpu: Opt
 # for SIGKILL when its parent dies (prctl PR_SET_PDEATHSIG). Then the script runs as
 # `python SCRIPT ARGS...` would run it (sys.argv, sys.path[0] its folder, __main__), with
 # a sys.excepthook that reports the exception that ends it to the result file
-# (result_file) before Python prints its traceback.
+# (result_file) before Python prints its traceback. It adds the script's pid to
+# capture_env.SCRIPT_STARTED (the one variable it spells: it imports nothing of ours).
 _RUN_SCRIPT = """\
 import os, signal, sys
 parent, result, script = int(sys.argv[1]), sys.argv[2], os.path.abspath(sys.argv[3])
@@ -284,7 +286,7 @@ def check_pair(src: Path, cache: Path) -> tuple[Optional[str], Optional[PairInfo
     have = [p.name for p in (src, cache) if p.is_file()]
     if not have:
         return ("exited 0 but wrote neither half of the pair; did the script run a "
-                "capture with PRECOMPILE_ARTIFACT_PATH / PRECOMPILE_CACHE_PATH?"), None
+                f"capture with {capture_env.ARTIFACT_PATH} / {capture_env.CACHE_PATH}?"), None
     if len(have) == 1:
         missing = cache.name if have[0] == src.name else src.name
         return f"wrote only {have[0]}, not {missing}: half a pair is unusable", None

@@ -33,7 +33,7 @@ class Slots:
         self._cond = threading.Condition()
         self._total = jobs if jobs is not None else 1 << 30
         self._cpu = cpu_limit(jobs)
-        self._gpus = list(gpus) or [None]
+        self._gpus: list[Optional[str]] = list(gpus) or [None]
 
     def acquire(self, device: str, abort: threading.Event) -> tuple[bool, Optional[str]]:
         """Wait for a slot for a capture on ``device`` (``"cpu"`` or ``"cuda"``).

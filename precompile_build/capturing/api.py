@@ -11,11 +11,12 @@ from __future__ import annotations
 import os
 import sys
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Literal
 
 from precompile_runtime.envelope import write_atomic
 
 from .. import engines
+from ..config import capture_env
 from ..config.capture_options import FROZEN_OPTIONS, OPTIONS, CaptureOptions, check_choice  # noqa: F401 - re-exported
 from ..errors import CaptureError, CompilerFailed, PythonStateWarning, warn_at_caller
 from . import python_state
@@ -66,6 +67,7 @@ class Capture:
             raise failed  # except block: the function's traceback is not this one's context)
         if engine != "torch":  # ours trace Python once (torch.compile replays random calls)
             _warn_python_rng(before, python_rng_states(), self.target)
+        assert self._pair is not None  # (_capture wrote it, or raised)
         self._pair = (self._pair[0], _with_function_name(self._pair[1], self._fn))
         result = box["result"] if "result" in box else self._fn(*args, **kwargs)
         if state is not None:  # (after the real call: what it changed, the trace too)
@@ -102,7 +104,7 @@ class Capture:
                     traced=e.traced, real=e.real,
                 )
 
-    def __exit__(self, exc_type, exc, tb) -> bool:
+    def __exit__(self, exc_type, exc, tb) -> Literal[False]:
         if exc_type is not None:
             print(
                 f"precompile_build.capture: target {self.target!r}: nothing written, "
@@ -321,10 +323,10 @@ def capture(
     """
     if not callable(fn):
         raise TypeError(f"precompile_build.capture(fn): fn must be callable, got {type(fn).__name__}")
-    fallback = fallback or os.environ.get("PRECOMPILE_FALLBACK") or "none"
+    fallback = fallback or os.environ.get(capture_env.FALLBACK) or "none"
     check_choice(engine, backend, fallback)  # before the paths: a wrong choice is named first
-    artifact_path = artifact_path or os.environ.get("PRECOMPILE_ARTIFACT_PATH")
-    cache_path = cache_path or os.environ.get("PRECOMPILE_CACHE_PATH")
+    artifact_path = artifact_path or os.environ.get(capture_env.ARTIFACT_PATH)
+    cache_path = cache_path or os.environ.get(capture_env.CACHE_PATH)
     if not artifact_path or not cache_path:
         raise CaptureError(
             "precompile_build.capture needs artifact_path= and cache_path=, and neither "
@@ -339,7 +341,7 @@ def capture(
         if not isinstance(value, (str, os.PathLike)) or Path(value).is_dir():
             raise TypeError(f"precompile_build.capture: {name}={value!r} must be a file path "
                             "(str or os.PathLike), not a directory")
-    target = target or os.environ.get("PRECOMPILE_TARGET") or Path(artifact_path).stem
+    target = target or os.environ.get(capture_env.TARGET) or Path(artifact_path).stem
     opts = CaptureOptions.parse(target=target, engine=engine, backend=backend, tracer=tracer,
                                 fallback=fallback, options=options)
     if Path(artifact_path).resolve() == Path(cache_path).resolve():

@@ -26,7 +26,7 @@ Recorded, in ``PRECOMPILE_METADATA["assumed"]``:
   (python_state.py's walk), in modules a serving process can import (not the capture
   script's ``__main__``, whose values are the pair's constants).
 
-Not recorded (README, "What a served call checks"): reads through ``vars(obj)`` or
+Not recorded (docs/assumed_state.md, "What is not checked"): reads through ``vars(obj)`` or
 ``obj.__dict__[...]``, objects more than one attribute away from a module, library
 modules' globals (transformers' own tables), and values of other types (enums,
 objects: their identity cannot be compared across processes).
@@ -38,6 +38,8 @@ import contextlib
 import copy
 from collections.abc import Iterator
 from typing import Any, Callable
+
+from precompile_runtime.pair_format import AssumedState
 
 from ..templates.state_values import global_hooks, module_hooks, state_value
 from . import python_state
@@ -164,7 +166,7 @@ class Recorder:
                 if own is _NOT_SET:
                     delattr(cls, "__getattribute__")
                 else:
-                    cls.__getattribute__ = own  # type: ignore[method-assign]
+                    cls.__getattribute__ = own
 
     def entries(self) -> list[list]:
         """The recorded reads whose values are still the ones read: ``[[model arg, path,
@@ -220,7 +222,7 @@ def global_values(fn: Callable, args: tuple, kwargs: dict) -> dict[tuple[str, st
 
 
 def metadata(rec: Recorder, hooks: dict, globals_before: dict, fn: Callable, args: tuple,
-             kwargs: dict) -> dict:
+             kwargs: dict) -> AssumedState:
     """``PRECOMPILE_METADATA["assumed"]``: the reads of ``rec``, the ``hooks`` the call
     found and the module-level values of ``globals_before`` that the call left as they
     were (see the module docstring)."""

@@ -28,6 +28,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
+from precompile_runtime.pair_format import Collectives
+
 from ..errors import CaptureError
 
 PREFIX = "precompile:ranks="
@@ -71,10 +73,10 @@ def group_ranks(pg, *, name: str, target: str) -> list[int]:
             "dist.new_group / dist.init_process_group), so the pair cannot record its ranks. "
             "Create the group with dist.new_group(ranks) on every rank, keep it alive during "
             "the capture, and pass it (or the default world group) to the collective", target=target)
-    return sorted(mapping, key=mapping.get)
+    return sorted(mapping, key=mapping.__getitem__)
 
 
-def canonical_groups(gm, target: str) -> dict | None:
+def canonical_groups(gm, target: str) -> Collectives | None:
     """Rewrite the group names of ``gm``'s functional collectives (subgraphs
     included) to ``precompile:ranks=...`` names registered in this process, and
     return what the pair records: ``{"world_size": int, "groups": {name: ranks}}``,
@@ -99,7 +101,7 @@ def canonical_groups(gm, target: str) -> dict | None:
                     ranks = [int(r) for r in name[len(PREFIX):].split(",")]
                 else:
                     try:
-                        pg = c10d._resolve_process_group(name)
+                        pg = c10d._resolve_process_group(name)  # type: ignore[arg-type]  # (GroupName: a str)
                     except Exception as e:
                         raise CaptureError("a collective names the process group "
                                            f"{name!r}, which this process cannot resolve ({e})", target=target) from e
@@ -122,10 +124,10 @@ def _register(name: str, pg) -> None:
     from torch._C import _distributed_c10d as C
 
     try:
-        C._unregister_process_group(name)
+        C._unregister_process_group(name)  # type: ignore[arg-type]
     except Exception:  # not registered yet
         pass
-    C._register_process_group(name, pg)
+    C._register_process_group(name, pg)  # type: ignore[arg-type]
 
 
 def refuse_data_parallel(fn, modules: Iterable[Any], target: str) -> None:

@@ -31,9 +31,12 @@ from __future__ import annotations
 
 import logging
 import re
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 from unittest import mock
+
+from precompile_runtime.pair_format import Dim, Dynamic
 
 from ..errors import CaptureError
 from .layouts import memory_layout
@@ -116,7 +119,7 @@ def fake_inputs(example: list, n_params: int, marks: list, paths: list, target: 
         dims = marks[i - n_params] if i >= n_params else {}
         if dims:
             check_marks(t, dims, paths[i - n_params], target)
-        ctx = StatelessSymbolicContext(
+        ctx: Any = StatelessSymbolicContext(
             dynamic_sizes=[DimDynamic.DYNAMIC if d in dims else DimDynamic.STATIC for d in range(t.dim())],
             constraint_sizes=[
                 StrictMinMaxConstraint(
@@ -133,7 +136,7 @@ def size_oblivious():
     """Trace and compile without specialising sizes 0 and 1 of marked dims."""
     from torch.fx.experimental import _config
 
-    return _config.patch(backed_size_oblivious=True)
+    return _config.patch(backed_size_oblivious=True)  # type: ignore[attr-defined]  # (torch config modules get patch at import)
 
 
 def compile_context(graph_module):
@@ -178,7 +181,7 @@ def _printer():
     return PythonPrinter().doprint
 
 
-def finish(sym: SymbolicTrace, target: str) -> tuple[dict, list[dict]]:
+def finish(sym: SymbolicTrace, target: str) -> tuple[Dynamic, list[dict[str, list[Dim]]]]:
     """Read the symbols, ranges and guards once tracing and compiling are done.
 
     Returns:
@@ -204,7 +207,8 @@ def finish(sym: SymbolicTrace, target: str) -> tuple[dict, list[dict]]:
     where: dict[str, str] = {}  # symbol -> "argument 'x' dim 0", for messages
     shapes = []
     for fake, marks, path in zip(sym.fakes, sym.marks, sym.paths):
-        shape, stride = [], []
+        shape: list[Dim] = []
+        stride: list[Dim] = []
         for d, size in enumerate(fake.shape):
             expr = resolved(size)
             if d not in marks:
@@ -297,7 +301,7 @@ def _check_guard_keeps_range(guard: str, symbols: dict, where: dict, target: str
         )
 
 
-def example_sizes(dynamic: dict, shapes: list[dict], example_user: list) -> list[dict[str, int]]:
+def example_sizes(dynamic: Dynamic, shapes: Sequence[Mapping[str, Any]], example_user: list) -> list[dict[str, int]]:
     """Symbol assignments to validate a pair with besides the example: the lower
     bound of every range and the example size plus one (within range), each kept
     only when it satisfies the guards."""
@@ -314,9 +318,9 @@ def example_sizes(dynamic: dict, shapes: list[dict], example_user: list) -> list
     return out
 
 
-def describe(sizes: dict[str, int], shapes: list[dict], paths: list[str]) -> str:
+def describe(sizes: dict[str, int], shapes: Sequence[Mapping[str, Any]], paths: list[str]) -> str:
     """``"argument 'x' dim 0 = 1, ..."`` for symbol sizes, in argument order."""
-    where = {}
+    where: dict[str, str] = {}
     for spec, path in zip(shapes, paths):
         for d, entry in enumerate(spec["shape"]):
             if isinstance(entry, str):
@@ -337,7 +341,7 @@ def eval_expr(expr: str | int, sizes: dict[str, int]):
     return eval(expr, scope, dict(sizes))
 
 
-def resized(t, spec: dict, sizes: dict[str, int]):
+def resized(t, spec: Mapping[str, Any], sizes: dict[str, int]):
     """A tensor like example ``t`` at the sizes ``sizes`` (values repeated or cut along
     each dim, so integer inputs such as token ids stay valid), with the strides the
     capture expects."""

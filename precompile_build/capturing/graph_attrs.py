@@ -33,6 +33,8 @@ import types
 from collections.abc import Iterable
 from typing import Any
 
+from precompile_runtime.pair_format import ConstantSpec
+
 from ..errors import CaptureError
 from . import sharing
 
@@ -90,7 +92,7 @@ def reachable_tensors(roots: Iterable[Any], *, max_depth: int = 4, max_objects: 
             g = getattr(func, "__globals__", {})
             children += [(g[n], f"global {n!r}") for n in sorted(names) if n in g]
             children += [(d, f"a default of {where}") for d in (func.__defaults__ or ())]
-            children += [(d, f"a default of {where}") for d in (func.__kwdefaults__ or {}).values()]
+            children += [(d, f"a default of {where}") for d in (getattr(func, "__kwdefaults__", None) or {}).values()]
             if hasattr(func, "__wrapped__"):
                 children.append((func.__wrapped__, where))
         elif isinstance(obj, functools.partial):
@@ -133,7 +135,7 @@ def _script_object_error(target: str, name: str, value) -> CaptureError:
             f"dist.all_reduce(t), which passes a ProcessGroup object ({name}); use the functional "
             "collectives instead: `import torch.distributed._functional_collectives as funcol; "
             "t = funcol.all_reduce(t, 'sum', group=list_of_ranks)` (they return the result; see "
-            "the README's distributed contract)", target=target
+            "docs/capture-contract.md, torch.distributed)", target=target
         )
     return CaptureError(
         f"the function uses the TorchScript object {name} ({qualname}); "
@@ -251,7 +253,7 @@ def _lift(gm, nodes: list) -> None:
     gm.recompile()
 
 
-def constant_specs(constants: list) -> list[dict]:
+def constant_specs(constants: list) -> list[ConstantSpec]:
     """The literal form of trace-made constants for PRECOMPILE_METADATA, decoded by
     the driver at load.
 
@@ -267,7 +269,7 @@ def constant_specs(constants: list) -> list[dict]:
     """
     import torch
 
-    out = []
+    out: list[ConstantSpec] = []
     for t in constants:
         flat = t.detach().to("cpu").clone().contiguous()
         data = bytes(flat.reshape(-1).view(torch.uint8).tolist()) if flat.numel() else b""

@@ -29,7 +29,9 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Optional
 
-RECORD_ENV = "PRECOMPILE_IMPORTS_PATH"
+from ..config import capture_env
+
+RECORD_ENV = capture_env.IMPORTS_PATH
 
 
 def _normal(name: str) -> str:
@@ -89,12 +91,12 @@ def _not_inputs() -> tuple[str, ...]:
     return tuple(os.path.realpath(d) + os.sep for d in dirs if d)
 
 
-def environment_record() -> dict[str, dict[str, str]]:
+def environment_record() -> dict[str, Any]:
     """Every distribution installed where this process imports from, for a capture
     that recorded nothing."""
     from importlib import metadata
 
-    dists = {}
+    dists: dict[str, str] = {}
     for dist in metadata.distributions():
         name = dist.metadata["Name"]
         if name:

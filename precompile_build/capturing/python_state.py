@@ -22,7 +22,7 @@ library modules (transformers' and timm's caches) are not looked into.
 the reached code that names it where there is one. What it cannot see: an item
 replaced in a container (same length), state reached only through objects
 deeper than one attribute, state of library code, files and other processes
-(README, "Python state the call changes").
+(docs/capture-contract.md, "Randomness and Python side effects").
 """
 
 from __future__ import annotations
@@ -52,7 +52,7 @@ def _library_dirs() -> tuple[str, ...]:
         roots |= {p for p in sys.path if p.rstrip(os.sep).endswith(("site-packages", "dist-packages"))}
         torch = sys.modules.get("torch")
         if torch is not None and getattr(torch, "__file__", None):
-            roots.add(os.path.dirname(os.path.dirname(torch.__file__)))
+            roots.add(os.path.dirname(os.path.dirname(str(torch.__file__))))
         here = os.path.dirname(os.path.abspath(__file__))
         roots.add(here)
         _library_roots = tuple(os.path.realpath(r) + os.sep for r in roots)
@@ -259,6 +259,8 @@ def _stored_globals(code: types.CodeType) -> set:
 def _line_of(functions: list, key: tuple) -> str:
     """``file:line`` of the reached code that most likely made the change: a store of
     the name (or attribute), else its first use."""
+    stores: tuple[str, ...]
+    uses: tuple[str, ...]
     if key[0] == "global":
         name, stores, uses = key[2], ("STORE_GLOBAL", "DELETE_GLOBAL"), ("LOAD_GLOBAL", "LOAD_NAME")
         if len(key) > 3 and key[3] == "attr":

@@ -20,6 +20,7 @@ ModelOutput, a buffer returned as is) comes back as that tensor, as in eager.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 from typing import Any
 
 from ..errors import CaptureError
@@ -119,7 +120,9 @@ def flatten_inputs(args: tuple, kwargs: dict, arg_names: list[str]):
 
     with_paths = arg_paths(args, kwargs, arg_names)
     spec = pytree.tree_structure((tuple(args), dict(kwargs)))
-    leaves, kinds, paths = [], [], []
+    leaves: list[Any] = []
+    kinds: list[list[Any]] = []
+    paths: list[str] = []
     for path, v in with_paths:
         if isinstance(v, torch.nn.Module):
             kinds.append(["module"])
@@ -302,7 +305,8 @@ def result_leaves(leaves: list, flat_inputs: list) -> tuple[list, list]:
     ``["const", value]``; ``tensors`` the graph outputs in order."""
     import torch
 
-    kinds, tensors = [], []
+    kinds: list[list[Any]] = []
+    tensors: list[Any] = []
     for v in leaves:
         if isinstance(v, torch.Tensor):
             j = next((j for j, t in enumerate(flat_inputs) if t is v), None)  # `is`: Dynamo follows it
@@ -316,7 +320,7 @@ def result_leaves(leaves: list, flat_inputs: list) -> tuple[list, list]:
     return kinds, tensors
 
 
-def changed_argument(args: tuple, kwargs: dict, spec, tensors: list, kinds: list, paths: list) -> str | None:
+def changed_argument(args: tuple, kwargs: dict, spec, tensors: Sequence[Any], kinds: list, paths: list) -> str | None:
     """What the traced call changed in its arguments' structure (None: nothing): an
     attribute of a registered object reassigned (DynamicCache's ``keys = cat(...)``), a
     Python number in one changed. A served call runs no Python, so such a change would

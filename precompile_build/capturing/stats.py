@@ -38,11 +38,13 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Optional
 
-STATS_ENV = "PRECOMPILE_STATS_PATH"
+from ..config import capture_env
+
+STATS_ENV = capture_env.STATS_PATH
 """Environment variable naming the capture's stats file (set by the build)."""
 
 
-STARTED_ENV = "PRECOMPILE_SCRIPT_STARTED"
+STARTED_ENV = capture_env.SCRIPT_STARTED
 """Environment variable: ``"<time> <pid>"``, the wall-clock time (``time.time()``,
 seconds) at which the build started the capture script, and the script's process id
 (processes the script starts inherit it: they record no setup)."""
@@ -213,7 +215,8 @@ def peak_step(peaks: Optional[dict]) -> Optional[str]:
     """The capture step whose GPU peak is the capture's (``peaks["gpu_steps"]``; a part
     of validate rather than validate), or None (not measured, or the peak fell between
     steps)."""
-    steps = (peaks or {}).get("gpu_steps") or {}
+    peaks = peaks or {}
+    steps = peaks.get("gpu_steps") or {}
     at_peak = [s for s in STEPS + VALIDATE_PARTS if s in steps and steps[s] >= peaks.get("gpu_bytes", 0)]
     return at_peak[-1] if at_peak else None
 

@@ -41,7 +41,8 @@ import traceback
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from ..config.choices import TRACERS
+from ..config import capture_env
+from ..config.choices import TRACERS, Tracer
 from ..errors import CaptureError, torch_warnings_shown, warn_at_caller
 from . import aten_export, dynamic_dims
 from .layouts import example_clone
@@ -58,7 +59,7 @@ class Traced:
     symbolic: Any
     """``dynamic_dims.SymbolicTrace`` (the marked dims' symbols and fake inputs), or
     None when no dim is marked."""
-    tracer: str
+    tracer: Tracer
     """The tracer that made the graph: ``"export"``, ``"export-strict"`` or
     ``"make_fx"`` (never ``"auto"``)."""
 
@@ -69,7 +70,7 @@ def check_tracer(tracer: str | None) -> str:
     Raises:
         ValueError: not one of :data:`TRACERS`.
     """
-    value = tracer or os.environ.get("PRECOMPILE_TRACER", "").strip() or "auto"
+    value = tracer or os.environ.get(capture_env.TRACER, "").strip() or "auto"
     if value not in TRACERS:
         raise ValueError(f"tracer={value!r} is not one of {', '.join(map(repr, TRACERS))} "
                          "(from the capture call, the target's `tracer` or PRECOMPILE_TRACER)")
@@ -315,7 +316,7 @@ def _culprit(exc: BaseException) -> str:
         here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
         _OWN_DIRS = (os.path.dirname(os.path.abspath(torch.__file__)) + os.sep, here + os.sep,
                      sysconfig.get_paths()["stdlib"] + os.sep)
-    frames = []
+    frames: list[traceback.FrameSummary] = []
     seen = set()
     e: BaseException | None = exc
     while e is not None and id(e) not in seen:  # the cause chain: export re-raises

@@ -29,7 +29,7 @@ import sys
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from precompile_runtime.pair_format import PairMetadata
+from precompile_runtime.pair_format import Ambient, CallConvention, Device, TensorSpec
 
 from ..errors import CaptureError, warn_at_caller
 from ..templates import pytree_types
@@ -59,7 +59,7 @@ class TracedCall:
     graph_module: Any  # torch.fx.GraphModule over flat tensors
     example_inputs: list  # flat tensors: the caller's where the graph only reads them, else clones
     # (sharing.py); run the graph on sharing.run_inputs(example_inputs, written) to keep them
-    metadata: PairMetadata  # the calling convention; the engine adds `engine` and `kernels`
+    metadata: CallConvention  # the engine adds `engine` and `kernels` (codegen.pair_metadata)
     symbolic: Any = None  # dynamic_dims.SymbolicTrace when dims are marked dynamic
     sources: Any = None  # the caller's own flat tensors (params, then arguments), not clones
     outline: tuple = ("", "")  # the result's structure (pytree_io.outline), for the eager-call check
@@ -72,10 +72,10 @@ class TracedCall:
         dynamic, shapes = dynamic_dims.finish(self.symbolic, target)
         self.metadata["dynamic"] = dynamic
         for spec, sym in zip(self.metadata["tensor_inputs"], shapes):
-            spec.update(sym)
+            spec["shape"], spec["stride"] = sym["shape"], sym["stride"]
 
 
-def _tensor_spec(t, requires_grad: bool) -> dict:
+def _tensor_spec(t, requires_grad: bool) -> TensorSpec:
     return {
         "dtype": str(t.dtype),
         "device_type": t.device.type,
@@ -236,7 +236,7 @@ def trace_call(fn: Callable, args: tuple, kwargs: dict, *, target: str, tracer: 
 
     # public attributes the trace changed (a counter in forward) are state, not settings
     state = [_changed(b, module_setting_items(m)) for b, m in zip(settings_before, modules)]
-    metadata: PairMetadata = {  # the engine adds engine and kernels, codegen format and version
+    metadata: CallConvention = {  # the engine adds engine and kernels (codegen.pair_metadata)
         "target": target,
         "inputs": {"spec": in_text, "leaves": in_kinds, "types": in_types, "num_args": len(args),
                    "kwarg_names": list(kwargs),  # the driver's fast path: each argument a leaf
@@ -327,7 +327,7 @@ def _mutated_inputs(gm) -> list[int]:
     return sorted(written)
 
 
-def _ambient_state(device: str, gm) -> dict:
+def _ambient_state(device: str, gm) -> Ambient:
     """The caller's state at capture that changes what eager computes and is built
     into the graph: autocast of the capture's device type (its dtype, absent when
     off), and the default dtype where the graph creates a tensor without a dtype
@@ -338,7 +338,7 @@ def _ambient_state(device: str, gm) -> dict:
     autocast = {}
     if torch.is_autocast_enabled(device):
         autocast[device] = str(torch.get_autocast_dtype(device))
-    out: dict = {"autocast": autocast}
+    out: Ambient = {"autocast": autocast}
     if _uses_default_dtype(gm):
         out["default_dtype"] = str(torch.get_default_dtype())
     return out
@@ -378,7 +378,7 @@ def _arg_names(fn, n: int) -> list[str]:
     return names[:n] if len(names) >= n else []
 
 
-def _device_of(tensors) -> str:
+def _device_of(tensors) -> Device:
     types = {t.device.type for t in tensors}
     if "cuda" in types:
         return "cuda"

@@ -13,10 +13,11 @@ import math
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any, Optional, cast
 
 from ..errors import CaptureError
-from .choices import ENGINES, FALLBACKS
+from . import capture_env
+from .choices import ENGINES, FALLBACKS, Engine, EngineChoice, Fallback, TracerChoice
 from .choices import resolve as resolve_engine
 
 BACKENDS = ("inductor", "eager")
@@ -57,7 +58,7 @@ def option_problem(options: Mapping[str, Any], key: str) -> Optional[str]:
     if key == "validation_multiple":
         import numbers  # numpy's scalars register as numbers.Real too
 
-        if (isinstance(value, bool) or not isinstance(value, numbers.Real) or not value > 0
+        if (isinstance(value, bool) or not isinstance(value, numbers.Real) or not value > 0  # type: ignore[operator]
                 or not math.isfinite(value)):  # inf would accept any error: no check at all
             return (f"options['validation_multiple'] = {value!r}: use a positive number (the "
                     "multiple of eager's error allowed, e.g. 10; not inf, which would allow any error)")
@@ -146,13 +147,13 @@ class CaptureOptions:
 
     target: str
     """The target's name, for messages."""
-    engine: str = "auto"
+    engine: EngineChoice = "auto"
     """``"auto"`` or one of ``precompile_build.config.choices.ENGINES``."""
     backend: str = "inductor"
     """One of :data:`BACKENDS`."""
-    tracer: str = "auto"
+    tracer: TracerChoice = "auto"
     """The frozen and eager engines' tracer (config/choices.py TRACERS)."""
-    fallback: str = "none"
+    fallback: Fallback = "none"
     """One of :data:`FALLBACKS`."""
     options: Mapping[str, Any] = field(default_factory=dict)
     """The ``options=`` dict: keys of :data:`OPTIONS`, values checked."""
@@ -195,10 +196,10 @@ class CaptureOptions:
                 f"tracer={tracer!r} (from the call, the target's `tracer` key or PRECOMPILE_TRACER) "
                 "disagree: options['tracer'] is the torch engine's tracer, tracer= the frozen and "
                 "eager engines'; give one of them")
-        return cls(target=target, engine=engine, backend=backend, tracer=tracer, fallback=fallback,
-                   options=options)
+        return cls(target=target, engine=cast(EngineChoice, engine), backend=backend,  # (checked above)
+                   tracer=cast(TracerChoice, tracer), fallback=cast(Fallback, fallback), options=options)
 
-    def for_call(self, device: str) -> tuple[str, dict[str, Any]]:
+    def for_call(self, device: str) -> tuple[Engine, dict[str, Any]]:
         """The engine for a first call on ``device`` and the options it gets: the
         target's `cuda-graphs` / `cuda-archs` (``PRECOMPILE_CUDA_GRAPHS`` /
         ``PRECOMPILE_CUDA_ARCHS``) added, ``tracer`` (ours) or ``backend`` (the torch
@@ -214,17 +215,17 @@ class CaptureOptions:
             ValueError: ``options['tracer']`` is not a tracer of our engines.
         """
         options = dict(self.options)
-        if os.environ.get("PRECOMPILE_CUDA_GRAPHS") == "1":  # the `cuda-graphs` target option
+        if os.environ.get(capture_env.CUDA_GRAPHS) == "1":  # the `cuda-graphs` target option
             options.setdefault("cuda_graphs", True)
-        if os.environ.get("PRECOMPILE_CUDA_ARCHS", "").strip() and device == "cuda":  # `cuda-archs`
-            options.setdefault("cuda_archs", os.environ["PRECOMPILE_CUDA_ARCHS"])
+        if os.environ.get(capture_env.CUDA_ARCHS, "").strip() and device == "cuda":  # `cuda-archs`
+            options.setdefault("cuda_archs", os.environ[capture_env.CUDA_ARCHS])
         # CUDA graphs replay the frozen engine's kernels, and tracer/fallback and the
         # FROZEN_OPTIONS are its settings: auto picks it for them (PRECOMPILE_ENGINE
         # still decides when set)
         wants_frozen = (options.get("cuda_graphs") or self.tracer != "auto" or self.fallback != "none"
                         or any(k in options for k in FROZEN_OPTIONS if k != "cuda_graphs"))
         engine = resolve_engine("frozen" if wants_frozen and self.engine == "auto"
-                                 and not os.environ.get("PRECOMPILE_ENGINE", "").strip()
+                                 and not os.environ.get(capture_env.ENGINE, "").strip()
                                  else self.engine, device)
         if self.backend == "eager" and engine == "frozen":
             engine = "eager"

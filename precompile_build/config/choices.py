@@ -6,11 +6,20 @@ capture_options.py) and the tracers read them without importing any engine modul
 
 from __future__ import annotations
 
-ENGINES = ("frozen", "torch", "eager")
-FALLBACKS = ("none", "eager")
+from typing import Literal, cast, get_args
+
+from precompile_runtime.pair_format import ENGINES, Device, Engine, Tracer  # noqa: F401 - the names, once
+
+EngineChoice = Literal["auto", Engine]
+"""``capture(engine=)``: an engine, or ``auto`` (:func:`resolve`)."""
+Fallback = Literal["none", "eager"]
+FALLBACKS: tuple[Fallback, ...] = get_args(Fallback)
 """Values of ``fallback=`` and of a target's `fallback` key."""
-TRACERS = ("auto", "export", "export-strict", "make_fx")
+TracerChoice = Literal["auto", Tracer]
+TRACERS: tuple[TracerChoice, ...] = get_args(TracerChoice)
 """Values of the `tracer` setting (capturing/tracers.py says what each does)."""
+DeviceChoice = Literal["auto", Device]
+"""A target's `device`: ``auto`` builds for CUDA where the build host has it."""
 
 
 def torch_has_precompile() -> bool:
@@ -21,7 +30,7 @@ def torch_has_precompile() -> bool:
     return callable(getattr(torch.compiler, "precompile", None))
 
 
-def resolve(engine: str, device: str) -> str:
+def resolve(engine: str, device: str) -> Engine:
     """The engine to use for a capture on ``device`` (``"cpu"`` or ``"cuda"``).
 
     ``"auto"`` resolves to, in order: the ``PRECOMPILE_ENGINE`` environment variable
@@ -38,7 +47,9 @@ def resolve(engine: str, device: str) -> str:
     import os
 
     if engine == "auto":
-        engine = os.environ.get("PRECOMPILE_ENGINE", "").strip() or "auto"
+        from .capture_env import ENGINE
+
+        engine = os.environ.get(ENGINE, "").strip() or "auto"
     if engine == "auto":
         if device != "cpu" and torch_has_precompile():
             return "torch"
@@ -48,4 +59,4 @@ def resolve(engine: str, device: str) -> str:
             f"engine={engine!r} is not one of 'auto', {', '.join(map(repr, ENGINES))} "
             "(from the capture call or PRECOMPILE_ENGINE)"
         )
-    return engine
+    return cast(Engine, engine)  # one of ENGINES

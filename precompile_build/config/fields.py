@@ -13,6 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
+from . import capture_env
+
 
 @dataclass(frozen=True)
 class Key:
@@ -41,7 +43,7 @@ PROJECT_KEYS = (
     Key("cache", "cache", env="PRECOMPILE_CACHE"),
     Key("cache-dir", "cache_dir", env="PRECOMPILE_BUILD_CACHE_DIR"),
     Key("jobs", "jobs", env="PRECOMPILE_JOBS"),
-    Key("cuda-archs", "cuda_archs", env="PRECOMPILE_CUDA_ARCHS"),  # the targets' default
+    Key("cuda-archs", "cuda_archs", env=capture_env.CUDA_ARCHS),  # the targets' default
 )
 # [tool.precompile.targets.NAME]
 TARGET_KEYS = (

@@ -1,7 +1,10 @@
-"""docs/settings.md, generated: every `[tool.precompile]` key from the table in
-fields.py, documented by the docstrings under the settings dataclasses' fields.
+"""The generated reference pages: docs/settings.md, every `[tool.precompile]` key from
+the table in fields.py, documented by the docstrings under the settings dataclasses'
+fields; docs/capture-environment.md, the capture script's variables (capture_env.py).
 
-``python -m precompile_build.config.reference > docs/settings.md``; a test keeps the two equal.
+``python -m precompile_build.config.reference > docs/settings.md``, ``python -m
+precompile_build.config.reference environment > docs/capture-environment.md``; tests
+keep each page equal to its table.
 """
 
 from __future__ import annotations
@@ -9,6 +12,7 @@ from __future__ import annotations
 import ast
 import inspect
 
+from .capture_env import VARIABLES
 from .fields import PROJECT_KEYS, TARGET_KEYS
 from .settings import Settings, TargetSettings
 
@@ -53,5 +57,29 @@ def reference() -> str:
     return "\n".join(lines)
 
 
+def capture_environment() -> str:
+    """docs/capture-environment.md: every variable of capture_env.VARIABLES."""
+    lines = [
+        "# The capture script's environment", "",
+        "Generated from `precompile_build/config/capture_env.py` (by "
+        "`precompile_build/config/reference.py`: `python -m precompile_build.config.reference "
+        "environment > docs/capture-environment.md`); a test keeps them equal.", "",
+        "The build runs each capture script as `python SCRIPT ARGS...` in a subprocess, in "
+        "the project root (its working directory), with the folder that holds the package "
+        "first on `PYTHONPATH` (the script imports the library being built as it is: no "
+        "`sys.path` edits needed), the target's `env` table added, and these variables set. `precompile_build.capture()` reads them, so a capture script "
+        "passes no paths; run by hand, it needs `artifact_path=` and `cache_path=` (or "
+        "`python -m precompile_build capture`, which sets them). The overrides of "
+        "`[tool.precompile]` keys (`PRECOMPILE_SKIP`, `PRECOMPILE_TARGETS`, ...) are in "
+        "[the settings reference](settings.md).", "",
+        "| variable | holds | set by | read by |", "| --- | --- | --- | --- |",
+    ]
+    for v in VARIABLES:
+        lines.append(f"| `{v.name}` | {v.value} | {v.set_by} | {v.read_by} |")
+    return "\n".join(lines) + "\n"
+
+
 if __name__ == "__main__":
-    print(reference(), end="")
+    import sys
+
+    print(capture_environment() if sys.argv[1:] == ["environment"] else reference(), end="")

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from ..errors import ConfigError
-from .choices import FALLBACKS, TRACERS
+from .choices import FALLBACKS, TRACERS, DeviceChoice, Fallback, TracerChoice
 from .fields import PROJECT_KEYS
 from .fields import TARGET_KEYS as TARGET_TABLE_KEYS
 
@@ -28,7 +28,7 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover
     import tomli as tomllib
 
-DEVICES = ("cuda", "cpu", "auto")
+DEVICES = ("cuda", "cpu", "auto")  # DeviceChoice (choices.py), in the order messages give them
 TORCH_PINS = ("exact", "minor", "none")
 DEFAULT_TIMEOUT = 3600.0  # seconds
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -49,7 +49,7 @@ class TargetSettings:
     """The script path as written in pyproject.toml (relative to the project root)."""
     args: tuple[str, ...] = ()
     """Extra command-line arguments for the script (`args`, list of strings)."""
-    device: str = "auto"
+    device: DeviceChoice = "auto"
     """`cuda`, `cpu`, or `auto` (cuda when the build host has one)."""
     timeout: float = DEFAULT_TIMEOUT
     """Seconds before the script's whole process group is killed."""
@@ -60,12 +60,12 @@ class TargetSettings:
     cache_env: tuple[str, ...] = ()
     """`cache-env`: names of environment variables the capture depends on; their
     values (unset counts too) are part of the capture cache key."""
-    fallback: str = "none"
+    fallback: Fallback = "none"
     """`fallback`: `"eager"` captures the target with the eager engine (no kernels)
     when the frozen engine's compiler (Inductor) fails on it, an upstream bug; the
     build summary, the manifest and `inspect` say so. `"none"` (default): the
     compiler's failure fails the capture."""
-    tracer: Optional[str] = None
+    tracer: Optional[TracerChoice] = None
     """`tracer`: how the frozen/eager engines trace the call: `auto`, `export`,
     `export-strict` or `make_fx` (capturing/tracers.py); passed to the script as
     PRECOMPILE_TRACER. None: the environment's PRECOMPILE_TRACER, else auto."""
@@ -159,14 +159,6 @@ def _read_toml(root: Path) -> dict[str, Any]:
         raise ConfigError(f"Failed to read {path}: file not found") from None
     except tomllib.TOMLDecodeError as e:
         raise ConfigError(f"Failed to parse {path}: {e}") from None
-
-
-def read_pyproject(root: Path) -> dict[str, Any]:
-    """The `[tool.precompile]` table of ``root/pyproject.toml`` (raw dict).
-
-    Raises ConfigError when the file is missing, unparsable, or has no such table.
-    """
-    return _precompile_table(_read_toml(root))
 
 
 def _precompile_table(doc: Mapping[str, Any]) -> dict[str, Any]:

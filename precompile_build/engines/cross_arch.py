@@ -41,9 +41,12 @@ import subprocess
 import sys
 import tempfile
 import weakref
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import Any
 
+from precompile_runtime.pair_format import Kernel, PairMetadata
+
+from ..config import capture_env
 from ..errors import CaptureError
 
 # Most shared memory one block may use (the opt-in maximum, bytes): CUDA C
@@ -53,7 +56,7 @@ SHARED_PER_BLOCK = {
     "8.9": 99 * 1024, "9.0": 227 * 1024, "10.0": 227 * 1024, "10.3": 227 * 1024,
     "11.0": 227 * 1024, "12.0": 99 * 1024, "12.1": 99 * 1024,
 }
-TEST_CROSS_NATIVE_ENV = "PRECOMPILE_TEST_CROSS_NATIVE"
+TEST_CROSS_NATIVE_ENV = capture_env.TEST_CROSS_NATIVE
 """Test-only: ``1`` compiles the build GPU's architecture through the cross path
 too and freezes those cubins instead of the native ones (so validation runs them)."""
 WORKER_TIMEOUT = 1800.0  # seconds for all cross compiles of one capture
@@ -168,7 +171,7 @@ def _recording_hooks() -> Iterator[None]:
 
     triton.compile = compile
     static_cls.__init__ = __init__
-    th.CachingAutotuner.benchmark_all_configs = benchmark_all_configs
+    th.CachingAutotuner.benchmark_all_configs = benchmark_all_configs  # type: ignore[method-assign]
     try:
         yield
     finally:
@@ -177,7 +180,7 @@ def _recording_hooks() -> Iterator[None]:
             static_cls.__init__ = orig_init
         else:
             del static_cls.__init__
-        th.CachingAutotuner.benchmark_all_configs = orig_bench
+        th.CachingAutotuner.benchmark_all_configs = orig_bench  # type: ignore[method-assign]
 
 
 def _from_compile_meta(autotuner, result) -> tuple[Any, dict, dict, dict, dict] | None:
@@ -395,13 +398,13 @@ def _choice(entry: dict, arch: str, sm: str, binary: str, data: bytes, res: dict
     return choice
 
 
-def _native_choice(entry: dict, build: str) -> dict:
+def _native_choice(entry: Mapping[str, Any], build: str) -> dict:
     keys = ("file", "sha256", "shared", "num_warps", "scratch", "arg_tys", "function", "config", "launcher")
     return {"arch": build, "sm": sm_name(cc_int(build)), "binary": "cubin", "origin": "native",
             **{k: entry[k] for k in keys}}
 
 
-def cross_compile(kernels: list[dict], blobs: dict[str, bytes], cands: dict[str, list[dict]],
+def cross_compile(kernels: list[Kernel], blobs: dict[str, bytes], cands: dict[str, list[dict]],
                   archs: tuple[str, ...], build: str, target: str) -> dict:
     """Add the other architectures' binaries to the frozen Triton kernels.
 
@@ -487,7 +490,7 @@ def cross_compile(kernels: list[dict], blobs: dict[str, bytes], cands: dict[str,
             "binaries": binaries, "left_out": left_out, "replaced": replaced}
 
 
-def add_archs(metadata: dict, fingerprint: dict, module: Any, blobs: dict[str, bytes],
+def add_archs(metadata: PairMetadata, fingerprint: dict, module: Any, blobs: dict[str, bytes],
               options: dict, target: str) -> None:
     """The frozen engine's step for `cuda-archs` (``options["cuda_archs"]``; nothing
     without it): compile ``metadata["kernels"]``' Triton kernels, the autotuners of

@@ -49,7 +49,7 @@ def capture_pair(fn, args, kwargs, *, target: str, device: str, options: dict, r
         real = run_real_call(traced, real_call)
     if real is not None:
         _judge_by_eager_call(traced, real, target, options)
-    metadata = dict(traced.metadata, engine="eager", kernels=[])
+    metadata = codegen.pair_metadata(traced.metadata, "eager", [])
     if options.get("fallback_reason"):  # the frozen engine's compiler failed (capturing/api.py)
         metadata["fallback"] = {"from": "frozen", "reason": options["fallback_reason"]}
     source = codegen.render(metadata, codegen.graph_source(traced.graph_module), None).encode()

@@ -24,6 +24,7 @@ import contextlib
 import hashlib
 
 from precompile_runtime.envelope import Envelope, dumps
+from precompile_runtime.pair_format import Kernel
 
 from ..capturing import dynamic_dims, sharing
 from ..capturing.stats import timed
@@ -166,7 +167,7 @@ def _compile(traced: TracedCall, target: str, options: dict, real: dict | None =
             f"{len(wrappers)}; the frozen engine supports a single graph per target", target=target
         )
     module = wrappers[0]
-    with open(module.__file__, encoding="utf-8") as f:
+    with open(str(module.__file__), encoding="utf-8") as f:
         wrapper_src = f.read()
     defined = [n for n in map(_kernel_definition, ast.parse(wrapper_src).body) if n]
     kernels, blobs = _freeze_kernels(module, defined, target)
@@ -176,7 +177,7 @@ def _compile(traced: TracedCall, target: str, options: dict, real: dict | None =
     fingerprint = host_fingerprint(device)
     if device == "cpu":
         fingerprint["cpu_isa"] = cpu_isa
-    metadata = dict(traced.metadata, engine="frozen", kernels=kernels)
+    metadata = codegen.pair_metadata(traced.metadata, "frozen", kernels)
     if device == "cuda":  # `cuda-archs`: the chosen configs compiled for the other GPUs too
         cross_arch.add_archs(metadata, fingerprint, module, blobs, options, target)
     if options.get("cuda_graphs"):
@@ -298,13 +299,14 @@ def _cpu_target():
     return " ".join([*words, level]), config.patch({"cpp.march": level})
 
 
-def _freeze_kernels(module, names: list[str], target: str) -> tuple[list[dict], dict[str, bytes]]:
+def _freeze_kernels(module, names: list[str], target: str) -> tuple[list[Kernel], dict[str, bytes]]:
     """Read the binary of each kernel the wrapper defines (``names``: the targets of
     its ``async_compile.*`` assignments, now bound to loaded kernels); CPU kernels
     are stored stripped (:func:`precompile_build.engines.kernel_size.strip_kernel`)."""
     from .kernel_size import strip_kernel
 
-    kernels, blobs = [], {}
+    kernels: list[Kernel] = []
+    blobs: dict[str, bytes] = {}
     for name in sorted(names):
         value = getattr(module, name, None)
         so_path = getattr(getattr(value, "__self__", None), "__file__", None)
@@ -385,7 +387,7 @@ def _rewrite_wrapper(src: str, kernel_names: set[str], target: str) -> str:
             if name not in kernel_names:
                 raise CaptureError(
                     f"kernel {name!r} of kind "
-                    f"{ast.unparse(node.value.func)} could not be frozen", target=target
+                    f"{ast.unparse(node.value.func)} could not be frozen", target=target  # type: ignore[attr-defined]
                 )
             body.append(f"{name} = _kernels[{name!r}]")
             defined.add(name)

@@ -33,6 +33,8 @@ import threading
 from collections.abc import Iterator
 from typing import Any
 
+from precompile_runtime.pair_format import Kernel
+
 from ..errors import CaptureError
 
 # attributes our hooks put on Inductor's objects
@@ -51,7 +53,7 @@ def _static_kernel_class():
     try:  # newer torch
         from torch._inductor.runtime.static_triton_launcher import StaticallyLaunchedCudaKernel
     except ImportError:  # torch 2.11
-        from torch._inductor.runtime.static_cuda_launcher import StaticallyLaunchedCudaKernel
+        from torch._inductor.runtime.static_cuda_launcher import StaticallyLaunchedCudaKernel  # type: ignore[no-redef]
     return StaticallyLaunchedCudaKernel
 
 
@@ -158,7 +160,7 @@ def recording(in_process: bool = False) -> Iterator[None]:
             setattr(self, _CUBIN, _read_cubin(self))
         return orig_load(self, *args, **kwargs)
 
-    wanted = {
+    wanted: dict[str, Any] = {
         "use_static_cuda_launcher": True,
         "static_launch_user_defined_triton_kernels": True,
     }
@@ -171,13 +173,14 @@ def recording(in_process: bool = False) -> Iterator[None]:
         patch["triton.descriptive_names"] = False
 
     def copy_args_to_cpu_if_needed(self, *args, **kwargs):
-        return {} if _clones_fit(self, args, kwargs) else orig_copy(self, *args, **kwargs)
+        return {} if _clones_fit(self, args, kwargs) else orig_copy(self, *args, **kwargs)  # type: ignore[misc]
 
-    th.CompileResult._gen_launcher_code = _gen_launcher_code
+    # (mypy: torch's classes and module, patched for the capture and put back below)
+    th.CompileResult._gen_launcher_code = _gen_launcher_code  # type: ignore[method-assign]
     if orig_copy is not None:
-        th.CachingAutotuner.copy_args_to_cpu_if_needed = copy_args_to_cpu_if_needed
+        th.CachingAutotuner.copy_args_to_cpu_if_needed = copy_args_to_cpu_if_needed  # type: ignore[method-assign]
     static_cls.load_kernel = load_kernel
-    th.exec = _recording_exec
+    th.exec = _recording_exec  # type: ignore[attr-defined]
     _bypass_reasons.clear()
     heuristics_log = logging.getLogger(th.__name__)
     old_level = heuristics_log.level
@@ -189,15 +192,15 @@ def recording(in_process: bool = False) -> Iterator[None]:
     finally:
         heuristics_log.removeHandler(_bypass_handler)
         heuristics_log.setLevel(old_level)
-        th.CompileResult._gen_launcher_code = orig_gen
+        th.CompileResult._gen_launcher_code = orig_gen  # type: ignore[method-assign]
         if orig_copy is not None:
-            th.CachingAutotuner.copy_args_to_cpu_if_needed = orig_copy
+            th.CachingAutotuner.copy_args_to_cpu_if_needed = orig_copy  # type: ignore[method-assign]
         if had_own_load:
             static_cls.load_kernel = orig_load
         else:
             del static_cls.load_kernel
         if not had_exec:
-            del th.exec
+            del th.exec  # type: ignore[attr-defined]
         with _lock:
             _depth -= 1
 
@@ -276,7 +279,7 @@ def _check_launcher_code(code: str, target: str, where: str) -> None:
         )
 
 
-def freeze_triton_kernel(name: str, autotuner: Any, target: str) -> tuple[dict, dict[str, bytes]]:
+def freeze_triton_kernel(name: str, autotuner: Any, target: str) -> tuple[Kernel, dict[str, bytes]]:
     """Freeze one Triton kernel of Inductor's wrapper module after the example run.
 
     Args:
@@ -337,7 +340,7 @@ def freeze_triton_kernel(name: str, autotuner: Any, target: str) -> tuple[dict, 
     # ABI declares (global, profile); the frozen runner does the same.
     scratch = sum(bool(getattr(kernel, a, False)) for a in ("has_global_scratch", "has_profile_scratch"))
     digest = hashlib.sha256(cubin).hexdigest()
-    entry = {
+    entry: Kernel = {
         "name": name,
         "kind": "triton",
         "file": f"cubin/{digest[:32]}.cubin",

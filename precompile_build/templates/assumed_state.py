@@ -33,7 +33,7 @@ if TYPE_CHECKING:
     )
 # end stand-ins
 
-_ASSUMED = _META.get("assumed") or {}
+_ASSUMED: dict = dict(_META.get("assumed") or {})
 _READS = [(i, path, tuple(chain), [(a, state_decoded(k, v)) for a, k, v in attrs])
           for i, path, chain, attrs in _ASSUMED.get("reads", ())]
 _HOOKS = _ASSUMED.get("hooks") or {"modules": [], "global": []}
@@ -159,7 +159,7 @@ def _watch_class(cls):
     if cls.__dict__.get("_precompile_watched_setattr"):
         return
     box = _state_epoch()
-    watched = torch.nn.modules.module._precompile_watched
+    watched = torch.nn.modules.module._precompile_watched  # type: ignore[attr-defined]
     orig = cls.__setattr__
 
     def __setattr__(self, name, value, _orig=orig):
@@ -167,7 +167,7 @@ def _watch_class(cls):
         if name in watched:
             box[0] += 1
 
-    __setattr__.__wrapped__ = orig
+    __setattr__.__wrapped__ = orig  # type: ignore[attr-defined]
     try:
         cls.__setattr__ = __setattr__
         cls._precompile_watched_setattr = True
@@ -195,12 +195,12 @@ def _state_epoch():
                 hook(bump)
         for name in ("train", "_apply"):
             setattr(torch.nn.Module, name, _bumping(getattr(torch.nn.Module, name), box))
-        M._precompile_state_epoch = box
+        M._precompile_state_epoch = box  # type: ignore[attr-defined]
     if getattr(M, "_precompile_watched", None) is None:  # (a pair of an older format made the box)
-        M._precompile_watched = set()
-        _HANDLES.remove = _bumping(_HANDLES.remove, box)
+        M._precompile_watched = set()  # type: ignore[attr-defined]
+        _HANDLES.remove = _bumping(_HANDLES.remove, box)  # type: ignore[method-assign]
         _watch_class(torch.nn.Module)
-    M._precompile_watched.update(_WATCHED)
+    M._precompile_watched.update(_WATCHED)  # type: ignore[attr-defined]
     return box
 
 
@@ -211,7 +211,7 @@ def _bumping(orig, box):
         finally:
             box[0] += 1
 
-    wrapped.__name__, wrapped.__doc__, wrapped.__wrapped__ = orig.__name__, orig.__doc__, orig
+    wrapped.__name__, wrapped.__doc__, wrapped.__wrapped__ = orig.__name__, orig.__doc__, orig  # type: ignore[attr-defined]
     return wrapped
 
 

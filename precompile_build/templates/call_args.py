@@ -26,7 +26,7 @@ from torch.utils import _pytree as _pytree
 
 _IN = PRECOMPILE_METADATA["inputs"]
 _OUT = PRECOMPILE_METADATA["outputs"]
-_SPECS = {}  # "inputs"/"outputs" -> the loaded TreeSpec
+_SPECS: dict = {}  # "inputs"/"outputs" -> the loaded TreeSpec
 
 
 def _load_types(types, what):
@@ -46,9 +46,9 @@ def _load_types(types, what):
                 f"cannot import ({type(e).__name__}: {e}); install or import what defines it"
             ) from None
         if kind == "namedtuple":
-            _register_namedtuple(obj, serialized_type_name=serialized)
+            _register_namedtuple(obj, serialized_type_name=serialized)  # type: ignore[arg-type]
         elif kind == "dataclass":
-            _pytree.register_dataclass(obj, serialized_type_name=serialized)
+            _pytree.register_dataclass(obj, serialized_type_name=serialized)  # type: ignore[arg-type]
         elif kind == "cache":
             register_cache_types((qualname,))  # pytree_types.py, copied in above
         if serialized not in SERIALIZED_TYPE_TO_PYTHON_TYPE:
@@ -68,7 +68,7 @@ def _spec(which):
         with _SPECS_LOCK:
             spec = _SPECS.get(which)
             if spec is None:
-                entry = _META[which]
+                entry = _META[which]  # type: ignore[literal-required]  # ("inputs" or "outputs")
                 _load_types(entry["types"], "an argument" if which == "inputs" else "the result")
                 spec = _SPECS[which] = _pytree.treespec_loads(entry["spec"])
     return spec
@@ -121,7 +121,7 @@ def _child_keys(spec):
     """The key text of each child of a TreeSpec node (``[0]``, ``['a']``, ``.field``)."""
     try:
         node = _pytree.tree_unflatten([0] * spec.num_leaves, spec)
-        entries, _ = _pytree.SUPPORTED_NODES[spec.type].flatten_with_keys_fn(node)
+        entries, _ = _pytree.SUPPORTED_NODES[spec.type].flatten_with_keys_fn(node)  # type: ignore[misc]  # (None: the except below)
         return [_pytree.keystr((k,)) for k, _ in entries]
     except Exception:  # no keys known for this type: positions
         return [f"[{i}]" for i in range(spec.num_children)]
@@ -182,7 +182,7 @@ def _check_structure(args, kwargs):
 # same length, dict keys, attribute names, non-tensor attributes); on anything else, or
 # a capture with other node types, it gives way to tree_flatten and its messages.
 _LEAF, _SEQ, _DICT, _NONE, _ATTRS = range(5)
-_PLAN = []  # [the plan of the captured inputs (None: tree_flatten on every call)], built at first use
+_PLAN: list = []  # [the plan of the captured inputs (None: tree_flatten on every call)], built at first use
 _PLAIN_LEAVES = frozenset((torch.Tensor, torch.nn.Parameter, int, float, bool, str))
 
 
@@ -191,6 +191,16 @@ class _Node:
 
     __slots__ = ("kind", "type", "size", "keys", "get", "other_get", "other", "other_types", "kids",
                  "leaves_only")
+    kind: int
+    type: type
+    size: int
+    keys: object  # a list of dict keys, or a frozenset of attribute names
+    get: object
+    other_get: object
+    other: tuple
+    other_types: tuple
+    kids: list
+    leaves_only: bool
 
 
 def _getter(names):
@@ -284,7 +294,7 @@ def _fast_leaves(args, kwargs):
     plan = _PLAN[0]
     if plan is None:
         return None
-    leaves = []
+    leaves: list = []
     try:
         if not _walk(plan, (args, kwargs), leaves):
             return None
@@ -391,18 +401,18 @@ _PTRS_EQUAL = getattr(torch._C, "_tensors_data_ptrs_at_indices_equal", None)  # 
 _DATA_PTR = torch.Tensor.data_ptr
 _OFFSET = torch.Tensor.storage_offset
 _WRITTEN = sorted(PRECOMPILE_METADATA.get("mutated_inputs") or ())  # indices into the flat inputs
-_UNWRITTEN = []  # [the indices of the user inputs and constants not written], set at the first check
+_UNWRITTEN: list = []  # [the indices of the user inputs and constants not written], set at the first check
 # Verdicts are kept only where the written inputs' sizes are fixed (no dynamic dims):
 # then the same address and storage offset mean the same memory range and storage.
 _KEEP_VERDICTS = not PRECOMPILE_METADATA.get("dynamic")
 # verdicts of passing calls: (id of the params, data pointers and storage offsets of the
 # inputs written) -> (weakref of the params, their data pointers, their indices, the
 # storages written to)
-_VERDICTS = {}
+_VERDICTS: dict = {}
 _VERDICTS_KEPT = 16  # (several caches served in turn keep theirs; the oldest goes first)
 # the last call's verdict, for one C comparison of its addresses (CUDA builds):
 # (weakref of the params, data pointers by flat index, the indices, verdict, offsets)
-_LAST_VERDICT = [None]
+_LAST_VERDICT: list = [None]
 
 
 def _check_no_aliases(params, flat, names):
@@ -424,7 +434,7 @@ def _check_no_aliases(params, flat, names):
     offsets = list(map(_OFFSET, written_now))
     last = _LAST_VERDICT[0]
     if (last is not None and last[0]() is params and last[4] == offsets and len(flat) == len(last[1])
-            and _PTRS_EQUAL(flat, last[1], last[2])):
+            and _PTRS_EQUAL(flat, last[1], last[2])):  # type: ignore[misc]  # (kept only where it is set)
         verdict = last[3]
     else:
         key = (id(params), *map(_DATA_PTR, written_now), *offsets)
@@ -441,7 +451,7 @@ def _check_no_aliases(params, flat, names):
             _full_alias_check(params, flat, names, None)
             return  # (it raises, naming the two)
     if _PTRS_EQUAL is not None and (last is None or last[3] is not verdict):
-        ptrs = [None] * len(flat)
+        ptrs: list = [None] * len(flat)
         for i in verdict[2] + _WRITTEN:
             ptrs[i] = _DATA_PTR(flat[i])
         _LAST_VERDICT[0] = (verdict[0], ptrs, verdict[2] + _WRITTEN, verdict, offsets)

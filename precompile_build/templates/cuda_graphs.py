@@ -19,7 +19,7 @@ try:
     from precompile_runtime.errors import CudaGraphWarning
 except ImportError:  # pragma: no cover - an older precompile-runtime, or none
 
-    class CudaGraphWarning(UserWarning):
+    class CudaGraphWarning(UserWarning):  # type: ignore[no-redef]
         """A CUDA graph could not be recorded; that call and its size run without one."""
 
 
@@ -29,6 +29,12 @@ _TIME_NEXT = "time the next call"  # a warm key whose next call is the timed pla
 
 class _Graph:
     __slots__ = ("key", "graph", "static_inputs", "outputs", "ptrs", "refs")
+    key: tuple
+    graph: object
+    static_inputs: list
+    outputs: object
+    ptrs: list
+    refs: list
 
 
 class _CudaGraphs:
@@ -91,13 +97,13 @@ class _CudaGraphs:
         self._threads = set()  # idents of the threads that ran the kernels plainly
         self._freed = []  # appended to when a tensor a graph reads in place is freed
         self._pool = None  # the graphs' private memory pool, while one of them lives
-        self._device = None  # the one device graphs are recorded on
+        self._device: int = None  # type: ignore[assignment]  # the one device graphs are recorded on (set at the first call)
         self._stream = None  # (handle, Stream) of the latest replay's CUDA stream
         n = len(_META["params"])
         n_user = len(_META["tensor_inputs"])
         mutated = set(_META.get("mutated_inputs", []))
         self._n = n
-        self._static_idx = None  # set at the first call (the constants follow the inputs)
+        self._static_idx: list = None  # type: ignore[assignment]  # set at the first call (the constants follow the inputs)
         self._written_user = sorted(i for i in mutated if n <= i < n + n_user)
         self._copied = [i for i in range(n, n + n_user) if i not in mutated]
         # the inputs whose sizes key a graph: with dynamic dims every user input; else
@@ -311,7 +317,7 @@ class _CudaGraphs:
         # at the next call; in-place user inputs (caches) may be fresh views per call,
         # so theirs are left to the least-recently-used bound
         freed = self._freed
-        g.refs = [_weakref.ref(flat[i], lambda _r, box=freed: box.append(1)) for i in range(self._n)]
+        g.refs = [_weakref.ref(flat[i], lambda _r, box=freed: box.append(1)) for i in range(self._n)]  # type: ignore[misc]
         return g
 
     def _capture(self, inputs):

@@ -48,7 +48,7 @@ try:  # the runtime's error type where it is installed; the file stays self-cont
     from precompile_runtime.errors import CallError
 except ImportError:  # pragma: no cover - runs without precompile-runtime too
 
-    class CallError(ValueError):
+    class CallError(ValueError):  # type: ignore[no-redef]
         """A call does not match what was captured."""
 
 
@@ -74,7 +74,7 @@ def _decode_constants(specs, device):
 # source (load_packaged's fallback on a host without the capture's GPU, a plain exec)
 # touches no GPU, and a pair captured on cuda:0 serves cuda:1 with its constants there.
 _CONST_SPECS = _META.get("constants") or ()
-_CONSTS = {}  # the call's CUDA device (None: no CUDA input) -> the decoded constants
+_CONSTS: dict = {}  # the call's CUDA device (None: no CUDA input) -> the decoded constants
 
 
 def _constants(device):
@@ -86,7 +86,7 @@ def _constants(device):
 
 _REASSIGNED = _META.get("reassigned_buffers") or ()  # buffers the call reassigns, by lifted index
 _DIST = _META.get("collectives")  # {"world_size", "groups": {name: ranks}} (collectives.py)
-_DIST_WORLD = []  # the WORLD group whose groups are registered under the pair's names
+_DIST_WORLD: list = []  # the WORLD group whose groups are registered under the pair's names
 
 
 def _check_dist():
@@ -94,7 +94,7 @@ def _check_dist():
     process and registered under the names the captured code uses. Raises CallError."""
     import torch.distributed as dist
 
-    want = _DIST["world_size"]
+    want = _DIST["world_size"]  # type: ignore[index]  # (called when _DIST is set)
     got = dist.get_world_size() if dist.is_available() and dist.is_initialized() else None
     if got != want:
         raise CallError(
@@ -110,8 +110,8 @@ def _check_dist():
     from torch.distributed import distributed_c10d as c10d
 
     known = list(c10d._world.pg_group_ranks.items())
-    for name, ranks in _DIST["groups"].items():
-        pg = next((g for g, m in known if sorted(m, key=m.get) == ranks), None)
+    for name, ranks in _DIST["groups"].items():  # type: ignore[index]
+        pg = next((g for g, m in known if sorted(m, key=m.__getitem__) == ranks), None)
         if pg is None:
             raise CallError(
                 f"target {_META['target']!r}: the captured function runs a collective over the "
@@ -119,16 +119,17 @@ def _check_dist():
                 f"rank before the call: dist.new_group(ranks={ranks})"
             )
         try:
-            _C._unregister_process_group(name)
+            _C._unregister_process_group(name)  # type: ignore[arg-type]
         except Exception:
             pass
-        _C._register_process_group(name, pg)
+        _C._register_process_group(name, pg)  # type: ignore[arg-type]
     _DIST_WORLD[:] = [world]
 
 
 def _layout_hint(want, shape):
     """What to pass to get the captured strides ``want`` for ``shape``."""
-    step, contiguous = 1, []
+    step = 1
+    contiguous: list = []
     for n in reversed(list(shape)):
         contiguous.insert(0, step)
         step *= n
@@ -168,7 +169,7 @@ def _check_tensor(t, spec, what, check_shape=True):
 # ---- dynamic dims: symbols bound from the call's sizes, then ranges and guards ----
 _DYN = _META.get("dynamic")
 _EVAL_SCOPE = {"__builtins__": {}, "math": _math, "torch": torch, "max": max, "min": min, "abs": abs}
-_CODE = {}  # expression text -> code object
+_CODE: dict = {}  # expression text -> code object
 
 
 def _eval(expr, sizes):
@@ -186,7 +187,7 @@ def _fmt_shape(shape):
     dims = []
     for w in shape:
         if isinstance(w, str):
-            lo, hi = _DYN["symbols"][w]
+            lo, hi = _DYN["symbols"][w]  # type: ignore[index]  # (a str dim: _DYN is set)
             w = f"{lo}..{'inf' if hi is None else hi}"
         dims.append(str(w))
     return "[" + ", ".join(dims) + "]"
@@ -197,7 +198,8 @@ def _check_dynamic(leaves):
     dims: dtype/device, static dims exact, marked dims bound to their symbols (a
     symbol seen twice must have one size), then ranges, the capture's guards and,
     for frozen kernels, the strides at these sizes. Raises CallError."""
-    sizes, where = {}, {}
+    sizes: dict = {}
+    where: dict = {}
     for (t, path), spec in zip(leaves, _META["tensor_inputs"]):
         _check_tensor(t, spec, path, check_shape=False)
         shape = spec["shape"]
@@ -221,14 +223,14 @@ def _check_dynamic(leaves):
                 "captured, or capture again with these dims marked"
             )
     for name, n in sizes.items():  # in argument order
-        lo, hi = _DYN["symbols"][name]
+        lo, hi = _DYN["symbols"][name]  # type: ignore[index]  # (called when _DYN is set)
         if n < lo or (hi is not None and n > hi):
             raise CallError(
                 f"target {_META['target']!r}, {where[name]}: size {n} is outside the range "
                 f"[{lo}, {'inf' if hi is None else hi}] it was captured for; pass a size in "
                 "range, or capture again with a wider mark_dynamic(..., min=, max=)"
             )
-    for guard in _DYN["guards"]:
+    for guard in _DYN["guards"]:  # type: ignore[index]
         if not _eval(guard, sizes):
             named = ", ".join(f"{s} = {n} ({where[s]})" for s, n in sizes.items())
             raise CallError(
@@ -259,7 +261,7 @@ def _check_dynamic(leaves):
 # (``_check_settings`` runs with the full check), writes through ``obj.__dict__`` or
 # ``object.__setattr__``; CUDA graphs still compare every parameter's address before
 # each replay.
-_FAST = {}  # id(first model) -> (weakref, epoch, lifted tensors, [weakref of each model],
+_FAST: dict = {}  # id(first model) -> (weakref, epoch, lifted tensors, [weakref of each model],
 #   the values compared between full checks, the hook registration count: assumed_state.py)
 _TRAINING = _operator.attrgetter("training")
 
@@ -343,7 +345,7 @@ def _cached_params(modules):
     hook_id = _HANDLES.next_id  # (assumed_state.py) read before the check, as the epoch
     params, watch = _full_params(modules)
     key = id(modules[0])
-    ref = _weakref.ref(modules[0], lambda _r, k=key: _FAST.pop(k, None))
+    ref = _weakref.ref(modules[0], lambda _r, k=key: _FAST.pop(k, None))  # type: ignore[misc]
     _FAST[key] = (ref, epoch, params, [_weakref.ref(m) for m in modules], watch, hook_id)
     return params
 

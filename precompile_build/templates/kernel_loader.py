@@ -19,7 +19,7 @@ try:  # the runtime's serving guard where it is installed: PRECOMPILE_NO_COMPILE
     from precompile_runtime._guard import guard_active as _serving_guard_on
 except ImportError:  # without precompile-runtime: the variable alone
 
-    def _serving_guard_on():
+    def _serving_guard_on() -> bool:
         return _os.environ.get("PRECOMPILE_NO_COMPILE", "").strip().lower() in ("1", "true", "yes", "on")
 
 
@@ -34,8 +34,8 @@ def _load_cpp_kernel(path, unique):
     module = _sys.modules.get(name)
     if module is None:
         spec = _importlib_util.spec_from_file_location(name, path)
-        module = _importlib_util.module_from_spec(spec)
-        spec.loader.exec_module(module)
+        module = _importlib_util.module_from_spec(spec)  # type: ignore[arg-type]
+        spec.loader.exec_module(module)  # type: ignore[union-attr]
         _sys.modules[name] = module
     return module.kernel
 

@@ -20,7 +20,7 @@ CACHE_TYPES = (
     "transformers.cache_utils:StaticCache",
     "transformers.cache_utils:StaticLayer",
 )
-_PT_REGISTERED = set()  # the classes registered by this block, in this process
+_PT_REGISTERED: set = set()  # the classes registered by this block, in this process
 
 
 class NotReady(ValueError):
@@ -51,7 +51,7 @@ def _pt_flatten(obj):
 # What call_args.py's fast walk recognises (a flatten of this block, in whichever copy
 # registered the class: this source's, or precompile_build's at capture): the children
 # are the __dict__ values at the context's first keys, the context's others the rest
-_pt_flatten.precompile_flatten = "attrs-1"
+_pt_flatten.precompile_flatten = "attrs-1"  # type: ignore[attr-defined]
 
 
 def _pt_flatten_with_keys(obj):

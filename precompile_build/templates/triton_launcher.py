@@ -72,7 +72,7 @@ class _TritonKernel:
                 loaded = C._load_kernel(path, e["function"], e["shared"], device)
             except TypeError:  # older torch: no device argument, loads on the current device
                 with torch.cuda.device(device):
-                    loaded = C._load_kernel(path, e["function"], e["shared"])
+                    loaded = C._load_kernel(path, e["function"], e["shared"])  # type: ignore[call-arg]
         except Exception as err:
             raise CallError(
                 f"target {_META['target']!r}: cannot load the frozen CUDA kernel "
@@ -86,7 +86,7 @@ class _TritonKernel:
             launch(function, grid_0, grid_1, grid_2, num_warps, shared, arg_tys,
                    args + scratch, stream)
 
-        runner.loaded = loaded  # keeps the CUDA module handle with the launcher
+        runner.loaded = loaded  # type: ignore[attr-defined]  # keeps the CUDA module handle with the launcher
         scope = {"runner": runner}
         exec(e["launcher"], scope)
         return scope["launcher"]

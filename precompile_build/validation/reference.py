@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import operator
 import weakref
+from typing import Any
 
 BLOCK_BYTES = 256 << 20
 """The largest wide copy of one matrix product's weight the reference makes at once:
@@ -230,7 +231,7 @@ class _Reference:
                 if not (_is_oom(e) and not self.spilled and self._on_cuda(args, kwargs)):
                     raise
             # out of the handler: its traceback no longer holds the wide temporaries
-            a = k = None
+            a = k = None  # type: ignore[assignment]
             self._spill(interp)  # then the same op again, on the CPU
 
     def _kept_narrow(self, target, args, kwargs):
@@ -395,7 +396,7 @@ def reference_run(gm, inputs: list, device_type: str, dtype=None, written=None) 
     ref = _Reference(gm, dtype, [t for i, t in enumerate(run_inputs) if i not in written], run_inputs)
     with torch.no_grad():
         outs = ref.interp.run(*run_inputs)
-    info = {"reference": str(dtype).replace("torch.", ""), "fallback_ops": sorted(ref.fallback_ops)}
+    info: dict[str, Any] = {"reference": str(dtype).replace("torch.", ""), "fallback_ops": sorted(ref.fallback_ops)}
     if ref.spilled:
         info["spilled_to_cpu"] = True
     return list(outs), run_inputs, info

@@ -162,7 +162,8 @@ def compare(call, traced: TracedCall, inputs: list, what: str, target: str,
     ref_name = info["reference"] + (f" (ops without {info['reference']} kernels: "
                                     f"{', '.join(info['fallback_ops'])})" if info["fallback_ops"] else "")
     multiple = options.get("validation_multiple")
-    worst, verdicts = None, []
+    worst = None
+    verdicts: list = []  # a numerics.Verdict per value, None for one not judged
     for i, (w, g, r) in enumerate(values):
         if i >= len(want) and i - len(want) not in written:
             verdicts.append(None)  # shared: the digests above found it unchanged

@@ -9,10 +9,11 @@ import tempfile
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from precompile_runtime import manifest as manifest_format
 from precompile_runtime.fingerprint import variant_id
+from precompile_runtime.pair_format import Device, Engine, Fallback
 
 from ..builder.runner import CaptureResult
 from . import arch_report
@@ -20,7 +21,7 @@ from . import arch_report
 MANIFEST_NAME = "manifest.json"
 
 
-def _file_entry(name: str, data: bytes) -> dict[str, Any]:
+def _file_entry(name: str, data: bytes) -> manifest_format.FileEntry:
     return {"path": name, "size": len(data), "sha256": hashlib.sha256(data).hexdigest()}
 
 
@@ -48,10 +49,10 @@ def assemble(package: str, results: Sequence[CaptureResult]) -> dict[str, bytes]
     """
     reproducible = "SOURCE_DATE_EPOCH" in os.environ
     files: dict[str, bytes] = {}
-    targets: dict[str, Any] = {}
+    targets: dict[str, manifest_format.Target] = {}
     for r in results:
-        entry: dict[str, Any] = {"required": r.required, "status": r.status,
-                                 "reason": r.reason, "variants": []}
+        entry: manifest_format.Target = {"required": r.required, "reason": r.reason, "variants": [],
+                                         "status": "ok" if r.status == "ok" else "failed"}
         targets[r.name] = entry
         if r.status != "ok":
             continue
@@ -60,13 +61,15 @@ def assemble(package: str, results: Sequence[CaptureResult]) -> dict[str, bytes]
         src_name, cache_name = f"{r.name}.py", f"{r.name}.cache"
         files[src_name], files[cache_name] = source, cache
         fp = dict(r.info.fingerprint)
-        variant = {"id": variant_id(fp), "engine": r.info.engine, "device": r.info.device,
-                   "fingerprint": fp, "code_hash": r.info.code_hash,
+        # (the pair's engine and device: builder/pairs.py checked them)
+        variant: manifest_format.Variant = {
+                   "id": variant_id(fp), "engine": cast(Engine, r.info.engine),
+                   "device": cast(Device, r.info.device), "fingerprint": fp, "code_hash": r.info.code_hash,
                    "files": {"source": _file_entry(src_name, source),
                              "cache": _file_entry(cache_name, cache)},
                    "captured_at": _captured_at()}
         if r.info.meta.get("fallback"):  # target `fallback = "eager"`: why not frozen
-            variant["fallback"] = dict(r.info.meta["fallback"])
+            variant["fallback"] = cast(Fallback, dict(r.info.meta["fallback"]))
         meta = r.info.meta or {}
         if meta.get("tracer"):  # frozen and eager pairs: export, export-strict or make_fx
             variant["tracer"] = meta["tracer"]
@@ -75,7 +78,7 @@ def assemble(package: str, results: Sequence[CaptureResult]) -> dict[str, bytes]
         validation = meta.get("validation")
         if validation is not None:  # the numbers the capture was judged by (frozen engine)
             variant["validation"] = validation
-        variant.update(arch_report.variant_fields(fp, r.info.meta, r.info.engine))  # compiled_for, tuned_on, ...
+        variant.update(arch_report.variant_fields(fp, r.info.meta, r.info.engine))  # type: ignore[typeddict-item]  # compiled_for, tuned_on, ...
         if not reproducible:  # which GPU and how long vary from build to build
             variant["capture_device"] = r.device_index
             seconds = r.capture_seconds if r.capture_seconds is not None else r.seconds
@@ -85,8 +88,8 @@ def assemble(package: str, results: Sequence[CaptureResult]) -> dict[str, bytes]
             if r.capture_breakdown:  # its seconds per step
                 variant["capture_breakdown"] = dict(r.capture_breakdown)
         entry["variants"].append(variant)
-    doc = {"format": manifest_format.FORMAT, "version": manifest_format.VERSION,
-           "package": package, "targets": targets}
+    doc: manifest_format.Manifest = {"format": manifest_format.FORMAT, "version": manifest_format.VERSION,
+                                     "package": package, "targets": targets}
     files[MANIFEST_NAME] = manifest_format.dumps(doc)
     return files
 

@@ -139,9 +139,9 @@ def merge_wheels(wheels: Sequence[str | os.PathLike[str]],
     if len(paths) < 2:
         raise BuildError("Failed to merge: give at least two wheels")
     parsed = [parse_name(p) for p in paths]
-    key0 = (canonicalize_name(parsed[0]["name"]), parsed[0]["ver"])
+    key0 = (canonicalize_name(str(parsed[0]["name"])), parsed[0]["ver"])
     for p, pn in zip(paths[1:], parsed[1:]):
-        if (canonicalize_name(pn["name"]), pn["ver"]) != key0:
+        if (canonicalize_name(str(pn["name"])), pn["ver"]) != key0:
             raise BuildError(f"Failed to merge {p.name}: it is {pn['name']} {pn['ver']}, "
                              f"not {parsed[0]['name']} {parsed[0]['ver']}")
     try:

@@ -116,7 +116,7 @@ def elf_needs(data: bytes, arch: str) -> Optional[tuple[list[str], dict[str, set
         needed: list[str] = []
         for section in elf.iter_sections():
             if isinstance(section, DynamicSection):
-                needed += [t.needed for t in section.iter_tags() if t.entry.d_tag == "DT_NEEDED"]
+                needed += [t.needed for t in section.iter_tags() if t.entry.d_tag == "DT_NEEDED"]  # type: ignore[attr-defined]
         versions: dict[str, set] = {}
         for lib, ver in elf_find_versioned_symbols(elf):
             versions.setdefault(lib, set()).add(ver)

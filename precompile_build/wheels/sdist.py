@@ -9,6 +9,7 @@ import shutil
 import tarfile
 import tempfile
 from pathlib import Path
+from typing import Optional
 
 from ..config.settings import Settings
 from ..errors import BuildError
@@ -89,7 +90,8 @@ def package_sdist(sdist_path: str | os.PathLike[str], out_dir: str | os.PathLike
         raise BuildError(f"Failed to read sdist {sdist_path}: {e}") from None
     base = members[0][0].name.split("/")[0] if members else sdist_path.name[:-7]
     drop = f"{base}/{rel_pkg}/{PRECOMPILED}"
-    kept = [(m, d) for m, d in members if m.name != drop and not m.name.startswith(drop + "/")]
+    kept: list[tuple[tarfile.TarInfo, Optional[bytes]]] = [
+        (m, d) for m, d in members if m.name != drop and not m.name.startswith(drop + "/")]
     for m, _ in kept:
         m.mode = _normal_mode(m)
     kept = [(m, _pkg_info(m, d, base)) for m, d in kept]
@@ -108,8 +110,8 @@ def package_sdist(sdist_path: str | os.PathLike[str], out_dir: str | os.PathLike
         with open(tmp / sdist_path.name, "wb") as raw, \
                 gzip.GzipFile(filename="", mode="wb", fileobj=raw, mtime=_mtime()) as gz, \
                 tarfile.open(fileobj=gz, mode="w", format=tarfile.PAX_FORMAT) as dst:
-            for info, data in kept:
-                dst.addfile(info, io.BytesIO(data) if data is not None else None)
+            for info, blob in kept:
+                dst.addfile(info, io.BytesIO(blob) if blob is not None else None)
         os.replace(tmp / sdist_path.name, out_dir / sdist_path.name)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)

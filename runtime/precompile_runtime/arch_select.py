@@ -38,8 +38,6 @@ from .errors import PtxJitWarning  # noqa: F401  (raised here; exported by the p
 FORCE_PTX_ENV = _rules._FORCE_PTX_ENV
 EXACT, LOWER_MINOR, PTX = _rules._BINARY_EXACT, _rules._BINARY_LOWER_MINOR, _rules._BINARY_PTX
 """How a binary serves a host (lower is better): :func:`serves`."""
-KIND_WORDS = {EXACT: "a cubin for this architecture", LOWER_MINOR: "a cubin of a lower minor",
-              PTX: "PTX the driver JIT-compiles at load"}
 
 parse = _rules._binary_parse
 serves = _rules._binary_serves

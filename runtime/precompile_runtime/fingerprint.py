@@ -23,7 +23,8 @@ Inductor's vector ISA and the ``-march`` level it pinned, e.g. ``avx512 avx512_v
 x86-64-v4``). Each word is a level of :data:`ISA_REQUIRES` or a CPU flag name as
 ``/proc/cpuinfo`` spells it (``amx_tile``); this host must have every flag they
 need (:func:`isa_mismatch`), read from ``/proc/cpuinfo`` without importing the
-compiler. ``gpu_name`` is informational.
+compiler. ``gpu_name`` and the torch engine's ``engine_key`` are informational: no
+load compares them.
 """
 
 from __future__ import annotations
@@ -47,7 +48,6 @@ EXACT_FIELDS = (
     "device_type",
     "compute_capability",
 )
-INFO_FIELDS = ("gpu_name", "cpu_isa", "engine_key", "cuda_binaries")
 
 # The CPU flags (as /proc/cpuinfo names them) that each word of a ``cpu_isa``
 # record needs: Inductor's vector ISAs (``str(pick_vec_isa())``, with the flags its

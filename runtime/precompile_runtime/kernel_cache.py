@@ -43,9 +43,8 @@ def _check_blob_name(ctx: str, name: str) -> list[str]:
         or os.path.isabs(name)
     ):
         raise IntegrityError(
-            f"{ctx}: cache blob name {name!r} check failed: it must be a relative path "
-            "without '..' (path traversal refused)"
-        )
+            f"cache blob name {name!r} check failed: it must be a relative path "
+            "without '..' (path traversal refused)", context=ctx)
     return parts
 
 
@@ -76,10 +75,9 @@ def unpack(ctx: str, code_hash: str, env: _envelope.Envelope) -> str:
             return _unpack_into(private, code_hash, env, names)
         except OSError as e:
             raise PrecompileLoadError(
-                f"{ctx}: cannot unpack the precompiled kernels: the cache directory {root} "
+                f"cannot unpack the precompiled kernels: the cache directory {root} "
                 f"failed ({first}) and so did a private temp directory ({e}); set "
-                f"{CACHE_ENV} to a writable directory"
-            ) from None
+                f"{CACHE_ENV} to a writable directory", context=ctx) from None
 
 
 def _verify_dir(path: str, env: _envelope.Envelope, names: dict[str, list[str]]) -> bool:

@@ -108,7 +108,7 @@ def load_packaged(name: str, *, package: str | None = None, strict: bool | None 
             None (default): strict when the environment variable ``PRECOMPILE_STRICT``
             is on (``1``, ``true``, ``yes``, ``on``, any case). A bool or None only.
         cuda_graphs: True/False: replay CUDA graphs of the frozen kernels, or not
-            (frozen CUDA inference targets; see the README on when graphs pay).
+            (frozen CUDA inference targets; docs/cuda-graphs.md says when graphs pay).
             None (default): as the target's ``cuda-graphs`` option recorded. Ignored
             by fallbacks and by pairs of the ``torch`` engine. A bool or None only.
     Returns:
@@ -199,10 +199,9 @@ def _check_cuda_graphs(package: str, name: str, value: Any, cuda_graphs: bool | 
     else:
         return
     raise LoadOptionError(
-        f"package {package!r}, target {name!r}: load_packaged(..., cuda_graphs=True): CUDA "
-        f"graphs replay the frozen kernels of CUDA inference targets, and this target {why}. "
-        f"Drop cuda_graphs=True (pass None or False){fix}"
-    )
+        f"CUDA graphs replay the frozen kernels of CUDA inference targets, and this target {why}. "
+        f"Drop cuda_graphs=True (pass None or False){fix}",
+        context=f"package {package!r}, target {name!r}", where="load_packaged(..., cuda_graphs=True)")
 
 
 def _with_graphs(done: _Loaded, cuda_graphs: bool | None) -> Any:
@@ -246,13 +245,12 @@ def _load(package: str, name: str, strict: bool) -> _Loaded:
         raise TargetNotFoundError(
             f"package {package!r} has no {DATA_DIR}/manifest.json in {_shown_dir(package, data)} "
             "(is this the installed package? a source checkout on sys.path shadows it): it "
-            "was built without precompiled targets (or with the captures skipped); rebuild "
-            "the wheel with the precompile-build backend"
-        ) from None
+            "was built without precompiled targets (or with the captures skipped)",
+            advice="rebuild the wheel with the precompile-build backend") from None
     except OSError as e:
-        raise ManifestError(f"package {package!r}: cannot read {DATA_DIR}/manifest.json ({e})") from None
+        raise ManifestError(f"cannot read {DATA_DIR}/manifest.json ({e})", context=f"package {package!r}") from None
     try:
-        doc = _manifest.parse(raw, where=f"package {package!r}: {DATA_DIR}/manifest.json")
+        doc = _manifest.parse(raw, where=f"{DATA_DIR}/manifest.json", context=f"package {package!r}")
     except ManifestError as e:  # a manifest half-written by a reinstall?
         _raise_if_changed(f"package {package!r}", data, raw, e)
         raise
@@ -262,18 +260,18 @@ def _load(package: str, name: str, strict: bool) -> _Loaded:
     if target is None:
         ok = sorted(t for t, v in targets.items() if v.get("status", "ok") == "ok")
         failed = sorted(t for t, v in targets.items() if v.get("status", "ok") != "ok")
-        msg = f"{ctx}: no such target; the package has {', '.join(map(repr, ok)) or 'no targets'}"
+        has = f"the package has {', '.join(map(repr, ok)) or 'no targets'}"
         if failed:
-            msg += f" (failed at build time: {', '.join(map(repr, failed))})"
-        raise TargetNotFoundError(msg)
+            has += f" (failed at build time: {', '.join(map(repr, failed))})"
+        raise TargetNotFoundError("no such target", context=ctx, advice=has)
     if target.get("status", "ok") != "ok":
         raise TargetNotFoundError(
-            f"{ctx}: its capture failed at build time and it was left out of the wheel "
-            f"(reason: {target.get('reason') or 'not recorded'}); fix the capture script and rebuild"
-        )
+            "its capture failed at build time and it was left out of the wheel "
+            f"(reason: {target.get('reason') or 'not recorded'})", context=ctx,
+            advice="fix the capture script and rebuild")
     variants = target.get("variants") or []
     if not variants:
-        raise TargetNotFoundError(f"{ctx}: the manifest lists no variants of it; rebuild the wheel")
+        raise TargetNotFoundError("the manifest lists no variants of it", context=ctx, advice="rebuild the wheel")
 
     hosts: dict[str, dict[str, Any]] = {}
     chosen, reports = _select(variants, hosts)
@@ -325,10 +323,8 @@ def _load(package: str, name: str, strict: bool) -> _Loaded:
             _raise_if_changed(ctx, data, raw, e)
             raise
         if env.engine != engine:
-            raise IntegrityError(
-                f"{ctx}: {cache_name}: engine check failed: the cache says {env.engine!r}, "
-                f"the manifest says {engine!r}"
-            )
+            raise IntegrityError(f"engine check failed: the cache says {env.engine!r}, the manifest "
+                                 f"says {engine!r}", context=ctx, where=cache_name)
         kernel_dir = None
         if not fallback and engine == "frozen":
             kernel_dir = _unpack(ctx, code_hash, env)
@@ -339,7 +335,8 @@ def _load(package: str, name: str, strict: bool) -> _Loaded:
         _pair_format.check_version(getattr(module, "PRECOMPILE_METADATA", None), where=where)
         load = getattr(module, "load", None)
         if not callable(load):
-            raise PrecompileLoadError(f"{ctx}: the source half defines no load(kernel_dir) function")
+            raise PrecompileLoadError("the source half defines no load(kernel_dir) function", context=ctx,
+                                      where=f"{DATA_DIR}/{rel}")
         runs_instead = "the captured graph from the source file, without precompiled kernels"
         try:
             value = load(kernel_dir)
@@ -490,7 +487,7 @@ def _read_pair(data: Any, ctx: str, variant: dict[str, Any]) -> tuple[bytes, byt
         entry = variant["files"][role]
         rel = entry["path"]
         if not _manifest.safe_file_name(rel):  # parse() refuses these; belt and braces
-            raise ManifestError(f"{ctx}: {role} path {rel!r} leaves {DATA_DIR}/ (path traversal refused)")
+            raise ManifestError(f"{role} path {rel!r} leaves {DATA_DIR}/ (path traversal refused)", context=ctx)
         shown = f"{DATA_DIR}/{rel}"
         try:
             blob = (data / rel).read_bytes()

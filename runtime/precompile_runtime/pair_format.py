@@ -39,7 +39,7 @@ The flat inputs of the graph: the lifted parameters and buffers (``params``, nam
 
 from __future__ import annotations
 
-from typing import Any, Optional, TypedDict, Union
+from typing import Any, Literal, Optional, TypedDict, Union, get_args
 
 from .errors import PairFormatError
 
@@ -49,6 +49,20 @@ VERSION = 1
 """The version this precompile-build writes."""
 READS = (1, 1)
 """The versions (lowest, highest) this precompile-runtime loads."""
+
+Engine = Literal["frozen", "torch", "eager"]
+"""The engines a variant is made by: ``frozen`` and ``eager`` write this format, ``torch``
+writes torch's own (``torch.compiler.precompile``)."""
+SourceEngine = Literal["frozen", "eager"]
+"""The engines whose pairs are of this format."""
+Device = Literal["cpu", "cuda"]
+"""Where a capture's tensors were, and what a variant serves on."""
+Tracer = Literal["export", "export-strict", "make_fx"]
+"""What traced the call (the `tracer` setting's ``auto`` is resolved to one of these)."""
+ENGINES: tuple[Engine, ...] = get_args(Engine)
+SOURCE_ENGINES: tuple[SourceEngine, ...] = get_args(SourceEngine)
+DEVICES: tuple[Device, ...] = get_args(Device)
+TRACERS: tuple[Tracer, ...] = get_args(Tracer)
 
 Dim = Union[int, str]  # an int, or with dynamic dims a symbol / a Python expression of them
 
@@ -197,18 +211,12 @@ class Kernel(_KernelRequired, total=False):
 Fallback = TypedDict("Fallback", {"from": str, "reason": str})
 
 
-class _PairRequired(TypedDict):
-    format: str
-    """:data:`FORMAT`."""
-    version: int
-    """The pair format version, checked at load against :data:`READS`."""
-    engine: str
-    """``"frozen"`` or ``"eager"``; the cache half's envelope says the same."""
+class _CallRequired(TypedDict):
     target: str
     """The target's name, for messages."""
-    device: str
+    device: Device
     """``"cpu"`` or ``"cuda"``: where the capture's tensors were."""
-    tracer: str
+    tracer: Tracer
     """``"export"``, ``"export-strict"`` or ``"make_fx"``: what traced the call."""
     arg_names: list[str]
     """The function's positional parameter names, for messages (may be empty)."""
@@ -246,6 +254,25 @@ class _PairRequired(TypedDict):
     """The collectives' groups, or None."""
     ambient: Ambient
     """Autocast at capture; compared per call."""
+
+
+class CallConvention(_CallRequired, total=False):
+    """What the trace records of a call (capturing/tracing.py): the metadata less what
+    the engine and codegen add."""
+
+    dynamic: Dynamic
+    """Present when dims were marked dynamic."""
+    assumed: AssumedState
+    """The Python state the trace assumed (absent in pairs before it was recorded)."""
+
+
+class _PairRequired(CallConvention):
+    format: str
+    """:data:`FORMAT`."""
+    version: int
+    """The pair format version, checked at load against :data:`READS`."""
+    engine: SourceEngine
+    """``"frozen"`` or ``"eager"``; the cache half's envelope says the same."""
     kernels: list[Kernel]
     """The frozen kernels (``[]`` for `eager`)."""
 
@@ -254,8 +281,6 @@ class PairMetadata(_PairRequired, total=False):
     """``PRECOMPILE_METADATA`` of a source half. Keys not listed here are not part of
     the format; a reader must not depend on them."""
 
-    dynamic: Dynamic
-    """Present when dims were marked dynamic."""
     cuda_graphs: bool
     """The frozen CUDA kernels replay through CUDA graphs (templates/cuda_graphs.py)."""
     cuda_archs: dict[str, Any]
@@ -265,34 +290,49 @@ class PairMetadata(_PairRequired, total=False):
     """The capture's validation report (validation/validate.py); nothing that runs reads it."""
     fallback: Fallback
     """An `eager` pair written because the frozen engine's compiler failed."""
-    assumed: AssumedState
-    """The Python state the trace assumed (absent in pairs before it was recorded)."""
+
+
+def version_problem(meta: Any) -> tuple[str, str] | None:
+    """The one rule of which source halves this precompile-runtime reads.
+
+    Args:
+        meta: a source half's ``PRECOMPILE_METADATA`` (anything: it may be no dict).
+    Returns:
+        None when ``format`` is :data:`FORMAT` and ``version`` an int (not a bool)
+        within :data:`READS`; else ``(finding, advice)``: what is wrong, and which side
+        to upgrade or rebuild.
+    """
+    from ._version import __version__
+
+    fmt = meta.get("format") if isinstance(meta, dict) else None
+    if fmt != FORMAT:
+        return (f"not a precompile-build source half (PRECOMPILE_METADATA format {fmt!r}, "
+                f"not {FORMAT!r})", "rebuild the wheel")
+    version = meta.get("version")
+    low, high = READS
+    is_int = isinstance(version, int) and not isinstance(version, bool)
+    if is_int and low <= version <= high:
+        return None
+    reads = f"version {low}" if low == high else f"versions {low} to {high}"
+    if is_int and version > high:
+        todo = "upgrade precompile-runtime (pip install -U precompile-runtime) to load it"
+    else:
+        todo = "rebuild the wheel with a current precompile-build"
+    return (f"the pair is of format version {version!r}, and precompile-runtime "
+            f"{__version__} reads {reads}", todo)
 
 
 def check_version(meta: Any, *, where: str) -> None:
-    """Refuse a source half this precompile-runtime does not read.
+    """Refuse a source half this precompile-runtime does not read (:func:`version_problem`).
 
     Args:
         meta: the source's ``PRECOMPILE_METADATA``.
         where: the package, target and file, for the message.
     Raises:
         PairFormatError: ``format`` is not :data:`FORMAT`, or ``version`` is not an int
-            within :data:`READS`; the message says which side to upgrade or rebuild.
+            within :data:`READS`; its ``finding`` says which, its ``advice`` which side
+            to upgrade or rebuild.
     """
-    from ._version import __version__
-
-    fmt = meta.get("format") if isinstance(meta, dict) else None
-    if fmt != FORMAT:
-        raise PairFormatError(f"{where}: not a precompile-build source half (PRECOMPILE_METADATA "
-                              f"format {fmt!r}, not {FORMAT!r}); rebuild the wheel")
-    version = meta.get("version")
-    low, high = READS
-    if isinstance(version, int) and not isinstance(version, bool) and low <= version <= high:
-        return
-    reads = f"version {low}" if low == high else f"versions {low} to {high}"
-    if isinstance(version, int) and not isinstance(version, bool) and version > high:
-        todo = "upgrade precompile-runtime (pip install -U precompile-runtime) to load it"
-    else:
-        todo = "rebuild the wheel with a current precompile-build"
-    raise PairFormatError(f"{where}: the pair is of format version {version!r}, and "
-                          f"precompile-runtime {__version__} reads {reads}; {todo}")
+    problem = version_problem(meta)
+    if problem is not None:
+        raise PairFormatError(problem[0], where=where, advice=problem[1])

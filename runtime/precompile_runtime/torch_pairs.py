@@ -99,10 +99,9 @@ def _api(where: str) -> Any:
     api = getattr(torch.compiler, "precompile", None)
     if api is None or not callable(getattr(api, "load", None)):
         raise PrecompileLoadError(
-            f"{where}: this torch ({torch.__version__}) has no torch.compiler.precompile.load, "
+            f"this torch ({torch.__version__}) has no torch.compiler.precompile.load, "
             "but the target was built with the torch engine; install the torch version the "
-            "wheel was built for (see its Requires-Dist), or rebuild the wheel here"
-        )
+            "wheel was built for (see its Requires-Dist), or rebuild the wheel here", context=where)
     return api
 
 
@@ -155,23 +154,21 @@ def load_torch_pair(
     try:
         python_code = source_bytes.decode("utf-8")
     except UnicodeDecodeError as e:
-        raise IntegrityError(f"{where}: the source is not UTF-8 ({e}); rebuild the wheel") from None
+        raise IntegrityError(f"the source is not UTF-8 ({e}); rebuild the wheel", context=where) from None
     code_hash = hashlib.sha256(source_bytes).hexdigest()
     try:
         blob: dict[str, Any] | None = read_envelope(cache_bytes)
     except ValueError as e:
         if not fallback:
             raise IntegrityError(
-                f"{where}: the cache does not validate: {e}; the wheel is corrupt, rebuild or "
-                "reinstall it"
-            ) from None
+                f"the cache does not validate: {e}; the wheel is corrupt, rebuild or "
+                "reinstall it", context=where) from None
         blob = None  # the fallback does not need the cache; the source is verified
     if blob is not None and blob["code_hash"] != code_hash:
         raise IntegrityError(
-            f"{where}: code_hash check failed: the cache belongs to a source with sha256 "
+            f"code_hash check failed: the cache belongs to a source with sha256 "
             f"{blob['code_hash']}, but the source has {code_hash}; the pair was mixed up or "
-            "tampered with, rebuild the wheel"
-        )
+            "tampered with, rebuild the wheel", context=where)
     api = _api(where)
     by_paths = callable(getattr(api, "capture", None))
 
@@ -194,13 +191,12 @@ def load_torch_pair(
             import torch
 
             raise ServingCompileError(
-                f"{where}: torch.compiler.precompile.load tried to compile while the serving "
+                f"torch.compiler.precompile.load tried to compile while the serving "
                 f"guard is on (PRECOMPILE_NO_COMPILE or no_compilation()): this torch's "
                 f"({torch.__version__}) CPU pairs compile their C++ kernels at load (its cache "
                 "does not hold them). Build this target with the frozen engine (engine=\"frozen\", "
                 "or engine=\"auto\" for a CPU capture), which serves compiling nothing; or turn "
-                f"the guard off. The guard said: {refused}"
-            ) from e
+                f"the guard off. The guard said: {refused}", context=where) from e
         mode = "without the compiled cache (host mismatch fallback)" if fallback else "with its cache"
         hint = (
             "torch pairs need the torch build they were captured with; install it, or "
@@ -209,9 +205,8 @@ def load_torch_pair(
             else "rebuild the wheel with the torch installed here"
         )
         raise PrecompileLoadError(
-            f"{where}: torch.compiler.precompile.load failed {mode}: "
-            f"{type(e).__name__}: {e}; {hint}"
-        ) from e
+            f"torch.compiler.precompile.load failed {mode}: "
+            f"{type(e).__name__}: {e}; {hint}", context=where) from e
     return _calls_checked(fn, getattr(api, "PrecompileError", None), where)
 
 
@@ -238,7 +233,7 @@ def _calls_checked(fn: Callable[..., Any], error: Any, where: str) -> Callable[.
         try:
             return fn(*args, **kwargs)
         except error as e:
-            raise CallError(f"{where}: the call does not match the capture: {e}") from e
+            raise CallError(f"the call does not match the capture: {e}", context=where) from e
 
     call.__wrapped__ = fn  # type: ignore[attr-defined]
     call.__doc__ = getattr(fn, "__doc__", None)
@@ -263,11 +258,10 @@ def _minimal_envelope(python_code: str, code_hash: str, where: str) -> bytes:
             ):
                 backend = ast.literal_eval(node.value)
     except (SyntaxError, ValueError) as e:
-        raise IntegrityError(f"{where}: the source is not valid Python ({e}); rebuild the wheel") from None
+        raise IntegrityError(f"the source is not valid Python ({e}); rebuild the wheel", context=where) from None
     if not isinstance(backend, str):
         raise IntegrityError(
-            f"{where}: the source is not a torch.compiler.precompile artifact (no BACKEND)"
-        )
+            "the source is not a torch.compiler.precompile artifact (no BACKEND)", context=where)
     buf = io.BytesIO()
     torch.save(
         {"format": CACHE_FORMAT, "version": 1, "backend": backend, "code_hash": code_hash, "artifact": None},
