@@ -158,7 +158,12 @@ def worker(mode: str, size: str, work: Path, cap_gib: float | None) -> dict:
             out["host_peak_bytes"] = _maxrss()
             out["source_bytes"] = (work / f"{name}.py").stat().st_size
             out["cache_bytes"] = (work / f"{name}.cache").stat().st_size
-            out["validation"] = read_source_metadata((work / f"{name}.py").read_bytes(), what=name)["validation"]
+            meta = read_source_metadata((work / f"{name}.py").read_bytes(), what=name)
+            out["validation"] = meta["validation"]
+            if "assumed" in meta:  # what each served call checks of Python state
+                from precompile_build.wheels.manifest import checks_count
+
+                out["checks"] = checks_count(meta["assumed"])
             return out
         if mode == "eager":
             if _device() == "cuda":

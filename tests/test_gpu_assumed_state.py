@@ -93,3 +93,37 @@ def test_a_cuda_graph_pair_checks_the_state_the_trace_read_from_several_threads(
         served(models[0], x)
     models[0]._disabled = False
     torch.testing.assert_close(served(models[0], x), models[0](x), rtol=2e-3, atol=2e-3)
+
+
+def test_peft_adapter_state_on_cuda_with_graphs(tmp_path):
+    pytest.importorskip("peft")
+    transformers = pytest.importorskip("transformers")
+    from _pairs import load_pair
+    from peft import LoraConfig, get_peft_model
+
+    import precompile_build
+    from precompile_runtime.errors import CallError
+
+    torch.manual_seed(0)
+    cfg = transformers.LlamaConfig(vocab_size=256, hidden_size=128, intermediate_size=256,
+                                   num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                                   max_position_embeddings=64)
+    model = get_peft_model(transformers.LlamaForCausalLM(cfg).cuda().eval(),
+                           LoraConfig(r=4, target_modules=["q_proj", "v_proj"], init_lora_weights=False)).eval()
+    ids = torch.randint(0, 256, (1, 16), device="cuda")
+
+    def logits(m, ids):
+        return m(input_ids=ids, use_cache=False).logits
+
+    paths = {"artifact_path": tmp_path / "t.py", "cache_path": tmp_path / "t.cache"}
+    with torch.no_grad(), precompile_build.capture(logits, engine="frozen", **paths) as f:
+        f(model, ids)
+    served = load_pair(paths["artifact_path"], paths["cache_path"]).with_cuda_graphs()
+    with torch.no_grad():
+        want = logits(model, ids)
+        for _ in range(3):
+            torch.testing.assert_close(served(model, ids), want, rtol=2e-3, atol=2e-3)
+        with model.disable_adapter():
+            with pytest.raises(CallError, match=r"was False at capture, now True"):
+                served(model, ids)
+        torch.testing.assert_close(served(model, ids), want, rtol=2e-3, atol=2e-3)

@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# Issue 37 on one GPU (H200): a served call checks what the trace assumed.
+#   1. tests/test_gpu_assumed_state.py (a frozen CUDA pair with graphs from four threads,
+#      peft's adapter state on CUDA), tests/test_assumed_state.py and test_tracers.py on
+#      this torch (2.11), the GPU tests of the driver (test_gpu_cudagraphs, test_gpu_frozen,
+#      test_gpu_decode)
+#   2. an 8B Llama (Llama-3-8B shapes, bf16) captured with the recorder on, then loaded with
+#      PRECOMPILE_NO_COMPILE=1: capture seconds against session 12's 41.6 s, the checks the
+#      pair records, the compiler modules the load imports
+# PARTS="tests 8b" (default: both); BUDGET seconds in all (default 500). Results in $OUT
+# (default /tmp/gpu_issue37): tests.log, scale_cuda_llama_8b_s13.json, checks.txt.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT="${OUT:-/tmp/gpu_issue37}"
+mkdir -p "$OUT"
+export PYTHONPATH="$PWD:$PWD/runtime${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
+PARTS="${PARTS:-tests 8b}"
+BUDGET="${BUDGET:-500}"
+SECONDS=0
+left() { local rest=$((BUDGET - SECONDS)); ((rest < $1)) && echo "$rest" || echo "$1"; }
+step() {  # step NAME LIMIT COMMAND...
+  local name=$1 limit; limit=$(left "$2"); shift 2
+  if ((limit <= 10)); then echo "== $name: skipped (budget spent)"; return; fi
+  echo "== $name (limit ${limit} s)"
+  timeout "$limit" "$@"
+  echo "== $name: rc=$? after ${SECONDS} s"
+}
+python3 -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__, torch.cuda.get_device_name(0))"
+for part in $PARTS; do
+  case "$part" in
+    tests) step tests 280 bash -c "python3 -m pytest -q -p no:cacheprovider tests/test_gpu_assumed_state.py \
+        tests/test_assumed_state.py tests/test_tracers.py tests/test_gpu_cudagraphs.py tests/test_gpu_frozen.py \
+        tests/test_gpu_decode.py > '$OUT/tests.log' 2>&1; rc=\$?; grep -E '^(FAILED|ERROR)' '$OUT/tests.log'; tail -1 '$OUT/tests.log'; exit \$rc" ;;
+    8b) step 8b 260 python3 bench/scale.py --device cuda --llama --sizes 8b --modes capture,load --tag 8b_s13 --out "$OUT" ;;
+    *) echo "== unknown part $part" ;;
+  esac
+done
+python3 - "$OUT" <<'PY' | tee "$OUT/checks.txt"
+import json, pathlib, sys
+for p in sorted(pathlib.Path(sys.argv[1]).glob("scale_cuda_llama_*.json")):
+    for size, r in json.loads(p.read_text())["rows"].items():
+        c, ld = r.get("capture", {}), r.get("load", {})
+        if "error" in c:
+            print(f"{size}: capture FAILED: {c['error'].strip().splitlines()[-1][:300]}")
+            continue
+        print(f"{size}: capture {c.get('capture_s', 0):.1f} s (session 12: 41.6 s), checks {c.get('checks')}")
+        if ld and "error" not in ld:
+            print(f"{size}: load first result {ld['first_result_s']:.2f} s, compiler modules imported: "
+                  f"{len(ld['compiler_modules_imported'])}, max |loaded - eager| {ld['max_abs_vs_eager']:.3g}")
+        elif ld:
+            print(f"{size}: load FAILED: {ld['error'].strip().splitlines()[-1][:300]}")
+PY
