@@ -134,6 +134,10 @@ def trace(flat_fn: Callable, example: list, *, n_params: int, marks: list, paths
             return _with_message(make_fx, "make_fx", target)
         if tracer != "auto":
             raise _failure(target, [(name, e)]) from e
+        strict_traced = _strict_for_data_dependent(e, lambda: _export(flat_fn, example, n_params, marks, paths,
+                                                                      target, True))
+        if strict_traced is not None:
+            return strict_traced
         try:
             traced = make_fx()
         except CaptureError:
@@ -152,6 +156,20 @@ def trace(flat_fn: Callable, example: list, *, n_params: int, marks: list, paths
             raise _backward_refused(tracer, target)
         return _with_message(make_fx, "make_fx", target)
     return traced
+
+
+def _strict_for_data_dependent(e: BaseException, strict: Callable[[], Traced]) -> Traced | None:
+    """``auto``: where non-strict export failed on a size the data decides, strict export's
+    trace, or None. Non-strict export specialises ``int(x.sum().item())`` (Python's
+    ``int()`` of a SymInt guards on its value: "Could not extract specialized integer");
+    TorchDynamo keeps it a symbol, as torch.compile does, so ``torch.zeros(int(n))``
+    gets a size the data decides (unbacked.py). None where strict export fails too."""
+    if "GuardOnDataDependent" not in type(e).__name__ and "data-dependent" not in str(e):
+        return None
+    try:
+        return strict()
+    except Exception:  # (non-strict's error is the one reported)
+        return None
 
 
 def _backward_refused(tracer: str, target: str) -> CaptureError:

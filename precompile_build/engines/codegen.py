@@ -11,7 +11,8 @@ fallbacks), in this order::
     frozen: kernel loader (kernel_loader.py); with Triton kernels the binary choice
       (precompile_runtime/_arch_rules.py) and launcher (triton_launcher.py)
     model settings (module_settings.py), pytree types (pytree_types.py),
-    arguments and results (call_args.py), driver (driver.py)
+    arguments and results (call_args.py), the custom ops' libraries (op_libraries.py),
+    driver (driver.py)
     frozen CUDA targets: CUDA graphs (cuda_graphs.py)
 """
 
@@ -117,6 +118,7 @@ def render(metadata: PairMetadata, graph_code: str, wrapper_code: str | None) ->
     parts.append(_template("module_settings.py"))  # the driver checks models with it
     parts.append(_template("pytree_types.py"))  # and registers transformers' caches with it
     parts.append(_template("call_args.py"))  # its arguments and results, through pytree
+    parts.append(_template("op_libraries.py"))  # imports the libraries of the custom ops it calls
     parts.append(_template("driver.py"))
     if wrapper_code is not None and metadata.get("device") == "cuda":
         parts.append(_template("cuda_graphs.py"))  # CUDA graphs of the frozen kernels

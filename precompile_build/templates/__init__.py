@@ -7,7 +7,8 @@ order they are copied: kernel_loader.py (binds frozen kernels from the cache),
 triton_launcher.py (CUDA kernels, after the runtime's _arch_rules.py),
 module_settings.py (the models' settings a call is checked against), pytree_types.py
 (transformers' caches registered with pytree), call_args.py (arguments and results
-through pytree, the alias checks), driver.py (``load(kernels)``: the served callable),
+through pytree, the alias checks), op_libraries.py (imports the libraries whose
+custom ops the graph calls), driver.py (``load(kernels)``: the served callable),
 cuda_graphs.py (frozen CUDA targets: graph capture and replay). A pair imports torch
 and the standard library only (precompile_runtime where installed); so do these.
 The capture side reuses module_settings.py and pytree_types.py.

@@ -132,6 +132,24 @@ class Dynamic(TypedDict):
     """Python expressions of the symbols that must hold for every call."""
 
 
+class DataDependent(TypedDict):
+    """Sizes the values decide (``nonzero``, ``x[mask]``, ``.item()``; capturing/unbacked.py)."""
+
+    symbols: list[str]
+    """The unbacked symbols the graph binds (``"u0"``), read by the kernels at run time."""
+    outputs: dict[str, list[Dim]]
+    """Graph output index (as text) -> its traced shape, a size an int or an expression of the symbols."""
+
+
+class OpLibrary(TypedDict):
+    """The custom ops of one namespace the graph calls (capturing/custom_ops.py)."""
+
+    ops: list[str]
+    """``"namespace::name"`` of each op."""
+    modules: list[str]
+    """The modules whose import registers them, imported at load (``"__main__"``: the capture script)."""
+
+
 class Ambient(TypedDict):
     """The caller's state at capture that the graph has built in."""
 
@@ -237,6 +255,10 @@ class PairMetadata(_PairRequired, total=False):
 
     dynamic: Dynamic
     """Present when dims were marked dynamic."""
+    data_dependent: DataDependent
+    """Present (frozen engine) when the values decide sizes; CUDA graphs are refused then."""
+    op_libraries: dict[str, OpLibrary]
+    """Op namespace -> the custom ops the graph calls and the modules to import at load."""
     cuda_graphs: bool
     """The frozen CUDA kernels replay through CUDA graphs (templates/cuda_graphs.py)."""
     cuda_archs: dict[str, Any]
