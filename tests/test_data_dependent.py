@@ -16,8 +16,8 @@ import textwrap
 
 import pytest
 import torch
-
 from _pairs import capture_and_load, marked, pair_paths
+
 from precompile_build import CaptureError, capture
 from precompile_runtime import CallError, no_compilation
 

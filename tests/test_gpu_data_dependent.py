@@ -9,6 +9,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from _pairs import capture_and_load, pair_paths  # noqa: E402
+
 from precompile_build import CaptureError, capture  # noqa: E402
 from precompile_runtime import CallError, no_compilation  # noqa: E402
 

@@ -20,8 +20,8 @@ import textwrap
 
 import pytest
 import torch
-
 from _pairs import capture_and_load
+
 from precompile_build import CaptureError
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -191,10 +191,10 @@ def test_sentence_transformers_forward_is_refused_naming_its_dict_and_a_copy_ser
     """The real package (tests under torch 2.14.1): its modules add their outputs to the
     features dict; a wrapper passing a copy serves, the input tensors returned as they are."""
     sentence_transformers = pytest.importorskip("sentence_transformers")
+    from _pairs import load_pair_at, pair_paths
     from transformers import BertConfig, BertModel, BertTokenizerFast
 
     import precompile_build
-    from _pairs import load_pair_at, pair_paths
 
     words = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "hello", "world", "a", "cat", "sat"]
     (tmp_path / "tiny").mkdir()
