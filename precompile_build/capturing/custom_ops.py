@@ -108,9 +108,10 @@ def op_libraries(graph_module) -> dict[str, dict]:
         the modules to import before a served call (:data:`SCRIPT` for an op the
         capture script defined); empty where the graph calls torch's ops only.
     """
-    files = _modules_by_file()
+    ops = _graph_ops(graph_module)
+    files = _modules_by_file() if ops else {}  # (a realpath per imported module: only when needed)
     out: dict[str, dict] = {}
-    for op in _graph_ops(graph_module):
+    for op in ops:
         qualname = op._schema.name
         modules = defining_modules(qualname, files)
         if not modules:
