@@ -29,15 +29,17 @@ echo "== tests under torch 2.13 (frozen and eager engines, backend, runtime)"
 echo "== tests under torch 2.14.1 (the torch engine; the transformers/timm model matrix)"
 # torchvision (timm needs it) exists for this torch; transformers pinned: the matrix's
 # tiny configs are tested at this version (the GPU host has it too); peft for the
-# adapter state a served call checks (test_assumed_state.py)
+# adapter state a served call checks (test_assumed_state.py); sentence-transformers (the
+# GPU host's version): its forward adds keys to the dict it is given
 TORCH_SPEC=torch==2.14.1 make_venv .venv-torch214 "${deps[@]}" torchvision==0.29.1 transformers==5.17.0 timm==1.0.31 \
-  peft==0.21.2
+  peft==0.21.2 sentence-transformers==6.0.1
 .venv-torch214/bin/python -m pip install -q -e ./runtime -e .
 # the torch engine's tests, the frozen engine's cases, the tracers (and the one-pass export
 # on torch's private names), the example project
 # built with each engine (the frozen engine must keep working on the newest torch too),
-# transformers decoding (StaticCache arguments, the export wrapper) and the model matrix
+# transformers decoding (StaticCache arguments, the export wrapper) and the model matrix; sizes the
+# data decides with torchvision's nms and FasterRCNN, and transformers' ModelOutput results
 .venv-torch214/bin/python -m pytest -q -p no:cacheprovider \
   tests/test_torch_engine.py tests/test_frozen_engine.py tests/test_frozen_dynamic_dims.py tests/test_tracers.py \
   tests/test_aten_export.py tests/test_example_project.py tests/test_llm_decode.py tests/test_decode_fast_path.py tests/test_models.py \
-  tests/test_assumed_state.py "$@"
+  tests/test_assumed_state.py tests/test_data_dependent.py tests/test_results_and_arguments.py "$@"

@@ -39,6 +39,7 @@ from unittest import mock
 from precompile_runtime.pair_format import Dim, Dynamic
 
 from ..errors import CaptureError
+from . import unbacked
 from .layouts import memory_layout
 
 DEFAULT_MIN = 1  # an unmarked lower bound: serve every non-empty size
@@ -151,10 +152,7 @@ def compile_context(graph_module):
     import torch
     from torch._inductor import config
 
-    output = [n for n in graph_module.graph.nodes if n.op == "output"][-1]
-    for node in output.args[0]:
-        if isinstance(node, torch.fx.Node) and "val" in node.meta:
-            node.meta["example_value"] = node.meta["val"]
+    unbacked.show_fake_mode(graph_module)
     stack = contextlib.ExitStack()
     stack.enter_context(size_oblivious())
     # AOTAutograd's tensorify pass turns Python float math on sizes (BatchNorm's

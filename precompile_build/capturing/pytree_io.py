@@ -19,7 +19,9 @@ ModelOutput, a buffer returned as is) comes back as that tensor, as in eager.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
+import sys
 from collections.abc import Sequence
 from typing import Any
 
@@ -150,6 +152,33 @@ def flatten_inputs(args: tuple, kwargs: dict, arg_names: list[str]):
     return leaves, spec, kinds, paths
 
 
+def _registered_by_its_library(tp) -> bool:
+    """Register ``tp`` as its library does, where its library registers it itself:
+    transformers registers each ModelOutput class with pytree when the class is made,
+    but not while ``torch.compiler.is_compiling()`` (true while the capture traces), so
+    a class first imported inside the traced function (``BaseModelOutput``) is found
+    unregistered here. Registered as a dataclass by us, its next instance outside the
+    trace would register it again ("already registered as pytree node"), and a serving
+    process would have transformers' flattening (non-None fields) where the pair
+    recorded ours. Returns whether ``tp`` is registered now."""
+    import torch.compiler as tc
+    from torch.utils import _pytree as pytree
+
+    generic = sys.modules.get("transformers.utils.generic")
+    base, register = getattr(generic, "ModelOutput", None), getattr(generic, "_register_model_output_pytree_node", None)
+    if base is None or register is None or not issubclass(tp, base):
+        return False
+    flag = getattr(tc, "_is_compiling_flag", None)
+    if flag is not None:
+        tc._is_compiling_flag = False  # (torch.compiler.is_compiling() reads it; put back below)
+    try:
+        register(tp)
+    finally:
+        if flag is not None:
+            tc._is_compiling_flag = flag
+    return tp in pytree.SUPPORTED_NODES
+
+
 def flatten_result(result):
     """Flatten a call's result: ``(leaves, spec)``.
 
@@ -171,6 +200,8 @@ def flatten_result(result):
         if not plain:
             break
         for tp in plain:  # a plain dataclass result: registered as pytree flattens it by fields
+            if _registered_by_its_library(tp):
+                continue
             pytree.register_dataclass(tp, serialized_type_name=qualname(tp))
             DATACLASSES.add(tp)
         leaves, spec = pytree.tree_flatten(result)
@@ -320,19 +351,91 @@ def result_leaves(leaves: list, flat_inputs: list) -> tuple[list, list]:
     return kinds, tensors
 
 
-def changed_argument(args: tuple, kwargs: dict, spec, tensors: Sequence[Any], kinds: list, paths: list) -> str | None:
+_DICTS = (dict, collections.OrderedDict, collections.defaultdict)
+
+
+def _child_keys(spec) -> list[str]:
+    """The key text of each child of a TreeSpec node (``[0]``, ``['a']``, ``.field``)."""
+    from torch.utils import _pytree as pytree
+
+    try:
+        node = pytree.tree_unflatten([0] * spec.num_leaves, spec)
+        entries, _ = pytree.SUPPORTED_NODES[spec.type].flatten_with_keys_fn(node)  # type: ignore[misc]
+        return [pytree.keystr((k,)) for k, _ in entries]
+    except Exception:  # no keys known for this type: positions
+        return [f"[{i}]" for i in range(spec.num_children)]
+
+
+def _node_text(spec) -> str:
+    if spec.is_leaf():
+        return "a leaf (a tensor, model or constant)"
+    if spec.type is type(None):
+        return "None"
+    return _an(getattr(spec.type, "__name__", str(spec.type))) + f" of {spec.num_children} item(s)"
+
+
+def _structure_change(want, got, path: str, in_object: bool = False) -> tuple[str, bool] | None:
+    """Where the TreeSpec ``got`` first differs from ``want``, as ``(text, plain)``:
+    ``argument 'features': added the key(s) 'token_embeddings'``, ``plain`` True where
+    the change is to a dict, list or tuple of the arguments themselves (not inside a
+    registered object, a cache); None where equal."""
+    if want == got:
+        return None
+    plain = not in_object and want.type in (*_DICTS, list, tuple)
+    if want.is_leaf() or got.is_leaf() or want.type is not got.type:
+        return f"{path} was {_node_text(want)}, now {_node_text(got)}", False
+    if want.type in _DICTS and want.context != got.context:
+        added = [k for k in got.context if k not in want.context]
+        removed = [k for k in want.context if k not in got.context]
+        parts = ([f"added the key(s) {', '.join(map(repr, added))}"] if added else []) + (
+            [f"removed the key(s) {', '.join(map(repr, removed))}"] if removed else [])
+        return f"{path}: " + (" and ".join(parts) or "its keys in another order"), plain
+    if want.num_children != got.num_children:
+        return f"{path} had {want.num_children} item(s), now {got.num_children}", plain
+    if want.context != got.context:
+        return short(f"{path}: {_node_text(want)} whose context changed ({want.context!r} -> {got.context!r})",
+                     300), False
+    inside = in_object or want.type not in (*_DICTS, list, tuple)
+    for key, w, g in zip(_child_keys(want), children(want), children(got)):
+        found = _structure_change(w, g, path + key, inside)
+        if found:
+            return found
+    return f"{path} changed", False  # pragma: no cover - (equal children, unequal specs)
+
+
+def _where_changed(spec, after, arg_names) -> tuple[str, bool]:
+    (w_pos, w_kw), (g_pos, g_kw) = children(spec), children(after)
+    labels = [f"argument {arg_names[i]!r}" if i < len(arg_names) else f"args[{i}]"
+              for i in range(w_pos.num_children)]
+    pairs = list(zip(labels, children(w_pos), children(g_pos)))
+    pairs += [(f"keyword argument {k!r}", w, g) for k, w, g in zip(w_kw.context, children(w_kw), children(g_kw))]
+    for label, w, g in pairs:
+        found = _structure_change(w, g, label)
+        if found:
+            return found
+    return "the arguments", False  # pragma: no cover - (a call cannot change its own arity)
+
+
+def changed_argument(args: tuple, kwargs: dict, spec, tensors: Sequence[Any], kinds: list, paths: list,
+                     arg_names: list[str] | tuple = ()) -> str | None:
     """What the traced call changed in its arguments' structure (None: nothing): an
     attribute of a registered object reassigned (DynamicCache's ``keys = cat(...)``), a
-    Python number in one changed. A served call runs no Python, so such a change would
-    not reach the caller's object; in-place writes to its tensors do."""
+    Python number in one changed, keys added to a dict argument
+    (``features.update({...})``, as sentence-transformers' modules do). A served call
+    runs no Python, so such a change would not reach the caller's object; in-place
+    writes to its tensors do. The text names the argument's path and what changed
+    (``arg_names``: the function's positional parameter names, for the path)."""
     from torch.utils import _pytree as pytree
 
     leaves, after = pytree.tree_flatten((tuple(args), dict(kwargs)))
     if after != spec:
-        return ("the function changes the structure of its arguments (an attribute of an argument "
-                "object reassigned, or a Python number in one changed), which a served call would not "
-                "do: write into the argument's tensors in place instead (a transformers StaticCache, "
-                "not a DynamicCache, whose tensors grow)")
+        where, plain = _where_changed(spec, after, list(arg_names))
+        advice = ("return the new values instead, or capture a wrapper that passes the function a "
+                  "copy (`lambda features: model(dict(features))`; list(...) for a list)" if plain else
+                  "write into the argument's tensors in place instead (a transformers StaticCache, "
+                  "not a DynamicCache, whose tensors grow)")
+        return (f"the function changes the structure of its arguments ({where}), which a served "
+                f"call would not do: {advice}")
     it = iter(tensors)
     for v, k, path in zip(leaves, kinds, paths):
         if k[0] == "tensor" and v is not next(it):

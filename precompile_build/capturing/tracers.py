@@ -138,7 +138,13 @@ def trace(flat_fn: Callable, example: list, *, n_params: int, marks: list, paths
             if tracer != "auto":
                 raise _backward_refused(tracer, target) from e
             return _with_message(make_fx, "make_fx", target)
-        if tracer != "auto" or _is_data_dependent(e):  # make_fx would freeze the example's path
+        if tracer != "auto":
+            raise _failure(target, [(name, e)]) from e
+        if _is_data_dependent(e):  # strict export may keep it symbolic; make_fx would freeze its path
+            strict_traced = _strict_for_data_dependent(e, lambda: _export(flat_fn, example, n_params, marks, paths,
+                                                                          target, True, watching))
+            if strict_traced is not None:
+                return strict_traced
             raise _failure(target, [(name, e)]) from e
         try:
             traced = make_fx()
@@ -158,6 +164,20 @@ def trace(flat_fn: Callable, example: list, *, n_params: int, marks: list, paths
             raise _backward_refused(tracer, target)
         return _with_message(make_fx, "make_fx", target)
     return traced
+
+
+def _strict_for_data_dependent(e: BaseException, strict: Callable[[], Traced]) -> Traced | None:
+    """``auto``: where non-strict export failed on a size the data decides, strict export's
+    trace, or None. Non-strict export specialises ``int(x.sum().item())`` (Python's
+    ``int()`` of a SymInt guards on its value: "Could not extract specialized integer");
+    TorchDynamo keeps it a symbol, as torch.compile does, so ``torch.zeros(int(n))``
+    gets a size the data decides (unbacked.py). None where strict export fails too
+    (a branch on such a value: the capture refuses it). Called for data-dependent
+    failures only (:func:`_is_data_dependent`)."""
+    try:
+        return strict()
+    except Exception:  # (non-strict's error is the one reported)
+        return None
 
 
 def _backward_refused(tracer: str, target: str) -> CaptureError:

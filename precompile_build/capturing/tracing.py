@@ -43,11 +43,13 @@ from . import (
     aliases,
     assumed_state,
     collectives,
+    custom_ops,
     dynamic_dims,
     graph_attrs,
     pytree_io,
     sharing,
     tracers,
+    unbacked,
 )
 from .layouts import example_clone  # noqa: F401  (re-exported for the engines)
 
@@ -191,7 +193,7 @@ def trace_call(fn: Callable, args: tuple, kwargs: dict, *, target: str, tracer: 
         out_box["reassigned"] = [i for i, _ in reassigned]
         if not torch.compiler.is_dynamo_compiling():
             out_box["changed"] = pytree_io.changed_argument(call_args, call_kwargs, in_spec, flat[n_params:],
-                                                            in_kinds, leaf_paths)
+                                                            in_kinds, leaf_paths, arg_names)
         res_leaves, out_box["spec"] = pytree_io.flatten_result(result)
         out_box["kinds"], outs = pytree_io.result_leaves(res_leaves, [*leaves, *flat[n_params:]])
         # A returned view would alias an input or an intermediate buffer of the
@@ -217,9 +219,10 @@ def trace_call(fn: Callable, args: tuple, kwargs: dict, *, target: str, tracer: 
     globals_before = assumed_state.global_values(fn, args, kwargs)
     reads = assumed_state.Recorder(modules)  # the plain values the trace reads
     try:
-        traced = tracers.trace(flat_fn, example, n_params=n_params, marks=marks, paths=paths, target=target,
-                               tracer=tracer, ran_backward=lambda: bool(out_box.get("grad_indices")),
-                               watching=reads.watching)
+        with unbacked.sizes_from_zero():  # a library's data-dependent sizes from 0 (unbacked.py)
+            traced = tracers.trace(flat_fn, example, n_params=n_params, marks=marks, paths=paths, target=target,
+                                   tracer=tracer, ran_backward=lambda: bool(out_box.get("grad_indices")),
+                                   watching=reads.watching)
     except CaptureError as e:
         if e.target is not None:
             raise
@@ -257,6 +260,7 @@ def trace_call(fn: Callable, args: tuple, kwargs: dict, *, target: str, tracer: 
         "mutated_inputs": _mutated_inputs(gm),
         "tracer": traced.tracer,
         "collectives": collectives.canonical_groups(gm, target),  # groups by ranks, world size
+        "op_libraries": custom_ops.op_libraries(gm),  # custom ops' modules, imported at load
         "constants": graph_attrs.constant_specs(constants),  # trace-made: passed after the inputs
         "reassigned_buffers": out_box["reassigned"],  # outputs after the gradients
         "ambient": _ambient_state(_device_of(params + user_tensors), gm),

@@ -11,8 +11,9 @@ fallbacks), in this order::
     frozen: kernel loader (kernel_loader.py); with Triton kernels the binary choice
       (precompile_runtime/_arch_rules.py) and launcher (triton_launcher.py)
     model settings (module_settings.py), pytree types (pytree_types.py), recorded
-    values (state_values.py), arguments and results (call_args.py), driver (driver.py),
-    the Python state the trace assumed (assumed_state.py)
+    values (state_values.py), arguments and results (call_args.py), the custom ops'
+    libraries (op_libraries.py), driver (driver.py), the Python state the trace
+    assumed (assumed_state.py)
     frozen CUDA targets: CUDA graphs (cuda_graphs.py)
     the names of the blocks left out, as None (what the driver reads on paths this
       pair never takes)
@@ -136,6 +137,7 @@ def render(metadata: PairMetadata, graph_code: str, wrapper_code: str | None) ->
     parts.append(_template("pytree_types.py"))  # and registers transformers' caches with it
     parts.append(_template("state_values.py"))  # the recorded Python state's encoding
     parts.append(_template("call_args.py"))  # its arguments and results, through pytree
+    parts.append(_template("op_libraries.py"))  # imports the libraries of the custom ops it calls
     parts.append(_template("driver.py"))
     parts.append(_template("assumed_state.py"))  # what the trace assumed, checked per call
     graphs = wrapper_code is not None and metadata.get("device") == "cuda"

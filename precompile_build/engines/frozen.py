@@ -26,7 +26,7 @@ import hashlib
 from precompile_runtime.envelope import Envelope, dumps
 from precompile_runtime.pair_format import Kernel
 
-from ..capturing import dynamic_dims, sharing
+from ..capturing import dynamic_dims, sharing, unbacked
 from ..capturing.stats import timed
 from ..capturing.tracing import TracedCall, run_real_call, trace_call
 from ..errors import CaptureError, CompilerFailed, torch_warnings_shown
@@ -87,6 +87,12 @@ def _capture(fn, args, kwargs, target: str, device: str, options: dict, real_cal
             "cuda-graphs = true needs a CUDA inference target; this "
             f"one {'runs a backward' if device == 'cuda' else 'was captured on ' + device}: "
             "drop the option", target=target)
+    if options.get("cuda_graphs") and unbacked.symbols(traced.graph_module):
+        raise CaptureError(
+            "cuda-graphs = true replays the sizes a CUDA graph recorded, and this function sizes "
+            "tensors by their values (nonzero, masked_select, x[mask], .item(), unique, nms: "
+            f"{', '.join(unbacked.symbols(traced.graph_module))}); drop the option (the pair serves "
+            "every size without CUDA graphs)", target=target)
     real = None
     if real_call is not None:
         with timed("eager_call"):
@@ -128,8 +134,13 @@ def _compile(traced: TracedCall, target: str, options: dict, real: dict | None =
         recording = contextlib.nullcontext
     # dynamic dims: compile against the trace's ShapeEnv and fake inputs, so that
     # Inductor compiles for exactly the marked symbols (real inputs would be
-    # refakeified with every dim a new symbol)
+    # refakeified with every dim a new symbol); sizes the data decides (unbacked.py):
+    # in the fake mode whose ShapeEnv made their symbols, as torch.compile does
     dynamic = traced.symbolic is not None
+    data_dependent = unbacked.record(traced.graph_module, traced.metadata["num_user_outputs"])
+    from_graph = dynamic or data_dependent is not None
+    inputs = (traced.symbolic.inputs if dynamic else unbacked.compile_inputs(traced.graph_module)
+              if from_graph else traced.example_inputs)
     on_cpu = traced.metadata["device"] == "cpu"
     cpu_isa, pin_march = _cpu_target() if on_cpu else (None, contextlib.nullcontext())
     try:
@@ -142,12 +153,14 @@ def _compile(traced: TracedCall, target: str, options: dict, real: dict | None =
         # where standalone_compile would set its own over it.
         user = options.get("inductor") or {}
         with torch._inductor.config.patch(user), torch_warnings_shown(), torch.no_grad(), \
-                recording(), keep(), _reproducible_kernels(), pin_march, _torch_rng(), \
+                recording(), keep(), _reproducible_kernels(), pin_march, _torch_rng(), unbacked.sizes_from_zero(), \
                 (dynamic_dims.compile_context(traced.graph_module) if dynamic else contextlib.nullcontext()):
+            if from_graph:
+                unbacked.show_fake_mode(traced.graph_module)  # (compile_context does it too)
             with timed("compile"):
                 compiled = torch._inductor.standalone_compile(
-                    traced.graph_module, list(traced.symbolic.inputs if dynamic else traced.example_inputs),
-                    dynamic_shapes="from_graph" if dynamic else "from_example_inputs",
+                    traced.graph_module, list(inputs),
+                    dynamic_shapes="from_graph" if from_graph else "from_example_inputs",
                     options=_standalone_options(traced.graph_module, traced.metadata["device"], user),
                 )
             with timed("first_run"):  # run once: loads every kernel and settles Triton autotuning
@@ -182,6 +195,8 @@ def _compile(traced: TracedCall, target: str, options: dict, real: dict | None =
         cross_arch.add_archs(metadata, fingerprint, module, blobs, options, target)
     if options.get("cuda_graphs"):
         metadata["cuda_graphs"] = True
+    if data_dependent is not None:
+        metadata["data_dependent"] = data_dependent
     graph_code = codegen.graph_source(traced.graph_module)
     source = codegen.render(metadata, graph_code, wrapper_code)
     # the numbers go into the metadata literal; nothing that runs depends on it

@@ -17,6 +17,7 @@ if TYPE_CHECKING:
         _MODULE_POS,
         _N_POS,
         _NO_PARAMS,
+        _OUT_INPUTS,
         _SIMPLE_ARGS,
         _SINGLE_OUT,
         _TENSOR_POS,
@@ -28,6 +29,7 @@ if TYPE_CHECKING:
         _CudaGraphs,
         _flatten_call,
         _graph,
+        _import_op_libraries,
         _load_kernels,
         _make_call,
         _Params,
@@ -480,8 +482,8 @@ class CompiledArtifact:
             ValueError: an argument of another type or value (enabled and
                 copy_outputs take True/False, max_graphs a positive int,
                 compute_bound "plain" or "graph"); checked first, whatever the target.
-            CallError: enabled for a CPU target, a target without frozen kernels, or
-                a target that runs a backward.
+            CallError: enabled for a CPU target, a target without frozen kernels, a
+                target that runs a backward, or one whose sizes its values decide.
         """
         problem = _cuda_graphs_argument_problem(enabled, copy_outputs, max_graphs, compute_bound)
         if problem:
@@ -491,6 +493,11 @@ class CompiledArtifact:
         if not self.uses_kernels:
             raise CallError(f"target {_META['target']!r}: CUDA graphs replay frozen kernels; "
                             "this load has none (a fallback or the eager engine)")
+        if _META.get("data_dependent"):  # (capturing/unbacked.py)
+            raise CallError(f"target {_META['target']!r}: CUDA graphs replay the sizes they recorded, and "
+                            "this target's code sizes tensors by their values (nonzero, masked_select, "
+                            "x[mask], .item(): " + ", ".join(_META["data_dependent"]["symbols"]) + "); load it "
+                            "without cuda_graphs (with_cuda_graphs(False))")
         if _META["device"] != "cuda":
             raise CallError(f"target {_META['target']!r}: CUDA graphs need a CUDA target; "
                             f"this one was captured on {_META['device']}: load it without "
@@ -530,6 +537,7 @@ class CompiledArtifact:
         if _CHECK_ALIASES:  # (call_args.py)
             _check_no_aliases(params, flat, lambda: [f"parameter/buffer {n}" for n in _META["param_names"]]
                               + _tensor_paths(args, kwargs))
+        inputs = list(flat) if _OUT_INPUTS else flat  # returned as they are: the wrapper empties `flat`
         grad = torch.is_grad_enabled()
         torch._C._set_grad_enabled(False)
         try:
@@ -556,7 +564,7 @@ class CompiledArtifact:
                     params[index].copy_(new)
         if _SINGLE_OUT:
             return outs[0]
-        return _rebuild(outs, flat)
+        return _rebuild(outs, inputs)
 
 
 _N_GRADS = len(_META["grad_param_indices"])
@@ -574,7 +582,10 @@ def load(kernel_dir):
         a :class:`CompiledArtifact`; with frozen kernels, it replays CUDA graphs when
         the capture recorded the ``cuda-graphs`` target option
         (``.with_cuda_graphs(enabled)`` gives the other setting).
+    Raises:
+        CallError: a library whose custom ops the graph calls cannot be imported.
     """
+    _import_op_libraries()  # (op_libraries.py)
     if kernel_dir is None or _META["engine"] != "frozen":
         return CompiledArtifact(lambda flat: _graph(_GRAPH_SELF, *flat), uses_kernels=False)
     call = _make_call(_load_kernels(kernel_dir))

@@ -75,6 +75,11 @@ _SIMPLE_ARGS: bool
 _MODULE_POS: list[int]
 _TENSOR_POS: list[int]
 _SINGLE_OUT: bool
+_OUT_INPUTS: list[tuple[int, int]]
+
+# op_libraries.py
+def _import_op_libraries() -> None: ...
+
 
 # driver.py
 _RUNS_BACKWARD: bool

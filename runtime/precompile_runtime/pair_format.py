@@ -146,6 +146,24 @@ class Dynamic(TypedDict):
     """Python expressions of the symbols that must hold for every call."""
 
 
+class DataDependent(TypedDict):
+    """Sizes the values decide (``nonzero``, ``x[mask]``, ``.item()``; capturing/unbacked.py)."""
+
+    symbols: list[str]
+    """The unbacked symbols the graph binds (``"u0"``), read by the kernels at run time."""
+    outputs: dict[str, list[Dim]]
+    """Graph output index (as text) -> its traced shape, a size an int or an expression of the symbols."""
+
+
+class OpLibrary(TypedDict):
+    """The custom ops of one namespace the graph calls (capturing/custom_ops.py)."""
+
+    ops: list[str]
+    """``"namespace::name"`` of each op."""
+    modules: list[str]
+    """The modules whose import registers them, imported at load (``"__main__"``: the capture script)."""
+
+
 class _AmbientRequired(TypedDict):
     autocast: dict[str, str]
     """device type -> autocast dtype, for the capture's device type when autocast was on."""
@@ -262,6 +280,8 @@ class CallConvention(_CallRequired, total=False):
 
     dynamic: Dynamic
     """Present when dims were marked dynamic."""
+    op_libraries: dict[str, OpLibrary]
+    """Op namespace -> the custom ops the graph calls and the modules to import at load."""
     assumed: AssumedState
     """The Python state the trace assumed (absent in pairs before it was recorded)."""
 
@@ -281,6 +301,8 @@ class PairMetadata(_PairRequired, total=False):
     """``PRECOMPILE_METADATA`` of a source half. Keys not listed here are not part of
     the format; a reader must not depend on them."""
 
+    data_dependent: DataDependent
+    """Present (frozen engine) when the values decide sizes; CUDA graphs are refused then."""
     cuda_graphs: bool
     """The frozen CUDA kernels replay through CUDA graphs (templates/cuda_graphs.py)."""
     cuda_archs: dict[str, Any]
