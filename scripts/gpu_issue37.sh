@@ -4,17 +4,20 @@
 #      peft's adapter state on CUDA), tests/test_assumed_state.py and test_tracers.py on
 #      this torch (2.11), the GPU tests of the driver (test_gpu_cudagraphs, test_gpu_frozen,
 #      test_gpu_decode)
-#   2. an 8B Llama (Llama-3-8B shapes, bf16) captured with the recorder on, then loaded with
+#   2. dd: sizes the data decides on CUDA (nms with 0, 1 and many boxes, x[x > 0], nonzero,
+#      the CUDA graphs refusal), and the CPU data-dependent and result/argument tests on
+#      this torch (FasterRCNN, sentence-transformers where installed)
+#   3. an 8B Llama (Llama-3-8B shapes, bf16) captured with the recorder on, then loaded with
 #      PRECOMPILE_NO_COMPILE=1: capture seconds against session 12's 41.6 s, the checks the
 #      pair records, the compiler modules the load imports
-# PARTS="tests 8b" (default: both); BUDGET seconds in all (default 500). Results in $OUT
-# (default /tmp/gpu_issue37): tests.log, scale_cuda_llama_8b_s13.json, checks.txt.
+# PARTS="tests dd 8b" (default: all); BUDGET seconds in all (default 500). Results in $OUT
+# (default /tmp/gpu_issue37): tests.log, dd.log, scale_cuda_llama_8b_s13.json, checks.txt.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT="${OUT:-/tmp/gpu_issue37}"
 mkdir -p "$OUT"
 export PYTHONPATH="$PWD:$PWD/runtime${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
-PARTS="${PARTS:-tests 8b}"
+PARTS="${PARTS:-tests dd 8b}"
 BUDGET="${BUDGET:-500}"
 SECONDS=0
 left() { local rest=$((BUDGET - SECONDS)); ((rest < $1)) && echo "$rest" || echo "$1"; }
@@ -31,6 +34,8 @@ for part in $PARTS; do
     tests) step tests 280 bash -c "python3 -m pytest -q -p no:cacheprovider tests/test_gpu_assumed_state.py \
         tests/test_assumed_state.py tests/test_tracers.py tests/test_gpu_cudagraphs.py tests/test_gpu_frozen.py \
         tests/test_gpu_decode.py > '$OUT/tests.log' 2>&1; rc=\$?; grep -E '^(FAILED|ERROR)' '$OUT/tests.log'; tail -1 '$OUT/tests.log'; exit \$rc" ;;
+    dd) step dd 240 bash -c "python3 -m pytest -q -p no:cacheprovider tests/test_gpu_data_dependent.py \
+        tests/test_data_dependent.py tests/test_results_and_arguments.py > '$OUT/dd.log' 2>&1; rc=\$?; grep -E '^(FAILED|ERROR)' '$OUT/dd.log'; tail -1 '$OUT/dd.log'; exit \$rc" ;;
     8b) step 8b 260 python3 bench/scale.py --device cuda --llama --sizes 8b --modes capture,load --tag 8b_s13 --out "$OUT" ;;
     *) echo "== unknown part $part" ;;
   esac
