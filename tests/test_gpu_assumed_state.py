@@ -75,7 +75,7 @@ def test_a_cuda_graph_pair_checks_the_state_the_trace_read_from_several_threads(
                         served(m, xi)
                         problems.append(f"thread {i}: served with a new hook")
                     except CallError as e:
-                        assert "forward hooks of m.up were none at capture" in str(e), e
+                        assert "forward hooks of model.up were none at capture" in str(e), e
                     h.remove()
                 got = served(m, xi)
                 torch.testing.assert_close(got, m(xi), rtol=2e-3, atol=2e-3)
@@ -89,7 +89,7 @@ def test_a_cuda_graph_pair_checks_the_state_the_trace_read_from_several_threads(
         t.join()
     assert problems == []
     models[0]._disabled = True  # a flag on a model already checked, between replays
-    with pytest.raises(CallError, match=r"m: _disabled was False at capture, now True"):
+    with pytest.raises(CallError, match=r"model: _disabled was False at capture, now True"):
         served(models[0], x)
     models[0]._disabled = False
     torch.testing.assert_close(served(models[0], x), models[0](x), rtol=2e-3, atol=2e-3)
