@@ -29,13 +29,13 @@ def _gpu_project(tmp_path):
     root = make_project(tmp_path, target_toml("fwd", script="capture/gpu.py", extra='device = "cuda"'))
     script.write_text(
         "import runpy, sys, time\n"
-        "from precompile_build import capture_stats\n"
+        "from precompile_build.capturing import stats as capture_stats\n"
         "time.sleep(0.3)\n"  # the script's own setup (imports, building a model)
         "capture_stats.capture_began()\n"  # as a capture does when it begins
         # a process the script starts (a rank, a worker) captures 2 s later: not the setup
         "import subprocess\n"
-        "subprocess.run([sys.executable, '-c', 'import time; time.sleep(2); from precompile_build import "
-        "capture_stats; capture_stats.capture_began()'], check=True)\n"
+        "subprocess.run([sys.executable, '-c', 'import time; time.sleep(2); from precompile_build.capturing "
+        "import stats as capture_stats; capture_stats.capture_began()'], check=True)\n"
         f"capture_stats.record(gpu_bytes={5 * GIB}, eager_gpu_bytes={4 * GIB}, trace_s=1.25, validate_s=2.5)\n"
         "held = bytearray(64 << 20)\n"
         "sys.argv[0] = 'capture/pair.py'\nrunpy.run_path('capture/pair.py', run_name='__main__')\n")
@@ -124,7 +124,7 @@ def test_processes_recording_at_once_keep_each_others_numbers(tmp_path, monkeypa
 
     stats = tmp_path / "stats.json"
     monkeypatch.setenv(capture_stats.STATS_ENV, str(stats))
-    code = ("import sys\nfrom precompile_build import capture_stats\n"
+    code = ("import sys\nfrom precompile_build.capturing import stats as capture_stats\n"
             "for i in range(40):\n    capture_stats.record(**{f'r{sys.argv[1]}_{i}_s': float(i)})\n")
     procs = [subprocess.Popen([sys.executable, "-c", code, str(r)]) for r in range(4)]
     assert [p.wait(timeout=120) for p in procs] == [0] * 4

@@ -1,4 +1,4 @@
-"""The names a capture chooses among, and how ``engine="auto"`` is resolved.
+"""The names a capture chooses among (engines, fallbacks, tracers, modes), and how ``engine="auto"`` is resolved.
 
 Here, not in the engines package, so that config parsing (settings.py,
 capture_options.py) and the tracers read them without importing any engine module.
@@ -11,6 +11,13 @@ FALLBACKS = ("none", "eager")
 """Values of ``fallback=`` and of a target's `fallback` key."""
 TRACERS = ("auto", "export", "export-strict", "make_fx")
 """Values of the `tracer` setting (capturing/tracers.py says what each does)."""
+MODES = ("default", "max-autotune")
+"""Values of the targets' `mode` key and of ``options["mode"]``: ``"max-autotune"``
+compiles the frozen engine's kernels as torch.compile's
+``mode="max-autotune-no-cudagraphs"`` does (engines/frozen.py ``mode_options``)."""
+MODE_ENV = "PRECOMPILE_MODE"
+"""The variable the build sets for a capture script from the target's resolved `mode`
+(also the `mode` override's): a capture's ``options["mode"]`` where it gives none."""
 
 
 def torch_has_precompile() -> bool:
