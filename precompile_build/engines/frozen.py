@@ -12,7 +12,10 @@ Inductor's generated wrapper module (``call(args)``) and the kernels it loaded:
 
 The wrapper is rewritten (``_rewrite_wrapper``) so that it imports nothing from
 torch._inductor / torch._dynamo: each ``async_compile.*(...)`` kernel definition
-becomes ``_kernels["name"]``. Before the pair is written, the rewritten wrapper is
+becomes ``_kernels["name"]``, and its ``extern_kernels.NAME`` calls are bound to torch
+calls (extern_calls.py). With ``mode = "max-autotune"`` (:func:`mode_options`) Inductor
+picks among implementations at capture; autotune.py keeps it to the ones a pair can
+hold. Before the pair is written, the rewritten wrapper is
 run on the example inputs with the frozen kernels and compared with the graph; a
 pair that computes something else is never written.
 """
