@@ -376,7 +376,8 @@ def _from_wheel(w: dict | None) -> dict:
         return w or {}
     v = w.get("variant") or {}
     pm = v.get("peak_memory") or {}
-    steps = {k: x for k, x in (v.get("capture_breakdown") or {}).items() if k != "setup"}
+    # `autotune` is part of compile and first_run (capturing/stats.py), not a step of its own
+    steps = {k: x for k, x in (v.get("capture_breakdown") or {}).items() if k not in ("setup", "autotune")}
     out = {"capture_s": round(sum(steps.values()), 2) if steps else v.get("capture_seconds"),
            "gpu_bytes": pm.get("gpu_bytes"),
            "eager_gpu_bytes": pm.get("eager_gpu_bytes"), "validation": v.get("validation") or {}}

@@ -47,7 +47,7 @@ def test_the_build_sets_the_variables_the_table_says_it_sets(tmp_path, monkeypat
     (tmp_path / "pkg" / "__init__.py").write_text("")
     (tmp_path / "cap.py").write_text("")
     target = {"script": "cap.py", "tracer": "make_fx", "fallback": "eager", "cuda-graphs": True,
-              "cuda-archs": ["8.0", "9.0"], "device": "cuda"}
+              "cuda-archs": ["8.0", "9.0"], "device": "cuda", "mode": "max-autotune"}
     s = settings_from_table(tmp_path, {"package": "pkg", "targets": {"a": target}})
     env = script_env(s, s.targets["a"], "cuda", tmp_path / "a.py", tmp_path / "a.cache", "0")
     set_here = {v.name for v in capture_env.VARIABLES if v.set_by.startswith("the build")}
@@ -56,6 +56,7 @@ def test_the_build_sets_the_variables_the_table_says_it_sets(tmp_path, monkeypat
     assert env[capture_env.TARGET] == "a" and env[capture_env.DEVICE] == "cuda"
     assert (env[capture_env.TRACER], env[capture_env.FALLBACK]) == ("make_fx", "eager")
     assert (env[capture_env.CUDA_GRAPHS], env[capture_env.CUDA_ARCHS]) == ("1", "8.0,9.0")
+    assert env[capture_env.MODE] == "max-autotune"
     monkeypatch.setenv(capture_env.CUDA_ARCHS, "7.5")  # the user's own: not a CPU capture's
     assert capture_env.CUDA_ARCHS not in script_env(s, s.targets["a"], "cpu", tmp_path / "a.py",
                                                     tmp_path / "a.cache", None)

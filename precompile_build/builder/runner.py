@@ -38,6 +38,7 @@ from .script import (
     log_file,
     log_tail,
     run_script,
+    stats_file,
 )
 from .slots import Slots
 
@@ -330,6 +331,9 @@ def _capture(b: _Build, target: TargetSettings, device: str, why: str,
                    f"({_sizes(r)}{measured}), captured (why: {why})")
     for line in _capture_warnings(log_path):  # the log is in a temp dir: say them here
         b.progress.say(f"precompile: {target.name}: warning: {line}")
+    if log_path is not None:  # max-autotune's fastest choices that could not be frozen (engines/autotune.py)
+        for line in capture_stats.replaced_choices(stats_file(log_path)):
+            b.progress.say(f"precompile: {target.name}: max-autotune: {line}")
     return r
 
 

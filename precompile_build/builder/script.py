@@ -57,6 +57,12 @@ def result_file(log_path: Path) -> Path:
     return log_path.with_suffix(".result.json")
 
 
+def stats_file(log_path: Path) -> Path:
+    """Where the script's captures record what they measured (``NAME.stats.json``
+    beside its log; capturing/stats.py)."""
+    return log_path.with_suffix(".stats.json")
+
+
 def error_line(log_path: Path) -> Optional[str]:
     """The first line of the exception that ended the script, as its process reported
     it (:func:`result_file`): ``CaptureError: target 't': ...`` (the exception's class
@@ -140,6 +146,10 @@ def script_env(settings: Settings, target: TargetSettings, device: str,
         env[capture_env.CUDA_ARCHS] = ",".join(target.cuda_archs)
     else:
         env.pop(capture_env.CUDA_ARCHS, None)
+    if target.mode != "default":  # config/capture_options.py reads it: the capture's options["mode"]
+        env[capture_env.MODE] = target.mode
+    else:
+        env.pop(capture_env.MODE, None)
     if device == "cpu":
         env["CUDA_VISIBLE_DEVICES"] = ""
     elif gpu is not None:
@@ -213,7 +223,7 @@ def run_script(settings: Settings, target: TargetSettings, device: str, gpu: Opt
     src, cache = out / f"{target.name}.py", out / f"{target.name}.cache"
     log_path = log_file(work, target)
     env = script_env(settings, target, device, src, cache, gpu)
-    stats = log_path.with_suffix(".stats.json")  # GPU peaks, seconds per step (capturing/stats.py)
+    stats = stats_file(log_path)  # GPU peaks, seconds per step (capturing/stats.py)
     stats.unlink(missing_ok=True)
     env[capture_stats.STATS_ENV] = str(stats)
     env[capture_stats.STARTED_ENV] = repr(time.time())  # + the script's pid (_RUN_SCRIPT): capture_began

@@ -22,6 +22,13 @@ code: kernel loads and Triton's autotuning) and ``validate``; for CUDA captures 
 each step's GPU peak (``<step>_gpu_bytes``, the weights included): the step that set
 ``gpu_bytes`` is the one to look at when a capture needs more than its eager call.
 
+With the frozen engine's autotuning (engines/autotune.py) also ``autotune_s``: the
+seconds of ``compile`` and ``first_run`` spent autotuning (max-autotune's choice among
+implementations, Triton's config tuning), shown as part of those steps, and
+``autotune_replaced``: one line per selection whose fastest choice could not be
+frozen and was replaced by the best-timed one that can (:func:`record_tuning`), which
+the build line says.
+
 None of them go into the pair (they vary from build to build); the build line, the
 summary table, the manifest variant's ``peak_memory`` and ``capture_breakdown`` (left
 out of reproducible builds, like ``capture_seconds``) and ``inspect`` show them.
@@ -61,8 +68,8 @@ the wide reference) whose GPU peaks are recorded too (their seconds are in
 ``validate``'s)."""
 
 
-def record(**numbers: float) -> None:
-    """Merge ``numbers`` (name -> bytes as int, or seconds as float) into the stats
+def record(**numbers: Any) -> None:
+    """Merge ``numbers`` (name -> bytes as int, seconds as float, or a list of lines) into the stats
     file named by ``PRECOMPILE_STATS_PATH``; does nothing without it. Processes of one
     script (ranks, workers) may record at once: each merge holds a lock file beside
     it, and the file is replaced whole, so none loses another's numbers and a reader
@@ -82,6 +89,27 @@ def record(**numbers: float) -> None:
             write_atomic(path, json.dumps(old, sort_keys=True).encode())
     except (OSError, ValueError, TypeError, filelock.Timeout):
         pass
+
+
+def record_tuning(report: Any) -> None:
+    """Record an ``engines.autotune.Report``: ``autotune_s`` (its seconds, when there
+    were any) and ``autotune_replaced`` (its replacements' lines, when there were any)."""
+    numbers: dict[str, Any] = {}
+    if report.seconds > 0:
+        numbers["autotune_s"] = round(report.seconds, 3)
+    if report.replaced:
+        numbers["autotune_replaced"] = [r.line() for r in report.replaced]
+    if numbers:
+        record(**numbers)
+
+
+def replaced_choices(stats_path: Path) -> list[str]:
+    """The ``autotune_replaced`` lines a capture recorded (:func:`record_tuning`), or []."""
+    try:
+        lines = json.loads(Path(stats_path).read_text()).get("autotune_replaced")
+    except (OSError, ValueError, AttributeError):
+        return []
+    return [str(x) for x in lines] if isinstance(lines, list) else []
 
 
 def capture_began() -> None:
@@ -183,7 +211,8 @@ def maxrss_bytes(ru_maxrss: int) -> int:
 def read(stats_path: Path, host_bytes: Optional[int]) -> tuple[Optional[dict], Optional[dict]]:
     """The target's ``(peaks, breakdown)``: peaks ``{"host_bytes", "gpu_bytes",
     "eager_gpu_bytes", "gpu_steps": {step: bytes}}`` (those measured), breakdown
-    ``{step: seconds}`` for the :data:`STEPS` recorded (``setup`` and the timed steps);
+    ``{step: seconds}`` for the :data:`STEPS` recorded (``setup`` and the timed steps),
+    and ``autotune`` (seconds within ``compile`` and ``first_run``) where recorded;
     None where nothing was measured."""
     peaks: dict[str, Any] = {}
     if host_bytes:
@@ -200,15 +229,21 @@ def read(stats_path: Path, host_bytes: Optional[int]) -> tuple[Optional[dict], O
     if steps and "gpu_bytes" in peaks:
         peaks["gpu_steps"] = steps
     breakdown = {s: float(stats[f"{s}_s"]) for s in STEPS if isinstance(stats.get(f"{s}_s"), (int, float))}
+    if breakdown and isinstance(stats.get("autotune_s"), (int, float)):
+        breakdown["autotune"] = float(stats["autotune_s"])  # part of compile and first_run
     return peaks or None, breakdown or None
 
 
 def describe_breakdown(breakdown: Optional[dict]) -> str:
-    """``script setup 12.0 s, trace 5.1 s, compile 30.2 s, ...`` ("" for None)."""
+    """``script setup 12.0 s, trace 5.1 s, compile 30.2 s, ...`` ("" for None), then
+    `` (autotuning 25.0 s of compile and first run)`` where the breakdown has it."""
     if not breakdown:
         return ""
     names = {"setup": "script setup"}
-    return ", ".join(f"{names.get(s, s.replace('_', ' '))} {breakdown[s]:.1f} s" for s in STEPS if s in breakdown)
+    text = ", ".join(f"{names.get(s, s.replace('_', ' '))} {breakdown[s]:.1f} s" for s in STEPS if s in breakdown)
+    if breakdown.get("autotune"):
+        text += f" (autotuning {breakdown['autotune']:.1f} s of compile and first run)"
+    return text
 
 
 def peak_step(peaks: Optional[dict]) -> Optional[str]:

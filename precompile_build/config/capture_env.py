@@ -24,6 +24,7 @@ TRACER = "PRECOMPILE_TRACER"
 FALLBACK = "PRECOMPILE_FALLBACK"
 CUDA_GRAPHS = "PRECOMPILE_CUDA_GRAPHS"
 CUDA_ARCHS = "PRECOMPILE_CUDA_ARCHS"
+MODE = "PRECOMPILE_MODE"
 IMPORTS_PATH = "PRECOMPILE_IMPORTS_PATH"
 STATS_PATH = "PRECOMPILE_STATS_PATH"
 SCRIPT_STARTED = "PRECOMPILE_SCRIPT_STARTED"
@@ -73,6 +74,10 @@ VARIABLES = (
              "ones); in the user's environment, the same name overrides the project's "
              "`cuda-archs` (docs/settings.md)",
              "config/capture_options.py (the `cuda_archs` option), engines/cross_arch.py"),
+    Variable(MODE, "`max-autotune`: the capture's `options[\"mode\"]` where the call gives none",
+             "the build: the target's resolved `mode` (unset for `default`); in the user's "
+             "environment, the same name overrides the project's `mode` (docs/settings.md)",
+             "config/capture_options.py"),
     Variable(IMPORTS_PATH, "a file path: where the capture writes what it imported (JSON)",
              "the build, beside the pair", "capturing/imported.py: the capture cache's second key"),
     Variable(STATS_PATH, "a file path: where the capture writes its peak memory and seconds per "

@@ -17,24 +17,23 @@ from typing import Any, Optional, cast
 
 from ..errors import CaptureError
 from . import capture_env
-from .choices import ENGINES, FALLBACKS, Engine, EngineChoice, Fallback, TracerChoice
+from .choices import ENGINES, FALLBACKS, MODES, Engine, EngineChoice, Fallback, TracerChoice
 from .choices import resolve as resolve_engine
 
 BACKENDS = ("inductor", "eager")
 EAGER_CHECKS = ("refuse", "warn", "off")
 """Values of ``options["eager_check"]``."""
 
-OPTIONS = ("cuda_archs", "cuda_graphs", "eager_check", "inductor", "tracer", "validation_multiple")
+OPTIONS = ("cuda_archs", "cuda_graphs", "eager_check", "inductor", "mode", "tracer", "validation_multiple")
 """The keys ``capture(options=...)`` accepts (see :func:`precompile_build.capture`)."""
 
-FROZEN_OPTIONS = ("cuda_graphs", "eager_check", "inductor", "validation_multiple", "cuda_archs")
+FROZEN_OPTIONS = ("cuda_graphs", "eager_check", "inductor", "validation_multiple", "cuda_archs", "mode")
 """The keys of :data:`OPTIONS` that only the frozen engine (and, for ``eager_check``,
 the eager engine) reads: with ``engine="auto"`` any of them picks the frozen engine;
 with the torch engine they are refused. (``tracer`` means torch's own tracer there.)"""
 
-KERNEL_OPTIONS = ("inductor", "validation_multiple")
+KERNEL_OPTIONS = ("inductor", "validation_multiple", "mode")
 """The keys about kernels, which the eager engine has not: refused with it."""
-
 
 def check_choice(engine: str, backend: str, fallback: str) -> None:
     """``engine=``, ``backend=`` and ``fallback=`` (resolved from the environment) of
@@ -49,7 +48,8 @@ def check_choice(engine: str, backend: str, fallback: str) -> None:
 
 def option_problem(options: Mapping[str, Any], key: str) -> Optional[str]:
     """What is wrong with ``options[key]`` (``"validation_multiple"``: a positive
-    number; ``"eager_check"``: one of :data:`EAGER_CHECKS`), as the text both checks
+    number; ``"eager_check"``: one of :data:`EAGER_CHECKS`; ``"mode"``: one of
+    :data:`MODES`), as the text both checks
     use (capture()'s ValueError before the function runs, an engine's CaptureError
     when called directly), or None when it is absent or valid."""
     value = options.get(key)
@@ -65,6 +65,13 @@ def option_problem(options: Mapping[str, Any], key: str) -> Optional[str]:
     elif key == "eager_check":
         if value not in EAGER_CHECKS:
             return f"options['eager_check'] = {value!r}: use 'refuse' (default), 'warn' or 'off'"
+    elif key == "mode":
+        if value not in MODES:
+            close = difflib.get_close_matches(str(value), MODES, n=1)
+            return (f"options['mode'] = {value!r} (or the target's `mode`, {capture_env.MODE}): use "
+                    + " or ".join(map(repr, MODES)) + (f"; did you mean {close[0]!r}?" if close else "")
+                    + " (max-autotune without Inductor's CUDA graphs: `cuda-graphs` are the frozen "
+                    "engine's own, combinable with it)")
     return None
 
 
@@ -123,7 +130,7 @@ def _check_options(options: Mapping[str, Any], target: str) -> None:
             hint = f"did you mean {close[0]!r}? " if close else ""
             raise ValueError(f"precompile_build.capture: target {target!r}: unknown key {key!r} in "
                              f"options; {hint}accepted keys: {', '.join(OPTIONS)}")
-    for key in ("validation_multiple", "eager_check"):
+    for key in ("validation_multiple", "eager_check", "mode"):
         problem = option_problem(options, key)
         if problem:
             raise ValueError(f"precompile_build.capture: target {target!r}: {problem}")
@@ -201,8 +208,8 @@ class CaptureOptions:
 
     def for_call(self, device: str) -> tuple[Engine, dict[str, Any]]:
         """The engine for a first call on ``device`` and the options it gets: the
-        target's `cuda-graphs` / `cuda-archs` (``PRECOMPILE_CUDA_GRAPHS`` /
-        ``PRECOMPILE_CUDA_ARCHS``) added, ``tracer`` (ours) or ``backend`` (the torch
+        target's `cuda-graphs` / `cuda-archs` / `mode` (``PRECOMPILE_CUDA_GRAPHS`` /
+        ``PRECOMPILE_CUDA_ARCHS`` / ``PRECOMPILE_MODE``, where ``options`` has none) added, ``tracer`` (ours) or ``backend`` (the torch
         engine's) set.
 
         Args:
@@ -212,9 +219,19 @@ class CaptureOptions:
         Raises:
             CaptureError: an option or setting that the resolved engine or the device
                 cannot honour (checked before the function runs).
-            ValueError: ``options['tracer']`` is not a tracer of our engines.
+            ValueError: ``options['tracer']`` is not a tracer of our engines;
+                ``PRECOMPILE_MODE`` is not one of :data:`MODES`.
         """
         options = dict(self.options)
+        given_mode = "mode" in options  # the call's own mode wins over the target's
+        if options.get("mode") == "default":  # the same as none: no reason to pick an engine
+            del options["mode"]
+        env_mode = os.environ.get(capture_env.MODE, "").strip()
+        if env_mode and env_mode != "default" and not given_mode:  # the target's `mode`
+            problem = option_problem({"mode": env_mode}, "mode")
+            if problem:
+                raise ValueError(f"precompile_build.capture: target {self.target!r}: {problem}")
+            options["mode"] = env_mode
         if os.environ.get(capture_env.CUDA_GRAPHS) == "1":  # the `cuda-graphs` target option
             options.setdefault("cuda_graphs", True)
         if os.environ.get(capture_env.CUDA_ARCHS, "").strip() and device == "cuda":  # `cuda-archs`
@@ -291,7 +308,8 @@ class CaptureOptions:
         keys = [k for k in FROZEN_OPTIONS if k in options]
         if keys:
             given.append(f"options {', '.join(map(repr, keys))} apply to the frozen engine only")
-            drop.append("the keys of the capture's options=")
+            drop.append("the keys of the capture's options="
+                        + (f" or the target's `mode` ({capture_env.MODE})" if "mode" in keys else ""))
         if not given:
             return
         why = " (from PRECOMPILE_ENGINE)" if self.engine == "auto" else ""

@@ -1,4 +1,4 @@
-"""The names a capture chooses among, and how ``engine="auto"`` is resolved.
+"""The names a capture chooses among (engines, fallbacks, tracers, modes), and how ``engine="auto"`` is resolved.
 
 Here, not in the engines package, so that config parsing (settings.py,
 capture_options.py) and the tracers read them without importing any engine module.
@@ -20,6 +20,10 @@ TRACERS: tuple[TracerChoice, ...] = get_args(TracerChoice)
 """Values of the `tracer` setting (capturing/tracers.py says what each does)."""
 DeviceChoice = Literal["auto", Device]
 """A target's `device`: ``auto`` builds for CUDA where the build host has it."""
+MODES = ("default", "max-autotune")
+"""Values of the targets' `mode` key and of ``options["mode"]``: ``"max-autotune"``
+compiles the frozen engine's kernels as torch.compile's
+``mode="max-autotune-no-cudagraphs"`` does (engines/frozen.py ``mode_options``)."""
 
 
 def torch_has_precompile() -> bool:

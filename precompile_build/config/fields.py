@@ -44,6 +44,7 @@ PROJECT_KEYS = (
     Key("cache-dir", "cache_dir", env="PRECOMPILE_BUILD_CACHE_DIR"),
     Key("jobs", "jobs", env="PRECOMPILE_JOBS"),
     Key("cuda-archs", "cuda_archs", env=capture_env.CUDA_ARCHS),  # the targets' default
+    Key("mode", "mode", env=capture_env.MODE),  # the targets' default
 )
 # [tool.precompile.targets.NAME]
 TARGET_KEYS = (
@@ -58,4 +59,5 @@ TARGET_KEYS = (
     Key("tracer", "tracer"),
     Key("cuda-graphs", "cuda_graphs"),
     Key("cuda-archs", "cuda_archs"),
+    Key("mode", "mode"),
 )

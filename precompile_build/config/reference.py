@@ -44,6 +44,7 @@ def reference() -> str:
         if cls is Settings:
             docs["cuda_archs"] = ("The default `cuda-archs` of the CUDA targets: "
                                   + field_docs(TargetSettings)["cuda_archs"])
+            docs["mode"] = "The default `mode` of the targets: " + field_docs(TargetSettings)["mode"]
         lines += [f"## {title}", "", "| key | in pyproject.toml | override | meaning |",
                   "| --- | --- | --- | --- |"]
         for k in keys:

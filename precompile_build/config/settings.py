@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from ..errors import ConfigError
-from .choices import FALLBACKS, TRACERS, DeviceChoice, Fallback, TracerChoice
+from .choices import FALLBACKS, MODES, TRACERS, DeviceChoice, Fallback, TracerChoice
 from .fields import PROJECT_KEYS
 from .fields import TARGET_KEYS as TARGET_TABLE_KEYS
 
@@ -81,6 +81,17 @@ class TargetSettings:
     kernel's chosen configuration for every other listed architecture
     (engines/cross_arch.py). Resolved: the `cuda-archs` override, else the target's
     key, else the project's; empty: the build GPU's architecture only."""
+    mode: str = "default"
+    """`mode`: how the frozen engine compiles the kernels: `"default"`, or
+    `"max-autotune"`: torch.compile's `max-autotune-no-cudagraphs` (Inductor times
+    Triton templates, extern kernels and, on CPU, C++ GEMM templates for each matrix
+    product and convolution, and coordinate-descent tunes the other kernels) at
+    build time, its choices frozen into the pair so that no load autotunes; a
+    choice that cannot be frozen gives way to the best-timed one that can (the build
+    line says so; engines/autotune.py). Combinable with `cuda-graphs` and
+    `cuda-archs` (the other architectures get the build GPU's choices). Passed to the
+    script as PRECOMPILE_MODE. Resolved: the `mode` override, else the target's key,
+    else the project's."""
 
 
 @dataclass(frozen=True)
@@ -252,6 +263,7 @@ def _parse_target(name: Any, raw: Any, root: Path) -> TargetSettings:
                     f"`{key}.device` is \"cpu\": set `device` to \"auto\" (a CPU build "
                     "host captures without the option, a CUDA one with it) or \"cuda\", or "
                     "drop `cuda-graphs`")
+    mode = parse_mode(raw["mode"], f"`{key}.mode`") if "mode" in raw else None
     cuda_archs = parse_cuda_archs(raw["cuda-archs"], f"`{key}.cuda-archs`") if "cuda-archs" in raw else None
     if cuda_archs and device == "cpu":
         raise _fail(f"`{key}.cuda-archs` compiles CUDA kernels for other GPUs, but `{key}.device` "
@@ -259,8 +271,28 @@ def _parse_target(name: Any, raw: Any, root: Path) -> TargetSettings:
     return TargetSettings(name=name, script=script, script_rel=script_rel, args=tuple(args), device=device,
                           timeout=float(timeout), env=dict(env), required=required,
                           cache_env=tuple(dict.fromkeys(cache_env)), fallback=fallback, tracer=tracer,
-                          cuda_graphs=cuda_graphs,
+                          cuda_graphs=cuda_graphs, mode=mode,  # type: ignore[arg-type]  # None: not set here
                           cuda_archs=cuda_archs)  # type: ignore[arg-type]  # None: not set here
+
+
+def parse_mode(value: Any, where: str) -> str:
+    """A `mode` value (:data:`~.choices.MODES`).
+
+    Args:
+        value: from pyproject.toml or an override (a string).
+        where: the key (backticked, pyproject.toml) or the override it came from.
+    Returns:
+        the mode, stripped.
+    Raises:
+        ConfigError: not one of the modes (the message names the key, the valid
+            values and the closest one).
+    """
+    text = value.strip() if isinstance(value, str) else value
+    if text not in MODES:
+        close = difflib.get_close_matches(str(text), MODES, n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        raise _invalid(where, f"must be one of {', '.join(map(repr, MODES))}, not {value!r}{hint}")
+    return text
 
 
 def parse_cuda_archs(value: Any, where: str) -> tuple[str, ...]:
@@ -420,6 +452,21 @@ def _resolve_cuda_archs(table: Mapping[str, Any], targets: dict[str, TargetSetti
     return out
 
 
+def _resolve_mode(table: Mapping[str, Any], targets: dict[str, TargetSettings],
+                  overrides: Mapping[str, tuple[Any, str]]) -> dict[str, TargetSettings]:
+    """Each target with its effective `mode`: the override (environment, then config
+    settings) for every target, else the target's key, else the project's, else
+    ``"default"``."""
+    import dataclasses
+
+    project = parse_mode(table["mode"], f"`{_PREFIX}.mode`") if "mode" in table else "default"
+    forced = None
+    if "mode" in overrides:
+        value, where = overrides["mode"]
+        forced = parse_mode(str(value), where)
+    return {name: dataclasses.replace(t, mode=forced or t.mode or project) for name, t in targets.items()}
+
+
 def _repeated(raw_key: str, key: str, values: list) -> Any:
     """The value of a config setting given several times (``-C K=a -C K=b`` reaches
     the backend as ``{K: ["a", "b"]}``): the union for a list-valued key
@@ -536,6 +583,7 @@ def settings_from_table(root: Path, table: Mapping[str, Any],
         cache = _as_bool(overrides["cache"][0], overrides["cache"][1])
     cache_dir, jobs = _cache_dir(table, overrides, root), _jobs(table, overrides)
     targets = _resolve_cuda_archs(table, targets, overrides)
+    targets = _resolve_mode(table, targets, overrides)
     selected = tuple(targets)
     if "targets" in overrides:
         value, where = overrides["targets"]

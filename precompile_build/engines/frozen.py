@@ -12,7 +12,10 @@ Inductor's generated wrapper module (``call(args)``) and the kernels it loaded:
 
 The wrapper is rewritten (``_rewrite_wrapper``) so that it imports nothing from
 torch._inductor / torch._dynamo: each ``async_compile.*(...)`` kernel definition
-becomes ``_kernels["name"]``. Before the pair is written, the rewritten wrapper is
+becomes ``_kernels["name"]``, and its ``extern_kernels.NAME`` calls are bound to torch
+calls (extern_calls.py). With ``mode = "max-autotune"`` (:func:`mode_options`) Inductor
+picks among implementations at capture; autotune.py keeps it to the ones a pair can
+hold. Before the pair is written, the rewritten wrapper is
 run on the example inputs with the frozen kernels and compared with the graph; a
 pair that computes something else is never written.
 """
@@ -27,11 +30,11 @@ from precompile_runtime.envelope import Envelope, dumps
 from precompile_runtime.pair_format import Kernel
 
 from ..capturing import dynamic_dims, sharing, unbacked
-from ..capturing.stats import timed
+from ..capturing.stats import record_tuning, timed
 from ..capturing.tracing import TracedCall, run_real_call, trace_call
 from ..errors import CaptureError, CompilerFailed, torch_warnings_shown
 from ..validation.validate import validate
-from . import codegen, cross_arch
+from . import autotune, codegen, cross_arch, extern_calls
 
 # Names Inductor's wrapper imports from the compiler stack, and what replaces them.
 _SHIMS = {
@@ -143,6 +146,9 @@ def _compile(traced: TracedCall, target: str, options: dict, real: dict | None =
               if from_graph else traced.example_inputs)
     on_cpu = traced.metadata["device"] == "cpu"
     cpu_isa, pin_march = _cpu_target() if on_cpu else (None, contextlib.nullcontext())
+    # `mode = "max-autotune"` is torch.compile's mode of that name without Inductor's own
+    # CUDA graphs (the target's `cuda-graphs` are the frozen engine's), under the user's settings
+    user = {**mode_options(options.get("mode"), target), **(options.get("inductor") or {})}
     try:
         # the user's Inductor settings are config names (capture_options.py checks them and
         # refuses the ones pinned here): patched around the compile and the first run (its
@@ -151,9 +157,9 @@ def _compile(traced: TracedCall, target: str, options: dict, real: dict | None =
         # inside (the in-process compile of cross_arch, its caches off) wins over them; the
         # user's triton.autotune_at_compile_time goes in again inside (_standalone_options),
         # where standalone_compile would set its own over it.
-        user = options.get("inductor") or {}
         with torch._inductor.config.patch(user), torch_warnings_shown(), torch.no_grad(), \
                 recording(), keep(), _reproducible_kernels(), pin_march, _torch_rng(), unbacked.sizes_from_zero(), \
+                autotune.tuning() as tuned, \
                 (dynamic_dims.compile_context(traced.graph_module) if dynamic else contextlib.nullcontext()):
             if from_graph:
                 unbacked.show_fake_mode(traced.graph_module)  # (compile_context does it too)
@@ -172,6 +178,7 @@ def _compile(traced: TracedCall, target: str, options: dict, real: dict | None =
             "target with engine='eager' (no kernels), or set `fallback = \"eager\"` in its "
             f"[tool.precompile.targets.{target}] table to fall back when this happens", target=target
         ) from e
+    record_tuning(tuned)  # its seconds, and the choices replaced, for the build line
     traced.finish_dynamic(target)  # after the compile: Inductor's guards count too
     wrappers = [m for m in PyCodeCache.modules if id(m) not in before and hasattr(m, "call")]
     if len(wrappers) != 1:
@@ -214,6 +221,28 @@ def _torch_rng():
     from torch._inductor import config
 
     return config.patch({"fallback_random": True})
+
+
+def mode_options(mode: str | None, target: str | None = None) -> dict:
+    """The Inductor settings of the target's ``mode`` (``options["mode"]``):
+    ``"max-autotune"`` is torch.compile's ``max-autotune-no-cudagraphs``
+    (``torch._inductor.list_mode_options``: ``max_autotune``,
+    ``coordinate_descent_tuning``); ``"default"`` or None: none. CUDA graphs are the
+    frozen engine's own (`cuda-graphs`), combinable with either mode.
+
+    Raises:
+        CaptureError: another value (capture() refuses it before the call runs).
+    """
+    from ..config.choices import MODES
+
+    if mode in (None, "default"):
+        return {}
+    if mode not in MODES:
+        raise CaptureError(f"options['mode'] = {mode!r}: use one of {', '.join(map(repr, MODES))}",
+                           target=target)
+    from torch._inductor import list_mode_options
+
+    return dict(list_mode_options(f"{mode}-no-cudagraphs"))
 
 
 def _standalone_options(graph_module, device: str, user: dict) -> dict:
@@ -362,28 +391,6 @@ def _kernel_definition(node: ast.stmt) -> str | None:
     return None
 
 
-def _extern_kernel_bindings(tree: ast.Module, target: str) -> list[str]:
-    """`extern_kernels.X` resolved to `torch.X` (checked to be the same function)."""
-    import torch
-    from torch._inductor.select_algorithm import extern_kernels
-
-    used = sorted({n.attr for n in ast.walk(tree)
-                   if isinstance(n, ast.Attribute) and isinstance(n.value, ast.Name)
-                   and n.value.id == "extern_kernels"})
-    lines = []
-    for attr in used:
-        impl = getattr(extern_kernels, attr, None)
-        if impl is not None and getattr(torch, attr, None) is impl:
-            lines.append(f"    {attr} = torch.{attr}")
-        else:
-            raise CaptureError(
-                f"Inductor chose the extern kernel {attr!r}, which the "
-                "frozen engine cannot bind without the compiler stack; capture with "
-                "engine='eager' or report this kernel", target=target
-            )
-    return ["class extern_kernels:  # Inductor's extern kernels are torch functions", *lines] if lines else []
-
-
 def _rewrite_wrapper(src: str, kernel_names: set[str], target: str) -> str:
     """Inductor's wrapper module -> body of ``_make_call(_kernels)`` that needs no
     compiler: compiler imports dropped, kernel definitions bound from ``_kernels``."""
@@ -417,7 +424,7 @@ def _rewrite_wrapper(src: str, kernel_names: set[str], target: str) -> str:
         body.append(text)
     body = [_device_independent(line) for line in body]
     shims = [s for n, s in _SHIMS.items() if n in src]
-    externs = _extern_kernel_bindings(tree, target)
+    externs = extern_calls.namespace(tree, target)
     code = "\n".join(shims + externs + body)
     leftovers = [w for w in ("torch._inductor", "torch._dynamo.", "async_compile", "triton.")
                  if w in code.replace("torch._C._dynamo", "")]
