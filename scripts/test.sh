@@ -5,7 +5,10 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/_venv.sh
-deps=(pytest hypothesis setuptools wheel build packaging filelock pyproject-hooks uv twine auditwheel pyelftools)
+# fastapi + uvicorn: the HTTP server of tests/test_serve_http.py (docs/serving.md); pinned
+# as tested (a new release may change the app's API)
+deps=(pytest hypothesis setuptools wheel build packaging filelock pyproject-hooks uv twine auditwheel pyelftools
+      "fastapi==0.165.0" "uvicorn==0.54.0")
 
 echo "== lint (ruff, the whole tree) and types (mypy, runtime/: [tool.mypy] in pyproject.toml)"
 make_venv .venv-test "${deps[@]}" "ruff==0.17.6" "mypy==2.4.1"  # pinned: a new release may add checks
