@@ -174,13 +174,14 @@ def test_a_reload_never_writes_into_a_model_a_request_holds(served, assign):
 def test_bad_inputs_get_a_clear_4xx_and_the_server_goes_on(served):
     """While four clients send good requests: another shape and another dtype get 422
     with the loaded function's CallError message, an unknown dtype and ragged rows 422
-    before any call, a call that runs out of memory 503; every good answer is
+    before any call, a call that runs out of memory 503, a reload from a missing file
+    or of a state dict missing a key 422 (nothing swapped); every good answer is
     eager's, and the server answers after each fault."""
     fn, inputs, _, refs = served
     flaky = threading.Event()
 
-    def forward(model, ids):  # the loaded function, made to run out of memory once
-        if flaky.is_set():
+    def forward(model, ids):  # the loaded function, made to run out of memory once (this test's input)
+        if flaky.is_set() and torch.equal(ids, inputs[0]):
             flaky.clear()
             raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
         return fn(model, ids)
@@ -215,10 +216,24 @@ def test_bad_inputs_get_a_clear_4xx_and_the_server_goes_on(served):
             assert words in reply["detail"]["message"], reply
             status, reply = _post(conn, "/forward", {"ids": x.tolist()})  # and the next one is served
             assert status == 200 and _close(_logits(reply), refs[0][0])
+        for body, kind in (({"path": str(_truncated(served).with_name("missing.pt"))}, "FileNotFoundError"),
+                           ({"path": str(_truncated(served))}, "RuntimeError")):
+            status, reply = _post(conn, "/reload", body)  # nothing swapped: still version 0
+            assert status == 422 and reply["detail"]["error"] == kind, reply
+            assert reply["detail"]["message"].endswith("still serving version 0"), reply
+        assert models.current().version == 0
         stop.set()
         for t in threads:
             t.join(60)
     assert len(good) > 4 and all(s == 200 and _close(_logits(r), refs[0][1]) for s, r in good)
+
+
+def _truncated(served) -> Path:
+    """A state dict of version 1 without the final norm's weight (a missing key)."""
+    path = served[2][1].with_name("v1-truncated.pt")
+    state = torch.load(served[2][1], weights_only=True)
+    torch.save({k: v for k, v in state.items() if not k.startswith("norm_f")}, path)
+    return path
 
 
 _OOM_CHILD = """

@@ -12,8 +12,9 @@ Usage (``pip install tinylm[serve]``)::
   memory 503 (retry later), and the server goes on.
 - ``POST /reload`` ``{"path": "weights.pt", "assign": false}``: load a state dict
   (``torch.load(path, weights_only=True)``) into a new model and make it the one
-  requests get; answers the new version. Bind to loopback (the default): it reads a
-  path the client names.
+  requests get; answers the new version. One that fails (no such file, keys or
+  shapes that do not fit) is answered 422 and changes nothing. Bind to loopback (the
+  default): it reads a path the client names.
 - ``GET /health``: the current version.
 
 Reloading cannot mix weights: a request takes the current :class:`Snapshot` (version
@@ -154,8 +155,12 @@ def create_app(forward: Callable[..., torch.Tensor], models: Models, *, device: 
 
     @app.post("/reload")
     def run_reload(req: ReloadRequest) -> dict[str, Any]:
-        state = torch.load(req.path, map_location=device, weights_only=True)
-        return {"version": models.reload(state, assign=req.assign).version}
+        try:
+            state = torch.load(req.path, map_location=device, weights_only=True)
+            return {"version": models.reload(state, assign=req.assign).version}
+        except Exception as e:  # no file, not a state dict, keys or shapes that do not fit
+            raise HTTPException(422, {"error": type(e).__name__, "message": f"reload from {req.path} failed: "
+                                      f"{e}; still serving version {models.current().version}"}) from None
 
     @app.get("/health")
     def health() -> dict[str, Any]:
