@@ -195,9 +195,15 @@ def main() -> None:
     work = Path(a.work or tempfile.mkdtemp(prefix="bench-serve-http-"))
     proj = decode_project.write_project(work, a.device, [1], MAX_CACHE, kinds=("greedy",))
     if not (work / "site" / "llmdecode").is_dir():
+        os.environ.update(TORCHINDUCTOR_CACHE_DIR=str(work / "inductor-build"),
+                          TRITON_CACHE_DIR=str(work / "triton-build"))
         build_s = decode_project.build_wheel(work, proj)
         print(f"wheel built in {build_s:.1f} s", flush=True)
     sys.path.insert(0, str(work / "site"))
+    # the serving process starts with empty compiler caches: the compile paths' warm-up
+    # is a first compile (read when torch.compile first runs)
+    os.environ.update(TORCHINDUCTOR_CACHE_DIR=str(work / f"inductor-serve-{os.getpid()}"),
+                      TRITON_CACHE_DIR=str(work / f"triton-serve-{os.getpid()}"))
 
     import llmdecode
     import torch
@@ -256,8 +262,9 @@ def _table(rows: list, a: argparse.Namespace, model: Any) -> str:
              f"{a.requests} timed requests of {a.prompt} prompt tokens + {a.steps} generated, a StaticCache "
              "per request slot; one run. `wrong`: answers whose tokens differ from eager's for that prompt "
              "(computed outside the server). `warm-up s`: the first request of every client at once "
-             "(compiling, graph recordings; Inductor's on-disk cache is shared by the paths, as in one "
-             "serving process's lifetime).", "",
+             "(compiling, graph recordings; the serving process starts with empty Inductor/Triton caches, "
+             "which the paths then share, as in one serving process's lifetime). Host load from other "
+             f"work: {os.getloadavg()[0]:.1f} (1-minute average at the end).", "",
              "| path | requests/s | vs eager | p50 ms | p99 ms | warm-up s | wrong | errors |",
              "| --- | ---: | ---: | ---: | ---: | ---: | ---: | --- |"]
     for r in rows:

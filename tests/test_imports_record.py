@@ -91,3 +91,24 @@ def test_the_interpreter_s_start_up_hooks_are_not_recorded(tmp_path):
             "usercustomize": _module(tmp_path / "user" / "usercustomize.py"),
             "other": _module(tmp_path / "lib" / "other.py")}
     assert list(imported.record(mods)["files"]) == [str((tmp_path / "lib" / "other.py").resolve())]
+
+
+def test_an_editable_install_is_recorded_by_its_files(tmp_path, monkeypatch):
+    """A library installed editable (``pip install -e ../lib``: PEP 610's direct_url.json
+    says so) is edited in place with no new version: its modules are recorded by
+    content, and an edit is a change; an ordinary install stays keyed by its version."""
+    site, src = tmp_path / "site", tmp_path / "lib-src"
+    _dist(site, "devlib", "0.1", "devlib")
+    (site / "devlib-0.1.dist-info" / "direct_url.json").write_text(
+        '{"url": "file:///lib-src", "dir_info": {"editable": true}}')
+    _dist(site, "plainlib", "1.0", "plainlib")
+    mods = {"devlib": _module(src / "devlib" / "__init__.py", "A = 1\n"),
+            "plainlib": _module(site / "plainlib" / "__init__.py")}
+    monkeypatch.syspath_prepend(str(site))
+    rec = imported.record(mods)
+    assert "devlib" not in rec["distributions"] and rec["distributions"]["plainlib"] == "1.0"
+    edited = str((src / "devlib" / "__init__.py").resolve())
+    assert list(rec["files"]) == [edited]
+    assert imported.changes(rec) == []
+    (src / "devlib" / "__init__.py").write_text("A = 2\n")  # no new version
+    assert imported.changes(rec) == [f"{edited} changed"]

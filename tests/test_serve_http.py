@@ -15,12 +15,14 @@ space limit, in a subprocess) leaves the function usable.
 from __future__ import annotations
 
 import base64
+import gc
 import http.client
 import json
 import subprocess
 import sys
 import textwrap
 import threading
+import weakref
 from pathlib import Path
 from urllib.parse import urlparse
 
@@ -153,8 +155,8 @@ def test_sixteen_clients_and_two_reloads_get_eager_s_answers(served):
 def test_a_reload_never_writes_into_a_model_a_request_holds(served, assign):
     """A request holding the snapshot taken before a reload computes with those weights
     to the end: the reload builds another model (with ``assign=True`` its parameters
-    are the state dict's tensors) and leaves the held one as it was. A state dict that
-    does not fit raises and swaps nothing."""
+    are the state dict's tensors) and leaves the held one as it was, freed when its
+    holder lets go. A state dict that does not fit raises and swaps nothing."""
     fn, inputs, files, refs = served
     models = Models(build_model(seed=0))
     held = models.current()
@@ -169,6 +171,10 @@ def test_a_reload_never_writes_into_a_model_a_request_holds(served, assign):
     with pytest.raises(RuntimeError, match="Missing key"):
         models.reload({k: v for k, v in state.items() if not k.startswith("norm_f")}, assign=assign)
     assert models.current() is new
+    gone = weakref.ref(held.model)  # freed with its last holder (the loaded function keeps none)
+    del held
+    gc.collect()
+    assert gone() is None
 
 
 def test_bad_inputs_get_a_clear_4xx_and_the_server_goes_on(served):

@@ -14,11 +14,12 @@ A record is ``{"distributions": {name: version}, "files": {path: sha256},
 "project_files": {relative path: sha256}, "path": [[base, relative], ...]}``:
 
 - distributions that provide a top-level module in ``sys.modules`` (names normalised
-  as PEP 503 does), except the project's own: a module loaded from the project's
-  package (``PRECOMPILE_PACKAGE_DIR``) is keyed by that package's content
-  (``package_sha256``), never by the version in the metadata setuptools writes into
-  the project root (``NAME.egg-info``), which an edit of the code without a version
-  bump leaves as it was;
+  as PEP 503 does), except the project's own and editable installs: a module loaded
+  from the project's package (``PRECOMPILE_PACKAGE_DIR``) is keyed by that package's
+  content (``package_sha256``), never by the version in the metadata setuptools writes
+  into the project root (``NAME.egg-info``), which an edit of the code without a
+  version bump leaves as it was; the modules of another editable install
+  (``pip install -e ../lib``) are recorded by their files, for the same reason;
 - ``project_files``: the files of other modules loaded from inside the project root
   (``PRECOMPILE_PROJECT_ROOT``; a helper module beside the script), relative to it,
   so that a build of another copy of the project (an sdist unpacked elsewhere)
@@ -159,6 +160,7 @@ def record(modules: Optional[Mapping[str, Any]] = None, *, root: Optional[str] =
     files: dict[str, str] = {}
     project: dict[str, str] = {}
     seen: set[str] = set()
+    editable: set[str] = set()
     for name, module in modules.items():
         top = name.partition(".")[0]
         try:
@@ -173,10 +175,15 @@ def record(modules: Optional[Mapping[str, Any]] = None, *, root: Optional[str] =
             if top not in seen:  # thousands of torch.* modules: one look-up
                 seen.add(top)
                 for dist in owners[top]:
-                    version = _version_on(dist, None, root)
-                    if version is not None:
-                        dists[_normal(dist)] = version
-            continue
+                    found = _first_dist(dist, None, root)
+                    if found is not None and _editable(found):
+                        editable.add(top)
+                    elif found is not None:
+                        dists[_normal(dist)] = found.version
+            if top not in editable:
+                continue  # installed: its version stands for its files
+            # an editable install (pip install -e ../lib): its code is edited in place with
+            # no new version, so its files are recorded below, by content
         if real is None or top in ("__main__", "__mp_main__", *_STARTUP_MODULES):  # the script: in the key
             continue
         if real.startswith(skipped) or not os.path.isfile(real):
@@ -209,16 +216,29 @@ def _not_inputs() -> tuple[str, ...]:
     return tuple(os.path.realpath(d) + os.sep for d in dirs if d)
 
 
-def _version_on(dist: str, path: Optional[list[str]], root: Optional[str]) -> Optional[str]:
-    """The version of distribution ``dist`` an import on ``path`` (default ``sys.path``)
-    would find first, the project's own left out; None when there is none."""
+def _first_dist(dist: str, path: Optional[list[str]], root: Optional[str]) -> Any:
+    """Distribution ``dist`` as an import on ``path`` (default ``sys.path``) would find it
+    first, the project's own left out; None when there is none."""
     from importlib import metadata
 
     found = metadata.distributions(name=dist) if path is None else metadata.distributions(name=dist, path=path)
-    for d in found:
-        if not _project_own(_dist_location(d), root):
-            return d.version
-    return None
+    return next((d for d in found if not _project_own(_dist_location(d), root)), None)
+
+
+def _version_on(dist: str, path: Optional[list[str]], root: Optional[str]) -> Optional[str]:
+    """The version of :func:`_first_dist`, or None."""
+    found = _first_dist(dist, path, root)
+    return None if found is None else found.version
+
+
+def _editable(dist: Any) -> bool:
+    """Whether ``dist`` is an editable install (PEP 610's direct_url.json, which pip and
+    uv write for ``pip install -e``: ``{"dir_info": {"editable": true}}``)."""
+    try:
+        info = json.loads(dist.read_text("direct_url.json") or "null")
+    except Exception:  # unreadable or not JSON: an ordinary install
+        return False
+    return isinstance(info, dict) and isinstance(info.get("dir_info"), dict) and info["dir_info"].get("editable") is True
 
 
 def _installed(path: Optional[list[str]], root: Optional[str]) -> dict[str, str]:
