@@ -6,11 +6,12 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/_venv.sh
+# fastapi + uvicorn: the HTTP server of tests/test_serve_http.py (docs/serving.md).
 # pinned: the versions the suite was last run with (a new pytest changed how monkeypatch
 # undoes, a new ruff or mypy adds checks); raise a pin in its own commit, after a full run
 deps=(pytest==9.0.3 hypothesis==6.155.2 setuptools==84.2.1 wheel==0.48.0 build==1.6.1 packaging==26.2
       filelock==4.3.1 pyproject-hooks==1.3.3 uv==0.13.9 twine==7.0.0 auditwheel==6.8.2 pyelftools==0.33
-      typeguard==4.6.0)
+      typeguard==4.6.0 fastapi==0.165.0 uvicorn==0.54.0)
 
 echo "== lint (ruff, the whole tree) and types (mypy, both packages: [tool.mypy] in pyproject.toml)"
 make_venv .venv-test "${deps[@]}" "ruff==0.17.6" "mypy==2.4.1" "mkdocs==1.6.1"

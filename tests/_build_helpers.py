@@ -138,6 +138,35 @@ def torch_only_path(dest: Path) -> Path:
     return dest
 
 
+
+def dist_links(dest: Path, names: list[str]) -> Path:
+    """A folder of links to the installed distributions ``names`` and everything they
+    require (unconditional requirements, followed), each with its metadata folder:
+    what an environment sees of them when ``dest`` is on its path."""
+    from importlib import metadata
+
+    from packaging.requirements import Requirement
+
+    dest.mkdir(parents=True, exist_ok=True)
+    todo, seen = list(names), set()
+    while todo:
+        name = todo.pop()
+        if name.lower().replace("_", "-") in seen:
+            continue
+        seen.add(name.lower().replace("_", "-"))
+        try:
+            dist = metadata.distribution(name)
+        except metadata.PackageNotFoundError:
+            continue
+        site = Path(str(dist.locate_file("")))
+        for top in sorted({Path(str(f)).parts[0] for f in dist.files or [] if not str(f).startswith("..")}):
+            if top not in ("bin", "__pycache__") and (site / top).exists() and not (dest / top).exists():
+                (dest / top).symlink_to(site / top)
+        for req in map(Requirement, dist.requires or []):
+            if req.marker is None or req.marker.evaluate({"extra": ""}):
+                todo.append(req.name)
+    return dest
+
 def build_and_install(source: Path, tmp: Path, env_overrides: dict | None = None) -> tuple[Path, Path, str]:
     """Copy the project at ``source`` into ``tmp``, build its wheel with a real frontend
     (``python -m build --no-isolation``, this repository's backend and runtime on the

@@ -94,19 +94,48 @@ def _edit_fingerprint(monkeypatch):
 
 MISSES = {"script": _edit_script, "package": _edit_package, "config": _edit_config,
           "env": _edit_env, "cache-env": _edit_cache_env, "fingerprint": _edit_fingerprint}
+# what the build line says changed (issue 38: was `no entry` for each)
+SAID = {"script": "the script capture/pair.py", "package": "the package's files (simplepkg/helpers.py added)",
+        "config": "the target's args", "env": "the target's env",
+        "cache-env": "the cache-env variables (FIXTURE_KNOB)", "fingerprint": "the host fingerprint"}
 
 
 @pytest.mark.parametrize("what", sorted(MISSES))
 def test_each_key_component_misses(tmp_path, monkeypatch, capfd, what):
     root = make_project(tmp_path, target_toml(extra=EXTRA))
     monkeypatch.setenv("FIXTURE_KNOB", "1")
-    assert _built(root, monkeypatch, capfd, "1")[1]
+    _, ran, err = _built(root, monkeypatch, capfd, "1")
+    assert ran and "captured (why: no entry)" in err  # nothing earlier to compare with
     assert not _built(root, monkeypatch, capfd, "2")[1]  # unchanged: a hit
+    (first,) = _entries()
     edit = MISSES[what]
     edit(monkeypatch) if what in ("cache-env", "fingerprint") else edit(root)
     _, ran, err = _built(root, monkeypatch, capfd, "3")
-    assert ran and "captured (why: no entry)" in err
+    said = f"captured (why: changed since the last capture (key {first.name[:12]}…): {SAID[what]})"
+    assert ran and said in err, err
     assert len(_entries()) == 2
+
+
+def test_the_line_names_the_package_files_that_changed(tmp_path, monkeypatch, capfd):
+    """An edit of the package's module and a removed one are named (at most three,
+    then a count); a build of another package's target of the same name is no
+    earlier capture of this one."""
+    root = make_project(tmp_path)
+    (root / "simplepkg" / "a.py").write_text("A = 1\n")
+    assert _built(root, monkeypatch, capfd, "1")[1]
+    (root / "simplepkg" / "__init__.py").write_text("# edited\n")
+    (root / "simplepkg" / "a.py").unlink()
+    for n in "bcd":
+        (root / "simplepkg" / f"{n}.py").write_text("")
+    _, ran, err = _built(root, monkeypatch, capfd, "2")
+    assert ran and ("the package's files (simplepkg/__init__.py changed, simplepkg/b.py added, "
+                    "simplepkg/c.py added and 2 more))") in err, err
+    real = capture_cache.what_changed
+    monkeypatch.setattr(capture_cache, "what_changed", lambda root, c, package, files:
+                        real(root, c, "otherpkg", files))
+    (root / "simplepkg" / "e.py").write_text("")
+    _, ran, err = _built(root, monkeypatch, capfd, "3")
+    assert ran and "captured (why: no entry)" in err, err
 
 
 @pytest.mark.parametrize("what", ["timeout", "required", "_precompiled", "__pycache__"])
@@ -471,7 +500,7 @@ def test_an_imported_distribution_or_file_that_changed_is_captured_again(tmp_pat
     (entry,) = _entries()
     recorded = json.loads((entry / "entry.json").read_text())["imports"]
     assert recorded["distributions"]["fixturedep"] == "1.0" and "torch" in recorded["distributions"]
-    assert str((root / "capture" / "helpers.py").resolve()) in recorded["files"]
+    assert "capture/helpers.py" in recorded["project_files"]  # relative: another copy of the project compares it
     _, _, err = _built(root, monkeypatch, capfd, "2")
     assert "reused (key" in err, err
     _install_dep(deps, "2.0")
@@ -479,7 +508,7 @@ def test_an_imported_distribution_or_file_that_changed_is_captured_again(tmp_pat
     assert "captured (why: imports changed: fixturedep 1.0 -> 2.0)" in err, err
     (root / "capture" / "helpers.py").write_text("OFFSET = 1\n")
     _, _, err = _built(root, monkeypatch, capfd, "4")
-    assert f"captured (why: imports changed: {(root / 'capture' / 'helpers.py').resolve()} changed)" in err, err
+    assert "captured (why: imports changed: capture/helpers.py changed)" in err, err
     _install_dep(deps, None)
     with pytest.raises(CaptureError, match="ModuleNotFoundError: No module named 'fixturedep'"):
         _built(root, monkeypatch, capfd, "5")
@@ -488,16 +517,80 @@ def test_an_imported_distribution_or_file_that_changed_is_captured_again(tmp_pat
 def test_a_capture_that_records_nothing_is_keyed_on_the_whole_environment(tmp_path, monkeypatch, capfd):
     """A script that does not call precompile_build.capture (the fixture writes its
     pair by hand, as one using torch's own API would) records no imports: its entry
-    holds every installed distribution, so installing one captures again."""
-    deps = tmp_path / "deps"
+    holds every distribution installed where the script imports from (recorded in its
+    process: a distribution only the build's process sees is none of its inputs), so
+    installing one there captures again."""
+    deps, backend_only = tmp_path / "deps", tmp_path / "backend-only"
     deps.mkdir()
-    monkeypatch.syspath_prepend(str(deps))
+    backend_only.mkdir()
+    monkeypatch.syspath_prepend(str(backend_only))
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(deps), os.environ.get("PYTHONPATH", "")]))
     root = make_project(tmp_path)
     _, ran, err = _built(root, monkeypatch, capfd, "1")
     assert ran and "captured (why: no entry)" in err
     (entry,) = _entries()
     assert json.loads((entry / "entry.json").read_text())["imports"]["environment"] is True
     assert not _built(root, monkeypatch, capfd, "2")[1]
+    _install_dep(backend_only, "1.0")  # the build's process sees it, the script's does not
+    assert not _built(root, monkeypatch, capfd, "3")[1]
     _install_dep(deps, "1.0")
-    _, ran, err = _built(root, monkeypatch, capfd, "3")
+    _, ran, err = _built(root, monkeypatch, capfd, "4")
     assert ran and "captured (why: imports changed: fixturedep not installed -> 1.0)" in err, err
+
+
+# -- issue 38 item 1: the record compared in the import context it was made in --------
+
+_OWN_CAPTURE = """import torch
+import precompile_build
+import fixturedep  # on the target's env PYTHONPATH only: the build's process does not see it
+import helpers  # capture/helpers.py, beside this script
+from simplepkg import ops  # the project's own package (the capture sees its egg-info too)
+
+with precompile_build.capture(lambda x: ops.act(x) * fixturedep.FACTOR + helpers.OFFSET,
+                              engine="eager") as f:
+    f(torch.ones(2))
+"""
+
+
+def test_a_rebuild_reuses_a_capture_of_the_project_s_own_code(tmp_path, monkeypatch, capfd):
+    """The capture imports the project's package, whose metadata setuptools writes into
+    the project root (simplepkg.egg-info: the capture process sees it, the build's does
+    not), and a library only the target's env PYTHONPATH has: an unchanged rebuild
+    reuses (was: `imports changed: simplepkg 0.1.0 -> not installed`, every build),
+    and so does a build of a copy of the project elsewhere (an unpacked sdist); the
+    library upgraded there, an edit of the package's module without a version bump and
+    an edit of the helper beside the script each capture again, saying why."""
+    deps = tmp_path / "deps"
+    deps.mkdir()
+    _install_dep(deps, "1.0")
+    seen = os.pathsep.join([str(deps), os.environ.get("PYTHONPATH", "")])  # + this tree's own
+    toml = target_toml(script="capture/own.py", extra=f'env = {{ PYTHONPATH = "{seen}" }}')
+    root = make_project(tmp_path / "a", toml)
+    (root / "simplepkg" / "ops.py").write_text("def act(x):\n    return x + 1\n")
+    (root / "capture" / "own.py").write_text(_OWN_CAPTURE)
+    (root / "capture" / "helpers.py").write_text("OFFSET = 0\n")
+    _, _, err = _built(root, monkeypatch, capfd, "1")
+    assert "captured (why: no entry)" in err, err
+    assert (root / "simplepkg.egg-info").is_dir()  # what the capture process saw
+    (entry,) = _entries()
+    recorded = json.loads((entry / "entry.json").read_text())["imports"]
+    assert "simplepkg" not in recorded["distributions"]  # the package: keyed by content
+    assert recorded["distributions"]["fixturedep"] == "1.0"
+    assert list(recorded["project_files"]) == ["capture/helpers.py"]
+    _, _, err = _built(root, monkeypatch, capfd, "2")
+    assert f"reused (key {entry.name[:12]}…)" in err, err
+    import shutil
+
+    copy = shutil.copytree(root, tmp_path / "b" / "proj")
+    _, _, err = _built(copy, monkeypatch, capfd, "3")
+    assert f"reused (key {entry.name[:12]}…)" in err, err
+    _install_dep(deps, "2.0")
+    _, _, err = _built(root, monkeypatch, capfd, "4")
+    assert "captured (why: imports changed: fixturedep 1.0 -> 2.0)" in err, err
+    (root / "simplepkg" / "ops.py").write_text("def act(x):\n    return x + 2\n")  # version still 0.1.0
+    _, _, err = _built(root, monkeypatch, capfd, "5")
+    assert "captured (why: changed since the last capture (key" in err, err
+    assert "the package's files (simplepkg/ops.py changed))" in err, err
+    (root / "capture" / "helpers.py").write_text("OFFSET = 1\n")
+    _, _, err = _built(root, monkeypatch, capfd, "6")
+    assert "captured (why: imports changed: capture/helpers.py changed)" in err, err

@@ -128,6 +128,36 @@ def test_a_failed_recording_runs_that_size_plainly_with_one_warning(tmp_path):
     assert graphs.failed == 1 and graphs.recorded == 1 and len(runs) == 2 + 3 + 1
 
 
+def test_a_recording_that_runs_out_of_memory_records_at_the_next_call(tmp_path):
+    """A recording that ran out of GPU memory (torch's OutOfMemoryError, or capture_end's
+    error that replaced it) is undone and that call runs plainly, with no warning; the
+    size is not given up: its next call records (issue 38: was run plainly for good).
+    Real memory: tests/test_gpu_serve.py."""
+    ns, graphs, runs = _graphs(tmp_path, lambda x: x * 2, torch.randn(3))
+    record, left = graphs._capture, [2]
+
+    def capture(inputs):
+        left[0] -= 1
+        if left[0] == 1:
+            raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 MiB")
+        if left[0] == 0:
+            try:
+                raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 MiB")
+            except torch.cuda.OutOfMemoryError:  # as torch.cuda.graph's __exit__ replaces it
+                raise RuntimeError("CUDA error: operation failed due to a previous error during capture")  # noqa: B904
+        return record(inputs)
+
+    graphs._capture = capture
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for _ in range(3):  # a warm-up, two recordings out of memory: plain runs
+            assert torch.equal(graphs([torch.ones(5)], CUDA0)[0], torch.full((5,), 2.0))
+        assert (graphs.out_of_memory, graphs.failed, graphs.recorded, len(runs)) == (2, 0, 0, 3)
+        for _ in range(2):  # a recording, a replay: the stand-in graph's output
+            assert torch.equal(graphs([torch.ones(5)], CUDA0)[0], torch.ones(5))
+    assert (graphs.out_of_memory, graphs.failed, graphs.recorded, len(runs)) == (2, 0, 1, 3)
+
+
 def test_concurrent_calls_keep_the_bookkeeping_whole(tmp_path):
     """Four threads, four models, one size: every call gets its own model's graph,
     each model is recorded once."""

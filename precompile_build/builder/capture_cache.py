@@ -6,8 +6,9 @@ source, the target's config, the values of the environment variables it declares
 the host fingerprint, the versions of precompile-build and precompile-runtime).
 What the capture imported is known only after it ran: the entry records it
 (:mod:`precompile_build.capturing.imported`: the distributions and versions, and the files of
-other imported modules) and :func:`fetch` reuses the entry only while they are
-installed as recorded.
+other imported modules, in the capture process's import context) and :func:`fetch`
+reuses the entry only while they are installed as recorded, looked up in that context.
+A miss says what changed since the target's previous entry (:func:`what_changed`).
 Entries are written into a temp directory and renamed into place, under a per-key
 file lock (``<key>.lock``) that a build holds from lookup to store, so a second
 build of the same target waits and then reuses. An entry is verified (sizes,
@@ -27,7 +28,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any, Optional
 
@@ -43,7 +44,7 @@ from ..errors import BuildError, CaptureError
 from .pairs import PairInfo, inspect_pair
 
 ENTRY_FORMAT = "precompile-build.capture-cache"
-ENTRY_VERSION = 2  # 2: entries record what the capture imported
+ENTRY_VERSION = 3  # 2: entries record what the capture imported; 3: in its import context
 ENTRY_JSON = "entry.json"
 TAG_NAME = "CACHEDIR.TAG"
 _TAG = (b"Signature: 8a477f597d28d172789f06886806bc55\n"
@@ -54,6 +55,21 @@ _TAG = (b"Signature: 8a477f597d28d172789f06886806bc55\n"
 def cache_root(settings: Settings) -> Path:
     """The cache directory of ``settings`` (configured, or the per-user default)."""
     return settings.cache_dir if settings.cache_dir is not None else default_cache_dir()
+
+
+def package_files(package_dir: Path) -> dict[str, str]:
+    """sha256 of each file :func:`package_digest` covers, by relative POSIX path (an
+    entry keeps them to say which changed). Raises OSError when a file cannot be read."""
+    from precompile_runtime._digest import package_files as files
+
+    return files(package_dir)
+
+
+def digest_of(files: Mapping[str, str]) -> str:
+    """:func:`package_digest` from :func:`package_files`'s value (one read of the tree)."""
+    from precompile_runtime._digest import digest_of as digest
+
+    return digest(dict(files))
 
 
 def package_digest(package_dir: Path) -> str:
@@ -141,9 +157,15 @@ def host_fingerprints(devices: Iterable[str], memo_dir: Optional[Path] = None) -
     if memo not in _fp_memo:
         import precompile_runtime
 
-        path = [str(Path(precompile_runtime.__file__).parent.parent),
-                os.environ.get("PYTHONPATH", "")]
-        env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in path if p))
+        # The probe imports what a capture would (the same environment): the runtime's
+        # folder goes on PYTHONPATH only when this process found it some other way.
+        # Put there needlessly it would break pip's isolated build environment, whose
+        # sitecustomize refuses a PYTHONPATH naming its own folders (its .pth files then
+        # go unread: a torch found through one is missing).
+        own = str(Path(precompile_runtime.__file__).parent.parent)
+        env = dict(os.environ)
+        if own not in sys.path:
+            env["PYTHONPATH"] = os.pathsep.join(p for p in (own, env.get("PYTHONPATH", "")) if p)
         proc = subprocess.run([sys.executable, "-c", _FP_CODE, *devices], env=env,
                               capture_output=True, text=True, timeout=300)
         if proc.returncode != 0:
@@ -248,15 +270,20 @@ def _file_meta(path: Path) -> dict[str, Any]:
     return {"size": path.stat().st_size, "sha256": sha256_file(path)}
 
 
-def fetch(root: Path, key: str, name: str, dest: Path) -> tuple[Optional[dict], str]:
+def fetch(root: Path, key: str, name: str, dest: Path,
+          changes: Optional[Callable[[dict], list[str]]] = None) -> tuple[Optional[dict], str]:
     """Copy entry ``key`` of target ``name`` to ``dest/NAME.{py,cache}`` and verify it.
 
     Call with :func:`lock` held; ``dest`` is a directory only this call writes (it
-    is removed again on a miss). Returns ``(entry.json dict with "info": PairInfo,
-    "")`` on a hit, else ``(None, why)``: ``"no entry"``, ``"imports changed: ..."``
-    (what the capture imported is installed in another version, or gone:
-    :func:`precompile_build.capturing.imported.changes`; the entry stays until the new
-    capture replaces it) or ``"entry corrupt: ..."`` (the corrupt entry is removed).
+    is removed again on a miss). ``changes``: what differs from the entry's imports
+    record (the runner asks in the capture's import context:
+    :func:`~precompile_build.builder.script.imports_changes`); default
+    :func:`~precompile_build.capturing.imported.changes` in this process.
+    Returns ``(entry.json dict with "info": PairInfo, "")`` on a hit, else
+    ``(None, why)``: ``"no entry"``, ``"imports changed: ..."`` (what the capture
+    imported is installed in another version, or gone, or a project file it imported
+    changed; the entry stays until the new capture replaces it) or
+    ``"entry corrupt: ..."`` (the corrupt entry is removed).
     """
     entry_dir = root / key
     if not (entry_dir / ENTRY_JSON).is_file():
@@ -268,7 +295,7 @@ def fetch(root: Path, key: str, name: str, dest: Path) -> tuple[Optional[dict], 
             raise ValueError(f"{ENTRY_JSON} is not this entry's (format/key differ)")
         if not isinstance(meta.get("imports"), dict):
             raise ValueError(f"{ENTRY_JSON} records no imports")
-        changed = imported.changes(meta["imports"])
+        changed = (changes or imported.changes)(meta["imports"])
         if changed:  # the capture imported other code than is installed now: capture again
             shutil.rmtree(dest, ignore_errors=True)
             shown = ", ".join(changed[:3]) + (f" and {len(changed) - 3} more" if len(changed) > 3 else "")
@@ -290,7 +317,9 @@ def fetch(root: Path, key: str, name: str, dest: Path) -> tuple[Optional[dict], 
 
 
 def store(root: Path, key: str, name: str, source: Path, cache: Path, info: PairInfo,
-          *, seconds: float, capture_device: Any, components: Mapping[str, Any]) -> None:
+          *, seconds: float, capture_device: Any, components: Mapping[str, Any],
+          project_root: Optional[Path] = None, package: Optional[str] = None,
+          package_files: Optional[Mapping[str, str]] = None) -> None:
     """Write entry ``key`` atomically (temp dir beside it, then rename; no fsync:
     :func:`fetch` checks every file's sha256, so an entry torn by a crash is
     recaptured, never used).
@@ -300,6 +329,10 @@ def store(root: Path, key: str, name: str, source: Path, cache: Path, info: Pair
         capture_device: the CUDA device it ran on (index or CUDA_VISIBLE_DEVICES
             entry), None for cpu.
         components: :func:`key_components` of the entry, kept for `why` reports.
+        project_root: the project built (where the build's own view of the
+            environment is made when the capture recorded nothing).
+        package, package_files: the package's name and :func:`package_files`, kept
+            to say which files changed when a later build misses (:func:`what_changed`).
     Call with :func:`lock` held. Raises OSError when the cache cannot be written.
     """
     _ensure_root(root)
@@ -310,11 +343,14 @@ def store(root: Path, key: str, name: str, source: Path, cache: Path, info: Pair
             dst = tmp / src.name
             shutil.copyfile(src, dst)
             files[role] = {"path": src.name, **_file_meta(dst)}
-        imports = imported.read_record(imported.record_path(source)) or imported.environment_record()
+        imports = (imported.read_record(imported.record_path(source))
+                   or imported.environment_record(root=str(project_root) if project_root else None))
         meta = {"format": ENTRY_FORMAT, "version": ENTRY_VERSION, "key": key,
                 "target": name, "engine": info.engine, "device": info.device, "imports": imports,
                 "capture_seconds": round(seconds, 3), "capture_device": capture_device,
                 "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                "created_ns": time.time_ns(), "package": package,
+                "package_files": dict(package_files or {}),
                 "files": files, "components": components}
         (tmp / ENTRY_JSON).write_text(json.dumps(meta, indent=2, sort_keys=True), encoding="utf-8")
         if (root / key).exists():
@@ -323,6 +359,75 @@ def store(root: Path, key: str, name: str, source: Path, cache: Path, info: Pair
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+
+
+_COMPONENT_NAMES = {
+    "script_sha256": "the script", "package_sha256": "the package's files",
+    "target": "the target's", "cache_env": "the cache-env variables",
+    "fingerprint": "the host fingerprint", "cpu_flags": "the CPU flags",
+    "tool_code_sha256": "precompile-build's code", "precompile_build": "precompile-build's version",
+    "precompile_runtime": "precompile-runtime's version", "format": "the entry format",
+    "version": "the entry format",
+}
+
+
+def what_changed(root: Path, components: Mapping[str, Any], package: Optional[str] = None,
+                 package_files: Optional[Mapping[str, str]] = None) -> Optional[str]:
+    """What differs between ``components`` and the newest entry in ``root`` of the same
+    target (name, script, device) of package ``package``: ``"the script
+    capture/pair.py"``, ``"the package's files (simplepkg/helpers.py changed)"``,
+    ``"the target's args"``, ``"the cache-env variables (FIXTURE_KNOB)"`` (names,
+    never values), joined after ``"changed since the last capture (key 1a2b3c4d5e6f…): "``;
+    None when there is no such entry or nothing readable differs.
+    Reads every entry's entry.json (only on a miss: a capture follows)."""
+    target = components.get("target", {})
+    best: Optional[dict] = None
+    try:
+        listing = list(root.iterdir())
+    except OSError:
+        return None
+    for d in listing:
+        try:
+            meta = json.loads((d / ENTRY_JSON).read_text(encoding="utf-8"))
+            old_target = meta["components"]["target"]
+            if (old_target["name"], old_target["script"], old_target["device"], meta.get("package")) != \
+                    (target.get("name"), target.get("script"), target.get("device"), package):
+                continue
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+        if best is None or meta.get("created_ns", 0) > best.get("created_ns", 0):
+            best = meta
+    if best is None:
+        return None
+    old = best["components"]
+    parts = []
+    for k in sorted(set(old) | set(components), key=lambda k: list(_COMPONENT_NAMES).index(k)
+                    if k in _COMPONENT_NAMES else len(_COMPONENT_NAMES)):
+        if old.get(k) == components.get(k):
+            continue
+        what = _COMPONENT_NAMES.get(k, k)
+        if k == "script_sha256":
+            what += f" {target.get('script')}"
+        elif k == "package_sha256" and isinstance(best.get("package_files"), dict) and package_files is not None:
+            was, now = best["package_files"], package_files
+            pre = f"{package}/" if package else ""
+            files = ([f"{pre}{f} changed" for f in sorted(now) if f in was and was[f] != now[f]]
+                     + [f"{pre}{f} added" for f in sorted(now) if f not in was]
+                     + [f"{pre}{f} removed" for f in sorted(was) if f not in now])
+            if files:
+                what += " (" + ", ".join(files[:3]) + (f" and {len(files) - 3} more" if len(files) > 3 else "") + ")"
+        elif k == "target" and isinstance(old.get(k), dict):
+            keys = sorted(n for n in set(old[k]) | set(target) if old[k].get(n) != target.get(n))
+            what += " " + ", ".join(keys)
+        elif k == "cache_env" and isinstance(old.get(k), dict):
+            now_env = components.get(k) or {}
+            what += " (" + ", ".join(sorted(n for n in set(old[k]) | set(now_env)
+                                            if old[k].get(n) != now_env.get(n))) + ")"
+        if what not in parts:
+            parts.append(what)
+    if not parts:
+        return None
+    return f"changed since the last capture (key {str(best.get('key', '?'))[:12]}…): " + ", ".join(parts)
 
 
 def discard(entry_dir: Path) -> None:

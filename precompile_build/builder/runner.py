@@ -35,6 +35,7 @@ from .script import (
     LOG_TAIL_LINES,
     check_pair,
     error_line,
+    imports_changes,
     log_file,
     log_tail,
     run_script,
@@ -72,7 +73,9 @@ class CaptureResult:
     origin: str = "captured"
     """`captured` (the script ran in this build) or `reused` (from the capture cache)."""
     why: Optional[str] = None
-    """Why it was captured: `no entry`, `entry corrupt: ...`, `cache off`, ..."""
+    """Why it was captured: `no entry`, `changed since the last capture (key …): the
+    script …` (:func:`.capture_cache.what_changed`), `imports changed: ...`,
+    `entry corrupt: ...`, `cache off`, ..."""
     cache_key: Optional[str] = None
     """The capture cache key (sha256 hex); None with the cache off."""
     capture_seconds: Optional[float] = None
@@ -197,6 +200,8 @@ class _Build:
     cache_off: str = "cache off"
     fingerprints: dict = field(default_factory=dict)
     package_sha256: str = ""
+    package_files: dict = field(default_factory=dict)
+    """The package's files and their sha256s (what ``package_sha256`` covers)."""
 
 
 def _plan_cache(b: _Build, devices: set) -> None:
@@ -207,7 +212,8 @@ def _plan_cache(b: _Build, devices: set) -> None:
     try:  # cache_root is set last: a half-planned cache stays off
         root = capture_cache.cache_root(b.settings)
         b.fingerprints = capture_cache.host_fingerprints(devices, memo_dir=root)
-        b.package_sha256 = capture_cache.package_digest(b.settings.package_dir)
+        b.package_files = capture_cache.package_files(b.settings.package_dir)
+        b.package_sha256 = capture_cache.digest_of(b.package_files)
         b.cache_root = root
     except (CaptureError, OSError, ValueError, subprocess.SubprocessError) as e:
         b.cache_off = f"cache off: {e}".replace("\n", " ")
@@ -236,9 +242,14 @@ def _run_one(b: _Build, target: TargetSettings, device: Optional[str]) -> Captur
     except OSError as e:
         return _capture(b, target, device, f"cache unavailable: {e}", None, start)
     try:
-        meta, why = capture_cache.fetch(root, key, target.name, b.work / "reused" / target.name)
+        meta, why = capture_cache.fetch(  # the imports record: checked where the capture ran
+            root, key, target.name, b.work / "reused" / target.name,
+            changes=lambda recorded: imports_changes(b.settings, target, device, recorded))
         if meta is not None:
             return _reused(b, target, device, key, meta, start)
+        if why == "no entry":  # say what changed since the target's last capture, if any
+            why = capture_cache.what_changed(root, components, b.settings.package,
+                                             b.package_files) or why
         if why.startswith("entry corrupt: "):
             b.progress.say(f"precompile: {target.name}: discarded cache entry "
                            f"{key[:12]}…: {why[len('entry corrupt: '):]}")
@@ -249,7 +260,8 @@ def _run_one(b: _Build, target: TargetSettings, device: Optional[str]) -> Captur
                                     result.cache_path, result.info,  # type: ignore[arg-type]
                                     seconds=result.capture_seconds or 0.0,
                                     capture_device=result.device_index,
-                                    components=components)
+                                    components=components, project_root=b.settings.root,
+                                    package=b.settings.package, package_files=b.package_files)
             except OSError as e:
                 b.progress.say(f"precompile: {target.name}: could not write the capture "
                                f"cache entry in {root}: {e}")

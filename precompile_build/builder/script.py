@@ -1,4 +1,5 @@
-"""Run one capture script in a subprocess: environment, log, timeout, cancel, check.
+"""Run one capture script in a subprocess: environment, log, timeout, cancel, check;
+and check an imports record in a process started as the script would be.
 
 The script runs as ``python SCRIPT ARGS...`` would run it, in its own session (its whole
 process group is killed on timeout, cancel or Ctrl-C), with the project root as working
@@ -18,8 +19,8 @@ import time
 from pathlib import Path
 from typing import IO, Optional
 
+from ..capturing import imported
 from ..capturing import stats as capture_stats
-from ..capturing.imported import record_path as imports_record_path
 from ..config import capture_env
 from ..config.settings import Settings, TargetSettings
 from ..errors import CaptureError
@@ -128,7 +129,8 @@ def _exit_reason(rc: int) -> str:
 def script_env(settings: Settings, target: TargetSettings, device: str,
                src: Path, cache: Path, gpu: Optional[str]) -> dict[str, str]:
     """The script's environment: ours, the target's `env`, the PRECOMPILE_* paths and
-    device, ``CUDA_VISIBLE_DEVICES`` (``""`` for cpu, ``gpu`` for cuda when given)."""
+    device, the project root and package folder for the imports record,
+    ``CUDA_VISIBLE_DEVICES`` (``""`` for cpu, ``gpu`` for cuda when given)."""
     env = dict(os.environ)
     env.update(target.env)
     # The script imports the library being built: put its source root first.
@@ -137,7 +139,10 @@ def script_env(settings: Settings, target: TargetSettings, device: str,
     env.update({capture_env.TARGET: target.name, capture_env.ARTIFACT_PATH: str(src),
                 capture_env.CACHE_PATH: str(cache), capture_env.DEVICE: device,
                 capture_env.FALLBACK: target.fallback,
-                capture_env.IMPORTS_PATH: str(imports_record_path(src))})
+                capture_env.IMPORTS_PATH: str(imported.record_path(src))})
+    # what the imports record takes as the project's own (capturing/imported.py)
+    env[capture_env.PROJECT_ROOT] = str(settings.root)
+    env[capture_env.PACKAGE_DIR] = str(settings.package_dir)
     if target.tracer:
         env[capture_env.TRACER] = target.tracer
     if target.cuda_graphs:
@@ -252,7 +257,10 @@ def run_script(settings: Settings, target: TargetSettings, device: str, gpu: Opt
 # `python SCRIPT ARGS...` would run it (sys.argv, sys.path[0] its folder, __main__), with
 # a sys.excepthook that reports the exception that ends it to the result file
 # (result_file) before Python prints its traceback. It adds the script's pid to
-# capture_env.SCRIPT_STARTED (the one variable it spells: it imports nothing of ours).
+# capture_env.SCRIPT_STARTED (the one variable it spells before the script runs). A
+# script that ends well and wrote no imports record (it did not capture through
+# precompile_build.capture) gets the whole environment's, made here in its own import
+# context (capturing/imported.py).
 _RUN_SCRIPT = """\
 import os, signal, sys
 parent, result, script = int(sys.argv[1]), sys.argv[2], os.path.abspath(sys.argv[3])
@@ -281,8 +289,48 @@ if "PRECOMPILE_SCRIPT_STARTED" in os.environ:  # capture_stats.capture_began: th
 sys.argv = sys.argv[3:]
 sys.path[0] = os.path.dirname(os.path.realpath(script))
 import runpy
-runpy.run_path(script, run_name="__main__")
+
+
+def _record():
+    try:
+        from precompile_build.capturing.imported import write_record
+        write_record(environment=True)
+    except Exception:  # the build keys the entry on its own view of the environment
+        pass
+
+
+try:
+    runpy.run_path(script, run_name="__main__")
+except SystemExit as e:
+    if e.code in (None, 0):
+        _record()
+    raise
+_record()
 """
+
+
+def imports_changes(settings: Settings, target: TargetSettings, device: str,
+                    recorded: dict) -> list[str]:
+    """What changed since a capture of ``target`` recorded ``recorded`` (its imports:
+    :mod:`~precompile_build.capturing.imported`), asked in a process started as the
+    capture would be now (this interpreter, :func:`script_env`, the project root as
+    working directory, the script's folder first on ``sys.path``): the import context
+    the record was made in. Returns :func:`~precompile_build.capturing.imported.changes`'s
+    list; a process that fails or prints no answer counts as a change (its last line),
+    so the target is captured again."""
+    env = script_env(settings, target, device, Path(os.devnull), Path(os.devnull), None)
+    request = {"module": imported.__file__, "script_dir": str(target.script.parent),
+               "root": str(settings.root), "record": recorded}
+    try:
+        proc = subprocess.run([sys.executable, "-c", imported.CHECK_CODE], input=json.dumps(request),
+                              cwd=settings.root, env=env, capture_output=True, text=True, timeout=120)
+        answer = json.loads((proc.stdout.strip().splitlines() or ["null"])[-1])
+    except (OSError, subprocess.SubprocessError, ValueError) as e:
+        return [f"the imports could not be checked ({type(e).__name__}: {e})"]
+    if proc.returncode != 0 or not isinstance(answer, list):
+        last = (proc.stderr.strip().splitlines() or [f"exit status {proc.returncode}"])[-1]
+        return [f"the imports could not be checked ({last[:200]})"]
+    return [str(x) for x in answer]
 
 
 def log_file(work: Path, target: TargetSettings) -> Path:

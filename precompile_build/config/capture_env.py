@@ -26,6 +26,8 @@ CUDA_GRAPHS = "PRECOMPILE_CUDA_GRAPHS"
 CUDA_ARCHS = "PRECOMPILE_CUDA_ARCHS"
 MODE = "PRECOMPILE_MODE"
 IMPORTS_PATH = "PRECOMPILE_IMPORTS_PATH"
+PROJECT_ROOT = "PRECOMPILE_PROJECT_ROOT"
+PACKAGE_DIR = "PRECOMPILE_PACKAGE_DIR"
 STATS_PATH = "PRECOMPILE_STATS_PATH"
 SCRIPT_STARTED = "PRECOMPILE_SCRIPT_STARTED"
 TEST_CROSS_NATIVE = "PRECOMPILE_TEST_CROSS_NATIVE"
@@ -80,6 +82,10 @@ VARIABLES = (
              "config/capture_options.py"),
     Variable(IMPORTS_PATH, "a file path: where the capture writes what it imported (JSON)",
              "the build, beside the pair", "capturing/imported.py: the capture cache's second key"),
+    Variable(PROJECT_ROOT, "a folder: the project root (the capture's files inside it are "
+             "recorded relative to it)", "the build", "capturing/imported.py"),
+    Variable(PACKAGE_DIR, "a folder: the project's import package (its modules are keyed by "
+             "content, package_sha256, not recorded as imports)", "the build", "capturing/imported.py"),
     Variable(STATS_PATH, "a file path: where the capture writes its peak memory and seconds per "
              "step (JSON lines)", "the build, beside the log", "capturing/stats.py"),
     Variable(SCRIPT_STARTED, "`<time.time()> <pid>`: when the build started the script, and the "

@@ -27,6 +27,17 @@ _DATA_PTRS_EQUAL = getattr(torch._C, "_tensors_data_ptrs_at_indices_equal", None
 _TIME_NEXT = "time the next call"  # a warm key whose next call is the timed plain run
 
 
+def _out_of_memory(exc):
+    """Whether a failed recording ran out of GPU memory: torch's OutOfMemoryError, or
+    an error that says so, where capture_end's own error replaced it."""
+    seen = 0
+    while exc is not None and seen < 8:
+        if isinstance(exc, torch.cuda.OutOfMemoryError) or "out of memory" in str(exc).lower():
+            return True
+        exc, seen = exc.__cause__ or exc.__context__, seen + 1
+    return False
+
+
 class _Graph:
     __slots__ = ("key", "graph", "static_inputs", "outputs", "ptrs", "refs")
     key: tuple
@@ -56,9 +67,12 @@ class _CudaGraphs:
     the CPU and the GPU. Where the GPU took more than COMPUTE_BOUND times the CPU's
     time the call is compute-bound: a graph removes launch work only, so that size
     runs plainly (compute_bound="graph" records every size, at its second call). A
-    size already recorded records new addresses at once. A recording that fails is
-    undone (see _recover) and its size runs plainly from then on, with one
-    CudaGraphWarning; so does a size recorded over MAX_RECORDINGS x max_graphs times
+    size already recorded records new addresses at once. A recording that ran out of
+    GPU memory is undone (see _recover), that call runs plainly (raising the
+    OutOfMemoryError where that fails too) and the size records at its next call; an
+    out-of-memory error in a plain run or a replay leaves nothing to undo: the next
+    call is served as if it had not happened. Any other recording that fails is undone
+    and its size runs plainly from then on, with one CudaGraphWarning; so does a size recorded over MAX_RECORDINGS x max_graphs times
     (its tensors move on every call: no graph would be replayed).
 
     Bounded: at most max_graphs graphs, least recently used dropped (its size stays
@@ -113,6 +127,7 @@ class _CudaGraphs:
         self.recorded = 0  # graphs recorded so far (tests, benchmarks)
         self.plain = 0  # decisions "compute-bound: run without a graph" so far
         self.failed = 0  # recordings that failed (each warned once)
+        self.out_of_memory = 0  # recordings that ran out of GPU memory (retried at the size's next call)
         self.last_ratio = None  # GPU time / CPU time of the latest timed run decided on
 
     def __call__(self, flat, device):
@@ -289,22 +304,28 @@ class _CudaGraphs:
 
     def _record(self, key, flat):
         """Record the kernels' launches for these tensors: a _Graph, or None when the
-        recording failed (undone, warned about once, the size marked to run plainly)."""
+        recording failed (undone; out of memory: the size records again at its next
+        call; else warned about once and the size marked to run plainly)."""
         g = _Graph()
         g.key = key
-        g.static_inputs = [torch.empty_strided(flat[i].shape, flat[i].stride(), dtype=flat[i].dtype,
-                                               device=flat[i].device) for i in self._copied]
-        inputs = list(flat)
-        for i, buf in zip(self._copied, g.static_inputs):
-            buf.copy_(flat[i])
-            inputs[i] = buf
-        g.ptrs = [None] * len(flat)
-        for i in self._static_idx:
-            g.ptrs[i] = flat[i].data_ptr()
         try:
+            g.static_inputs = [torch.empty_strided(flat[i].shape, flat[i].stride(), dtype=flat[i].dtype,
+                                                   device=flat[i].device) for i in self._copied]
+            inputs = list(flat)
+            for i, buf in zip(self._copied, g.static_inputs):
+                buf.copy_(flat[i])
+                inputs[i] = buf
+            g.ptrs = [None] * len(flat)
+            for i in self._static_idx:
+                g.ptrs[i] = flat[i].data_ptr()
             g.graph, g.outputs = self._capture(inputs)
         except Exception as e:
+            del g  # its static buffers go before the plain run that follows
             self._recover()
+            if _out_of_memory(e):  # this call's memory, not the size's: record it next time
+                self.out_of_memory += 1
+                self._keep_warm(key)
+                return None
             self._run_plainly(key)
             self.failed += 1
             _warnings.warn(
