@@ -88,6 +88,18 @@ def test_a_dict_a_private_flag_and_a_configs_field_read_by_the_trace_are_checked
     torch.testing.assert_close(f(other, x), other(x))
 
 
+def test_the_message_names_the_parameter_the_model_was_passed_as(tmp_path):
+    m, x = Scaled().eval(), torch.randn(2, 4)
+
+    def swapped(x, net):  # the model second
+        return net(x)
+
+    f = _serve(tmp_path, swapped, x, m)
+    m.scaling["default"] = 0.5
+    with pytest.raises(CallError, match=r"target 't': net: scaling\['default'\] was 2.0"):
+        f(x, m)
+
+
 def test_the_frozen_engine_checks_the_same_state(tmp_path):
     torch.manual_seed(0)
     m, x = Scaled().eval(), torch.randn(2, 4)

@@ -25,6 +25,7 @@ if TYPE_CHECKING:
 
     from .source_names import (
         _META,
+        _MODULE_POS,
         HOOK_KINDS,
         CallError,
         global_hooks,
@@ -49,8 +50,11 @@ def _differs(got, want):
 
 
 def _arg_label(i):
+    """The name of the function's parameter that model argument ``i`` was passed as,
+    where the call's arguments are plain positional leaves; else ``model argument i``."""
     names = _META.get("arg_names") or []
-    return names[i] if i < len(names) else f"model argument {i}"
+    pos = _MODULE_POS[i] if i < len(_MODULE_POS) else None
+    return names[pos] if pos is not None and pos < len(names) else f"model argument {i}"
 
 
 def _submodule(root, path):
