@@ -25,7 +25,7 @@ def test_no_module_spells_a_variable_but_the_table():
     names = {v.name for v in capture_env.VARIABLES}
     found = []
     for path in sorted((ROOT / "precompile_build").rglob("*.py")):
-        if path.name == "capture_env.py":
+        if path.name in ("capture_env.py", "imported.py"):  # imported.py runs alone: checked below
             continue
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
             if isinstance(node, ast.Constant) and node.value in names:
@@ -60,3 +60,12 @@ def test_the_build_sets_the_variables_the_table_says_it_sets(tmp_path, monkeypat
     monkeypatch.setenv(capture_env.CUDA_ARCHS, "7.5")  # the user's own: not a CPU capture's
     assert capture_env.CUDA_ARCHS not in script_env(s, s.targets["a"], "cpu", tmp_path / "a.py",
                                                     tmp_path / "a.cache", None)
+
+
+def test_the_imports_record_spells_the_tables_names():
+    """capturing/imported.py runs alone in the build's check (no package to import the
+    table from), so it spells its variables; they are the table's."""
+    from precompile_build.capturing import imported
+
+    assert (imported.RECORD_ENV, imported.ROOT_ENV, imported.PACKAGE_ENV) == (
+        capture_env.IMPORTS_PATH, capture_env.PROJECT_ROOT, capture_env.PACKAGE_DIR)

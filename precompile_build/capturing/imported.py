@@ -52,11 +52,11 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any, Optional
 
-from ..config import capture_env
-
-RECORD_ENV = capture_env.IMPORTS_PATH
-ROOT_ENV = capture_env.PROJECT_ROOT
-PACKAGE_ENV = capture_env.PACKAGE_DIR
+# The names of config/capture_env.py's table, spelled here: the build's check runs this
+# file alone, with no package to import from (CHECK_CODE); a test keeps them equal
+RECORD_ENV = "PRECOMPILE_IMPORTS_PATH"
+ROOT_ENV = "PRECOMPILE_PROJECT_ROOT"
+PACKAGE_ENV = "PRECOMPILE_PACKAGE_DIR"
 # Imported by the interpreter's start-up (site), not by the script: pip's isolated build
 # environment has a sitecustomize.py of its own in a new temp directory each build.
 _STARTUP_MODULES = ("sitecustomize", "usercustomize")
