@@ -96,7 +96,7 @@ def compiling_state():
 
 
 def trace(flat_fn: Callable, example: list, *, n_params: int, marks: list, paths: list,
-          target: str, tracer: str, ran_backward: Callable[[], bool]) -> Traced:
+          target: str, tracer: str, ran_backward: Callable[[], bool], sharded: bool = False) -> Traced:
     """Trace ``flat_fn(*example)`` with ``tracer`` (see the module docstring).
 
     Args:
@@ -110,6 +110,9 @@ def trace(flat_fn: Callable, example: list, *, n_params: int, marks: list, paths
         tracer: one of :data:`TRACERS` (already checked).
         ran_backward: answers, after a trace, whether that trace computed parameter
             gradients (a backward inside the call).
+        sharded: the model has DTensor parameters (dtensors.py): ``auto`` is make_fx,
+            which traces the DTensors the flat function makes from the shards
+            (torch.export refuses to construct one inside its trace).
     Returns:
         a :class:`Traced`.
     Raises:
@@ -119,8 +122,13 @@ def trace(flat_fn: Callable, example: list, *, n_params: int, marks: list, paths
     def make_fx():
         return _make_fx(flat_fn, example, n_params, marks, paths, target)
 
-    if tracer == "make_fx":
+    if tracer == "make_fx" or (sharded and tracer == "auto"):
         return _with_message(make_fx, "make_fx", target)
+    if sharded:
+        raise CaptureError(
+            f"the model has DTensor parameters (sharded with parallelize_module), which tracer={tracer!r} "
+            "cannot trace (torch.export refuses the DTensors the capture makes from their shards); use "
+            "tracer='auto' or 'make_fx' (`tracer` in the target)", target=target)
     strict = tracer == "export-strict"
     name = "export-strict" if strict else "export"
     try:

@@ -28,6 +28,7 @@ from precompile_runtime.envelope import Envelope, dumps
 from ..capturing import dynamic_dims, sharing
 from ..capturing.stats import timed
 from ..capturing.tracing import TracedCall, run_real_call, trace_call
+from ..capturing.world import fake_reason
 from ..errors import CaptureError, CompilerFailed, torch_warnings_shown
 from ..validation.validate import validate
 from . import codegen, cross_arch
@@ -184,8 +185,10 @@ def _compile(traced: TracedCall, target: str, options: dict, real: dict | None =
     graph_code = codegen.graph_source(traced.graph_module)
     source = codegen.render(metadata, graph_code, wrapper_code)
     # the numbers go into the metadata literal; nothing that runs depends on it
+    skipped = fake_reason()  # one rank alone under the fake process group: compile-only
     with timed("validate"):
-        metadata["validation"] = validate(source, blobs, traced, target, options, real)
+        metadata["validation"] = ({"skipped": skipped} if skipped
+                                  else validate(source, blobs, traced, target, options, real))
     source = codegen.render(metadata, graph_code, wrapper_code)
     return source.encode("utf-8"), blobs, fingerprint
 

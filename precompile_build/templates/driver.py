@@ -36,6 +36,7 @@ if TYPE_CHECKING:
 
 import math as _math
 import operator as _operator
+import sys as _sys
 import weakref as _weakref
 
 try:  # the runtime's error type where it is installed; the file stays self-contained
@@ -83,20 +84,29 @@ _DIST = _META.get("collectives")  # {"world_size", "groups": {name: ranks}} (col
 _DIST_WORLD = []  # the WORLD group whose groups are registered under the pair's names
 
 
-def _check_dist():
-    """The world size the pair was captured for, and its groups found by ranks in this
-    process and registered under the names the captured code uses. Raises CallError."""
+def _check_world():
+    """This process's default group has the world size of the capture. Raises CallError
+    naming both (at load and on every call)."""
     import torch.distributed as dist
 
     want = _DIST["world_size"]
     got = dist.get_world_size() if dist.is_available() and dist.is_initialized() else None
     if got != want:
+        what = "runs collectives over" if _DIST["groups"] or _DIST.get("mesh_groups") else "is sharded for"
         raise CallError(
-            f"target {_META['target']!r}: the captured function runs collectives over a world of "
+            f"target {_META['target']!r}: the captured function {what} a world of "
             f"{want} process(es); this process is in " + ("no process group" if got is None else f"a world of {got}")
-            + f". Serve it with {want} processes (torchrun --nproc_per_node {want} and "
-            "dist.init_process_group), or capture again in this world"
+            + f". Serve it with {want} processes (torchrun --nproc_per_node {want}) and call "
+            "dist.init_process_group() before loading it, or capture again in this world"
+            + (f" (`world-size = {got}`)" if got else "")
         )
+    return dist
+
+
+def _check_dist():
+    """The world size the pair was captured for, and its groups found by ranks in this
+    process and registered under the names the captured code uses. Raises CallError."""
+    dist = _check_world()
     world = dist.group.WORLD
     if _DIST_WORLD and _DIST_WORLD[0] is world:
         return
@@ -118,6 +128,84 @@ def _check_dist():
             pass
         _C._register_process_group(name, pg)
     _DIST_WORLD[:] = [world]
+
+
+# ---- DTensor parameters (capturing/dtensors.py): served as their local shards -------
+_DTENSORS = {d["index"]: d for d in _META.get("dtensors") or ()}
+_MESH_GROUPS = (_DIST or {}).get("mesh_groups") or {}  # pair's name -> mesh dim
+_MESH_NOW = [None, None]  # (mesh, WORLD) whose dim groups are registered under those names
+
+
+def _mesh_text(mesh):
+    shape = mesh["shape"] if isinstance(mesh, dict) else list(mesh.shape)
+    names = mesh["dim_names"] if isinstance(mesh, dict) else getattr(mesh, "mesh_dim_names", None)
+    return f"mesh {shape}" + (f" ({', '.join(names)})" if names else "")
+
+
+def _local_params(params, names):
+    """``params`` with each DTensor replaced by its local shard, checked against the
+    capture's mesh and placements; returns ``(tensors, mesh or None)``. Raises
+    CallError: a DTensor where the capture had a plain tensor, or the reverse, or
+    another mesh shape or placements."""
+    import sys
+
+    dtensor = getattr(sys.modules.get("torch.distributed.tensor"), "DTensor", None)
+    out, mesh = [], None
+    for i, (t, n) in enumerate(zip(params, names)):
+        want = _DTENSORS.get(i)
+        is_dt = dtensor is not None and isinstance(t, dtensor)
+        if want is None:
+            if is_dt:
+                raise CallError(
+                    f"target {_META['target']!r}: parameter/buffer {n} is a DTensor "
+                    f"({', '.join(map(repr, t.placements))} over a {_mesh_text(t.device_mesh)}), but was a "
+                    "plain tensor at capture; pass the model unsharded, as captured, or capture the "
+                    "sharded model")
+            out.append(t)
+            continue
+        shown = f"{', '.join(want['placements'])} over a {_mesh_text(want['mesh'])}"
+        if not is_dt:
+            raise CallError(
+                f"target {_META['target']!r}: parameter/buffer {n} was a DTensor at capture "
+                f"({shown}) and is a plain tensor here; shard the model with the capture's "
+                "parallelize_module plan (after dist.init_process_group()) before the call")
+        got_mesh = {"shape": list(t.device_mesh.shape),
+                    "dim_names": list(t.device_mesh.mesh_dim_names) if t.device_mesh.mesh_dim_names else None}
+        got = [repr(p) for p in t.placements]
+        if got_mesh != want["mesh"] or got != want["placements"]:
+            raise CallError(
+                f"target {_META['target']!r}: parameter/buffer {n} is sharded "
+                f"{', '.join(got)} over a {_mesh_text(got_mesh)}; the capture's was {shown}. "
+                "Shard it with the capture's mesh and parallelize_module plan, or capture again "
+                "with this one")
+        out.append(t._local_tensor)
+        mesh = mesh if mesh is not None else t.device_mesh
+    return out, mesh
+
+
+def _use_mesh(params):
+    """Register this process's groups along the served model's mesh dims under the
+    names the captured code uses (``precompile:mesh=tp``). Raises CallError."""
+    import torch.distributed as dist
+
+    mesh = getattr(params, "mesh", None)
+    if mesh is None:
+        raise CallError(
+            f"target {_META['target']!r}: the captured function runs collectives along the "
+            "device mesh of its DTensor parameters, and this call passes no model sharded over "
+            "one; pass the model sharded with the capture's parallelize_module plan")
+    world = dist.group.WORLD
+    if _MESH_NOW[0] is mesh and _MESH_NOW[1] is world:
+        return
+    from torch._C import _distributed_c10d as _C
+
+    for name, dim in _MESH_GROUPS.items():
+        try:
+            _C._unregister_process_group(name)
+        except Exception:
+            pass
+        _C._register_process_group(name, mesh.get_group(dim))
+    _MESH_NOW[:] = [mesh, world]
 
 
 def _layout_hint(want, shape):
@@ -330,6 +418,7 @@ def _check_settings(modules):
 def _full_params(modules):
     """The full check of the model arguments: returns their lifted tensors."""
     names, params = module_tensors(modules)
+    mesh = None
     if names != _META["param_names"]:
         want = _META["param_names"]
         i = next((i for i, (g, w) in enumerate(zip(names, want)) if g != w), min(len(names), len(want)))
@@ -343,11 +432,23 @@ def _full_params(modules):
             f"the capture lifted {len(want)}; they first differ at #{i}: captured "
             f"{shown(want)}, given {shown(names)}; pass a model of the captured structure"
         )
+    if _DTENSORS or "torch.distributed.tensor" in _sys.modules:  # a sharded model: its shards
+        params, mesh = _local_params(params, names)
     for t, n, s in zip(params, names, _META["params"]):
         _check_tensor(t, s, f"parameter/buffer {n}")
     _check_training(modules)
     _check_settings(modules)
-    return _Params(params)
+    if mesh is None:
+        return _Params(params)
+    out = _MeshParams(params)
+    out.mesh = mesh
+    return out
+
+
+class _MeshParams(_Params):
+    """The lifted tensors of a sharded model, with its DeviceMesh (``mesh``)."""
+
+    __slots__ = ("mesh",)
 
 
 def _cached_params(modules):
@@ -522,6 +623,8 @@ class CompiledArtifact:
                     _flatten_call(args, kwargs)  # raises, naming the argument
             fast = True
         params = _cached_params(modules)
+        if _MESH_GROUPS:
+            _use_mesh(params)
         if fast:
             tensors = [args[i] for i in _TENSOR_POS]
             guard = _INPUT_GUARD[0]
@@ -583,7 +686,13 @@ def load(kernel_dir):
         a :class:`CompiledArtifact`; with frozen kernels, it replays CUDA graphs when
         the capture recorded the ``cuda-graphs`` target option
         (``.with_cuda_graphs(enabled)`` gives the other setting).
+    Raises:
+        CallError: a pair that runs collectives or is sharded (DTensor parameters)
+            loaded in a process whose default group has another world size than the
+            capture's, or before ``dist.init_process_group()``.
     """
+    if _DIST:  # a sharded or collective pair: loaded where it can serve, or not at all
+        _check_world()
     if kernel_dir is None or _META["engine"] != "frozen":
         return CompiledArtifact(lambda flat: _graph(_GRAPH_SELF, *flat), uses_kernels=False)
     call = _make_call(_load_kernels(kernel_dir))
