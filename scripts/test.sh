@@ -24,7 +24,10 @@ TORCH_SPEC=torch==2.14.1 make_venv .venv-torch214 "${deps[@]}" torchvision==0.29
 # the torch engine's tests, the frozen engine's cases, the tracers (and the one-pass export
 # on torch's private names), the example project
 # built with each engine (the frozen engine must keep working on the newest torch too),
-# transformers decoding (StaticCache arguments, the export wrapper) and the model matrix
+# transformers decoding (StaticCache arguments, the export wrapper), the model matrix and
+# the tensor-parallel Llama (two gloo ranks under torchrun; transformers is here only, so
+# the torch 2.13 run skips it and runs tests/test_tensor_parallel.py's MLP instead)
 .venv-torch214/bin/python -m pytest -q -p no:cacheprovider \
   tests/test_torch_engine.py tests/test_frozen_engine.py tests/test_frozen_dynamic_dims.py tests/test_tracers.py \
-  tests/test_aten_export.py tests/test_example_project.py tests/test_llm_decode.py tests/test_decode_fast_path.py tests/test_models.py "$@"
+  tests/test_aten_export.py tests/test_example_project.py tests/test_llm_decode.py tests/test_decode_fast_path.py tests/test_models.py \
+  tests/test_tp_llama.py "$@"

@@ -42,6 +42,7 @@ PROJECT_KEYS = (
     Key("cache-dir", "cache_dir", env="PRECOMPILE_BUILD_CACHE_DIR"),
     Key("jobs", "jobs", env="PRECOMPILE_JOBS"),
     Key("cuda-archs", "cuda_archs", env="PRECOMPILE_CUDA_ARCHS"),  # the targets' default
+    Key("distributed", "distributed", env="PRECOMPILE_DISTRIBUTED"),
 )
 # [tool.precompile.targets.NAME]
 TARGET_KEYS = (
@@ -56,4 +57,6 @@ TARGET_KEYS = (
     Key("tracer", "tracer"),
     Key("cuda-graphs", "cuda_graphs"),
     Key("cuda-archs", "cuda_archs"),
+    Key("world-size", "world_size"),
+    Key("mesh", "mesh"),
 )

@@ -38,6 +38,11 @@ Schema (format ``precompile-build.manifest``, version 1)::
               "left_out": {"8.6": "kernel k: ..."},   # `cuda-archs` entries dropped, and why
               "replaced": {"12.0": {"k": "..."}},     # configs swapped for one that fits
               "native_elsewhere": {"8.0": "<id>"},    # merge: a variant built on that GPU
+              "distributed": {         # `world-size` targets: one pair for every rank
+                "world_size": 2, "mesh": {"shape": [2], "dim_names": ["tp"]},
+                "mode": "real",        # every rank captured (real collectives); "fake": rank 0 alone
+                "backend": "gloo", "ranks_captured": 2,
+                "validated": true},    # false: compile-only at this world size
               "validation": {          # frozen engine: how the capture judged its kernels
                 "reference": "float64",  # the traced graph run in this dtype
                 "fallback_ops": [],    # ops run in a narrower dtype (no kernel in the reference dtype)
@@ -135,7 +140,7 @@ def _check_target(name: str, target: Any, where: str) -> None:
         for key in ("compiled_for", "validated_on"):
             if key in v and not (isinstance(v[key], list) and all(isinstance(a, str) for a in v[key])):
                 raise ManifestError(f"{vctx}: `{key}` must be a list of compute capabilities (strings)")
-        for key in ("left_out", "replaced", "native_elsewhere", "peak_memory", "capture_breakdown"):
+        for key in ("left_out", "replaced", "native_elsewhere", "peak_memory", "capture_breakdown", "distributed"):
             if key in v and not isinstance(v[key], dict):
                 raise ManifestError(f"{vctx}: `{key}` must be an object")
         files = v.get("files")
