@@ -13,7 +13,7 @@ from precompile_build.engines import codegen
 from precompile_build.templates import source_names
 
 ENGINES = Path(codegen.__file__).parent
-TEMPLATES = ["kernel_loader.py", "triton_launcher.py", "call_args.py", "driver.py", "cuda_graphs.py"]
+TEMPLATES = ["kernel_loader.py", "triton_launcher.py", "call_args.py", "distributed.py", "driver.py", "cuda_graphs.py"]
 
 
 def _stand_in_names(text: str) -> list[str]:

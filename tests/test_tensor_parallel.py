@@ -183,6 +183,12 @@ def test_a_sharded_model_is_served_as_captured_and_checked(tmp_path, world_of_on
     with pytest.raises(CallError, match=r"m0.up.weight is sharded Shard\(dim=1\) over a mesh \[1\] \(tp\); the "
                        r"capture's was Shard\(dim=0\) over a mesh \[1\] \(tp\)"):
         served(other, x)
+    # and the other way: a pair captured unsharded refuses the sharded model
+    (tmp_path / "plain").mkdir()
+    unsharded, _ = _capture(tmp_path / "plain", tp.mlp_call, plain, x, engine="eager")
+    with pytest.raises(CallError, match=r"parameter/buffer m0.up.weight is a DTensor \(Shard\(dim=0\) over a mesh "
+                       r"\[1\] \(tp\)\), but was a plain tensor at capture; pass the model unsharded"):
+        unsharded(model, x)
     dist.destroy_process_group()
     with pytest.raises(CallError, match=r"is sharded for a world of 1 process\(es\); this process is in no "
                        r"process group.*dist.init_process_group\(\) before loading it"):

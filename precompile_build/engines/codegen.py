@@ -117,6 +117,7 @@ def render(metadata: PairMetadata, graph_code: str, wrapper_code: str | None) ->
     parts.append(_template("module_settings.py"))  # the driver checks models with it
     parts.append(_template("pytree_types.py"))  # and registers transformers' caches with it
     parts.append(_template("call_args.py"))  # its arguments and results, through pytree
+    parts.append(_template("distributed.py"))  # the world, its groups, DTensor shards
     parts.append(_template("driver.py"))
     if wrapper_code is not None and metadata.get("device") == "cuda":
         parts.append(_template("cuda_graphs.py"))  # CUDA graphs of the frozen kernels
