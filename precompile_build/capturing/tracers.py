@@ -112,7 +112,8 @@ def trace(flat_fn: Callable, example: list, *, n_params: int, marks: list, paths
             gradients (a backward inside the call).
         sharded: the model has DTensor parameters (dtensors.py): ``auto`` is make_fx,
             which traces the DTensors the flat function makes from the shards
-            (torch.export refuses to construct one inside its trace).
+            (torch.export refuses to construct one inside its trace), on fake
+            copies of the example (a tensor-parallel shard is big: no clone of it).
     Returns:
         a :class:`Traced`.
     Raises:
@@ -120,7 +121,7 @@ def trace(flat_fn: Callable, example: list, *, n_params: int, marks: list, paths
             the line of user or library code that raised it, and what to try.
     """
     def make_fx():
-        return _make_fx(flat_fn, example, n_params, marks, paths, target)
+        return _make_fx(flat_fn, example, n_params, marks, paths, target, fake=sharded)
 
     if tracer == "make_fx" or (sharded and tracer == "auto"):
         return _with_message(make_fx, "make_fx", target)
@@ -179,10 +180,17 @@ def _with_message(run: Callable[[], Traced], name: str, target: str) -> Traced:
 
 
 @torch_warnings_shown()
-def _make_fx(flat_fn, example, n_params, marks, paths, target) -> Traced:
+def _make_fx(flat_fn, example, n_params, marks, paths, target, fake: bool = False) -> Traced:
+    """make_fx of the flat function: on clones of the example (real tensors: a branch on
+    values takes the example's path), or with ``fake`` on fake copies of it (a sharded
+    model: no clone of its shards, as torch.export; the model runs its trace-friendly
+    paths under compiling_state)."""
     from torch.fx.experimental.proxy_tensor import make_fx
 
     with compiling_state():
+        if fake and not any(marks):
+            gm = make_fx(flat_fn, tracing_mode="fake")(*example)
+            return Traced(gm, None, "make_fx")
         if any(marks):  # marked dims stay symbolic: trace on fake tensors
             with dynamic_dims.size_oblivious():
                 fakes, symbolic = dynamic_dims.fake_inputs(example, n_params, marks, paths, target)
