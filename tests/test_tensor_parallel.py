@@ -272,3 +272,21 @@ def test_a_failing_rank_ends_the_others_and_is_named(tmp_path, monkeypatch):
     with pytest.raises(CaptureError, match=r"Capture of target 'fails' failed: rank 1 exited with status 1: "
                        r"RuntimeError: rank one gives up"):
         build(root, monkeypatch, config_settings={"precompile.targets": "fails"})
+
+
+@pytest.mark.usefixtures("build_env")
+def test_a_2d_mesh_pair_serves_ranks_of_other_groups(tmp_path, monkeypatch):
+    """`mesh = { dp = 2, tp = 2 }`: four capture processes; the MLP is sharded over the
+    mesh's `tp` part, whose group is ranks [0, 1] on ranks 0 and 1 and [2, 3] on ranks 2
+    and 3. The pair names its all-reduce by the mesh dimension, so rank 0's pair serves
+    all four ranks (a name by ranks would send ranks 2 and 3 to rank 0's group)."""
+    root = make_project(tmp_path, name="tpmodels")
+    wheel = build(root, monkeypatch, config_settings={"precompile.targets": "mlp2d"})
+    variant = manifest_of(wheel)["targets"]["mlp2d"]["variants"][0]
+    assert variant["distributed"] == {"world_size": 4, "mesh": {"shape": [2], "dim_names": ["tp"]}, "mode": "real",
+                                      "backend": "cpu:gloo", "ranks_captured": 4, "validated": True}
+    results = torchrun(unpack(wheel, tmp_path / "site"), tmp_path / "served", ["mlp2d"], nproc=4)
+    assert [r["mlp2d"]["tp_ranks"] for r in results] == [[0, 1], [0, 1], [2, 3], [2, 3]]
+    for r in results:
+        assert r["mlp2d"]["max_diff"] == 0.0, r
+        assert r["mlp2d"]["groups"]["groups"] == {} and r["mlp2d"]["groups"]["mesh_groups"] == {"precompile:mesh=tp": 0}

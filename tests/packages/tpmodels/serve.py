@@ -21,7 +21,7 @@ for name in names:
         load_packaged(name, package="tpmodels", strict=True)
     except CallError as e:
         result["before_init"][name] = str(e)
-mesh = tpmodels.init_world()
+mesh = tpmodels.init_world(dp=2 if "mlp2d" in names else 1)
 rank = dist.get_rank()
 if dist.get_world_size() == 1:
     for name in names:
@@ -36,6 +36,12 @@ else:
             model, x = tpmodels.build_mlp(mesh), tpmodels.mlp_input()
             result["mlp"] = {"max_diff": float((served(model, x) - tpmodels.mlp_call(model, x)).abs().max()),
                              "kernels": served.uses_kernels}
+        if "mlp2d" in names:  # rank 0's pair, on ranks whose tp groups are [0, 1] and [2, 3]
+            served = load_packaged("mlp2d", package="tpmodels", strict=True)
+            model, x = tpmodels.build_mlp(mesh), tpmodels.mlp_input()
+            result["mlp2d"] = {"max_diff": float((served(model, x) - tpmodels.mlp_call(model, x)).abs().max()),
+                               "tp_ranks": dist.get_process_group_ranks(mesh.get_group(0)),
+                               "groups": served.metadata["collectives"]}
         if "llama_forward" in names:
             served = load_packaged("llama_forward", package="tpmodels", strict=True)
             model, ids = tpmodels.build_llama(mesh), tpmodels.prompt()

@@ -14,14 +14,17 @@ PROMPT = 8
 TOKENS = 16
 
 
-def init_world():
+def init_world(dp: int = 1):
     """``dist.init_process_group()`` from torchrun's environment (or the build's) and
-    the ``tp`` mesh over the whole world."""
+    the ``tp`` mesh over the whole world; with ``dp`` > 1 a ``(dp, tp)`` mesh and its
+    ``tp`` part (rank 0's tensor-parallel group is ranks 0, 1; rank 2's 2, 3)."""
     from torch.distributed.device_mesh import init_device_mesh
 
     if not dist.is_initialized():
         dist.init_process_group()
     device = "cuda" if torch.cuda.is_available() and dist.get_backend() == "nccl" else "cpu"
+    if dp > 1:
+        return init_device_mesh(device, (dp, dist.get_world_size() // dp), mesh_dim_names=("dp", "tp"))["tp"]
     return init_device_mesh(device, (dist.get_world_size(),), mesh_dim_names=("tp",))
 
 
