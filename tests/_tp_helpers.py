@@ -31,9 +31,12 @@ def torchrun(site: Path, out: Path, targets: list[str], nproc: int = 2, timeout:
     shutil.copyfile(PACKAGES / "tpmodels" / "serve.py", script)
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(site), str(ROOT), str(ROOT / "runtime")]),
                PRECOMPILE_CACHE_DIR=str(out / "kcache"), OMP_NUM_THREADS="1")
-    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node",
-                           str(nproc), str(script), str(out), *targets], env=env, capture_output=True, text=True,
-                          timeout=timeout)
+    for _ in range(2):  # torchrun's MASTER_PORT was free when it chose it; another process may take it
+        proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node",
+                               str(nproc), str(script), str(out), *targets], env=env, capture_output=True,
+                              text=True, timeout=timeout)
+        if proc.returncode == 0 or "EADDRINUSE" not in proc.stdout + proc.stderr:
+            break
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
     return [json.loads((out / f"rank{r}.json").read_text()) for r in range(nproc)]
 

@@ -290,3 +290,30 @@ def test_a_2d_mesh_pair_serves_ranks_of_other_groups(tmp_path, monkeypatch):
     for r in results:
         assert r["mlp2d"]["max_diff"] == 0.0, r
         assert r["mlp2d"]["groups"]["groups"] == {} and r["mlp2d"]["groups"]["mesh_groups"] == {"precompile:mesh=tp": 0}
+
+
+@pytest.mark.usefixtures("build_env")
+def test_a_master_port_taken_before_rank_0_binds_it_is_chosen_again(tmp_path, monkeypatch):
+    """The build picks a free MASTER_PORT; another process may take it before rank 0's
+    TCPStore binds it (EADDRINUSE): the ranks are started once more on a new port."""
+    root = make_project(tmp_path, name="tpmodels")
+    (root / "captures" / "tiny.py").write_text(
+        "import torch, torch.distributed as dist\nimport precompile_build\n"
+        "dist.init_process_group()\ndist.barrier()\n"
+        "with precompile_build.capture(lambda x: x * 2, engine='eager') as f:\n    f(torch.ones(2))\n")
+    py = root / "pyproject.toml"
+    py.write_text(py.read_text() + '\n[tool.precompile.targets.tiny]\nscript = "captures/tiny.py"\n'
+                  'device = "cpu"\nworld-size = 2\ntimeout = 120\n')
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", 0))
+    taken.listen()
+    ports = [taken.getsockname()[1]]
+    real = ranks.free_port
+    monkeypatch.setattr(ranks, "free_port", lambda: ports.pop(0) if ports else real())
+    try:
+        wheel = build(root, monkeypatch, config_settings={"precompile.targets": "tiny"})
+    finally:
+        taken.close()
+    assert not ports  # the taken port was handed out, then another
+    variant = manifest_of(wheel)["targets"]["tiny"]["variants"][0]
+    assert variant["distributed"]["ranks_captured"] == 2

@@ -229,6 +229,26 @@ def run_script(settings: Settings, target: TargetSettings, device: str, gpu: Opt
     stats.unlink(missing_ok=True)
     env[capture_stats.STATS_ENV] = str(stats)
     env[capture_stats.STARTED_ENV] = repr(time.time())  # + the script's pid (_RUN_SCRIPT): capture_began
+    for attempt in range(2):
+        reason, failed, procs = _run_ranks(settings, target, work, env, log_path, verbose, abort, world)
+        if attempt or world is None or world.processes == 1 or reason is None or reason == CANCELLED:
+            break
+        # MASTER_PORT was free when chosen and taken before rank 0 bound it (another
+        # process on this host): a new port, once
+        if not any(_PORT_TAKEN in log_tail(r_log, 60) for _, _, r_log in procs):
+            break
+    if failed:
+        reason, log_path = f"rank {failed} {reason}", procs[failed][2]
+    return reason, src, cache, log_path, capture_stats.read(stats, getattr(procs[0][0], "peak_rss_bytes", None))
+
+
+_PORT_TAKEN = "EADDRINUSE"  # c10d's TCPStore, when the MASTER_PORT is in use
+
+
+def _run_ranks(settings: Settings, target: TargetSettings, work: Path, env: dict, log_path: Path, verbose: bool,
+               abort: threading.Event, world: Optional[WorldPlan]) -> tuple[Optional[str], int, list]:
+    """Start the script once per rank of ``world`` (once when None) and wait for all:
+    ``(reason, index of the rank that failed first, [(process, pump, log path)])``."""
     port = ranks.free_port() if world is not None else 0
     procs: list[tuple[subprocess.Popen, threading.Thread, Path]] = []
     try:
@@ -252,9 +272,7 @@ def run_script(settings: Settings, target: TargetSettings, device: str, gpu: Opt
                 _kill_group(proc)
             pump.join(timeout=10)
             proc.stdout.close()  # type: ignore[union-attr]
-    if failed:
-        reason, log_path = f"rank {failed} {reason}", procs[failed][2]
-    return reason, src, cache, log_path, capture_stats.read(stats, getattr(procs[0][0], "peak_rss_bytes", None))
+    return reason, failed, procs
 
 
 def rank_pair(work: Path, target: TargetSettings, rank: int) -> tuple[Path, Path]:
