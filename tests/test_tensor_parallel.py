@@ -117,6 +117,24 @@ def test_a_rank_whose_pair_differs_is_named():
     assert "rank 1's captured code differs from rank 0's" in why and "dist.get_rank()" in why
 
 
+def test_the_ranks_own_gpus_are_not_in_the_pair():
+    """Each rank of a world on N GPUs captures on cuda:RANK: Inductor's device guards and
+    streams run on the current device instead, and the comparison of the ranks' pairs
+    reads a device ordinal as any other (the driver runs on the inputs' device)."""
+    from precompile_build.engines.frozen import _device_independent
+
+    code = "with torch.cuda._DeviceGuard(1):\n    torch.cuda.set_device(1)\n    stream1 = get_raw_stream(1)\n"
+    assert _device_independent(code) == (
+        "with torch.cuda._DeviceGuard(torch.cuda.current_device()):\n"
+        "    torch.cuda.set_device(torch.cuda.current_device())\n"
+        "    stream1 = get_raw_stream(torch.cuda.current_device())\n")
+    meta = {"params": []}
+    src0 = b"PRECOMPILE_METADATA = {}\nx = f(device=device(type='cuda', index=0), to='cuda:0')\n"
+    src1 = b"PRECOMPILE_METADATA = {}\nx = f(device=device(type='cuda', index=1), to='cuda:1')\n"
+    assert ranks.rank_difference((src0, meta), (src1, meta), 1) is None
+    assert ranks.rank_difference((src0, meta), (src1.replace(b"f(", b"g("), meta), 1) is not None
+
+
 # ---- one process, a world of one: what a capture refuses, what a call checks -------
 def _free_port() -> int:
     with socket.socket() as s:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import ast
 import os
+import re
 import socket
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -124,15 +125,22 @@ def world_problem(meta: Mapping[str, Any], world: WorldPlan) -> Optional[str]:
     return None
 
 
+# a CUDA device's ordinal in generated code: each rank of a world on N GPUs captures on
+# its own (the frozen engine serves the kernels on the inputs' device)
+_ORDINAL = re.compile(rb"(device\(type='cuda', index=)\d+(\))|('cuda:)\d+(')")
+
+
 def _without_metadata(source: bytes) -> bytes:
-    """The source half without its PRECOMPILE_METADATA literal (the code that runs)."""
+    """The source half without its PRECOMPILE_METADATA literal (the code that runs),
+    its CUDA device ordinals written as 0."""
     tree = ast.parse(source)
     lines = source.splitlines(keepends=True)
     for node in tree.body:
         if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "PRECOMPILE_METADATA"
                                                 for t in node.targets):
-            return b"".join(lines[:node.lineno - 1] + lines[node.end_lineno or node.lineno:])
-    return source
+            source = b"".join(lines[:node.lineno - 1] + lines[node.end_lineno or node.lineno:])
+            break
+    return _ORDINAL.sub(lambda m: (m.group(1) or m.group(3)) + b"0" + (m.group(2) or m.group(4)), source)
 
 
 # what may differ between the ranks' pairs: the numbers each rank's validation measured,
@@ -195,7 +203,7 @@ def describe(entry: Mapping[str, Any]) -> str:
     """One line for the build and ``inspect``: how a tensor-parallel variant was made."""
     mesh = entry.get("mesh") or {}
     shape = ""
-    if mesh.get("shape") and len(mesh["shape"]) > 1 or mesh.get("dim_names"):
+    if (mesh.get("shape") and len(mesh["shape"]) > 1) or mesh.get("dim_names"):
         names = mesh.get("dim_names") or [str(i) for i in range(len(mesh.get("shape") or []))]
         shape = " (mesh " + " x ".join(f"{k}={v}" for k, v in zip(names, mesh.get("shape") or [])) + ")"
     head = f"world size {entry.get('world_size')}{shape}: rank 0's pair serves every rank"

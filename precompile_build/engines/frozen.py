@@ -22,6 +22,7 @@ from __future__ import annotations
 import ast
 import contextlib
 import hashlib
+import re
 
 from precompile_runtime.envelope import Envelope, dumps
 
@@ -415,13 +416,12 @@ def _rewrite_wrapper(src: str, kernel_names: set[str], target: str) -> str:
     return code
 
 
-_DEVICE_CALLS = ("torch.cuda._DeviceGuard(0)", "torch.cuda.set_device(0)", "get_raw_stream(0)")
+_DEVICE_CALLS = re.compile(r"\b(torch\.cuda\._DeviceGuard|torch\.cuda\.set_device|get_raw_stream)\(\d+\)")
 
 
 def _device_independent(code: str) -> str:
-    """Inductor's wrapper names CUDA device 0 literally; serve on the current device
-    (the driver makes the inputs' device current), so a pair captured on cuda:0 runs
-    on cuda:1."""
-    for call in _DEVICE_CALLS:
-        code = code.replace(call, call[: -len("(0)")] + "(torch.cuda.current_device())")
-    return code
+    """Inductor's wrapper names the capture's CUDA device literally (``_DeviceGuard(0)``,
+    ``get_raw_stream(1)``: the rank's own GPU in a world of several); serve on the
+    current device instead (the driver makes the inputs' device current), so a pair
+    captured on cuda:0 runs on cuda:1, and the ranks of a world write one pair."""
+    return _DEVICE_CALLS.sub(r"\1(torch.cuda.current_device())", code)
