@@ -40,9 +40,12 @@ TORCH_SPEC=torch==2.14.1 make_venv .venv-torch214 "${deps[@]}" torchvision==0.29
 # built with each engine (the frozen engine must keep working on the newest torch too),
 # transformers decoding (StaticCache arguments, the export wrapper) and the model matrix; sizes the
 # data decides with torchvision's nms and FasterRCNN, transformers' ModelOutput results, and an
-# extern kernel max-autotune picks (bias_addmm) bound as a torch call in this torch's wrapper
+# extern kernel max-autotune picks (bias_addmm) bound as a torch call in this torch's wrapper;
+# the tensor-parallel Llama (two gloo ranks under torchrun; transformers is here only, so
+# the torch 2.13 run skips it and runs tests/test_tensor_parallel.py's MLP instead)
 .venv-torch214/bin/python -m pytest -q -p no:cacheprovider \
   tests/test_torch_engine.py tests/test_frozen_engine.py tests/test_frozen_dynamic_dims.py tests/test_tracers.py \
   tests/test_aten_export.py tests/test_example_project.py tests/test_llm_decode.py tests/test_decode_fast_path.py tests/test_models.py \
   tests/test_assumed_state.py tests/test_data_dependent.py tests/test_results_and_arguments.py \
-  tests/test_max_autotune.py::test_an_extern_choice_is_a_plain_torch_call_served_without_the_compiler "$@"
+  tests/test_max_autotune.py::test_an_extern_choice_is_a_plain_torch_call_served_without_the_compiler \
+  tests/test_tp_llama.py "$@"

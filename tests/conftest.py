@@ -123,7 +123,7 @@ def build_env(monkeypatch, host_fp_json, tmp_path_factory):
     fingerprint; a capture cache of the test's own, never the user's."""
     for var in ("PRECOMPILE_SKIP", "PRECOMPILE_TARGETS", "PRECOMPILE_BUILD_STRICT",
                 "PRECOMPILE_VERBOSE", "PRECOMPILE_TORCH_PIN", "SOURCE_DATE_EPOCH",
-                "PRECOMPILE_CACHE", "PRECOMPILE_JOBS"):
+                "PRECOMPILE_CACHE", "PRECOMPILE_JOBS", "PRECOMPILE_DISTRIBUTED"):
         monkeypatch.delenv(var, raising=False)
     monkeypatch.setenv("FIXTURE_FINGERPRINT", host_fp_json)
     monkeypatch.setenv("PRECOMPILE_BUILD_CACHE_DIR", str(tmp_path_factory.mktemp("pcache")))

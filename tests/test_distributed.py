@@ -161,7 +161,7 @@ def _run(tmp_path, backend):
         got, want = r["world"]
         assert got == want == [2 * total] * 4
         assert r["world_again"] == want
-        assert r["group_meta"] == {"world_size": 2, "groups": {"precompile:ranks=0,1": [0, 1]}}
+        assert r["group_meta"] == {"world_size": 2, "groups": {"precompile:ranks=0,1": [0, 1]}, "backend": backend}
         got, want = r["group"]
         assert got == want == [total + 1] * 4  # the sum over ranks 0 and 1, on both ranks
         if "c10d_served" in r:  # traced as a functional collective (torch 2.11)

@@ -27,8 +27,8 @@ from ..capturing import stats as capture_stats
 from ..config.settings import Settings, TargetSettings
 from ..errors import CaptureError, ScriptFailed
 from ..wheels import arch_report
-from . import capture_cache
-from .pairs import PairInfo
+from . import capture_cache, ranks
+from .pairs import PairInfo, read_source_metadata
 from .progress import Progress, human_size, summary
 from .script import (
     CANCELLED,
@@ -38,6 +38,7 @@ from .script import (
     imports_changes,
     log_file,
     log_tail,
+    rank_pair,
     run_script,
     stats_file,
 )
@@ -91,6 +92,9 @@ class CaptureResult:
     log_path: Optional[Path] = None
     """A left-out target's whole log, kept after the build (as for a failed required
     target: ``<tmp>/precompile-build-logs/NAME-<pid>.log``); None when it has none."""
+    distributed: Optional[dict] = None
+    """A `world-size` target's record (:func:`.ranks.record`: world size, mesh, `real`
+    or `fake`, backend, ranks captured, validated); None for other targets."""
 
 
 _cuda_cache: Optional[int] = None
@@ -190,6 +194,8 @@ class _Build:
     verbose: bool
     slots: Slots
     progress: Progress
+    gpus: list = field(default_factory=list)
+    """The usable GPUs' CUDA_VISIBLE_DEVICES entries (a world's real ranks need one each)."""
     abort: threading.Event = field(default_factory=threading.Event)
     """Set on Ctrl-C: running scripts are killed."""
     stop_new: threading.Event = field(default_factory=threading.Event)
@@ -229,31 +235,36 @@ def _run_one(b: _Build, target: TargetSettings, device: Optional[str]) -> Captur
                        "out of wheels built elsewhere")
         return _fail_or_skip(b, target, required, "cuda", reason, None, 0.0)
     start = time.monotonic()
+    world, problem = ranks.plan(target, device, b.settings.distributed, len(b.gpus))
+    if problem is not None:
+        return _fail_or_skip(b, target, required, device, problem, None, 0.0)
     if b.cache_root is None:
-        return _capture(b, target, device, b.cache_off, None, start)
+        return _capture(b, target, device, b.cache_off, None, start, world)
     root = b.cache_root
     try:
         components = capture_cache.key_components(
             b.settings, target, device, b.fingerprints[device], b.package_sha256)
+        if world is not None:  # how the ranks ran changes what the wheel records
+            components["world"] = {"size": world.size, "mesh": [list(d) for d in world.mesh], "mode": world.mode}
         key = capture_cache.cache_key(components)
         lock = capture_cache.lock(root, key)
         if not _acquire(b, target, lock):
             raise _Cancelled(target.name)
     except OSError as e:
-        return _capture(b, target, device, f"cache unavailable: {e}", None, start)
+        return _capture(b, target, device, f"cache unavailable: {e}", None, start, world)
     try:
         meta, why = capture_cache.fetch(  # the imports record: checked where the capture ran
             root, key, target.name, b.work / "reused" / target.name,
             changes=lambda recorded: imports_changes(b.settings, target, device, recorded))
         if meta is not None:
-            return _reused(b, target, device, key, meta, start)
+            return _reused(b, target, device, key, meta, start, world)
         if why == "no entry":  # say what changed since the target's last capture, if any
             why = capture_cache.what_changed(root, components, b.settings.package,
                                              b.package_files) or why
         if why.startswith("entry corrupt: "):
             b.progress.say(f"precompile: {target.name}: discarded cache entry "
                            f"{key[:12]}…: {why[len('entry corrupt: '):]}")
-        result = _capture(b, target, device, why, key, start)
+        result = _capture(b, target, device, why, key, start, world)
         if result.status == "ok":
             try:
                 capture_cache.store(root, key, target.name, result.source_path,  # type: ignore
@@ -288,7 +299,7 @@ def _acquire(b: _Build, target: TargetSettings, lock: Any) -> bool:
 
 
 def _reused(b: _Build, target: TargetSettings, device: str, key: str, meta: dict,
-            start: float) -> CaptureResult:
+            start: float, world: Optional[ranks.WorldPlan] = None) -> CaptureResult:
     reused = b.work / "reused" / target.name
     r = CaptureResult(target.name, "ok", target.required, device,
                       seconds=time.monotonic() - start,
@@ -296,17 +307,19 @@ def _reused(b: _Build, target: TargetSettings, device: str, key: str, meta: dict
                       cache_path=reused / f"{target.name}.cache",
                       info=meta["info"], device_index=meta.get("capture_device"),
                       origin="reused", cache_key=key,
-                      capture_seconds=meta.get("capture_seconds"))
+                      capture_seconds=meta.get("capture_seconds"),
+                      distributed=ranks.record(world, meta["info"].meta) if world is not None else None)
     b.progress.say(f"precompile: {target.name}: ok on {device} in {r.seconds:.1f} s "
                    f"({_sizes(r)}), reused (key {key[:12]}…)")
     return r
 
 
 def _capture(b: _Build, target: TargetSettings, device: str, why: str,
-             key: Optional[str], start: float) -> CaptureResult:
-    """Run the script in a device slot and validate its pair."""
+             key: Optional[str], start: float, world: Optional[ranks.WorldPlan] = None) -> CaptureResult:
+    """Run the script in a device slot (a world's real ranks on the CUDA: a GPU each)
+    and validate its pair (and the other ranks')."""
     required = target.required or b.settings.strict
-    ok, gpu = b.slots.acquire(device, b.stop_new)
+    ok, gpu = b.slots.acquire(device, b.stop_new, count=world.processes if world is not None else 1)
     if not ok:
         raise _Cancelled(target.name)
     where = device if gpu is None else f"cuda:{gpu}"
@@ -315,13 +328,15 @@ def _capture(b: _Build, target: TargetSettings, device: str, why: str,
     info = None
     try:
         reason, src, cache, log_path, (peaks, breakdown) = run_script(b.settings, target, device, gpu, b.work,
-                                                         b.verbose, b.abort)
+                                                         b.verbose, b.abort, world)
         if reason is not None and reason != CANCELLED:
             error = error_line(log_path)  # the script's exception: CaptureError: ...
             if error:
                 reason += f": {error}"
         if reason is None:
             reason, info = check_pair(src, cache)
+        if reason is None and world is not None:
+            reason = _check_world(b, target, world, src, info)
         if reason is not None and reason != CANCELLED and required:
             b.stop_new.set()  # before the slot is free: no other target starts now
     finally:
@@ -336,7 +351,8 @@ def _capture(b: _Build, target: TargetSettings, device: str, why: str,
                       seconds=time.monotonic() - start, source_path=src, cache_path=cache,
                       info=info, device_index=_index(gpu), origin="captured", why=why,
                       cache_key=key, capture_seconds=seconds, peak_memory=peaks,
-                      capture_breakdown=breakdown)
+                      capture_breakdown=breakdown,
+                      distributed=ranks.record(world, info.meta) if world is not None and info else None)
     measured = "".join(f"; {m}" for m in (capture_stats.describe_breakdown(breakdown),
                                           capture_stats.describe(peaks, human_size)) if m)
     b.progress.say(f"precompile: {target.name}: ok on {where} in {seconds:.1f} s "
@@ -346,7 +362,33 @@ def _capture(b: _Build, target: TargetSettings, device: str, why: str,
     if log_path is not None:  # max-autotune's fastest choices that could not be frozen (engines/autotune.py)
         for line in capture_stats.replaced_choices(stats_file(log_path)):
             b.progress.say(f"precompile: {target.name}: max-autotune: {line}")
+    if r.distributed is not None:
+        b.progress.say(f"precompile: {target.name}: {ranks.describe(r.distributed)} ({world.why})"  # type: ignore
+                       + ("" if (info.meta.get("collectives") if info else None) else
+                          "; note: the captured call has no DTensor parameter and runs no collective, "
+                          "so the pair does not depend on the world"))
     return r
+
+
+def _check_world(b: _Build, target: TargetSettings, world: ranks.WorldPlan, src: Path,
+                 info: Optional[PairInfo]) -> Optional[str]:
+    """Rank 0's pair was captured in the declared world, and (real) every other
+    rank's pair computes what it does; returns the failure reason, or None."""
+    assert info is not None
+    problem = ranks.world_problem(info.meta, world)
+    if problem is not None:
+        return problem
+    rank0 = (src.read_bytes(), info.meta)
+    for rank in range(1, world.processes):
+        r_src, r_cache = rank_pair(b.work, target, rank)
+        reason, _ = check_pair(r_src, r_cache)
+        if reason is not None:
+            return f"rank {rank} {reason}"
+        data = r_src.read_bytes()
+        reason = ranks.rank_difference(rank0, (data, read_source_metadata(data, what=str(r_src))), rank)
+        if reason is not None:
+            return reason
+    return None
 
 
 def _capture_warnings(log_path: Optional[Path]) -> list[str]:
@@ -463,7 +505,7 @@ def run_captures(settings: Settings, work: Path,
     devices = {n: resolve_device(settings.targets[n].device) for n in names}
     gpus = gpu_ids() if "cuda" in devices.values() else []
     with Progress(live=False if verbose else None) as progress:
-        b = _Build(settings, work, verbose, Slots(settings.jobs, gpus), progress)
+        b = _Build(settings, work, verbose, Slots(settings.jobs, gpus), progress, gpus)
         targets = {n: _for_device(settings.targets[n], devices[n], progress) for n in names}
         _plan_cache(b, {d for d in devices.values() if d})
         with ThreadPoolExecutor(max_workers=max(1, len(names)),

@@ -21,10 +21,13 @@ from typing import IO, Optional
 
 from ..capturing import imported
 from ..capturing import stats as capture_stats
+from ..capturing.world import MODE_ENV, WORLD_ENV
 from ..config import capture_env
 from ..config.settings import Settings, TargetSettings
 from ..errors import CaptureError
+from . import ranks
 from .pairs import PairInfo, inspect_pair
+from .ranks import WorldPlan
 
 LOG_TAIL_LINES = 40
 _TAIL_BYTES = 64 * 1024
@@ -155,6 +158,8 @@ def script_env(settings: Settings, target: TargetSettings, device: str,
         env[capture_env.MODE] = target.mode
     else:
         env.pop(capture_env.MODE, None)
+    for name in (MODE_ENV, WORLD_ENV):  # set per rank for a world-size target (ranks.rank_env)
+        env.pop(name, None)
     if device == "cpu":
         env["CUDA_VISIBLE_DEVICES"] = ""
     elif gpu is not None:
@@ -204,7 +209,7 @@ def _wait_once(proc: subprocess.Popen, timeout: float) -> int:
 
 
 def run_script(settings: Settings, target: TargetSettings, device: str, gpu: Optional[str],
-               work: Path, verbose: bool, abort: threading.Event,
+               work: Path, verbose: bool, abort: threading.Event, world: Optional[WorldPlan] = None,
                ) -> tuple[Optional[str], Path, Path, Path, tuple[Optional[dict], Optional[dict]]]:
     """Run one target's script (see the module docstring).
 
@@ -212,13 +217,21 @@ def run_script(settings: Settings, target: TargetSettings, device: str, gpu: Opt
         settings: the project's settings (project root, verbosity).
         target: the target to run (script, args, env, timeout in seconds).
         device: ``"cpu"`` or ``"cuda"``; sets PRECOMPILE_DEVICE (and hides GPUs for cpu).
-        gpu: ``CUDA_VISIBLE_DEVICES`` for a cuda capture (None: inherited).
+        gpu: ``CUDA_VISIBLE_DEVICES`` for a cuda capture (None: inherited); for the
+            ranks of a real world, one GPU per rank (``"0,1"``), all visible to each.
         work: the build's temp directory; the pair goes to ``work/pairs/NAME/``.
-        verbose: also stream the output to stderr, lines prefixed ``[NAME]``.
+        verbose: also stream the output to stderr, lines prefixed ``[NAME]``
+            (``[NAME rank 1]`` for the other ranks).
         abort: set by the build to stop the script (reason :data:`CANCELLED`).
+        world: a world-size target's plan (ranks.py): ``real`` runs the script once
+            per rank with torchrun's environment (rank ``r > 0`` writing its pair to
+            ``work/pairs/NAME/rank<r>/`` and its log to ``NAME.rank<r>.log``); the
+            first rank that fails ends the others. ``fake``: rank 0 alone.
     Returns:
-        (failure reason or None, source path, cache path, log path, what the capture
-        measured: :func:`.capture_stats.read`'s ``(peaks, breakdown)``).
+        (failure reason or None, source path, cache path, log path (of the rank that
+        failed first, else rank 0's), what the capture measured: rank 0's
+        :func:`.capture_stats.read` ``(peaks, breakdown)``). A reason from another
+        rank than 0 begins ``rank R``.
     Raises:
         OSError: the pair or log directory cannot be created, or the interpreter
             cannot be started.
@@ -232,22 +245,118 @@ def run_script(settings: Settings, target: TargetSettings, device: str, gpu: Opt
     stats.unlink(missing_ok=True)
     env[capture_stats.STATS_ENV] = str(stats)
     env[capture_stats.STARTED_ENV] = repr(time.time())  # + the script's pid (_RUN_SCRIPT): capture_began
+    for attempt in range(2):
+        reason, failed, procs = _run_ranks(settings, target, work, env, log_path, verbose, abort, world)
+        if attempt or world is None or world.processes == 1 or reason is None or reason == CANCELLED:
+            break
+        # MASTER_PORT was free when chosen and taken before rank 0 bound it (another
+        # process on this host): a new port, once
+        if not any(_PORT_TAKEN in log_tail(r_log, 60) for _, _, r_log in procs):
+            break
+    if failed:
+        reason, log_path = f"rank {failed} {reason}", procs[failed][2]
+    return reason, src, cache, log_path, capture_stats.read(stats, getattr(procs[0][0], "peak_rss_bytes", None))
+
+
+_PORT_TAKEN = "EADDRINUSE"  # c10d's TCPStore, when the MASTER_PORT is in use
+
+
+def _run_ranks(settings: Settings, target: TargetSettings, work: Path, env: dict, log_path: Path, verbose: bool,
+               abort: threading.Event, world: Optional[WorldPlan]) -> tuple[Optional[str], int, list]:
+    """Start the script once per rank of ``world`` (once when None) and wait for all:
+    ``(reason, index of the rank that failed first, [(process, pump, log path)])``."""
+    port = ranks.free_port() if world is not None else 0
+    procs: list[tuple[subprocess.Popen, threading.Thread, Path]] = []
+    try:
+        for rank in range(world.processes if world is not None else 1):
+            r_env, r_log, echo = env, log_path, target.name if verbose else None
+            if world is not None:
+                r_env = ranks.rank_env(env, world, rank, port)
+            if rank:
+                r_src, r_cache = rank_pair(work, target, rank)
+                r_src.parent.mkdir(parents=True, exist_ok=True)
+                r_log = log_path.with_name(f"{target.name}.rank{rank}.log")
+                r_env.update({capture_env.ARTIFACT_PATH: str(r_src), capture_env.CACHE_PATH: str(r_cache),
+                              capture_env.IMPORTS_PATH: str(imported.record_path(r_src))})
+                r_env.pop(capture_stats.STATS_ENV, None)  # the report is rank 0's
+                echo = f"{target.name} rank {rank}" if verbose else None
+            procs.append(_start(settings, target, r_env, r_log, echo))
+        reason, failed = wait_all([p for p, _, _ in procs], target.timeout, abort)
+    finally:
+        for proc, pump, _ in procs:
+            if proc.returncode is None:
+                _kill_group(proc)
+            pump.join(timeout=10)
+            proc.stdout.close()  # type: ignore[union-attr]
+    return reason, failed, procs
+
+
+def rank_pair(work: Path, target: TargetSettings, rank: int) -> tuple[Path, Path]:
+    """Where rank ``rank`` (> 0) of a real world writes its pair."""
+    out = work / "pairs" / target.name / f"rank{rank}"
+    return out / f"{target.name}.py", out / f"{target.name}.cache"
+
+
+def _start(settings: Settings, target: TargetSettings, env: dict, log_path: Path,
+           echo: Optional[str]) -> tuple[subprocess.Popen, threading.Thread, Path]:
+    """Start the script (its own session) with its output pumped to ``log_path``."""
     result_file(log_path).unlink(missing_ok=True)
     cmd = [sys.executable, "-c", _RUN_SCRIPT, str(os.getpid()), str(result_file(log_path)), str(target.script),
            *target.args]
-    with open(log_path, "wb") as log:
+    log = open(log_path, "wb")
+    try:
         proc = subprocess.Popen(cmd, cwd=settings.root, env=env, stdin=subprocess.DEVNULL,
                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                 start_new_session=True)
-        pump = threading.Thread(target=_pump, daemon=True, args=(
-            proc.stdout, log, target.name if verbose else None))
-        pump.start()
-        try:
-            reason = wait(proc, target.timeout, abort)
-        finally:
-            pump.join(timeout=10)
-            proc.stdout.close()  # type: ignore[union-attr]
-    return reason, src, cache, log_path, capture_stats.read(stats, getattr(proc, "peak_rss_bytes", None))
+    except BaseException:
+        log.close()
+        raise
+
+    def pump() -> None:
+        with log:
+            _pump(proc.stdout, log, echo)  # type: ignore[arg-type]
+
+    thread = threading.Thread(target=pump, daemon=True)
+    thread.start()
+    return proc, thread, log_path
+
+
+def wait_all(procs: list[subprocess.Popen], timeout: float, abort: threading.Event) -> tuple[Optional[str], int]:
+    """:func:`wait` for several processes (the ranks of a world): returns ``(reason,
+    index)`` of the first to fail (its reason; the others are killed: they would wait
+    for it in a collective), or ``(None, 0)`` when all exit 0."""
+    if len(procs) == 1:
+        return wait(procs[0], timeout, abort), 0
+    deadline = time.monotonic() + timeout
+    done: set[int] = set()
+    try:
+        while len(done) < len(procs):
+            failed = []  # those that ended in this round, in rank order
+            for i, proc in enumerate(procs):
+                if i in done:
+                    continue
+                try:
+                    rc = _wait_once(proc, 0.0)
+                except subprocess.TimeoutExpired:
+                    continue
+                done.add(i)
+                _kill_group(proc)  # leftovers the script started in the background
+                if rc != 0:
+                    failed.append((i, rc))
+            if failed:
+                for other in procs:
+                    _kill_group(other)
+                return _exit_reason(failed[0][1]), failed[0][0]
+            time.sleep(0.05)
+            if abort.is_set() or time.monotonic() >= deadline:
+                for proc in procs:
+                    _kill_group(proc)
+                return (CANCELLED if abort.is_set() else f"timed out after {timeout:g} s (process groups killed)"), 0
+    except BaseException:
+        for proc in procs:
+            _kill_group(proc)
+        raise
+    return None, 0
 
 
 # Runs the capture script so that it dies with the build: a frontend interrupted by
@@ -288,6 +397,9 @@ if "PRECOMPILE_SCRIPT_STARTED" in os.environ:  # capture_stats.capture_began: th
     os.environ["PRECOMPILE_SCRIPT_STARTED"] += " " + str(os.getpid())
 sys.argv = sys.argv[3:]
 sys.path[0] = os.path.dirname(os.path.realpath(script))
+if os.environ.get("PRECOMPILE_WORLD") == "fake":  # rank 0 alone: init_process_group() makes a fake group
+    from precompile_build.capturing.world import use_fake_backend
+    use_fake_backend()
 import runpy
 
 

@@ -35,22 +35,28 @@ class Slots:
         self._cpu = cpu_limit(jobs)
         self._gpus: list[Optional[str]] = list(gpus) or [None]
 
-    def acquire(self, device: str, abort: threading.Event) -> tuple[bool, Optional[str]]:
+    def acquire(self, device: str, abort: threading.Event, count: int = 1) -> tuple[bool, Optional[str]]:
         """Wait for a slot for a capture on ``device`` (``"cpu"`` or ``"cuda"``).
 
+        Args:
+            count: GPUs the capture needs (the ranks of a world-size target, one GPU
+                each; a CPU capture takes one slot whatever its ranks).
         Returns:
-            ``(True, gpu)`` with the GPU to use (None: cpu, or no GPU list), or
-            ``(False, None)`` when ``abort`` was set while waiting.
+            ``(True, gpu)`` with the GPU to use (None: cpu, or no GPU list; several:
+            ``"0,1"``, as CUDA_VISIBLE_DEVICES), or ``(False, None)`` when ``abort``
+            was set while waiting.
         """
         with self._cond:
             while not abort.is_set():
-                free = self._cpu > 0 if device == "cpu" else bool(self._gpus)
+                need = 1 if device == "cpu" or self._gpus == [None] else count
+                free = self._cpu > 0 if device == "cpu" else len(self._gpus) >= need
                 if self._total > 0 and free:
                     self._total -= 1
                     if device == "cpu":
                         self._cpu -= 1
                         return True, None
-                    return True, self._gpus.pop(0)
+                    taken, self._gpus = self._gpus[:need], self._gpus[need:]
+                    return True, taken[0] if need == 1 else ",".join(map(str, taken))
                 self._cond.wait(timeout=0.5)
         return False, None
 
@@ -61,6 +67,6 @@ class Slots:
             if device == "cpu":
                 self._cpu += 1
             else:
-                self._gpus.append(gpu)
+                self._gpus.extend(gpu.split(",") if gpu is not None and "," in gpu else [gpu])
                 self._gpus.sort(key=lambda g: (g is None, len(str(g)), str(g)))
             self._cond.notify_all()

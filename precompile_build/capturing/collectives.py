@@ -26,13 +26,14 @@ check run the collectives for real), in the same order.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Any
+from typing import Any, cast
 
 from precompile_runtime.pair_format import Collectives
 
 from ..errors import CaptureError
 
 PREFIX = "precompile:ranks="
+MESH_PREFIX = "precompile:mesh="
 _NAMESPACES = ("_c10d_functional", "_c10d_functional_autograd")
 
 
@@ -76,11 +77,42 @@ def group_ranks(pg, *, name: str, target: str) -> list[int]:
     return sorted(mapping, key=mapping.__getitem__)
 
 
-def canonical_groups(gm, target: str) -> Collectives | None:
+def mesh_dim_label(mesh, dim: int) -> str:
+    """The pair's name for dimension ``dim`` of a DeviceMesh: ``precompile:mesh=tp``
+    (its dimension name), or ``precompile:mesh=0`` for an unnamed mesh."""
+    names = getattr(mesh, "mesh_dim_names", None)
+    return MESH_PREFIX + (names[dim] if names else str(dim))
+
+
+def _mesh_dims(mesh) -> dict[str, str]:
+    """``{registry name of this process's group along each dim: the pair's name}``."""
+    from torch.distributed import distributed_c10d as c10d
+
+    if mesh is None:
+        return {}
+    out = {}
+    for dim in range(mesh.ndim):
+        pg = mesh.get_group(dim)
+        out[c10d._get_process_group_name(pg) if hasattr(c10d, "_get_process_group_name")
+            else pg.group_name] = mesh_dim_label(mesh, dim)
+    return out
+
+
+def canonical_groups(gm, target: str, meshes: Iterable[Any] = ()) -> Collectives | None:
     """Rewrite the group names of ``gm``'s functional collectives (subgraphs
-    included) to ``precompile:ranks=...`` names registered in this process, and
-    return what the pair records: ``{"world_size": int, "groups": {name: ranks}}``,
-    or None when the graph runs no collective.
+    included) to names that mean the same group on every rank, registered in this
+    process, and return what the pair records: ``{"world_size": int, "groups": {name:
+    ranks}, "backend": the default group's (world.backend_name)}``, plus ``"mesh":
+    {"shape", "dim_names"}`` when ``meshes`` has one (a sharded model's) and
+    ``"mesh_groups": {name: dim}`` when a collective runs along a dimension of it;
+    None when the graph runs no collective and there is no mesh.
+
+    A group that is this process's group along a dimension of the first mesh in
+    ``meshes`` (the DeviceMesh of the model's DTensor parameters: what DTensor's own
+    collectives name) is ``precompile:mesh=<dim name>``: on a 2-D mesh rank 0's and rank
+    2's tensor-parallel groups have other ranks, and the name stands for both; the
+    driver finds the group from the served model's mesh. Any other group is
+    ``precompile:ranks=0,1`` (its ranks, in group-rank order).
 
     Raises:
         CaptureError: a collective names a group this process cannot resolve, or
@@ -90,7 +122,10 @@ def canonical_groups(gm, target: str) -> Collectives | None:
     import torch.distributed as dist
     from torch.distributed import distributed_c10d as c10d
 
+    mesh = next(iter(meshes), None)
+    by_dim = _mesh_dims(mesh)
     groups: dict[str, list[int]] = {}
+    mesh_groups: dict[str, int] = {}
     for mod in gm.modules():
         if not isinstance(mod, torch.fx.GraphModule):
             continue
@@ -98,26 +133,43 @@ def canonical_groups(gm, target: str) -> Collectives | None:
         for node in mod.graph.nodes:
             for i, name in _group_args(node):
                 if name.startswith(PREFIX):
-                    ranks = [int(r) for r in name[len(PREFIX):].split(",")]
+                    groups[name] = [int(r) for r in name[len(PREFIX):].split(",")]
+                    continue
+                if name.startswith(MESH_PREFIX):
+                    canonical = name
                 else:
                     try:
                         pg = c10d._resolve_process_group(name)  # type: ignore[arg-type]  # (GroupName: a str)
                     except Exception as e:
                         raise CaptureError("a collective names the process group "
                                            f"{name!r}, which this process cannot resolve ({e})", target=target) from e
-                    ranks = group_ranks(pg, name=name, target=target)
-                    canonical = PREFIX + ",".join(map(str, ranks))
+                    if name in by_dim:
+                        canonical = by_dim[name]
+                    else:
+                        canonical = PREFIX + ",".join(map(str, group_ranks(pg, name=name, target=target)))
                     _register(canonical, pg)
                     args = list(node.args)
                     args[i] = canonical
                     node.args = tuple(args)
                     changed = True
-                groups[PREFIX + ",".join(map(str, ranks))] = ranks
+                if canonical.startswith(MESH_PREFIX):
+                    mesh_groups[canonical] = list(by_dim.values()).index(canonical)
+                else:
+                    groups[canonical] = [int(r) for r in canonical[len(PREFIX):].split(",")]
         if changed:
             mod.recompile()
-    if not groups:
+    if not groups and not mesh_groups and mesh is None:
         return None
-    return {"world_size": dist.get_world_size(), "groups": groups}
+    from .world import backend_name
+
+    out: dict = {"world_size": dist.get_world_size(), "groups": groups, "backend": backend_name()}
+    if mesh is not None:  # a sharded model: its shards are for this mesh, collectives or not
+        from .dtensors import mesh_record
+
+        out["mesh"] = mesh_record(mesh)
+    if mesh_groups:
+        out["mesh_groups"] = mesh_groups
+    return cast(Collectives, out)
 
 
 def _register(name: str, pg) -> None:

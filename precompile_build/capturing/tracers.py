@@ -97,7 +97,7 @@ def compiling_state():
 
 
 def trace(flat_fn: Callable, example: list, *, n_params: int, marks: list, paths: list,
-          target: str, tracer: str, ran_backward: Callable[[], bool],
+          target: str, tracer: str, ran_backward: Callable[[], bool], sharded: bool = False,
           watching: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext) -> Traced:
     """Trace ``flat_fn(*example)`` with ``tracer`` (see the module docstring).
 
@@ -112,6 +112,10 @@ def trace(flat_fn: Callable, example: list, *, n_params: int, marks: list, paths
         tracer: one of :data:`TRACERS` (already checked).
         ran_backward: answers, after a trace, whether that trace computed parameter
             gradients (a backward inside the call).
+        sharded: the model has DTensor parameters (dtensors.py): ``auto`` is make_fx,
+            which traces the DTensors the flat function makes from the shards
+            (torch.export refuses to construct one inside its trace), on fake
+            copies of the example (a tensor-parallel shard is big: no clone of it).
         watching: a context entered around each run of ``flat_fn``'s Python that a
             tracer makes (assumed_state.Recorder.watching records the reads), never
             around TorchDynamo's trace.
@@ -123,10 +127,15 @@ def trace(flat_fn: Callable, example: list, *, n_params: int, marks: list, paths
     """
     def make_fx():
         with watching():
-            return _make_fx(flat_fn, example, n_params, marks, paths, target)
+            return _make_fx(flat_fn, example, n_params, marks, paths, target, fake=sharded)
 
-    if tracer == "make_fx":
+    if tracer == "make_fx" or (sharded and tracer == "auto"):
         return _with_message(make_fx, "make_fx", target)
+    if sharded:
+        raise CaptureError(
+            f"the model has DTensor parameters (sharded with parallelize_module), which tracer={tracer!r} "
+            "cannot trace (torch.export refuses the DTensors the capture makes from their shards); use "
+            "tracer='auto' or 'make_fx' (`tracer` in the target)", target=target)
     strict = tracer == "export-strict"
     name = "export-strict" if strict else "export"
     try:
@@ -197,10 +206,17 @@ def _with_message(run: Callable[[], Traced], name: str, target: str) -> Traced:
 
 
 @torch_warnings_shown()
-def _make_fx(flat_fn, example, n_params, marks, paths, target) -> Traced:
+def _make_fx(flat_fn, example, n_params, marks, paths, target, fake: bool = False) -> Traced:
+    """make_fx of the flat function: on clones of the example (real tensors: a branch on
+    values takes the example's path), or with ``fake`` on fake copies of it (a sharded
+    model: no clone of its shards, as torch.export; the model runs its trace-friendly
+    paths under compiling_state)."""
     from torch.fx.experimental.proxy_tensor import make_fx
 
     with compiling_state():
+        if fake and not any(marks):
+            gm = make_fx(flat_fn, tracing_mode="fake")(*example)
+            return Traced(gm, None, "make_fx")
         if any(marks):  # marked dims stay symbolic: trace on fake tensors
             with dynamic_dims.size_oblivious():
                 fakes, symbolic = dynamic_dims.fake_inputs(example, n_params, marks, paths, target)

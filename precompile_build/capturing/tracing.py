@@ -44,6 +44,7 @@ from . import (
     assumed_state,
     collectives,
     custom_ops,
+    dtensors,
     dynamic_dims,
     graph_attrs,
     pytree_io,
@@ -167,8 +168,11 @@ def trace_call(fn: Callable, args: tuple, kwargs: dict, *, target: str, tracer: 
     paths = [p for p, k in zip(leaf_paths, in_kinds) if k[0] == "tensor"]
     collectives.refuse_data_parallel(fn, modules, target)
     names, params = module_tensors(modules)  # the driver's walk (module_settings.py)
-    settings_before = [module_setting_items(m) for m in modules]  # as the trace sees them
     wants_grad = [isinstance(p, torch.nn.Parameter) and p.requires_grad for p in params]
+    requires_grad = [p.requires_grad for p in params]
+    params, lifted = dtensors.lift(params)  # a sharded model's DTensors: their local shards
+    dtensors.refuse_dtensor_arguments(user_tensors, paths, target)
+    settings_before = [module_setting_items(m) for m in modules]  # as the trace sees them
     n_params = len(params)
     # plain references to the inputs (a cache object that holds the module's buffers)
     held = aliases.find_aliases(modules, params + user_tensors)
@@ -187,7 +191,7 @@ def trace_call(fn: Callable, args: tuple, kwargs: dict, *, target: str, tracer: 
         else:
             leaves = [t.detach().requires_grad_(True) if g else t for t, g in zip(flat[:n_params], wants_grad)]
         call_args, call_kwargs = rebuild_args(flat[n_params:])
-        with _reparametrize(modules, names, leaves), aliases.repointed(held, [*leaves, *flat[n_params:]]):
+        with _reparametrize(modules, names, dtensors.wrap(leaves, lifted)), aliases.repointed(held, [*leaves, *flat[n_params:]]):
             result = fn(*call_args, **call_kwargs)
             reassigned = graph_attrs.reassigned_buffers(modules, names, leaves, target)
         out_box["reassigned"] = [i for i, _ in reassigned]
@@ -195,6 +199,7 @@ def trace_call(fn: Callable, args: tuple, kwargs: dict, *, target: str, tracer: 
             out_box["changed"] = pytree_io.changed_argument(call_args, call_kwargs, in_spec, flat[n_params:],
                                                             in_kinds, leaf_paths, arg_names)
         res_leaves, out_box["spec"] = pytree_io.flatten_result(result)
+        dtensors.refuse_dtensor_result(res_leaves, target)
         out_box["kinds"], outs = pytree_io.result_leaves(res_leaves, [*leaves, *flat[n_params:]])
         # A returned view would alias an input or an intermediate buffer of the
         # compiled graph; return a fresh tensor so every output owns its storage.
@@ -222,7 +227,7 @@ def trace_call(fn: Callable, args: tuple, kwargs: dict, *, target: str, tracer: 
         with unbacked.sizes_from_zero():  # a library's data-dependent sizes from 0 (unbacked.py)
             traced = tracers.trace(flat_fn, example, n_params=n_params, marks=marks, paths=paths, target=target,
                                    tracer=tracer, ran_backward=lambda: bool(out_box.get("grad_indices")),
-                                   watching=reads.watching)
+                                   watching=reads.watching, sharded=bool(lifted))
     except CaptureError as e:
         if e.target is not None:
             raise
@@ -230,6 +235,7 @@ def trace_call(fn: Callable, args: tuple, kwargs: dict, *, target: str, tracer: 
     gm, symbolic = traced.graph_module, traced.symbolic
     if out_box.get("changed"):
         raise CaptureError(out_box["changed"], target=target)
+    dtensors.refuse_backward(out_box["grad_indices"], lifted, names, target)
     try:
         out_text, out_types = pytree_io.dump_spec(out_box["spec"], "the result")
     except CaptureError as e:
@@ -246,7 +252,7 @@ def trace_call(fn: Callable, args: tuple, kwargs: dict, *, target: str, tracer: 
                    "positional_leaves": not kwargs and all(isinstance(a, (torch.Tensor, torch.nn.Module))
                                                            for a in args)},
         "param_names": names,
-        "params": [_tensor_spec(t, p.requires_grad) for t, p in zip(example, params)],
+        "params": [_tensor_spec(t, g) for t, g in zip(example, requires_grad)],
         "tensor_inputs": [_tensor_spec(t, u.requires_grad) for t, u in zip(example[n_params:], user_tensors)],
         "outputs": {"spec": out_text, "leaves": out_box["kinds"], "types": out_types,
                     "single_tensor": out_box["spec"].is_leaf() and out_box["kinds"] == [["tensor", 0]]},
@@ -259,8 +265,9 @@ def trace_call(fn: Callable, args: tuple, kwargs: dict, *, target: str, tracer: 
         "arg_names": arg_names,
         "mutated_inputs": _mutated_inputs(gm),
         "tracer": traced.tracer,
-        "collectives": collectives.canonical_groups(gm, target),  # groups by ranks, world size
+        "collectives": collectives.canonical_groups(gm, target, meshes=[d.mesh for d in lifted]),
         "op_libraries": custom_ops.op_libraries(gm),  # custom ops' modules, imported at load
+        "dtensors": [d.record() for d in lifted],  # mesh and placements per sharded parameter
         "constants": graph_attrs.constant_specs(constants),  # trace-made: passed after the inputs
         "reassigned_buffers": out_box["reassigned"],  # outputs after the gradients
         "ambient": _ambient_state(_device_of(params + user_tensors), gm),

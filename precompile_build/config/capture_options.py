@@ -35,6 +35,16 @@ with the torch engine they are refused. (``tracer`` means torch's own tracer the
 KERNEL_OPTIONS = ("inductor", "validation_multiple", "mode")
 """The keys about kernels, which the eager engine has not: refused with it."""
 
+
+def _distributed_world() -> bool:
+    """Whether this process is one rank of an initialized world of several processes
+    (torch.distributed imported by the script; not imported here otherwise)."""
+    import sys
+
+    dist = sys.modules.get("torch.distributed")
+    return bool(dist is not None and dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1)
+
+
 def check_choice(engine: str, backend: str, fallback: str) -> None:
     """``engine=``, ``backend=`` and ``fallback=`` (resolved from the environment) of
     ``capture()``. Raises ValueError naming the argument and its valid values."""
@@ -239,8 +249,11 @@ class CaptureOptions:
         # CUDA graphs replay the frozen engine's kernels, and tracer/fallback and the
         # FROZEN_OPTIONS are its settings: auto picks it for them (PRECOMPILE_ENGINE
         # still decides when set)
+        # and a rank of a distributed world (a tensor-parallel model): the frozen engine
+        # lifts DTensor parameters as their shards and records the collectives' groups
         wants_frozen = (options.get("cuda_graphs") or self.tracer != "auto" or self.fallback != "none"
-                        or any(k in options for k in FROZEN_OPTIONS if k != "cuda_graphs"))
+                        or any(k in options for k in FROZEN_OPTIONS if k != "cuda_graphs")
+                        or _distributed_world())
         engine = resolve_engine("frozen" if wants_frozen and self.engine == "auto"
                                  and not os.environ.get(capture_env.ENGINE, "").strip()
                                  else self.engine, device)

@@ -45,6 +45,7 @@ PROJECT_KEYS = (
     Key("jobs", "jobs", env="PRECOMPILE_JOBS"),
     Key("cuda-archs", "cuda_archs", env=capture_env.CUDA_ARCHS),  # the targets' default
     Key("mode", "mode", env=capture_env.MODE),  # the targets' default
+    Key("distributed", "distributed", env="PRECOMPILE_DISTRIBUTED"),
 )
 # [tool.precompile.targets.NAME]
 TARGET_KEYS = (
@@ -60,4 +61,6 @@ TARGET_KEYS = (
     Key("cuda-graphs", "cuda_graphs"),
     Key("cuda-archs", "cuda_archs"),
     Key("mode", "mode"),
+    Key("world-size", "world_size"),
+    Key("mesh", "mesh"),
 )

@@ -22,6 +22,7 @@ from ..errors import ConfigError
 from .choices import FALLBACKS, MODES, TRACERS, DeviceChoice, Fallback, TracerChoice
 from .fields import PROJECT_KEYS
 from .fields import TARGET_KEYS as TARGET_TABLE_KEYS
+from .parallel import parse_distributed, parse_world
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -92,6 +93,17 @@ class TargetSettings:
     `cuda-archs` (the other architectures get the build GPU's choices). Passed to the
     script as PRECOMPILE_MODE. Resolved: the `mode` override, else the target's key,
     else the project's."""
+    world_size: Optional[int] = None
+    """`world-size`: the script runs as one rank of a world of this many processes
+    (torchrun's ``--nproc_per_node``), its model sharded with parallelize_module;
+    the build runs every rank or rank 0 alone (the `distributed` setting), keeps
+    rank 0's pair, which serves every rank. With only a `mesh`, the product of its
+    sizes. None: a single-process target."""
+    mesh: tuple[tuple[str, int], ...] = ()
+    """`mesh`: the DeviceMesh of a plan with several dimensions, a table of
+    dimension names and sizes in mesh order (``mesh = { dp = 2, tp = 4 }``); the
+    capture's mesh must have this shape (and these names, where it names its
+    dimensions). Empty: the world as one dimension."""
 
 
 @dataclass(frozen=True)
@@ -127,6 +139,13 @@ class Settings:
     project: Optional[Mapping[str, Any]] = None
     """The `[project]` table of pyproject.toml as parsed (None when absent or not a
     table): the build compares its static `dependencies` with what it adds."""
+    distributed: str = "auto"
+    """`distributed`: how a target with a `world-size` runs its ranks: `real` (each
+    rank in its own process, with real collectives: gloo on the CPU, one GPU per rank
+    for CUDA; each rank's pair validated against its eager call), `fake` (rank 0 alone
+    under torch's fake process group: compile-only, the manifest and `inspect` say it
+    was not validated at that world size), `auto` (default: real on the CPU and
+    where the build host has a GPU per rank, else fake)."""
 
 
 # Keys of the tables, kebab-case as written in TOML, and the overrides (config setting
@@ -265,13 +284,14 @@ def _parse_target(name: Any, raw: Any, root: Path) -> TargetSettings:
                     "drop `cuda-graphs`")
     mode = parse_mode(raw["mode"], f"`{key}.mode`") if "mode" in raw else None
     cuda_archs = parse_cuda_archs(raw["cuda-archs"], f"`{key}.cuda-archs`") if "cuda-archs" in raw else None
+    world_size, mesh = parse_world(raw, key)
     if cuda_archs and device == "cpu":
         raise _fail(f"`{key}.cuda-archs` compiles CUDA kernels for other GPUs, but `{key}.device` "
                     "is \"cpu\": set `device` to \"auto\" or \"cuda\", or drop `cuda-archs`")
     return TargetSettings(name=name, script=script, script_rel=script_rel, args=tuple(args), device=device,
                           timeout=float(timeout), env=dict(env), required=required,
                           cache_env=tuple(dict.fromkeys(cache_env)), fallback=fallback, tracer=tracer,
-                          cuda_graphs=cuda_graphs, mode=mode,  # type: ignore[arg-type]  # None: not set here
+                          cuda_graphs=cuda_graphs, mode=mode, world_size=world_size, mesh=mesh,  # type: ignore[arg-type]  # None: not set here
                           cuda_archs=cuda_archs)  # type: ignore[arg-type]  # None: not set here
 
 
@@ -601,5 +621,6 @@ def settings_from_table(root: Path, table: Mapping[str, Any],
     return Settings(root=root, package=package, package_dir=package_dir, targets=targets, selected=selected,
                     skip=flags["skip"], strict=flags["strict"], verbose=flags["verbose"], torch_pin=torch_pin,
                     cache=cache, cache_dir=cache_dir, jobs=jobs,
-                    project=project if isinstance(project, dict) else None)
+                    project=project if isinstance(project, dict) else None,
+                    distributed=parse_distributed(table, overrides))
 

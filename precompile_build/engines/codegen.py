@@ -138,6 +138,7 @@ def render(metadata: PairMetadata, graph_code: str, wrapper_code: str | None) ->
     parts.append(_template("state_values.py"))  # the recorded Python state's encoding
     parts.append(_template("call_args.py"))  # its arguments and results, through pytree
     parts.append(_template("op_libraries.py"))  # imports the libraries of the custom ops it calls
+    parts.append(_template("distributed.py"))  # the world, its groups, DTensor shards
     parts.append(_template("driver.py"))
     parts.append(_template("assumed_state.py"))  # what the trace assumed, checked per call
     graphs = wrapper_code is not None and metadata.get("device") == "cuda"

@@ -25,6 +25,7 @@ from __future__ import annotations
 import ast
 import contextlib
 import hashlib
+import re
 
 from precompile_runtime.envelope import Envelope, dumps
 from precompile_runtime.pair_format import Kernel
@@ -32,6 +33,7 @@ from precompile_runtime.pair_format import Kernel
 from ..capturing import dynamic_dims, sharing, unbacked
 from ..capturing.stats import record_tuning, timed
 from ..capturing.tracing import TracedCall, run_real_call, trace_call
+from ..capturing.world import fake_reason
 from ..errors import CaptureError, CompilerFailed, torch_warnings_shown
 from ..validation.validate import validate
 from . import autotune, codegen, cross_arch, extern_calls
@@ -207,8 +209,10 @@ def _compile(traced: TracedCall, target: str, options: dict, real: dict | None =
     graph_code = codegen.graph_source(traced.graph_module)
     source = codegen.render(metadata, graph_code, wrapper_code)
     # the numbers go into the metadata literal; nothing that runs depends on it
+    skipped = fake_reason()  # one rank alone under the fake process group: compile-only
     with timed("validate"):
-        metadata["validation"] = validate(source, blobs, traced, target, options, real)
+        metadata["validation"] = ({"skipped": skipped} if skipped
+                                  else validate(source, blobs, traced, target, options, real))
     source = codegen.render(metadata, graph_code, wrapper_code)
     return source.encode("utf-8"), blobs, fingerprint
 
@@ -436,13 +440,12 @@ def _rewrite_wrapper(src: str, kernel_names: set[str], target: str) -> str:
     return code
 
 
-_DEVICE_CALLS = ("torch.cuda._DeviceGuard(0)", "torch.cuda.set_device(0)", "get_raw_stream(0)")
+_DEVICE_CALLS = re.compile(r"\b(torch\.cuda\._DeviceGuard|torch\.cuda\.set_device|get_raw_stream)\(\d+\)")
 
 
 def _device_independent(code: str) -> str:
-    """Inductor's wrapper names CUDA device 0 literally; serve on the current device
-    (the driver makes the inputs' device current), so a pair captured on cuda:0 runs
-    on cuda:1."""
-    for call in _DEVICE_CALLS:
-        code = code.replace(call, call[: -len("(0)")] + "(torch.cuda.current_device())")
-    return code
+    """Inductor's wrapper names the capture's CUDA device literally (``_DeviceGuard(0)``,
+    ``get_raw_stream(1)``: the rank's own GPU in a world of several); serve on the
+    current device instead (the driver makes the inputs' device current), so a pair
+    captured on cuda:0 runs on cuda:1, and the ranks of a world write one pair."""
+    return _DEVICE_CALLS.sub(r"\1(torch.cuda.current_device())", code)

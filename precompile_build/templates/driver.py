@@ -2,18 +2,23 @@
 # This block is copied verbatim into every source half written by the `frozen` and
 # `eager` engines (precompile_build/engines/codegen.py). It needs only torch and the
 # stdlib, and reads PRECOMPILE_METADATA, _graph, module_settings (module_settings.py),
-# the calling convention's _flatten_call/_rebuild and constants (call_args.py) and
-# (frozen) _make_call, defined in the same file.
+# the calling convention's _flatten_call/_rebuild and constants (call_args.py), the
+# world's checks (distributed.py) and (frozen) _make_call, defined in the same file.
 # stand-ins: names the rest of the source half defines (codegen.py drops this block)
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from typing import Any
+
     import torch
 
     from .source_names import (
+        _DIST,
+        _DTENSORS,
         _GLOBALS,
         _GRAPH_SELF,
         _HANDLES,
+        _MESH_GROUPS,
         _MODULE_POS,
         _N_POS,
         _NO_PARAMS,
@@ -24,18 +29,22 @@ if TYPE_CHECKING:
         PRECOMPILE_METADATA,
         _assumed_full,
         _assumed_same,
+        _check_dist,
         _check_globals,
         _check_no_aliases,
+        _check_world,
         _CudaGraphs,
         _flatten_call,
         _graph,
         _import_op_libraries,
         _load_kernels,
+        _local_params,
         _make_call,
         _Params,
         _rebuild,
         _state_epoch,
         _tensor_paths,
+        _use_mesh,
         module_settings,
         module_tensors,
         submodules,
@@ -44,6 +53,7 @@ if TYPE_CHECKING:
 
 import math as _math
 import operator as _operator
+import sys as _sys
 import weakref as _weakref
 
 try:  # the runtime's error type where it is installed; the file stays self-contained
@@ -87,47 +97,6 @@ def _constants(device):
 
 
 _REASSIGNED = _META.get("reassigned_buffers") or ()  # buffers the call reassigns, by lifted index
-_DIST = _META.get("collectives")  # {"world_size", "groups": {name: ranks}} (collectives.py)
-_DIST_WORLD: list = []  # the WORLD group whose groups are registered under the pair's names
-
-
-def _check_dist():
-    """The world size the pair was captured for, and its groups found by ranks in this
-    process and registered under the names the captured code uses. Raises CallError."""
-    import torch.distributed as dist
-
-    want = _DIST["world_size"]  # type: ignore[index]  # (called when _DIST is set)
-    got = dist.get_world_size() if dist.is_available() and dist.is_initialized() else None
-    if got != want:
-        raise CallError(
-            f"target {_META['target']!r}: the captured function runs collectives over a world of "
-            f"{want} process(es); this process is in " + ("no process group" if got is None else f"a world of {got}")
-            + f". Serve it with {want} processes (torchrun --nproc_per_node {want} and "
-            "dist.init_process_group), or capture again in this world"
-        )
-    world = dist.group.WORLD
-    if _DIST_WORLD and _DIST_WORLD[0] is world:
-        return
-    from torch._C import _distributed_c10d as _C
-    from torch.distributed import distributed_c10d as c10d
-
-    known = list(c10d._world.pg_group_ranks.items())
-    for name, ranks in _DIST["groups"].items():  # type: ignore[index]
-        pg = next((g for g, m in known if sorted(m, key=m.__getitem__) == ranks), None)
-        if pg is None:
-            raise CallError(
-                f"target {_META['target']!r}: the captured function runs a collective over the "
-                f"ranks {ranks}, and this process has no group of these ranks; create it on every "
-                f"rank before the call: dist.new_group(ranks={ranks})"
-            )
-        try:
-            _C._unregister_process_group(name)  # type: ignore[arg-type]
-        except Exception:
-            pass
-        _C._register_process_group(name, pg)  # type: ignore[arg-type]
-    _DIST_WORLD[:] = [world]
-
-
 def _layout_hint(want, shape):
     """What to pass to get the captured strides ``want`` for ``shape``."""
     step = 1
@@ -311,6 +280,7 @@ def _check_settings(modules):
 def _full_params(modules):
     """The full check of the model arguments: returns their lifted tensors."""
     names, params = module_tensors(modules)
+    mesh = None
     if names != _META["param_names"]:
         want = _META["param_names"]
         i = next((i for i, (g, w) in enumerate(zip(names, want)) if g != w), min(len(names), len(want)))
@@ -324,12 +294,25 @@ def _full_params(modules):
             f"the capture lifted {len(want)}; they first differ at #{i}: captured "
             f"{shown(want)}, given {shown(names)}; pass a model of the captured structure"
         )
+    if _DTENSORS or "torch.distributed.tensor" in _sys.modules:  # a sharded model: its shards
+        params, mesh = _local_params(params, names)
     for t, n, s in zip(params, names, _META["params"]):
         _check_tensor(t, s, f"parameter/buffer {n}")
     _check_training(modules)
     watch = _assumed_full(modules)  # assumed_state.py: names the attribute the trace read
     _check_settings(modules)
-    return _Params(params), watch
+    if mesh is None:
+        return _Params(params), watch
+    out = _MeshParams(params)
+    out.mesh = mesh
+    return out, watch
+
+
+class _MeshParams(_Params):
+    """The lifted tensors of a sharded model, with its DeviceMesh (``mesh``)."""
+
+    __slots__ = ("mesh",)
+    mesh: "Any"  # (a string: the source half has no typing import)
 
 
 def _cached_params(modules):
@@ -520,6 +503,8 @@ class CompiledArtifact:
                     _flatten_call(args, kwargs)  # raises, naming the argument
             fast = True
         params = _cached_params(modules)
+        if _MESH_GROUPS:
+            _use_mesh(params)
         if fast:
             tensors = [args[i] for i in _TENSOR_POS]
             guard = _INPUT_GUARD[0]
@@ -583,9 +568,14 @@ def load(kernel_dir):
         the capture recorded the ``cuda-graphs`` target option
         (``.with_cuda_graphs(enabled)`` gives the other setting).
     Raises:
-        CallError: a library whose custom ops the graph calls cannot be imported.
+        CallError: a library whose custom ops the graph calls cannot be imported; a
+            pair that runs collectives or is sharded (DTensor parameters) loaded in a
+            process whose default group has another world size than the capture's, or
+            before ``dist.init_process_group()``.
     """
     _import_op_libraries()  # (op_libraries.py)
+    if _DIST:  # a sharded or collective pair: loaded where it can serve, or not at all
+        _check_world()
     if kernel_dir is None or _META["engine"] != "frozen":
         return CompiledArtifact(lambda flat: _graph(_GRAPH_SELF, *flat), uses_kernels=False)
     call = _make_call(_load_kernels(kernel_dir))

@@ -81,6 +81,18 @@ _OUT_INPUTS: list[tuple[int, int]]
 def _import_op_libraries() -> None: ...
 
 
+# distributed.py
+_DIST: Any
+_DTENSORS: dict[int, Any]
+_MESH_GROUPS: dict[str, int]
+
+
+def _check_world() -> Any: ...
+def _check_dist() -> None: ...
+def _local_params(params: list[Any], names: list[str]) -> tuple[list[Any], Any]: ...
+def _use_mesh(params: Any) -> None: ...
+
+
 # driver.py
 _RUNS_BACKWARD: bool
 _DYN: Any

@@ -314,12 +314,16 @@ def eager_check_mode(options: dict, target: str) -> str:
 def eager_check_skipped(gm, real: dict) -> Optional[str]:
     """Why the eager-call check cannot compare (the graph ``gm`` draws random numbers,
     or the call drew from Python's RNG: ``real["python_rng"]`` of
-    :func:`precompile_build.capturing.tracing.run_real_call`), or None: it can."""
+    :func:`precompile_build.capturing.tracing.run_real_call`, or the capture runs
+    one rank under the fake process group: capturing.world.fake_reason), or None:
+    it can."""
     if has_random_ops(gm):
         return "the function draws random numbers"
     if real.get("python_rng"):  # the capture warns that the value is frozen (PythonStateWarning)
         return "the function draws from Python's random state"
-    return None
+    from ..capturing.world import fake_reason
+
+    return fake_reason()  # collectives of the fake process group return no data
 
 
 def warn_or_refuse(text: str, mode: str, target: str) -> None:

@@ -67,12 +67,14 @@ def inspect_report(where: str, host: Optional[Callable[[str], Optional[dict]]] =
         ``{"source", "package", "targets": {name: {"status", "required", "reason",
         "variants": [{"id", "engine", "device", "fingerprint", "code_hash",
         "files", "fallback" (None, or {"from", "reason"}), "validation", "tracer",
-        "checks", "capture_seconds", "capture_breakdown", "peak_memory", "compiled_for",
+        "checks", "distributed", "capture_seconds", "capture_breakdown", "peak_memory", "compiled_for",
         "tuned_on", "validated_on", "left_out", "replaced", "size", "matches_host",
         "mismatches"}]}}}``
         (``validation``: the capture's numbers, None for pairs without kernels;
         ``tracer``: what traced the call and ``checks``: ``{"attributes", "hooks",
         "globals"}`` counts of the Python state each call checks, None for torch pairs;
+        ``distributed``: a `world-size` target's ranks (builder/ranks.py ``record``),
+        None for others;
         ``capture_seconds``, ``capture_breakdown`` (seconds per step) and ``peak_memory``
         (bytes: ``host_bytes``, ``gpu_bytes``, ``eager_gpu_bytes``): None in reproducible
         builds; ``compiled_for`` ... ``replaced``: CUDA variants, None where not recorded).
@@ -93,7 +95,7 @@ def inspect_report(where: str, host: Optional[Callable[[str], Optional[dict]]] =
                     else ["torch: not importable on this host"])
             out.append({**{k: v.get(k) for k in ("id", "engine", "device", "fingerprint",
                                                   "code_hash", "files", "fallback", "validation",
-                                                  "tracer", "checks",
+                                                  "tracer", "checks", "distributed",
                                                   "capture_seconds", "capture_breakdown", "peak_memory",
                                                   *arch_report.FIELDS)},
                         "size": sum(f["size"] for f in v["files"].values()),
@@ -133,6 +135,10 @@ def format_report(report: dict[str, Any]) -> str:
                 memory = describe(v.get("peak_memory"), human_size)
                 lines.append("    capture: " + "; ".join(x for x in (took + (f" ({steps})" if steps else ""),
                                                                memory) if x))
+            if v.get("distributed"):
+                from ..builder.ranks import describe as describe_world
+
+                lines.append(f"    tensor-parallel: {describe_world(v['distributed'])}")
             lines += _validation_lines(v.get("validation"))
             lines += arch_report.inspect_lines(v)
             if v["matches_host"]:
@@ -147,6 +153,8 @@ def _validation_lines(val: Optional[dict]) -> list[str]:
     """The capture's validation numbers (frozen engine), one line per case checked."""
     if not val:
         return []
+    if val.get("skipped"):
+        return [f"    not validated: {val['skipped']}"]
     ref = val.get("reference", "?")
     if val.get("fallback_ops"):
         ref += f" (except {', '.join(val['fallback_ops'])})"

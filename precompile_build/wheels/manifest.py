@@ -79,6 +79,8 @@ def assemble(package: str, results: Sequence[CaptureResult]) -> dict[str, bytes]
         if validation is not None:  # the numbers the capture was judged by (frozen engine)
             variant["validation"] = validation
         variant.update(arch_report.variant_fields(fp, r.info.meta, r.info.engine))  # type: ignore[typeddict-item]  # compiled_for, tuned_on, ...
+        if r.distributed is not None:  # `world-size`: how the ranks were captured (builder/ranks.py)
+            variant["distributed"] = dict(r.distributed)  # type: ignore[typeddict-unknown-key]
         if not reproducible:  # which GPU and how long vary from build to build
             variant["capture_device"] = r.device_index
             seconds = r.capture_seconds if r.capture_seconds is not None else r.seconds

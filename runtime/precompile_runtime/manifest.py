@@ -253,7 +253,7 @@ def _check_target(name: str, target: Any, where: str, context: str | None) -> No
         for key in ("compiled_for", "validated_on"):
             if key in v and not (isinstance(v[key], list) and all(isinstance(a, str) for a in v[key])):
                 raise fail(vat, f"`{key}` must be a list of compute capabilities (strings)")
-        for key in ("left_out", "replaced", "native_elsewhere", "peak_memory", "capture_breakdown"):
+        for key in ("left_out", "replaced", "native_elsewhere", "peak_memory", "capture_breakdown", "distributed"):
             if key in v and not isinstance(v[key], dict):
                 raise fail(vat, f"`{key}` must be an object")
         files = v.get("files")

@@ -128,13 +128,22 @@ class ConstantSpec(TypedDict):
     """base64 of its bytes in C-contiguous order (``""`` when empty)."""
 
 
-class Collectives(TypedDict):
-    """The functional collectives' groups, by ranks (capturing/collectives.py)."""
-
+class _CollectivesRequired(TypedDict):
     world_size: int
-    """The world size the pair was captured for; checked per call."""
+    """The world size the pair was captured for; checked at load and per call."""
     groups: dict[str, list[int]]
     """``precompile:ranks=...`` group name -> its ranks."""
+
+
+class Collectives(_CollectivesRequired, total=False):
+    """The world of a pair that runs collectives or is sharded (capturing/collectives.py)."""
+
+    backend: str
+    """The default group's backend at capture (``gloo``, ``nccl``, ``fake``)."""
+    mesh: dict[str, Any]
+    """A sharded model's DeviceMesh: ``shape`` and ``dim_names``."""
+    mesh_groups: dict[str, int]
+    """``precompile:mesh=<dim>`` group name -> the mesh dimension it runs along."""
 
 
 class Dynamic(TypedDict):
@@ -282,6 +291,8 @@ class CallConvention(_CallRequired, total=False):
     """Present when dims were marked dynamic."""
     op_libraries: dict[str, OpLibrary]
     """Op namespace -> the custom ops the graph calls and the modules to import at load."""
+    dtensors: list[dict[str, Any]]
+    """Per sharded (DTensor) parameter: its index, mesh and placements (capturing/dtensors.py)."""
     assumed: AssumedState
     """The Python state the trace assumed (absent in pairs before it was recorded)."""
 
