@@ -3,11 +3,25 @@ marked gpu, torch's config modules set through their own patch."""
 
 from __future__ import annotations
 
+import importlib.util
 import subprocess
 import sys
+from pathlib import Path
 
-import conftest
 import pytest
+
+
+def _this_suites_conftest():
+    """tests/conftest.py as a module of its own: a run that also collects
+    example_project/tests has another module named ``conftest`` in sys.modules."""
+    spec = importlib.util.spec_from_file_location("tests_conftest", Path(__file__).with_name("conftest.py"))
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+conftest = _this_suites_conftest()
 
 
 @pytest.mark.parametrize("args, frontend", [
