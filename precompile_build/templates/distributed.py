@@ -10,13 +10,13 @@
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from typing import Any
+    from typing import Any  # noqa: F401 - for _DIST's type comment
 
     from .source_names import _META, PRECOMPILE_METADATA, CallError
 # end stand-ins
 
 
-_DIST: Any = PRECOMPILE_METADATA.get("collectives")  # {"world_size", "groups": {name: ranks}} (collectives.py)
+_DIST = PRECOMPILE_METADATA.get("collectives")  # type: Any  # {"world_size", "groups": {name: ranks}} (collectives.py)
 _DIST_WORLD: list = []  # the WORLD group whose groups are registered under the pair's names
 
 

@@ -8,8 +8,6 @@
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from typing import Any
-
     import torch
 
     from .source_names import (
@@ -304,7 +302,7 @@ def _full_params(modules):
     if mesh is None:
         return _Params(params), watch
     out = _MeshParams(params)
-    out.mesh = mesh
+    out.mesh = mesh  # type: ignore[attr-defined]  # (a slot of _MeshParams)
     return out, watch
 
 
@@ -312,7 +310,6 @@ class _MeshParams(_Params):
     """The lifted tensors of a sharded model, with its DeviceMesh (``mesh``)."""
 
     __slots__ = ("mesh",)
-    mesh: "Any"  # (a string: the source half has no typing import)
 
 
 def _cached_params(modules):
