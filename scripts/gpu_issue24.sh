@@ -20,27 +20,16 @@ PARTS="${PARTS:-tests 1b 8b 3b}"
 BUDGET="${BUDGET:-540}"
 SECONDS=0
 
-left() {  # seconds for a step: at most $1, at most what the budget has left
-  local rest=$((BUDGET - SECONDS))
-  ((rest < $1)) && echo "$rest" || echo "$1"
-}
-
-step() {  # step NAME LIMIT COMMAND...
-  local name=$1 limit; limit=$(left "$2"); shift 2
-  if ((limit <= 10)); then echo "== $name: skipped (budget spent)"; return; fi
-  echo "== $name (limit ${limit} s)"
-  timeout "$limit" "$@"
-  echo "== $name: rc=$? after ${SECONDS} s"
-}
+source scripts/_gpu_steps.sh  # budget_step NAME LIMIT_S COMMAND...
 
 python3 -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__, torch.cuda.get_device_name(0))"
 for part in $PARTS; do
   case "$part" in
-    tests) step tests 120 bash -c "python3 -m pytest -q -p no:cacheprovider tests/test_gpu_memory.py tests/test_reference.py > '$OUT/tests.log' 2>&1; rc=\$?; tail -5 '$OUT/tests.log'; exit \$rc" ;;
-    1b) step 1b 220 python3 bench/scale.py --device cuda --llama --sizes 1b --modes capture,load,eager,compile --tag 1b --out "$OUT" ;;
-    8b) step 8b 280 python3 bench/scale.py --device cuda --llama --sizes 8b --modes capture,load,eager,compile --tag 8b --out "$OUT" ;;
+    tests) budget_step tests 120 bash -c "python3 -m pytest -q -p no:cacheprovider tests/test_gpu_memory.py tests/test_reference.py > '$OUT/tests.log' 2>&1; rc=\$?; tail -5 '$OUT/tests.log'; exit \$rc" ;;
+    1b) budget_step 1b 220 python3 bench/scale.py --device cuda --llama --sizes 1b --modes capture,load,eager,compile --tag 1b --out "$OUT" ;;
+    8b) budget_step 8b 280 python3 bench/scale.py --device cuda --llama --sizes 8b --modes capture,load,eager,compile --tag 8b --out "$OUT" ;;
     3b) if (($(left 150) < 90)); then echo "== 3b-cap24: skipped (under 90 s left; PARTS=3b runs it alone)"; continue; fi
-        step 3b-cap24 150 python3 bench/scale.py --device cuda --llama --sizes 3b --modes capture --cap-gib 24 --tag 3b_cap24 --out "$OUT" ;;
+        budget_step 3b-cap24 150 python3 bench/scale.py --device cuda --llama --sizes 3b --modes capture --cap-gib 24 --tag 3b_cap24 --out "$OUT" ;;
     *) echo "== unknown part $part" ;;
   esac
 done

@@ -20,23 +20,16 @@ export PYTHONPATH="$PWD:$PWD/runtime${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERE
 PARTS="${PARTS:-tests dd 8b}"
 BUDGET="${BUDGET:-500}"
 SECONDS=0
-left() { local rest=$((BUDGET - SECONDS)); ((rest < $1)) && echo "$rest" || echo "$1"; }
-step() {  # step NAME LIMIT COMMAND...
-  local name=$1 limit; limit=$(left "$2"); shift 2
-  if ((limit <= 10)); then echo "== $name: skipped (budget spent)"; return; fi
-  echo "== $name (limit ${limit} s)"
-  timeout "$limit" "$@"
-  echo "== $name: rc=$? after ${SECONDS} s"
-}
+source scripts/_gpu_steps.sh  # budget_step NAME LIMIT_S COMMAND...
 python3 -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__, torch.cuda.get_device_name(0))"
 for part in $PARTS; do
   case "$part" in
-    tests) step tests 280 bash -c "python3 -m pytest -q -p no:cacheprovider tests/test_gpu_assumed_state.py \
+    tests) budget_step tests 280 bash -c "python3 -m pytest -q -p no:cacheprovider tests/test_gpu_assumed_state.py \
         tests/test_assumed_state.py tests/test_tracers.py tests/test_gpu_cudagraphs.py tests/test_gpu_frozen.py \
         tests/test_gpu_decode.py > '$OUT/tests.log' 2>&1; rc=\$?; grep -E '^(FAILED|ERROR)' '$OUT/tests.log'; tail -1 '$OUT/tests.log'; exit \$rc" ;;
-    dd) step dd 240 bash -c "python3 -m pytest -q -p no:cacheprovider tests/test_gpu_data_dependent.py \
+    dd) budget_step dd 240 bash -c "python3 -m pytest -q -p no:cacheprovider tests/test_gpu_data_dependent.py \
         tests/test_data_dependent.py tests/test_results_and_arguments.py > '$OUT/dd.log' 2>&1; rc=\$?; grep -E '^(FAILED|ERROR)' '$OUT/dd.log'; tail -1 '$OUT/dd.log'; exit \$rc" ;;
-    8b) step 8b 260 python3 bench/scale.py --device cuda --llama --sizes 8b --modes capture,load --tag 8b_s13 --out "$OUT" ;;
+    8b) budget_step 8b 260 python3 bench/scale.py --device cuda --llama --sizes 8b --modes capture,load --tag 8b_s13 --out "$OUT" ;;
     *) echo "== unknown part $part" ;;
   esac
 done
