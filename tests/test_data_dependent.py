@@ -50,6 +50,11 @@ def _split_by_values(x):  # sizes from tolist(), then a slice and a split by the
     return x[3:].repeat(10)[: sum(sizes)].split(sizes)
 
 
+def _sliced_by_value(x):  # a value's count as a slice's start, and as an end with a step
+    n = (x[:1] * 4).long().tolist()[0]
+    return x[1:].repeat(2)[n:] * 2, x[1:][:n:2]
+
+
 def _reduced(x):  # a fixed-size result of a data-dependent intermediate
     return (x[x > 0] ** 2).sum()
 
@@ -72,7 +77,7 @@ def _same(got, want):
 @pytest.mark.parametrize("fn, kind, sized_outputs", [
     (_masked, "1d", {"0"}), (_nonzero, "2d", {"0"}), (_masked_select, "1d", {"0"}),
     (_item_sized, "1d", {"0"}), (_unique, "int", {"0", "1"}), (_split_by_values, "split", {"0", "1", "2"}),
-    (_reduced, "2d", set()),
+    (_sliced_by_value, "1d", {"0", "1"}), (_reduced, "2d", set()),
 ])
 def test_sizes_the_values_decide_serve_every_count_as_eager(tmp_path, fn, kind, sized_outputs):
     examples = [torch.rand(8)] * 3 if kind == "split" else _inputs(kind)

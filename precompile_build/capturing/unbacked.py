@@ -27,6 +27,12 @@ code then asserts ``u0 >= 2`` and a call that keeps one box or none raises
 such sizes the range of ``new_dynamic_size`` (from 0) while a capture traces and
 compiles, so they serve as eager does. A bound the library passes is kept.
 
+torch.export writes ``x[:n]`` as ``aten.slice(x, 0, None, n)``; with ``n`` unbacked,
+Inductor on torch 2.11 lowers it to a dynamic slice whose codegen clamps the start and
+fails on None (``ValueError: The argument 'None' is not comparable``), where Dynamo's
+graphs give the start as 0. :func:`explicit_slice_bounds` writes the defaults out
+(start 0, end ``sys.maxsize``, step 1: what aten reads None as), which changes no result.
+
 A pair records (:func:`record`) the symbols and which outputs have a size they
 decide: a served call returns tensors of the sizes this call's values give, and CUDA
 graphs, whose replays have the recorded sizes, are refused for it (driver.py).
@@ -84,6 +90,41 @@ def sizes_from_zero():
         yield
     finally:
         ctx.create_unbacked_symint = orig
+
+
+def explicit_slice_bounds(graph_module) -> int:
+    """Give every ``aten.slice.Tensor`` of the graph (and its subgraphs) the start, end and
+    step that aten reads a None as (0, ``sys.maxsize``, 1), in place.
+
+    Returns: the number of slices changed (the graph is recompiled when it is not 0).
+    """
+    import sys
+
+    import torch
+
+    slice_op = torch.ops.aten.slice.Tensor
+    defaults = {2: 0, 3: sys.maxsize, 4: 1}  # (self, dim, start, end, step)
+    changed = 0
+    for gm in _graphs(graph_module):
+        touched = False
+        for node in gm.graph.nodes:
+            if node.op != "call_function" or node.target is not slice_op:
+                continue
+            args = list(node.args) + [None] * (5 - len(node.args))
+            for i, name in ((2, "start"), (3, "end"), (4, "step")):
+                if name in node.kwargs:
+                    args[i] = node.kwargs[name]
+            if len(node.args) == 1:
+                args[1] = node.kwargs.get("dim", 0)
+            if all(args[i] is not None for i in defaults) and not node.kwargs:
+                continue
+            node.args = tuple(defaults[i] if i in defaults and args[i] is None else args[i] for i in range(5))
+            node.kwargs = {}
+            touched = True
+            changed += 1
+        if touched:
+            gm.recompile()
+    return changed
 
 
 def show_fake_mode(graph_module) -> None:

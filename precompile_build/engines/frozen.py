@@ -165,6 +165,7 @@ def _compile(traced: TracedCall, target: str, options: dict, real: dict | None =
                 (dynamic_dims.compile_context(traced.graph_module) if dynamic else contextlib.nullcontext()):
             if from_graph:
                 unbacked.show_fake_mode(traced.graph_module)  # (compile_context does it too)
+                unbacked.explicit_slice_bounds(traced.graph_module)
             with timed("compile"):
                 compiled = torch._inductor.standalone_compile(
                     traced.graph_module, list(inputs),
