@@ -149,7 +149,7 @@ def _check_options(options: Mapping[str, Any], target: str) -> None:
                          f"{options['cuda_graphs']!r}: use True or False")
     if options.get("cuda_archs") is not None:
         from ..errors import ConfigError
-        from .settings import parse_cuda_archs
+        from .compile_keys import parse_cuda_archs
 
         try:
             parse_cuda_archs(options["cuda_archs"], "options['cuda_archs']")

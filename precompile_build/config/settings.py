@@ -8,6 +8,7 @@ naming the full dotted key; nothing here runs a capture.
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import math
 import os
@@ -19,9 +20,11 @@ from pathlib import Path
 from typing import Any, Optional
 
 from ..errors import ConfigError
-from .choices import FALLBACKS, MODES, TRACERS, DeviceChoice, Fallback, TracerChoice
+from .choices import FALLBACKS, TRACERS, DeviceChoice, Fallback, TracerChoice
+from .compile_keys import parse_cuda_archs, parse_mode
 from .fields import PROJECT_KEYS
 from .fields import TARGET_KEYS as TARGET_TABLE_KEYS
+from .messages import PREFIX, fail, invalid, type_name
 from .parallel import parse_distributed, parse_world
 
 if sys.version_info >= (3, 11):
@@ -35,7 +38,6 @@ DEFAULT_TIMEOUT = 3600.0  # seconds
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _NOT_PACKAGES = {"tests", "test", "testing", "docs", "doc", "examples", "example",
                  "bench", "benchmarks", "build", "dist", "scripts", "capture"}
-_PREFIX = "tool.precompile"
 
 
 @dataclass(frozen=True)
@@ -156,13 +158,6 @@ OVERRIDES = {k.key: k.env for k in PROJECT_KEYS if k.env}
 # Override keys that take a list: repeating them (`-C precompile.targets=a -C
 # precompile.targets=b`) selects the union; any other key given twice must agree.
 LIST_OVERRIDES = ("targets", "cuda-archs")
-# Compute capabilities `cuda-archs` accepts: those Triton compiles for that have
-# a shared-memory limit in engines/cross_arch.py (SHARED_PER_BLOCK).
-CUDA_ARCHS = ("7.5", "8.0", "8.6", "8.7", "8.9", "9.0", "10.0", "10.3", "11.0", "12.0", "12.1")
-
-
-def _fail(msg: str) -> ConfigError:
-    return ConfigError(f"Failed to validate `{_PREFIX}` in pyproject.toml: {msg}")
 
 
 def _check_keys(table: Mapping[str, Any], allowed: tuple[str, ...], prefix: str) -> None:
@@ -171,12 +166,7 @@ def _check_keys(table: Mapping[str, Any], allowed: tuple[str, ...], prefix: str)
             close = difflib.get_close_matches(str(key), allowed, n=1)
             hint = f"; did you mean `{prefix}.{close[0]}`?" if close else (
                 f"; valid keys: {', '.join(allowed)}")
-            raise _fail(f"unknown key `{prefix}.{key}`{hint}")
-
-
-def _type_name(v: Any) -> str:
-    return {bool: "a boolean", str: "a string", int: "an integer", float: "a number",
-            list: "an array", dict: "a table"}.get(type(v), type(v).__name__)
+            raise fail(f"unknown key `{prefix}.{key}`{hint}")
 
 
 def _read_toml(root: Path) -> dict[str, Any]:
@@ -195,10 +185,10 @@ def _precompile_table(doc: Mapping[str, Any]) -> dict[str, Any]:
     tool = doc.get("tool", {})
     table = tool.get("precompile") if isinstance(tool, dict) else None
     if table is None:
-        raise _fail("the table is missing; add `[tool.precompile.targets.NAME]` "
-                    "with a `script`")
+        raise fail("the table is missing; add `[tool.precompile.targets.NAME]` "
+                   "with a `script`")
     if not isinstance(table, dict):
-        raise _fail(f"`{_PREFIX}` must be a table, not {_type_name(table)}")
+        raise fail(f"`{PREFIX}` must be a table, not {type_name(table)}")
     return table
 
 
@@ -218,140 +208,81 @@ def _finite(x: float) -> bool:
 
 
 def _parse_target(name: Any, raw: Any, root: Path) -> TargetSettings:
-    key = f"{_PREFIX}.targets.{name}"
+    key = f"{PREFIX}.targets.{name}"
     if not isinstance(name, str) or not name.isidentifier():
-        raise _fail(f"target name {name!r} in `{key}` must be a Python identifier "
-                    "(letters, digits, underscores; not starting with a digit)")
+        raise fail(f"target name {name!r} in `{key}` must be a Python identifier "
+                   "(letters, digits, underscores; not starting with a digit)")
     if not isinstance(raw, dict):
-        raise _fail(f"`{key}` must be a table, not {_type_name(raw)}")
+        raise fail(f"`{key}` must be a table, not {type_name(raw)}")
     _check_keys(raw, TARGET_KEYS, key)
     if "script" not in raw:
-        raise _fail(f"`{key}.script` is required (path of the capture script)")
+        raise fail(f"`{key}.script` is required (path of the capture script)")
     script_rel = raw["script"]
     if not isinstance(script_rel, str) or not script_rel or "\0" in script_rel:
-        raise _fail(f"`{key}.script` must be a non-empty string without NUL characters")
+        raise fail(f"`{key}.script` must be a non-empty string without NUL characters")
     try:
         script = (root / script_rel).resolve()
         is_file = script.is_file()
     except (OSError, RuntimeError) as e:  # name too long, symlink loop
-        raise _fail(f"`{key}.script` = {script_rel!r} is not a usable path ({e})") from None
+        raise fail(f"`{key}.script` = {script_rel!r} is not a usable path ({e})") from None
     if not _inside(script, root):
-        raise _fail(f"`{key}.script` = {script_rel!r} resolves to {script}, outside "
-                    f"the project root {root}; keep capture scripts inside the project")
+        raise fail(f"`{key}.script` = {script_rel!r} resolves to {script}, outside "
+                   f"the project root {root}; keep capture scripts inside the project")
     if not is_file:
-        raise _fail(f"`{key}.script` = {script_rel!r}: no such file {script}")
+        raise fail(f"`{key}.script` = {script_rel!r}: no such file {script}")
     args = raw.get("args", [])
     if not isinstance(args, list) or not all(isinstance(a, str) and "\0" not in a for a in args):
-        raise _fail(f"`{key}.args` must be an array of strings without NUL characters")
+        raise fail(f"`{key}.args` must be an array of strings without NUL characters")
     device = raw.get("device", "auto")
     if device not in DEVICES:
-        raise _fail(f"`{key}.device` must be one of {', '.join(map(repr, DEVICES))}, "
-                    f"not {device!r}")
+        raise fail(f"`{key}.device` must be one of {', '.join(map(repr, DEVICES))}, "
+                   f"not {device!r}")
     timeout = raw.get("timeout", DEFAULT_TIMEOUT)
     if (isinstance(timeout, bool) or not isinstance(timeout, (int, float))
             or not _finite(timeout) or timeout <= 0):
-        raise _fail(f"`{key}.timeout` must be a positive number of seconds, "
-                    f"not {timeout!r}")
+        raise fail(f"`{key}.timeout` must be a positive number of seconds, "
+                   f"not {timeout!r}")
     env = raw.get("env", {})
     if not isinstance(env, dict) or not all(
             isinstance(k, str) and _ENV_NAME.match(k) and isinstance(v, str) and "\0" not in v
             for k, v in env.items()):
-        raise _fail(f"`{key}.env` must be a table of strings whose keys are environment "
-                    "variable names (letters, digits, underscores) and whose values have "
-                    "no NUL characters")
+        raise fail(f"`{key}.env` must be a table of strings whose keys are environment "
+                   "variable names (letters, digits, underscores) and whose values have "
+                   "no NUL characters")
     required = raw.get("required", True)
     if not isinstance(required, bool):
-        raise _fail(f"`{key}.required` must be a boolean, not {_type_name(required)}")
+        raise fail(f"`{key}.required` must be a boolean, not {type_name(required)}")
     cache_env = raw.get("cache-env", [])
     if not isinstance(cache_env, list) or not all(
             isinstance(n, str) and _ENV_NAME.match(n) for n in cache_env):
-        raise _fail(f"`{key}.cache-env` must be an array of environment variable names "
-                    "(letters, digits, underscores; not starting with a digit)")
+        raise fail(f"`{key}.cache-env` must be an array of environment variable names "
+                   "(letters, digits, underscores; not starting with a digit)")
     fallback = raw.get("fallback", "none")
     if fallback not in FALLBACKS:
-        raise _fail(f"`{key}.fallback` must be one of {', '.join(map(repr, FALLBACKS))}, "
-                    f"not {fallback!r}")
+        raise fail(f"`{key}.fallback` must be one of {', '.join(map(repr, FALLBACKS))}, "
+                   f"not {fallback!r}")
     tracer = raw.get("tracer")
     if tracer is not None and tracer not in TRACERS:
-        raise _fail(f"`{key}.tracer` must be one of {', '.join(map(repr, TRACERS))}, not {tracer!r}")
+        raise fail(f"`{key}.tracer` must be one of {', '.join(map(repr, TRACERS))}, not {tracer!r}")
     cuda_graphs = raw.get("cuda-graphs", False)
     if not isinstance(cuda_graphs, bool):
-        raise _fail(f"`{key}.cuda-graphs` must be a boolean, not {_type_name(cuda_graphs)}")
+        raise fail(f"`{key}.cuda-graphs` must be a boolean, not {type_name(cuda_graphs)}")
     if cuda_graphs and device == "cpu":
-        raise _fail(f"`{key}.cuda-graphs` = true replays CUDA graphs of CUDA kernels, but "
-                    f"`{key}.device` is \"cpu\": set `device` to \"auto\" (a CPU build "
-                    "host captures without the option, a CUDA one with it) or \"cuda\", or "
-                    "drop `cuda-graphs`")
+        raise fail(f"`{key}.cuda-graphs` = true replays CUDA graphs of CUDA kernels, but "
+                   f"`{key}.device` is \"cpu\": set `device` to \"auto\" (a CPU build "
+                   "host captures without the option, a CUDA one with it) or \"cuda\", or "
+                   "drop `cuda-graphs`")
     mode = parse_mode(raw["mode"], f"`{key}.mode`") if "mode" in raw else None
     cuda_archs = parse_cuda_archs(raw["cuda-archs"], f"`{key}.cuda-archs`") if "cuda-archs" in raw else None
     world_size, mesh = parse_world(raw, key)
     if cuda_archs and device == "cpu":
-        raise _fail(f"`{key}.cuda-archs` compiles CUDA kernels for other GPUs, but `{key}.device` "
-                    "is \"cpu\": set `device` to \"auto\" or \"cuda\", or drop `cuda-archs`")
+        raise fail(f"`{key}.cuda-archs` compiles CUDA kernels for other GPUs, but `{key}.device` "
+                   "is \"cpu\": set `device` to \"auto\" or \"cuda\", or drop `cuda-archs`")
     return TargetSettings(name=name, script=script, script_rel=script_rel, args=tuple(args), device=device,
                           timeout=float(timeout), env=dict(env), required=required,
                           cache_env=tuple(dict.fromkeys(cache_env)), fallback=fallback, tracer=tracer,
                           cuda_graphs=cuda_graphs, mode=mode, world_size=world_size, mesh=mesh,  # type: ignore[arg-type]  # None: not set here
                           cuda_archs=cuda_archs)  # type: ignore[arg-type]  # None: not set here
-
-
-def parse_mode(value: Any, where: str) -> str:
-    """A `mode` value (:data:`~.choices.MODES`).
-
-    Args:
-        value: from pyproject.toml or an override (a string).
-        where: the key (backticked, pyproject.toml) or the override it came from.
-    Returns:
-        the mode, stripped.
-    Raises:
-        ConfigError: not one of the modes (the message names the key, the valid
-            values and the closest one).
-    """
-    text = value.strip() if isinstance(value, str) else value
-    if text not in MODES:
-        close = difflib.get_close_matches(str(text), MODES, n=1)
-        hint = f" (did you mean {close[0]!r}?)" if close else ""
-        raise _invalid(where, f"must be one of {', '.join(map(repr, MODES))}, not {value!r}{hint}")
-    return text
-
-
-def parse_cuda_archs(value: Any, where: str) -> tuple[str, ...]:
-    """A `cuda-archs` value as a sorted tuple of compute capabilities.
-
-    Args:
-        value: from pyproject.toml an array of strings (``["8.0", "9.0"]``); from an
-            override a comma-separated string (``"8.0,9.0"``), ``sm_80`` also accepted.
-        where: the key (backticked, pyproject.toml) or the override it came from.
-    Returns:
-        e.g. ``("8.0", "9.0")``: duplicates dropped, sorted by capability.
-    Raises:
-        ConfigError: not a list of strings, or an entry that is not one of
-            :data:`CUDA_ARCHS` (the message names the key and the valid values).
-    """
-    if isinstance(value, str) and not where.startswith("`"):
-        items: Any = [v.strip() for v in value.split(",") if v.strip()]
-    else:
-        items = value
-    if not isinstance(items, list):
-        raise _invalid(where, f"must be an array of compute capabilities as strings "
-                              f"(e.g. [\"8.0\", \"9.0\"]), not {_type_name(value)}")
-    bad = [v for v in items if not isinstance(v, str)]
-    if bad:
-        raise _invalid(where, f"must be an array of strings such as \"8.0\", not {bad[0]!r} "
-                              f"({_type_name(bad[0])}): quote each compute capability")
-    out = []
-    for item in items:
-        text = item.strip()
-        m = re.fullmatch(r"sm_?([0-9]{1,2})([0-9])", text)
-        if m:  # sm_80 -> 8.0
-            text = f"{m.group(1)}.{m.group(2)}"
-        if text not in CUDA_ARCHS:
-            close = difflib.get_close_matches(text, CUDA_ARCHS, n=1)
-            hint = f" (did you mean {close[0]!r}?)" if close else ""
-            raise _invalid(where, f"has {item!r}{hint}, which is not a compute capability "
-                                  f"this build compiles for; use some of {', '.join(CUDA_ARCHS)}")
-        out.append(text)
-    return tuple(sorted(set(out), key=lambda a: tuple(int(p) for p in a.split("."))))
 
 
 def find_package(root: Path, name: str | None) -> tuple[str, Path]:
@@ -369,16 +300,16 @@ def find_package(root: Path, name: str | None) -> tuple[str, Path]:
     bases = [root, root / "src"]
     if name is not None:
         if not isinstance(name, str) or not name.isidentifier():
-            raise _fail(f"`{_PREFIX}.package` must be an import package name, "
-                        f"not {name!r}")
+            raise fail(f"`{PREFIX}.package` must be an import package name, "
+                       f"not {name!r}")
         for base in bases:
             try:
                 if (base / name / "__init__.py").is_file():
                     return name, base / name
             except OSError as e:  # name too long
-                raise _fail(f"`{_PREFIX}.package` = {name!r} is not a usable name ({e})") from None
-        raise _fail(f"`{_PREFIX}.package` = {name!r} is not in the distribution "
-                    f"(no {name}/__init__.py in {root} or {root / 'src'})")
+                raise fail(f"`{PREFIX}.package` = {name!r} is not a usable name ({e})") from None
+        raise fail(f"`{PREFIX}.package` = {name!r} is not in the distribution "
+                   f"(no {name}/__init__.py in {root} or {root / 'src'})")
     found = sorted({(d.name, d) for base in bases if base.is_dir()
                     for d in base.iterdir()
                     if d.is_dir() and d.name.isidentifier() and d.name not in _NOT_PACKAGES
@@ -386,8 +317,8 @@ def find_package(root: Path, name: str | None) -> tuple[str, Path]:
     if len(found) != 1:
         what = "no import package" if not found else (
             "several import packages (" + ", ".join(n for n, _ in found) + ")")
-        raise _fail(f"found {what} in {root} or {root / 'src'}; set "
-                    f"`{_PREFIX}.package` to the one that receives `_precompiled/`")
+        raise fail(f"found {what} in {root} or {root / 'src'}; set "
+                   f"`{PREFIX}.package` to the one that receives `_precompiled/`")
     return found[0]
 
 
@@ -411,22 +342,15 @@ def default_cache_dir() -> Path:
     return Path(platformdirs.user_cache_dir("precompile-build"))
 
 
-def _invalid(where: str, msg: str) -> ConfigError:
-    """An invalid value, from pyproject.toml (``where`` a backticked key) or an override."""
-    if where.startswith(f"`{_PREFIX}"):
-        return _fail(f"{where} {msg}")
-    return ConfigError(f"Failed to read {where}: it {msg}")
-
-
 def _cache_dir(table: Mapping[str, Any], overrides: Mapping[str, tuple[Any, str]],
                root: Path) -> Optional[Path]:
-    value, where = table.get("cache-dir"), f"`{_PREFIX}.cache-dir`"
+    value, where = table.get("cache-dir"), f"`{PREFIX}.cache-dir`"
     if "cache-dir" in overrides:
         value, where = overrides["cache-dir"]
     if value is None:
         return None
     if not isinstance(value, str) or not value.strip() or "\x00" in value:
-        raise _invalid(where, f"must be a non-empty directory path, not {value!r}")
+        raise invalid(where, f"must be a non-empty directory path, not {value!r}")
     return resolve_cache_dir(value, root)
 
 
@@ -438,7 +362,7 @@ def resolve_cache_dir(value: str, base: Path) -> Path:
 
 
 def _jobs(table: Mapping[str, Any], overrides: Mapping[str, tuple[Any, str]]) -> Optional[int]:
-    value, where = table.get("jobs", "auto"), f"`{_PREFIX}.jobs`"
+    value, where = table.get("jobs", "auto"), f"`{PREFIX}.jobs`"
     if "jobs" in overrides:
         value, where = overrides["jobs"]
         if isinstance(value, str) and re.fullmatch(r"[0-9]{1,6}", value.strip()):
@@ -446,7 +370,7 @@ def _jobs(table: Mapping[str, Any], overrides: Mapping[str, tuple[Any, str]]) ->
     if isinstance(value, str) and value.strip() == "auto":
         return None
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise _invalid(where, f"must be \"auto\" or a positive integer, not {value!r}")
+        raise invalid(where, f"must be \"auto\" or a positive integer, not {value!r}")
     return value
 
 
@@ -454,11 +378,9 @@ def _resolve_cuda_archs(table: Mapping[str, Any], targets: dict[str, TargetSetti
                         overrides: Mapping[str, tuple[Any, str]]) -> dict[str, TargetSettings]:
     """Each target with its effective `cuda-archs`: the override (environment, then
     config settings) for every target, else the target's key, else the project's."""
-    import dataclasses
-
     project: tuple[str, ...] = ()
     if "cuda-archs" in table:
-        project = parse_cuda_archs(table["cuda-archs"], f"`{_PREFIX}.cuda-archs`")
+        project = parse_cuda_archs(table["cuda-archs"], f"`{PREFIX}.cuda-archs`")
     forced = None
     if "cuda-archs" in overrides:
         value, where = overrides["cuda-archs"]
@@ -477,9 +399,7 @@ def _resolve_mode(table: Mapping[str, Any], targets: dict[str, TargetSettings],
     """Each target with its effective `mode`: the override (environment, then config
     settings) for every target, else the target's key, else the project's, else
     ``"default"``."""
-    import dataclasses
-
-    project = parse_mode(table["mode"], f"`{_PREFIX}.mode`") if "mode" in table else "default"
+    project = parse_mode(table["mode"], f"`{PREFIX}.mode`") if "mode" in table else "default"
     forced = None
     if "mode" in overrides:
         value, where = overrides["mode"]
@@ -574,31 +494,31 @@ def settings_from_table(root: Path, table: Mapping[str, Any],
     :attr:`Settings.project`, None unless a dict). Raises ConfigError for anything
     invalid, including a ``table`` that is not a dict."""
     if not isinstance(table, dict):
-        raise _fail(f"`{_PREFIX}` must be a table, not {_type_name(table)}")
-    _check_keys(table, TOP_KEYS, _PREFIX)
+        raise fail(f"`{PREFIX}` must be a table, not {type_name(table)}")
+    _check_keys(table, TOP_KEYS, PREFIX)
     raw_targets = table.get("targets")
     if raw_targets is None:
-        raise _fail(f"`{_PREFIX}.targets` is missing; add `[{_PREFIX}.targets.NAME]` "
-                    "with a `script`")
+        raise fail(f"`{PREFIX}.targets` is missing; add `[{PREFIX}.targets.NAME]` "
+                   "with a `script`")
     if not isinstance(raw_targets, dict):
-        raise _fail(f"`{_PREFIX}.targets` must be a table, not {_type_name(raw_targets)}")
+        raise fail(f"`{PREFIX}.targets` must be a table, not {type_name(raw_targets)}")
     if not raw_targets:
-        raise _fail(f"`{_PREFIX}.targets` is empty; add `[{_PREFIX}.targets.NAME]`")
+        raise fail(f"`{PREFIX}.targets` is empty; add `[{PREFIX}.targets.NAME]`")
     targets = {n: _parse_target(n, t, root) for n, t in raw_targets.items()}
     package, package_dir = find_package(root, table.get("package"))
     overrides = collect_overrides(config_settings, environ)
     torch_pin = table.get("torch-pin", "exact")
-    where = f"`{_PREFIX}.torch-pin`"
+    where = f"`{PREFIX}.torch-pin`"
     if "torch-pin" in overrides:
         torch_pin, where = overrides["torch-pin"]
     if torch_pin not in TORCH_PINS:
-        raise _fail(f"{where} must be one of {', '.join(map(repr, TORCH_PINS))}, "
-                    f"not {torch_pin!r}")
+        raise fail(f"{where} must be one of {', '.join(map(repr, TORCH_PINS))}, "
+                   f"not {torch_pin!r}")
     flags = {k: _as_bool(overrides[k][0], overrides[k][1]) if k in overrides else False
              for k in ("skip", "strict", "verbose")}
     cache = table.get("cache", True)
     if not isinstance(cache, bool):
-        raise _fail(f"`{_PREFIX}.cache` must be a boolean, not {_type_name(cache)}")
+        raise fail(f"`{PREFIX}.cache` must be a boolean, not {type_name(cache)}")
     if "cache" in overrides:
         cache = _as_bool(overrides["cache"][0], overrides["cache"][1])
     cache_dir, jobs = _cache_dir(table, overrides, root), _jobs(table, overrides)
@@ -616,7 +536,7 @@ def settings_from_table(root: Path, table: Mapping[str, Any],
                 close = difflib.get_close_matches(n, list(targets), n=1)
                 hint = f"; did you mean {close[0]!r}?" if close else ""
                 raise ConfigError(f"Failed to read {where}: no target {n!r} in "
-                                  f"`{_PREFIX}.targets`{hint}")
+                                  f"`{PREFIX}.targets`{hint}")
         selected = tuple(n for n in targets if n in names)
     return Settings(root=root, package=package, package_dir=package_dir, targets=targets, selected=selected,
                     skip=flags["skip"], strict=flags["strict"], verbose=flags["verbose"], torch_pin=torch_pin,

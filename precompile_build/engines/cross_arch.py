@@ -97,9 +97,9 @@ def cc_int(arch: str) -> int:
 
 def requested(options: dict, target: str) -> tuple[str, ...]:
     """The architectures ``options["cuda_archs"]`` lists (a list or a comma-separated
-    string, as settings.parse_cuda_archs reads them); () when absent.
+    string, as compile_keys.parse_cuda_archs reads them); () when absent.
     Raises CaptureError for a value that is not one (the message names the option)."""
-    from ..config.settings import parse_cuda_archs
+    from ..config.compile_keys import parse_cuda_archs
     from ..errors import ConfigError
 
     value = options.get("cuda_archs")
