@@ -145,6 +145,25 @@ def test_wheel_from_sdist(tmp_path, monkeypatch):
     assert wheel_names(whl) == sorted(BASE + _pc("double.cache", "double.py", "manifest.json"))
 
 
+def test_wheel_from_sdist_with_a_helper_module_beside_the_script(tmp_path, monkeypatch):
+    """A capture script outside the package imports a module from its own folder: the
+    sdist carries both (setuptools' own sdist has neither), and the unpacked sdist builds."""
+    root = make_project(tmp_path, target_toml(script="captures/pair.py"))
+    (root / "captures").mkdir()
+    (root / "captures" / "pair.py").write_text(  # the fixture script, importing a helper first
+        "from modes import MODE  # beside this script\nassert MODE == 'ok'\n" + (root / "capture" / "pair.py").read_text())
+    (root / "captures" / "modes.py").write_text("MODE = 'ok'\n")
+    (root / "captures" / "notes.txt").write_text("not a module\n")
+    sdist = build(root, monkeypatch, hook="build_sdist")
+    with tarfile.open(sdist) as tf:
+        names = set(tf.getnames())
+        tf.extractall(tmp_path / "unpacked", filter="data")
+    base = "simplepkg-0.1.0/captures"
+    assert {f"{base}/pair.py", f"{base}/modes.py"} <= names and f"{base}/notes.txt" not in names
+    whl = build(tmp_path / "unpacked" / "simplepkg-0.1.0", monkeypatch, out=tmp_path / "w")
+    assert manifest_of(whl)["targets"]["double"]["status"] == "ok"
+
+
 def test_reproducible_with_source_date_epoch(tmp_path, monkeypatch):
     monkeypatch.setenv("SOURCE_DATE_EPOCH", "1700000000")
     # two copies: setuptools caches created build/ paths per process (frontends run

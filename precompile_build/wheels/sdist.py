@@ -1,4 +1,10 @@
-"""Make a setuptools sdist carry the capture scripts and no artifacts."""
+"""Make a setuptools sdist carry the capture scripts and no artifacts.
+
+A capture script usually lives outside the package (``captures/llama.py``), where
+setuptools' sdist does not look; so do the modules it imports from its own folder
+(``captures/shapes.py``: the script's folder is first on its ``sys.path``). The sdist
+gets both, or a wheel built from it (what ``python -m build`` does) fails to capture.
+"""
 
 from __future__ import annotations
 
@@ -62,9 +68,23 @@ def _pkg_info(info: tarfile.TarInfo, data: bytes | None, base: str) -> bytes | N
     return out
 
 
+def _capture_files(settings: Settings) -> list[Path]:
+    """Each target's script and the ``*.py`` files beside it, inside the project root
+    (a script outside it is refused when the settings are read), sorted."""
+    root = settings.root.resolve()
+    found: set[Path] = set()
+    for t in settings.targets.values():
+        script = Path(os.path.normpath(settings.root / t.script_rel))
+        found.add(script)
+        if script.parent.resolve().is_relative_to(root):
+            found.update(p for p in script.parent.glob("*.py") if p.is_file())
+    return sorted(found)
+
+
 def package_sdist(sdist_path: str | os.PathLike[str], out_dir: str | os.PathLike[str],
                   settings: Settings) -> Path:
-    """Rewrite an sdist: add every configured capture script it lacks, drop
+    """Rewrite an sdist: add every configured capture script it lacks, and the Python
+    modules beside each script (its folder's ``*.py``, not its subfolders), drop
     ``<package>/_precompiled/`` (artifacts of an editable build in the source tree).
 
     Every ``PKG-INFO`` gets ``Dynamic: Requires-Dist`` (:func:`mark_dynamic`); file
@@ -96,10 +116,10 @@ def package_sdist(sdist_path: str | os.PathLike[str], out_dir: str | os.PathLike
         m.mode = _normal_mode(m)
     kept = [(m, _pkg_info(m, d, base)) for m, d in kept]
     names = {m.name for m, _ in kept}
-    for t in settings.targets.values():
-        arc = f"{base}/{Path(os.path.normpath(t.script_rel)).as_posix()}"
+    for path in _capture_files(settings):
+        arc = f"{base}/{path.relative_to(settings.root).as_posix()}"
         if arc not in names:
-            data = t.script.read_bytes()
+            data = path.read_bytes()
             info = tarfile.TarInfo(arc)
             info.size, info.mode, info.mtime = len(data), 0o644, _mtime()
             kept.append((info, data))
