@@ -209,3 +209,46 @@ def test_ci_workflow_merge_job_on_wheels_of_three_hosts(tmp_path, monkeypatch):
     assert sorted((v["fingerprint"]["device_type"], v["fingerprint"].get("compute_capability")
                    or "") for v in variants) == [("cpu", ""), ("cuda", "8.0"), ("cuda", "9.0")]
     assert "manylinux_" in merged.name
+
+
+_GATED = '''
+import torch
+
+import precompile_build
+
+
+class Gated(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin, self.doubled = torch.nn.Linear(4, 4), True
+
+    def forward(self, x):
+        return self.lin(x) * (2 if self.doubled else 1)
+
+
+m = Gated().eval()
+m.lin.register_forward_hook(lambda mod, args, out: out + 1)
+with torch.no_grad(), precompile_build.capture(lambda model, x: model(x), engine="eager",
+                                               tracer="{tracer}") as f:
+    f(m, torch.randn(2, 4))
+'''
+
+
+@pytest.mark.parametrize("tracer", ["export", "make_fx"])
+def test_manifest_and_inspect_name_the_tracer_and_the_checks(tmp_path, capsys, tracer):
+    """The variant says what traced it and how much Python state each call checks: the
+    module's flag (``doubled``), the hook that ran, and the settings the trace read."""
+    root = make_project(tmp_path, '[tool.precompile.targets.gated]\nscript = "captures/gated.py"\n'
+                                  'device = "cpu"\n')
+    (root / "captures").mkdir()
+    (root / "captures" / "gated.py").write_text(_GATED.replace("{tracer}", tracer))
+    out = tmp_path / "out"
+    assert main(["capture", "--project", str(root), "--out", str(out)]) == 0, capsys.readouterr().err
+    (v,) = json.loads((out / "manifest.json").read_text())["targets"]["gated"]["variants"]
+    assert v["tracer"] == tracer
+    assert v["checks"]["hooks"] == 1 and v["checks"]["attributes"] >= 1 and v["checks"]["globals"] == 0
+    capsys.readouterr()
+    assert main(["inspect", str(out)]) == 0
+    line = next(ln for ln in capsys.readouterr().out.splitlines() if "traced with" in ln)
+    assert line.strip() == (f"traced with {tracer}; each call checks {v['checks']['attributes']} attributes, "
+                            "1 hooks the trace assumed")
