@@ -337,6 +337,13 @@ def _gib(n) -> str:
     return f"{n / 2**30:.1f} GiB" if isinstance(n, (int, float)) else "-"
 
 
+def _why(error: str) -> str:
+    """A failure for the table: the build's ``error:`` line where it printed one (the
+    log's tail is in the JSON), else the end of what it printed."""
+    said = [ln for ln in error.splitlines() if ln.startswith("error:")]
+    return (said[-1] if said else error[-300:]).replace("|", "/")
+
+
 def markdown(res: dict) -> str:
     lines = [f"# Tensor-parallel Llama on one GPU ({res.get('gpu')}, torch {res.get('torch')})", "",
              "`python bench/tp_llama.py " + " ".join(res["argv"]) + "` (bench/tp_llama.py says what each "
@@ -351,13 +358,13 @@ def markdown(res: dict) -> str:
                   "| --- | --- | --- |"]
         row = "| precompile-build capture (rank 0 alone, fake backend, run by the build) |"
         if "error" in c:
-            lines.append(f"{row} failed: {c['error'][-300:]!r} | |")
+            lines.append(f"{row} failed: {_why(c['error'])} | |")
         else:
             lines.append(f"{row} {ours:.1f} | {_gib(script.get('gpu_bytes'))} |" if ours is not None
                          else f"{row} (no timing) | |")
         row = "| torch.compile cold, same shard, same fake group |"
         if "error" in comp:
-            lines.append(f"{row} failed: {comp['error'][-300:]!r} | |")
+            lines.append(f"{row} failed: {_why(comp['error'])} | |")
         elif comp:
             lines.append(f"{row} {comp['first_result_s']:.1f} | {_gib(comp['gpu_bytes'])} |")
             if ours:

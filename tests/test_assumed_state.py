@@ -187,6 +187,49 @@ def test_hooks_that_ran_at_capture_and_hooks_added_later_are_checked(tmp_path):
     torch.testing.assert_close(f(m, x), m(x))
 
 
+class Scale:
+    """A forward hook with state of its own (a callable object)."""
+
+    def __init__(self, factor):
+        self.factor = factor
+
+    def __call__(self, mod, inputs, out):
+        return out * self.factor
+
+
+class Offset:
+    """A plain object whose bound method is a forward-pre hook."""
+
+    def __init__(self, shift):
+        self.shift = shift
+
+    def shifted(self, mod, args):
+        return (args[0] + self.shift,)
+
+
+def test_a_hooks_own_state_is_checked(tmp_path):
+    """A callable object's attributes and a bound method's ``self``'s, read by the trace
+    when the hook ran, are checked like a module's: changed, the call is refused naming
+    the hook; set back, served equal to eager."""
+    torch.manual_seed(0)
+    m, x = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 4)).eval(), torch.randn(2, 4)
+    scale, offset = Scale(2.0), Offset(0.5)
+    m[0].register_forward_hook(scale)
+    m[1].register_forward_pre_hook(offset.shifted)
+    f = _serve(tmp_path, call, m, x)
+    torch.testing.assert_close(f(m, x), m(x))
+    scale.factor = 3.0
+    with pytest.raises(CallError, match=r"m\.0\._forward_hooks\[0\]: factor was 2\.0 at capture, now 3\.0"):
+        f(m, x)
+    scale.factor = 2.0
+    torch.testing.assert_close(f(m, x), m(x))
+    offset.shift = -1.0
+    with pytest.raises(CallError, match=r"m\.1\._forward_pre_hooks\[0\]: shift was 0\.5 at capture, now -1\.0"):
+        f(m, x)
+    offset.shift = 0.5
+    torch.testing.assert_close(f(m, x), m(x))
+
+
 STATS: dict = {}
 
 

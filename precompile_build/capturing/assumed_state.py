@@ -15,7 +15,10 @@ Recorded, in ``PRECOMPILE_METADATA["assumed"]``:
   argument, or on a plain object one attribute away from one (a config), found by
   recording ``__getattribute__`` of ``nn.Module`` and of those objects' classes while
   the tracer runs the function: instance attributes and class attributes
-  (``class M: SCALES = {...}``) alike. Properties are not recorded (the attributes a
+  (``class M: SCALES = {...}``) alike. A module hook's own state counts as such an
+  object: a callable object's attributes (``Scale(2.0)`` registered as a forward hook)
+  and a bound method's ``self``'s, addressed as the hook's position in its dict
+  (chain ``["_forward_hooks[0]"]``; the hooks' names are checked in order, below). Properties are not recorded (the attributes a
   property reads are). Values the function itself changes
   are state, not assumptions (python_state.py warns about them), and are left out;
   ``training`` has its own check (the driver's ``_check_training``).
@@ -41,7 +44,7 @@ from typing import Any, Callable
 
 from precompile_runtime.pair_format import AssumedState
 
-from ..templates.state_values import global_hooks, module_hooks, state_value
+from ..templates.state_values import HOOK_KINDS, global_hooks, module_hooks, state_value
 from . import python_state
 
 _NOT_SET = object()
@@ -80,6 +83,24 @@ def _walk(module) -> Iterator[tuple[str, Any]]:
                      if c is not None)
 
 
+def _hook_holders(module) -> Iterator[tuple[str, Any]]:
+    """``(chain step, object)`` for the hooks of ``module`` that hold state of their
+    own: a callable object (not a function) or a bound method's ``self`` that is not a
+    module (a module's attributes are recorded as a module's). The step is
+    ``"<hook dict>[<position>]"``, which templates/assumed_state.py resolves alike."""
+    import types
+
+    import torch
+
+    for _kind, attr in HOOK_KINDS:
+        for k, hook in enumerate((module.__dict__.get(attr) or {}).values()):
+            holder = hook.__self__ if isinstance(hook, types.MethodType) else hook
+            if isinstance(holder, (types.FunctionType, types.BuiltinFunctionType, type, torch.nn.Module)):
+                continue
+            if isinstance(getattr(holder, "__dict__", None), dict):
+                yield f"{attr}[{k}]", holder
+
+
 def _plain_object(v: Any) -> bool:
     """An instance of a Python class whose attributes a trace may read (a config)."""
     import torch
@@ -104,8 +125,9 @@ class Recorder:
                     continue
                 self.where[id(sub)] = (i, path, ())
                 self.objects.append(sub)
-                for k, v in vars(sub).items():
-                    if k not in self.skip and id(v) not in self.where and _plain_object(v):
+                held = [(k, v) for k, v in vars(sub).items() if k not in self.skip and _plain_object(v)]
+                for k, v in held + list(_hook_holders(sub)):
+                    if id(v) not in self.where:
                         self.where[id(v)] = (i, path, (k,))
                         self.objects.append(v)
                         self.classes[type(v)] = None

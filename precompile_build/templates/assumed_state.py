@@ -6,7 +6,9 @@
 # PRECOMPILE_METADATA["assumed"] (capturing/assumed_state.py):
 #   "reads":   [[model arg, submodule path, [attribute chain to a plain object],
 #                [[attribute, kind, value], ...]], ...]  the attributes the trace read
-#               (peft's `_disable_adapters`, `scaling`; a config's fields; class-level ones)
+#               (peft's `_disable_adapters`, `scaling`; a config's fields; class-level ones;
+#               a hook object's own: chain step "_forward_hooks[k]", the k-th hook's
+#               state holder, see _step)
 #   "hooks":   {"modules": [[model arg, submodule path, kind, [hook names]]],
 #               "global": [[kind, [hook names]]]}  the module hooks present at capture
 #   "globals": [[module, name, kind, value]]  module-level values the reached code reads
@@ -76,6 +78,22 @@ def _first_difference(want, got):
     return f" was {want!r} at capture, now {got!r}"
 
 
+def _step(obj, name):
+    """One link of a read's chain: the attribute ``name`` of ``obj``, or for
+    ``"_forward_hooks[k]"`` (capturing/assumed_state.py's hook step) the state holder of
+    the k-th hook of that dict (a bound method's ``self``, else the hook); None where
+    there is none."""
+    d = getattr(obj, "__dict__", None) if obj is not None else None
+    if not isinstance(d, dict):
+        return None
+    if not name.endswith("]"):
+        return d.get(name)
+    attr, _, k = name[:-1].partition("[")
+    hooks = list((d.get(attr) or {}).values())
+    hook = hooks[int(k)] if int(k) < len(hooks) else None
+    return getattr(hook, "__self__", hook)
+
+
 def _assumed_full(modules):
     """The full check of what the trace assumed of ``modules`` (the model arguments):
     every recorded attribute, the hooks of every submodule and torch's global hooks.
@@ -89,7 +107,7 @@ def _assumed_full(modules):
         obj = _submodule(modules[i], path) if i < len(modules) else None
         where = ".".join([_arg_label(i)] + ([path] if path else []) + list(chain))
         for name in chain:
-            obj = None if obj is None else obj.__dict__.get(name) if hasattr(obj, "__dict__") else None
+            obj = _step(obj, name)
         if obj is None:
             raise CallError(f"target {target!r}: {where} is missing; the capture read its "
                             f"attributes ({', '.join(a for a, _ in attrs)}). Pass a model of the "
