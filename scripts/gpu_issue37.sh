@@ -10,7 +10,9 @@
 #   3. an 8B Llama (Llama-3-8B shapes, bf16) captured with the recorder on, then loaded with
 #      PRECOMPILE_NO_COMPILE=1: capture seconds against session 12's 41.6 s, the checks the
 #      pair records, the compiler modules the load imports
-# PARTS="tests dd 8b" (default: all); BUDGET seconds in all (default 500). Results in $OUT
+#   gpu: only the GPU tests of 1 and 2 (test_gpu_assumed_state, test_gpu_data_dependent),
+#      where the CPU ones ran on this torch elsewhere (a CPU venv with the same torch)
+# PARTS="tests dd 8b" (default; or "gpu 8b"); BUDGET seconds in all (default 500). Results in $OUT
 # (default /tmp/gpu_issue37): tests.log, dd.log, scale_cuda_llama_8b_s13.json, checks.txt.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -27,6 +29,8 @@ for part in $PARTS; do
     tests) budget_step tests 280 bash -c "python3 -m pytest -q -p no:cacheprovider tests/test_gpu_assumed_state.py \
         tests/test_assumed_state.py tests/test_tracers.py tests/test_gpu_cudagraphs.py tests/test_gpu_frozen.py \
         tests/test_gpu_decode.py > '$OUT/tests.log' 2>&1; rc=\$?; grep -E '^(FAILED|ERROR)' '$OUT/tests.log'; tail -1 '$OUT/tests.log'; exit \$rc" ;;
+    gpu) budget_step gpu 200 bash -c "python3 -m pytest -q -p no:cacheprovider tests/test_gpu_assumed_state.py \
+        tests/test_gpu_data_dependent.py > '$OUT/gpu.log' 2>&1; rc=\$?; grep -E '^(FAILED|ERROR)' '$OUT/gpu.log'; tail -1 '$OUT/gpu.log'; exit \$rc" ;;
     dd) budget_step dd 240 bash -c "python3 -m pytest -q -p no:cacheprovider tests/test_gpu_data_dependent.py \
         tests/test_data_dependent.py tests/test_results_and_arguments.py > '$OUT/dd.log' 2>&1; rc=\$?; grep -E '^(FAILED|ERROR)' '$OUT/dd.log'; tail -1 '$OUT/dd.log'; exit \$rc" ;;
     8b) budget_step 8b 260 python3 bench/scale.py --device cuda --llama --sizes 8b --modes capture,load --tag 8b_s13 --out "$OUT" ;;

@@ -2,10 +2,10 @@
 leaves it usable for the next, CUDA graphs included.
 
 The loaded function (a frozen CUDA MLP, graphs on, every size recorded) is called with
-the CUDA caching allocator capped (``torch.cuda.set_per_process_memory_fraction(0)``:
-no new memory, so the call's allocations fail as on a full GPU) at each stage of its
+the GPU full (a filler tensor takes its free memory, so the call's allocations fail as
+on a server whose other models took it) at each stage of its
 graph's life: the first (plain) call, the call that records, a replay (the output
-copy); after each, with the cap lifted, the next call equals eager, and the graph is
+copy); after each, with the memory given back, the next call equals eager, and the graph is
 recorded and replayed as without the error. The stand-in version of the recording's
 bookkeeping runs without a GPU: test_cuda_graph_keys.py. Skipped without CUDA.
 """
@@ -38,16 +38,25 @@ def forward(model, x):
 
 @contextlib.contextmanager
 def _full_gpu(spare: int = 0):
-    """The caching allocator may hand out at most ``spare`` bytes of new memory (what
-    is cached was released first, so the call's new blocks must be allocated)."""
+    """The GPU full but for about ``spare`` bytes: a filler tensor takes the rest of its
+    free memory (what the caching allocator cached is released first, so a call's new
+    blocks need device memory that is not there), as on a server whose other models
+    took it. (``torch.cuda.set_per_process_memory_fraction(0)`` did not make the
+    allocator refuse on the H200 host with torch 2.11: calls under it ran.)"""
     torch.cuda.synchronize()
     torch.cuda.empty_cache()
-    total = torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory
-    torch.cuda.set_per_process_memory_fraction((torch.cuda.memory_reserved() + spare) / total if spare else 0.0)
+    free, _ = torch.cuda.mem_get_info()
+    size, filler = (free - spare) // (2 << 20) * (2 << 20), None
+    while filler is None and size > 0:
+        try:
+            filler = torch.empty(size, dtype=torch.uint8, device="cuda")
+        except torch.cuda.OutOfMemoryError:  # the driver keeps some: step down to what it gives
+            size -= 2 << 20
     try:
         yield
     finally:
-        torch.cuda.set_per_process_memory_fraction(1.0)
+        del filler
+        torch.cuda.empty_cache()
 
 
 @pytest.fixture
@@ -97,7 +106,7 @@ def test_an_out_of_memory_call_leaves_the_function_usable_graphs_included(mlp):
 
 
 def test_a_recording_out_of_memory_inside_the_capture_is_undone(mlp):
-    """The graph's static input fits (2 MiB spare) and the recording runs out of memory
+    """The graph's static input fits (24 MiB spare) and the recording runs out of memory
     inside torch.cuda.graph (the 8 MiB hidden activation): undone, that call runs
     plainly (out of memory too), the caller's stream current again; the next call
     records and replays eager's result, and torch's RNG works."""
@@ -108,7 +117,9 @@ def test_a_recording_out_of_memory_inside_the_capture_is_undone(mlp):
     with warnings.catch_warnings():
         warnings.simplefilter("error", CudaGraphWarning)
         torch.testing.assert_close(fn(m, x), want, rtol=2e-3, atol=2e-3)  # the warm-up
-        with _full_gpu(spare=3 << 20), pytest.raises(torch.cuda.OutOfMemoryError):
+        # the static input's copy (2 MiB, from a 20 MiB block) fits, the recording's 8 MiB
+        # activation (another 20 MiB block) does not
+        with _full_gpu(spare=24 << 20), pytest.raises(torch.cuda.OutOfMemoryError):
             fn(m, x)
         assert torch.cuda.current_stream() == stream
         assert (fn._graphs.recorded, fn._graphs.failed, fn._graphs.out_of_memory) == (0, 0, 1)
