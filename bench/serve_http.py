@@ -129,7 +129,8 @@ def _client(url: str, jobs: list, out: list, errors: list) -> None:
             t0 = time.perf_counter()
             conn.request("POST", "/generate", body=json.dumps(body), headers={"Content-Type": "application/json"})
             resp = conn.getresponse()
-            reply = json.loads(resp.read())
+            data = resp.read()  # a failed request's body is the server's text, not JSON
+            reply = json.loads(data) if resp.status == 200 else data.decode("utf-8", "replace")
             out.append((index, resp.status, reply, time.perf_counter() - t0))
     except Exception as e:  # noqa: BLE001 - reported in the table
         errors.append(f"{type(e).__name__}: {e}")

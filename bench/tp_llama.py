@@ -27,8 +27,11 @@ the path.
     all-reduce), also built under the fake backend, then served by ``torchrun
     --nproc_per_node 2`` with both ranks on cuda:0 and gloo (NCCL needs one GPU per
     rank) under the serving guard (``PRECOMPILE_NO_COMPILE=1``): per rank the
-    max |served - eager TP=2| of the logits against max |eager|, and 16 greedy tokens
-    over a sliding window of the prompt, served and eager.
+    max |served - eager TP=2| of the logits against max |eager|, 16 greedy tokens
+    over a sliding window of the prompt, served and eager, and the same 16 steps
+    teacher-forced on eager's tokens (:func:`forced_greedy`: a step that differs shows
+    eager's margin between the two tokens against that step's max difference, which
+    tells a bf16 tie of random weights from a wrong answer).
 
 Results: ``tp_llama.json`` and ``tp_llama.md`` in ``--out``, written again after each
 step. Each step has a time limit taken from ``--budget`` (part (b): at most 150 s for
@@ -134,6 +137,32 @@ def sliding_greedy(fn, model, ids, steps: int = GREEDY) -> list[int]:
     return out
 
 
+def forced_greedy(fn, model, ids, steps: int = GREEDY) -> dict:
+    """``steps`` greedy steps over eager's own tokens (teacher-forced: both paths see the
+    same ids at every step, so one flipped argmax does not change every later step).
+
+    Returns:
+        ``{"equal": steps whose argmax agree, "steps": steps, "ties": [...]}``: for each
+        step that differs, eager's margin between its top token and the served one
+        (``margin``, in logits) and that step's max |served - eager| (``diff``); a margin
+        within the diff is a numerical tie (bf16 rounding of kernels fused otherwise),
+        a larger one a wrong answer.
+    """
+    import torch
+
+    equal, ties = 0, []
+    for _ in range(steps):
+        got, want = fn(model, ids).float(), last_logits(model, ids).float()
+        top, served = want.argmax(-1), got.argmax(-1)
+        if torch.equal(top, served):
+            equal += 1
+        else:
+            ties.append({"margin": float(want[0, top] - want[0, served]),
+                         "diff": float((got - want).abs().max())})
+        ids = torch.cat([ids[:, 1:], top[:, None]], dim=1)
+    return {"equal": equal, "steps": steps, "ties": ties}
+
+
 def _sync():
     import torch
 
@@ -220,7 +249,8 @@ def role_serve(args) -> None:
                "max_abs_value": float(want.float().abs().max()),
                "argmax_equal": bool(torch.equal(got.argmax(-1), want.argmax(-1))),
                "served_tokens": sliding_greedy(fn, model, ids),
-               "eager_tokens": sliding_greedy(last_logits, model, ids)}
+               "eager_tokens": sliding_greedy(last_logits, model, ids),
+               "forced": forced_greedy(fn, model, ids)}
     with open(Path(args.work) / f"serve_rank{rank}.json", "w") as f:
         json.dump(row, f)
     dist.destroy_process_group()
@@ -386,11 +416,15 @@ def markdown(res: dict) -> str:
         elif "error" in b.get("served", {}):
             lines.append(f"serving failed: `{b['served']['error'][-600:]}`")
         else:
-            lines += ["| rank | kernels | max abs diff | max abs eager | argmax equal | 16 greedy tokens equal |",
-                      "| --- | --- | --- | --- | --- | --- |"]
+            lines += ["| rank | kernels | max abs diff | max abs eager | argmax equal | 16 greedy tokens equal "
+                      "| teacher-forced steps equal (differing: eager's margin / max diff) |",
+                      "| --- | --- | --- | --- | --- | --- | --- |"]
             for r in b["served"]["ranks"]:
+                f = r.get("forced") or {}
+                ties = ", ".join(f"{t['margin']:.3g} / {t['diff']:.3g}" for t in f.get("ties", []))
+                forced = f"{f['equal']}/{f['steps']}" + (f" ({ties})" if ties else "") if f else "-"
                 lines.append(f"| {r['rank']} | {r['kernels']} | {r['max_abs_diff']:.4g} | {r['max_abs_value']:.4g} | "
-                             f"{r['argmax_equal']} | {r['served_tokens'] == r['eager_tokens']} |")
+                             f"{r['argmax_equal']} | {r['served_tokens'] == r['eager_tokens']} | {forced} |")
             lines += ["", f"capture: {b['capture'].get('capture_seconds')} s; distributed: "
                       f"{b['capture'].get('distributed')}"]
     return "\n".join(lines) + "\n"
