@@ -18,10 +18,11 @@ Recorded, in ``PRECOMPILE_METADATA["assumed"]``:
   (``class M: SCALES = {...}``) alike. A module hook's own state counts as such an
   object: a callable object's attributes (``Scale(2.0)`` registered as a forward hook)
   and a bound method's ``self``'s, addressed as the hook's position in its dict
-  (chain ``["_forward_hooks[0]"]``; the hooks' names are checked in order, below). Properties are not recorded (the attributes a
-  property reads are). Values the function itself changes
-  are state, not assumptions (python_state.py warns about them), and are left out;
-  ``training`` has its own check (the driver's ``_check_training``).
+  (chain ``["_forward_hooks[0]"]``; the hooks' names are checked in order, below).
+  Properties are not recorded (the attributes a property reads are). Values the
+  function itself changes are state, not assumptions (python_state.py warns about
+  them), and are left out; ``training`` has its own check (the driver's
+  ``_check_training``).
 - ``hooks``: the forward, forward-pre, backward and backward-pre hooks of every
   submodule of the model arguments and torch's global module hooks, by name
   (``module.qualname``), as the call found them: the graph ran exactly these.
