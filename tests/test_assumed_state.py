@@ -135,6 +135,81 @@ def test_between_full_checks_a_call_walks_nothing(tmp_path):
     assert len(runs) == 2
 
 
+class Stack(torch.nn.Module):
+    """Slices its ModuleList in forward, as transformers' Llama does
+    (``self.layers[: config.num_hidden_layers]``): a new ModuleList each call, its
+    submodules registered on it (torch's global registration hooks run)."""
+
+    def __init__(self):
+        super().__init__()
+        self.layers = torch.nn.ModuleList(torch.nn.Linear(4, 4) for _ in range(3))
+
+    def forward(self, x):
+        for layer in self.layers[:2]:
+            x = layer(x)
+        return x
+
+
+def _counting_backend(graphs):
+    def backend(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    return backend
+
+
+def test_a_loaded_pair_does_not_make_torch_compile_compile_again(tmp_path):
+    """The epoch a loaded pair keeps (moved by torch's registration hooks, module
+    assignments, train()) is not moved inside a trace: a compiled model that builds a
+    module as it runs compiles once, not at every call (the H200 bench hit torch.compile's
+    recompile limit beside a loaded pair); a capture in the same process traces one
+    graph; the sibling: a Sequential made in the compiled function of the model's
+    layers."""
+    torch.manual_seed(0)
+    m, x = Scaled().eval(), torch.randn(2, 4)
+    f = _serve(tmp_path, call, m, x)
+    f(m, x)  # the epoch's hooks are installed
+    torch._dynamo.reset()
+    graphs: list = []
+    s = Stack().eval()
+    compiled = torch.compile(s, backend=_counting_backend(graphs))
+    for _ in range(4):
+        torch.testing.assert_close(compiled(x), s(x))
+    assert len(graphs) == 1
+    g = _serve(tmp_path, call, s, x, engine="frozen", name="stack")  # a second capture here
+    torch.testing.assert_close(g(s, x), s(x))
+
+    def chained(model, x):  # a Sequential made of the model's layers: registered on it
+        return torch.nn.Sequential(*model.layers)(x)
+
+    graphs.clear()
+    compiled = torch.compile(chained, backend=_counting_backend(graphs))
+    for _ in range(4):
+        torch.testing.assert_close(compiled(s, x), chained(s, x))
+    assert len(graphs) == 1
+    torch.testing.assert_close(f(m, x), m(x))
+
+
+def test_a_watched_assignment_made_by_compiled_code_still_ends_the_verdict(tmp_path):
+    """What compiled code changes on a real module reaches the pair: dynamo replays the
+    attribute store after its graph (without the class's ``__setattr__``), and the
+    epoch's move, traced, is replayed with it."""
+    torch.manual_seed(0)
+    m, x = Scaled().eval(), torch.randn(2, 4)
+    f = _serve(tmp_path, call, m, x)
+    torch.testing.assert_close(f(m, x), m(x))
+    torch._dynamo.reset()
+
+    def disable(model, x):
+        model._disabled = True
+        return x + 1
+
+    torch.compile(disable, backend="eager")(m, x)
+    assert m._disabled is True
+    with pytest.raises(CallError, match=r"m: _disabled was False at capture, now True"):
+        f(m, x)
+
+
 def test_what_the_function_itself_changes_is_state_not_an_assumption(tmp_path):
     class Counting(torch.nn.Module):
         def __init__(self):

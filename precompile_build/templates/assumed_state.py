@@ -186,7 +186,7 @@ def _watch_class(cls):
 
     def __setattr__(self, name, value, _orig=orig):
         _orig(self, name, value)
-        if name in watched:
+        if name in watched:  # in a trace too: dynamo replays the store without this wrapper
             box[0] += 1
 
     __setattr__.__wrapped__ = orig  # type: ignore[attr-defined]
@@ -208,8 +208,9 @@ def _state_epoch():
     if box is None:
         box = [0]
 
-        def bump(*_args):
-            box[0] += 1  # returns None: the registration hooks keep the value assigned
+        def bump(*_args, _tracing=_TRACING):
+            if not _tracing():
+                box[0] += 1  # returns None: the registration hooks keep the value assigned
 
         for name in ("parameter", "buffer", "module"):
             hook = getattr(M, f"register_module_{name}_registration_hook", None)
@@ -224,6 +225,18 @@ def _state_epoch():
         _watch_class(torch.nn.Module)
     M._precompile_watched.update(_WATCHED)  # type: ignore[attr-defined]
     return box
+
+
+# True while torch.compile's tracer (dynamo: a capture's too) runs the caller: the
+# registration hooks do not move the epoch there. The trace would guard on its value, and
+# code that builds a module as it runs (``self.layers[:n]`` makes a ModuleList:
+# transformers' Llama) would move it at every call, so every call would compile again
+# (torch.compile hit its recompile limit beside a loaded pair on the H200, session 16).
+# A watched name assigned in a trace still moves it (the ``__setattr__`` wrapper: dynamo
+# replays the store after its graph without the wrapper, so the move must be traced).
+# Bound as a default argument: a traced function's globals lookup makes dynamo import
+# the pair's module by name, which an exec'd pair does not have.
+_TRACING = torch.compiler.is_compiling
 
 
 def _bumping(orig, box):
