@@ -19,6 +19,7 @@ from _build_helpers import (
 from precompile_build.builder import runner
 from precompile_build.builder.runner import CaptureWarning
 from precompile_build.errors import CaptureError, ScriptFailed
+from precompile_build.wheels.inspect_cmd import format_report, inspect_report
 
 pytestmark = pytest.mark.usefixtures("build_env")
 
@@ -129,6 +130,9 @@ def test_optional_failure_is_left_out(tmp_path, monkeypatch, mode):
     assert (bad["status"], bad["required"], bad["variants"]) == ("failed", False, [])
     assert {"raise": "exited with status 1: RuntimeError: boom from capture script",
             "segv": "SIGSEGV", "badhash": "code_hash", "cuda": "needs CUDA"}[mode] in bad["reason"]
+    text = format_report(inspect_report(str(whl)))  # `inspect` says so too, not "FAILED"
+    assert f"target bad (optional): left out of the wheel at build: {bad['reason']}" in text, text
+    assert "FAILED" not in text, text
 
 
 def test_cuda_graphs_of_an_auto_target_is_dropped_on_a_cpu_build_host(tmp_path, monkeypatch, capfd):
