@@ -241,6 +241,39 @@ def test_a_benchmark_graph_compiled_during_autotuning_is_not_the_pair(tmp_path, 
     assert r["max_err"] < 1e-5
 
 
+def test_no_new_compiled_graph_names_the_fallback_and_the_fallback_serves(tmp_path, monkeypatch):
+    """Where Inductor loads no new wrapper (here its modules are taken out of
+    PyCodeCache as it returns), the capture says what to do, nothing is written, and
+    with `fallback = "eager"` the target is captured with the eager engine instead."""
+    from torch._inductor.codecache import PyCodeCache
+
+    import precompile_build
+    from precompile_build.errors import CompilerFailed
+
+    real = torch._inductor.standalone_compile
+
+    def losing_its_wrapper(*args, **kwargs):
+        before = list(PyCodeCache.modules)
+        out = real(*args, **kwargs)
+        PyCodeCache.modules[:] = [m for m in PyCodeCache.modules if m in before]
+        return out
+
+    monkeypatch.setattr(torch._inductor, "standalone_compile", losing_its_wrapper)
+    ns: dict = {}
+    exec(MODELS, ns)
+    fn, args = ns["example"]("linear_relu")
+    src, cache = tmp_path / "t.py", tmp_path / "t.cache"
+    with pytest.raises(CompilerFailed, match=r"loaded no new compiled graph.*set `fallback = \"eager\"` in its "
+                                             r"\[tool\.precompile\.targets\.t\] table"):
+        with precompile_build.capture(fn, artifact_path=src, cache_path=cache, engine="frozen", target="t") as f:
+            f(*args)
+    assert not src.exists() and not cache.exists()
+    with precompile_build.capture(fn, artifact_path=src, cache_path=cache, engine="frozen", target="t",
+                                  fallback="eager") as f:
+        f(*args)
+    assert metadata(src)["engine"] == "eager"
+
+
 # ---- an extern choice bound as a plain torch call ----------------------------------
 
 def test_an_extern_choice_is_a_plain_torch_call_served_without_the_compiler(tmp_path):

@@ -189,8 +189,11 @@ def _compile(traced: TracedCall, target: str, options: dict, real: dict | None =
     # them from PyCodeCache after autotuning they are there too (6 modules for an 8B
     # Llama on the H200, torch 2.11). What the wrapper runs is validated against eager.
     wrappers = [m for m in PyCodeCache.modules if id(m) not in before and hasattr(m, "call")]
-    if not wrappers:
-        raise CaptureError("Inductor produced no compiled graph for the trace", target=target)
+    if not wrappers:  # a CompilerFailed: `fallback = "eager"` applies
+        raise CompilerFailed(
+            "Inductor loaded no new compiled graph for the trace (a torch bug, not your code): "
+            "capture this target with engine='eager', or set `fallback = \"eager\"` in its "
+            f"[tool.precompile.targets.{target}] table", target=target)
     module = wrappers[-1]
     with open(str(module.__file__), encoding="utf-8") as f:
         wrapper_src = f.read()
