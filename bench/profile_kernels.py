@@ -46,6 +46,24 @@ def _print_autotuning():
     th.CachingAutotuner.benchmark_all_configs = benchmark_all_configs
 
 
+def kernel_times(call, calls: int = 20, top: int = 10) -> dict:
+    """Per-kernel GPU time of ``call()`` (CUDA; warmed up by the caller), from
+    ``torch.profiler`` over ``calls`` synchronized calls: ``{"kernel_ms": kernel time
+    per call (ms, the sum of CUDA kernels' self time / calls), "kernels": kernel launches
+    per call, "top": [[ms per call, launches per call, name], ...] of the ``top``
+    longest}``. Kernels replayed in a CUDA graph are counted as launched ones."""
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(calls):
+            call()
+        torch.cuda.synchronize()
+    events = [e for e in prof.key_averages() if e.device_type.name == "CUDA"]
+    longest = sorted(events, key=lambda e: -e.self_device_time_total)[:top]
+    return {"kernel_ms": sum(e.self_device_time_total for e in events) / calls / 1000,
+            "kernels": sum(e.count for e in events) / calls,
+            "top": [[e.self_device_time_total / calls / 1000, e.count / calls, e.key[:110]] for e in longest]}
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--case", default="gpt", choices=("decode", "tinylm", "gpt", "bert"))
@@ -75,17 +93,10 @@ def main() -> int:
         for name, call in calls.items():
             for _ in range(10):  # warm up (and compile)
                 call()
-            torch.cuda.synchronize()
-            with profile(activities=[ProfilerActivity.CUDA]) as prof:
-                for _ in range(a.calls):
-                    call()
-                torch.cuda.synchronize()
-            events = [e for e in prof.key_averages() if e.device_type.name == "CUDA"]
-            per_call = sum(e.self_device_time_total for e in events) / a.calls / 1000
-            launches = sum(e.count for e in events) / a.calls
-            print(f"== {name}: kernel time per call {per_call:.4f} ms, kernels per call {launches:.0f}")
-            for e in sorted(events, key=lambda e: -e.self_device_time_total)[:10]:
-                print(f"  {e.self_device_time_total / a.calls / 1000:8.4f} ms x{e.count // a.calls:3d}  {e.key[:110]}")
+            k = kernel_times(call, a.calls)
+            print(f"== {name}: kernel time per call {k['kernel_ms']:.4f} ms, kernels per call {k['kernels']:.0f}")
+            for ms, n, key in k["top"]:
+                print(f"  {ms:8.4f} ms x{n:3.0f}  {key}")
     return 0
 
 

@@ -62,6 +62,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+from roofline_report import MECHANISMS, markdown, write_md
+
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 START = time.monotonic()
@@ -77,8 +79,6 @@ CONTEXT = 512  # decode rows: tokens already in the cache when a step runs
 MAX_CACHE = 640  # the static cache: CONTEXT + room for a round's steps
 TINY = {"prefill_1x128": (1, 8), "prefill_8x512": (2, 16), "decode_b1": 1, "decode_b8": 2}
 TINY_CONTEXT, TINY_CACHE = 8, 200
-MECHANISMS = ("eager", "torch.compile", "torch.compile max-autotune-no-cudagraphs", "torch.compile max-autotune",
-              "load_packaged", "load_packaged max-autotune", "load_packaged max-autotune + graphs")
 
 
 @dataclass
@@ -271,9 +271,9 @@ def _package(work: Path, package: str, names: list[str]) -> None:
     write_dir_atomic(pkg / "_precompiled", assemble(package, results))
 
 
-def captured(row: Row, work: Path, package: str, modes: dict[str, str | None]) -> dict[str, dict]:
-    """Capture ``row`` with the frozen engine once per mode (``{target: mode}``),
-    package the pairs and load each with load_packaged. Returns ``{target:
+def captured(row: Row, work: Path, package: str, modes: dict[str, dict | None]) -> dict[str, dict]:
+    """Capture ``row`` with the frozen engine once per target (``{target: capture
+    options}``), package the pairs and load each with load_packaged. Returns ``{target:
     {"fn": loaded, "capture_s": ...}}`` or ``{target: {"error": ...}}``."""
     import importlib
 
@@ -283,7 +283,7 @@ def captured(row: Row, work: Path, package: str, modes: dict[str, str | None]) -
     import precompile_runtime
 
     out: dict[str, dict] = {}
-    for name, mode in modes.items():
+    for name, options in modes.items():
         if left() < 0:
             out[name] = {"error": "skipped: time budget"}
             continue
@@ -292,7 +292,7 @@ def captured(row: Row, work: Path, package: str, modes: dict[str, str | None]) -
         try:
             with torch.no_grad(), precompile_build.capture(
                     row.fn, engine="frozen", target=name, artifact_path=work / f"{name}.py",
-                    cache_path=work / f"{name}.cache", options={"mode": mode} if mode else None) as f:
+                    cache_path=work / f"{name}.cache", options=options) as f:
                 f(*row.args)
             out[name] = {"capture_s": round(time.perf_counter() - t0, 2)}
         except Exception as e:  # noqa: BLE001 - reported in the table
@@ -309,39 +309,49 @@ def captured(row: Row, work: Path, package: str, modes: dict[str, str | None]) -
     return out
 
 
-def mechanisms(row: Row, device: str, work: Path, package: str) -> dict[str, dict]:
+def mechanisms(row: Row, device: str, work: Path, package: str, variants: dict[str, dict],
+               wanted: set[str] | None = None) -> dict[str, dict]:
     """``{mechanism: {"fn": callable of no arguments, ...}}`` for ``row``; a
-    mechanism that could not be made has ``{"error": ...}`` instead."""
+    mechanism that could not be made has ``{"error": ...}`` instead. ``variants``:
+    more pairs, ``{label: capture options}`` (``--variant``), served as
+    ``load_packaged <label>`` (and ``+ graphs`` on decode rows); ``wanted``: the
+    mechanisms to make (None: all)."""
     import torch
 
     cuda = device == "cuda"
     fn, args = row.fn, row.args
+
+    def want(name: str) -> bool:
+        return wanted is None or name in wanted
+
     mechs: dict[str, dict] = {"eager": {"fn": lambda: fn(*args)}}
     modes = {"torch.compile": "default", "torch.compile max-autotune-no-cudagraphs": "max-autotune-no-cudagraphs"}
     if row.decode and cuda:
         modes["torch.compile max-autotune"] = "max-autotune"
         _static(row)
     for name, mode in modes.items():
-        compiled = torch.compile(_fresh(fn), mode=mode)
-        mechs[name] = {"fn": (lambda c=compiled: c(*args)), "compiles": True}
-    pairs = captured(row, work, package, {f"{package}_default": None, f"{package}_max_autotune": "max-autotune"})
-    for name, target in (("load_packaged", f"{package}_default"),
-                         ("load_packaged max-autotune", f"{package}_max_autotune")):
+        if want(name):
+            compiled = torch.compile(_fresh(fn), mode=mode)
+            mechs[name] = {"fn": (lambda c=compiled: c(*args)), "compiles": True}
+    labels = {"": None, " max-autotune": {"mode": "max-autotune"}, **{f" {k}": v for k, v in variants.items()}}
+    graphs = {label for label in labels if label and row.decode and cuda and want(f"load_packaged{label} + graphs")}
+    targets = {label: f"{package}_" + ("".join(c if c.isalnum() else "_" for c in label.strip()) or "default")
+               for label in labels if want(f"load_packaged{label}") or label in graphs}
+    pairs = captured(row, work, package, {targets[label]: labels[label] for label in targets})
+    for label, target in targets.items():
         p = pairs[target]
-        mechs[name] = {k: v for k, v in p.items() if k != "fn"}
+        plain, graphed = {k: v for k, v in p.items() if k != "fn"}, {"error": p.get("error")}
         if "fn" in p:
-            mechs[name]["fn"] = (lambda f=p["fn"]: f(*args))
-            mechs[name]["packaged"] = True
-    if row.decode and cuda:
-        p = pairs[f"{package}_max_autotune"]
-        if "fn" in p:
-            import precompile_runtime
+            plain.update(fn=(lambda f=p["fn"]: f(*args)), packaged=True)
+            if label in graphs:
+                import precompile_runtime
 
-            graphed = precompile_runtime.load_packaged(f"{package}_max_autotune", package=package, strict=True,
-                                                       cuda_graphs=True)
-            mechs["load_packaged max-autotune + graphs"] = {"fn": (lambda: graphed(*args)), "packaged": True}
-        else:
-            mechs["load_packaged max-autotune + graphs"] = {"error": p["error"]}
+                g = precompile_runtime.load_packaged(target, package=package, strict=True, cuda_graphs=True)
+                graphed = {"fn": (lambda g=g: g(*args)), "packaged": True}
+        if want(f"load_packaged{label}"):
+            mechs[f"load_packaged{label}"] = plain
+        if label in graphs:
+            mechs[f"load_packaged{label} + graphs"] = graphed
     return mechs
 
 
@@ -354,7 +364,8 @@ def warm(row: Row, mechs: dict[str, dict], device: str, want) -> None:
 
     import precompile_runtime
 
-    for m in mechs.values():
+    # the loaded pairs first: a budget spent on torch.compile's compiles skips those, not them
+    for m in sorted(mechs.values(), key=lambda m: bool(m.get("compiles"))):
         if "fn" not in m:
             continue
         if left() < 0:
@@ -415,7 +426,11 @@ def interleaved(row: Row, mechs: dict[str, dict], device: str, rounds: int, targ
         m["spread"] = (max(m["times"]) - min(m["times"])) / m["ms"]
 
 
-def run_row(row: Row, device: str, rounds: int, target_s: float, peak: float, bandwidth: float) -> dict:
+def run_row(row: Row, device: str, rounds: int, target_s: float, peak: float, bandwidth: float,
+            variants: dict[str, dict], wanted: set[str] | None, kernel_calls: int) -> dict:
+    """One row measured (see the module docstring); ``kernel_calls`` > 0 (CUDA): each
+    mechanism's kernels profiled over that many calls after the timing
+    (profile_kernels.kernel_times: ``"kernels"`` of its entry)."""
     import torch
 
     memory_ms, compute_ms = row.bytes / bandwidth * 1e3, row.flops / peak * 1e3
@@ -424,13 +439,21 @@ def run_row(row: Row, device: str, rounds: int, target_s: float, peak: float, ba
                  "bound": "memory" if memory_ms >= compute_ms else "compute", "mechanisms": {}}
     with tempfile.TemporaryDirectory(prefix="roofline-") as tmp:
         package = "roofline_" + "".join(ch if ch.isalnum() else "_" for ch in row.key)
-        mechs = mechanisms(row, device, Path(tmp), package)
+        mechs = mechanisms(row, device, Path(tmp), package, variants, wanted)
         with torch.no_grad():
             row.reset()
             want = row.probe(row.fn(*row.args)).float()
         warm(row, mechs, device, want)
         if left() > 0:
             interleaved(row, mechs, device, rounds, target_s)
+        if kernel_calls and device == "cuda":
+            from profile_kernels import kernel_times
+
+            for m in mechs.values():
+                if "ms" in m:
+                    with torch.no_grad():
+                        row.reset()
+                        m["kernels"] = kernel_times(m["fn"], kernel_calls, top=8)
         for name, m in mechs.items():
             entry = {k: v for k, v in m.items() if k not in ("fn", "times", "packaged", "compiles")}
             if "ms" in m:
@@ -443,62 +466,6 @@ def run_row(row: Row, device: str, rounds: int, target_s: float, peak: float, ba
     return res
 
 
-# ---- output -------------------------------------------------------------------------
-
-def _cell(m: dict | None) -> str:
-    if not m:
-        return "-"
-    if "ms" not in m:
-        return "skipped" if "budget" in m.get("error", "") else "FAILED"
-    return f"{m['ms']:.3f} ({m['vs_floor']:.2f}x)"
-
-
-def markdown(doc: dict) -> str:
-    lines = ["# Roofline: each mechanism against the floor", "",
-             f"`python bench/roofline.py {doc['argv']}`: torch {doc['torch']}, {doc['device_name']}; one process, "
-             f"mechanisms interleaved, median of {doc['rounds']} rounds; ms per call (x the row's floor).", "",
-             f"Floor: max(bytes / {doc['bandwidth'] / 1e12:.1f} TB/s, FLOPs / {doc['peak'] / 1e12:.0f} TFLOP/s) "
-             f"({doc['source']}){' (the H200 figures, not this CPU)' if doc['device'] != 'cuda' else ''}. Bytes: "
-             "the weights read once (the embedding: the gathered rows), inputs read, results written (decode: "
-             "the KV cache of the context read); FLOPs: the matrix products and the attention (causal prefill: "
-             "half). Max-autotune compiles: torch.compile `max-autotune-no-cudagraphs` (decode rows also "
-             "`max-autotune`, with Inductor's CUDA graphs); the pairs: `mode = \"max-autotune\"`, loaded with "
-             "load_packaged (decode rows also with `cuda_graphs=True`).", "",
-             "| row | shape | floor ms (memory / compute) | " + " | ".join(MECHANISMS) + " |",
-             "|" + "---|" * (3 + len(MECHANISMS))]
-    for key, r in doc["rows"].items():
-        if "error" in r:
-            lines.append(f"| {key} | FAILED: {r['error'][:200]} |" + " |" * (1 + len(MECHANISMS)))
-            continue
-        lines.append(f"| {key} | {r['shape']} | {r['floor_ms']:.3f} ({r['memory_ms']:.3f} / {r['compute_ms']:.3f}) | "
-                     + " | ".join(_cell(r["mechanisms"].get(m)) for m in MECHANISMS) + " |")
-    lines += ["", "Seconds in this warm process (torch.compile: its first call; load_packaged: capture, then its "
-              "first call) and max |result - eager| (decode rows: the logits the step wrote):", "",
-              "| row | mechanism | seconds | max abs err | calls x rounds | round spread |", "|---|---|---|---|---|---|"]
-    for key, r in doc["rows"].items():
-        for name, m in r.get("mechanisms", {}).items():
-            secs = " + ".join(f"{m[k]:.1f}" for k in ("capture_s", "first_call_s") if k in m) or "-"
-            if "error" in m:
-                lines.append(f"| {key} | {name} | {m['error'][:160]} | | | |")
-                continue
-            lines.append(f"| {key} | {name} | {secs} | {m.get('max_abs_err', float('nan')):.3g} | "
-                         f"{m.get('calls', '-')} x {len(m.get('rounds_ms', []))} | {m.get('spread', 0):.0%} |")
-    lines += ["", "Issue 39's targets, where both sides were measured:", ""]
-    for key, r in doc["rows"].items():
-        ms = {n: m["ms"] for n, m in r.get("mechanisms", {}).items() if "ms" in m}
-        if "prefill" in key and "load_packaged max-autotune" in ms:
-            for other, limit in (("torch.compile max-autotune-no-cudagraphs", 1.0), ("torch.compile", 0.9)):
-                if other in ms:
-                    ratio = ms["load_packaged max-autotune"] / ms[other]
-                    lines.append(f"- {key}: load_packaged max-autotune / {other} = {ratio:.2f}x "
-                                 f"(target <= {limit}x: {'met' if ratio <= limit else 'not met'})")
-        if "decode_b1" in key and "load_packaged max-autotune + graphs" in ms:
-            ratio = ms["load_packaged max-autotune + graphs"] / r["memory_ms"]
-            lines.append(f"- {key}: load_packaged max-autotune + graphs / weight-read floor = {ratio:.2f}x "
-                         f"(target <= 1.15x: {'met' if ratio <= 1.15 else 'not met'})")
-    return "\n".join(lines) + "\n"
-
-
 def main(argv=None) -> int:
     global BUDGET
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
@@ -509,6 +476,14 @@ def main(argv=None) -> int:
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--round-s", type=float, default=0.1, help="seconds a mechanism runs per round, about")
     p.add_argument("--budget-s", type=float, default=BUDGET, help="start nothing new after this many seconds")
+    p.add_argument("--mechanisms", default=None,
+                   help="comma-separated names of the table's mechanisms to run (default: all)")
+    p.add_argument("--variant", action="append", default=[], metavar="LABEL=JSON",
+                   help="another pair, captured with these capture options, served as 'load_packaged LABEL' "
+                        "(decode rows on CUDA also '+ graphs'), e.g. "
+                        "'no-cdt={\"mode\": \"max-autotune\", \"inductor\": {\"coordinate_descent_tuning\": false}}'")
+    p.add_argument("--kernels", type=int, default=0, metavar="CALLS",
+                   help="CUDA: profile each mechanism's kernels over CALLS calls after the timing")
     p.add_argument("--bandwidth", type=float, default=BANDWIDTH, help="bytes/s of the floor")
     p.add_argument("--peak", type=float, default=PEAK_BF16, help="FLOP/s of the floor")
     p.add_argument("--out", required=True, help="path without suffix: writes .json and .md")
@@ -521,9 +496,10 @@ def main(argv=None) -> int:
         doc: dict = {"rows": {}}
         for path in a.merge:
             part = json.loads(Path(path).read_text())
-            doc = {**doc, **{k: v for k, v in part.items() if k != "rows"}, "rows": {**doc["rows"], **part["rows"]}}
+            rows = {k: {"argv": part.get("argv"), **r} for k, r in part["rows"].items()}  # each row's command
+            doc = {**doc, **{k: v for k, v in part.items() if k != "rows"}, "rows": {**doc["rows"], **rows}}
         out.with_suffix(".json").write_text(json.dumps(doc, indent=1) + "\n")
-        out.with_suffix(".md").write_text(markdown(doc))
+        write_md(out.with_suffix(".md"), markdown(doc))
         return 0
     BUDGET = a.budget_s
     rows = [r.strip() for r in a.rows.split(",") if r.strip()]
@@ -533,6 +509,19 @@ def main(argv=None) -> int:
     sizes = [s.strip() for s in (a.sizes or ("tiny" if a.tiny else "1b,8b")).split(",") if s.strip()]
     if a.rounds < 1 or a.round_s <= 0:
         p.error("--rounds and --round-s take positive numbers")
+    variants: dict[str, dict] = {}
+    for v in a.variant:
+        label, _, opts = v.partition("=")
+        try:
+            variants[label.strip()] = json.loads(opts)
+        except json.JSONDecodeError as e:
+            p.error(f"--variant {v!r}: LABEL=JSON of capture options ({e})")
+        if not label.strip() or not isinstance(variants[label.strip()], dict):
+            p.error(f"--variant {v!r}: LABEL=JSON of capture options, e.g. 'x={{\"mode\": \"max-autotune\"}}'")
+    wanted = {m.strip() for m in a.mechanisms.split(",") if m.strip()} if a.mechanisms else None
+    known = {*MECHANISMS, *(f"load_packaged {v}{g}" for v in variants for g in ("", " + graphs"))}
+    if wanted is not None and (wanted - known or not wanted):
+        p.error(f"--mechanisms {a.mechanisms!r}: names of {', '.join(sorted(known))}")
     os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", tempfile.mkdtemp(prefix="roofline-inductor-"))
     sys.path[:0] = [str(HERE), str(ROOT), str(ROOT / "runtime")]
     import scale_llama
@@ -553,7 +542,7 @@ def main(argv=None) -> int:
 
     def save():
         json_path.write_text(json.dumps(doc, indent=1) + "\n")
-        md_path.write_text(markdown(doc))
+        write_md(md_path, markdown(doc))
 
     plan: list[tuple[str, str | None]] = [(r, None) for r in rows if r not in LLAMA_ROWS]
     plan += [(r, s) for s in sizes for r in rows if r in LLAMA_ROWS]
@@ -572,7 +561,8 @@ def main(argv=None) -> int:
                     model_of.clear()  # one model at a time: an 8B model is 16 GB
                     model_of[size] = llama(size, device, a.tiny)
                 row = llama_row(key, size, model_of[size], device, a.tiny)
-            doc["rows"][name] = run_row(row, device, a.rounds, a.round_s, a.peak, a.bandwidth)
+            doc["rows"][name] = {"argv": doc["argv"], **run_row(row, device, a.rounds, a.round_s, a.peak, a.bandwidth,
+                                                                variants, wanted, a.kernels)}
         except Exception as e:  # noqa: BLE001 - reported in the table
             import traceback
 

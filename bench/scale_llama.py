@@ -149,8 +149,10 @@ def worker(mode: str, size: str, work: Path, cap_gib: float | None) -> dict:
 
             stats = work / f"{name}.stats.json"
             os.environ["PRECOMPILE_STATS_PATH"] = str(stats)
-            with precompile_build.capture(forward, engine="frozen", target=name,
-                                          artifact_path=work / f"{name}.py", cache_path=work / f"{name}.cache") as f:
+            mode_opt = os.environ.get("LLAMA_BENCH_CAPTURE_MODE")  # bench/llama_cold.py: "max-autotune"
+            with precompile_build.capture(forward, engine="frozen", target=name, options={"mode": mode_opt} if mode_opt
+                                          else None, artifact_path=work / f"{name}.py",
+                                          cache_path=work / f"{name}.cache") as f:
                 f(model, ids)
             _sync()
             out["capture_s"] = time.perf_counter() - ready
@@ -170,7 +172,7 @@ def worker(mode: str, size: str, work: Path, cap_gib: float | None) -> dict:
                 torch.cuda.reset_peak_memory_stats()
             y = forward(model, ids)
         elif mode == "compile":
-            fn = torch.compile(forward)
+            fn = torch.compile(forward, mode=os.environ.get("LLAMA_BENCH_COMPILE_MODE"))  # None: default
             y = fn(model, ids)
         elif mode == "load":
             import precompile_runtime
@@ -249,11 +251,13 @@ def _env(work: Path, mode: str) -> dict:
     return env
 
 
-def run_worker(mode: str, size: str, work: Path, cap_gib: float | None) -> dict:
+def run_worker(mode: str, size: str, work: Path, cap_gib: float | None, env: dict | None = None) -> dict:
+    """``mode`` of ``size`` in a fresh process with empty caches (``env``: more
+    variables, e.g. ``LLAMA_BENCH_CAPTURE_MODE``); its result row, or ``{"error": ...}``."""
     cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", mode, "--sizes", size, "--work", str(work)]
     if cap_gib:
         cmd += ["--cap-gib", str(cap_gib)]
-    p = subprocess.run(cmd, env=_env(work, mode), capture_output=True, text=True, timeout=1800)
+    p = subprocess.run(cmd, env={**_env(work, mode), **(env or {})}, capture_output=True, text=True, timeout=1800)
     lines = [ln for ln in p.stdout.splitlines() if ln.startswith("RESULT ")]
     if p.returncode != 0 or not lines:
         return {"mode": mode, "size": size, "error": (p.stderr or p.stdout)[-1500:]}

@@ -6,31 +6,48 @@
 #                                                     CUDA graphs and cuda-archs; bias_addmm; conv;
 #                                                     flex attention), then test_gpu_frozen's
 #                                                     forward/train cases (the default mode still serves)
-#   bash scripts/gpu_issue39.sh roofline ROWS SIZES   bench/roofline.py --rows ROWS --sizes SIZES,
+#   bash scripts/gpu_issue39.sh roofline ROWS SIZES [BUDGET_S]
+#                                                     bench/roofline.py --rows ROWS --sizes SIZES,
 #                                                     merged into $OUT/roofline_h200.{json,md}
+#   bash scripts/gpu_issue39.sh cold SIZES MODES FIRST_RUNS [BUDGET_S]
+#                                                     bench/llama_cold.py: capture time against
+#                                                     torch.compile cold for MODES (default,max-autotune),
+#                                                     then FIRST_RUNS rounds of first results;
+#                                                     $OUT/llama_cold_h200_SIZES.{json,md}
+# Wheels the host lacks (platformdirs, filelock) come from .whl/ (carried) into /tmp/site.
 # Logs and results go to $OUT (default /tmp/gpu_issue39): summary.txt first.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/gpu_issue39}
 mkdir -p "$OUT"
 export PYTHONPATH=$PWD:$PWD/runtime PYTHONUNBUFFERED=1
+if [ -d .whl ] && ! python3 -c "import platformdirs, filelock" 2>/dev/null; then
+  python3 -m pip install -q --no-index --find-links .whl --target /tmp/site platformdirs filelock
+  export PYTHONPATH=$PYTHONPATH:/tmp/site
+fi
 SUM="$OUT/summary.txt"
 python3 -c 'import torch, triton; print("torch", torch.__version__, "triton", triton.__version__, torch.cuda.get_device_name(0))' 2>&1 | tee -a "$SUM"
 case "${1:-}" in
   tests)
-    timeout 540 python3 -m pytest -q -p no:cacheprovider -s tests/test_gpu_max_autotune.py \
+    timeout "${TESTS_TIMEOUT:-540}" python3 -m pytest -q -p no:cacheprovider -s tests/test_gpu_max_autotune.py \
       "tests/test_gpu_frozen.py::test_forward_mlp" "tests/test_gpu_frozen.py::test_train_step" > "$OUT/pytest.log" 2>&1
     echo "tests rc=$?" | tee -a "$SUM"
     grep -E "^(templates|kernels|cuda_archs):|passed|failed|Error" "$OUT/pytest.log" | cut -c1-400 | tail -20 | tee -a "$SUM"
     ;;
   roofline)
-    timeout 570 python3 bench/roofline.py --rows "${2:?rows}" --sizes "${3:-1b}" --budget-s 470 \
+    timeout 575 python3 bench/roofline.py --rows "${2:?rows}" --sizes "${3:-1b}" --budget-s "${4:-470}" \
       --out "$OUT/roofline_h200" > "$OUT/roofline_${2//,/_}_${3:-1b}.log" 2>&1
     echo "roofline $2 $3 rc=$?" | tee -a "$SUM"
     grep -E "^\| " "$OUT/roofline_h200.md" | head -20 | tee -a "$SUM"
     ;;
+  cold)
+    timeout 580 python3 bench/llama_cold.py --sizes "${2:?sizes}" --capture-modes "${3:-default}" \
+      --first-runs "${4:-5}" --budget-s "${5:-500}" --out "$OUT/llama_cold_h200_${2//,/_}" > "$OUT/cold_${2//,/_}.log" 2>&1
+    echo "cold $2 $3 rc=$?" | tee -a "$SUM"
+    grep -E "^\| " "$OUT/llama_cold_h200_${2//,/_}.md" | tee -a "$SUM"
+    ;;
   *)
-    echo "usage: $0 tests | roofline ROWS SIZES" >&2
+    echo "usage: $0 tests | roofline ROWS SIZES [BUDGET_S] | cold SIZES MODES FIRST_RUNS [BUDGET_S]" >&2
     exit 2
     ;;
 esac
