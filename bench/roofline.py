@@ -39,6 +39,13 @@ as a ratio to it. Compile and capture seconds are those of this warm process (th
 mechanism that ran first paid the autotuning both max-autotune mechanisms share
 through Inductor's cache); cold starts are bench/cold_start.py's and scale_llama.py's.
 
+Diagnosis: ``--mechanisms`` runs only the named ones (the table's column names);
+``--variant LABEL=JSON`` adds a pair captured with those capture options, served as
+``load_packaged LABEL`` (decode rows on CUDA also ``+ graphs``), e.g. Inductor settings
+against the ``max-autotune`` pair; ``--kernels CALLS`` (CUDA) profiles each mechanism's
+kernels after the timing (bench/profile_kernels.py's ``kernel_times``: kernel ms per
+call, launches, the longest kernels), to tell kernels' time from the gaps between them.
+
 Results: ``<out>.json`` (rows merged into an existing file, so several commands
 build one table; ``--fresh`` starts over; ``--merge A.json B.json`` combines files made
 elsewhere) and ``<out>.md``. ``--budget-s`` (default
@@ -335,8 +342,10 @@ def mechanisms(row: Row, device: str, work: Path, package: str, variants: dict[s
             mechs[name] = {"fn": (lambda c=compiled: c(*args)), "compiles": True}
     labels = {"": None, " max-autotune": {"mode": "max-autotune"}, **{f" {k}": v for k, v in variants.items()}}
     graphs = {label for label in labels if label and row.decode and cuda and want(f"load_packaged{label} + graphs")}
-    targets = {label: f"{package}_" + ("".join(c if c.isalnum() else "_" for c in label.strip()) or "default")
-               for label in labels if want(f"load_packaged{label}") or label in graphs}
+    names = {"": "default", " max-autotune": "max_autotune",  # a variant's target: v<i>, whatever its label
+             **{f" {k}": f"v{i}" for i, k in enumerate(variants)}}
+    targets = {label: f"{package}_{names[label]}" for label in labels
+               if want(f"load_packaged{label}") or label in graphs}
     pairs = captured(row, work, package, {targets[label]: labels[label] for label in targets})
     for label, target in targets.items():
         p = pairs[target]
@@ -516,8 +525,9 @@ def main(argv=None) -> int:
             variants[label.strip()] = json.loads(opts)
         except json.JSONDecodeError as e:
             p.error(f"--variant {v!r}: LABEL=JSON of capture options ({e})")
-        if not label.strip() or not isinstance(variants[label.strip()], dict):
-            p.error(f"--variant {v!r}: LABEL=JSON of capture options, e.g. 'x={{\"mode\": \"max-autotune\"}}'")
+        if label.strip() in ("", "max-autotune") or not isinstance(variants[label.strip()], dict):
+            p.error(f"--variant {v!r}: LABEL=JSON of capture options, e.g. 'x={{\"mode\": \"max-autotune\"}}' "
+                    "(a label other than the table's own 'max-autotune')")
     wanted = {m.strip() for m in a.mechanisms.split(",") if m.strip()} if a.mechanisms else None
     known = {*MECHANISMS, *(f"load_packaged {v}{g}" for v in variants for g in ("", " + graphs"))}
     if wanted is not None and (wanted - known or not wanted):

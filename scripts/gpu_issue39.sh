@@ -14,6 +14,10 @@
 #                                                     torch.compile cold for MODES (default,max-autotune),
 #                                                     then FIRST_RUNS rounds of first results;
 #                                                     $OUT/llama_cold_h200_SIZES.{json,md}
+#   bash scripts/gpu_issue39.sh decode-kernels SIZE   the decode step at batch 1 (SIZE: 8b): the
+#                                                     max-autotune pair, one without coordinate
+#                                                     descent (matrix products kept) and the default
+#                                                     pair, all under CUDA graphs, kernels profiled
 # Wheels the host lacks (platformdirs, filelock) come from .whl/ (carried) into /tmp/site.
 # Logs and results go to $OUT (default /tmp/gpu_issue39): summary.txt first.
 set -uo pipefail
@@ -40,6 +44,14 @@ case "${1:-}" in
     echo "roofline $2 $3 rc=$?" | tee -a "$SUM"
     grep -E "^\| " "$OUT/roofline_h200.md" | head -20 | tee -a "$SUM"
     ;;
+  decode-kernels)
+    timeout 575 python3 bench/roofline.py --rows decode_b1 --sizes "${2:-8b}" --budget-s 470 --kernels 20 \
+      --mechanisms "eager,load_packaged max-autotune + graphs,load_packaged no-cdt + graphs,load_packaged plain + graphs" \
+      --variant 'no-cdt={"mode": "max-autotune", "inductor": {"coordinate_descent_tuning": false}}' \
+      --variant 'plain={}' --out "$OUT/roofline_decode_kernels" > "$OUT/decode_kernels.log" 2>&1
+    echo "decode-kernels ${2:-8b} rc=$?" | tee -a "$SUM"
+    grep -E "^\| |^- " "$OUT/roofline_decode_kernels.md" | head -20 | tee -a "$SUM"
+    ;;
   cold)
     timeout 580 python3 bench/llama_cold.py --sizes "${2:?sizes}" --capture-modes "${3:-default}" \
       --first-runs "${4:-5}" --budget-s "${5:-500}" --out "$OUT/llama_cold_h200_${2//,/_}" > "$OUT/cold_${2//,/_}.log" 2>&1
@@ -47,7 +59,7 @@ case "${1:-}" in
     grep -E "^\| " "$OUT/llama_cold_h200_${2//,/_}.md" | tee -a "$SUM"
     ;;
   *)
-    echo "usage: $0 tests | roofline ROWS SIZES [BUDGET_S] | cold SIZES MODES FIRST_RUNS [BUDGET_S]" >&2
+    echo "usage: $0 tests | roofline ROWS SIZES [BUDGET_S] | decode-kernels SIZE | cold SIZES MODES FIRST_RUNS [BUDGET_S]" >&2
     exit 2
     ;;
 esac

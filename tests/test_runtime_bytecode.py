@@ -146,7 +146,14 @@ def test_no_pyc_is_written_under_dont_write_bytecode_or_where_the_write_fails(tm
     assert not (tmp_path / "__pycache__").exists()
     monkeypatch.setattr(sys, "dont_write_bytecode", False)
 
-    def refused(*a, **k):  # a read-only install (the tests run as root: chmod would not refuse)
+    os.chmod(tmp_path, 0o555)  # a read-only install: not written, for root (who could) too
+    try:
+        assert _code(monkeypatch, path, SOURCE)[1] == "compiled"
+        assert not (tmp_path / "__pycache__").exists()
+    finally:
+        os.chmod(tmp_path, 0o755)
+
+    def refused(*a, **k):  # a write the system refuses (the tests may run as root: chmod alone would not)
         raise PermissionError(13, "Permission denied")
 
     monkeypatch.setattr(_bytecode.os, "replace", refused)

@@ -17,8 +17,9 @@ Where there is no valid pyc (an installer that does not byte-compile, as ``uv pi
 install`` by default, or ``pip install --no-compile``), the code compiled now is written
 where Python's import writes a module's (``importlib.util.cache_from_source``), as a
 checked hash-based pyc of the verified bytes (PEP 552: valid for exactly those bytes,
-whatever the file's mtime), atomically, unless ``sys.dont_write_bytecode``; a directory
-that cannot be written is no error. So only the first process after such an install
+whatever the file's mtime), atomically, unless ``sys.dont_write_bytecode`` or the
+directory is read-only (by its mode, for root too); one that cannot be written is no
+error. So only the first process after such an install
 pays the compile (8B Llama: 0.10 s of a 0.39 s first result, bench/results/
 llama_cold_h200.md), and ``pip uninstall`` removes the pyc with its source file.
 """
@@ -107,6 +108,9 @@ def _write_bytecode(path: Any, source: bytes, code: types.CodeType) -> None:
         file = os.fspath(path)
         pyc = importlib.util.cache_from_source(file)
         mode = (os.stat(file).st_mode | 0o200) & 0o666  # the source's, writable by its owner: as import does
+        where = os.path.dirname(pyc) if os.path.isdir(os.path.dirname(pyc)) else os.path.dirname(file)
+        if not os.stat(where).st_mode & 0o222:
+            return  # a directory made read-only for everyone: left so even for root, who could write it
     except (TypeError, OSError, ValueError, NotImplementedError):
         return
     data = importlib.util.MAGIC_NUMBER + (0b11).to_bytes(4, "little") + importlib.util.source_hash(source) \
