@@ -166,6 +166,24 @@ def test_no_pyc_is_written_under_dont_write_bytecode_or_where_the_write_fails(tm
     assert ns["load"](None) == 42
 
 
+def test_a_read_only_install_under_pycache_prefix_writes_the_pyc_there(tmp_path, monkeypatch):
+    # PYTHONPYCACHEPREFIX: Python's import writes every module's pyc under the prefix,
+    # whatever the package directory's mode; so does the loader for the source half
+    path = tmp_path / "g.py"
+    path.write_bytes(SOURCE)
+    prefix = tmp_path.parent / (tmp_path.name + "-pycache")
+    monkeypatch.setattr(sys, "dont_write_bytecode", False)
+    monkeypatch.setattr(sys, "pycache_prefix", str(prefix))
+    os.chmod(tmp_path, 0o555)
+    try:
+        assert _code(monkeypatch, path, SOURCE)[1] == "compiled"
+        assert _code(monkeypatch, path, SOURCE)[1] == "pyc"
+        assert os.path.commonpath([_pyc(path), str(prefix)]) == str(prefix) and os.path.isfile(_pyc(path))
+        assert not (tmp_path / "__pycache__").exists()
+    finally:
+        os.chmod(tmp_path, 0o755)
+
+
 def test_an_install_without_bytecode_compiles_once_across_processes(tmp_path, runtime_env):
     # load_packaged in two fresh processes of a package no installer byte-compiled:
     # the first compiles the source half (and writes its pyc), the second compiles nothing

@@ -108,7 +108,9 @@ def _write_bytecode(path: Any, source: bytes, code: types.CodeType) -> None:
         file = os.fspath(path)
         pyc = importlib.util.cache_from_source(file)
         mode = (os.stat(file).st_mode | 0o200) & 0o666  # the source's, writable by its owner: as import does
-        where = os.path.dirname(pyc) if os.path.isdir(os.path.dirname(pyc)) else os.path.dirname(file)
+        where = os.path.dirname(pyc)
+        while not os.path.isdir(where) and os.path.dirname(where) != where:
+            where = os.path.dirname(where)  # the nearest that exists: the package's, or sys.pycache_prefix's
         if not os.stat(where).st_mode & 0o222:
             return  # a directory made read-only for everyone: left so even for root, who could write it
     except (TypeError, OSError, ValueError, NotImplementedError):
