@@ -21,7 +21,9 @@ of its workers, a fresh process with empty Inductor, Triton and precompile cache
    max-autotune, its benchmarking as configured in this torch).
 2. **First result**: the ``default`` pair packaged as a wheel has it; one ``load``
    process run and dropped (the first process after a build is slower for every
-   mechanism: files and the driver's caches are cold), then ``--first-runs`` rounds of
+   mechanism: files and the driver's caches are cold; it also writes the source half's
+   bytecode, as the first process after an install that did not byte-compile does:
+   precompile_runtime/_bytecode.py), then ``--first-runs`` rounds of
    ``load`` (``load_packaged`` under ``PRECOMPILE_NO_COMPILE=1``) and ``eager``, the
    order alternating; their medians and ratio (issue 39: <= 0.9x). First result: from
    "model and inputs exist" to the first synchronized result. Then one ``profile``
