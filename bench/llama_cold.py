@@ -19,11 +19,11 @@ of its workers, a fresh process with empty Inductor, Triton and precompile cache
    ``--capture-runs`` of each, the order alternating; the ratio of their medians.
    Inductor's own parallelism applies to both the same way (its compile workers; for
    max-autotune, its benchmarking as configured in this torch).
-2. **First result**: the ``default`` pair packaged as a wheel has it; one ``load``
+2. **First result**: the ``default`` pair packaged as a wheel has it, byte-compiled as
+   ``pip install`` does (``--no-compile``: not, as ``uv pip install`` without
+   ``--compile-bytecode`` leaves it: every load compiles the source half); one ``load``
    process run and dropped (the first process after a build is slower for every
-   mechanism: files and the driver's caches are cold; it also writes the source half's
-   bytecode, as the first process after an install that did not byte-compile does:
-   precompile_runtime/_bytecode.py), then ``--first-runs`` rounds of
+   mechanism: files and the driver's caches are cold), then ``--first-runs`` rounds of
    ``load`` (``load_packaged`` under ``PRECOMPILE_NO_COMPILE=1``) and ``eager``, the
    order alternating; their medians and ratio (issue 39: <= 0.9x). First result: from
    "model and inputs exist" to the first synchronized result. Then one ``profile``
@@ -80,11 +80,17 @@ def capture_times(size: str, mode: str, runs: int, work: Path, budget: float, lo
     return out
 
 
-def first_results(size: str, runs: int, work: Path, budget: float, log) -> dict:
+def first_results(size: str, runs: int, work: Path, budget: float, log, bytecode: bool = True) -> dict:
     """``{"dropped": row, "load": [rows], "eager": [rows], "ratio": median load /
-    median eager, "profile": row}`` from the pair of ``work`` (packaged first)."""
+    median eager, "profile": row, "bytecode": bytecode}`` from the pair of ``work``
+    (packaged first; ``bytecode``: byte-compiled as pip does)."""
+    import compileall
+
     scale_llama._package(work, f"llama_{size.replace('.', '_')}")
-    out: dict = {"load": [], "eager": []}
+    if bytecode:
+        for f in sorted((work / "site" / scale_llama.PACKAGE).rglob("*.py")):
+            compileall.compile_file(str(f), force=True, quiet=1)  # pip's own call for a wheel's .py files
+    out: dict = {"load": [], "eager": [], "bytecode": bytecode}
     out["dropped"] = scale_llama.run_worker("load", size, work, None)
     log(f"{size} load (dropped: the first process after the build): {out['dropped'].get('first_result_s')}")
     for i in range(runs):
@@ -151,16 +157,17 @@ def markdown(doc: dict) -> str:
                          f"({', '.join(f'{x:.1f}' for x in caps)}) | {_fmt(_median(c['capture'], 'autotune_s'))} | "
                          f"{_fmt(_median(c['compile'], 'first_result_s'))} ({', '.join(f'{x:.1f}' for x in comps)}) | "
                          f"{_fmt(c.get('ratio'), 'x')}{' FAILED: ' + '; '.join(errs) if errs else ''} |")
-    lines += ["", "| size | first result s: load_packaged (runs) | load + first call (medians) | eager (runs) | "
-              "load_packaged / eager | dropped first process | compiler modules the load imported |",
-              "|---|---|---|---|---|---|---|"]
+    lines += ["", "| size | installed | first result s: load_packaged (runs) | load + first call (medians) | "
+              "eager (runs) | load_packaged / eager | dropped first process | compiler modules the load imported |",
+              "|---|---|---|---|---|---|---|---|"]
     for size, r in doc["sizes"].items():
         f = r.get("first")
         if not f:
             continue
         ld, ea = f["load"], f["eager"]
         mods = sorted({m for x in ld for m in x.get("compiler_modules_imported", [])})
-        lines.append(f"| {size} | {_fmt(_median(ld, 'first_result_s'))} "
+        installed = {True: "byte-compiled (pip)", False: "no bytecode (uv's default)"}.get(f.get("bytecode"), "-")
+        lines.append(f"| {size} | {installed} | {_fmt(_median(ld, 'first_result_s'))} "
                      f"({_runs(ld)}) | "
                      f"{_fmt(_median(ld, 'load_s'))} + {_fmt(_median(ld, 'first_call_s'))} | "
                      f"{_fmt(_median(ea, 'first_result_s'))} "
@@ -181,6 +188,8 @@ def main(argv=None) -> int:
     p.add_argument("--capture-runs", type=int, default=1, help="captures (and torch.compile colds) per mode")
     p.add_argument("--first-runs", type=int, default=5, help="rounds of load and eager (0: none)")
     p.add_argument("--budget-s", type=float, default=540.0, help="start no new process after this many seconds")
+    p.add_argument("--no-compile", action="store_true",
+                   help="first results without the bytecode pip writes at install (uv's default)")
     p.add_argument("--out", required=True, help="path without suffix: writes .json and .md")
     p.add_argument("--merge", nargs="+", default=None, metavar="JSON",
                    help="only combine these result files into --out: each size's runs added up, in order")
@@ -220,7 +229,8 @@ def main(argv=None) -> int:
                 save()
             made = r["capture"].get("default", {}).get("capture", [])
             if a.first_runs and made and "error" not in made[-1] and time.monotonic() - START < a.budget_s:
-                r["first"] = first_results(size, a.first_runs, Path(tmp) / size / "default", a.budget_s, log)
+                r["first"] = first_results(size, a.first_runs, Path(tmp) / size / "default", a.budget_s, log,
+                                           bytecode=not a.no_compile)
                 save()
     save()
     print(markdown(doc))

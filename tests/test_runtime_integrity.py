@@ -199,6 +199,18 @@ def test_read_only_package_dir(pkg, tmp_path):
             q.chmod(mode)
 
 
+def test_a_writable_package_without_bytecode_is_not_written_either(pkg, monkeypatch):
+    # an install that did not byte-compile (uv's default, pip --no-compile): the load
+    # compiles the source half in memory and leaves the installed package as it was,
+    # even where Python's import would write a __pycache__ (design.md: the runtime never
+    # writes inside the installed package)
+    monkeypatch.setattr(sys, "dont_write_bytecode", False)
+    monkeypatch.setattr(sys, "pycache_prefix", None)
+    before = {q: q.read_bytes() for q in pkg.data.rglob("*")}  # the package's own __init__ is import's
+    assert load_packaged("fwd", package=pkg.name)() == ("kernels", BLOB)
+    assert {q: q.read_bytes() for q in pkg.data.rglob("*")} == before and pkg.execs() == 1
+
+
 def test_zip_imported_package(tmp_path, monkeypatch):
     p = make_package(tmp_path)
     zpath = tmp_path / "site.zip"

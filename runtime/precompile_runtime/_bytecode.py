@@ -12,16 +12,6 @@ file still holds exactly these bytes (read again: a file replaced since the load
 it, by a concurrent upgrade, is compiled from the verified bytes instead) and was not
 written after its pyc. As for the package's own modules, a pyc forged together with
 the file's mtime by someone who may write the package is not defended against.
-
-Where there is no valid pyc (an installer that does not byte-compile, as ``uv pip
-install`` by default, or ``pip install --no-compile``), the code compiled now is written
-where Python's import writes a module's (``importlib.util.cache_from_source``), as a
-checked hash-based pyc of the verified bytes (PEP 552: valid for exactly those bytes,
-whatever the file's mtime), atomically, unless ``sys.dont_write_bytecode`` or the
-directory is read-only (by its mode, for root too); one that cannot be written is no
-error. So only the first process after such an install
-pays the compile (8B Llama: 0.10 s of a 0.39 s first result, bench/results/
-llama_cold_h200.md), and ``pip uninstall`` removes the pyc with its source file.
 """
 
 from __future__ import annotations
@@ -30,8 +20,6 @@ import _imp
 import importlib.util
 import marshal
 import os
-import sys
-import tempfile
 import types
 from typing import Any
 
@@ -52,9 +40,7 @@ def source_code(path: Any, source: bytes, filename: str) -> types.CodeType:
     """
     code = _installed_bytecode(path, source)
     if code is None:
-        code = compile(source, filename, "exec", dont_inherit=True)
-        _write_bytecode(path, source, code)
-        return code
+        return compile(source, filename, "exec", dont_inherit=True)
     _imp._fix_co_filename(code, filename)  # type: ignore[attr-defined]  # as importlib does: tracebacks name the pair's file
     return code
 
@@ -96,38 +82,3 @@ def _holds(file: str, source: bytes) -> bool:
             return f.read() == source
     except OSError:
         return False
-
-
-def _write_bytecode(path: Any, source: bytes, code: types.CodeType) -> None:
-    """Write ``code`` as the checked hash-based pyc of ``source`` for the file at
-    ``path`` (see the module docstring); any OSError (a read-only install) is ignored,
-    as Python's import ignores it."""
-    if sys.dont_write_bytecode:
-        return
-    try:
-        file = os.fspath(path)
-        pyc = importlib.util.cache_from_source(file)
-        mode = (os.stat(file).st_mode | 0o200) & 0o666  # the source's, writable by its owner: as import does
-        where = os.path.dirname(pyc)
-        while not os.path.isdir(where) and os.path.dirname(where) != where:
-            where = os.path.dirname(where)  # the nearest that exists: the package's, or sys.pycache_prefix's
-        if not os.stat(where).st_mode & 0o222:
-            return  # a directory made read-only for everyone: left so even for root, who could write it
-    except (TypeError, OSError, ValueError, NotImplementedError):
-        return
-    data = importlib.util.MAGIC_NUMBER + (0b11).to_bytes(4, "little") + importlib.util.source_hash(source) \
-        + marshal.dumps(code)
-    tmp = None
-    try:
-        os.makedirs(os.path.dirname(pyc), exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=os.path.dirname(pyc), prefix=os.path.basename(pyc) + ".", suffix=".tmp")
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.chmod(tmp, mode)
-        os.replace(tmp, pyc)  # readers see the old pyc or the whole new one, never a part
-    except OSError:
-        if tmp is not None:
-            try:
-                os.unlink(tmp)
-            except OSError:
-                pass
