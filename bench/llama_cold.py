@@ -194,8 +194,18 @@ def main(argv=None) -> int:
     p.add_argument("--merge", nargs="+", default=None, metavar="JSON",
                    help="only combine these result files into --out: each size's runs added up, in order")
     a = p.parse_args(argv)
+    if a.capture_runs < 1 or a.first_runs < 0:
+        p.error("--capture-runs takes 1 or more, --first-runs 0 or more")
     if a.merge:
-        merged = merge([json.loads(Path(f).read_text()) for f in a.merge])
+        docs = []
+        for f in a.merge:
+            try:
+                docs.append(json.loads(Path(f).read_text()))
+            except (OSError, json.JSONDecodeError) as e:
+                p.error(f"--merge {f}: not a results file of this bench ({e})")
+            if not isinstance(docs[-1], dict) or not {"argv", "torch", "gpu", "sizes"} <= docs[-1].keys():
+                p.error(f"--merge {f}: not a results file of this bench (no argv/torch/gpu/sizes)")
+        merged = merge(docs)
         Path(a.out).with_suffix(".json").write_text(json.dumps(merged, indent=1) + "\n")
         write_md(Path(a.out).with_suffix(".md"), markdown(merged))
         return 0

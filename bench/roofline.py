@@ -504,7 +504,12 @@ def main(argv=None) -> int:
         out = Path(a.out)
         doc: dict = {"rows": {}}
         for path in a.merge:
-            part = json.loads(Path(path).read_text())
+            try:
+                part = json.loads(Path(path).read_text())
+            except (OSError, json.JSONDecodeError) as e:
+                p.error(f"--merge {path}: not a results file of this bench ({e})")
+            if not isinstance(part, dict) or not isinstance(part.get("rows"), dict):
+                p.error(f"--merge {path}: not a results file of this bench (no rows)")
             rows = {k: {"argv": part.get("argv"), **r} for k, r in part["rows"].items()}  # each row's command
             doc = {**doc, **{k: v for k, v in part.items() if k != "rows"}, "rows": {**doc["rows"], **rows}}
         out.with_suffix(".json").write_text(json.dumps(doc, indent=1) + "\n")

@@ -24,10 +24,9 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/gpu_issue39}
 mkdir -p "$OUT"
-export PYTHONPATH=$PWD:$PWD/runtime PYTHONUNBUFFERED=1
+export PYTHONPATH=$PWD:$PWD/runtime:/tmp/site PYTHONUNBUFFERED=1
 if [ -d .whl ] && ! python3 -c "import platformdirs, filelock" 2>/dev/null; then
   python3 -m pip install -q --no-index --find-links .whl --target /tmp/site platformdirs filelock
-  export PYTHONPATH=$PYTHONPATH:/tmp/site
 fi
 SUM="$OUT/summary.txt"
 python3 -c 'import torch, triton; print("torch", torch.__version__, "triton", triton.__version__, torch.cuda.get_device_name(0))' 2>&1 | tee -a "$SUM"
