@@ -113,8 +113,9 @@ def first_results(size: str, runs: int, work: Path, budget: float, log, bytecode
 
 def merge(docs: list[dict]) -> dict:
     """One result document of several runs' (``--merge``): per size and capture mode the
-    capture and compile runs of all, their ratio again; a size's first results from the
-    last run that has them; ``argv``: every run's command."""
+    capture and compile runs of all, their ratio again; a size's first results (``firsts``,
+    by how the package was installed: :data:`INSTALLED`) from the last run that has them;
+    ``argv``: every run's command."""
     out: dict = {"argv": "; ".join(dict.fromkeys(d["argv"] for d in docs)), "torch": docs[-1]["torch"],
                  "gpu": docs[-1]["gpu"], "sizes": {}}
     for d in docs:
@@ -128,9 +129,19 @@ def merge(docs: list[dict]) -> dict:
                 m.pop("ratio", None)
                 if cap is not None and comp:
                     m["ratio"] = cap / comp
-            if r.get("first"):
-                into["first"] = r["first"]
+            for f in _firsts(r):
+                into.setdefault("firsts", {})[INSTALLED.get(f.get("bytecode"), "-")] = f
     return out
+
+
+INSTALLED = {True: "byte-compiled (pip)", False: "no bytecode (uv's default)"}
+
+
+def _firsts(size_doc: dict) -> list[dict]:
+    """A size's first-result runs: one run's ``first``, or a merged document's ``firsts``."""
+    if "firsts" in size_doc:
+        return list(size_doc["firsts"].values())
+    return [size_doc["first"]] if size_doc.get("first") else []
 
 
 def _fmt(v, unit: str = "") -> str:
@@ -160,25 +171,24 @@ def markdown(doc: dict) -> str:
     lines += ["", "| size | installed | first result s: load_packaged (runs) | load + first call (medians) | "
               "eager (runs) | load_packaged / eager | dropped first process | compiler modules the load imported |",
               "|---|---|---|---|---|---|---|---|"]
+    profiles: list[str] = []  # below the table
     for size, r in doc["sizes"].items():
-        f = r.get("first")
-        if not f:
-            continue
-        ld, ea = f["load"], f["eager"]
-        mods = sorted({m for x in ld for m in x.get("compiler_modules_imported", [])})
-        installed = {True: "byte-compiled (pip)", False: "no bytecode (uv's default)"}.get(f.get("bytecode"), "-")
-        lines.append(f"| {size} | {installed} | {_fmt(_median(ld, 'first_result_s'))} "
-                     f"({_runs(ld)}) | "
-                     f"{_fmt(_median(ld, 'load_s'))} + {_fmt(_median(ld, 'first_call_s'))} | "
-                     f"{_fmt(_median(ea, 'first_result_s'))} "
-                     f"({_runs(ea)}) | "
-                     f"{_fmt(f.get('ratio'), 'x')} | load {_fmt(f['dropped'].get('first_result_s'))} | "
-                     f"{len(mods)}{': ' + ', '.join(mods[:5]) if mods else ''} |")
-        if f.get("profile"):
-            top = [p for p in f["profile"] if "fn" in p][:8]
-            lines += ["", f"{size}, where load + first call's seconds go (cProfile, cumulative s, profiled "
-                      "process): " + "; ".join(f"`{p['fn']}` {p['cum_s']:.3f}" for p in top)]
-    return "\n".join(lines) + "\n"
+        for f in _firsts(r):
+            ld, ea = f["load"], f["eager"]
+            mods = sorted({m for x in ld for m in x.get("compiler_modules_imported", [])})
+            installed = INSTALLED.get(f.get("bytecode"), "-")
+            lines.append(f"| {size} | {installed} | {_fmt(_median(ld, 'first_result_s'))} "
+                         f"({_runs(ld)}) | "
+                         f"{_fmt(_median(ld, 'load_s'))} + {_fmt(_median(ld, 'first_call_s'))} | "
+                         f"{_fmt(_median(ea, 'first_result_s'))} "
+                         f"({_runs(ea)}) | "
+                         f"{_fmt(f.get('ratio'), 'x')} | load {_fmt(f['dropped'].get('first_result_s'))} | "
+                         f"{len(mods)}{': ' + ', '.join(mods[:5]) if mods else ''} |")
+            if f.get("profile"):
+                top = [p for p in f["profile"] if "fn" in p][:8]
+                profiles += ["", f"{size}, {installed}, where load + first call's seconds go (cProfile, cumulative "
+                             "s, profiled process): " + "; ".join(f"`{p['fn']}` {p['cum_s']:.3f}" for p in top)]
+    return "\n".join(lines + profiles) + "\n"
 
 
 def main(argv=None) -> int:

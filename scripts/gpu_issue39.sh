@@ -18,6 +18,9 @@
 #                                                     max-autotune pair, one without coordinate
 #                                                     descent (matrix products kept) and the default
 #                                                     pair, all under CUDA graphs, kernels profiled
+#   bash scripts/gpu_issue39.sh bandwidth SIZE        bench/bandwidth_probe.py: the memory's stream rate,
+#                                                     the SIZE step's products alone (cuBLAS, one graph),
+#                                                     cuBLAS per weight shape (Inductor too: not run here, slow)
 # Wheels the host lacks (platformdirs, filelock) come from .whl/ (carried) into /tmp/site.
 # Logs and results go to $OUT (default /tmp/gpu_issue39): summary.txt first.
 set -uo pipefail
@@ -51,6 +54,12 @@ case "${1:-}" in
     echo "decode-kernels ${2:-8b} rc=$?" | tee -a "$SUM"
     grep -E "^\| |^- " "$OUT/roofline_decode_kernels.md" | head -20 | tee -a "$SUM"
     ;;
+  bandwidth)
+    timeout 300 python3 bench/bandwidth_probe.py --size "${2:-8b}" --out "$OUT/bandwidth_h200_${2:-8b}" \
+      > "$OUT/bandwidth_${2:-8b}.log" 2>&1
+    echo "bandwidth ${2:-8b} rc=$?" | tee -a "$SUM"
+    grep -E "^\| " "$OUT/bandwidth_h200_${2:-8b}.md" | tee -a "$SUM"
+    ;;
   cold)
     timeout 580 python3 bench/llama_cold.py --sizes "${2:?sizes}" --capture-modes "${3:-default}" \
       --first-runs "${4:-5}" --budget-s "${5:-500}" --out "$OUT/llama_cold_h200_${2//,/_}" > "$OUT/cold_${2//,/_}.log" 2>&1
@@ -58,7 +67,7 @@ case "${1:-}" in
     grep -E "^\| " "$OUT/llama_cold_h200_${2//,/_}.md" | tee -a "$SUM"
     ;;
   *)
-    echo "usage: $0 tests | roofline ROWS SIZES [BUDGET_S] | decode-kernels SIZE | cold SIZES MODES FIRST_RUNS [BUDGET_S]" >&2
+    echo "usage: $0 tests | roofline ROWS SIZES [BUDGET_S] | decode-kernels SIZE | bandwidth SIZE | cold SIZES MODES FIRST_RUNS [BUDGET_S]" >&2
     exit 2
     ;;
 esac
