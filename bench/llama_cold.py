@@ -21,7 +21,8 @@ of its workers, a fresh process with empty Inductor, Triton and precompile cache
    max-autotune, its benchmarking as configured in this torch).
 2. **First result**: the ``default`` pair packaged as a wheel has it, byte-compiled as
    ``pip install`` does (``--no-compile``: not, as ``uv pip install`` without
-   ``--compile-bytecode`` leaves it: every load compiles the source half); one ``load``
+   ``--compile-bytecode`` leaves it, with only the pyc the build ships beside the source
+   half, precompile_build/wheels/bytecode.py); one ``load``
    process run and dropped (the first process after a build is slower for every
    mechanism: files and the driver's caches are cold), then ``--first-runs`` rounds of
    ``load`` (``load_packaged`` under ``PRECOMPILE_NO_COMPILE=1``) and ``eager``, the
@@ -90,7 +91,7 @@ def first_results(size: str, runs: int, work: Path, budget: float, log, bytecode
     if bytecode:
         for f in sorted((work / "site" / scale_llama.PACKAGE).rglob("*.py")):
             compileall.compile_file(str(f), force=True, quiet=1)  # pip's own call for a wheel's .py files
-    out: dict = {"load": [], "eager": [], "bytecode": bytecode}
+    out: dict = {"load": [], "eager": [], "bytecode": bytecode, "shipped_pyc": True}
     out["dropped"] = scale_llama.run_worker("load", size, work, None)
     log(f"{size} load (dropped: the first process after the build): {out['dropped'].get('first_result_s')}")
     for i in range(runs):
@@ -114,7 +115,7 @@ def first_results(size: str, runs: int, work: Path, budget: float, log, bytecode
 def merge(docs: list[dict]) -> dict:
     """One result document of several runs' (``--merge``): per size and capture mode the
     capture and compile runs of all, their ratio again; a size's first results (``firsts``,
-    by how the package was installed: :data:`INSTALLED`) from the last run that has them;
+    by how the package was installed: :func:`installed`) from the last run that has them;
     ``argv``: every run's command."""
     out: dict = {"argv": "; ".join(dict.fromkeys(d["argv"] for d in docs)), "torch": docs[-1]["torch"],
                  "gpu": docs[-1]["gpu"], "sizes": {}}
@@ -130,11 +131,19 @@ def merge(docs: list[dict]) -> dict:
                 if cap is not None and comp:
                     m["ratio"] = cap / comp
             for f in _firsts(r):
-                into.setdefault("firsts", {})[INSTALLED.get(f.get("bytecode"), "-")] = f
+                into.setdefault("firsts", {})[installed(f)] = f
     return out
 
 
-INSTALLED = {True: "byte-compiled (pip)", False: "no bytecode (uv's default)"}
+def installed(first: dict) -> str:
+    """How a first-result run's package was installed (runs before the build shipped a
+    pyc beside the source half carry no ``shipped_pyc``)."""
+    if first.get("bytecode"):
+        return "byte-compiled (pip)"
+    if first.get("bytecode") is False:
+        return "not byte-compiled (uv's default): the build's pyc" if first.get("shipped_pyc") else \
+            "no bytecode (uv's default, a build that shipped none)"
+    return "-"
 
 
 def _firsts(size_doc: dict) -> list[dict]:
@@ -176,8 +185,8 @@ def markdown(doc: dict) -> str:
         for f in _firsts(r):
             ld, ea = f["load"], f["eager"]
             mods = sorted({m for x in ld for m in x.get("compiler_modules_imported", [])})
-            installed = INSTALLED.get(f.get("bytecode"), "-")
-            lines.append(f"| {size} | {installed} | {_fmt(_median(ld, 'first_result_s'))} "
+            how = installed(f)
+            lines.append(f"| {size} | {how} | {_fmt(_median(ld, 'first_result_s'))} "
                          f"({_runs(ld)}) | "
                          f"{_fmt(_median(ld, 'load_s'))} + {_fmt(_median(ld, 'first_call_s'))} | "
                          f"{_fmt(_median(ea, 'first_result_s'))} "
@@ -186,7 +195,7 @@ def markdown(doc: dict) -> str:
                          f"{len(mods)}{': ' + ', '.join(mods[:5]) if mods else ''} |")
             if f.get("profile"):
                 top = [p for p in f["profile"] if "fn" in p][:8]
-                profiles += ["", f"{size}, {installed}, where load + first call's seconds go (cProfile, cumulative "
+                profiles += ["", f"{size}, {how}, where load + first call's seconds go (cProfile, cumulative "
                              "s, profiled process): " + "; ".join(f"`{p['fn']}` {p['cum_s']:.3f}" for p in top)]
     return "\n".join(lines + profiles) + "\n"
 
@@ -199,7 +208,8 @@ def main(argv=None) -> int:
     p.add_argument("--first-runs", type=int, default=5, help="rounds of load and eager (0: none)")
     p.add_argument("--budget-s", type=float, default=540.0, help="start no new process after this many seconds")
     p.add_argument("--no-compile", action="store_true",
-                   help="first results without the bytecode pip writes at install (uv's default)")
+                   help="first results without the bytecode pip writes at install (uv's default: the build's "
+                        "shipped pyc only)")
     p.add_argument("--out", required=True, help="path without suffix: writes .json and .md")
     p.add_argument("--merge", nargs="+", default=None, metavar="JSON",
                    help="only combine these result files into --out: each size's runs added up, in order")

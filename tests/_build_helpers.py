@@ -14,6 +14,7 @@ import zipfile
 from pathlib import Path
 
 PACKAGES = Path(__file__).parent / "packages"
+PYC = f".{sys.implementation.cache_tag}.pyc"  # a source half's shipped bytecode: NAME + PYC (wheels/bytecode.py)
 MARK = "# --- precompile ---"
 
 

@@ -7,6 +7,7 @@ import zipfile
 
 import pytest
 from _build_helpers import (
+    PYC,
     build,
     check_record,
     make_project,
@@ -34,7 +35,7 @@ def _pc(*names):
 def test_wheel_exact_files_record_tags_requires(tmp_path, monkeypatch):
     whl = build(make_project(tmp_path), monkeypatch)
     assert whl.name == "simplepkg-0.1.0-py3-none-any.whl"
-    assert wheel_names(whl) == sorted(BASE + _pc("double.cache", "double.py", "manifest.json"))
+    assert wheel_names(whl) == sorted(BASE + _pc("double.cache", "double.py", "double" + PYC, "manifest.json"))
     check_record(whl)
     assert list(whl.parent.iterdir()) == [whl]
     req = metadata_lines(whl, "Requires-Dist")
@@ -97,7 +98,7 @@ def test_skip_builds_plain_wheel(tmp_path, monkeypatch, capfd):
 def test_targets_override_selects(tmp_path, monkeypatch):
     root = make_project(tmp_path, target_toml("a") + target_toml("b"))
     whl = build(root, monkeypatch, config_settings={"precompile.targets": "b"})
-    assert wheel_names(whl) == sorted(BASE + _pc("b.cache", "b.py", "manifest.json"))
+    assert wheel_names(whl) == sorted(BASE + _pc("b.cache", "b.py", "b" + PYC, "manifest.json"))
     assert list(manifest_of(whl)["targets"]) == ["b"]
 
 
@@ -105,18 +106,18 @@ def test_editable_writes_source_tree_and_sdist_excludes_it(tmp_path, monkeypatch
     root = make_project(tmp_path)
     whl = build(root, monkeypatch, hook="build_editable")
     pc = root / "simplepkg" / "_precompiled"
-    assert sorted(p.name for p in pc.iterdir()) == ["double.cache", "double.py", "manifest.json"]
+    assert sorted(p.name for p in pc.iterdir()) == sorted(["double.cache", "double.py", "double" + PYC, "manifest.json"])
     assert not any("_precompiled" in n for n in wheel_names(whl))
     assert metadata_lines(whl, "Requires-Dist")[1:] == ["torch==2.13.0"]
     check_record(whl)
     # a rebuild replaces the directory (no leftovers, no temp dirs beside it)
     (pc / "stale.py").write_text("")
     build(root, monkeypatch, out=tmp_path / "dist2", hook="build_editable")
-    assert sorted(p.name for p in pc.iterdir()) == ["double.cache", "double.py", "manifest.json"]
+    assert sorted(p.name for p in pc.iterdir()) == sorted(["double.cache", "double.py", "double" + PYC, "manifest.json"])
     assert sorted(p.name for p in pc.parent.iterdir()) == ["__init__.py", "_precompiled"]
     # a regular wheel takes fresh pairs, not the source tree's copy
     whl = build(root, monkeypatch, out=tmp_path / "dist3")
-    assert wheel_names(whl) == sorted(BASE + _pc("double.cache", "double.py", "manifest.json"))
+    assert wheel_names(whl) == sorted(BASE + _pc("double.cache", "double.py", "double" + PYC, "manifest.json"))
     sdist = build(root, monkeypatch, out=tmp_path / "sd", hook="build_sdist")
     with tarfile.open(sdist) as tf:
         names = tf.getnames()
@@ -142,7 +143,7 @@ def test_wheel_from_sdist(tmp_path, monkeypatch):
     with tarfile.open(sdist) as tf:
         tf.extractall(tmp_path / "unpacked", filter="data")
     whl = build(tmp_path / "unpacked" / "simplepkg-0.1.0", monkeypatch, out=tmp_path / "w")
-    assert wheel_names(whl) == sorted(BASE + _pc("double.cache", "double.py", "manifest.json"))
+    assert wheel_names(whl) == sorted(BASE + _pc("double.cache", "double.py", "double" + PYC, "manifest.json"))
 
 
 def test_wheel_from_sdist_with_a_helper_module_beside_the_script(tmp_path, monkeypatch):

@@ -8,6 +8,7 @@ import sys
 
 import pytest
 from _build_helpers import (
+    PYC,
     build,
     check_record,
     make_project,
@@ -34,7 +35,7 @@ def test_capture_writes_pairs_and_manifest(tmp_path, monkeypatch, capsys):
     root = make_project(tmp_path, target_toml("a") + target_toml("b"))
     out = tmp_path / "out"
     assert main(["capture", "--project", str(root), "--targets", "a", "--out", str(out)]) == 0
-    assert sorted(p.name for p in out.iterdir()) == ["a.cache", "a.py", "manifest.json"]
+    assert sorted(p.name for p in out.iterdir()) == sorted(["a.cache", "a.py", "a" + PYC, "manifest.json"])
     assert main(["inspect", str(out)]) == 0
     assert "target a (required): 1 variant(s)" in capsys.readouterr().out
 
@@ -80,7 +81,7 @@ def test_merge_two_hosts(tmp_path, monkeypatch, capsys):
     assert vb["files"]["cache"]["path"] == f"double.{vb['id']}.cache"
     pc = [n for n in wheel_names(out) if "_precompiled" in n]
     assert pc == sorted(f"simplepkg/_precompiled/{n}" for n in (
-        "double.py", "double.cache", f"double.{vb['id']}.cache", "manifest.json"))
+        "double.py", "double" + PYC, "double.cache", f"double.{vb['id']}.cache", "manifest.json"))
     assert metadata_lines(out, "Requires-Dist") == metadata_lines(a, "Requires-Dist")
     capsys.readouterr()
     assert main(["inspect", str(out), "--json"]) == 0
@@ -252,3 +253,14 @@ def test_manifest_and_inspect_name_the_tracer_and_the_checks(tmp_path, capsys, t
     line = next(ln for ln in capsys.readouterr().out.splitlines() if "traced with" in ln)
     assert line.strip() == (f"traced with {tracer}; each call checks {v['checks']['attributes']} attributes, "
                             "1 hooks the trace assumed")
+
+
+def test_merge_names_a_renamed_source_halfs_shipped_bytecode_for_it():
+    from precompile_build.wheels.merge import _shipped_bytecode
+
+    files = {"double.py": b"src", "double" + PYC: b"pyc", "double.cpython-399.pyc": b"other python",
+             "double.v2.cpython-311.pyc": b"another variant's", "doubles" + PYC: b"another target's"}
+    assert _shipped_bytecode(files, "double.py", "double.abc.py") == {
+        "double.abc" + PYC: b"pyc", "double.abc.cpython-399.pyc": b"other python"}
+    assert _shipped_bytecode(files, "double.py", "double.py") == {"double" + PYC: b"pyc",
+                                                                  "double.cpython-399.pyc": b"other python"}

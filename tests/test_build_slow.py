@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from _build_helpers import check_record, make_project, wheel_names
+from _build_helpers import PYC, check_record, make_project, wheel_names
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("build_env")]
 REPO = Path(__file__).resolve().parents[1]
@@ -16,7 +16,7 @@ EXPECTED = sorted([
     "simplepkg-0.1.0.dist-info/METADATA", "simplepkg-0.1.0.dist-info/RECORD",
     "simplepkg-0.1.0.dist-info/WHEEL", "simplepkg-0.1.0.dist-info/top_level.txt",
     "simplepkg/__init__.py", "simplepkg/_precompiled/double.cache",
-    "simplepkg/_precompiled/double.py", "simplepkg/_precompiled/manifest.json"])
+    "simplepkg/_precompiled/double.py", "simplepkg/_precompiled/double" + PYC, "simplepkg/_precompiled/manifest.json"])
 
 
 def _env():

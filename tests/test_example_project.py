@@ -12,7 +12,7 @@ import zipfile
 from pathlib import Path
 
 import pytest
-from _build_helpers import build_and_install, torch_only_path
+from _build_helpers import PYC, build_and_install, torch_only_path
 
 torch = pytest.importorskip("torch")
 
@@ -49,6 +49,13 @@ def _uv_install_and_demo(tmp_path: Path, wheel: Path) -> str:
                            str(tmp_path / "overrides.txt"), str(wheel)], env=env, capture_output=True,
                           text=True)
     assert proc.returncode == 0, proc.stdout + proc.stderr
+    from precompile_runtime import _bytecode
+
+    (pc,) = venv.glob("lib/python*/site-packages/tinylm/_precompiled")
+    assert not (pc / "__pycache__").exists()  # uv byte-compiles nothing by default
+    for target in ("forward", "train_step"):  # the build's shipped bytecode serves: the load compiles none
+        src = pc / f"{target}.py"
+        assert _bytecode._installed_bytecode(src, src.read_bytes()) is not None, target
     only_torch = torch_only_path(tmp_path / "only-torch")
     run_env = dict(env, PYTHONPATH=str(only_torch), HOME=str(tmp_path / "home2"),
                    TORCHINDUCTOR_CACHE_DIR=str(tmp_path / "inductor2"),
@@ -64,7 +71,8 @@ def test_tinylm_wheel_frozen_engine(tmp_path):
     wheel, out = _build_and_demo(tmp_path, None)
     names = sorted(n for n in zipfile.ZipFile(wheel).namelist() if "/_precompiled/" in n)
     assert names == [f"tinylm/_precompiled/{n}" for n in
-                     ("forward.cache", "forward.py", "manifest.json", "train_step.cache", "train_step.py")]
+                     sorted(("forward.cache", "forward.py", "forward" + PYC, "manifest.json", "train_step.cache",
+                             "train_step.py", "train_step" + PYC))]
     assert "-manylinux_" in wheel.name  # a tag PyPI takes
     from precompile_runtime import _bytecode
 

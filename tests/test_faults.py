@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 
 import pytest
-from _build_helpers import make_project
+from _build_helpers import PYC, make_project
 
 from precompile_runtime import envelope
 
@@ -208,7 +208,7 @@ def _precompiled_from_a_good_capture(root: Path, tmp_path: Path) -> dict:
     subprocess.run([sys.executable, "-m", "precompile_build", "capture", "--project", str(root),
                     "--targets", "double", "--out", str(dest)],
                    env=_env(tmp_path), check=True, capture_output=True)
-    assert sorted(os.listdir(dest)) == ["double.cache", "double.py", "manifest.json"]
+    assert sorted(os.listdir(dest)) == sorted(["double.cache", "double.py", "double" + PYC, "manifest.json"])
     return _tree(root)
 
 
@@ -273,7 +273,7 @@ def _path_dependent(out: Path, targets, inductor_dir: Path) -> set[str]:
     named = {t for t in targets
              if any(str(inductor_dir).encode() in blob
                     for blob in envelope.loads((out / f"{t}.cache").read_bytes()).blobs.values())}
-    return ({"manifest.json"} if named else set()) | {f"{t}{ext}" for t in named for ext in (".py", ".cache")}
+    return ({"manifest.json"} if named else set()) | {f"{t}{ext}" for t in named for ext in (".py", ".cache", PYC)}
 
 
 def _capture_fcases(tmp_path: Path, name: str, inductor_dir: Path) -> Path:
@@ -314,7 +314,8 @@ def test_fcases_capture_reproducibility(tmp_path):
     c = _capture_fcases(tmp_path, "c", other)
     expected = _path_dependent(a, frozen, same)
     # the targets with an embedding (its bounds check names the kernel file)
-    assert expected == {"manifest.json", "tied_forward.py", "tied_forward.cache", "dyn_step.py", "dyn_step.cache"}
+    assert expected == {"manifest.json", "tied_forward.py", "tied_forward.cache", "tied_forward" + PYC, "dyn_step.py",
+                        "dyn_step.cache", "dyn_step" + PYC}
     assert _differing(a, c) == expected
     for target in frozen:
         ea = envelope.loads((a / f"{target}.cache").read_bytes())

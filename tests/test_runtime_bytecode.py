@@ -98,3 +98,81 @@ def test_no_file_or_no_pyc_compiles(tmp_path, monkeypatch):
     assert _code(monkeypatch, path, SOURCE)[1] == "compiled"
     with pytest.raises(SyntaxError):
         _bytecode.source_code(path, b"def (:\n", "x")
+
+
+# ------------------------------------------------- bytecode the build ships beside the source
+
+def _shipped(tmp_path, source=SOURCE):
+    """f.py and the pyc the build ships beside it (wheels/bytecode.py), no __pycache__:
+    as an installer that does not byte-compile leaves them."""
+    from precompile_build.wheels.bytecode import shipped_bytecode
+
+    path = tmp_path / "f.py"
+    path.write_bytes(source)
+    ((name, data),) = shipped_bytecode({"f.py": source}).items()
+    assert name == os.path.basename(_bytecode.shipped_path(str(path)))
+    (tmp_path / name).write_bytes(data)
+    assert not (tmp_path / "__pycache__").exists()
+    return path, tmp_path / name
+
+
+def test_shipped_bytecode_serves_an_install_that_did_not_byte_compile(tmp_path, monkeypatch):
+    path, _ = _shipped(tmp_path)
+    code, origin = _code(monkeypatch, path, SOURCE, "pkg/_precompiled/f.py")
+    assert origin == "pyc" and code.co_filename == "pkg/_precompiled/f.py"
+    ns = {}
+    exec(code, ns)
+    assert ns["load"](None) == 42
+
+
+def test_shipped_bytecode_of_other_bytes_is_not_used(tmp_path, monkeypatch):
+    path, _ = _shipped(tmp_path)
+    other = SOURCE.replace(b"41", b"40")
+    path.write_bytes(other)  # the source half replaced (an upgrade), its old pyc left
+    code, origin = _code(monkeypatch, path, other)
+    ns = {}
+    exec(code, ns)
+    assert origin == "compiled" and ns["load"](None) == 41
+
+
+def test_a_shipped_pyc_that_is_not_hash_based_or_is_corrupt_is_not_used(tmp_path, monkeypatch):
+    path, pyc = _shipped(tmp_path)
+    good = pyc.read_bytes()
+    # a timestamp pyc at the shipped name: not what the build writes, and nothing ties it to these bytes
+    py_compile.compile(str(path), cfile=str(pyc), doraise=True, invalidation_mode=py_compile.PycInvalidationMode.TIMESTAMP)
+    assert _code(monkeypatch, path, SOURCE)[1] == "compiled"
+    pyc.write_bytes(good[:16] + good[16:40])  # truncated: the header still says these bytes
+    assert _code(monkeypatch, path, SOURCE)[1] == "compiled"
+    pyc.write_bytes(good[:4] + b"\0\0\0\0" + good[8:])  # flags cleared: read as a timestamp pyc
+    assert _code(monkeypatch, path, SOURCE)[1] == "compiled"
+    pyc.write_bytes(good)
+    assert _code(monkeypatch, path, SOURCE)[1] == "pyc"
+
+
+def test_installers_bytecode_is_taken_first(tmp_path, monkeypatch):
+    path, pyc = _shipped(tmp_path)
+    pyc.write_bytes(b"not a pyc")
+    py_compile.compile(str(path), doraise=True)  # pip's, in __pycache__
+    assert _code(monkeypatch, path, SOURCE)[1] == "pyc"
+
+
+def test_shipped_bytecode_is_reproducible_and_checked_hash():
+    from precompile_build.wheels.bytecode import shipped_bytecode
+
+    sources = {"a.py": SOURCE, "b.py": b"import torch\nX = {'k': (1, 2.5, None)}\n"}
+    first, again = shipped_bytecode(sources), shipped_bytecode(sources)
+    assert first == again and sorted(first) == sorted(
+        os.path.basename(_bytecode.shipped_path(n)) for n in sources)
+    for name, data in first.items():
+        assert int.from_bytes(data[4:8], "little") == 0b11  # checked hash (PEP 552)
+        assert data[8:16] == importlib.util.source_hash(sources[name.split(".")[0] + ".py"])
+
+
+def test_a_source_half_that_does_not_compile_fails_the_build_with_its_error():
+    from precompile_build.errors import BuildError
+    from precompile_build.wheels.bytecode import shipped_bytecode
+
+    with pytest.raises(BuildError) as ei:
+        shipped_bytecode({"good.py": SOURCE, "bad.py": b"def f(:\n"})
+    msg = str(ei.value)
+    assert "bad.py" in msg and "SyntaxError" in msg and "report it" in msg, msg

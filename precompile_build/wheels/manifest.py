@@ -1,4 +1,5 @@
-"""Assemble `_precompiled/` contents (manifest.json + pairs) from capture results."""
+"""Assemble `_precompiled/` contents (manifest.json, pairs and their shipped bytecode)
+from capture results."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from precompile_runtime.pair_format import Device, Engine, Fallback
 
 from ..builder.runner import CaptureResult
 from . import arch_report
+from .bytecode import shipped_bytecode
 
 MANIFEST_NAME = "manifest.json"
 
@@ -39,13 +41,18 @@ def assemble(package: str, results: Sequence[CaptureResult]) -> dict[str, bytes]
         results: capture results; ``ok`` ones contribute ``NAME.py``/``NAME.cache``
             and a variant, ``failed`` ones a target with ``status: failed``.
     Returns:
-        ``{"manifest.json": bytes, "NAME.py": bytes, "NAME.cache": bytes, ...}``.
+        ``{"manifest.json": bytes, "NAME.py": bytes, "NAME.cache": bytes, ...}`` and each
+        source half's checked-hash pyc for this interpreter, ``NAME.<cache tag>.pyc``
+        (wheels/bytecode.py; not in the manifest: the loader takes it only where it was
+        compiled from the verified source's bytes).
         With ``SOURCE_DATE_EPOCH`` set, ``captured_at`` comes from it and
         ``capture_seconds``, ``capture_device``, ``peak_memory`` and ``capture_breakdown``
         are left out, so the manifest is
         reproducible. ``capture_device`` is the CUDA device the capture ran on (its
         index, or its CUDA_VISIBLE_DEVICES entry such as a UUID; None: cpu); a reused
         pair keeps its original capture's device and seconds.
+    Raises:
+        BuildError: a source half does not byte-compile (wheels/bytecode.py).
     """
     reproducible = "SOURCE_DATE_EPOCH" in os.environ
     files: dict[str, bytes] = {}
@@ -92,6 +99,7 @@ def assemble(package: str, results: Sequence[CaptureResult]) -> dict[str, bytes]
         entry["variants"].append(variant)
     doc: manifest_format.Manifest = {"format": manifest_format.FORMAT, "version": manifest_format.VERSION,
                                      "package": package, "targets": targets}
+    files.update(shipped_bytecode({n: d for n, d in files.items() if n.endswith(".py")}))
     files[MANIFEST_NAME] = manifest_format.dumps(doc)
     return files
 

@@ -83,8 +83,17 @@ def _check_same(first: dict, other: dict, name: str) -> None:
                          "more than its artifacts: " + "; ".join(diffs[:10]))
 
 
+def _shipped_bytecode(files: dict[str, bytes], source: str, renamed: str) -> dict[str, bytes]:
+    """The pycs a build shipped for the source half ``source`` (``NAME.<cache tag>.pyc``,
+    wheels/bytecode.py), named for it as ``renamed``: each serves only the source's bytes."""
+    stem, new_stem = source[:-3], renamed[:-3]
+    return {f"{new_stem}.{n[len(stem) + 1:]}": d for n, d in files.items()
+            if n.startswith(stem + ".") and n.endswith(".pyc") and n.count(".") == stem.count(".") + 2}
+
+
 def _merge_manifests(parts: Sequence[dict], names: Sequence[str]) -> tuple[dict, dict]:
-    """One manifest with all variants; colliding file names get ``.<variant id>``."""
+    """One manifest with all variants; colliding file names get ``.<variant id>``; each
+    source half keeps the bytecode its build shipped beside it."""
     doc = copy.deepcopy(parts[0]["doc"])
     for t in doc["targets"].values():
         t["variants"] = []
@@ -109,6 +118,8 @@ def _merge_manifests(parts: Sequence[dict], names: Sequence[str]) -> tuple[dict,
                     if path in files and files[path] != data:
                         path = f"{tname}.{v['id']}.{ext}"
                     files[path] = data
+                    if role == "source":
+                        files.update(_shipped_bytecode(part["files"], entry["path"], path))
                     entry["path"] = path
                 merged["variants"].append(v)
                 merged["status"], merged["reason"] = "ok", None

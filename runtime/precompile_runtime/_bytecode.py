@@ -12,6 +12,14 @@ file still holds exactly these bytes (read again: a file replaced since the load
 it, by a concurrent upgrade, is compiled from the verified bytes instead) and was not
 written after its pyc. As for the package's own modules, a pyc forged together with
 the file's mtime by someone who may write the package is not defended against.
+
+An installer that does not byte-compile (``uv pip install`` without
+``--compile-bytecode``, ``pip install --no-compile``) leaves no such pyc, and the runtime
+never writes inside the installed package; for that case the build ships one beside
+the source half, ``NAME.<cache tag>.pyc`` (:func:`shipped_path`; made by
+precompile_build/wheels/bytecode.py for the interpreter that built the wheel),
+hash-based only: it serves only the very bytes it was compiled from, and a name that
+neither Python's import nor pip's compileall writes or reads.
 """
 
 from __future__ import annotations
@@ -20,6 +28,7 @@ import _imp
 import importlib.util
 import marshal
 import os
+import sys
 import types
 from typing import Any
 
@@ -33,8 +42,9 @@ def source_code(path: Any, source: bytes, filename: str) -> types.CodeType:
         source: its bytes, as read (and verified) by the loader.
         filename: the name compiled code carries (tracebacks, linecache).
     Returns:
-        the bytecode pip compiled for it where valid (see the module docstring;
-        a missing, stale or unreadable pyc is no error), else ``compile(source)``.
+        the bytecode pip compiled for it where valid, else the one the build
+        shipped where valid (see the module docstring; a missing, stale or
+        unreadable pyc is no error), else ``compile(source)``.
     Raises:
         SyntaxError: ``source`` does not compile (a corrupted source half).
     """
@@ -45,18 +55,67 @@ def source_code(path: Any, source: bytes, filename: str) -> types.CodeType:
     return code
 
 
+def shipped_path(source_path: str) -> str | None:
+    """Where the build ships the source half ``source_path``'s bytecode for this
+    interpreter: ``DIR/NAME.<cache tag>.pyc`` beside ``DIR/NAME.py`` (None: this
+    Python caches no bytecode, ``sys.implementation.cache_tag`` is None)."""
+    tag = sys.implementation.cache_tag
+    if tag is None:
+        return None
+    head, name = os.path.split(source_path)
+    return os.path.join(head, f"{name[:-3] if name.endswith('.py') else name}.{tag}.pyc")
+
+
 def _installed_bytecode(path: Any, source: bytes) -> types.CodeType | None:
     try:
         file = os.fspath(path)
+    except TypeError:  # a Traversable of a zip: no file, no pyc
+        return None
+    try:
         pyc = importlib.util.cache_from_source(file)
+    except (ValueError, NotImplementedError):
+        pyc = None
+    code = _pip_bytecode(file, pyc, source) if pyc else None
+    if code is None:
+        shipped = shipped_path(file)
+        data = _read(shipped) if shipped else None
+        if data is not None and _flags(data) in (0b01, 0b11) and data[8:16] == importlib.util.source_hash(source):
+            code = _code(data)
+    return code
+
+
+def _read(pyc: str) -> bytes | None:
+    """The bytes of ``pyc`` when it is a pyc of this Python, else None."""
+    try:
         with open(pyc, "rb") as f:
             data = f.read()
-        stat, pyc_stat = os.stat(file), os.stat(pyc)
-    except (TypeError, OSError, ValueError, NotImplementedError):  # no file, no pyc
+    except OSError:
         return None
-    if len(data) < 16 or data[:4] != importlib.util.MAGIC_NUMBER:
-        return None  # another Python's, or not a pyc
-    flags = int.from_bytes(data[4:8], "little")
+    return data if len(data) >= 16 and data[:4] == importlib.util.MAGIC_NUMBER else None
+
+
+def _flags(data: bytes) -> int:
+    return int.from_bytes(data[4:8], "little")
+
+
+def _code(data: bytes) -> types.CodeType | None:
+    try:
+        code = marshal.loads(data[16:])
+    except (ValueError, EOFError, TypeError):  # a truncated or corrupt pyc
+        return None
+    return code if isinstance(code, types.CodeType) else None
+
+
+def _pip_bytecode(file: str, pyc: str, source: bytes) -> types.CodeType | None:
+    """The pyc an installer wrote in ``__pycache__`` (``pyc``), where valid for ``source``."""
+    data = _read(pyc)
+    if data is None:
+        return None
+    try:
+        stat, pyc_stat = os.stat(file), os.stat(pyc)
+    except OSError:
+        return None
+    flags = _flags(data)
     if flags in (0b01, 0b11):  # hash-based (checked or not: here always checked)
         if data[8:16] != importlib.util.source_hash(source):
             return None
@@ -68,11 +127,7 @@ def _installed_bytecode(path: Any, source: bytes) -> types.CodeType | None:
           # written after its pyc (within the header's second): not what was compiled
           or stat.st_mtime_ns > pyc_stat.st_mtime_ns):
         return None
-    try:
-        code = marshal.loads(data[16:])
-    except (ValueError, EOFError, TypeError):  # a truncated or corrupt pyc
-        return None
-    return code if isinstance(code, types.CodeType) else None
+    return _code(data)
 
 
 def _holds(file: str, source: bytes) -> bool:
