@@ -9,15 +9,19 @@
 #   bash scripts/gpu_issue39.sh roofline ROWS SIZES [BUDGET_S]
 #                                                     bench/roofline.py --rows ROWS --sizes SIZES,
 #                                                     merged into $OUT/roofline_h200.{json,md}
-#   bash scripts/gpu_issue39.sh cold SIZES MODES FIRST_RUNS [BUDGET_S]
+#   bash scripts/gpu_issue39.sh cold SIZES MODES FIRST_RUNS [BUDGET_S [ARGS...]]
 #                                                     bench/llama_cold.py: capture time against
 #                                                     torch.compile cold for MODES (default,max-autotune),
-#                                                     then FIRST_RUNS rounds of first results;
+#                                                     then FIRST_RUNS rounds of first results (ARGS go
+#                                                     to the bench, e.g. --no-compile: uv's install);
 #                                                     $OUT/llama_cold_h200_SIZES.{json,md}
-#   bash scripts/gpu_issue39.sh decode-kernels SIZE   the decode step at batch 1 (SIZE: 8b): the
-#                                                     max-autotune pair, one without coordinate
-#                                                     descent (matrix products kept) and the default
-#                                                     pair, all under CUDA graphs, kernels profiled
+#   bash scripts/gpu_issue39.sh decode-kernels SIZE [LABEL=JSON ...]
+#                                                     the decode step at batch 1 (SIZE: 8b): the
+#                                                     max-autotune pair and, without LABEL=JSON, one
+#                                                     without coordinate descent (matrix products kept)
+#                                                     and the default pair; else a pair per LABEL=JSON
+#                                                     (roofline.py --variant); all under CUDA graphs,
+#                                                     kernels profiled
 #   bash scripts/gpu_issue39.sh bandwidth SIZE        bench/bandwidth_probe.py: the memory's stream rate,
 #                                                     the SIZE step's products alone (cuBLAS, one graph),
 #                                                     cuBLAS per weight shape (Inductor too: not run here, slow)
@@ -47,10 +51,14 @@ case "${1:-}" in
     grep -E "^\| " "$OUT/roofline_h200.md" | head -20 | tee -a "$SUM"
     ;;
   decode-kernels)
-    timeout 575 python3 bench/roofline.py --rows decode_b1 --sizes "${2:-8b}" --budget-s 470 --kernels 20 \
-      --mechanisms "eager,load_packaged max-autotune + graphs,load_packaged no-cdt + graphs,load_packaged plain + graphs" \
-      --variant 'no-cdt={"mode": "max-autotune", "inductor": {"coordinate_descent_tuning": false}}' \
-      --variant 'plain={}' --out "$OUT/roofline_decode_kernels" > "$OUT/decode_kernels.log" 2>&1
+    variants=("${@:3}")
+    [ ${#variants[@]} -gt 0 ] || variants=('no-cdt={"mode": "max-autotune", "inductor": {"coordinate_descent_tuning": false}}'
+                                         'plain={}')
+    mechs="eager,load_packaged max-autotune + graphs" vargs=()
+    for v in "${variants[@]}"; do mechs+=",load_packaged ${v%%=*} + graphs"; vargs+=(--variant "$v"); done
+    timeout "${DECODE_TIMEOUT:-575}" python3 bench/roofline.py --rows decode_b1 --sizes "${2:-8b}" \
+      --budget-s "${DECODE_BUDGET_S:-470}" --kernels 20 --mechanisms "$mechs" "${vargs[@]}" \
+      --out "$OUT/roofline_decode_kernels" > "$OUT/decode_kernels.log" 2>&1
     echo "decode-kernels ${2:-8b} rc=$?" | tee -a "$SUM"
     grep -E "^\| |^- " "$OUT/roofline_decode_kernels.md" | head -20 | tee -a "$SUM"
     ;;
@@ -62,7 +70,7 @@ case "${1:-}" in
     ;;
   cold)
     timeout 580 python3 bench/llama_cold.py --sizes "${2:?sizes}" --capture-modes "${3:-default}" \
-      --first-runs "${4:-5}" --budget-s "${5:-500}" --out "$OUT/llama_cold_h200_${2//,/_}" > "$OUT/cold_${2//,/_}.log" 2>&1
+      --first-runs "${4:-5}" --budget-s "${5:-500}" "${@:6}" --out "$OUT/llama_cold_h200_${2//,/_}" > "$OUT/cold_${2//,/_}.log" 2>&1
     echo "cold $2 $3 rc=$?" | tee -a "$SUM"
     grep -E "^\| " "$OUT/llama_cold_h200_${2//,/_}.md" | tee -a "$SUM"
     ;;

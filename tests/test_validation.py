@@ -178,6 +178,20 @@ def test_a_corrupted_frozen_kernel_is_refused_and_nothing_is_written(tmp_path, m
     assert not list(tmp_path.iterdir())
 
 
+def test_a_wrapper_line_that_needs_the_compiler_is_quoted_and_nothing_is_written(tmp_path, monkeypatch):
+    # an Inductor feature whose wrapper calls into triton at run time (on the H200, torch
+    # 2.11's combo_kernels did): the error quotes that line, so the user knows what to turn off
+    rewrite = frozen._rewrite_wrapper
+    monkeypatch.setattr(frozen, "_rewrite_wrapper", lambda src, names, target: rewrite(
+        src + "\n_blocks = triton.cdiv(64, 16)\n", names, target))
+    with pytest.raises(CaptureError, match=r"still needs the compiler stack \(triton\.\), first at "
+                                           r"`_blocks = triton.cdiv\(64, 16\)`.*Inductor option"):
+        with precompile_build.capture(lambda x: x * 2 + 1, engine="frozen", target="t",
+                                      **_paths(tmp_path)) as f:
+            f(torch.randn(32, 64))
+    assert not list(tmp_path.iterdir())
+
+
 def _encoder():
     torch.manual_seed(0)
     layer = torch.nn.TransformerEncoderLayer(d_model=8, nhead=2, dim_feedforward=16, batch_first=True)

@@ -436,12 +436,15 @@ def _rewrite_wrapper(src: str, kernel_names: set[str], target: str) -> str:
     shims = [s for n, s in _SHIMS.items() if n in src]
     externs = extern_calls.namespace(tree, target)
     code = "\n".join(shims + externs + body)
-    leftovers = [w for w in ("torch._inductor", "torch._dynamo.", "async_compile", "triton.")
-                 if w in code.replace("torch._C._dynamo", "")]
+    plain = code.replace("torch._C._dynamo", "")
+    leftovers = [w for w in ("torch._inductor", "torch._dynamo.", "async_compile", "triton.") if w in plain]
     if leftovers:
+        # the line itself says which Inductor feature wrote it (a user's option, a newer torch)
+        line = next(ln.strip() for ln in plain.splitlines() if any(w in ln for w in leftovers))
         raise CaptureError(
-            "the generated wrapper still needs the compiler stack "
-            f"({', '.join(leftovers)}); the frozen engine cannot serve it. Use engine='eager'", target=target
+            f"the generated wrapper still needs the compiler stack ({', '.join(leftovers)}), first at "
+            f"`{line[:200]}`; the frozen engine cannot serve it. Turn off the Inductor option that "
+            "generates this line, or use engine='eager'", target=target
         )
     return code
 
