@@ -100,6 +100,10 @@ class Verdict:
     elementwise: bool = False
     """True: accepted because ``frozen`` is elementwise close to eager
     (:data:`ELEMENTWISE_TOL`) although beyond the multiple."""
+    near_ties: Optional[dict] = None
+    """An index value accepted because each element that differs picks a candidate that
+    ties with the reference's within rounding (ties.explain_flips's numbers); ``floor``
+    is then the mismatch fraction so explained."""
 
     @property
     def allowed(self) -> float:
@@ -118,7 +122,9 @@ class Verdict:
         return {"eager_error": sig(self.eager_error), "frozen_error": sig(self.frozen_error),
                 "multiple": self.multiple, "floor": sig(self.floor), "max_abs_diff": sig(self.max_abs),
                 "max_abs_value": sig(self.scale),
-                "accepted_by": "elementwise" if self.elementwise else "multiple"}
+                "accepted_by": "elementwise" if self.elementwise else "near ties" if self.near_ties else "multiple",
+                **({"near_ties": {k: sig(x) if isinstance(x, float) else x for k, x in self.near_ties.items()}}
+                   if self.near_ties else {})}
 
     def describe(self) -> str:
         """The numbers as a sentence for a message; ``{ref}`` in it is left for the
