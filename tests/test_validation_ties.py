@@ -122,3 +122,29 @@ def test_an_index_that_is_not_a_pick_is_still_compared_exactly(tmp_path, monkeyp
     with pytest.raises(CaptureError, match="error beyond the allowed multiple"):
         _capture(tmp_path, counts, x, w)
     assert not list(tmp_path.iterdir())
+
+
+def test_a_pick_from_random_values_is_not_judged_by_ties():
+    # noise drawn before the pick: eager and the reference differ by the draw, not by
+    # rounding, so no gap says what a tie is (ties.explain_flips on the graph itself)
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from precompile_build.validation import reference, ties
+
+    def plain(x, w):
+        logits = x @ w
+        return logits, logits.argmax(-1)
+
+    def noisy(x, w):
+        logits = x @ w + torch.rand(8, VOCAB) * 1e-6
+        return logits, logits.argmax(-1)
+
+    x, w = _weights()
+    for fn, judged in ((plain, True), (noisy, False)):
+        gm = make_fx(fn)(x, w)
+        torch.manual_seed(0)
+        ref = reference.reference_run(gm, [x, w], "cpu", written=set())[0][1]
+        flipped = ref.clone()
+        flipped[TIED_ROW] = 1 - flipped[TIED_ROW]
+        explained = ties.explain_flips(gm, 1, 2, [x, w], set(), "cpu", flipped, ref)
+        assert (explained is not None) == judged, (fn.__name__, explained)

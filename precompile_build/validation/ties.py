@@ -112,7 +112,7 @@ def explain_flips(gm, value_index: int, n_out: int, inputs: list, written: set, 
     import torch
 
     from ..capturing.sharing import run_inputs
-    from .numerics import multiple_for
+    from .numerics import has_random_ops, multiple_for
     from .reference import reference_run
 
     src = _source_node(gm, value_index, n_out)
@@ -121,6 +121,8 @@ def explain_flips(gm, value_index: int, n_out: int, inputs: list, written: set, 
         return None
     values_node, dim, sign = pick
     sub = _values_graph(gm, values_node)
+    if has_random_ops(sub):  # two runs differ by more than rounding: no measure of it
+        return None
     try:
         with torch.no_grad():
             eager_vals = sub(*run_inputs(inputs, written))[0]
