@@ -36,7 +36,7 @@ def _weights(tie: str = "exact"):
 
 
 def _flipping(monkeypatch, row: int, to):
-    """The frozen wrapper, then the int64 result or buffer's ``row`` set to ``to(old)``."""
+    """The frozen wrapper, then the integer result or buffer's ``row`` set to ``to(old)``."""
     rewrite = frozen._rewrite_wrapper
 
     def flipping(src, names, target):
@@ -47,7 +47,7 @@ def _flipping(monkeypatch, row: int, to):
             "    held = list(args)\n"
             "    outs = _call(args)\n"
             "    for t in list(outs) + held:\n"
-            "        if t is not None and t.dtype == torch.int64 and t.shape[0] == 8:\n"
+            "        if t is not None and t.dtype not in (torch.bool, torch.float32) and t.dim() and t.shape[0] == 8:\n"
             f"            t.view(8, -1)[{row}] = _to(t.view(8, -1)[{row}])\n"
             "    return outs\n")
     monkeypatch.setattr(frozen, "_rewrite_wrapper", flipping)
@@ -110,6 +110,55 @@ def test_a_pick_changed_where_one_candidate_is_clearly_best_is_refused(tmp_path,
                                            r"error beyond the allowed multiple"):
         _capture(tmp_path, fn, *args)
     assert not list(tmp_path.iterdir())
+
+
+def _masked(x, w, m):
+    return (x @ w).masked_fill(m, float("-inf")).argmax(-1)
+
+
+def _overwritten(s):
+    tok = s.argmax(-1)
+    s.zero_()  # the values the pick saw are gone after the call: no tie in zeros
+    return tok
+
+
+def _first_positive(x):
+    return (x > 0).float().argmax(-1)  # exact 0/1 values: eager takes the first 1
+
+
+def _narrowed(x, w):
+    return (x @ w).argmax(-1).to(torch.int8)
+
+
+def _mask():
+    m = torch.zeros(8, VOCAB, dtype=torch.bool)
+    m[TIED_ROW, 15] = True
+    return m
+
+
+# what the review of ties.py found accepted (or crashing) and must be refused: a row
+# with an infinite value (its rounding was NaN), values overwritten after the pick,
+# a tie of exactly computed values (eager's first index), an index cast to int8
+@pytest.mark.parametrize(("fn", "make_args", "to"), [
+    (_masked, lambda x, w: (x, w, _mask()), "lambda t: t + 2"),
+    (_overwritten, lambda x, w: (torch.randn(8, VOCAB, generator=torch.Generator().manual_seed(1)),),
+     "lambda t: (t + 1) % 16"),
+    (_first_positive, lambda x, w: (x[:, :VOCAB].abs() * torch.tensor([-1.0, 1.0]).repeat(VOCAB // 2),),
+     "lambda t: t + 2"),
+    (_narrowed, lambda x, w: (x, w), "lambda t: 1 - t"),
+], ids=["inf-in-row", "overwritten-after-pick", "exact-values", "int8-index"])
+def test_flips_no_rounding_explains_are_refused(tmp_path, monkeypatch, fn, make_args, to):
+    x, w = _weights()
+    _flipping(monkeypatch, TIED_ROW, to)
+    with pytest.raises(CaptureError, match="error beyond the allowed multiple"):
+        _capture(tmp_path, fn, *make_args(x, w))
+    assert not list(tmp_path.iterdir())
+
+
+def test_a_true_tie_beside_a_masked_logit_is_still_accepted(tmp_path, monkeypatch):
+    x, w = _weights()
+    _flipping(monkeypatch, TIED_ROW, "lambda t: 1 - t")
+    assert _capture(tmp_path, _masked, x, w, _mask())["cases"][0]["worst"]["accepted_by"] == "near ties"
 
 
 def test_an_index_that_is_not_a_pick_is_still_compared_exactly(tmp_path, monkeypatch):

@@ -7,8 +7,10 @@ one of 8 tokens did. The mismatch fraction of such a value is not rounding that 
 multiple of eager's error can allow (eager's own can be 0), so :func:`explain_flips`
 asks the question the flip raises: at each element where the pair's index differs
 from the reference's, do the two candidates' values differ by no more than rounding of
-the size eager's own values show in that row could turn? Then the pair's pick is one
-eager could have made, and the value is accepted; else it is refused as before.
+the size eager's own rounding of those two values shows could turn? Then the pair's
+pick is one eager could have made, and the value is accepted; else it is refused as
+before. Each value is judged alone, as every value of the validation is: two results
+made from one pick are not checked against each other.
 
 Only indices that reach the value unchanged are judged (``argmax``/``argmin``,
 ``max.dim``/``min.dim``'s indices, through views, casts, clones and a ``copy_`` into an
@@ -48,18 +50,19 @@ def _source_node(gm, value_index: int, n_out: int):
     return copies[-1].args[1] if copies else None
 
 
-def _pick(node) -> Optional[tuple[Any, int, float]]:
-    """Walk back through order-keeping ops to an index pick: ``(values node, dim, sign)``."""
+def _pick(node) -> Optional[tuple[Any, Any, int, float]]:
+    """Walk back through order-keeping ops to an index pick: ``(pick node, values node,
+    dim, sign)``."""
     while node is not None and getattr(node, "op", None) == "call_function":
         name = _name(node.target)
         if name in _PICKS and node.args:
             dim = node.args[1] if len(node.args) > 1 else node.kwargs.get("dim")
-            return (node.args[0], dim, _PICKS[name]) if dim is not None else None
+            return (node, node.args[0], dim, _PICKS[name]) if dim is not None else None
         if node.target is operator.getitem and node.args[1] == 1:
             src = node.args[0]
             if getattr(src, "op", None) == "call_function" and _name(src.target) in _PICKS_WITH_VALUES \
                     and len(src.args) > 1:
-                return src.args[0], src.args[1], _PICKS_WITH_VALUES[_name(src.target)]
+                return src, src.args[0], src.args[1], _PICKS_WITH_VALUES[_name(src.target)]
             return None
         if name == "copy" and len(node.args) > 1:  # functional copy(self, src): src's values
             node = node.args[1]
@@ -70,18 +73,19 @@ def _pick(node) -> Optional[tuple[Any, int, float]]:
     return None
 
 
-def _values_graph(gm, node):
-    """A copy of ``gm`` whose one output is ``node``'s value (the rest of the graph kept
-    as it is: its writes to inputs still run, on the caller's clones)."""
+def _values_graph(gm, node, pick):
+    """A copy of ``gm`` up to (not including) ``pick``, whose one output is ``node``'s
+    value as the pick saw it: nothing after the pick (a write into the same buffer)
+    runs. Its writes before the pick run on the caller's clones."""
     import torch.fx
 
     graph = torch.fx.Graph()
     remap: dict = {}
     for n in gm.graph.nodes:
-        if n.op == "output":
+        if n is pick or n.op == "output":
             break
         remap[n] = graph.node_copy(n, lambda x: remap[x])
-    graph.output((remap[node],))
+    graph.output((graph.call_function(torch.clone, (remap[node],)),))
     return torch.fx.GraphModule(gm, graph)
 
 
@@ -101,11 +105,13 @@ def explain_flips(gm, value_index: int, n_out: int, inputs: list, written: set, 
     Returns:
         ``{"pick", "flips", "max_gap", "gap_of_allowed"}`` where every differing
         element is such a tie: ``flips`` elements differ; a gap is the reference's
-        best value minus the pair's pick's (in the picked values' units), allowed
-        ``2 * multiple`` times the RMS of eager's error over that row (each side may
-        be off by ``multiple`` times eager's rounding); ``gap_of_allowed`` the largest
-        gap / allowed (<= 1). None where one element is not, or the value does not
-        come from a pick.
+        best value minus the pair's pick's (in the picked values' units, >= 0),
+        allowed ``multiple`` times the sum of eager's errors at the two candidates
+        (each may be off by ``multiple`` times eager's own rounding of it);
+        ``gap_of_allowed`` the largest gap / allowed (0..1). None where one element is
+        not such a tie (a candidate that is infinite, or that eager computes exactly:
+        then a tie goes to the first index, as in eager), or the value is no int32/int64
+        pick.
     Raises:
         nothing of its own: a graph that fails to run here gives None.
     """
@@ -117,10 +123,12 @@ def explain_flips(gm, value_index: int, n_out: int, inputs: list, written: set, 
 
     src = _source_node(gm, value_index, n_out)
     pick = _pick(src)
-    if pick is None or not isinstance(pick[0], torch.fx.Node) or not isinstance(pick[1], int):
+    if pick is None or not isinstance(pick[1], torch.fx.Node) or not isinstance(pick[2], int):
         return None
-    values_node, dim, sign = pick
-    sub = _values_graph(gm, values_node)
+    if frozen.dtype not in (torch.int32, torch.int64):
+        return None  # a narrower integer or a bool does not hold the index it was cast from
+    pick_node, values_node, dim, sign = pick
+    sub = _values_graph(gm, values_node, pick_node)
     if has_random_ops(sub):  # two runs differ by more than rounding: no measure of it
         return None
     try:
@@ -133,23 +141,29 @@ def explain_flips(gm, value_index: int, n_out: int, inputs: list, written: set, 
         return None
     rows_e = eager_vals.movedim(dim, -1).reshape(-1, eager_vals.shape[dim]).to(torch.float64)
     rows_r = ref_vals.to(rows_e.device).movedim(dim, -1).reshape(-1, ref_vals.shape[dim]).to(torch.float64)
-    f, r = frozen.reshape(-1).to(rows_e.device), ref.reshape(-1).to(rows_e.device, frozen.dtype)
+    f, r = frozen.reshape(-1).to(rows_e.device, torch.int64), ref.reshape(-1).to(rows_e.device, torch.int64)
     if f.numel() != rows_e.shape[0]:
         return None  # not one index per row: a path that moves elements
     differ = (f != r).nonzero().flatten()
     if differ.numel() == 0:
         return None
-    picked = f[differ]
+    picked, best_at = f[differ], r[differ]
     if bool(((picked < 0) | (picked >= rows_e.shape[1])).any()):
         return None
-    best, theirs = rows_r[differ, r[differ]], rows_r[differ, picked]
-    gaps = (best - theirs) * sign
-    noise = (rows_e[differ] - rows_r[differ]).square().mean(dim=1).sqrt()
+    e_best, e_theirs = rows_e[differ, best_at], rows_e[differ, picked]
+    r_best, r_theirs = rows_r[differ, best_at], rows_r[differ, picked]
+    both = torch.stack([e_best, e_theirs, r_best, r_theirs])
+    if not bool(torch.isfinite(both).all()):
+        return None  # an infinite candidate (a masked logit, an overflow) has no rounding to measure
+    gaps = (r_best - r_theirs) * sign
+    if bool((gaps < 0).any()):
+        return None  # the reference's index is not its best: the values are not what it picked from
+    # eager's own rounding of the two candidates: a value computed exactly (0/1 masks,
+    # a count) has none, so a tie of such values falls to the first index, as in eager
     if multiple is None:
         multiple = multiple_for(eager_vals.dtype, eager_vals.numel(), tuple(eager_vals.shape))
-    allowed = 2 * multiple * noise
-    if not bool(torch.isfinite(gaps).all()) or bool((gaps > allowed).any()):
+    allowed = multiple * ((e_best - r_best).abs() + (e_theirs - r_theirs).abs())
+    if bool(((allowed <= 0) | (gaps > allowed)).any()):
         return None
-    ratio = torch.where(allowed > 0, gaps / allowed, torch.zeros_like(gaps))  # gap 0: an exact tie
     return {"pick": "argmax" if sign > 0 else "argmin", "flips": int(differ.numel()),
-            "max_gap": float(gaps.max()), "gap_of_allowed": float(ratio.max())}
+            "max_gap": float(gaps.max()), "gap_of_allowed": float((gaps / allowed).max())}
