@@ -155,6 +155,33 @@ def test_flips_no_rounding_explains_are_refused(tmp_path, monkeypatch, fn, make_
     assert not list(tmp_path.iterdir())
 
 
+def _offset(x, w, s):
+    # float32: (3 + 1e8) - 1e8 is 0, float64 3: every candidate off by the same 3
+    return ((x @ w) + ((s + 1e8) - 1e8)).argmax(-1)
+
+
+def _int8_round_trip(x, w):
+    return (x @ w).argmax(-1).to(torch.int8).to(torch.int64)
+
+
+# the second review's: an error every candidate shares cannot reorder them (it was
+# counted at each candidate), and an index that went through int8 is no longer the
+# index it was (300 wraps to 44), so not even a tie flip through one is followed
+@pytest.mark.parametrize(("fn", "extra", "flip"), [(_offset, (torch.tensor([3.0]),), "second"),
+                                                  (_int8_round_trip, (), "tie")],
+                         ids=["shared-offset", "int8-round-trip"])
+def test_flips_through_a_shared_error_or_a_narrow_cast_are_refused(tmp_path, monkeypatch, fn, extra, flip):
+    x, w = _weights()
+    if flip == "second":
+        second = int((x.double() @ w.double())[0].topk(2).indices[1])
+        _flipping(monkeypatch, 0, f"lambda t: t * 0 + {second}")
+    else:
+        _flipping(monkeypatch, TIED_ROW, "lambda t: 1 - t")
+    with pytest.raises(CaptureError, match="error beyond the allowed multiple"):
+        _capture(tmp_path, fn, x, w, *extra)
+    assert not list(tmp_path.iterdir())
+
+
 def test_a_true_tie_beside_a_masked_logit_is_still_accepted(tmp_path, monkeypatch):
     x, w = _weights()
     _flipping(monkeypatch, TIED_ROW, "lambda t: 1 - t")
@@ -175,7 +202,7 @@ def test_an_index_that_is_not_a_pick_is_still_compared_exactly(tmp_path, monkeyp
 
 def test_a_pick_from_random_values_is_not_judged_by_ties():
     # noise drawn before the pick: eager and the reference differ by the draw, not by
-    # rounding, so no gap says what a tie is (ties.explain_flips on the graph itself)
+    # rounding, so no gap says what a tie is (ties.judge_pick on the graph itself)
     from torch.fx.experimental.proxy_tensor import make_fx
 
     from precompile_build.validation import reference, ties
@@ -195,5 +222,6 @@ def test_a_pick_from_random_values_is_not_judged_by_ties():
         ref = reference.reference_run(gm, [x, w], "cpu", written=set())[0][1]
         flipped = ref.clone()
         flipped[TIED_ROW] = 1 - flipped[TIED_ROW]
-        explained = ties.explain_flips(gm, 1, 2, [x, w], set(), "cpu", flipped, ref)
-        assert (explained is not None) == judged, (fn.__name__, explained)
+        # the pair's token is neither eager's (here: the reference's) nor the reference's
+        verdict = ties.judge_pick(gm, 1, 2, [x, w], set(), "cpu", ref, flipped, ref)
+        assert verdict["accepted"] == judged, (fn.__name__, verdict)

@@ -101,9 +101,9 @@ class Verdict:
     """True: accepted because ``frozen`` is elementwise close to eager
     (:data:`ELEMENTWISE_TOL`) although beyond the multiple."""
     near_ties: Optional[dict] = None
-    """An index value accepted because each element that differs picks a candidate that
-    ties with the reference's within rounding (ties.explain_flips's numbers); ``floor``
-    is then the mismatch fraction so explained."""
+    """An index value accepted because each element that is neither eager's nor the
+    reference's picks a candidate that ties with the reference's within rounding
+    (ties.judge_pick's numbers); ``floor`` then allows the mismatch fraction so judged."""
 
     @property
     def allowed(self) -> float:
@@ -123,7 +123,8 @@ class Verdict:
                 "multiple": self.multiple, "floor": sig(self.floor), "max_abs_diff": sig(self.max_abs),
                 "max_abs_value": sig(self.scale),
                 "accepted_by": "elementwise" if self.elementwise else "near ties" if self.near_ties else "multiple",
-                **({"near_ties": {k: sig(x) if isinstance(x, float) else x for k, x in self.near_ties.items()}}
+                **({"near_ties": {k: sig(x) if isinstance(x, float) else x for k, x in self.near_ties.items()
+                                 if k != "accepted"}}
                    if self.near_ties else {})}
 
     def describe(self) -> str:

@@ -4,17 +4,18 @@ An argmax (a greedy decoding step's next token) over values that two candidates 
 within rounding picks either, and compiled kernels, which sum in another order than
 eager, may pick the other one: at batch 8 of an 8B Llama under max-autotune on an H200,
 one of 8 tokens did. The mismatch fraction of such a value is not rounding that a
-multiple of eager's error can allow (eager's own can be 0), so :func:`explain_flips`
-asks the question the flip raises: at each element where the pair's index differs
-from the reference's, do the two candidates' values differ by no more than rounding of
-the size eager's own rounding of those two values shows could turn? Then the pair's
-pick is one eager could have made, and the value is accepted; else it is refused as
-before. Each value is judged alone, as every value of the validation is: two results
-made from one pick are not checked against each other.
+multiple of eager's error can judge: eager's own can be 0, and where eager flips one
+tie, a multiple of its fraction would let the pair pick anything at as many other
+elements. :func:`judge_pick` asks, element by element, the question a flip raises: is
+the pair's pick eager's, the reference's, or a candidate whose value differs from the
+reference's best by no more than rounding of the size eager's own error on that
+difference shows could turn? Each value is judged alone, as every value of the
+validation is: two results made from one pick are not checked against each other.
 
 Only indices that reach the value unchanged are judged (``argmax``/``argmin``,
-``max.dim``/``min.dim``'s indices, through views, casts, clones and a ``copy_`` into an
-input buffer of as many elements); any other path returns no explanation.
+``max.dim``/``min.dim``'s indices, through views, int32/int64 casts, clones and a
+``copy_`` into an int32/int64 input buffer of as many elements); any other integer
+value keeps the mismatch-fraction rule of numerics.judge.
 """
 
 from __future__ import annotations
@@ -65,12 +66,23 @@ def _pick(node) -> Optional[tuple[Any, Any, int, float]]:
                 return src, src.args[0], src.args[1], _PICKS_WITH_VALUES[_name(src.target)]
             return None
         if name == "copy" and len(node.args) > 1:  # functional copy(self, src): src's values
+            if not _holds_indices(node):
+                return None
             node = node.args[1]
             continue
-        if name not in _ORDER_KEEPING or not node.args:
+        if name not in _ORDER_KEEPING or not node.args or not _holds_indices(node):
             return None
         node = node.args[0]
     return None
+
+
+def _holds_indices(node) -> bool:
+    """The node's result keeps every index exactly: int32 or int64 (a cast to int8 or
+    bf16 wraps or rounds them); unknown without the trace's ``meta["val"]``."""
+    import torch
+
+    val = node.meta.get("val")
+    return isinstance(val, torch.Tensor) and val.dtype in (torch.int32, torch.int64)
 
 
 def _values_graph(gm, node, pick):
@@ -89,31 +101,34 @@ def _values_graph(gm, node, pick):
     return torch.fx.GraphModule(gm, graph)
 
 
-def explain_flips(gm, value_index: int, n_out: int, inputs: list, written: set, device: str,
-                  frozen, ref, multiple: Optional[float] = None) -> Optional[dict]:
-    """Whether every element of an integer value where ``frozen`` differs from ``ref``
-    picks a candidate that ties with the reference's within eager's rounding.
+def judge_pick(gm, value_index: int, n_out: int, inputs: list, written: set, device: str,
+               eager, frozen, ref, multiple: Optional[float] = None) -> Optional[dict]:
+    """Judge an integer value that an argmax/argmin (or max/min indices) picks, element
+    by element: each element must be eager's pick, the reference's, or a candidate that
+    ties with the reference's within eager's rounding.
 
     Args:
         gm: the captured graph; ``value_index`` and ``n_out``: which value (an output,
             or input ``value_index - n_out`` after the call), as validate.compare counts.
         inputs: the flat inputs the value was computed from (not modified: the inputs
             in ``written`` are cloned for each run); ``device``: their device type.
-        frozen: the pair's value; ``ref``: the reference run's (same shape).
+        eager, frozen, ref: the value from the graph run in its own dtypes, from the
+            pair, from the reference run (one shape).
         multiple: how many times eager's rounding the pair's may be (``options
             ["validation_multiple"]``; None: numerics.multiple_for the picked values).
     Returns:
-        ``{"pick", "flips", "max_gap", "gap_of_allowed"}`` where every differing
-        element is such a tie: ``flips`` elements differ; a gap is the reference's
-        best value minus the pair's pick's (in the picked values' units, >= 0),
-        allowed ``multiple`` times the sum of eager's errors at the two candidates
-        (each may be off by ``multiple`` times eager's own rounding of it);
-        ``gap_of_allowed`` the largest gap / allowed (0..1). None where one element is
-        not such a tie (a candidate that is infinite, or that eager computes exactly:
-        then a tie goes to the first index, as in eager), or the value is no int32/int64
-        pick.
+        None where the value is no int32/int64 pick this module follows (the caller's
+        rule stands). Else ``{"accepted", "pick", "flips", "max_gap",
+        "gap_of_allowed"}``: ``flips`` elements are neither eager's nor the
+        reference's; each is accepted when the reference's best value minus the pair's
+        pick's (its gap, in the values' units, >= 0) is at most ``multiple`` times
+        eager's error on that difference, or 0 while eager rounds the two candidates
+        (a kernel that sums them in another order can break the tie either way); an
+        infinite candidate, or a tie of values eager computes exactly (the first
+        index wins, as in eager), is refused. ``gap_of_allowed``: the largest gap /
+        allowed of the accepted.
     Raises:
-        nothing of its own: a graph that fails to run here gives None.
+        nothing of its own: a graph that fails to run here counts as refused.
     """
     import torch
 
@@ -121,49 +136,50 @@ def explain_flips(gm, value_index: int, n_out: int, inputs: list, written: set, 
     from .numerics import has_random_ops, multiple_for
     from .reference import reference_run
 
-    src = _source_node(gm, value_index, n_out)
-    pick = _pick(src)
-    if pick is None or not isinstance(pick[1], torch.fx.Node) or not isinstance(pick[2], int):
+    pick = _pick(_source_node(gm, value_index, n_out))
+    if pick is None or not isinstance(pick[1], torch.fx.Node) or not isinstance(pick[2], int) \
+            or frozen.dtype not in (torch.int32, torch.int64):
         return None
-    if frozen.dtype not in (torch.int32, torch.int64):
-        return None  # a narrower integer or a bool does not hold the index it was cast from
     pick_node, values_node, dim, sign = pick
+    name = "argmax" if sign > 0 else "argmin"
+    refused = {"accepted": False, "pick": name}
+    dev = eager.device
+    e, f, r = (t.reshape(-1).to(dev, torch.int64) for t in (eager, frozen, ref))
+    differ = ((f != r) & (f != e)).nonzero().flatten()
+    if differ.numel() == 0:
+        return {"accepted": True, "pick": name, "flips": 0}
     sub = _values_graph(gm, values_node, pick_node)
     if has_random_ops(sub):  # two runs differ by more than rounding: no measure of it
-        return None
+        return refused
     try:
         with torch.no_grad():
             eager_vals = sub(*run_inputs(inputs, written))[0]
             ref_vals = reference_run(sub, inputs, device, written=written)[0][0]
-    except Exception:  # noqa: BLE001 - no explanation; the caller refuses as before
-        return None
-    if not eager_vals.is_floating_point() or eager_vals.shape != ref_vals.shape:
-        return None
+    except Exception:  # noqa: BLE001 - no measure of the rounding: refused
+        return refused
+    if not eager_vals.is_floating_point() or eager_vals.shape != ref_vals.shape \
+            or eager_vals.numel() // eager_vals.shape[dim] != f.numel():
+        return refused  # not one index per row: a path that moves elements
     rows_e = eager_vals.movedim(dim, -1).reshape(-1, eager_vals.shape[dim]).to(torch.float64)
     rows_r = ref_vals.to(rows_e.device).movedim(dim, -1).reshape(-1, ref_vals.shape[dim]).to(torch.float64)
-    f, r = frozen.reshape(-1).to(rows_e.device, torch.int64), ref.reshape(-1).to(rows_e.device, torch.int64)
-    if f.numel() != rows_e.shape[0]:
-        return None  # not one index per row: a path that moves elements
-    differ = (f != r).nonzero().flatten()
-    if differ.numel() == 0:
-        return None
-    picked, best_at = f[differ], r[differ]
+    differ = differ.to(rows_e.device)
+    picked, best_at = f.to(rows_e.device)[differ], r.to(rows_e.device)[differ]
     if bool(((picked < 0) | (picked >= rows_e.shape[1])).any()):
-        return None
+        return refused
     e_best, e_theirs = rows_e[differ, best_at], rows_e[differ, picked]
     r_best, r_theirs = rows_r[differ, best_at], rows_r[differ, picked]
-    both = torch.stack([e_best, e_theirs, r_best, r_theirs])
-    if not bool(torch.isfinite(both).all()):
-        return None  # an infinite candidate (a masked logit, an overflow) has no rounding to measure
+    if not bool(torch.isfinite(torch.stack([e_best, e_theirs, r_best, r_theirs])).all()):
+        return refused  # an infinite candidate (a masked logit, an overflow) has no rounding to measure
     gaps = (r_best - r_theirs) * sign
     if bool((gaps < 0).any()):
-        return None  # the reference's index is not its best: the values are not what it picked from
-    # eager's own rounding of the two candidates: a value computed exactly (0/1 masks,
-    # a count) has none, so a tie of such values falls to the first index, as in eager
+        return refused  # the reference's index is not its best: not the values it picked from
+    # eager's error on the difference that decides the pick: an error both candidates
+    # share (an offset added to the row) cannot reorder them
     if multiple is None:
         multiple = multiple_for(eager_vals.dtype, eager_vals.numel(), tuple(eager_vals.shape))
-    allowed = multiple * ((e_best - r_best).abs() + (e_theirs - r_theirs).abs())
-    if bool(((allowed <= 0) | (gaps > allowed)).any()):
-        return None
-    return {"pick": "argmax" if sign > 0 else "argmin", "flips": int(differ.numel()),
-            "max_gap": float(gaps.max()), "gap_of_allowed": float((gaps / allowed).max())}
+    allowed = multiple * ((e_best - e_theirs) - (r_best - r_theirs)).abs()
+    rounded = ((e_best - r_best).abs() + (e_theirs - r_theirs).abs()) > 0
+    ok = (gaps <= allowed) & ((allowed > 0) | ((gaps == 0) & rounded))
+    ratio = torch.where(allowed > 0, gaps / allowed, torch.zeros_like(gaps))
+    return {"accepted": bool(ok.all()), "pick": name, "flips": int(differ.numel()),
+            "max_gap": float(gaps.max()), "gap_of_allowed": float(ratio.max())}

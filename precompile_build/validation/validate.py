@@ -183,13 +183,20 @@ def compare(call, traced: TracedCall, inputs: list, what: str, target: str,
         if multiple is not None and v.problem and v.problem.startswith("error beyond"):
             v.multiple = float(multiple)
             v.problem = None if v.frozen_error <= v.allowed else v.problem
-        if v.problem and v.problem.startswith("error beyond") and not w.is_floating_point():
-            # an index that differs where the values it picks from tie within rounding
-            v.near_ties = ties.explain_flips(traced.graph_module, i, len(want), inputs, written,
-                                             traced.metadata["device"], g, r,
-                                             float(multiple) if multiple is not None else None)
-            if v.near_ties:
-                v.problem, v.floor = None, v.frozen_error
+        if not w.is_floating_point() and (v.problem is None or v.problem.startswith("error beyond")) \
+                and v.frozen_error > 0:
+            # a pick (a next token) is judged element by element, not by a mismatch
+            # fraction: eager's, the reference's, or a tie within rounding (ties.py)
+            picked = ties.judge_pick(traced.graph_module, i, len(want), inputs, written,
+                                     traced.metadata["device"], w, g, r,
+                                     float(multiple) if multiple is not None else None)
+            if picked is not None and picked["accepted"]:
+                v.problem = None
+                v.floor = max(v.floor, v.frozen_error - v.multiple * v.eager_error)
+                v.near_ties = picked if picked["flips"] else None
+            elif picked is not None:
+                v.problem = v.problem or (f"{picked['flips']} of its picks are neither eager's nor the "
+                                          "reference's, nor ties within eager's rounding")
         verdicts.append(v)
         if v.problem:
             numbers = v.describe().format(ref=ref_name) if math.isfinite(v.frozen_error) else ""
