@@ -225,3 +225,27 @@ def test_a_pick_from_random_values_is_not_judged_by_ties():
         # the pair's token is neither eager's (here: the reference's) nor the reference's
         verdict = ties.judge_pick(gm, 1, 2, [x, w], set(), "cpu", ref, flipped, ref)
         assert verdict["accepted"] == judged, (fn.__name__, verdict)
+
+
+def test_eagers_own_flip_allows_no_other_wrong_pick():
+    # eager picks the other tied candidate in one row (its mismatch fraction 1/8 would
+    # have allowed 3/8 by the multiple): the pair may give eager's picks, not a loser elsewhere
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from precompile_build.validation import reference, ties
+
+    def plain(x, w):
+        logits = x @ w
+        return logits, logits.argmax(-1)
+
+    x, w = _weights()
+    gm = make_fx(plain)(x, w)
+    ref = reference.reference_run(gm, [x, w], "cpu", written=set())[0][1]
+    eager = ref.clone()
+    eager[TIED_ROW] = 1 - eager[TIED_ROW]
+    assert ties.judge_pick(gm, 1, 2, [x, w], set(), "cpu", eager, eager.clone(), ref) == {
+        "accepted": True, "pick": "argmax", "flips": 0}
+    wrong = eager.clone()
+    wrong[CLEAR_ROW] = (wrong[CLEAR_ROW] + 1) % VOCAB
+    verdict = ties.judge_pick(gm, 1, 2, [x, w], set(), "cpu", eager, wrong, ref)
+    assert verdict["accepted"] is False and verdict["flips"] == 1

@@ -142,10 +142,10 @@ def judge_pick(gm, value_index: int, n_out: int, inputs: list, written: set, dev
         return None
     pick_node, values_node, dim, sign = pick
     name = "argmax" if sign > 0 else "argmin"
-    refused = {"accepted": False, "pick": name}
     dev = eager.device
     e, f, r = (t.reshape(-1).to(dev, torch.int64) for t in (eager, frozen, ref))
     differ = ((f != r) & (f != e)).nonzero().flatten()
+    refused = {"accepted": False, "pick": name, "flips": int(differ.numel())}
     if differ.numel() == 0:
         return {"accepted": True, "pick": name, "flips": 0}
     sub = _values_graph(gm, values_node, pick_node)
