@@ -180,7 +180,8 @@ def test_a_corrupted_frozen_kernel_is_refused_and_nothing_is_written(tmp_path, m
 
 def test_a_wrapper_line_that_needs_the_compiler_is_quoted_and_nothing_is_written(tmp_path, monkeypatch):
     # an Inductor feature whose wrapper calls into triton at run time (on the H200, torch
-    # 2.11's combo_kernels did): the error quotes that line, so the user knows what to turn off
+    # 2.11's 8B decode step with combo_kernels under max-autotune did): the error quotes
+    # that line, so the user knows what to turn off
     rewrite = frozen._rewrite_wrapper
     monkeypatch.setattr(frozen, "_rewrite_wrapper", lambda src, names, target: rewrite(
         src + "\n_blocks = triton.cdiv(64, 16)\n", names, target))

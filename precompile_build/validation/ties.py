@@ -118,8 +118,8 @@ def judge_pick(gm, value_index: int, n_out: int, inputs: list, written: set, dev
             ["validation_multiple"]``; None: numerics.multiple_for the picked values).
     Returns:
         None where the value is no int32/int64 pick this module follows (the caller's
-        rule stands). Else ``{"accepted", "pick", "flips", "max_gap",
-        "gap_of_allowed"}``: ``flips`` elements are neither eager's nor the
+        rule stands). Else ``{"accepted", "pick", "flips", "multiple", "max_gap",
+        "gap_of_allowed"}`` (the last three once the gaps were measured): ``flips`` elements are neither eager's nor the
         reference's; each is accepted when the reference's best value minus the pair's
         pick's (its gap, in the values' units, >= 0) is at most ``multiple`` times
         eager's error on that difference, or 0 while eager rounds the two candidates
@@ -181,5 +181,5 @@ def judge_pick(gm, value_index: int, n_out: int, inputs: list, written: set, dev
     rounded = ((e_best - r_best).abs() + (e_theirs - r_theirs).abs()) > 0
     ok = (gaps <= allowed) & ((allowed > 0) | ((gaps == 0) & rounded))
     ratio = torch.where(allowed > 0, gaps / allowed, torch.zeros_like(gaps))
-    return {"accepted": bool(ok.all()), "pick": name, "flips": int(differ.numel()),
+    return {"accepted": bool(ok.all()), "pick": name, "flips": int(differ.numel()), "multiple": multiple,
             "max_gap": float(gaps.max()), "gap_of_allowed": float(ratio.max())}

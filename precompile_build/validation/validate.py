@@ -82,6 +82,11 @@ _NUMERIC_FIX = ("if this is rounding you accept (a deep bf16/fp16 model), allow 
                 "(the graph, no kernels) or engine='torch', and report the kernel")
 
 
+_PICK_FIX = ("{n} of its picks are neither eager's nor the reference's, and {why}: the compiled code "
+             "picks something else. Capture with engine='eager' (the graph, no kernels) or "
+             "engine='torch', and report the kernel")
+
+
 _SEED = 20240607  # any fixed seed: both sides of a comparison start from it
 
 
@@ -183,6 +188,7 @@ def compare(call, traced: TracedCall, inputs: list, what: str, target: str,
         if multiple is not None and v.problem and v.problem.startswith("error beyond"):
             v.multiple = float(multiple)
             v.problem = None if v.frozen_error <= v.allowed else v.problem
+        picked = None
         if not w.is_floating_point() and (v.problem is None or v.problem.startswith("error beyond")) \
                 and v.frozen_error > 0:
             # a pick (a next token) is judged element by element, not by a mismatch
@@ -195,13 +201,17 @@ def compare(call, traced: TracedCall, inputs: list, what: str, target: str,
                 v.floor = max(v.floor, v.frozen_error - v.multiple * v.eager_error)
                 v.near_ties = picked if picked["flips"] else None
             elif picked is not None:
-                v.problem = v.problem or (f"{picked['flips']} of its picks are neither eager's nor the "
-                                          "reference's, nor ties within eager's rounding")
+                v.problem = v.problem or "picks beyond rounding"
         verdicts.append(v)
         if v.problem:
             numbers = v.describe().format(ref=ref_name) if math.isfinite(v.frozen_error) else ""
             need = _suggest(v)
-            if not math.isfinite(need):
+            if picked is not None:  # a multiple of a mismatch fraction says nothing of a pick
+                why = (f"their candidates do not tie within {picked['multiple']:g} x eager's rounding of "
+                       "their difference" if "multiple" in picked else
+                       "no rounding measures them (an infinite, exactly computed or random candidate)")
+                suggestion = _PICK_FIX.format(n=picked["flips"], why=why) if example else _OTHER_SIZES
+            elif not math.isfinite(need):
                 suggestion = fix
             elif need <= _MAX_SUGGESTED:
                 suggestion = _NUMERIC_FIX.format(m=need)
