@@ -25,6 +25,7 @@ Dimensions marked with ``torch._dynamo.mark_dynamic`` stay symbolic instead
 
 from __future__ import annotations
 
+import contextlib
 import sys
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -46,6 +47,7 @@ from . import (
     custom_ops,
     dtensors,
     dynamic_dims,
+    grad_modes,
     graph_attrs,
     pytree_io,
     sharing,
@@ -191,8 +193,11 @@ def trace_call(fn: Callable, args: tuple, kwargs: dict, *, target: str, tracer: 
         else:
             leaves = [t.detach().requires_grad_(True) if g else t for t, g in zip(flat[:n_params], wants_grad)]
         call_args, call_kwargs = rebuild_args(flat[n_params:])
+        watched = (contextlib.nullcontext() if torch.compiler.is_dynamo_compiling()
+                   else grad_modes.watch_body(out_box))  # the body's own no_grad (grad_modes.py)
         with _reparametrize(modules, names, dtensors.wrap(leaves, lifted)), aliases.repointed(held, [*leaves, *flat[n_params:]]):
-            result = fn(*call_args, **call_kwargs)
+            with watched:
+                result = fn(*call_args, **call_kwargs)
             reassigned = graph_attrs.reassigned_buffers(modules, names, leaves, target)
         out_box["reassigned"] = [i for i, _ in reassigned]
         if not torch.compiler.is_dynamo_compiling():
@@ -270,7 +275,7 @@ def trace_call(fn: Callable, args: tuple, kwargs: dict, *, target: str, tracer: 
         "dtensors": [d.record() for d in lifted],  # mesh and placements per sharded parameter
         "constants": graph_attrs.constant_specs(constants),  # trace-made: passed after the inputs
         "reassigned_buffers": out_box["reassigned"],  # outputs after the gradients
-        "ambient": _ambient_state(_device_of(params + user_tensors), gm),
+        "ambient": _ambient_state(_device_of(params + user_tensors), gm, out_box),
         "assumed": assumed_state.metadata(reads, hooks, globals_before, fn, args, kwargs),
     }
     return TracedCall(graph_module=gm, example_inputs=example + constants, metadata=metadata, symbolic=symbolic,
@@ -338,12 +343,14 @@ def _mutated_inputs(gm) -> list[int]:
     return sorted(written)
 
 
-def _ambient_state(device: str, gm) -> Ambient:
+def _ambient_state(device: str, gm, body: dict) -> Ambient:
     """The caller's state at capture that changes what eager computes and is built
     into the graph: autocast of the capture's device type (its dtype, absent when
     off), and the default dtype where the graph creates a tensor without a dtype
     (``torch.zeros(n)``: eager follows ``torch.set_default_dtype``, as Dynamo's
-    global-state guard does). The driver compares them on every call."""
+    global-state guard does), grad mode and deterministic algorithms (``body``: what
+    :func:`grad_modes.watch_body` saw the function's body do; grad_modes.py). The driver
+    compares them on every call."""
     import torch
 
     autocast = {}
@@ -352,6 +359,11 @@ def _ambient_state(device: str, gm) -> Ambient:
     out: Ambient = {"autocast": autocast}
     if _uses_default_dtype(gm):
         out["default_dtype"] = str(torch.get_default_dtype())
+    grad_off, deterministic = grad_modes.modes(body)
+    if grad_off:
+        out["grad_off"] = True
+    if deterministic:
+        out["deterministic"] = True
     return out
 
 

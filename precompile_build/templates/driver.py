@@ -17,6 +17,7 @@ if TYPE_CHECKING:
         _GRAPH_SELF,
         _HANDLES,
         _MESH_GROUPS,
+        _MODES_CHECKED,
         _MODULE_POS,
         _N_POS,
         _NO_PARAMS,
@@ -29,6 +30,7 @@ if TYPE_CHECKING:
         _assumed_same,
         _check_dist,
         _check_globals,
+        _check_modes,
         _check_no_aliases,
         _check_world,
         _CudaGraphs,
@@ -510,6 +512,8 @@ class CompiledArtifact:
                 _check_inputs(tensors, lambda: _tensor_paths(args, kwargs))
         else:
             _check_inputs(tensors, lambda: _tensor_paths(args, kwargs))
+        if _MODES_CHECKED:  # the caller's grad mode, deterministic algorithms (grad_modes.py)
+            _check_modes(params, tensors)
         flat = params + tensors  # no autograd below: run under no_grad
         cuda = next((t.device for t in flat if t.is_cuda), None) if _ON_CUDA else None
         if _CONST_SPECS:  # the trace-made tensor constants, after the inputs

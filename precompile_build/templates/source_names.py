@@ -97,6 +97,13 @@ def _use_mesh(params: Any) -> None: ...
 _RUNS_BACKWARD: bool
 _DYN: Any
 
+# grad_modes.py
+_MODES_CHECKED: bool
+
+
+def _check_modes(params: list[Any], tensors: list[Any]) -> None: ...
+
+
 # assumed_state.py
 _GLOBALS: list[Any]
 _HANDLES: Any

@@ -183,6 +183,12 @@ class Ambient(_AmbientRequired, total=False):
 
     default_dtype: str
     """``str(torch.get_default_dtype())``, where the graph creates a tensor without a dtype."""
+    grad_off: bool
+    """True where the trace ran under the caller's no_grad/inference_mode and the body did
+    not turn grad off itself (capturing/grad_modes.py): a grad-enabled call with an input
+    or parameter that requires grad is refused."""
+    deterministic: bool
+    """True where ``torch.use_deterministic_algorithms(True)`` was on at capture."""
 
 
 class AssumedState(TypedDict):
