@@ -380,7 +380,7 @@ def _from_wheel(w: dict | None) -> dict:
         return w or {}
     v = w.get("variant") or {}
     pm = v.get("peak_memory") or {}
-    # `autotune` is part of compile and first_run (capturing/stats.py), not a step of its own
+    # `autotune` is part of compile and first_run (process/stats.py), not a step of its own
     steps = {k: x for k, x in (v.get("capture_breakdown") or {}).items() if k not in ("setup", "autotune")}
     out = {"capture_s": round(sum(steps.values()), 2) if steps else v.get("capture_seconds"),
            "gpu_bytes": pm.get("gpu_bytes"),

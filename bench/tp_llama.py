@@ -209,7 +209,7 @@ def role_compile(args) -> None:
     """torch.compile cold of the same shard, rank 0 alone under the fake backend."""
     import torch
 
-    from precompile_build.capturing.world import use_fake_backend
+    from precompile_build.process.world import use_fake_backend
 
     t0 = time.perf_counter()
     use_fake_backend()

@@ -7,10 +7,10 @@ Importing this package does not import torch (the build backend imports it).
 
 from __future__ import annotations
 
-from .capturing.api import Capture, capture
+from ._version import __version__
+from .api import Capture, capture
 from .errors import BuildError, CaptureError, ConfigError, PrecompileBuildError, PythonStateWarning
 
-__version__ = "0.1.0"
 __all__ = [
     "BuildError", "Capture", "CaptureError", "ConfigError", "PrecompileBuildError",
     "PythonStateWarning", "__version__", "capture",

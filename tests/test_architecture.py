@@ -1,5 +1,6 @@
-"""The layout: every module is on docs/architecture.md's map, and no modules import
-each other in a circle, counting the imports inside functions."""
+"""The layout: every module is on docs/architecture.md's map, each imports only its own
+stage or the stages before it in the map's stage order, and no modules import each other
+in a circle, counting the imports inside functions."""
 
 from __future__ import annotations
 
@@ -84,6 +85,72 @@ def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
         if v not in index:
             visit(v)
     return found
+
+
+def stage_order() -> list[list[str]]:
+    """docs/architecture.md's stage order: the lines of the code block under "## The
+    stage order", each a stage of one or more names (``config/``, ``api.py``,
+    ``precompile_runtime``)."""
+    text = (ROOT / "docs" / "architecture.md").read_text(encoding="utf-8")
+    block = re.search(r"^## The stage order\n.*?^```\n(.*?)^```", text, re.S | re.M)
+    assert block, "docs/architecture.md needs a '## The stage order' section with a code block"
+    return [line.split() for line in block.group(1).splitlines() if line.strip()]
+
+
+def _stage_name(module: str) -> str:
+    """The name a module's stage goes by in the stage order: ``precompile_runtime`` for
+    the runtime, ``NAME/`` for a subpackage's modules, ``NAME.py`` for a top-level module
+    (``__init__.py`` for the package itself)."""
+    parts = module.split(".")
+    if parts[0] != "precompile_build":
+        return parts[0]
+    if len(parts) == 1:
+        return "__init__.py"
+    path = PACKAGES["precompile_build"] / parts[1]
+    return f"{parts[1]}/" if path.is_dir() else f"{parts[1]}.py"
+
+
+def _back_edges(graph: dict[str, set[str]], order: list[list[str]]) -> list[str]:
+    """``"a -> b"`` for every import of a module of a later stage (``b``) by ``a``, and
+    ``"a: in no stage"`` for a module whose stage the order does not name."""
+    rank = {name: i for i, names in enumerate(order) for name in names}
+    found = [f"{m}: in no stage" for m in sorted(graph) if _stage_name(m) not in rank]
+    for a in sorted(graph):
+        for b in sorted(graph[a]):
+            ra, rb = rank.get(_stage_name(a)), rank.get(_stage_name(b))
+            if ra is not None and rb is not None and rb > ra:
+                found.append(f"{a} -> {b}")
+    return found
+
+
+def test_each_module_imports_only_its_stage_and_the_stages_before_it():
+    """Package level, imports inside functions counted: a module imports its own stage's
+    modules or those of stages before it in docs/architecture.md's order."""
+    assert _back_edges(import_graph(), stage_order()) == [], (
+        "an import against docs/architecture.md's stage order (or a module in no stage)")
+
+
+def test_the_stage_check_sees_an_import_of_a_later_stage():
+    order = [["precompile_runtime"], ["config/"], ["capturing/"], ["api.py"], ["cli.py", "__init__.py"]]
+    graph = {"precompile_build.config.settings": {"precompile_build.capturing.tracers"},
+             "precompile_build.capturing.tracers": {"precompile_build.config.choices"},
+             "precompile_build.config.choices": {"precompile_runtime.pair_format"},
+             "precompile_runtime.pair_format": {"precompile_build"},
+             "precompile_build": {"precompile_build.cli", "precompile_build.api"},
+             "precompile_build.cli": {"precompile_build"},
+             "precompile_build.api": set()}
+    assert _back_edges(graph, order) == [
+        "precompile_build.config.settings -> precompile_build.capturing.tracers",
+        "precompile_runtime.pair_format -> precompile_build"]
+    assert _back_edges({"precompile_build.nowhere": set()}, order) == [
+        "precompile_build.nowhere: in no stage"]
+
+
+def test_every_stage_in_the_order_exists():
+    names = [name for stage in stage_order() for name in stage]
+    assert len(names) == len(set(names)), "a name twice in the stage order"
+    present = {_stage_name(m) for m in _modules()}
+    assert sorted(set(names) - present) == [], "the stage order names what does not exist"
 
 
 def test_no_modules_import_each_other_in_a_circle():

@@ -63,9 +63,9 @@ def test_the_build_sets_the_variables_the_table_says_it_sets(tmp_path, monkeypat
 
 
 def test_the_imports_record_spells_the_tables_names():
-    """capturing/imported.py runs alone in the build's check (no package to import the
+    """process/imported.py runs alone in the build's check (no package to import the
     table from), so it spells its variables; they are the table's."""
-    from precompile_build.capturing import imported
+    from precompile_build.process import imported
 
     assert (imported.RECORD_ENV, imported.ROOT_ENV, imported.PACKAGE_ENV) == (
         capture_env.IMPORTS_PATH, capture_env.PROJECT_ROOT, capture_env.PACKAGE_DIR)

@@ -1,5 +1,5 @@
 """Peak memory per target (issue 24): the capture script's peak RSS (``wait4``) and,
-for CUDA captures, the GPU peaks the capture records (capturing/stats.py), in the build
+for CUDA captures, the GPU peaks the capture records (process/stats.py), in the build
 line, the summary table, the manifest and ``inspect``."""
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ from typeguard import check_type
 
 from precompile_build.builder import runner
 from precompile_build.builder.progress import human_size
-from precompile_build.capturing import stats as capture_stats
 from precompile_build.config.settings import load_settings
+from precompile_build.process import stats as capture_stats
 from precompile_build.wheels.inspect_cmd import format_report, inspect_report
 from precompile_build.wheels.manifest import assemble
 from precompile_runtime.manifest import Manifest
@@ -31,12 +31,12 @@ def _gpu_project(tmp_path):
     root = make_project(tmp_path, target_toml("fwd", script="capture/gpu.py", extra='device = "cuda"'))
     script.write_text(
         "import runpy, sys, time\n"
-        "from precompile_build.capturing import stats as capture_stats\n"
+        "from precompile_build.process import stats as capture_stats\n"
         "time.sleep(0.3)\n"  # the script's own setup (imports, building a model)
         "capture_stats.capture_began()\n"  # as a capture does when it begins
         # a process the script starts (a rank, a worker) captures 2 s later: not the setup
         "import subprocess\n"
-        "subprocess.run([sys.executable, '-c', 'import time; time.sleep(2); from precompile_build.capturing "
+        "subprocess.run([sys.executable, '-c', 'import time; time.sleep(2); from precompile_build.process "
         "import stats as capture_stats; capture_stats.capture_began()'], check=True)\n"
         f"capture_stats.record(gpu_bytes={5 * GIB}, eager_gpu_bytes={4 * GIB}, trace_s=1.25, validate_s=2.5)\n"
         "held = bytearray(64 << 20)\n"
@@ -129,7 +129,7 @@ def test_processes_recording_at_once_keep_each_others_numbers(tmp_path, monkeypa
 
     stats = tmp_path / "stats.json"
     monkeypatch.setenv(capture_stats.STATS_ENV, str(stats))
-    code = ("import sys\nfrom precompile_build.capturing import stats as capture_stats\n"
+    code = ("import sys\nfrom precompile_build.process import stats as capture_stats\n"
             "for i in range(40):\n    capture_stats.record(**{f'r{sys.argv[1]}_{i}_s': float(i)})\n")
     procs = [subprocess.Popen([sys.executable, "-c", code, str(r)]) for r in range(4)]
     assert [p.wait(timeout=120) for p in procs] == [0] * 4

@@ -265,7 +265,8 @@ def test_manifest_and_inspect_of_a_multi_arch_variant(tmp_path, monkeypatch):
 
 
 def test_single_arch_cuda_variant_records_its_gpu(tmp_path):
-    from precompile_build.wheels import arch_report, manifest
+    from precompile_build.builder import arch_report
+    from precompile_build.wheels import manifest
 
     files = manifest.assemble("pkg", [_result(tmp_path, "f", _fp("8.0"), {})])
     v = json.loads(files["manifest.json"])["targets"]["f"]["variants"][0]

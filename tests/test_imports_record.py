@@ -1,4 +1,4 @@
-"""The capture cache's imports record (precompile_build/capturing/imported.py) in one
+"""The capture cache's imports record (precompile_build/process/imported.py) in one
 process: what it takes as the project's own, and the import context it is compared in.
 The builds that use it are in test_build_cache.py and test_build_rebuild.py."""
 
@@ -9,7 +9,7 @@ import sys
 import types
 from pathlib import Path
 
-from precompile_build.capturing import imported
+from precompile_build.process import imported
 
 
 def _dist(site: Path, name: str, version: str, top: str, egg: bool = False) -> None:

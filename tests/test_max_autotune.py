@@ -184,7 +184,7 @@ def test_the_mode_reaches_inductor_and_the_breakdown(tmp_path, monkeypatch):
     max_autotune during the compile, and the seconds of its autotuning (one timed
     selection here) are recorded for the build's breakdown."""
     import precompile_build
-    from precompile_build.capturing import stats as capture_stats
+    from precompile_build.process import stats as capture_stats
 
     seen = []
     real = torch._inductor.standalone_compile

@@ -5,7 +5,7 @@ sha256 of :func:`key_components` (capture script bytes, the package's importable
 source, the target's config, the values of the environment variables it declares,
 the host fingerprint, the versions of precompile-build and precompile-runtime).
 What the capture imported is known only after it ran: the entry records it
-(:mod:`precompile_build.capturing.imported`: the distributions and versions, and the files of
+(:mod:`precompile_build.process.imported`: the distributions and versions, and the files of
 other imported modules, in the capture process's import context) and :func:`fetch`
 reuses the entry only while they are installed as recorded, looked up in that context.
 A miss says what changed since the target's previous entry (:func:`what_changed`).
@@ -37,10 +37,10 @@ import filelock
 from precompile_runtime._digest import sha256_file  # one file hash for both sides
 from precompile_runtime.envelope import write_atomic
 
-from ..capturing import imported
 from ..config import capture_env
 from ..config.settings import Settings, TargetSettings, default_cache_dir
 from ..errors import BuildError, CaptureError
+from ..process import imported
 from .pairs import PairInfo, inspect_pair
 
 ENTRY_FORMAT = "precompile-build.capture-cache"
@@ -209,7 +209,7 @@ def key_components(settings: Settings, target: TargetSettings, device: str,
     import precompile_runtime
     from precompile_runtime.fingerprint import cpu_flags
 
-    from .. import __version__
+    from .._version import __version__
 
     return {
         "format": ENTRY_FORMAT, "version": ENTRY_VERSION,
@@ -234,7 +234,7 @@ def _tool_code_sha256() -> str:
     """sha256 over the source files of precompile_build and precompile_runtime."""
     import precompile_runtime
 
-    from .. import __file__ as build_init
+    from .._version import __file__ as build_init
 
     h = hashlib.sha256()
     for pkg in (Path(build_init).parent, Path(precompile_runtime.__file__).parent):
@@ -278,7 +278,7 @@ def fetch(root: Path, key: str, name: str, dest: Path,
     is removed again on a miss). ``changes``: what differs from the entry's imports
     record (the runner asks in the capture's import context:
     :func:`~precompile_build.builder.script.imports_changes`); default
-    :func:`~precompile_build.capturing.imported.changes` in this process.
+    :func:`~precompile_build.process.imported.changes` in this process.
     Returns ``(entry.json dict with "info": PairInfo, "")`` on a hit, else
     ``(None, why)``: ``"no entry"``, ``"imports changed: ..."`` (what the capture
     imported is installed in another version, or gone, or a project file it imported

@@ -161,7 +161,7 @@ def summary(rows: Sequence[tuple]) -> str:
     """The end-of-build table: one row ``(target, device, result, seconds, bytes,
     peak_memory)`` per target (``peak_memory``: :func:`.capture_stats.read`'s dict, host
     then GPU; may be left off); seconds/bytes/peaks None print as ``-``."""
-    from ..capturing.stats import short
+    from ..process.stats import short
 
     head = ("target", "device", "result", "seconds", "bytes", "peak host/GPU")
     cells = [head] + [(t, d, r, "-" if s is None else f"{s:.1f}", "-" if b is None else human_size(b),

@@ -5,7 +5,7 @@ environment, and what the kept pair must show.
 (script.py), each capturing and validating its shards against its eager call with
 real collectives; rank 0's pair is kept, and every other rank's must compute the same
 (:func:`rank_difference`: one pair serves every rank). ``fake``: rank 0 alone, its
-``init_process_group()`` made torch's fake process group (capturing/world.py):
+``init_process_group()`` made torch's fake process group (process/world.py):
 compile-only. ``auto``: real on the CPU (gloo) and where the build host has a GPU
 per rank, fake otherwise.
 """
@@ -20,9 +20,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Optional
 
-from ..capturing.world import MODE_ENV, WORLD_ENV
 from ..config.parallel import mesh_text
 from ..config.settings import TargetSettings
+from ..process.world import MODE_ENV, WORLD_ENV
 
 
 @dataclass(frozen=True)

@@ -23,11 +23,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional, Union, cast
 
-from ..capturing import stats as capture_stats
 from ..config.settings import Settings, TargetSettings
 from ..errors import CaptureError, ScriptFailed
-from ..wheels import arch_report
-from . import capture_cache, ranks
+from ..process import stats as capture_stats
+from . import arch_report, capture_cache, ranks
 from .pairs import PairInfo, read_source_metadata
 from .progress import Progress, human_size, summary
 from .script import (

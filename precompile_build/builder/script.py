@@ -19,12 +19,12 @@ import time
 from pathlib import Path
 from typing import IO, Optional
 
-from ..capturing import imported
-from ..capturing import stats as capture_stats
-from ..capturing.world import MODE_ENV, WORLD_ENV
 from ..config import capture_env
 from ..config.settings import Settings, TargetSettings
 from ..errors import CaptureError
+from ..process import imported
+from ..process import stats as capture_stats
+from ..process.world import MODE_ENV, WORLD_ENV
 from . import ranks
 from .pairs import PairInfo, inspect_pair
 from .ranks import WorldPlan
@@ -63,7 +63,7 @@ def result_file(log_path: Path) -> Path:
 
 def stats_file(log_path: Path) -> Path:
     """Where the script's captures record what they measured (``NAME.stats.json``
-    beside its log; capturing/stats.py)."""
+    beside its log; process/stats.py)."""
     return log_path.with_suffix(".stats.json")
 
 
@@ -143,7 +143,7 @@ def script_env(settings: Settings, target: TargetSettings, device: str,
                 capture_env.CACHE_PATH: str(cache), capture_env.DEVICE: device,
                 capture_env.FALLBACK: target.fallback,
                 capture_env.IMPORTS_PATH: str(imported.record_path(src))})
-    # what the imports record takes as the project's own (capturing/imported.py)
+    # what the imports record takes as the project's own (process/imported.py)
     env[capture_env.PROJECT_ROOT] = str(settings.root)
     env[capture_env.PACKAGE_DIR] = str(settings.package_dir)
     if target.tracer:
@@ -241,7 +241,7 @@ def run_script(settings: Settings, target: TargetSettings, device: str, gpu: Opt
     src, cache = out / f"{target.name}.py", out / f"{target.name}.cache"
     log_path = log_file(work, target)
     env = script_env(settings, target, device, src, cache, gpu)
-    stats = stats_file(log_path)  # GPU peaks, seconds per step (capturing/stats.py)
+    stats = stats_file(log_path)  # GPU peaks, seconds per step (process/stats.py)
     stats.unlink(missing_ok=True)
     env[capture_stats.STATS_ENV] = str(stats)
     env[capture_stats.STARTED_ENV] = repr(time.time())  # + the script's pid (_RUN_SCRIPT): capture_began
@@ -369,7 +369,7 @@ def wait_all(procs: list[subprocess.Popen], timeout: float, abort: threading.Eve
 # capture_env.SCRIPT_STARTED (the one variable it spells before the script runs). A
 # script that ends well and wrote no imports record (it did not capture through
 # precompile_build.capture) gets the whole environment's, made here in its own import
-# context (capturing/imported.py).
+# context (process/imported.py).
 _RUN_SCRIPT = """\
 import os, signal, sys
 parent, result, script = int(sys.argv[1]), sys.argv[2], os.path.abspath(sys.argv[3])
@@ -398,14 +398,14 @@ if "PRECOMPILE_SCRIPT_STARTED" in os.environ:  # capture_stats.capture_began: th
 sys.argv = sys.argv[3:]
 sys.path[0] = os.path.dirname(os.path.realpath(script))
 if os.environ.get("PRECOMPILE_WORLD") == "fake":  # rank 0 alone: init_process_group() makes a fake group
-    from precompile_build.capturing.world import use_fake_backend
+    from precompile_build.process.world import use_fake_backend
     use_fake_backend()
 import runpy
 
 
 def _record():
     try:
-        from precompile_build.capturing.imported import write_record
+        from precompile_build.process.imported import write_record
         write_record(environment=True)
     except Exception:  # the build keys the entry on its own view of the environment
         pass
@@ -424,10 +424,10 @@ _record()
 def imports_changes(settings: Settings, target: TargetSettings, device: str,
                     recorded: dict) -> list[str]:
     """What changed since a capture of ``target`` recorded ``recorded`` (its imports:
-    :mod:`~precompile_build.capturing.imported`), asked in a process started as the
+    :mod:`~precompile_build.process.imported`), asked in a process started as the
     capture would be now (this interpreter, :func:`script_env`, the project root as
     working directory, the script's folder first on ``sys.path``): the import context
-    the record was made in. Returns :func:`~precompile_build.capturing.imported.changes`'s
+    the record was made in. Returns :func:`~precompile_build.process.imported.changes`'s
     list; a process that fails or prints no answer counts as a change (its last line),
     so the target is captured again."""
     env = script_env(settings, target, device, Path(os.devnull), Path(os.devnull), None)

@@ -160,7 +160,7 @@ def canonical_groups(gm, target: str, meshes: Iterable[Any] = ()) -> Collectives
             mod.recompile()
     if not groups and not mesh_groups and mesh is None:
         return None
-    from .world import backend_name
+    from ..process.world import backend_name
 
     out: dict = {"world_size": dist.get_world_size(), "groups": groups, "backend": backend_name()}
     if mesh is not None:  # a sharded model: its shards are for this mesh, collectives or not

@@ -1,6 +1,6 @@
 """What the capture watches of Python's own random state: a function that draws from
 Python's ``random`` or numpy's global RNG while it is captured has that value frozen
-into the pair (capturing/api.py warns), and its eager call cannot be compared with the
+into the pair (api.py warns), and its eager call cannot be compared with the
 pair (engines/frozen.py skips that check)."""
 
 from __future__ import annotations

@@ -41,8 +41,7 @@ import traceback
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from ..config import capture_env
-from ..config.choices import TRACERS, Tracer
+from ..config.choices import TRACERS, Tracer, check_tracer  # noqa: F401 - check_tracer re-exported
 from ..errors import CaptureError, torch_warnings_shown, warn_at_caller
 from . import aten_export, dynamic_dims
 from .layouts import example_clone
@@ -62,19 +61,6 @@ class Traced:
     tracer: Tracer
     """The tracer that made the graph: ``"export"``, ``"export-strict"`` or
     ``"make_fx"`` (never ``"auto"``)."""
-
-
-def check_tracer(tracer: str | None) -> str:
-    """``tracer`` (or the ``PRECOMPILE_TRACER`` variable when None/empty), validated.
-
-    Raises:
-        ValueError: not one of :data:`TRACERS`.
-    """
-    value = tracer or os.environ.get(capture_env.TRACER, "").strip() or "auto"
-    if value not in TRACERS:
-        raise ValueError(f"tracer={value!r} is not one of {', '.join(map(repr, TRACERS))} "
-                         "(from the capture call, the target's `tracer` or PRECOMPILE_TRACER)")
-    return value
 
 
 @contextlib.contextmanager

@@ -49,12 +49,12 @@ class Variable:
 
 VARIABLES = (
     Variable(TARGET, "the target's name", "the build: the `[tool.precompile.targets.NAME]` table",
-             "capturing/api.py: `capture(target=)`'s default, for messages"),
+             "api.py: `capture(target=)`'s default, for messages"),
     Variable(ARTIFACT_PATH, "a file path: where the source half goes (`NAME.py`)",
              "the build: its temp dir's `pairs/NAME/`",
-             "capturing/api.py (`capture(artifact_path=)`'s default), engines/torch_engine.py"),
+             "api.py (`capture(artifact_path=)`'s default), engines/torch_engine.py"),
     Variable(CACHE_PATH, "a file path: where the cache half goes (`NAME.cache`)", "the build, beside it",
-             "capturing/api.py (`capture(cache_path=)`'s default), engines/torch_engine.py"),
+             "api.py (`capture(cache_path=)`'s default), engines/torch_engine.py"),
     Variable(DEVICE, "`cpu` or `cuda`: the device the target is built for (with `cpu`, "
              "`CUDA_VISIBLE_DEVICES` is empty)", "the build: the target's `devices`, one capture each",
              "the capture script itself (`os.environ.get(\"PRECOMPILE_DEVICE\", \"cpu\")`)"),
@@ -66,7 +66,7 @@ VARIABLES = (
              "(part of the capture cache's key)",
              "capturing/tracers.py, config/capture_options.py, builder/capture_cache.py"),
     Variable(FALLBACK, "`none` or `eager`: `capture(fallback=)`'s default",
-             "the build: the target's `fallback` key", "capturing/api.py"),
+             "the build: the target's `fallback` key", "api.py"),
     Variable(CUDA_GRAPHS, "`1`: the frozen CUDA kernels replay through CUDA graphs",
              "the build: the target's `cuda-graphs = true` (unset otherwise)",
              "config/capture_options.py (the `cuda_graphs` option)"),
@@ -81,16 +81,16 @@ VARIABLES = (
              "environment, the same name overrides the project's `mode` (docs/settings.md)",
              "config/capture_options.py"),
     Variable(IMPORTS_PATH, "a file path: where the capture writes what it imported (JSON)",
-             "the build, beside the pair", "capturing/imported.py: the capture cache's second key"),
+             "the build, beside the pair", "process/imported.py: the capture cache's second key"),
     Variable(PROJECT_ROOT, "a folder: the project root (the capture's files inside it are "
-             "recorded relative to it)", "the build", "capturing/imported.py"),
+             "recorded relative to it)", "the build", "process/imported.py"),
     Variable(PACKAGE_DIR, "a folder: the project's import package (its modules are keyed by "
-             "content, package_sha256, not recorded as imports)", "the build", "capturing/imported.py"),
+             "content, package_sha256, not recorded as imports)", "the build", "process/imported.py"),
     Variable(STATS_PATH, "a file path: where the capture writes its peak memory and seconds per "
-             "step (JSON lines)", "the build, beside the log", "capturing/stats.py"),
+             "step (JSON lines)", "the build, beside the log", "process/stats.py"),
     Variable(SCRIPT_STARTED, "`<time.time()> <pid>`: when the build started the script, and the "
              "script's process id (processes it starts inherit it and record no setup)",
-             "the build (the time) and the script's first line (the pid)", "capturing/stats.py"),
+             "the build (the time) and the script's first line (the pid)", "process/stats.py"),
     Variable(TEST_CROSS_NATIVE, "`1`: also compile the build GPU's own architecture through the "
              "cross-compile path and freeze those cubins (tests only)",
              "the tests, never the build", "engines/cross_arch.py"),

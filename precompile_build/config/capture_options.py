@@ -17,7 +17,17 @@ from typing import Any, Optional, cast
 
 from ..errors import CaptureError
 from . import capture_env
-from .choices import ENGINES, FALLBACKS, MODES, Engine, EngineChoice, Fallback, TracerChoice
+from .choices import (
+    ENGINES,
+    FALLBACKS,
+    MODES,
+    TRACERS,
+    Engine,
+    EngineChoice,
+    Fallback,
+    TracerChoice,
+    check_tracer,
+)
 from .choices import resolve as resolve_engine
 
 BACKENDS = ("inductor", "eager")
@@ -195,10 +205,6 @@ class CaptureOptions:
                 given and different.
             TypeError: ``options`` is not a mapping.
         """
-        from ..capturing.tracers import (
-            check_tracer,  # lazily: `import precompile_build` stays light
-        )
-
         check_choice(engine, backend, fallback)
         tracer = check_tracer(tracer)
         if options is not None and not isinstance(options, Mapping):
@@ -263,8 +269,6 @@ class CaptureOptions:
         if engine == "torch":
             options["backend"] = self.backend
         elif options.get("tracer"):  # for the torch engine torch's own tracer; here as tracer=
-            from ..capturing.tracers import TRACERS, check_tracer
-
             try:
                 options["tracer"] = check_tracer(options["tracer"])
             except ValueError:

@@ -6,9 +6,12 @@ capture_options.py) and the tracers read them without importing any engine modul
 
 from __future__ import annotations
 
-from typing import Literal, cast, get_args
+import os
+from typing import Literal, Optional, cast, get_args
 
 from precompile_runtime.pair_format import ENGINES, Device, Engine, Tracer  # noqa: F401 - the names, once
+
+from . import capture_env
 
 EngineChoice = Literal["auto", Engine]
 """``capture(engine=)``: an engine, or ``auto`` (:func:`resolve`)."""
@@ -24,6 +27,19 @@ MODES = ("default", "max-autotune")
 """Values of the targets' `mode` key and of ``options["mode"]``: ``"max-autotune"``
 compiles the frozen engine's kernels as torch.compile's
 ``mode="max-autotune-no-cudagraphs"`` does (engines/frozen.py ``mode_options``)."""
+
+
+def check_tracer(tracer: Optional[str]) -> str:
+    """``tracer`` (or the ``PRECOMPILE_TRACER`` variable when None/empty), validated.
+
+    Raises:
+        ValueError: not one of :data:`TRACERS`.
+    """
+    value = tracer or os.environ.get(capture_env.TRACER, "").strip() or "auto"
+    if value not in TRACERS:
+        raise ValueError(f"tracer={value!r} is not one of {', '.join(map(repr, TRACERS))} "
+                         "(from the capture call, the target's `tracer` or PRECOMPILE_TRACER)")
+    return value
 
 
 def torch_has_precompile() -> bool:

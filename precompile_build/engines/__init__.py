@@ -3,7 +3,7 @@
 Each engine module has ``capture_pair(fn, args, kwargs, *, target, device, options)
 -> (source_bytes, cache_bytes)``; one whose ``JUDGES_EAGER_CALL`` is true (frozen,
 eager) also takes ``real_call=``, the user's call run once for real, and judges the
-pair by its results. :func:`precompile_build.capture` (capturing/api.py) takes the
+pair by its results. :func:`precompile_build.capture` (api.py) takes the
 module from :func:`get` (``config/choices.py`` has already resolved ``engine="auto"``)
 and writes the two halves atomically. ``torch_engine.available()`` says whether this
 torch has ``torch.compiler.precompile``; the frozen and eager engines run on any torch

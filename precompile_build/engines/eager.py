@@ -15,7 +15,7 @@ from ..capturing import sharing
 from ..capturing.tracing import TracedCall, run_real_call, trace_call
 from . import codegen
 
-JUDGES_EAGER_CALL = True  # capturing/api.py hands capture_pair the real call (real_call=)
+JUDGES_EAGER_CALL = True  # api.py hands capture_pair the real call (real_call=)
 
 # how far the graph, run op by op, may be from the real call: the same ATen ops,
 # so rounding only (another decomposition of a composite op at most)
@@ -27,7 +27,7 @@ def capture_pair(fn, args, kwargs, *, target: str, device: str, options: dict, r
     """Capture one call of ``fn`` as an eager pair.
 
     Args:
-        real_call: runs the user's call for real, once (capturing/api.py); its results
+        real_call: runs the user's call for real, once (api.py); its results
             judge the traced graph, as in the frozen engine (``options["eager_check"]``:
             ``"refuse"`` default, ``"warn"``, ``"off"``).
         traced, real: the frozen engine's trace of this call and its real call's
@@ -50,7 +50,7 @@ def capture_pair(fn, args, kwargs, *, target: str, device: str, options: dict, r
     if real is not None:
         _judge_by_eager_call(traced, real, target, options)
     metadata = codegen.pair_metadata(traced.metadata, "eager", [])
-    if options.get("fallback_reason"):  # the frozen engine's compiler failed (capturing/api.py)
+    if options.get("fallback_reason"):  # the frozen engine's compiler failed (api.py)
         metadata["fallback"] = {"from": "frozen", "reason": options["fallback_reason"]}
     source = codegen.render(metadata, codegen.graph_source(traced.graph_module), None).encode()
     env = Envelope(

@@ -31,10 +31,10 @@ from precompile_runtime.envelope import Envelope, dumps
 from precompile_runtime.pair_format import Kernel
 
 from ..capturing import dynamic_dims, sharing, unbacked
-from ..capturing.stats import record_tuning, timed
 from ..capturing.tracing import TracedCall, run_real_call, trace_call
-from ..capturing.world import fake_reason
 from ..errors import CaptureError, CompilerFailed, torch_warnings_shown
+from ..process.stats import record_tuning, timed
+from ..process.world import fake_reason
 from ..validation.validate import validate
 from . import autotune, codegen, cross_arch, extern_calls
 
@@ -73,7 +73,7 @@ def capture_pair(fn, args, kwargs, *, target: str, device: str, options: dict,
             frozen wrapper's results differ from the captured graph's (judged against
             an fp64 reference, see numerics.py) or from the eager call's beyond rounding.
     """
-    from ..capturing.stats import cuda_peaks
+    from ..process.stats import cuda_peaks
 
     with cuda_peaks(device):  # the GPU peaks, per step too, for the build's report
         return _capture(fn, args, kwargs, target, device, options, real_call)
@@ -105,7 +105,7 @@ def _capture(fn, args, kwargs, target: str, device: str, options: dict, real_cal
     try:
         source, blobs, fingerprint = _compile(traced, target, options, real)
     except CompilerFailed as e:
-        # `fallback = "eager"` (capturing/api.py) serves this trace with the eager engine,
+        # `fallback = "eager"` (api.py) serves this trace with the eager engine,
         # judged by this real call: the call has run and must not run again
         raise e.with_call(traced, real).with_traceback(e.__traceback__) from e.__cause__
     code_hash = hashlib.sha256(source).hexdigest()

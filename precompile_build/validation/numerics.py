@@ -322,13 +322,13 @@ def eager_check_skipped(gm, real: dict) -> Optional[str]:
     """Why the eager-call check cannot compare (the graph ``gm`` draws random numbers,
     or the call drew from Python's RNG: ``real["python_rng"]`` of
     :func:`precompile_build.capturing.tracing.run_real_call`, or the capture runs
-    one rank under the fake process group: capturing.world.fake_reason), or None:
+    one rank under the fake process group: process.world.fake_reason), or None:
     it can."""
     if has_random_ops(gm):
         return "the function draws random numbers"
     if real.get("python_rng"):  # the capture warns that the value is frozen (PythonStateWarning)
         return "the function draws from Python's random state"
-    from ..capturing.world import fake_reason
+    from ..process.world import fake_reason
 
     return fake_reason()  # collectives of the fake process group return no data
 

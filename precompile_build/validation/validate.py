@@ -13,9 +13,9 @@ from __future__ import annotations
 import os
 
 from ..capturing import dynamic_dims, sharing
-from ..capturing.stats import timed
 from ..capturing.tracing import TracedCall
 from ..errors import CaptureError, warn_at_caller
+from ..process.stats import timed
 from . import ties
 
 

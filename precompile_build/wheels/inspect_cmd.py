@@ -10,8 +10,8 @@ from typing import Any, Callable, Optional
 from precompile_runtime import fingerprint as fpmod
 from precompile_runtime import manifest as manifest_format
 
+from ..builder import arch_report
 from ..errors import BuildError
-from . import arch_report
 from .rewrite import PRECOMPILED, read_wheel
 
 
@@ -129,7 +129,7 @@ def format_report(report: dict[str, Any]) -> str:
                              "the trace assumed")
             if v.get("capture_seconds") is not None or v.get("peak_memory"):
                 from ..builder.progress import human_size
-                from ..capturing.stats import describe, describe_breakdown
+                from ..process.stats import describe, describe_breakdown
 
                 took = (f"{v['capture_seconds']:g} s" if v.get("capture_seconds") is not None else "")
                 steps = describe_breakdown(v.get("capture_breakdown"))

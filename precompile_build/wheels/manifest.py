@@ -16,8 +16,8 @@ from precompile_runtime import manifest as manifest_format
 from precompile_runtime.fingerprint import variant_id
 from precompile_runtime.pair_format import Device, Engine, Fallback
 
+from ..builder import arch_report
 from ..builder.runner import CaptureResult
-from . import arch_report
 from .bytecode import shipped_bytecode
 
 MANIFEST_NAME = "manifest.json"
@@ -92,7 +92,7 @@ def assemble(package: str, results: Sequence[CaptureResult]) -> dict[str, bytes]
             variant["capture_device"] = r.device_index
             seconds = r.capture_seconds if r.capture_seconds is not None else r.seconds
             variant["capture_seconds"] = round(seconds, 1)
-            if r.peak_memory:  # what the capture held at most (capturing/stats.py), in bytes
+            if r.peak_memory:  # what the capture held at most (process/stats.py), in bytes
                 variant["peak_memory"] = dict(r.peak_memory)
             if r.capture_breakdown:  # its seconds per step
                 variant["capture_breakdown"] = dict(r.capture_breakdown)

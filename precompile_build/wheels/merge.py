@@ -14,8 +14,8 @@ from packaging.utils import canonicalize_name
 
 from precompile_runtime import manifest as manifest_format
 
+from ..builder import arch_report
 from ..errors import BuildError
-from . import arch_report
 from .rewrite import (
     PRECOMPILED,
     Entries,

@@ -15,13 +15,13 @@ from typing import Any, Callable, Literal
 
 from precompile_runtime.envelope import write_atomic
 
-from .. import engines
-from ..config import capture_env
-from ..config.capture_options import FROZEN_OPTIONS, OPTIONS, CaptureOptions, check_choice  # noqa: F401 - re-exported
-from ..errors import CaptureError, CompilerFailed, PythonStateWarning, warn_at_caller
-from . import python_state
-from . import stats as capture_stats
-from .rng_state import python_rng_states
+from . import engines
+from .capturing import python_state
+from .capturing.rng_state import python_rng_states
+from .config import capture_env
+from .config.capture_options import FROZEN_OPTIONS, OPTIONS, CaptureOptions, check_choice  # noqa: F401 - re-exported
+from .errors import CaptureError, CompilerFailed, PythonStateWarning, warn_at_caller
+from .process import stats as capture_stats
 
 
 class Capture:
@@ -119,7 +119,7 @@ class Capture:
                 "exactly as you would call the function", target=self.target
             )
         write_pair(self.artifact_path, self._pair[0], self.cache_path, self._pair[1])
-        from .imported import write_record  # the capture cache's record of what fn imported
+        from .process.imported import write_record  # the capture cache's record of what fn imported
 
         write_record()
         return False
