@@ -50,11 +50,12 @@ def test_exact_match_loads_kernels(pkg, tmp_path):
         fn = load_packaged("fwd", package=pkg.name)
     assert fn() == ("kernels", BLOB)
     code_hash = pkg.manifest()["targets"]["fwd"]["variants"][0]["code_hash"]
-    assert (tmp_path / "kcache" / code_hash / "sub" / "k.bin").read_bytes() == BLOB
     assert load_packaged("fwd", package=pkg.name) is fn
     assert pkg.execs() == 1
-    # nothing left behind but the entry itself
-    assert sorted(os.listdir(tmp_path / "kcache")) == [code_hash]
+    # nothing left behind but this process's own folder (removed at exit) with the blobs
+    (run,) = os.listdir(tmp_path / "kcache")
+    assert run.startswith(".run-") and os.listdir(tmp_path / "kcache" / run) == [code_hash]
+    assert (tmp_path / "kcache" / run / code_hash / "sub" / "k.bin").read_bytes() == BLOB
 
 
 def test_second_variant_matching_is_chosen(tmp_path, monkeypatch):

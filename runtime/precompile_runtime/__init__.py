@@ -10,7 +10,7 @@ Public API:
   (also on, process-wide and in child processes, with ``PRECOMPILE_NO_COMPILE=1``).
 - the errors (all subclasses of :class:`PrecompileLoadError`) and
   the warnings :class:`HostMismatchWarning`, :class:`StaleArtifactWarning`,
-  :class:`CudaGraphWarning` and :class:`PtxJitWarning`.
+  :class:`CudaGraphWarning`, :class:`PtxJitWarning` and :class:`CacheSecurityWarning`.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from ._guard import guard_active, no_compilation
 from ._version import __version__
 from .errors import (
     CacheDirNotExecutableError,
+    CacheSecurityWarning,
     CallError,
     CudaGraphWarning,
     HostMismatchError,
@@ -39,6 +40,7 @@ from .loader import load_packaged
 
 __all__ = [
     "CacheDirNotExecutableError",
+    "CacheSecurityWarning",
     "CallError",
     "CudaGraphWarning",
     "HostMismatchError",

@@ -13,6 +13,10 @@ it, by a concurrent upgrade, is compiled from the verified bytes instead) and wa
 written after its pyc. As for the package's own modules, a pyc forged together with
 the file's mtime by someone who may write the package is not defended against.
 
+Under ``sys.pycache_prefix`` (``PYTHONPYCACHEPREFIX``) the pyc lies outside the package,
+maybe in a folder others share: it is used only when only this user or root could have
+written it (:mod:`._safe_path`), else the verified bytes are compiled.
+
 An installer that does not byte-compile (``uv pip install`` without
 ``--compile-bytecode``, ``pip install --no-compile``) leaves no such pyc, and the runtime
 never writes inside the installed package; for that case the build ships one beside
@@ -31,6 +35,8 @@ import os
 import sys
 import types
 from typing import Any
+
+from . import _safe_path
 
 
 def source_code(path: Any, source: bytes, filename: str) -> types.CodeType:
@@ -75,6 +81,8 @@ def _installed_bytecode(path: Any, source: bytes) -> types.CodeType | None:
         pyc = importlib.util.cache_from_source(file)
     except (ValueError, NotImplementedError):
         pyc = None
+    if pyc and sys.pycache_prefix and not _trusted(pyc):
+        pyc = None  # a shared PYTHONPYCACHEPREFIX: a pyc another user could have written
     code = _pip_bytecode(file, pyc, source) if pyc else None
     if code is None:
         shipped = shipped_path(file)
@@ -82,6 +90,14 @@ def _installed_bytecode(path: Any, source: bytes) -> types.CodeType | None:
         if data is not None and _flags(data) in (0b01, 0b11) and data[8:16] == importlib.util.source_hash(source):
             code = _code(data)
     return code
+
+
+def _trusted(pyc: str) -> bool:
+    """Whether only this user or root could have written ``pyc`` (docs/security.md)."""
+    try:
+        return _safe_path.problem(pyc) is None
+    except OSError:
+        return False
 
 
 def _read(pyc: str) -> bytes | None:

@@ -83,6 +83,14 @@ class ServingCompileError(PrecompileLoadError):
     or :func:`precompile_runtime.no_compilation`) was on."""
 
 
+class CacheSecurityWarning(UserWarning):
+    """The kernel cache directory (``PRECOMPILE_CACHE_DIR``), or an entry in it, could
+    be changed by another user (owned by another uid, writable by group or others, a
+    symlink, or below a folder such a user can write): it is not used, and the kernels
+    are written from the wheel's verified bytes into a private folder instead. The
+    message names the path and the fix (docs/security.md)."""
+
+
 class HostMismatchWarning(UserWarning):
     """Emitted once per target when no variant matches this host and a slower
     fallback is used instead."""
