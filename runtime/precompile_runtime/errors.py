@@ -53,7 +53,10 @@ class HostMismatchError(PrecompileLoadError):
 
 class PackageChangedError(IntegrityError):
     """The installed files changed while they were being loaded (a ``pip install``
-    of the package ran at the same time); nothing from them ran: retry the load."""
+    of the package ran at the same time); nothing from them ran: retry the load. Also:
+    the package's files changed since this process loaded a target from them (an
+    upgrade in place, another install imported): one process serves one version, so
+    restart it to serve the new one."""
 
 
 class CacheDirNotExecutableError(HostMismatchError):

@@ -36,7 +36,7 @@ import warnings
 from importlib import resources
 from typing import Any
 
-from . import _bytecode, _stale
+from . import _bytecode, _installed, _stale
 from . import arch_select as _arch_select
 from . import envelope as _envelope
 from . import fingerprint as _fingerprint
@@ -66,9 +66,10 @@ STRICT_ENV = "PRECOMPILE_STRICT"
 DATA_DIR = "_precompiled"
 _NO_FALLBACK = " Strict mode (strict=True or PRECOMPILE_STRICT=1): no fallback."
 
-# (package, name) -> _Loaded ; one lock per key so distinct targets load in parallel
-_loaded: dict[tuple[str, str], _Loaded] = {}
-_key_locks: dict[tuple[str, str], threading.Lock] = {}
+# (package, name, manifest sha256) -> _Loaded ; one lock per key so distinct targets load
+# in parallel; a package's manifest is one per process (_installed.py)
+_loaded: dict[tuple[str, ...], _Loaded] = {}
+_key_locks: dict[tuple[str, ...], threading.Lock] = {}
 _global_lock = threading.Lock()
 
 
@@ -125,7 +126,11 @@ def load_packaged(name: str, *, package: str | None = None, strict: bool | None 
             sha256), the cache does not belong to the source (code_hash), or the
             cache envelope is corrupt. Nothing from the pair ran.
         PackageChangedError: (an IntegrityError) the files changed while they were
-            read (a concurrent reinstall): retry.
+            read (a concurrent reinstall): retry; or the package's manifest differs from
+            the one this process first loaded from (an upgrade or reinstall in place,
+            another install imported): the callables loaded before keep serving the
+            old version, and no load serves the new one in this process (one process,
+            one version): restart it.
         HostMismatchError: strict mode and no variant matches this host;
             CacheDirNotExecutableError (one of them): strict mode and the kernel
             cache directory cannot map code (noexec).
@@ -160,7 +165,10 @@ def load_packaged(name: str, *, package: str | None = None, strict: bool | None 
     if strict is None:
         strict = env_flag(STRICT_ENV)
     install_if_env()
-    key = (package, name)
+    installed = _installed.current(_package_data(package) / "manifest.json")
+    if installed is not None:  # (else _load says why it cannot be read)
+        _installed.check(package, installed)
+    key = (package, name, installed[1] if installed is not None else "")
     done = _loaded.get(key)
     if done is None:
         with _global_lock:
@@ -168,7 +176,9 @@ def load_packaged(name: str, *, package: str | None = None, strict: bool | None 
         with lock:
             done = _loaded.get(key)
             if done is None:  # (a strict load that would fall back raises here)
-                done = _load(package, name, strict)
+                done = _load(package, name, strict, installed)
+                if installed is not None:  # the version this process serves from now on
+                    _installed.check(package, installed, record=True)
                 _loaded[key] = done
                 if done.mismatch_text is not None:
                     warnings.warn(
@@ -234,7 +244,7 @@ def _caller_package(frame: Any) -> str:
     return pkg.split(".")[0]
 
 
-def _load(package: str, name: str, strict: bool) -> _Loaded:
+def _load(package: str, name: str, strict: bool, installed: tuple[str, str] | None = None) -> _Loaded:
     ctx = f"package {package!r}, target {name!r}"
     data = _package_data(package)
     manifest_file = data / "manifest.json"
@@ -249,6 +259,14 @@ def _load(package: str, name: str, strict: bool) -> _Loaded:
             advice="rebuild the wheel with the precompile-build backend") from None
     except OSError as e:
         raise ManifestError(f"cannot read {DATA_DIR}/manifest.json ({e})", context=f"package {package!r}") from None
+    read = _installed.of_bytes(manifest_file, raw)
+    if installed is not None and read[1] != installed[1]:  # changed since load_packaged looked
+        raise PackageChangedError(
+            f"{ctx}: the installed files changed while they were being loaded (a pip install of the "
+            "package running at the same time?); nothing from them ran. Retry once the installation "
+            "has finished (in a new process if the package was upgraded). What was seen: "
+            f"{DATA_DIR}/manifest.json changed between two reads")
+    _installed.check(package, read)
     try:
         doc = _manifest.parse(raw, where=f"{DATA_DIR}/manifest.json", context=f"package {package!r}")
     except ManifestError as e:  # a manifest half-written by a reinstall?
