@@ -16,7 +16,7 @@ TEMPLATE_DIR = Path(source_names.__file__).parent
 # every file of the folder is copied into source halves, but its __init__ and the stand-ins
 TEMPLATES = sorted(p.name for p in TEMPLATE_DIR.glob("*.py") if p.name not in ("__init__.py", "source_names.py"))
 # the templates that read names of the other blocks (the others read none)
-WITH_STAND_INS = ["assumed_state.py", "call_args.py", "cuda_graphs.py", "distributed.py", "driver.py", "grad_modes.py",
+WITH_STAND_INS = ["assumed_state.py", "call_args.py", "cuda_graphs.py", "distributed.py", "driver.py", "grad_modes.py", "guards.py",
                   "kernel_loader.py", "op_libraries.py", "triton_launcher.py"]
 
 

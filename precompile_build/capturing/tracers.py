@@ -208,10 +208,61 @@ def _make_fx(flat_fn, example, n_params, marks, paths, target, fake: bool = Fals
                 fakes, symbolic = dynamic_dims.fake_inputs(example, n_params, marks, paths, target)
                 gm = make_fx(flat_fn, tracing_mode="symbolic")(*fakes)
             return Traced(gm, symbolic, "make_fx")
-        gm = make_fx(flat_fn, tracing_mode="real")(*[example_clone(t) for t in example])
+        with _values_refused(target):
+            gm = make_fx(flat_fn, tracing_mode="real")(*[example_clone(t) for t in example])
         if _data_dependent_ops(gm):
             _refuse_frozen_decisions(flat_fn, example, target)
     return Traced(gm, None, "make_fx")
+
+
+@contextlib.contextmanager
+def _values_refused(target: str):
+    """While make_fx traces real tensors: a tensor's values read into Python
+    (``x.numpy()``, ``np.asarray(x)``, ``x.tolist()``) raise CaptureError, since they
+    bypass the dispatcher and the graph would hold the example's values for every
+    input (torch.export turns them into symbols or fails; make_fx cannot see them)."""
+    import torch
+
+    def refusing(name):
+        def read(self, *args, **kwargs):
+            raise CaptureError(
+                f"the function reads a tensor's values into Python (x.{name}()"
+                + (f" at {where}" if (where := _user_frame()) else "") + "); make_fx would build "
+                "the example's values into the graph for every input. Keep the computation in "
+                "torch (x.abs().max() instead of abs(x.numpy()).max()), or make the function "
+                "traceable by torch.export (tracer='export' says why it is not)", target=target)
+
+        return read
+
+    names = ("numpy", "tolist")  # (methods of torch._C.TensorBase: shadowed on torch.Tensor)
+    saved = {name: torch.Tensor.__dict__.get(name) for name in names}
+    try:
+        for name in names:
+            setattr(torch.Tensor, name, refusing(name))
+        yield
+    finally:
+        for name, orig in saved.items():
+            if orig is None:
+                delattr(torch.Tensor, name)
+            else:
+                setattr(torch.Tensor, name, orig)
+
+
+def _user_frame() -> str:
+    """``file:line`` of the innermost frame outside torch and this package."""
+    import os
+    import sys
+
+    import torch
+
+    skip = (os.path.dirname(torch.__file__), os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+            os.path.dirname(contextlib.__file__))
+    frame: Any = sys._getframe(2)
+    while frame is not None:
+        if not frame.f_code.co_filename.startswith(skip):
+            return f"{frame.f_code.co_filename}:{frame.f_lineno}"
+        frame = frame.f_back
+    return ""
 
 
 def _data_dependent_ops(gm) -> list[str]:

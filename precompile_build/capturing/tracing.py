@@ -47,6 +47,7 @@ from . import (
     custom_ops,
     dtensors,
     dynamic_dims,
+    dynamo_guards,
     grad_modes,
     graph_attrs,
     pytree_io,
@@ -131,7 +132,8 @@ def _named_tensor(module, name: str):
     return module._parameters[leaf] if leaf in module._parameters else module._buffers[leaf]
 
 
-def trace_call(fn: Callable, args: tuple, kwargs: dict, *, target: str, tracer: str | None = None) -> TracedCall:
+def trace_call(fn: Callable, args: tuple, kwargs: dict, *, target: str, tracer: str | None = None,
+               guards: str = "dynamo") -> TracedCall:
     """Trace ``fn(*args, **kwargs)`` into a flat ATen graph.
 
     Args:
@@ -140,6 +142,9 @@ def trace_call(fn: Callable, args: tuple, kwargs: dict, *, target: str, tracer: 
         target: the target name, for messages.
         tracer: ``"auto"`` (default; also from ``PRECOMPILE_TRACER``), ``"export"``,
             ``"export-strict"`` or ``"make_fx"``: see tracers.py.
+        guards: ``"dynamo"`` (default): the Python state the call read is checked by the
+            guards TorchDynamo builds for it (dynamo_guards.py), and the capture refuses
+            what they cannot check; ``"recorded"``: only by assumed_state.py's recording.
     Returns:
         a :class:`TracedCall`. The real arguments (models included) are left
         untouched: the trace reads the caller's tensors (non-strict export traces
@@ -148,7 +153,9 @@ def trace_call(fn: Callable, args: tuple, kwargs: dict, *, target: str, tracer: 
         tensors otherwise.
     Raises:
         CaptureError: unsupported argument/result types, closed-over tensors or
-            script objects read by the graph (graph_attrs.py), or a failure inside the trace.
+            script objects read by the graph (graph_attrs.py), a failure inside the trace,
+            or (``guards="dynamo"``) a call Dynamo cannot trace in one graph or a guard no
+            check of a pair can run (dynamo_guards.py).
     """
     import torch
     from torch.utils import _pytree as pytree
@@ -225,6 +232,12 @@ def trace_call(fn: Callable, args: tuple, kwargs: dict, *, target: str, tracer: 
     if any(dynamic_dims.marked_dims(p) for p in params):
         warn_at_caller("a parameter/buffer is marked dynamic; parameters keep their captured sizes, "
                        "the mark is ignored", target=target)
+    checked, refused = None, None  # the guards Dynamo builds for the call, before the trace runs it
+    if guards == "dynamo" and not lifted and not dynamo_guards.in_process_group():
+        try:
+            checked = dynamo_guards.guard_checks(fn, args, kwargs, target=target)
+        except CaptureError as e:  # raised once the trace passed: a tracer's refusal says more
+            refused = e
     hooks = assumed_state.hooks_record(modules)  # what the call runs, before it runs
     globals_before = assumed_state.global_values(fn, args, kwargs)
     reads = assumed_state.Recorder(modules)  # the plain values the trace reads
@@ -237,6 +250,8 @@ def trace_call(fn: Callable, args: tuple, kwargs: dict, *, target: str, tracer: 
         if e.target is not None:
             raise
         raise e.for_target(target) from None
+    if refused is not None:
+        raise refused
     gm, symbolic = traced.graph_module, traced.symbolic
     if out_box.get("changed"):
         raise CaptureError(out_box["changed"], target=target)
@@ -278,6 +293,8 @@ def trace_call(fn: Callable, args: tuple, kwargs: dict, *, target: str, tracer: 
         "ambient": _ambient_state(_device_of(params + user_tensors), gm, out_box),
         "assumed": assumed_state.metadata(reads, hooks, globals_before, fn, args, kwargs),
     }
+    if checked is not None:  # less the values the function itself changed
+        metadata["guards"] = dynamo_guards.kept_after(checked, fn, args, kwargs)
     return TracedCall(graph_module=gm, example_inputs=example + constants, metadata=metadata, symbolic=symbolic,
                       sources=params + user_tensors,
                       outline=pytree_io.outline(out_box["spec"], [

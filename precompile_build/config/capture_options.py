@@ -33,11 +33,15 @@ from .choices import resolve as resolve_engine
 BACKENDS = ("inductor", "eager")
 EAGER_CHECKS = ("refuse", "warn", "off")
 """Values of ``options["eager_check"]``."""
+GUARDS = ("dynamo", "recorded")
+"""Values of ``options["guards"]``: ``"dynamo"`` (default) checks the Python state the
+call read through the guards TorchDynamo builds for it, and the capture refuses a call
+it cannot trace in one graph; ``"recorded"`` checks only what assumed_state.py records."""
 
-OPTIONS = ("cuda_archs", "cuda_graphs", "eager_check", "inductor", "mode", "tracer", "validation_multiple")
+OPTIONS = ("cuda_archs", "cuda_graphs", "eager_check", "guards", "inductor", "mode", "tracer", "validation_multiple")
 """The keys ``capture(options=...)`` accepts (see :func:`precompile_build.capture`)."""
 
-FROZEN_OPTIONS = ("cuda_graphs", "eager_check", "inductor", "validation_multiple", "cuda_archs", "mode")
+FROZEN_OPTIONS = ("cuda_graphs", "eager_check", "inductor", "validation_multiple", "cuda_archs", "mode", "guards")
 """The keys of :data:`OPTIONS` that only the frozen engine (and, for ``eager_check``,
 the eager engine) reads: with ``engine="auto"`` any of them picks the frozen engine;
 with the torch engine they are refused. (``tracer`` means torch's own tracer there.)"""
@@ -82,6 +86,10 @@ def option_problem(options: Mapping[str, Any], key: str) -> Optional[str]:
                 or not math.isfinite(value)):  # inf would accept any error: no check at all
             return (f"options['validation_multiple'] = {value!r}: use a positive number (the "
                     "multiple of eager's error allowed, e.g. 10; not inf, which would allow any error)")
+    elif key == "guards":
+        if value not in GUARDS:
+            return (f"options['guards'] = {value!r}: use 'dynamo' (default: every value the call read "
+                    "is checked) or 'recorded' (only what the recorder sees; docs/assumed_state.md)")
     elif key == "eager_check":
         if value not in EAGER_CHECKS:
             return f"options['eager_check'] = {value!r}: use 'refuse' (default), 'warn' or 'off'"
@@ -150,7 +158,7 @@ def _check_options(options: Mapping[str, Any], target: str) -> None:
             hint = f"did you mean {close[0]!r}? " if close else ""
             raise ValueError(f"precompile_build.capture: target {target!r}: unknown key {key!r} in "
                              f"options; {hint}accepted keys: {', '.join(OPTIONS)}")
-    for key in ("validation_multiple", "eager_check", "mode"):
+    for key in ("validation_multiple", "eager_check", "mode", "guards"):
         problem = option_problem(options, key)
         if problem:
             raise ValueError(f"precompile_build.capture: target {target!r}: {problem}")

@@ -136,12 +136,15 @@ def render(metadata: PairMetadata, graph_code: str, wrapper_code: str | None) ->
     parts.append(_template("module_settings.py"))  # the driver checks models with it
     parts.append(_template("pytree_types.py"))  # and registers transformers' caches with it
     parts.append(_template("state_values.py"))  # the recorded Python state's encoding
+    parts.append(_template("guard_values.py"))  # the guards' values, and their generated checks
+    parts.append(guards_code(metadata.get("guards")))
     parts.append(_template("call_args.py"))  # its arguments and results, through pytree
     parts.append(_template("op_libraries.py"))  # imports the libraries of the custom ops it calls
     parts.append(_template("distributed.py"))  # the world, its groups, DTensor shards
     parts.append(_template("driver.py"))
     parts.append(_template("grad_modes.py"))  # the caller's grad mode and deterministic algorithms
     parts.append(_template("assumed_state.py"))  # what the trace assumed, checked per call
+    parts.append(_template("guards.py"))  # the guards Dynamo built, checked per call
     graphs = wrapper_code is not None and metadata.get("device") == "cuda"
     if graphs:
         parts.append(_template("cuda_graphs.py"))  # CUDA graphs of the frozen kernels
@@ -151,6 +154,38 @@ def render(metadata: PairMetadata, graph_code: str, wrapper_code: str | None) ->
         parts.append("# ---- not in this pair: what the driver would call on the paths it does not take\n"
                      + "".join(f"{n} = None\n" for n in absent))
     return "\n\n".join(p.rstrip("\n") + "\n" for p in _without_repeated_imports(parts))
+
+
+def guards_code(guards: dict | None) -> str:
+    """The generated checks of the guards Dynamo built (capturing/dynamo_guards.py):
+    ``_guards_full(_R, <the function's parameters>)`` runs every check,
+    ``_guards_call`` the per-call ones; each returns the index of the first check that
+    fails (in ``guards["checks"]``), or -1. ``_guard_bind`` binds a call's arguments to
+    the parameters' names (for the message of a failed check). A check that starts
+    from a module this process cannot import holds (templates/guard_values.py)."""
+    from ..templates.guard_values import guard_condition
+
+    params = (guards or {}).get("params")
+    params = params if params is not None else "*args, **kwargs"
+    checks = (guards or {}).get("checks") or []
+    head = "# ---- the guards' checks, generated from PRECOMPILE_METADATA[\"guards\"] --------\n"
+    out = [head + "_NODEFAULT = object()  # a default that is no literal: not bound by name\n"]
+    for name, every in (("_guards_full", True), ("_guards_call", False)):
+        lines = [f"def {name}(_R, {params}):" if params else f"def {name}(_R):"]
+        for i, (_label, kind, expr, expected, per_call, _where) in enumerate(checks):
+            if not (every or per_call):
+                continue
+            cond = guard_condition(kind, expr, expected)
+            roots = sorted(set(re.findall(r"_R\[\d+\]", expr)))
+            if roots:
+                cond = " or ".join(f"{r} is _G_ABSENT" for r in roots) + f" or ({cond})"
+            lines += ["    try:", f"        if not ({cond}):", f"            return {i}",
+                      "    except Exception:", f"        return {i}"]
+        lines.append("    return -1")
+        out.append("\n".join(lines) + "\n")
+    out.append(f"def _guard_bind({params}):\n    return dict(locals())\n" if params
+               else "def _guard_bind():\n    return {}\n")
+    return "\n\n".join(out)
 
 
 def _without_repeated_imports(parts: list[str]) -> list[str]:

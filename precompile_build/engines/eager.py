@@ -43,7 +43,8 @@ def capture_pair(fn, args, kwargs, *, target: str, device: str, options: dict, r
     from precompile_runtime.fingerprint import host_fingerprint
 
     if traced is None:
-        traced = trace_call(fn, args, kwargs, target=target, tracer=options.get("tracer"))
+        traced = trace_call(fn, args, kwargs, target=target, tracer=options.get("tracer"),
+                            guards=options.get("guards", "dynamo"))
     traced.finish_dynamic(target)
     if real is None and real_call is not None:
         real = run_real_call(traced, real_call)

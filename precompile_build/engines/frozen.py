@@ -85,7 +85,8 @@ def _capture(fn, args, kwargs, target: str, device: str, options: dict, real_cal
 
         start_compile_workers()  # Inductor's compile workers start while the call is traced
     with timed("trace"):
-        traced = trace_call(fn, args, kwargs, target=target, tracer=options.get("tracer"))
+        traced = trace_call(fn, args, kwargs, target=target, tracer=options.get("tracer"),
+                            guards=options.get("guards", "dynamo"))
     device = traced.metadata["device"]
     if options.get("cuda_graphs") and (device != "cuda" or traced.metadata["grad_param_indices"]):
         raise CaptureError(

@@ -13,6 +13,7 @@ if TYPE_CHECKING:
     from .source_names import (
         _DIST,
         _DTENSORS,
+        _G_CHECKS,
         _GLOBALS,
         _GRAPH_SELF,
         _HANDLES,
@@ -30,6 +31,7 @@ if TYPE_CHECKING:
         _assumed_same,
         _check_dist,
         _check_globals,
+        _check_guards,
         _check_modes,
         _check_no_aliases,
         _check_world,
@@ -501,7 +503,14 @@ class CompiledArtifact:
                 if not isinstance(m, torch.nn.Module):
                     _flatten_call(args, kwargs)  # raises, naming the argument
             fast = True
-        params = _cached_params(modules)
+        try:
+            params = _cached_params(modules)
+        except CallError:
+            if _G_CHECKS:  # a submodule of another class: a guard says so (was GELU, now ReLU)
+                _check_guards(args, kwargs, modules, full=True, kinds=("type", "class"))
+            raise
+        if _G_CHECKS:  # the guards Dynamo built at capture (guards.py)
+            _check_guards(args, kwargs, modules)
         if _MESH_GROUPS:
             _use_mesh(params)
         if fast:
@@ -534,6 +543,11 @@ class CompiledArtifact:
             else:
                 with torch.cuda.device(cuda):
                     outs = self._run(flat) if self._graphs is None else self._graphs(flat, cuda)
+        except (AssertionError, RuntimeError):  # a kernel's size/stride/dtype assertion: a
+            if modules:  # parameter changed in place (`p.data = w.t()` moves no epoch): the full check names it
+                _FAST.pop(id(modules[0]), None)
+                _full_params(modules)
+            raise
         finally:
             torch._C._set_grad_enabled(grad)
         if _N_GRADS:

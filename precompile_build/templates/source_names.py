@@ -114,5 +114,27 @@ def _assumed_same(watch: list[Any], hook_id: int) -> bool: ...
 def _check_globals() -> None: ...
 def _state_epoch() -> list[int]: ...
 
+
+# guard_values.py and the generated checks (codegen.guards_code)
+from .guard_values import (  # noqa: E402, F401 - guard_values.py, copied in
+    _G_ABSENT,
+    _g_code_is,
+    _g_dataclass_fields,
+    _g_holds,
+    _g_namedtuple_fields,
+    _g_odict_getitem,
+    resolve_roots,
+)
+
+
+def _guards_full(_R: list[Any], *args: Any, **kwargs: Any) -> int: ...
+def _guards_call(_R: list[Any], *args: Any, **kwargs: Any) -> int: ...
+def _guard_bind(*args: Any, **kwargs: Any) -> dict[str, Any]: ...
+def _check_guards(args: tuple, kwargs: dict, modules: list[Any], full: bool = False,
+                  kinds: Any = None) -> None: ...
+
+
+_G_CHECKS: list[Any]
+
 # cuda_graphs.py
 _CudaGraphs: Any

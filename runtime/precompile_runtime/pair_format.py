@@ -301,6 +301,11 @@ class CallConvention(_CallRequired, total=False):
     """Per sharded (DTensor) parameter: its index, mesh and placements (capturing/dtensors.py)."""
     assumed: AssumedState
     """The Python state the trace assumed (absent in pairs before it was recorded)."""
+    guards: dict[str, Any]
+    """The guards TorchDynamo built for the captured call, as checks the source half runs
+    per call (precompile_build/capturing/dynamo_guards.py; absent with ``guards =
+    "recorded"``): ``params`` (the parameter list), ``roots``, ``checks`` ([label, kind,
+    expression, expected, per call, file:line]), ``watched``, ``left``."""
 
 
 class _PairRequired(CallConvention):

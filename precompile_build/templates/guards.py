@@ -1,0 +1,113 @@
+# ---- the guards Dynamo built at capture, checked per call ---------------------------
+# Copied verbatim into every source half of the `frozen` and `eager` engines, after the
+# driver and the generated `_guards_full`/`_guards_call` (codegen.py renders them from
+# PRECOMPILE_METADATA["guards"], capturing/dynamo_guards.py). Needs torch and the stdlib.
+# PRECOMPILE_METADATA["guards"]:
+#   "params": the function's parameter list (the generated checks bind the call to it)
+#   "roots":  [["module", name] | ["qualname", module, qualname]]  what `_R[k]` is
+#   "checks": [[label, kind, expression, expected, per call, "file:line"], ...]
+#   "watched": attribute names whose assignment on a module moves the state epoch
+# A call runs every check when its models are checked in full (a model seen first, the
+# state epoch moved, a hook registered anywhere), else the per-call ones: every value,
+# class, function code, length and key set the trace read, but the module structure
+# that only a registration or an assignment the epoch sees can change.
+# stand-ins: names the rest of the source half defines (codegen.py drops this block)
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import torch
+
+    from .source_names import (
+        _HANDLES,
+        _META,
+        CallError,
+        _g_code_is,
+        _g_dataclass_fields,
+        _g_holds,
+        _g_namedtuple_fields,
+        _g_odict_getitem,
+        _guard_bind,
+        _guards_call,
+        _guards_full,
+        _state_epoch,
+        resolve_roots,
+    )
+# end stand-ins
+
+_GUARDS: dict = dict(_META.get("guards") or {})
+_G_CHECKS = list(_GUARDS.get("checks") or ())
+_G_ROOTS: list = []  # resolved at the first call (resolve_roots imports the modules named)
+_G_SEEN: dict = {}  # id(first model) -> (epoch, hook registrations) of its last full check
+_G_EPOCH: list = []
+
+
+def _check_guards(args, kwargs, modules, full=False, kinds=None):
+    """Run the guards' checks on a call; raise CallError naming the first that fails
+    (with ``kinds``, only where that check is of one of these kinds)."""
+    if not _G_ROOTS:
+        _G_ROOTS.append(resolve_roots(_GUARDS.get("roots") or ()))
+        box = _state_epoch()
+        torch.nn.modules.module._precompile_watched.update(_GUARDS.get("watched") or ())  # type: ignore[attr-defined]
+        _G_EPOCH.append(box)
+    roots = _G_ROOTS[0]
+    key = id(modules[0]) if modules else None
+    now = (_G_EPOCH[0][0], _HANDLES.next_id)
+    full = full or key is None or _G_SEEN.get(key) != now
+    try:
+        failed = (_guards_full if full else _guards_call)(roots, *args, **kwargs)
+    except TypeError:  # arguments that do not bind: the driver's own checks name them
+        return
+    if failed >= 0 and (kinds is None or _G_CHECKS[failed][1] in kinds):
+        _guard_error(failed, roots, args, kwargs)
+    if full and key is not None:
+        _G_SEEN[key] = now
+
+
+def _guard_error(i, roots, args, kwargs):
+    label, kind, expr, want, _per_call, where = _G_CHECKS[i]
+    names = {"_R": roots, "_g_code_is": _g_code_is, "_g_odict_getitem": _g_odict_getitem,
+             "_g_dataclass_fields": _g_dataclass_fields, "_g_namedtuple_fields": _g_namedtuple_fields,
+             "_g_holds": _g_holds}
+    try:
+        got = eval(expr, names, _guard_bind(*args, **kwargs))  # noqa: S307 - the pair's own expression
+    except Exception as e:  # noqa: BLE001 - the path no longer resolves: say how
+        what = f"{label} cannot be read now ({type(e).__name__}: {e})"
+    else:
+        what = _guard_difference(label, kind, want, got)
+    read = f" (read at {where})" if where else ""
+    raise CallError(
+        f"target {_META['target']!r}: {what}{read}. The pair was traced with the captured state "
+        "built in and would answer for it; set it back, or capture this state too")
+
+
+def _class_name(cls):
+    return f"{cls.__module__}.{cls.__qualname__}" if isinstance(cls, type) else repr(cls)
+
+
+def _guard_difference(label, kind, want, got):
+    """What differs, in words: the captured and the current value of ``label``."""
+    if kind == "npscalar":
+        return f"{label} was numpy.{want[0]}({want[1]!r}) at capture, now {got!r}"
+    if kind in ("eq", "dtype", "device", "len", "keys"):
+        return f"{label}{' has length' if kind == 'len' else ''} was {want!r} at capture, now " \
+               f"{(len(got) if kind == 'len' else list(got.keys()) if kind == 'keys' else got)!r}"
+    if kind in ("type", "class", "enum"):
+        cls = got if kind == "class" else type(got)
+        now = _class_name(cls) + (f".{got.name}" if kind == "enum" and hasattr(got, "name") else "")
+        return f"{label} was a {'.'.join(want)} at capture, now {'a ' if kind == 'type' else ''}{now}"
+    if kind == "code":
+        name = getattr(getattr(got, "__func__", got), "__qualname__", type(got).__qualname__)
+        return f"{label} is another function than at capture (now {name}, whose code differs)"
+    if kind == "absent":
+        return f"{label}.{want} was not set at capture, now it is"
+    if kind == "hasattr":
+        return f"{label}.{want[0]} was {'present' if want[1] else 'absent'} at capture, now " \
+               f"{'absent' if want[1] else 'present'}"
+    if kind == "contains":
+        return f"{label} {'held' if want[1] else 'did not hold'} the key {want[0]!r} at capture, now it " \
+               f"{'does not' if want[1] else 'does'}"
+    if kind == "empty":
+        return f"{label} was empty at capture, now it holds {list(got.values()) if hasattr(got, 'values') else got!r}"
+    if kind == "notnone":
+        return f"{label} was set at capture, now None"
+    return f"{label} was {want!r} at capture, now {got!r}"

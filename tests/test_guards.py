@@ -1,0 +1,263 @@
+"""The guards TorchDynamo builds for a captured call, checked by every served call
+(capturing/dynamo_guards.py records, templates/guards.py checks): every Python value
+the trace read is checked, served fresh and after a served call, or the capture refuses.
+Each kind of read has a case and a sibling; each served call is compared with eager."""
+
+from __future__ import annotations
+
+import enum
+import sys
+import types
+
+import numpy as np
+import pytest
+import torch
+from _pairs import load_pair
+
+import precompile_build
+from precompile_build.errors import CaptureError
+from precompile_runtime.errors import CallError
+
+GAIN = 2.0
+OFFSET = {"x": 1.0}
+SLOPE_MODULE = torch.nn.LeakyReLU(0.1)
+helpers = types.ModuleType("guard_helpers")  # an imported module's attribute (H.FACTOR)
+helpers.FACTOR = 1.25
+sys.modules["guard_helpers"] = helpers
+
+
+class Consts:
+    K = 3.0
+
+
+class Mode(enum.Enum):
+    PLAIN = 1
+    SHIFTED = 2
+
+
+def make_post(scale):
+    def post(y):
+        return y * scale
+
+    return post
+
+
+class Net(torch.nn.Module):
+    SCALE = 1.5
+
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(4, 4)
+        self.cfg = types.SimpleNamespace(temp=0.5, inner=types.SimpleNamespace(mult=2.0))
+        self.post = make_post(2.0)
+        self.mode = Mode.PLAIN
+        self.dtype = torch.float32
+        self.acts = [torch.nn.LeakyReLU(0.2)]  # a module in a plain list
+        self.act = torch.nn.GELU()
+        self.np_scale = np.float64(1.0)
+
+    def helper(self, y):
+        return y * GAIN + OFFSET["x"]
+
+    @property
+    def factor(self):
+        return helpers.FACTOR
+
+    def forward(self, x):
+        y = self.helper(self.lin(x)) * self.cfg.temp * self.cfg.inner.mult
+        y = y * type(self).SCALE * Consts.K * self.factor * self.np_scale
+        y = self.post(y)
+        if self.mode is Mode.SHIFTED:
+            y = y + 1
+        if getattr(self, "_override", None) is not None:
+            y = y * self._override
+        if hasattr(self, "shift"):
+            y = y + self.shift
+        y = self.acts[0](self.act(y)).to(self.dtype)
+        return SLOPE_MODULE(y)
+
+
+def call(m, x):
+    return m(x)
+
+
+def _serve(tmp_path, fn, *args, name="t", **kw):
+    paths = {"artifact_path": tmp_path / f"{name}.py", "cache_path": tmp_path / f"{name}.cache"}
+    with precompile_build.capture(fn, engine=kw.pop("engine", "eager"), target=name, **paths, **kw) as f:
+        f(*args)
+    return load_pair(paths["artifact_path"], paths["cache_path"])
+
+
+def _changes():
+    """(what the change is, a function that makes it on (model, module globals))."""
+    def setg(name, v):
+        return lambda m: globals().__setitem__(name, v)
+
+    return [
+        ("a global read in a helper method", setg("GAIN", 3.0)),
+        ("a global dict read in a helper method", lambda m: OFFSET.__setitem__("x", 2.0)),
+        ("an imported module's attribute read in a property", lambda m: setattr(helpers, "FACTOR", 2.0)),
+        ("another class's constant", lambda m: setattr(Consts, "K", 4.0)),
+        ("a SimpleNamespace config's field", lambda m: setattr(m.cfg, "temp", 0.7)),
+        ("a config two attributes deep", lambda m: setattr(m.cfg.inner, "mult", 3.0)),
+        ("a class attribute read as type(self).SCALE", lambda m: setattr(Net, "SCALE", 2.5)),
+        ("a closure's cell", lambda m: setattr(m, "post", make_post(3.0))),
+        ("an Enum", lambda m: setattr(m, "mode", Mode.SHIFTED)),
+        ("a torch.dtype", lambda m: setattr(m, "dtype", torch.float64)),
+        ("a numpy scalar", lambda m: setattr(m, "np_scale", np.float64(3.0))),
+        ("an attribute absent at capture, read with getattr's default",
+         lambda m: setattr(m, "_override", 2.0)),
+        ("an attribute absent at capture, read with hasattr", lambda m: setattr(m, "shift", 1.0)),
+        ("a module kept in a plain list", lambda m: setattr(m.acts[0], "negative_slope", 0.5)),
+        ("a module-level module's setting", lambda m: setattr(SLOPE_MODULE, "negative_slope", 0.3)),
+        ("an attribute written through __dict__", lambda m: m.cfg.__dict__.__setitem__("temp", 0.9)),
+        ("a module's attribute written through object.__setattr__",
+         lambda m: object.__setattr__(m, "np_scale", np.float64(5.0))),
+        ("a submodule of another class", lambda m: setattr(m, "act", torch.nn.ReLU())),
+        ("the instance's forward replaced", lambda m: setattr(m, "forward", lambda x: x)),
+    ]
+
+
+@pytest.fixture
+def restored():
+    """Put the module-level state these tests change back."""
+    saved = (GAIN, dict(OFFSET), helpers.FACTOR, Consts.K, Net.SCALE, SLOPE_MODULE.negative_slope)
+    yield
+    g = globals()
+    g["GAIN"] = saved[0]
+    OFFSET.clear()
+    OFFSET.update(saved[1])
+    helpers.FACTOR, Consts.K, Net.SCALE, SLOPE_MODULE.negative_slope = saved[2:]
+
+
+@pytest.mark.parametrize("after_a_call", [False, True], ids=["fresh", "after-a-served-call"])
+@pytest.mark.parametrize("what,change", _changes(), ids=[c[0] for c in _changes()])
+def test_every_value_the_trace_read_is_checked(tmp_path, restored, what, change, after_a_call):
+    torch.manual_seed(0)
+    m, x = Net().eval(), torch.randn(2, 4)
+    f = _serve(tmp_path, call, m, x)
+    if after_a_call:
+        torch.testing.assert_close(f(m, x), m(x))
+    else:
+        m = Net().eval()  # a model the pair has not seen
+        m.load_state_dict(dict(Net().state_dict()))
+    change(m)
+    try:
+        got = f(m, x)
+    except CallError as e:
+        assert "at capture" in str(e) or "captured" in str(e), str(e)
+        return
+    torch.testing.assert_close(got, m(x), msg=f"{what}: served for the captured state")
+
+
+def test_a_lambda_hook_replaced_by_another_lambda_is_noticed(tmp_path):
+    m, x = torch.nn.Linear(3, 3), torch.randn(2, 3)
+    h = m.register_forward_hook(lambda mod, i, o: o * 2)
+    f = _serve(tmp_path, call, m, x)
+    torch.testing.assert_close(f(m, x), m(x))
+    h.remove()
+    m.register_forward_hook(lambda mod, i, o: o * 3)
+    with pytest.raises(CallError, match="another function than at capture|hooks"):
+        f(m, x)
+    m._forward_hooks.clear()  # a hook dict emptied in place, between full checks
+    with pytest.raises(CallError):
+        f(m, x)
+
+
+def test_a_hook_dict_emptied_in_place_after_a_served_call_is_noticed(tmp_path):
+    m, x = torch.nn.Linear(3, 3), torch.randn(2, 3)
+    m.register_forward_pre_hook(lambda mod, args: (args[0] * 2,))
+    f = _serve(tmp_path, call, m, x)
+    torch.testing.assert_close(f(m, x), m(x))
+    m._forward_pre_hooks.clear()
+    with pytest.raises(CallError):
+        f(m, x)
+
+
+def test_a_module_replaced_by_another_class_says_so(tmp_path):
+    m, x = Net().eval(), torch.randn(2, 4)
+    f = _serve(tmp_path, call, m, x)
+    f(m, x)
+    m.act = torch.nn.ReLU()
+    with pytest.raises(CallError, match=r"m\.act was a torch\.nn\.modules\.activation\.GELU at capture, "
+                                        r"now a torch\.nn\.modules\.activation\.ReLU"):
+        f(m, x)
+
+
+@pytest.mark.parametrize("new", [lambda w: w.t(), lambda w: torch.randn(4, 8)[:, ::2],
+                                 lambda w: w.double(), lambda w: torch.randn(4, 5)],
+                         ids=["transposed", "strided", "float64", "another-shape"])
+def test_a_parameter_replaced_through_data_after_a_served_call_is_served_or_named(tmp_path, new):
+    """``p.data = ...`` moves no state epoch: the kernels may meet another stride, dtype
+    or shape. The call serves eager's result or raises CallError naming the parameter,
+    never a kernel's assertion."""
+    m, x = torch.nn.Linear(4, 4), torch.randn(2, 4)
+    f = _serve(tmp_path, call, m, x, engine="frozen")
+    torch.testing.assert_close(f(m, x), m(x))
+    m.weight.data = new(m.weight.data)
+    try:
+        got = f(m, x)
+    except CallError as e:
+        assert "weight" in str(e)
+        return
+    torch.testing.assert_close(got, m(x))
+
+
+@pytest.mark.parametrize("read", [
+    lambda x: x / float(abs(x.numpy()).max()),
+    lambda x: x * torch.tensor(x.tolist()).abs().max(),
+    lambda x: x / float(np.asarray(x).std()),
+    lambda x: x / float(x.abs().max()),
+    lambda x: x * x.sum().item(),
+], ids=["numpy", "tolist", "asarray", "float", "item"])
+@pytest.mark.parametrize("tracer", ["make_fx", "auto"])
+def test_no_tracer_freezes_a_value_read_from_a_tensor(tmp_path, read, tracer):
+    x = torch.randn(3, 4)
+    try:
+        f = _serve(tmp_path, read, x, tracer=tracer, options={"guards": "recorded"})
+    except CaptureError as e:
+        assert "tensor's values" in str(e) or "data" in str(e), str(e)
+        return
+    big = x * 10
+    torch.testing.assert_close(f(big), read(big))
+
+
+def test_a_graph_break_refuses_the_capture_and_names_the_way_out(tmp_path):
+    def chatty(m, x):
+        print("hello")
+        return m(x)
+
+    m, x = torch.nn.Linear(3, 3), torch.randn(2, 3)
+    with pytest.raises(CaptureError, match=r"cannot trace this function in one graph.*guards.*recorded"):
+        _serve(tmp_path, chatty, m, x)
+    f = _serve(tmp_path, chatty, m, x, name="u", options={"guards": "recorded"})
+    torch.testing.assert_close(f(m, x), m(x))
+    assert "guards" not in f.metadata
+
+
+def test_a_function_that_reads_nothing_has_no_per_call_check(tmp_path):
+    def plain(x):
+        return x.sin() * 2
+
+    x = torch.randn(3)
+    f = _serve(tmp_path, plain, x)
+    checks = f.metadata["guards"]["checks"]
+    assert [c for c in checks if c[4]] == []
+    torch.testing.assert_close(f(x), plain(x))
+
+
+def test_a_counter_the_function_changes_is_state_not_an_assumption(tmp_path):
+    class Counting(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.calls = 0
+
+        def forward(self, x):
+            self.calls += 1
+            return x * 2
+
+    m, x = Counting(), torch.randn(3)
+    with pytest.warns(Warning):
+        f = _serve(tmp_path, call, m, x)
+    for _ in range(3):
+        torch.testing.assert_close(f(m, x), x * 2)
