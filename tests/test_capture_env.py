@@ -25,7 +25,7 @@ def test_no_module_spells_a_variable_but_the_table():
     names = {v.name for v in capture_env.VARIABLES}
     found = []
     for path in sorted((ROOT / "precompile_build").rglob("*.py")):
-        if path.name in ("capture_env.py", "imported.py"):  # imported.py runs alone: checked below
+        if path.name in ("capture_env.py", "imported.py", "run_script.py"):  # these run alone: checked below
             continue
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
             if isinstance(node, ast.Constant) and node.value in names:
@@ -69,3 +69,12 @@ def test_the_imports_record_spells_the_tables_names():
 
     assert (imported.RECORD_ENV, imported.ROOT_ENV, imported.PACKAGE_ENV) == (
         capture_env.IMPORTS_PATH, capture_env.PROJECT_ROOT, capture_env.PACKAGE_DIR)
+
+
+def test_the_script_runner_spells_the_tables_names():
+    """programs/run_script.py imports nothing of the package before the capture script
+    runs, so it spells the variables it reads; they are the table's and world.py's."""
+    from precompile_build.process import world
+    from precompile_build.programs import run_script
+
+    assert (run_script.STARTED_ENV, run_script.WORLD_ENV) == (capture_env.SCRIPT_STARTED, world.MODE_ENV)

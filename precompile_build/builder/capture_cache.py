@@ -41,6 +41,7 @@ from ..config import capture_env
 from ..config.settings import Settings, TargetSettings, default_cache_dir
 from ..errors import BuildError, CaptureError
 from ..process import imported
+from ..programs import path as program_path
 from .pairs import PairInfo, inspect_pair
 
 ENTRY_FORMAT = "precompile-build.capture-cache"
@@ -83,19 +84,6 @@ def package_digest(package_dir: Path) -> str:
     return digest(package_dir)
 
 
-_FP_CODE = """
-import json, sys
-from precompile_runtime.fingerprint import host_fingerprint
-out = {}
-for dev in sys.argv[1:]:
-    if dev == "cuda":
-        import torch
-        n = torch.cuda.device_count() if torch.cuda.is_available() else 0
-        out[dev] = [host_fingerprint("cuda", i) for i in range(n)] or [host_fingerprint("cuda")]
-    else:
-        out[dev] = [host_fingerprint(dev)]
-print(json.dumps(out))
-"""
 _fp_memo: dict[tuple, dict[str, Any]] = {}
 
 
@@ -123,7 +111,8 @@ def _memo_key(devices: tuple) -> str:
             gpus = "no nvidia-smi"
     parts = [sys.executable, sys.version, list(devices), os.environ.get("CUDA_VISIBLE_DEVICES"),
              [version(d) for d in ("torch", "triton", "pytorch-triton")], gpus,
-             sha256_file(Path(fingerprint.__file__)), _FP_CODE]
+             sha256_file(Path(fingerprint.__file__)),
+             sha256_file(Path(program_path("host_fingerprints")))]
     return hashlib.sha256(json.dumps(parts).encode()).hexdigest()
 
 
@@ -166,7 +155,7 @@ def host_fingerprints(devices: Iterable[str], memo_dir: Optional[Path] = None) -
         env = dict(os.environ)
         if own not in sys.path:
             env["PYTHONPATH"] = os.pathsep.join(p for p in (own, env.get("PYTHONPATH", "")) if p)
-        proc = subprocess.run([sys.executable, "-c", _FP_CODE, *devices], env=env,
+        proc = subprocess.run([sys.executable, program_path("host_fingerprints"), *devices], env=env,
                               capture_output=True, text=True, timeout=300)
         if proc.returncode != 0:
             last = (proc.stderr.strip().splitlines() or ["no output"])[-1]

@@ -26,6 +26,7 @@ from typing import Any, Optional, Union, cast
 from ..config.settings import Settings, TargetSettings
 from ..errors import CaptureError, ScriptFailed
 from ..process import stats as capture_stats
+from ..programs import path as program_path
 from . import arch_report, capture_cache, ranks
 from .pairs import PairInfo, read_source_metadata
 from .progress import Progress, human_size, summary
@@ -135,8 +136,7 @@ def _probe_cuda() -> int:
     if shutil.which("nvidia-smi"):
         cmd = ["nvidia-smi", "-L"]
     elif os.path.exists("/dev/nvidiactl"):
-        cmd = [sys.executable, "-c", "import torch; print(torch.cuda.device_count() "
-               "if torch.cuda.is_available() else 0)"]
+        cmd = [sys.executable, program_path("cuda_count")]
     if cmd is None:
         return 0
     try:

@@ -25,6 +25,7 @@ from ..errors import CaptureError
 from ..process import imported
 from ..process import stats as capture_stats
 from ..process.world import MODE_ENV, WORLD_ENV
+from ..programs import path as program_path
 from . import ranks
 from .pairs import PairInfo, inspect_pair
 from .ranks import WorldPlan
@@ -57,7 +58,7 @@ _ERROR_CAP = 2000  # characters of the error line put into a failure's reason
 def result_file(log_path: Path) -> Path:
     """Where the script's process reports how it ended (``NAME.result.json`` beside its
     log): ``{"error": "Type: first line of the message"}`` when an exception ended it,
-    written by :data:`_RUN_SCRIPT`'s ``sys.excepthook``; no file otherwise."""
+    written by programs/run_script.py's ``sys.excepthook``; no file otherwise."""
     return log_path.with_suffix(".result.json")
 
 
@@ -244,7 +245,7 @@ def run_script(settings: Settings, target: TargetSettings, device: str, gpu: Opt
     stats = stats_file(log_path)  # GPU peaks, seconds per step (process/stats.py)
     stats.unlink(missing_ok=True)
     env[capture_stats.STATS_ENV] = str(stats)
-    env[capture_stats.STARTED_ENV] = repr(time.time())  # + the script's pid (_RUN_SCRIPT): capture_began
+    env[capture_stats.STARTED_ENV] = repr(time.time())  # + the script's pid (programs/run_script.py): capture_began
     for attempt in range(2):
         reason, failed, procs = _run_ranks(settings, target, work, env, log_path, verbose, abort, world)
         if attempt or world is None or world.processes == 1 or reason is None or reason == CANCELLED:
@@ -301,7 +302,7 @@ def _start(settings: Settings, target: TargetSettings, env: dict, log_path: Path
            echo: Optional[str]) -> tuple[subprocess.Popen, threading.Thread, Path]:
     """Start the script (its own session) with its output pumped to ``log_path``."""
     result_file(log_path).unlink(missing_ok=True)
-    cmd = [sys.executable, "-c", _RUN_SCRIPT, str(os.getpid()), str(result_file(log_path)), str(target.script),
+    cmd = [sys.executable, program_path("run_script"), str(os.getpid()), str(result_file(log_path)), str(target.script),
            *target.args]
     log = open(log_path, "wb")
     try:
@@ -359,68 +360,6 @@ def wait_all(procs: list[subprocess.Popen], timeout: float, abort: threading.Eve
     return None, 0
 
 
-# Runs the capture script so that it dies with the build: a frontend interrupted by
-# Ctrl-C may SIGKILL the backend, which then cannot end the script (it runs in its own
-# session, so that a timeout can end its whole process group). On Linux the script asks
-# for SIGKILL when its parent dies (prctl PR_SET_PDEATHSIG). Then the script runs as
-# `python SCRIPT ARGS...` would run it (sys.argv, sys.path[0] its folder, __main__), with
-# a sys.excepthook that reports the exception that ends it to the result file
-# (result_file) before Python prints its traceback. It adds the script's pid to
-# capture_env.SCRIPT_STARTED (the one variable it spells before the script runs). A
-# script that ends well and wrote no imports record (it did not capture through
-# precompile_build.capture) gets the whole environment's, made here in its own import
-# context (process/imported.py).
-_RUN_SCRIPT = """\
-import os, signal, sys
-parent, result, script = int(sys.argv[1]), sys.argv[2], os.path.abspath(sys.argv[3])
-if sys.platform.startswith("linux"):
-    import ctypes
-    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    if os.getppid() != parent:  # the build died before the request took effect
-        sys.exit("precompile-build: the build that started this capture is gone")
-
-
-def _report(kind, value, tb, _shown=sys.excepthook):
-    import json
-    text = value.msg if isinstance(value, SyntaxError) and value.msg else str(value)
-    line = (kind.__name__ + (": " + text if text else "")).strip().split("\\n")[0].strip()
-    try:
-        with open(result, "w", encoding="utf-8") as f:
-            json.dump({"error": line}, f)
-    except OSError:
-        pass
-    _shown(kind, value, tb)
-
-
-sys.excepthook = _report
-if "PRECOMPILE_SCRIPT_STARTED" in os.environ:  # capture_stats.capture_began: this process's setup only
-    os.environ["PRECOMPILE_SCRIPT_STARTED"] += " " + str(os.getpid())
-sys.argv = sys.argv[3:]
-sys.path[0] = os.path.dirname(os.path.realpath(script))
-if os.environ.get("PRECOMPILE_WORLD") == "fake":  # rank 0 alone: init_process_group() makes a fake group
-    from precompile_build.process.world import use_fake_backend
-    use_fake_backend()
-import runpy
-
-
-def _record():
-    try:
-        from precompile_build.process.imported import write_record
-        write_record(environment=True)
-    except Exception:  # the build keys the entry on its own view of the environment
-        pass
-
-
-try:
-    runpy.run_path(script, run_name="__main__")
-except SystemExit as e:
-    if e.code in (None, 0):
-        _record()
-    raise
-_record()
-"""
-
-
 def imports_changes(settings: Settings, target: TargetSettings, device: str,
                     recorded: dict) -> list[str]:
     """What changed since a capture of ``target`` recorded ``recorded`` (its imports:
@@ -434,7 +373,7 @@ def imports_changes(settings: Settings, target: TargetSettings, device: str,
     request = {"module": imported.__file__, "script_dir": str(target.script.parent),
                "root": str(settings.root), "record": recorded}
     try:
-        proc = subprocess.run([sys.executable, "-c", imported.CHECK_CODE], input=json.dumps(request),
+        proc = subprocess.run([sys.executable, program_path("check_imports")], input=json.dumps(request),
                               cwd=settings.root, env=env, capture_output=True, text=True, timeout=120)
         answer = json.loads((proc.stdout.strip().splitlines() or ["null"])[-1])
     except (OSError, subprocess.SubprocessError, ValueError) as e:

@@ -33,7 +33,7 @@ A record is ``{"distributions": {name: version}, "files": {path: sha256},
   there (``sys.path.insert(0, <project root>)``) is found again.
 
 The record is compared in the import context it was made in: the build runs
-:data:`CHECK_CODE` in a process started as the capture would be now (same
+programs/check_imports.py in a process started as the capture would be now (same
 interpreter, environment, working directory, the script's folder first), which
 merges the record's ``path`` with its own and calls :func:`changes` there. The build's
 own process sees other things (not the project root and its egg-info, not what a
@@ -53,7 +53,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 # The names of config/capture_env.py's table, spelled here: the build's check runs this
-# file alone, with no package to import from (CHECK_CODE); a test keeps them equal
+# file alone, with no package to import from (programs/check_imports.py); a test keeps them equal
 RECORD_ENV = "PRECOMPILE_IMPORTS_PATH"
 ROOT_ENV = "PRECOMPILE_PROJECT_ROOT"
 PACKAGE_ENV = "PRECOMPILE_PACKAGE_DIR"
@@ -67,7 +67,7 @@ def _normal(name: str) -> str:
 
 
 def _sha256_file(path: str) -> str:
-    # precompile_runtime._digest's, here again: CHECK_CODE runs this file alone
+    # precompile_runtime._digest's, here again: programs/check_imports.py runs this file alone
     h = hashlib.sha256()
     with open(path, "rb") as f:
         for chunk in iter(lambda: f.read(1 << 20), b""):
@@ -323,7 +323,7 @@ def changes(recorded: Mapping[str, Any], root: Optional[os.PathLike[str] | str] 
     ``"capture/helpers.py changed"`` (a project file, relative to ``root``),
     ``"/…/helpers.py changed"`` (and, for an :func:`environment_record`,
     ``"newdist not installed -> 1.0"``); empty when nothing did. Called in a process
-    with the capture's import context (:data:`CHECK_CODE`)."""
+    with the capture's import context (programs/check_imports.py)."""
     real_root = _real(os.fspath(root)) if root is not None else None
     path = _merged_path(rebased_path(recorded.get("path") or [], real_root), sys.path)
     out = []
@@ -347,15 +347,3 @@ def changes(recorded: Mapping[str, Any], root: Optional[os.PathLike[str] | str] 
         if not same:
             out.append(f"{shown} changed")
     return out
-
-
-# Run by the build (builder/script.py: imports_changes) as `python -c CHECK_CODE`, started
-# as the capture would be; reads {"module": this file, "script_dir", "root", "record"} as
-# JSON on stdin, prints changes()'s list as JSON. Runs this file alone (no package import).
-CHECK_CODE = """\
-import json, runpy, sys
-req = json.load(sys.stdin)
-sys.path[0] = req["script_dir"]
-ns = runpy.run_path(req["module"], run_name="precompile_imports_check")
-print(json.dumps(ns["changes"](req["record"], req["root"])))
-"""

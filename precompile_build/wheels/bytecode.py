@@ -25,13 +25,7 @@ from collections.abc import Mapping
 from precompile_runtime._bytecode import shipped_path
 
 from ..errors import BuildError
-
-_COMPILE = """\
-import json, py_compile, sys
-for source, pyc, name in json.loads(sys.argv[1]):
-    py_compile.compile(source, cfile=pyc, dfile=name, doraise=True,
-                       invalidation_mode=py_compile.PycInvalidationMode.CHECKED_HASH)
-"""
+from ..programs import path as program_path
 
 
 def shipped_bytecode(sources: Mapping[str, bytes]) -> dict[str, bytes]:
@@ -57,7 +51,7 @@ def shipped_bytecode(sources: Mapping[str, bytes]) -> dict[str, bytes]:
             assert pyc is not None
             jobs.append((src, pyc, name))
         try:
-            done = subprocess.run([sys.executable, "-I", "-c", _COMPILE, json.dumps(jobs)],
+            done = subprocess.run([sys.executable, "-I", program_path("compile_pycs"), json.dumps(jobs)],
                                   capture_output=True, text=True, timeout=600)
         except (OSError, subprocess.TimeoutExpired) as e:
             raise BuildError(f"Failed to byte-compile the source halves with {sys.executable}: {e}") from None
