@@ -244,8 +244,46 @@ def lock(root: Path, key: str) -> filelock.FileLock:
     return filelock.FileLock(str(root / f"{key}.lock"))
 
 
+class UntrustedCacheError(OSError):
+    """The capture cache directory could be changed by another user (docs/security.md)."""
+
+
+def check_root(root: Path) -> None:
+    """Create ``root`` (each missing folder mode 0o700) and make sure that nobody but
+    this user (or root) can change it: owned by this user, not writable by group or
+    others, nor any folder above it (sticky folders such as ``/tmp`` aside).
+
+    A capture cache holds whole pairs that a build copies into its wheel on a key
+    match: whoever can write it can put code into every wheel built from it.
+
+    Raises:
+        UntrustedCacheError: (an OSError) it could be changed by another user; the
+            message names the path and the fix (the runner then builds without it).
+        OSError: it cannot be created or stat'ed.
+    """
+    from precompile_runtime._safe_path import problem
+
+    missing = []
+    head = root
+    while not head.is_dir() and head.parent != head:
+        missing.append(head)
+        head = head.parent
+    for d in reversed(missing):
+        try:
+            d.mkdir(mode=0o700)
+        except FileExistsError:
+            pass
+    found = problem(str(root))
+    if found is not None:
+        raise UntrustedCacheError(
+            f"the capture cache directory {root} is not used: {found[0]}; whoever can change "
+            f"it can put code into every wheel built from it. To use it: {found[1]}; or set "
+            "`cache-dir` (PRECOMPILE_BUILD_CACHE_DIR) to a directory only you can write "
+            "(docs/security.md)")
+
+
 def _ensure_root(root: Path) -> None:
-    root.mkdir(parents=True, exist_ok=True)
+    check_root(root)
     tag = root / TAG_NAME
     if not tag.exists():
         try:
@@ -277,6 +315,9 @@ def fetch(root: Path, key: str, name: str, dest: Path,
     entry_dir = root / key
     if not (entry_dir / ENTRY_JSON).is_file():
         return None, "no entry"
+    untrusted = _entry_problem(entry_dir, name)
+    if untrusted is not None:  # never used; the new capture's store() replaces it
+        return None, f"entry not trusted: {untrusted}"
     dest.mkdir(parents=True, exist_ok=True)
     try:
         meta = json.loads((entry_dir / ENTRY_JSON).read_text(encoding="utf-8"))
@@ -303,6 +344,22 @@ def fetch(root: Path, key: str, name: str, dest: Path,
         discard(entry_dir)
         return None, f"entry corrupt: {type(e).__name__}: {e}".replace("\n", " ")[:300]
     return meta, ""
+
+
+def _entry_problem(entry_dir: Path, name: str) -> Optional[str]:
+    """Why entry ``entry_dir`` may hold someone else's files (a symlink, owned by
+    another user, writable by group or others: the folder or one of its files), or
+    None. Written by this user, its files' sha256s are then checked (:func:`fetch`)."""
+    from precompile_runtime._safe_path import leaf_problem
+
+    for path in (entry_dir, entry_dir / ENTRY_JSON, entry_dir / f"{name}.py", entry_dir / f"{name}.cache"):
+        try:
+            found = leaf_problem(str(path), os.lstat(path))
+        except FileNotFoundError:
+            continue  # a missing file: fetch finds the entry corrupt
+        if found is not None:
+            return found[0]
+    return None
 
 
 def store(root: Path, key: str, name: str, source: Path, cache: Path, info: PairInfo,

@@ -216,6 +216,7 @@ def _plan_cache(b: _Build, devices: set) -> None:
         return
     try:  # cache_root is set last: a half-planned cache stays off
         root = capture_cache.cache_root(b.settings)
+        capture_cache.check_root(root)  # a cache others can write is code in every wheel
         b.fingerprints = capture_cache.host_fingerprints(devices, memo_dir=root)
         b.package_files = capture_cache.package_files(b.settings.package_dir)
         b.package_sha256 = capture_cache.digest_of(b.package_files)
