@@ -496,3 +496,27 @@ def test_runtime_module_does_not_import_torch():
     )
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([REPO, os.path.join(REPO, "runtime")]))
     assert subprocess.run([sys.executable, "-c", code], env=env).returncode == 0
+
+
+def test_newer_api_load_refuses_a_temp_folder_others_can_swap(fake_newer, tmp_path, monkeypatch):
+    """Torch's path ``load`` reads the verified pair from a private temp folder; below
+    a folder others can write without the sticky bit (TMPDIR there), they could swap it
+    before torch reads it: refused with the fix, torch's load never called (issue 56)."""
+    import tempfile
+
+    src, cache = torch_engine.capture_pair(
+        lambda x: x * 2, (torch.ones(2),), {}, target="fwd", device="cpu", options={}
+    )
+    open_tmp = tmp_path / "open-tmp"
+    open_tmp.mkdir()
+    open_tmp.chmod(0o777)
+    monkeypatch.setattr(tempfile, "tempdir", str(open_tmp))
+    with pytest.raises(PrecompileLoadError) as ei:
+        torch_pairs.load_torch_pair(src, cache, fallback=False, where="pkg: target 'fwd'")
+    msg = str(ei.value)
+    assert msg.startswith("pkg: target 'fwd': cannot hand the verified pair to torch: the private temp directory")
+    assert "without the sticky bit" in msg and "set TMPDIR to a directory only you can write" in msg
+    assert fake_newer.loads == [] and os.listdir(open_tmp) == []
+    monkeypatch.setattr(tempfile, "tempdir", None)
+    torch.testing.assert_close(torch_pairs.load_torch_pair(src, cache, fallback=False, where="w")(torch.ones(2)),
+                               torch.full((2,), 2.0))

@@ -44,6 +44,7 @@ import tempfile
 import zipfile
 from typing import Any, Callable
 
+from . import _safe_path
 from .errors import CallError, IntegrityError, PrecompileLoadError, ServingCompileError
 
 CACHE_FORMAT = "torch.compiler.precompile"
@@ -105,18 +106,29 @@ def _api(where: str) -> Any:
     return api
 
 
-def _load_by_paths(api: Any, source: bytes, cache: bytes) -> Any:
+def _private_paths(source: bytes, cache: bytes, where: str) -> tuple[str, str, str]:
+    """(folder, artifact path, cache path): the verified bytes written into a private
+    temp folder (mode 0o700) for torch's ``load(artifact_path, cache_path)``; the
+    caller removes the folder. Raises PrecompileLoadError where the folder lies below
+    one others can write, who could swap it (docs/security.md); OSError."""
     tmp = tempfile.mkdtemp(prefix="precompile-torch-load-")
     try:
+        found = _safe_path.problem(tmp)
+        if found is not None:
+            raise PrecompileLoadError(
+                f"cannot hand the verified pair to torch: the private temp directory {tmp} could "
+                f"be changed by another user: {found[0]}", context=where,
+                advice=f"set TMPDIR to a directory only you can write ({found[1]})")
         artifact_path = os.path.join(tmp, "artifact.py")
         cache_path = os.path.join(tmp, "artifact.cache")
         with open(artifact_path, "wb") as f:
             f.write(source)
         with open(cache_path, "wb") as f:
             f.write(cache)
-        return api.load(artifact_path, cache_path)
-    finally:
+    except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return tmp, artifact_path, cache_path
 
 
 def load_torch_pair(
@@ -180,9 +192,10 @@ def load_torch_pair(
             cache_bytes = _minimal_envelope(python_code, code_hash, where)
         # else: another tracer's artifact may need its cache to run at all; keep it.
 
+    paths = _private_paths(source_bytes, cache_bytes, where) if by_paths else None
     try:
-        if by_paths:
-            fn = _load_by_paths(api, source_bytes, cache_bytes)
+        if paths is not None:
+            fn = api.load(paths[1], paths[2])
         else:
             fn = api.load(python_code, cache_bytes)
     except Exception as e:
@@ -207,6 +220,9 @@ def load_torch_pair(
         raise PrecompileLoadError(
             f"torch.compiler.precompile.load failed {mode}: "
             f"{type(e).__name__}: {e}; {hint}", context=where) from e
+    finally:
+        if paths is not None:
+            shutil.rmtree(paths[0], ignore_errors=True)
     return _calls_checked(fn, getattr(api, "PrecompileError", None), where)
 
 
