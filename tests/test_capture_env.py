@@ -51,8 +51,8 @@ def test_the_build_sets_the_variables_the_table_says_it_sets(tmp_path, monkeypat
     s = settings_from_table(tmp_path, {"package": "pkg", "targets": {"a": target}})
     env = script_env(s, s.targets["a"], "cuda", tmp_path / "a.py", tmp_path / "a.cache", "0")
     set_here = {v.name for v in capture_env.VARIABLES if v.set_by.startswith("the build")}
-    # the stats and started variables are added by run_script, beside the log
-    assert set_here - set(env) == {capture_env.STATS_PATH, capture_env.SCRIPT_STARTED}
+    # the stats, started and capture-id variables are added by run_script, beside the log
+    assert set_here - set(env) == {capture_env.STATS_PATH, capture_env.SCRIPT_STARTED, capture_env.CAPTURE_ID}
     assert env[capture_env.TARGET] == "a" and env[capture_env.DEVICE] == "cuda"
     assert (env[capture_env.TRACER], env[capture_env.FALLBACK]) == ("make_fx", "eager")
     assert (env[capture_env.CUDA_GRAPHS], env[capture_env.CUDA_ARCHS]) == ("1", "8.0,9.0")

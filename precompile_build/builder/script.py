@@ -16,6 +16,7 @@ import subprocess
 import sys
 import threading
 import time
+import uuid
 from pathlib import Path
 from typing import IO, Optional
 
@@ -26,7 +27,7 @@ from ..process import imported
 from ..process import stats as capture_stats
 from ..process.world import MODE_ENV, WORLD_ENV
 from ..programs import path as program_path
-from . import ranks
+from . import leftovers, ranks
 from .pairs import PairInfo, inspect_pair
 from .ranks import WorldPlan
 
@@ -245,6 +246,7 @@ def run_script(settings: Settings, target: TargetSettings, device: str, gpu: Opt
     stats = stats_file(log_path)  # GPU peaks, seconds per step (process/stats.py)
     stats.unlink(missing_ok=True)
     env[capture_stats.STATS_ENV] = str(stats)
+    env[capture_env.CAPTURE_ID] = uuid.uuid4().hex  # what the script starts inherits it (leftovers.py)
     env[capture_stats.STARTED_ENV] = repr(time.time())  # + the script's pid (programs/run_script.py): capture_began
     for attempt in range(2):
         reason, failed, procs = _run_ranks(settings, target, work, env, log_path, verbose, abort, world)
@@ -284,11 +286,21 @@ def _run_ranks(settings: Settings, target: TargetSettings, work: Path, env: dict
             procs.append(_start(settings, target, r_env, r_log, echo))
         reason, failed = wait_all([p for p, _, _ in procs], target.timeout, abort)
     finally:
-        for proc, pump, _ in procs:
+        for proc, _, _ in procs:
             if proc.returncode is None:
                 _kill_group(proc)
+        # what it started in other sessions (a daemon holding the output pipe open)
+        ended = leftovers.end(env[capture_env.CAPTURE_ID]) if procs else []
+        for proc, pump, _ in procs:
             pump.join(timeout=10)
-            proc.stdout.close()  # type: ignore[union-attr]
+            if not pump.is_alive():  # (a close would wait for a read that a holder keeps open)
+                proc.stdout.close()  # type: ignore[union-attr]
+    if ended:
+        if reason is None:  # served, but said in its log
+            with open(log_path, "ab") as log:
+                log.write(f"precompile-build: the script {leftovers.said(ended)}\n".encode())
+        else:
+            reason = f"{reason}; {leftovers.said(ended)}"
     return reason, failed, procs
 
 

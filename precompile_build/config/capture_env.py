@@ -30,6 +30,7 @@ PROJECT_ROOT = "PRECOMPILE_PROJECT_ROOT"
 PACKAGE_DIR = "PRECOMPILE_PACKAGE_DIR"
 STATS_PATH = "PRECOMPILE_STATS_PATH"
 SCRIPT_STARTED = "PRECOMPILE_SCRIPT_STARTED"
+CAPTURE_ID = "PRECOMPILE_CAPTURE_ID"
 TEST_CROSS_NATIVE = "PRECOMPILE_TEST_CROSS_NATIVE"
 
 
@@ -91,6 +92,10 @@ VARIABLES = (
     Variable(SCRIPT_STARTED, "`<time.time()> <pid>`: when the build started the script, and the "
              "script's process id (processes it starts inherit it and record no setup)",
              "the build (the time) and the script's first line (the pid)", "process/stats.py"),
+    Variable(CAPTURE_ID, "a random token of one capture (its ranks share it): the processes the "
+             "script starts inherit it, and the build ends those still running when the capture "
+             "ends, also in other sessions (a daemon holding the script's output open)",
+             "the build", "builder/leftovers.py (Linux: a `/proc` walk)"),
     Variable(TEST_CROSS_NATIVE, "`1`: also compile the build GPU's own architecture through the "
              "cross-compile path and freeze those cubins (tests only)",
              "the tests, never the build", "engines/cross_arch.py"),

@@ -1,0 +1,90 @@
+"""A capture ends by its timeout whatever the script leaves behind (issue 57 item 3):
+a process the script started in a new session, holding its output pipe, no longer
+blocks the build until it ends, and it is ended with the capture, the message (or
+the log, for a capture that succeeded) saying which."""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+import time
+
+import pytest
+from _build_helpers import build, make_project
+
+from precompile_build.errors import CaptureError
+
+pytestmark = [pytest.mark.usefixtures("build_env"),
+              pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the /proc walk is Linux's")]
+
+DAEMON = '''\
+import subprocess, sys, time
+p = subprocess.Popen(["sh", "-c", "sleep 150"], start_new_session=True)  # holds our stdout
+open(sys.argv[1], "w").write(str(p.pid))
+if sys.argv[2] == "hang":
+    time.sleep(150)
+'''
+
+
+def _project(tmp_path, mode):
+    pid_file = tmp_path / "daemon.pid"
+    root = make_project(tmp_path, '[tool.precompile.targets.double]\n'
+                        'script = "capture/daemon.py"\ntimeout = 3\n'
+                        f'args = ["{pid_file}", "{mode}"]\n')
+    (root / "capture" / "daemon.py").write_text(DAEMON)
+    return root, pid_file
+
+
+def _gone(pid: int) -> bool:
+    for _ in range(50):  # reaped by init shortly after the kill
+        try:
+            os.kill(pid, 0)
+            with open(f"/proc/{pid}/stat") as f:
+                if f.read().split(")")[1].split()[0] == "Z":
+                    return True
+        except (ProcessLookupError, FileNotFoundError):
+            return True
+        time.sleep(0.1)
+    return False
+
+
+@pytest.mark.parametrize("mode", ["exit", "hang"])
+def test_a_daemon_in_a_new_session_neither_blocks_nor_survives_the_capture(tmp_path, monkeypatch, mode):
+    """The issue's script (`Popen(["sh", "-c", "sleep 150"], start_new_session=True)`)
+    blocked a build with `timeout = 10` for 152 s; the daemon survived the timeout."""
+    root, pid_file = _project(tmp_path, mode)
+    start = time.monotonic()
+    with pytest.raises(CaptureError) as e:
+        build(root, monkeypatch)
+    assert time.monotonic() - start < 30
+    daemon = int(pid_file.read_text())
+    first = str(e.value).splitlines()[0]
+    want = "timed out after 3 s" if mode == "hang" else "wrote neither half of the pair"
+    assert want in first, first
+    said = rf"ended what it left running in other sessions: pid {daemon} \((sh -c )?sleep 150\)"
+    if mode == "hang":  # in the reason
+        assert re.search(said, first), first
+    else:  # it exited 0: the reason is the pair's; the log (its tail is in the message) says it
+        assert re.search("precompile-build: the script " + said, str(e.value)), str(e.value)
+    assert _gone(daemon), f"the daemon {daemon} the script started is still alive"
+    assert list((tmp_path / "dist").iterdir()) == []
+
+
+def test_leftovers_are_found_by_their_token_only(tmp_path):
+    """A process without the capture's token (another capture's, the user's) is not ended."""
+    import subprocess
+
+    from precompile_build.builder import leftovers
+    from precompile_build.config import capture_env
+
+    mine = subprocess.Popen(["sleep", "60"], env={**os.environ, capture_env.CAPTURE_ID: "tok-a"},
+                            start_new_session=True)
+    other = subprocess.Popen(["sleep", "60"], env={**os.environ, capture_env.CAPTURE_ID: "tok-b"})
+    try:
+        assert leftovers.end("tok-a") == [f"pid {mine.pid} (sleep 60)"]
+        assert mine.wait(timeout=10) < 0 and other.poll() is None
+        assert leftovers.end("tok-nothing") == [] and leftovers.said([]) == ""
+    finally:
+        other.kill()
+        other.wait()
