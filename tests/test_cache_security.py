@@ -336,3 +336,18 @@ def test_a_pyc_in_a_shared_pycache_prefix_is_not_run(tmp_path, monkeypatch):
     pyc.write_bytes(_code_to_hash_pyc(compile(evil, "fwd.py", "exec"), importlib.util.source_hash(source)))
     _chown_other(pyc)
     assert load_packaged("fwd", package=p.name)() == ("kernels", BLOB)
+
+
+def test_a_forked_child_s_exit_leaves_the_parent_s_folder(tmp_path, monkeypatch, served_from):
+    """A child forked after the load runs the exit handlers when it ends normally:
+    the folder is its parent's (whose CUDA kernels load from it lazily), so it stays."""
+    p = on_path(monkeypatch, make_package(tmp_path))
+    assert load_packaged("fwd", package=p.name)() == ("kernels", BLOB)
+    pid = os.fork()
+    if pid == 0:  # the child: what atexit runs at a normal exit, then leave at once
+        try:
+            kernel_cache._remove_private_dirs()
+        finally:
+            os._exit(0)
+    os.waitpid(pid, 0)
+    assert (Path(served_from[0]) / "sub" / "k.bin").read_bytes() == BLOB

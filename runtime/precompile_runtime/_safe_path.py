@@ -27,6 +27,8 @@ def problem(path: str) -> tuple[str, str] | None:
     Raises:
         OSError: ``path`` or a folder above it cannot be stat'ed (missing: FileNotFoundError).
     """
+    if not hasattr(os, "geteuid"):  # pragma: no cover - not POSIX: no owners and modes to check
+        return None
     uid = os.geteuid()
     real = os.path.realpath(path)
     st = os.lstat(real)
@@ -54,7 +56,10 @@ def problem(path: str) -> tuple[str, str] | None:
 def leaf_problem(path: str, st: os.stat_result, uid: int | None = None) -> tuple[str, str] | None:
     """:func:`problem` for ``path`` alone, from its ``lstat`` ``st`` (no folder above it
     checked): a symlink, or owned by another uid, or writable by group or others."""
-    uid = os.geteuid() if uid is None else uid
+    if uid is None:
+        if not hasattr(os, "geteuid"):  # pragma: no cover - not POSIX
+            return None
+        uid = os.geteuid()
     if stat.S_ISLNK(st.st_mode):
         return (f"{path} is a symbolic link (to {_target(path)})", f"remove it: `rm {path}`")
     if st.st_uid != uid:

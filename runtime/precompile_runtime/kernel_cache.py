@@ -39,7 +39,7 @@ except ImportError:  # pragma: no cover - not POSIX: folders of crashed processe
 
 CACHE_ENV = "PRECOMPILE_CACHE_DIR"
 RUN_PREFIX = ".run-"
-_private_dirs: list[str] = []  # removed at exit
+_private_dirs: list[tuple[int, str]] = []  # (pid that made it, folder): removed at that process's exit
 _runs: dict[str, tuple[str, int]] = {}  # real cache dir -> (this process's folder, its locked fd)
 _mutex = threading.Lock()
 
@@ -184,7 +184,7 @@ def _run_folder(real: str) -> str:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
         _runs[real] = (run, fd)
-        _private_dirs.append(run)
+        _private_dirs.append((os.getpid(), run))
         return run
 
 
@@ -234,7 +234,7 @@ def _private_temp(ctx: str, root: str, code_hash: str, env: _envelope.Envelope,
     """The blobs in a private temp folder of this process (removed at exit)."""
     try:
         private = tempfile.mkdtemp(prefix="precompile-runtime-")
-        _private_dirs.append(private)
+        _private_dirs.append((os.getpid(), private))
         found = _safe_path.problem(private)
         if found is not None:
             raise PrecompileLoadError(
@@ -255,11 +255,21 @@ def _private_temp(ctx: str, root: str, code_hash: str, env: _envelope.Envelope,
 
 
 def _write_file(path: str, data: bytes) -> None:
-    """One blob to disk (a seam: the tests fill the disk here). The file is new: a
-    name already there (a link) fails instead of being followed."""
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o600)
-    with open(fd, "wb") as f:
-        f.write(data)
+    """One blob to disk, as a new read-only file (``r-x`` for a shared object; a seam:
+    the tests fill the disk here). A name already there (a link) fails instead of being
+    followed."""
+    mode = 0o500 if path.endswith((".so", ".pyd", ".dylib")) else 0o400
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _O_NOFOLLOW | _O_CLOEXEC, mode)
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view):]
+    finally:
+        os.close(fd)
+
+
+_O_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
+_O_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
 
 
 def _write_private(folder: str, code_hash: str, env: _envelope.Envelope, names: dict[str, list[str]]) -> str:
@@ -270,12 +280,15 @@ def _write_private(folder: str, code_hash: str, env: _envelope.Envelope, names: 
         return final  # another target of this process with the same source half
     tmp = tempfile.mkdtemp(prefix=f".tmp-{code_hash[:16]}-", dir=folder)
     try:
+        made = {tmp}
         for name, parts in names.items():
             path = os.path.join(tmp, *parts)
-            os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
+            head = os.path.dirname(path)
+            if head not in made:
+                os.makedirs(head, mode=0o700, exist_ok=True)
+                made.add(head)
             # No fsync: the folder is this process's alone and gone with it.
             _write_file(path, env.blobs[name])
-            os.chmod(path, 0o500 if name.endswith((".so", ".pyd", ".dylib")) else 0o400)
         try:
             os.rename(tmp, final)
         except OSError:
@@ -289,5 +302,7 @@ def _write_private(folder: str, code_hash: str, env: _envelope.Envelope, names: 
 
 @atexit.register
 def _remove_private_dirs() -> None:
-    for d in _private_dirs:
-        shutil.rmtree(d, ignore_errors=True)
+    pid = os.getpid()  # a forked child that exits leaves its parent's folders alone
+    for owner, d in _private_dirs:
+        if owner == pid:
+            shutil.rmtree(d, ignore_errors=True)
