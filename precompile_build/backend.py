@@ -1,17 +1,21 @@
-"""PEP 517 build backend: setuptools' plus the captures.
+"""PEP 517 build backend: the project's own backend plus the captures.
 
-``build-backend = "precompile_build.backend"``. Every ``setuptools.build_meta`` hook
-is re-exported (looked up lazily, so hooks setuptools adds later are inherited);
-``build_wheel`` and ``build_editable`` run the capture scripts first and package
-their pairs; ``build_sdist`` ships the capture scripts and no artifacts; the
-``prepare_metadata_*`` hooks add the same ``Requires-Dist`` lines the wheel gets.
+``build-backend = "precompile_build.backend"``. It wraps the backend named by
+`[tool.precompile] backend` (default ``setuptools.build_meta``; wrapped_backend.py):
+every hook of that backend is re-exported (looked up lazily, so hooks it adds later
+are inherited); ``build_wheel`` and ``build_editable`` run the capture scripts first
+and add their pairs to the wheel that backend wrote (wheels/rewrite.py: RECORD, the
+platform tag, ``Requires-Dist``); ``build_sdist`` ships the capture scripts and no
+artifacts; the ``prepare_metadata_*`` hooks add the same ``Requires-Dist`` lines the
+wheel gets; ``get_requires_for_build_*`` are the wrapped backend's.
 
 Captures run side by side and unchanged ones are reused from the capture cache
 (``runner.run_captures``; `jobs`, `cache`, `cache-dir` settings).
 
 Torch must be importable where the build runs (the scripts run with the build's
-own interpreter): list it in ``build-system.requires`` or build with
-``--no-isolation``. ``get_requires_for_build_wheel`` adds nothing.
+own interpreter): list it in ``build-system.requires`` (with the wrapped backend's
+distribution) or build with ``--no-isolation``. ``get_requires_for_build_wheel`` adds
+nothing to the wrapped backend's list.
 
 Editable installs (PEP 660): the pairs and manifest are written into the *source*
 package directory, ``<package dir>/_precompiled/`` (atomically, replacing an older
@@ -41,19 +45,36 @@ __all__ = [
 
 
 def __getattr__(name: str) -> Any:
-    """Forward every other public hook to ``setuptools.build_meta``."""
+    """Forward every other public hook (and a backend's ``UnsupportedOperation``) to the
+    wrapped backend of the project in the working directory (setuptools' when it has
+    none, or it cannot be read or imported: the hooks themselves then say why)."""
     if name.startswith("_"):
         raise AttributeError(name)
-    from setuptools import build_meta
+    from .wrapped_backend import for_project
 
-    return getattr(build_meta, name)
+    try:
+        target: Any = for_project().load()
+    except Exception:
+        import setuptools.build_meta
+
+        target = setuptools.build_meta
+    return getattr(target, name)
 
 
 def __dir__() -> list[str]:
     return sorted(set(globals()) | set(__all__))
 
 
+def _wrapped(settings=None):
+    """The wrapped backend (wrapped_backend.Wrapped): the settings', else read from the
+    working directory's pyproject.toml (the hooks that take no settings)."""
+    from .wrapped_backend import Wrapped, for_project
+
+    return for_project() if settings is None else Wrapped(settings.backend, settings.backend_path)
+
+
 def _setuptools_settings(config_settings: Optional[Mapping[str, Any]]) -> Optional[dict]:
+    """The config settings for the wrapped backend: all but ours (``precompile.*``)."""
     if config_settings is None:
         return None
     return {k: v for k, v in config_settings.items() if not str(k).startswith("precompile.")}
@@ -96,15 +117,16 @@ def _say_skipped(settings) -> None:
 
 
 def _package(settings, plain: Path, out_dir: str, files: dict, *, add: bool) -> str:
-    """Rewrite setuptools' wheel ``plain`` into ``out_dir``; ``add``: put ``files``
-    into it (regular wheel) or only take requirements and tags from them (editable)."""
+    """Rewrite the wrapped backend's wheel ``plain`` into ``out_dir``; ``add``: put
+    ``files`` into it (regular wheel) or only take requirements and tags from them
+    (editable)."""
     from .wheels.manifest import variants
     from .wheels.rewrite import NATIVE_ENGINES, package_wheel
 
     found = variants(files) if files else []  # skip: no captures, no manifest
     native = any(v["engine"] in NATIVE_ENGINES for v in found)
     requires = _requirements(settings, found)
-    _warn_static_dependencies(settings.project, requires)
+    _warn_static_dependencies(settings.project, requires, settings.backend)
     return package_wheel(plain, out_dir, settings.package, files if add else None,
                          requires, native=native, kernels=files).name
 
@@ -149,77 +171,96 @@ def static_dependencies_gap(project: Optional[Mapping[str, Any]], requires: list
     return gap
 
 
-def _warn_static_dependencies(project: Optional[Mapping[str, Any]], requires: list) -> None:
+def _warn_static_dependencies(project: Optional[Mapping[str, Any]], requires: list,
+                              backend: str = "setuptools.build_meta") -> None:
     import sys
 
     gap = static_dependencies_gap(project, requires)
     if gap:
+        dynamic = ("Add \"dependencies\" to `project.dynamic` (list your own in "
+                   "`[tool.setuptools.dynamic]`), or add these to `project.dependencies`"
+                   if backend.startswith("setuptools") else
+                   "Add these to `project.dependencies`")
         print("precompile: warning: `project.dependencies` in pyproject.toml is static, but "
               f"this build adds {', '.join(gap)} to the wheel; tools that read "
-              "pyproject.toml (uv) will not install them. Add \"dependencies\" to "
-              "`project.dynamic` (list your own in `[tool.setuptools.dynamic]`), or add "
-              "these to `project.dependencies` (docs/publishing.md)", file=sys.stderr)
+              f"pyproject.toml (uv) will not install them. {dynamic} (docs/publishing.md)",
+              file=sys.stderr)
 
 
 def build_wheel(wheel_directory: str, config_settings: Optional[Mapping[str, Any]] = None,
                 metadata_directory: Optional[str] = None) -> str:
-    """Run the captures, build the wheel with setuptools, add `_precompiled/`.
+    """Run the captures, build the wheel with the wrapped backend, add `_precompiled/`.
 
     Returns the wheel's file name in ``wheel_directory``. Raises ConfigError before
-    any capture, CaptureError for a failed required target; no wheel is left in
-    ``wheel_directory`` on failure.
+    any capture, BuildError for a wrapped backend that cannot be imported (before any
+    capture), fails or writes no wheel, CaptureError for a failed required target; no
+    wheel is left in ``wheel_directory`` on failure.
     """
-    from setuptools import build_meta
-
     settings = _settings(config_settings)
+    wrapped = _wrapped(settings)
+    wrapped.load()
     st_settings = _setuptools_settings(config_settings)
     if settings.skip:
         _say_skipped(settings)
     with build_tempdir() as tmp:
         files = {} if settings.skip else _capture(settings, Path(tmp) / "capture")
-        name = build_meta.build_wheel(str(Path(tmp) / "wheel"), st_settings,
-                                      metadata_directory)
-        return _package(settings, Path(tmp) / "wheel" / name, wheel_directory, files,
-                        add=True)
+        out = Path(tmp) / "wheel"
+        out.mkdir()  # flit-core writes into it and does not make it
+        name = wrapped.call("build_wheel", str(out), st_settings, metadata_directory)
+        return _package(settings, wrapped.built("build_wheel", out, name), wheel_directory,
+                        files, add=True)
+
+
+def _editable_hook(wrapped) -> None:
+    """Raises BuildError when the wrapped backend has no PEP 660 ``build_editable``."""
+    from .errors import BuildError
+
+    if not wrapped.has("build_editable"):
+        raise BuildError(f"Failed to build an editable wheel: the wrapped build backend "
+                         f"`{wrapped.spec}` (`tool.precompile.backend`) has no build_editable "
+                         "hook (PEP 660); install without -e, or use a backend that has one")
 
 
 def build_editable(wheel_directory: str, config_settings: Optional[Mapping[str, Any]] = None,
                    metadata_directory: Optional[str] = None) -> str:
     """PEP 660: run the captures, write them to ``<package dir>/_precompiled/`` in the
-    source tree, then build setuptools' editable wheel (requirements added).
+    source tree, then build the wrapped backend's editable wheel (requirements added).
 
     The manifest records the package source's digest (``editable``), so a load after
-    the source changed serves no stale kernels. With ``editable_mode=strict``
-    (setuptools' link tree under ``build/``), ``_precompiled/`` is written into the
-    link tree too: it holds only what setuptools knew of."""
-    from setuptools import build_meta
-
+    the source changed serves no stale kernels. With setuptools'
+    ``editable_mode=strict`` (a link tree under ``build/``), ``_precompiled/`` is
+    written into the link tree too: it holds only what setuptools knew of. Raises
+    BuildError when the wrapped backend has no ``build_editable``."""
     from .builder.capture_cache import package_digest
     from .wheels.manifest import mark_editable, write_dir_atomic
     from .wheels.rewrite import PRECOMPILED
 
     settings = _settings(config_settings)
+    wrapped = _wrapped(settings)
+    _editable_hook(wrapped)
     st_settings = _setuptools_settings(config_settings)
     if settings.skip:  # the source tree's _precompiled/ is left as it is
         _say_skipped(settings)
         with build_tempdir() as tmp:
-            name = build_meta.build_editable(str(Path(tmp) / "wheel"), st_settings,
-                                             metadata_directory)
-            return _package(settings, Path(tmp) / "wheel" / name, wheel_directory, {},
-                            add=False)
+            out = Path(tmp) / "wheel"
+            out.mkdir()
+            name = wrapped.call("build_editable", str(out), st_settings, metadata_directory)
+            return _package(settings, wrapped.built("build_editable", out, name),
+                            wheel_directory, {}, add=False)
     with build_tempdir() as tmp:
         digest = package_digest(settings.package_dir)
         files = mark_editable(_capture(settings, Path(tmp) / "capture"),
                               settings.package_dir, digest)
-        name = build_meta.build_editable(str(Path(tmp) / "wheel"), st_settings,
-                                         metadata_directory)
+        out = Path(tmp) / "wheel"
+        out.mkdir()  # flit-core writes into it and does not make it
+        name = wrapped.call("build_editable", str(out), st_settings, metadata_directory)
+        plain = wrapped.built("build_editable", out, name)
         write_dir_atomic(settings.package_dir / PRECOMPILED, files)
-        for tree in _link_trees(Path(tmp) / "wheel" / name):
+        for tree in _link_trees(plain):
             pkg = tree.joinpath(*settings.package.split("."))
             if pkg.is_dir() and pkg.resolve() != settings.package_dir.resolve():
                 write_dir_atomic(pkg / PRECOMPILED, files)
-        return _package(settings, Path(tmp) / "wheel" / name, wheel_directory, files,
-                        add=False)
+        return _package(settings, plain, wheel_directory, files, add=False)
 
 
 def _link_trees(editable_wheel: Path) -> list:
@@ -241,15 +282,15 @@ def _link_trees(editable_wheel: Path) -> list:
 
 def build_sdist(sdist_directory: str,
                 config_settings: Optional[Mapping[str, Any]] = None) -> str:
-    """setuptools' sdist, plus every capture script, minus `_precompiled/`."""
-    from setuptools import build_meta
-
+    """The wrapped backend's sdist, plus every capture script, minus `_precompiled/`."""
     from .wheels.sdist import package_sdist
 
     settings = _settings(config_settings)
+    wrapped = _wrapped(settings)
     with build_tempdir() as tmp:
-        name = build_meta.build_sdist(tmp, _setuptools_settings(config_settings))
-        return package_sdist(Path(tmp) / name, sdist_directory, settings).name
+        name = wrapped.call("build_sdist", tmp, _setuptools_settings(config_settings))
+        return package_sdist(wrapped.built("build_sdist", Path(tmp), name), sdist_directory,
+                             settings).name
 
 
 def _patch_metadata_dir(settings, metadata_directory: str, dist_info: str) -> str:
@@ -261,45 +302,61 @@ def _patch_metadata_dir(settings, metadata_directory: str, dist_info: str) -> st
     return dist_info
 
 
-def prepare_metadata_for_build_wheel(metadata_directory: str,
-                                     config_settings: Optional[Mapping[str, Any]] = None) -> str:
-    """setuptools' metadata plus the Requires-Dist lines the wheel will carry
-    (torch pin from the torch installed here)."""
-    from setuptools import build_meta
+def _prepare_metadata(hook: str, build_hook: str, metadata_directory: str,
+                      config_settings: Optional[Mapping[str, Any]]) -> str:
+    """The wrapped backend's ``hook`` (its metadata), or, where it has none, the
+    ``.dist-info`` of the wheel its ``build_hook`` builds (no captures), as PEP 517
+    frontends do; then the build's ``Requires-Dist`` lines added."""
+    import zipfile
 
     settings = _settings(config_settings)
-    name = build_meta.prepare_metadata_for_build_wheel(
-        metadata_directory, _setuptools_settings(config_settings))
-    return _patch_metadata_dir(settings, metadata_directory, name)
+    wrapped = _wrapped(settings)
+    st_settings = _setuptools_settings(config_settings)
+    if wrapped.has(hook):
+        return _patch_metadata_dir(settings, metadata_directory,
+                                   wrapped.call(hook, metadata_directory, st_settings))
+    with build_tempdir() as tmp:
+        name = wrapped.call(build_hook, tmp, st_settings)
+        with zipfile.ZipFile(wrapped.built(build_hook, Path(tmp), name)) as zf:
+            dist_info = next(n.split("/")[0] for n in zf.namelist()
+                             if n.count("/") == 1 and n.endswith(".dist-info/METADATA"))
+            for n in zf.namelist():
+                if n.startswith(dist_info + "/") and not n.endswith("/"):
+                    zf.extract(n, metadata_directory)
+    return _patch_metadata_dir(settings, metadata_directory, dist_info)
+
+
+def prepare_metadata_for_build_wheel(metadata_directory: str,
+                                     config_settings: Optional[Mapping[str, Any]] = None) -> str:
+    """The wrapped backend's metadata plus the Requires-Dist lines the wheel will carry
+    (torch pin from the torch installed here)."""
+    return _prepare_metadata("prepare_metadata_for_build_wheel", "build_wheel",
+                             metadata_directory, config_settings)
 
 
 def prepare_metadata_for_build_editable(metadata_directory: str,
                                         config_settings: Optional[Mapping[str, Any]] = None) -> str:
     """As :func:`prepare_metadata_for_build_wheel`, for editable installs."""
-    from setuptools import build_meta
+    _editable_hook(_wrapped(_settings(config_settings)))
+    return _prepare_metadata("prepare_metadata_for_build_editable", "build_editable",
+                             metadata_directory, config_settings)
 
-    settings = _settings(config_settings)
-    name = build_meta.prepare_metadata_for_build_editable(
-        metadata_directory, _setuptools_settings(config_settings))
-    return _patch_metadata_dir(settings, metadata_directory, name)
+
+def _requires(hook: str, config_settings: Optional[Mapping[str, Any]]) -> list:
+    wrapped = _wrapped()
+    return list(wrapped.call(hook, _setuptools_settings(config_settings))) if wrapped.has(hook) else []
 
 
 def get_requires_for_build_wheel(config_settings: Optional[Mapping[str, Any]] = None) -> list:
-    """setuptools' requirements; nothing added (torch: see the module docstring)."""
-    from setuptools import build_meta
-
-    return build_meta.get_requires_for_build_wheel(_setuptools_settings(config_settings))
+    """The wrapped backend's requirements; nothing added (torch: see the module docstring)."""
+    return _requires("get_requires_for_build_wheel", config_settings)
 
 
 def get_requires_for_build_editable(config_settings: Optional[Mapping[str, Any]] = None) -> list:
-    """setuptools' requirements for an editable build; nothing added."""
-    from setuptools import build_meta
-
-    return build_meta.get_requires_for_build_editable(_setuptools_settings(config_settings))
+    """The wrapped backend's requirements for an editable build; nothing added."""
+    return _requires("get_requires_for_build_editable", config_settings)
 
 
 def get_requires_for_build_sdist(config_settings: Optional[Mapping[str, Any]] = None) -> list:
-    """setuptools' requirements for an sdist; nothing added."""
-    from setuptools import build_meta
-
-    return build_meta.get_requires_for_build_sdist(_setuptools_settings(config_settings))
+    """The wrapped backend's requirements for an sdist; nothing added."""
+    return _requires("get_requires_for_build_sdist", config_settings)

@@ -46,6 +46,8 @@ PROJECT_KEYS = (
     Key("cuda-archs", "cuda_archs", env=capture_env.CUDA_ARCHS),  # the targets' default
     Key("mode", "mode", env=capture_env.MODE),  # the targets' default
     Key("distributed", "distributed", env="PRECOMPILE_DISTRIBUTED"),
+    Key("backend", "backend"),
+    Key("backend-path", "backend_path"),
 )
 # [tool.precompile.targets.NAME]
 TARGET_KEYS = (

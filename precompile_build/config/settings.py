@@ -26,6 +26,7 @@ from .fields import PROJECT_KEYS
 from .fields import TARGET_KEYS as TARGET_TABLE_KEYS
 from .messages import PREFIX, fail, invalid, type_name
 from .parallel import parse_distributed, parse_world
+from .wrapped import parse_backend
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -148,6 +149,17 @@ class Settings:
     under torch's fake process group: compile-only, the manifest and `inspect` say it
     was not validated at that world size), `auto` (default: real on the CPU and
     where the build host has a GPU per rank, else fake)."""
+    backend: str = "setuptools.build_meta"
+    """`backend`: the PEP 517 build backend the project builds with (its object
+    reference, ``module`` or ``module:object``: `"hatchling.build"`, `"flit_core.buildapi"`,
+    `"pdm.backend"`, `"scikit_build_core.build"`), which `precompile_build.backend`
+    wraps: every hook is that backend's, and the wheel it writes gets `_precompiled/`,
+    the platform tag and the `Requires-Dist` lines. List its distribution in
+    `build-system.requires` beside precompile-build."""
+    backend_path: tuple[Path, ...] = ()
+    """`backend-path`: directories (relative to the project root, inside it) put first on
+    `sys.path` to import `backend`, as `build-system.backend-path` for an in-tree
+    backend (PEP 517)."""
 
 
 # Keys of the tables, kebab-case as written in TOML, and the overrides (config setting
@@ -179,6 +191,11 @@ def _read_toml(root: Path) -> dict[str, Any]:
         raise ConfigError(f"Failed to read {path}: file not found") from None
     except tomllib.TOMLDecodeError as e:
         raise ConfigError(f"Failed to parse {path}: {e}") from None
+
+
+def read_pyproject(root: Path) -> dict[str, Any]:
+    """``root/pyproject.toml``, parsed. Raises ConfigError: missing or unparsable."""
+    return _read_toml(root)
 
 
 def _precompile_table(doc: Mapping[str, Any]) -> dict[str, Any]:
@@ -538,9 +555,11 @@ def settings_from_table(root: Path, table: Mapping[str, Any],
                 raise ConfigError(f"Failed to read {where}: no target {n!r} in "
                                   f"`{PREFIX}.targets`{hint}")
         selected = tuple(n for n in targets if n in names)
+    backend, backend_path = parse_backend(table, root)
     return Settings(root=root, package=package, package_dir=package_dir, targets=targets, selected=selected,
                     skip=flags["skip"], strict=flags["strict"], verbose=flags["verbose"], torch_pin=torch_pin,
                     cache=cache, cache_dir=cache_dir, jobs=jobs,
                     project=project if isinstance(project, dict) else None,
-                    distributed=parse_distributed(table, overrides))
+                    distributed=parse_distributed(table, overrides),
+                    backend=backend, backend_path=backend_path)
 
