@@ -23,9 +23,14 @@ make_venv .venv-test "${deps[@]}" "ruff==0.17.6" "mypy==2.4.1" "mkdocs==1.6.1" \
 .venv-test/bin/python -m mypy
 
 echo "== the docs site (mkdocs.yml: every page in the nav, every link and anchor resolves)"
+# no --quiet: it hides the warnings from --strict too, and the check could not fail;
+# the log is kept and any WARNING line fails the check (a link outside docs/ included)
 site=$(mktemp -d)
-.venv-test/bin/python -m mkdocs build --strict --quiet --site-dir "$site"
-rm -rf "$site"
+if ! .venv-test/bin/python -m mkdocs build --strict --site-dir "$site" >"$site.log" 2>&1 \
+    || grep -q "WARNING" "$site.log"; then
+  cat "$site.log"; rm -rf "$site" "$site.log"; echo "docs: mkdocs build --strict failed"; exit 1
+fi
+rm -rf "$site" "$site.log"
 
 echo "== tests under torch 2.13 (frozen and eager engines, backend, runtime)"
 .venv-test/bin/python -m pytest -q -p no:cacheprovider tests example_project/tests "$@"
