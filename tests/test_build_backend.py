@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import hashlib
+import sys
 import tarfile
 import zipfile
 
@@ -43,6 +45,11 @@ def test_wheel_exact_files_record_tags_requires(tmp_path, monkeypatch):
     assert b"Tag: py3-none-any" in read_member(whl, "WHEEL")
     m = manifest_of(whl)
     assert m["package"] == "simplepkg"
+    # the shipped pyc is covered by the manifest, like every file the loader reads
+    (v,) = m["targets"]["double"]["variants"]
+    pyc = read_member(whl, "double" + PYC)
+    assert v["bytecode"] == {sys.implementation.cache_tag: {
+        "path": "double" + PYC, "size": len(pyc), "sha256": hashlib.sha256(pyc).hexdigest()}}
     (v,) = m["targets"]["double"]["variants"]
     assert m["targets"]["double"]["status"] == "ok"
     assert v["engine"] == "eager" and v["device"] == "cpu"

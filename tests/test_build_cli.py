@@ -79,6 +79,8 @@ def test_merge_two_hosts(tmp_path, monkeypatch, capsys):
     assert va["files"]["source"]["path"] == vb["files"]["source"]["path"] == "double.py"
     assert va["files"]["cache"]["path"] == "double.cache"
     assert vb["files"]["cache"]["path"] == f"double.{vb['id']}.cache"
+    assert va["bytecode"][sys.implementation.cache_tag]["path"] == "double" + PYC  # listed, as built
+    assert va["bytecode"] == vb["bytecode"]
     pc = [n for n in wheel_names(out) if "_precompiled" in n]
     assert pc == sorted(f"simplepkg/_precompiled/{n}" for n in (
         "double.py", "double" + PYC, "double.cache", f"double.{vb['id']}.cache", "manifest.json"))

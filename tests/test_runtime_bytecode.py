@@ -21,8 +21,9 @@ def _half(tmp_path, mode=py_compile.PycInvalidationMode.TIMESTAMP):
     return path
 
 
-def _code(monkeypatch, path, source, filename="x"):
-    """(source_code's result, "pyc" or "compiled": whether it compiled)."""
+def _code(monkeypatch, path, source, filename="x", shipped=None):
+    """(source_code's result, "pyc" or "compiled": whether it compiled); ``shipped``: the
+    verified bytes of the build's pyc, as the loader passes them."""
     compiled = []
 
     def counting(*a, **k):
@@ -30,7 +31,7 @@ def _code(monkeypatch, path, source, filename="x"):
         return compile(*a, **k)
 
     monkeypatch.setattr(_bytecode, "compile", counting, raising=False)
-    code = _bytecode.source_code(path, source, filename)
+    code = _bytecode.source_code(path, source, filename, shipped)
     return code, "compiled" if compiled else "pyc"
 
 
@@ -117,8 +118,9 @@ def _shipped(tmp_path, source=SOURCE):
 
 
 def test_shipped_bytecode_serves_an_install_that_did_not_byte_compile(tmp_path, monkeypatch):
-    path, _ = _shipped(tmp_path)
-    code, origin = _code(monkeypatch, path, SOURCE, "pkg/_precompiled/f.py")
+    path, pyc = _shipped(tmp_path)
+    assert _code(monkeypatch, path, SOURCE)[1] == "compiled"  # not passed (not in the manifest): not read
+    code, origin = _code(monkeypatch, path, SOURCE, "pkg/_precompiled/f.py", pyc.read_bytes())
     assert origin == "pyc" and code.co_filename == "pkg/_precompiled/f.py"
     ns = {}
     exec(code, ns)
@@ -126,10 +128,10 @@ def test_shipped_bytecode_serves_an_install_that_did_not_byte_compile(tmp_path, 
 
 
 def test_shipped_bytecode_of_other_bytes_is_not_used(tmp_path, monkeypatch):
-    path, _ = _shipped(tmp_path)
+    path, pyc = _shipped(tmp_path)
     other = SOURCE.replace(b"41", b"40")
     path.write_bytes(other)  # the source half replaced (an upgrade), its old pyc left
-    code, origin = _code(monkeypatch, path, other)
+    code, origin = _code(monkeypatch, path, other, shipped=pyc.read_bytes())
     ns = {}
     exec(code, ns)
     assert origin == "compiled" and ns["load"](None) == 41
@@ -140,20 +142,18 @@ def test_a_shipped_pyc_that_is_not_hash_based_or_is_corrupt_is_not_used(tmp_path
     good = pyc.read_bytes()
     # a timestamp pyc at the shipped name: not what the build writes, and nothing ties it to these bytes
     py_compile.compile(str(path), cfile=str(pyc), doraise=True, invalidation_mode=py_compile.PycInvalidationMode.TIMESTAMP)
-    assert _code(monkeypatch, path, SOURCE)[1] == "compiled"
-    pyc.write_bytes(good[:16] + good[16:40])  # truncated: the header still says these bytes
-    assert _code(monkeypatch, path, SOURCE)[1] == "compiled"
-    pyc.write_bytes(good[:4] + b"\0\0\0\0" + good[8:])  # flags cleared: read as a timestamp pyc
-    assert _code(monkeypatch, path, SOURCE)[1] == "compiled"
-    pyc.write_bytes(good)
-    assert _code(monkeypatch, path, SOURCE)[1] == "pyc"
+    assert _code(monkeypatch, path, SOURCE, shipped=pyc.read_bytes())[1] == "compiled"
+    bad = good[:16] + good[16:40]  # truncated: the header still says these bytes
+    assert _code(monkeypatch, path, SOURCE, shipped=bad)[1] == "compiled"
+    bad = good[:4] + b"\0\0\0\0" + good[8:]  # flags cleared: read as a timestamp pyc
+    assert _code(monkeypatch, path, SOURCE, shipped=bad)[1] == "compiled"
+    assert _code(monkeypatch, path, SOURCE, shipped=good)[1] == "pyc"
 
 
 def test_installers_bytecode_is_taken_first(tmp_path, monkeypatch):
     path, pyc = _shipped(tmp_path)
-    pyc.write_bytes(b"not a pyc")
     py_compile.compile(str(path), doraise=True)  # pip's, in __pycache__
-    assert _code(monkeypatch, path, SOURCE)[1] == "pyc"
+    assert _code(monkeypatch, path, SOURCE, shipped=b"not a pyc")[1] == "pyc"
 
 
 def test_shipped_bytecode_is_reproducible_and_checked_hash():
@@ -176,3 +176,68 @@ def test_a_source_half_that_does_not_compile_fails_the_build_with_its_error():
         shipped_bytecode({"good.py": SOURCE, "bad.py": b"def f(:\n"})
     msg = str(ei.value)
     assert "bad.py" in msg and "SyntaxError" in msg and "report it" in msg, msg
+
+
+# ------------------------------------- the shipped pyc is covered by the manifest (issue 57 item 4)
+
+def _package_with_shipped_pyc(tmp_path, monkeypatch, listed=True):
+    """A fake installed package whose source half has the pyc the build ships beside it,
+    listed in the manifest (its ``bytecode`` entry) or not (a wheel of an older build)."""
+    import sys
+
+    from _fake_packages import file_entry, make_package
+
+    from precompile_build.wheels.bytecode import shipped_bytecode
+
+    p = make_package(tmp_path)
+    monkeypatch.syspath_prepend(str(p.root))
+    ((name, data),) = shipped_bytecode({"fwd.py": (p.data / "fwd.py").read_bytes()}).items()
+    (p.data / name).write_bytes(data)
+    if listed:
+        doc = p.manifest()
+        doc["targets"]["fwd"]["variants"][0]["bytecode"] = {sys.implementation.cache_tag: file_entry(name, data)}
+        p.write_manifest(doc)
+    return p, p.data / name
+
+
+def _swap_code_object(pyc, marker):
+    """Keep the pyc's header (its flags and the source hash: still "these bytes'"), swap
+    the code object for one that writes ``marker`` and serves something else."""
+    import marshal
+
+    evil = compile(f"open({str(marker)!r}, 'w').write('ran')\ndef load(kernel_dir):\n    return lambda: 'evil'\n",
+                   "fwd.py", "exec")
+    good = pyc.read_bytes()
+    pyc.write_bytes(good[:16] + marshal.dumps(evil))
+
+
+@pytest.mark.usefixtures("runtime_env")
+def test_a_listed_shipped_pyc_serves_and_one_with_a_swapped_code_object_is_refused(tmp_path, monkeypatch):
+    from precompile_runtime import IntegrityError, load_packaged
+
+    p, pyc = _package_with_shipped_pyc(tmp_path, monkeypatch)
+    compiled = []
+    monkeypatch.setattr(_bytecode, "compile", lambda *a, **k: compiled.append(1) or compile(*a, **k), raising=False)
+    assert load_packaged("fwd", package=p.name)()[0] == "kernels"
+    assert compiled == []  # the shipped pyc served: no compile
+
+    q, pyc = _package_with_shipped_pyc(tmp_path / "q", monkeypatch)
+    marker = tmp_path / "evil-ran"
+    _swap_code_object(pyc, marker)
+    with pytest.raises(IntegrityError, match=rf"package '{q.name}', target 'fwd': _precompiled/{pyc.name}: "
+                       r"sha256 check failed: the manifest says \d+ bytes with sha256 \w+, the file has"):
+        load_packaged("fwd", package=q.name)
+    assert not marker.exists() and q.execs() == 0  # nothing of it ran
+
+
+@pytest.mark.usefixtures("runtime_env")
+def test_a_shipped_pyc_the_manifest_does_not_list_is_not_read(tmp_path, monkeypatch):
+    """A wheel of an older build (no ``bytecode`` entry), or a pyc dropped in: compiled
+    from the verified source instead, whatever the pyc holds."""
+    from precompile_runtime import load_packaged
+
+    p, pyc = _package_with_shipped_pyc(tmp_path, monkeypatch, listed=False)
+    marker = tmp_path / "evil-ran"
+    _swap_code_object(pyc, marker)
+    assert load_packaged("fwd", package=p.name)()[0] == "kernels"
+    assert not marker.exists() and p.execs() == 1

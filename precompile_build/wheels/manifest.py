@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import os
 import shutil
+import sys
 import tempfile
 import time
 from collections.abc import Mapping, Sequence
@@ -13,6 +14,7 @@ from pathlib import Path
 from typing import Any, cast
 
 from precompile_runtime import manifest as manifest_format
+from precompile_runtime._bytecode import shipped_path
 from precompile_runtime.fingerprint import variant_id
 from precompile_runtime.pair_format import Device, Engine, Fallback
 
@@ -43,8 +45,9 @@ def assemble(package: str, results: Sequence[CaptureResult]) -> dict[str, bytes]
     Returns:
         ``{"manifest.json": bytes, "NAME.py": bytes, "NAME.cache": bytes, ...}`` and each
         source half's checked-hash pyc for this interpreter, ``NAME.<cache tag>.pyc``
-        (wheels/bytecode.py; not in the manifest: the loader takes it only where it was
-        compiled from the verified source's bytes).
+        (wheels/bytecode.py), listed in its variant's ``bytecode`` entry by cache tag
+        (size and sha256: the loader verifies it before use, and takes it only where it
+        was compiled from the verified source's bytes).
         With ``SOURCE_DATE_EPOCH`` set, ``captured_at`` comes from it and
         ``capture_seconds``, ``capture_device``, ``peak_memory`` and ``capture_breakdown``
         are left out, so the manifest is
@@ -99,7 +102,14 @@ def assemble(package: str, results: Sequence[CaptureResult]) -> dict[str, bytes]
         entry["variants"].append(variant)
     doc: manifest_format.Manifest = {"format": manifest_format.FORMAT, "version": manifest_format.VERSION,
                                      "package": package, "targets": targets}
-    files.update(shipped_bytecode({n: d for n, d in files.items() if n.endswith(".py")}))
+    shipped = shipped_bytecode({n: d for n, d in files.items() if n.endswith(".py")})
+    files.update(shipped)
+    tag = sys.implementation.cache_tag
+    for entry in targets.values():  # every file the loader reads, in the manifest
+        for v in entry["variants"]:
+            pyc = shipped_path(v["files"]["source"]["path"])
+            if tag and pyc in shipped:
+                v["bytecode"] = {tag: _file_entry(pyc, shipped[pyc])}
     files[MANIFEST_NAME] = manifest_format.dumps(doc)
     return files
 

@@ -120,6 +120,8 @@ def _merge_manifests(parts: Sequence[dict], names: Sequence[str]) -> tuple[dict,
                     files[path] = data
                     if role == "source":
                         files.update(_shipped_bytecode(part["files"], entry["path"], path))
+                        for tag, pyc in (v.get("bytecode") or {}).items():  # named for the renamed source
+                            pyc["path"] = f"{path[:-3]}.{tag}.pyc"
                     entry["path"] = path
                 merged["variants"].append(v)
                 merged["status"], merged["reason"] = "ok", None

@@ -23,7 +23,10 @@ never writes inside the installed package; for that case the build ships one bes
 the source half, ``NAME.<cache tag>.pyc`` (:func:`shipped_path`; made by
 precompile_build/wheels/bytecode.py for the interpreter that built the wheel),
 hash-based only: it serves only the very bytes it was compiled from, and a name that
-neither Python's import nor pip's compileall writes or reads.
+neither Python's import nor pip's compileall writes or reads. Like every file the
+loader reads, it is covered by the manifest: the variant's ``bytecode`` entry for this
+interpreter's cache tag (its size and sha256, checked by :func:`shipped_bytes`); a
+shipped pyc the manifest does not list is not read, one that differs is refused.
 """
 
 from __future__ import annotations
@@ -34,12 +37,15 @@ import marshal
 import os
 import sys
 import types
+from collections.abc import Mapping
 from typing import Any
 
 from . import _safe_path
+from . import envelope as _envelope
+from .errors import IntegrityError
 
 
-def source_code(path: Any, source: bytes, filename: str) -> types.CodeType:
+def source_code(path: Any, source: bytes, filename: str, shipped: bytes | None = None) -> types.CodeType:
     """The code object of ``source`` (the bytes of the file at ``path``).
 
     Args:
@@ -47,6 +53,8 @@ def source_code(path: Any, source: bytes, filename: str) -> types.CodeType:
             importlib.resources); only a real file can have bytecode.
         source: its bytes, as read (and verified) by the loader.
         filename: the name compiled code carries (tracebacks, linecache).
+        shipped: the bytes of the pyc the build shipped beside it, as
+            :func:`shipped_bytes` read and verified them; None: none is used.
     Returns:
         the bytecode pip compiled for it where valid, else the one the build
         shipped where valid (see the module docstring; a missing, stale or
@@ -54,7 +62,7 @@ def source_code(path: Any, source: bytes, filename: str) -> types.CodeType:
     Raises:
         SyntaxError: ``source`` does not compile (a corrupted source half).
     """
-    code = _installed_bytecode(path, source)
+    code = _installed_bytecode(path, source, shipped)
     if code is None:
         return compile(source, filename, "exec", dont_inherit=True)
     _imp._fix_co_filename(code, filename)  # type: ignore[attr-defined]  # as importlib does: tracebacks name the pair's file
@@ -72,7 +80,39 @@ def shipped_path(source_path: str) -> str | None:
     return os.path.join(head, f"{name[:-3] if name.endswith('.py') else name}.{tag}.pyc")
 
 
-def _installed_bytecode(path: Any, source: bytes) -> types.CodeType | None:
+def shipped_bytes(data: Any, variant: Mapping[str, Any], where: str) -> bytes | None:
+    """The pyc the build shipped for this interpreter beside the variant's source half,
+    verified against the manifest.
+
+    Args:
+        data: the ``_precompiled/`` folder (a Path or a Traversable).
+        variant: the manifest's variant (its ``bytecode`` entry, by cache tag).
+        where: the package and target, for the message.
+    Returns:
+        its bytes, or None: the manifest lists none for this cache tag (an older build,
+        another Python), or the file is not there (an installer that left it out).
+    Raises:
+        IntegrityError: its size or sha256 differs from the manifest's (it was
+            modified: a swapped code object behind a kept header is never run).
+    """
+    tag = sys.implementation.cache_tag
+    entry = (variant.get("bytecode") or {}).get(tag) if tag else None
+    if not entry:
+        return None
+    try:
+        blob = (data / entry["path"]).read_bytes()
+    except (OSError, KeyError):
+        return None
+    digest = _envelope.sha256_hex(blob)
+    if len(blob) != entry["size"] or digest != entry["sha256"]:
+        raise IntegrityError(
+            f"sha256 check failed: the manifest says {entry['size']} bytes with sha256 {entry['sha256']}, "
+            f"the file has {len(blob)} bytes with {digest}", advice="the file was modified, reinstall the package",
+            context=where, where=f"_precompiled/{entry['path']}")
+    return blob
+
+
+def _installed_bytecode(path: Any, source: bytes, shipped: bytes | None) -> types.CodeType | None:
     try:
         file = os.fspath(path)
     except TypeError:  # a Traversable of a zip: no file, no pyc
@@ -84,9 +124,8 @@ def _installed_bytecode(path: Any, source: bytes) -> types.CodeType | None:
     if pyc and sys.pycache_prefix and not _trusted(pyc):
         pyc = None  # a shared PYTHONPYCACHEPREFIX: a pyc another user could have written
     code = _pip_bytecode(file, pyc, source) if pyc else None
-    if code is None:
-        shipped = shipped_path(file)
-        data = _read(shipped) if shipped else None
+    if code is None and shipped is not None:
+        data = shipped if len(shipped) >= 16 and shipped[:4] == importlib.util.MAGIC_NUMBER else None
         if data is not None and _flags(data) in (0b01, 0b11) and data[8:16] == importlib.util.source_hash(source):
             code = _code(data)
     return code

@@ -349,7 +349,8 @@ def _load(package: str, name: str, strict: bool, installed: tuple[str, str] | No
         rel = variant["files"]["source"]["path"]
         where = f"{ctx}: {DATA_DIR}/{rel}"
         module = _exec_source(package, name, rel, source, data / rel,
-                              lambda meta: _pair_format.check_version(meta, where=where))
+                              lambda meta: _pair_format.check_version(meta, where=where),
+                              _bytecode.shipped_bytes(data, variant, ctx))
         _pair_format.check_version(getattr(module, "PRECOMPILE_METADATA", None), where=where)
         load = getattr(module, "load", None)
         if not callable(load):
@@ -534,14 +535,15 @@ def _read_pair(data: Any, ctx: str, variant: dict[str, Any]) -> tuple[bytes, byt
 
 
 def _exec_source(package: str, name: str, rel: str, source: bytes, path: Any,
-                 check_format: Any = None) -> types.ModuleType:
+                 check_format: Any = None, shipped: bytes | None = None) -> types.ModuleType:
     """Run a verified source half as the module ``precompile_runtime.pairs.PACKAGE.NAME``.
     Where it raises after defining ``PRECOMPILE_METADATA``, ``check_format(meta)`` runs
     first: a pair of another format version fails with PairFormatError, not with the
-    error its unreadable metadata caused."""
+    error its unreadable metadata caused. ``shipped``: the verified bytes of the pyc the
+    build shipped beside it (_bytecode.shipped_bytes), or None."""
     filename = f"{package}/{DATA_DIR}/{rel}"
     modname = f"precompile_runtime.pairs.{package}.{name}"
-    code = _bytecode.source_code(path, source, filename)
+    code = _bytecode.source_code(path, source, filename, shipped)
     module = types.ModuleType(modname)
     module.__file__ = filename
     text = source.decode("utf-8", errors="replace")

@@ -32,6 +32,8 @@ checks it against :class:`Manifest`)::
                 "cache": {"path": "forward.cache", "size": 5678,
                           "sha256": "0b5e4d3c2a1f0e9d8c7b6a5f4e3d2c1b0a9f8e7d6c5b4a3f2e1d0c9b8a7f6e5d"}
               },
+              "bytecode": {"cpython-311": {"path": "forward.cpython-311.pyc", "size": 901,
+                           "sha256": "5d4c3b2a1f0e9d8c7b6a5f4e3d2c1b0a9f8e7d6c5b4a3f2e1d0c9b8a7f6e5d0b"}},
               "captured_at": "2026-11-29T16:00:00Z",
               "capture_device": null,
               "capture_seconds": 55.0,
@@ -117,6 +119,10 @@ class Variant(_VariantRequired, total=False):
     ``eager_call``, ``compile``, ``first_run``, ``validate``."""
     fallback: Fallback
     """The target's ``fallback = "eager"`` was used: why not frozen."""
+    bytecode: dict[str, FileEntry]
+    """Per ``sys.implementation.cache_tag``, the source half's checked-hash pyc the build
+    shipped beside it (``NAME.<cache tag>.pyc``); the loader reads no shipped pyc the
+    manifest does not list, and refuses one whose size or sha256 differs."""
     compiled_for: list[str]
     """Frozen CUDA variants: the compute capabilities it has kernels for."""
     tuned_on: str
@@ -259,7 +265,10 @@ def _check_target(name: str, target: Any, where: str, context: str | None) -> No
         files = v.get("files")
         if not isinstance(files, dict) or set(files) != {"source", "cache"}:
             raise fail(vat, "`files` must have exactly `source` and `cache`")
-        for role, entry in files.items():
+        shipped = v.get("bytecode", {})
+        if not isinstance(shipped, dict):
+            raise fail(vat, "`bytecode` must be an object (cache tag -> file)")
+        for role, entry in [*files.items(), *((f"bytecode.{t}", e) for t, e in shipped.items())]:
             if not isinstance(entry, dict):
                 raise fail(vat, f"files.{role} must be an object")
             if not safe_file_name(entry.get("path")):
