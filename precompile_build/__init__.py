@@ -9,9 +9,16 @@ from __future__ import annotations
 
 from ._version import __version__
 from .api import Capture, capture
-from .errors import BuildError, CaptureError, ConfigError, PrecompileBuildError, PythonStateWarning
+from .errors import (
+    BuildError,
+    CaptureError,
+    ConfigError,
+    PrecompileBuildError,
+    PythonStateWarning,
+    TracerFallbackWarning,
+)
 
 __all__ = [
     "BuildError", "Capture", "CaptureError", "ConfigError", "PrecompileBuildError",
-    "PythonStateWarning", "__version__", "capture",
+    "PythonStateWarning", "TracerFallbackWarning", "__version__", "capture",
 ]

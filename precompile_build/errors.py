@@ -108,6 +108,12 @@ class BuildError(PrecompileBuildError):
     """Packaging failed after the captures: rewriting a wheel or sdist, merging wheels."""
 
 
+class TracerFallbackWarning(UserWarning):
+    """``tracer = "auto"`` traced the call with make_fx because torch.export failed:
+    make_fx specialises data-dependent branches to the example's path. The build's
+    line for the target says it (builder/runner.py), not only the capture log."""
+
+
 class PythonStateWarning(UserWarning):
     """The captured function changed Python-level state while it was traced (the
     ``random`` module's or numpy's global RNG): Python code runs once, at capture, so

@@ -443,7 +443,7 @@ def test_auto_still_falls_back_to_make_fx_where_export_fails_otherwise(tmp_path)
         assert x.data_ptr() != 0  # an eager-only check: fake tensors have no storage
         return x * 2
 
-    with pytest.warns(UserWarning, match="traced with make_fx"):  # (Dynamo cannot trace it either)
+    with pytest.warns(precompile_build.TracerFallbackWarning, match="traced with make_fx"):  # (Dynamo neither)
         f = _serve(tmp_path, pointer_check, torch.ones(3), options={"guards": "recorded"})
     torch.testing.assert_close(f(torch.ones(3)), torch.full((3,), 2.0))
 

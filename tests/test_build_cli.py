@@ -250,11 +250,12 @@ def test_manifest_and_inspect_name_the_tracer_and_the_checks(tmp_path, capsys, t
     (v,) = json.loads((out / "manifest.json").read_text())["targets"]["gated"]["variants"]
     assert v["tracer"] == tracer
     assert v["checks"]["hooks"] == 1 and v["checks"]["attributes"] >= 1 and v["checks"]["globals"] == 0
+    assert v["checks"]["guards"] >= 1  # the guards Dynamo built (capturing/dynamo_guards.py)
     capsys.readouterr()
     assert main(["inspect", str(out)]) == 0
     line = next(ln for ln in capsys.readouterr().out.splitlines() if "traced with" in ln)
-    assert line.strip() == (f"traced with {tracer}; each call checks {v['checks']['attributes']} attributes, "
-                            "1 hooks the trace assumed")
+    assert line.strip() == (f"traced with {tracer}; each call checks {v['checks']['guards']} guards, "
+                            f"{v['checks']['attributes']} attributes, 1 hooks the trace assumed")
 
 
 def test_merge_names_a_renamed_source_halfs_shipped_bytecode_for_it():

@@ -189,6 +189,16 @@ def test_progress_line(tmp_path, monkeypatch, capfd):
     assert "precompile: double: ok on cpu in " in err and "source 185 B, cache" in err
 
 
+def test_a_tracer_fallback_of_a_capture_is_said_in_the_build_line(tmp_path, monkeypatch, capfd):
+    """``tracer = "auto"`` falling back to make_fx is said by the build, not only in the
+    capture log (a temp file the build removes)."""
+    root = make_project(tmp_path, target_toml(mode="fallbackwarn"))
+    build(root, monkeypatch)
+    err = capfd.readouterr().err
+    assert ("precompile: double: warning: target 'double': torch.export failed (RuntimeError: x); "
+            "traced with make_fx") in err
+
+
 def test_python_state_warning_of_a_capture_is_shown_by_the_build(tmp_path, monkeypatch, capfd):
     """The capture API's PythonStateWarning goes to the script's log, in a temp dir the
     build removes: the build repeats it."""

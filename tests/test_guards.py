@@ -261,3 +261,56 @@ def test_a_counter_the_function_changes_is_state_not_an_assumption(tmp_path):
         f = _serve(tmp_path, call, m, x)
     for _ in range(3):
         torch.testing.assert_close(f(m, x), x * 2)
+
+
+def test_a_guard_a_pair_cannot_check_refuses_the_capture(tmp_path):
+    """A numpy array the model holds: Dynamo passes it to its graph as an input; a pair
+    has the example's values built in and cannot check them cheaply: refused."""
+    class Table(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.table = np.arange(3.0)
+
+        def forward(self, x):
+            return x * torch.from_numpy(self.table).float()
+
+    m, x = Table(), torch.randn(3)
+    with pytest.raises(CaptureError, match=r"the trace relies on m\.table .*numpy ndarray whose values the graph "
+                                           r"holds; pass it as a tensor argument"):
+        _serve(tmp_path, call, m, x)
+    assert list(tmp_path.iterdir()) == []  # nothing written
+
+
+def test_a_dataclass_config_and_a_partial_are_checked(tmp_path):
+    import dataclasses
+    import functools
+
+    @dataclasses.dataclass
+    class Cfg:
+        scale: float = 2.0
+
+    def scaled(y, by):
+        return y * by
+
+    class Holder(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.cfg = Cfg()
+            self.fn = functools.partial(scaled, by=3.0)
+
+        def forward(self, x):
+            return self.fn(x) * self.cfg.scale
+
+    m, x = Holder(), torch.randn(3)
+    f = _serve(tmp_path, call, m, x)
+    torch.testing.assert_close(f(m, x), m(x))
+    m.cfg.scale = 4.0
+    with pytest.raises(CallError, match=r"scale was 2.0 at capture, now 4.0"):
+        f(m, x)
+    m.cfg.scale = 2.0
+    m.fn = functools.partial(scaled, by=5.0)
+    try:
+        got = f(m, x)
+    except CallError:
+        return
+    torch.testing.assert_close(got, m(x))

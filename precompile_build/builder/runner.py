@@ -393,13 +393,14 @@ def _check_world(b: _Build, target: TargetSettings, world: ranks.WorldPlan, src:
 
 def _capture_warnings(log_path: Optional[Path]) -> list[str]:
     """The capture API's warnings that a script printed to its log (PythonStateWarning:
-    Python randomness frozen into the pair), each once."""
+    Python randomness frozen into the pair; TracerFallbackWarning: ``auto`` traced with
+    make_fx), each once."""
     try:
         text = Path(log_path).read_text(encoding="utf-8", errors="replace") if log_path else ""
     except OSError:
         return []
-    found = [ln.split("PythonStateWarning: ", 1)[1].strip() for ln in text.splitlines()
-             if "PythonStateWarning: " in ln]
+    found = [ln.split(f"{cat}: ", 1)[1].strip() for ln in text.splitlines()
+             for cat in ("PythonStateWarning", "TracerFallbackWarning") if f"{cat}: " in ln]
     return list(dict.fromkeys(found))
 
 

@@ -148,8 +148,9 @@ class _Roots:
     modules and module-level classes and functions, resolved at serving time by name
     (templates/guard_values.py's ``resolve_roots``)."""
 
-    def __init__(self, fn_globals: dict):
+    def __init__(self, fn_globals: dict, names: set[str] | None = None):
         self.fn_globals = fn_globals
+        self.names = set(fn_globals) if names is None else names  # before Dynamo installs its own
         self.module = fn_globals.get("__name__")
         self.records: list[list] = []
         self.labels: list[str] = []
@@ -173,6 +174,8 @@ class _Roots:
     def _expression(self, name: str) -> str | None:
         if name.startswith(("__builtins_dict__", "___")):  # builtins; Dynamo's own installed names
             return None
+        if not name.startswith("__import_") and name not in self.names:
+            return None  # a constant Dynamo installed in the module for its graph
         if name.startswith("__import_"):
             if _TORCH_ROOT.match(name):
                 return None
@@ -274,6 +277,10 @@ def _check_for(kind: str, value: Any, guard) -> tuple[str, Any]:
             return "dtype", str(value)
         if isinstance(value, torch.device):
             return "device", str(value)
+        if isinstance(value, types.CodeType):
+            return "code", code_fingerprint(value)
+        if isinstance(value, (set, frozenset)) and all(literal_type(x) is not None for x in value):
+            return "set", [type(value).__name__, sorted(value, key=repr)]
         if literal_type(value) is None:
             raise ValueError(f"its value is a {type(value).__qualname__}, which a pair cannot record")
         return "eq", value
@@ -363,6 +370,8 @@ def guard_checks(fn: Callable, args: tuple, kwargs: dict, *, target: str) -> dic
     """
     params_text, params = _signature(fn, target)
     free = set(getattr(getattr(inspect.unwrap(fn), "__code__", None), "co_freevars", ()))
+    fn_globals = _globals_of(fn)
+    names = set(fn_globals)  # Dynamo installs names of its own there while it traces
     try:
         entries = collect(fn, args, kwargs)
     except Exception as e:  # noqa: BLE001 - Dynamo's refusal, named in the message
@@ -377,7 +386,7 @@ def guard_checks(fn: Callable, args: tuple, kwargs: dict, *, target: str) -> dic
             "function traceable in one graph (the message names the line), or pass "
             "options={\"guards\": \"recorded\"} to check only what the recorder sees "
             "(docs/assumed_state.md)", target=target) from None
-    roots = _Roots(_globals_of(fn))
+    roots = _Roots(fn_globals, names)
     namespace = _namespace(fn, args, kwargs)
     checks: list[list] = []
     left: dict[str, int] = {}

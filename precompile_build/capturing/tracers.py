@@ -42,7 +42,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from ..config.choices import TRACERS, Tracer, check_tracer  # noqa: F401 - check_tracer re-exported
-from ..errors import CaptureError, torch_warnings_shown, warn_at_caller
+from ..errors import CaptureError, TracerFallbackWarning, torch_warnings_shown, warn_at_caller
 from . import aten_export, dynamic_dims
 from .layouts import example_clone
 
@@ -152,7 +152,8 @@ def trace(flat_fn: Callable, example: list, *, n_params: int, marks: list, paths
         where = _culprit(e)
         warn_at_caller(f"torch.export failed ({_first_line(e)}"
                        + (f" at {where}" if where else "") + "); traced with make_fx, which "
-                       "specialises data-dependent branches to the example's path", target=target)
+                       "specialises data-dependent branches to the example's path", TracerFallbackWarning,
+                       target=target)
         return traced
     if ran_backward():
         if tracer != "auto":

@@ -45,7 +45,7 @@ def code_fingerprint(fn):
     lambdas that compute differently differ; the same function in another install of
     the same Python does not."""
     f = getattr(fn, "__func__", fn)
-    co = getattr(f, "__code__", None)
+    co = f if isinstance(f, _gtypes.CodeType) else getattr(f, "__code__", None)
     if co is None:
         return "no-code:" + type(f).__qualname__
     return _ghashlib.sha256("\n".join(_code_parts(co, [])).encode()).hexdigest()
@@ -57,7 +57,7 @@ _CODE_SEEN: dict = {}  # id(code) -> (code, fingerprint): the code is kept, so i
 def _g_code_is(fn, want):
     """True where ``fn``'s code has the fingerprint ``want`` (cached per code object)."""
     f = getattr(fn, "__func__", fn)
-    co = getattr(f, "__code__", None)
+    co = f if isinstance(f, _gtypes.CodeType) else getattr(f, "__code__", None)
     seen = _CODE_SEEN.get(id(co))
     if seen is None or seen[0] is not co:
         seen = (co, code_fingerprint(f))
@@ -131,6 +131,9 @@ def holds(kind, value, expected):
         return type(value).__name__ == kind and str(value) == expected
     if kind == "notnone":
         return value is not None
+    if kind == "set":
+        return type(value).__name__ == expected[0] and len(value) == len(expected[1]) and all(
+            x in value for x in expected[1])
     if kind == "npscalar":
         return type(value).__name__ == expected[0] and hasattr(value, "item") and _same_value(value.item(), expected[1])
     if kind in ("type", "class"):
@@ -177,8 +180,8 @@ def guard_condition(kind, expr, expected):
         return f"type(_v := {e}).__name__ == {kind!r} and str(_v) == {expected!r}"
     if kind == "notnone":
         return f"{e} is not None"
-    if kind == "npscalar":
-        return f"_g_holds('npscalar', {e}, {expected!r})"
+    if kind in ("npscalar", "set"):
+        return f"_g_holds({kind!r}, {e}, {expected!r})"
     if kind in ("type", "class", "enum"):
         mod, qual = expected[0], expected[1]
         head = f"(_t := type(_v := {e}))" if kind != "class" else f"(_t := {e})"

@@ -88,6 +88,8 @@ def _guard_difference(label, kind, want, got):
     """What differs, in words: the captured and the current value of ``label``."""
     if kind == "npscalar":
         return f"{label} was numpy.{want[0]}({want[1]!r}) at capture, now {got!r}"
+    if kind == "set":
+        return f"{label} was the {want[0]} {set(want[1])!r} at capture, now {got!r}"
     if kind in ("eq", "dtype", "device", "len", "keys"):
         return f"{label}{' has length' if kind == 'len' else ''} was {want!r} at capture, now " \
                f"{(len(got) if kind == 'len' else list(got.keys()) if kind == 'keys' else got)!r}"

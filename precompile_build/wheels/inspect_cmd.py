@@ -124,9 +124,13 @@ def format_report(report: dict[str, Any]) -> str:
             lines.append(f"    files: {sizes}")
             if v.get("tracer") or v.get("checks"):
                 c = v.get("checks") or {}
-                checked = ", ".join(f"{n} {k}" for k, n in c.items() if n) or "no Python state"
+                order = ["guards", "attributes", "hooks", "globals"]
+                checked = ", ".join(f"{c[k]} {k}" for k in sorted(c, key=lambda k: (k not in order, order.index(k)
+                                                                                      if k in order else 0, k))
+                                    if c[k]) or "no Python state"
+                how = "" if "guards" in c or not c else " (recorder only: options guards='recorded')"
                 lines.append(f"    traced with {v.get('tracer') or '?'}; each call checks {checked} "
-                             "the trace assumed")
+                             f"the trace assumed{how}")
             if v.get("capture_seconds") is not None or v.get("peak_memory"):
                 from ..builder.progress import human_size
                 from ..process.stats import describe, describe_breakdown

@@ -84,7 +84,7 @@ def assemble(package: str, results: Sequence[CaptureResult]) -> dict[str, bytes]
         if meta.get("tracer"):  # frozen and eager pairs: export, export-strict or make_fx
             variant["tracer"] = meta["tracer"]
         if "assumed" in meta:  # the Python state a call checks (capturing/assumed_state.py)
-            variant["checks"] = checks_count(meta["assumed"])
+            variant["checks"] = checks_count(meta["assumed"], meta.get("guards"))
         validation = meta.get("validation")
         if validation is not None:  # the numbers the capture was judged by (frozen engine)
             variant["validation"] = validation
@@ -165,11 +165,13 @@ def write_dir_atomic(dest: str | os.PathLike[str], files: Mapping[str, bytes]) -
     return dest
 
 
-def checks_count(assumed: dict) -> dict[str, int]:
-    """How much Python state a call of the pair checks, from its ``assumed`` metadata:
-    ``{"attributes": recorded attribute reads, "hooks": module and global hook entries,
-    "globals": module-level values}``."""
+def checks_count(assumed: dict, guards: dict | None = None) -> dict[str, int]:
+    """How much Python state a call of the pair checks, from its ``assumed`` and
+    ``guards`` metadata: ``{"guards": checks of the guards Dynamo built (absent where the
+    capture used the recorder only), "attributes": recorded attribute reads, "hooks":
+    module and global hook entries, "globals": module-level values}``."""
     hooks = assumed.get("hooks") or {}
-    return {"attributes": sum(len(e[3]) for e in assumed.get("reads", ())),
+    counts = {"guards": len(guards["checks"])} if guards else {}
+    return {**counts, "attributes": sum(len(e[3]) for e in assumed.get("reads", ())),
             "hooks": len(hooks.get("modules", ())) + len(hooks.get("global", ())),
             "globals": len(assumed.get("globals", ()))}

@@ -69,6 +69,10 @@ if a.mode == "nothing":
 if a.mode == "pywarn":  # what precompile_build.capture prints for random.random() in fn
     print(f"capture.py:9: PythonStateWarning: target {target!r}: the function drew from "
           "random while it was captured; Python code runs once, at capture", file=sys.stderr)
+if a.mode == "fallbackwarn":  # what precompile_build.capture prints where auto traced with make_fx
+    print(f"capture.py:9: TracerFallbackWarning: target {target!r}: torch.export failed (RuntimeError: "
+          "x); traced with make_fx, which specialises data-dependent branches to the example's path",
+          file=sys.stderr)
 if a.sleep:
     print(f"sleeping {a.sleep} s", flush=True)
     time.sleep(a.sleep)
