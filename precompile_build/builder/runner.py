@@ -28,6 +28,7 @@ from ..errors import CaptureError, ScriptFailed
 from ..process import stats as capture_stats
 from ..programs import path as program_path
 from . import arch_report, capture_cache, ranks
+from .hints import hints
 from .pairs import PairInfo, read_source_metadata
 from .progress import Progress, human_size, summary
 from .script import (
@@ -333,6 +334,7 @@ def _capture(b: _Build, target: TargetSettings, device: str, why: str,
             error = error_line(log_path)  # the script's exception: CaptureError: ...
             if error:
                 reason += f": {error}"
+            reason += hints(error, target.script)  # a missing module, a file shadowing one
         if reason is None:
             reason, info = check_pair(src, cache)
         if reason is None and world is not None:
