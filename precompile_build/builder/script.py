@@ -9,8 +9,10 @@ one did, to ``work/logs/NAME.result.json`` (:func:`result_file`).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -107,10 +109,14 @@ def _kill_group(proc: subprocess.Popen) -> None:
 def _pump(stream: IO[bytes], log: IO[bytes], echo: Optional[str]) -> None:
     """Copy the script's output to its log; with ``echo`` (the target name) also to
     stderr, each line prefixed with ``[name]`` (captures may run side by side)."""
-    partial = b""
+    partial, writing = b"", True
     for chunk in iter(lambda: stream.read1(65536), b""):  # type: ignore[attr-defined]
-        log.write(chunk)
-        log.flush()  # the live progress line reads the log's last line
+        if writing:
+            try:
+                log.write(chunk)
+                log.flush()  # the live progress line reads the log's last line
+            except OSError:  # a full disk: the pipe is still drained (the script would block on it);
+                writing = False  # the failure's reason says why (_no_space)
         if echo is not None:
             *lines, partial = (partial + chunk).split(b"\n")
             if lines:
@@ -295,6 +301,10 @@ def _run_ranks(settings: Settings, target: TargetSettings, work: Path, env: dict
             pump.join(timeout=10)
             if not pump.is_alive():  # (a close would wait for a read that a holder keeps open)
                 proc.stdout.close()  # type: ignore[union-attr]
+    if reason is not None and reason != CANCELLED:
+        full = _no_space(work)
+        if full:
+            reason = f"{reason}; {full}"
     if ended:
         if reason is None:  # served, but said in its log
             with open(log_path, "ab") as log:
@@ -302,6 +312,22 @@ def _run_ranks(settings: Settings, target: TargetSettings, work: Path, env: dict
         else:
             reason = f"{reason}; {leftovers.said(ended)}"
     return reason, failed, procs
+
+
+_LOW_SPACE = 16 * 2**20  # bytes free below which a failed capture is said to have run out of room
+
+
+def _no_space(work: Path) -> Optional[str]:
+    """The words for a failed capture whose temp dir's file system is full, or None."""
+    try:
+        free = shutil.disk_usage(work).free
+    except OSError:
+        return None
+    if free >= _LOW_SPACE:
+        return None
+    return (f"no space left: the file system of the build's temp dir {work} has {free} bytes free "
+            "(the script's files and its log could not be written); free space there, or point TMPDIR "
+            "at a file system with room")
 
 
 def rank_pair(work: Path, target: TargetSettings, rank: int) -> tuple[Path, Path]:
@@ -326,8 +352,11 @@ def _start(settings: Settings, target: TargetSettings, env: dict, log_path: Path
         raise
 
     def pump() -> None:
-        with log:
+        try:
             _pump(proc.stdout, log, echo)  # type: ignore[arg-type]
+        finally:
+            with contextlib.suppress(OSError):  # a full disk's last flush (the reason says so)
+                log.close()
 
     thread = threading.Thread(target=pump, daemon=True)
     thread.start()

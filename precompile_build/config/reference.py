@@ -12,6 +12,7 @@ from __future__ import annotations
 import ast
 import inspect
 
+from . import target_names
 from .capture_env import VARIABLES
 from .fields import PROJECT_KEYS, TARGET_KEYS
 from .settings import Settings, TargetSettings
@@ -45,8 +46,10 @@ def reference() -> str:
             docs["cuda_archs"] = ("The default `cuda-archs` of the CUDA targets: "
                                   + field_docs(TargetSettings)["cuda_archs"])
             docs["mode"] = "The default `mode` of the targets: " + field_docs(TargetSettings)["mode"]
-        lines += [f"## {title}", "", "| key | in pyproject.toml | override | meaning |",
-                  "| --- | --- | --- | --- |"]
+        lines += [f"## {title}", ""]
+        if cls is TargetSettings:  # the table's key (config/target_names.py)
+            lines += [f"`NAME`, the table's key, names the target and its files: {target_names.RULE}.", ""]
+        lines += ["| key | in pyproject.toml | override | meaning |", "| --- | --- | --- | --- |"]
         for k in keys:
             where = f"`{prefix}.{k.key}`" if k.toml else "no"
             over = f"`-C precompile.{k.key}`, `{k.env}`" if k.env else "-"

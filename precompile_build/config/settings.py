@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from ..errors import ConfigError
+from . import target_names
 from .choices import FALLBACKS, TRACERS, DeviceChoice, Fallback, TracerChoice
 from .compile_keys import parse_cuda_archs, parse_mode
 from .fields import PROJECT_KEYS
@@ -46,7 +47,7 @@ class TargetSettings:
     """One `[tool.precompile.targets.NAME]` table."""
 
     name: str
-    """Target name: an identifier; the pair is written as NAME.py / NAME.cache."""
+    """Target name, the table's key; the pair is written as NAME.py / NAME.cache."""
     script: Path
     """Capture script, absolute and resolved (symlinks followed), inside the project root."""
     script_rel: str
@@ -226,9 +227,9 @@ def _finite(x: float) -> bool:
 
 def _parse_target(name: Any, raw: Any, root: Path) -> TargetSettings:
     key = f"{PREFIX}.targets.{name}"
-    if not isinstance(name, str) or not name.isidentifier():
-        raise fail(f"target name {name!r} in `{key}` must be a Python identifier "
-                   "(letters, digits, underscores; not starting with a digit)")
+    bad = target_names.problem(name)
+    if bad is not None:
+        raise fail(f"target name {name!r} in `{key}` {bad}")
     if not isinstance(raw, dict):
         raise fail(f"`{key}` must be a table, not {type_name(raw)}")
     _check_keys(raw, TARGET_KEYS, key)
@@ -522,6 +523,10 @@ def settings_from_table(root: Path, table: Mapping[str, Any],
     if not raw_targets:
         raise fail(f"`{PREFIX}.targets` is empty; add `[{PREFIX}.targets.NAME]`")
     targets = {n: _parse_target(n, t, root) for n, t in raw_targets.items()}
+    clash = target_names.case_clash(targets)
+    if clash is not None:
+        raise fail(f"target names {clash[0]!r} and {clash[1]!r} in `{PREFIX}.targets` differ only in case: "
+                   "their files would be one on a file system that ignores case (macOS, Windows); rename one")
     package, package_dir = find_package(root, table.get("package"))
     overrides = collect_overrides(config_settings, environ)
     torch_pin = table.get("torch-pin", "exact")
