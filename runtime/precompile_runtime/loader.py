@@ -116,7 +116,9 @@ def load_packaged(name: str, *, package: str | None = None, strict: bool | None 
         the callable returned by the pair's ``load(kernel_dir)`` (it has the captured
         ``fn``'s calling convention). The same object for every call in this process
         with the same (package, name, cuda_graphs); the first call loads, concurrent
-        callers wait.
+        callers wait. It pickles as that reference, not its kernels: unpickled in a
+        worker process (multiprocessing, a DataLoader worker), it is the target
+        loaded there (frozen and eager pairs).
     Raises:
         TargetNotFoundError: the package cannot be imported, has no ``_precompiled/``
             data, has no such target, or the target's capture failed at build time.
@@ -191,7 +193,26 @@ def load_packaged(name: str, *, package: str | None = None, strict: bool | None 
         error, message = done.refusal
         raise error(message)
     _check_cuda_graphs(package, name, done.value, cuda_graphs)
-    return _with_graphs(done, cuda_graphs)
+    value = _with_graphs(done, cuda_graphs)
+    if hasattr(value, "with_cuda_graphs") and "__reduce_ex__" not in vars(value):  # frozen and eager pairs
+        value.__reduce_ex__ = lambda protocol: (_unpickled, (package, name, cuda_graphs))
+    return value
+
+
+def _unpickled(package: str, name: str, cuda_graphs: bool | None) -> Any:
+    """A loaded function where it is unpickled (a multiprocessing or DataLoader worker):
+    pickled as the reference ``(package, name, cuda_graphs)``, never its kernels, it is
+    the same target loaded there with :func:`load_packaged` (once per process).
+
+    Args:
+        package, name, cuda_graphs: as the load that returned it was called.
+    Returns:
+        ``load_packaged(name, package=package, cuda_graphs=cuda_graphs)`` in this process.
+    Raises:
+        whatever that load raises here (the package not installed in the worker's
+        environment: TargetNotFoundError).
+    """
+    return load_packaged(name, package=package, cuda_graphs=cuda_graphs)
 
 
 def _check_cuda_graphs(package: str, name: str, value: Any, cuda_graphs: bool | None) -> None:
