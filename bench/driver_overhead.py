@@ -200,6 +200,12 @@ def _checks(fn) -> str:
     return f"{reads} / {watched} / {len(hooks.get('modules', ())) + len(hooks.get('global', ()))}"
 
 
+def _guards(fn) -> str:
+    """The guards' checks of the pair (templates/guards.py): all / those run per call."""
+    checks = fn.__call__.__globals__.get("_G_CHECKS") or []
+    return f"{len(checks)} / {sum(1 for c in checks if c[4])}"
+
+
 def _revision_blocks(rev: str) -> dict:
     blocks = {}
     for path, _ in BLOCKS:
@@ -274,6 +280,8 @@ def main() -> None:
         lines.append(f"| {'this branch' if who == 'this' else 'baseline ' + who} | " + " | ".join(row) + " |")
     lines.append("| checks: attributes read / compared per call / hooks |"
                  + "".join(f" {_checks(cases[('this', c)][0])} |" for c in columns) + (" |" if growth else ""))
+    lines.append("| guards: checks / run per call |"
+                 + "".join(f" {_guards(cases[('this', c)][0])} |" for c in columns) + (" |" if growth else ""))
     if baseline:
         lines += ["", "This branch over the baseline: " + ", ".join(
             f"{c} {med[('this', c)] / med[(a.baseline, c)]:.2f}x" for c in columns)]

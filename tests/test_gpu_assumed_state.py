@@ -127,3 +127,91 @@ def test_peft_adapter_state_on_cuda_with_graphs(tmp_path):
             with pytest.raises(CallError, match=r"was False at capture, now True"):
                 served(model, ids)
         torch.testing.assert_close(served(model, ids), want, rtol=2e-3, atol=2e-3)
+
+
+GAIN = 2.0  # a module-level value read in a helper method (the guards of capturing/dynamo_guards.py)
+
+
+def test_the_guards_catch_state_the_recorder_did_not_see_on_cuda_with_graphs(tmp_path):
+    """A SimpleNamespace config, a global read in a helper method, a closure cell and a
+    submodule of another class, changed after served replays, from several threads:
+    each raises CallError naming it, and serves again once restored."""
+    import types
+
+    from _pairs import load_pair
+
+    import precompile_build
+    from precompile_runtime.errors import CallError
+
+    nn = torch.nn
+
+    def make_post(s):
+        return lambda y: y * s
+
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.up, self.act = nn.Linear(64, 64), nn.GELU()
+            self.cfg = types.SimpleNamespace(temp=0.5)
+            self.post = make_post(2.0)
+
+        def helper(self, y):
+            return y * GAIN
+
+        def forward(self, x):
+            return self.post(self.helper(self.act(self.up(x))) * self.cfg.temp)
+
+    torch.manual_seed(0)
+    models = [Net().cuda().eval() for _ in range(4)]
+    for m in models[1:]:
+        m.load_state_dict(models[0].state_dict())
+    x = torch.randn(8, 64, device="cuda")
+    paths = {"artifact_path": tmp_path / "t.py", "cache_path": tmp_path / "t.cache"}
+    with precompile_build.capture(forward, engine="frozen", **paths) as f:
+        f(models[0], x)
+    served = load_pair(paths["artifact_path"], paths["cache_path"]).with_cuda_graphs()
+    problems: list = []
+
+    def client(i):
+        m, xi = models[i], torch.randn(8, 64, device="cuda")
+        try:
+            for step in range(12):
+                if step == 3:
+                    m.cfg.temp = 0.7
+                    try:
+                        served(m, xi)
+                        problems.append(f"thread {i}: served a changed config field")
+                    except CallError as e:
+                        assert "model.cfg.temp was 0.5 at capture, now 0.7" in str(e), e
+                    m.cfg.temp = 0.5
+                if step == 6:
+                    old = m.post
+                    m.post = make_post(3.0)
+                    try:
+                        served(m, xi)
+                        problems.append(f"thread {i}: served a changed closure")
+                    except CallError as e:
+                        assert "at capture" in str(e), e
+                    m.post = old
+                got = served(m, xi)
+                torch.testing.assert_close(got, m(xi), rtol=2e-3, atol=2e-3)
+        except Exception as e:  # noqa: BLE001 - reported below with the thread
+            problems.append(f"thread {i}: {type(e).__name__}: {e}")
+
+    threads = [threading.Thread(target=client, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert problems == []
+    global GAIN
+    GAIN = 3.0
+    try:
+        with pytest.raises(CallError, match=r"GAIN was 2.0 at capture, now 3.0"):
+            served(models[0], x)
+    finally:
+        GAIN = 2.0
+    models[0].act = nn.ReLU().cuda()
+    with pytest.raises(CallError, match=r"model.act was a torch.nn.modules.activation.GELU at capture, now a "
+                                        r"torch.nn.modules.activation.ReLU"):
+        served(models[0], x)

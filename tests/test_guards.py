@@ -314,3 +314,22 @@ def test_a_dataclass_config_and_a_partial_are_checked(tmp_path):
     except CallError:
         return
     torch.testing.assert_close(got, m(x))
+
+
+def test_a_module_captured_as_the_function_keeps_its_own_state_as_constants(tmp_path):
+    """``capture(model)``: the model is the pair's (as a closure's values are); its
+    state is not an argument, so a call checks nothing of it and serves the capture's."""
+    class Scaled(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = torch.nn.Linear(3, 3)
+            self.cfg = types.SimpleNamespace(t=2.0)
+
+        def forward(self, x):
+            return self.lin(x) * self.cfg.t
+
+    m, x = Scaled(), torch.randn(2, 3)
+    want = m(x)
+    f = _serve(tmp_path, m, x)
+    torch.testing.assert_close(f(x), want)
+    assert all("self" not in c[2] for c in f.metadata["guards"]["checks"])

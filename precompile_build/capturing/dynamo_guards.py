@@ -370,12 +370,20 @@ def guard_checks(fn: Callable, args: tuple, kwargs: dict, *, target: str) -> dic
     """
     params_text, params = _signature(fn, target)
     free = set(getattr(getattr(inspect.unwrap(fn), "__code__", None), "co_freevars", ()))
+    if isinstance(fn, types.MethodType) or (not isinstance(fn, types.FunctionType) and hasattr(fn, "forward")):
+        free.add("self")  # a bound method's or a module's own state: the pair's constant, as a closure
     fn_globals = _globals_of(fn)
     names = set(fn_globals)  # Dynamo installs names of its own there while it traces
     try:
         entries = collect(fn, args, kwargs)
     except Exception as e:  # noqa: BLE001 - Dynamo's refusal, named in the message
-        if "backward" in str(e).split("\n")[0]:  # a training step: Dynamo's graph has no backward
+        first = str(e).split("\n")[0]
+        if not _has_guard_filter():
+            warn_at_caller("this torch has no guard_filter_fn (torch.compile's guards cannot be read): "
+                           "the Python state the call read is checked by the recorder only "
+                           "(docs/assumed_state.md)", target=target)
+            return None
+        if "backward" in first or "autograd" in first:  # a training step: Dynamo's graph has no backward
             warn_at_caller("the function runs a backward, which torch.compile(fullgraph=True) does not "
                            "trace: the Python state it read is checked by the recorder only (the "
                            "attributes, hooks and globals of docs/assumed_state.md)", target=target)
@@ -558,8 +566,6 @@ def _signature(fn: Callable, target: str) -> tuple[str, set[str]]:
         if p.kind is p.POSITIONAL_ONLY and not any(
                 q.kind is q.POSITIONAL_ONLY for q in list(sig.parameters.values())[len(parts):]):
             parts.append("/")
-    if isinstance(fn, types.MethodType) or (not isinstance(fn, types.FunctionType) and hasattr(fn, "forward")):
-        names.add("self")
     return ", ".join(parts), names
 
 
@@ -568,6 +574,13 @@ def _first_line(e: BaseException) -> str:
     first = text[0] if text else type(e).__name__
     where = next((line.strip() for line in text if "File " in line or ", line " in line), "")
     return first + (f" ({where})" if where else "")
+
+
+def _has_guard_filter() -> bool:
+    """Whether this torch hands guards to a ``guard_filter_fn`` (torch 2.8 and later)."""
+    import torch._dynamo.types
+
+    return hasattr(torch._dynamo.types, "GuardFilterEntry")
 
 
 def in_process_group() -> bool:
