@@ -10,7 +10,6 @@ from __future__ import annotations
 import importlib.metadata
 import os
 import shutil
-import tempfile
 import zipfile
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
@@ -21,6 +20,7 @@ from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
 from wheel.wheelfile import WHEEL_INFO_RE, WheelFile, get_zipinfo_datetime
 
+from ..builder.workdir import out_tempdir
 from ..errors import BuildError
 
 NATIVE_ENGINES = ("frozen", "torch")
@@ -69,12 +69,13 @@ def write_wheel(out_dir: str | os.PathLike[str], name: str, entries: Entries) ->
     """Write ``entries`` as wheel ``out_dir/name``, atomically.
 
     Builds in a temp directory beside the output, then renames; on failure no
-    file (partial or temp) is left. Modes are normalised (:func:`normal_mode`).
+    file (partial or temp) is left, and one a killed build left is removed by the
+    next write into ``out_dir`` (builder/workdir.py). Modes are normalised (:func:`normal_mode`).
     Returns the wheel's path.
     """
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=".precompile-tmp-", dir=out_dir))
+    tmp = out_tempdir(out_dir)  # (sweeps the ones killed builds left there)
     try:
         with WheelFile(tmp / name, "w") as wf:
             dist_info = wf.dist_info_path + "/"

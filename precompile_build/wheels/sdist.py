@@ -13,10 +13,10 @@ import io
 import os
 import shutil
 import tarfile
-import tempfile
 from pathlib import Path
 from typing import Optional
 
+from ..builder.workdir import out_tempdir
 from ..config.settings import Settings
 from ..errors import BuildError
 from .rewrite import PRECOMPILED
@@ -125,7 +125,7 @@ def package_sdist(sdist_path: str | os.PathLike[str], out_dir: str | os.PathLike
             kept.append((info, data))
             names.add(arc)
     out_dir.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=".precompile-tmp-", dir=out_dir))
+    tmp = out_tempdir(out_dir)  # (sweeps the ones killed builds left there)
     try:
         with open(tmp / sdist_path.name, "wb") as raw, \
                 gzip.GzipFile(filename="", mode="wb", fileobj=raw, mtime=_mtime()) as gz, \
