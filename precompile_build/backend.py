@@ -127,8 +127,14 @@ def _package(settings, plain: Path, out_dir: str, files: dict, *, add: bool) -> 
     native = any(v["engine"] in NATIVE_ENGINES for v in found)
     requires = _requirements(settings, found)
     _warn_static_dependencies(settings.project, requires, settings.backend)
-    return package_wheel(plain, out_dir, settings.package, files if add else None,
-                         requires, native=native, kernels=files).name
+    out = package_wheel(plain, out_dir, settings.package, files if add else None,
+                        requires, native=native, kernels=files)
+    import sys
+
+    added = f"{settings.package.replace('.', '/')}/_precompiled/ ({len(files)} files), " if add and files else ""
+    print(f"precompile: wrote {out.name}: the wheel {settings.backend} built, plus {added}"
+          f"Requires-Dist {', '.join(requires)}", file=sys.stderr)
+    return out.name
 
 
 def static_dependencies_gap(project: Optional[Mapping[str, Any]], requires: list) -> list:

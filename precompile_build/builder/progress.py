@@ -1,7 +1,9 @@
 """Build progress on stderr: messages, a live line per running capture, a summary.
 
 Without a terminal (CI, ``pip -v``: stderr is a pipe) a status line per running
-target is printed every :data:`INTERVAL` seconds, plain lines only. On a terminal
+target is printed, plain lines only, less and less often: after 2 x :data:`INTERVAL`
+seconds, then each time its running time doubles, at most :data:`MAX_GAP` seconds
+apart (10, 20, 40, 80, ... s: three lines for a one-minute capture). On a terminal
 the running targets are a block of lines redrawn in place about once a second.
 Every message goes through :meth:`Progress.say`, so the two never interleave.
 """
@@ -17,7 +19,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import IO, Optional
 
-INTERVAL = 5.0  # seconds between status lines without a terminal
+INTERVAL = 5.0  # seconds between checks for a status line without a terminal
+MAX_GAP = 120.0  # most seconds between two status lines of a target without a terminal
 TTY_INTERVAL = 1.0  # seconds between redraws on a terminal
 _LINE_CAP = 100  # characters of a log line shown in a status line
 
@@ -81,6 +84,7 @@ class Progress:
         self.live = live
         self._lock = threading.Lock()
         self._running: dict[str, tuple[float, str, Path]] = {}
+        self._due: dict[str, float] = {}  # no terminal: running time of a target's next line
         self._drawn = 0  # lines of the live block on screen
         self._stop = threading.Event()
         self._thread: Optional[threading.Thread] = None
@@ -110,19 +114,27 @@ class Progress:
         """Target ``name`` is running on ``where`` (``cpu``, ``cuda:1``), logging to ``log``."""
         with self._lock:
             self._running[name] = (time.monotonic(), where, log)
+            self._due[name] = 2 * INTERVAL
 
     def finished(self, name: str) -> None:
         """Target ``name`` is no longer running."""
         with self._lock:
             self._running.pop(name, None)
+            self._due.pop(name, None)
 
-    def _lines(self, min_age: float) -> list[str]:
+    def _lines(self, min_age: Optional[float] = None) -> list[str]:
+        """A status line per running target; ``min_age`` None: only those whose next
+        line is due (no terminal; the next one is then due at twice the running time)."""
         now, out = time.monotonic(), []
         for name, (start, where, log) in sorted(self._running.items()):
-            if now - start >= min_age:
-                tail = last_log_line(log)
-                out.append(f"precompile: {name} on {where}: running {now - start:.0f} s"
-                           + (f" | {tail}" if tail else ""))
+            age = now - start
+            if min_age is None and age >= self._due.get(name, 0.0):
+                self._due[name] = min(2 * age, age + MAX_GAP)
+            elif min_age is None or age < min_age:
+                continue
+            tail = last_log_line(log)
+            out.append(f"precompile: {name} on {where}: running {age:.0f} s"
+                       + (f" | {tail}" if tail else ""))
         return out
 
     def _clear(self) -> None:
@@ -145,7 +157,7 @@ class Progress:
                     self._clear()
                     self._draw()
                 else:
-                    for line in self._lines(interval):
+                    for line in self._lines():
                         self._stream.write(line + "\n")
                 self._stream.flush()
 

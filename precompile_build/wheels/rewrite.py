@@ -73,9 +73,14 @@ def write_wheel(out_dir: str | os.PathLike[str], name: str, entries: Entries) ->
     next write into ``out_dir`` (builder/workdir.py). Modes are normalised (:func:`normal_mode`).
     Returns the wheel's path.
     """
+    import logging
+
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     tmp = out_tempdir(out_dir)  # (sweeps the ones killed builds left there)
+    quiet = logging.getLogger("wheel")  # its "adding 'FILE'" lines: the backend's wheel listed
+    level = quiet.level  # them already (a build log had every file twice); the build says
+    quiet.setLevel(logging.WARNING)  # what it added in one line (backend._package)
     try:
         with WheelFile(tmp / name, "w") as wf:
             dist_info = wf.dist_info_path + "/"
@@ -88,6 +93,7 @@ def write_wheel(out_dir: str | os.PathLike[str], name: str, entries: Entries) ->
                 wf.writestr(info, data)
         os.replace(tmp / name, out_dir / name)
     finally:
+        quiet.setLevel(level)
         shutil.rmtree(tmp, ignore_errors=True)
     return out_dir / name
 

@@ -1,0 +1,39 @@
+"""Issue 55 item 4, the build's output as a maintainer reads it in a log file."""
+
+from __future__ import annotations
+
+import io
+import time
+
+import pytest
+from _build_helpers import build, make_project
+
+from precompile_build.builder import progress
+
+
+def test_without_a_terminal_a_status_line_comes_less_and_less_often(tmp_path, monkeypatch):
+    """A non-terminal log got `running N s` every 5 s (12 lines for a one-minute
+    capture); now at 2 x INTERVAL, then each time the running time doubles."""
+    monkeypatch.setattr(progress, "INTERVAL", 0.05)
+    log = tmp_path / "t.log"
+    log.write_text("compiling\n")
+    out = io.StringIO()
+    with progress.Progress(out, live=False) as p:
+        p.started("t", "cpu", log)
+        time.sleep(1.6)  # 32 intervals: 32 lines at a fixed interval
+        p.finished("t")
+    lines = [ln for ln in out.getvalue().splitlines() if "running" in ln]
+    assert 1 <= len(lines) <= 6, lines  # due at 0.1, 0.2, 0.4, 0.8, 1.6 s
+    assert all(ln.startswith("precompile: t on cpu: running ") and ln.endswith("| compiling") for ln in lines)
+
+
+@pytest.mark.usefixtures("build_env")
+def test_the_wheels_files_are_listed_once_then_what_the_build_added(tmp_path, monkeypatch, capfd):
+    """main_job's log listed every `adding 'FILE'` twice: setuptools' wheel, then the
+    rewritten one. Now setuptools' list, then one line of what the build added."""
+    whl = build(make_project(tmp_path), monkeypatch)
+    out, err = capfd.readouterr()
+    assert (out + err).count("adding 'simplepkg/__init__.py'") <= 1
+    assert "adding 'simplepkg/_precompiled/" not in out + err
+    assert (f"precompile: wrote {whl.name}: the wheel setuptools.build_meta built, plus "
+            "simplepkg/_precompiled/ (4 files), Requires-Dist precompile-runtime") in err
