@@ -37,3 +37,13 @@ def test_the_wheels_files_are_listed_once_then_what_the_build_added(tmp_path, mo
     assert "adding 'simplepkg/_precompiled/" not in out + err
     assert (f"precompile: wrote {whl.name}: the wheel setuptools.build_meta built, plus "
             "simplepkg/_precompiled/ (4 files), Requires-Dist precompile-runtime") in err
+
+
+def test_the_summary_says_what_its_seconds_count():
+    """The table's seconds (0.5) differed from the target line's (`in 0.3 s`) without
+    saying why."""
+    text = progress.summary([("double", "cpu", "captured", 0.5, 666, None)])
+    assert text.splitlines()[-1] == (
+        "precompile: seconds: each target's whole time in this build (its wait for a device slot, the "
+        "capture cache and the pair's checks included); a target's `ok ... in N s` line gives its "
+        "capture script's run alone")

@@ -172,7 +172,8 @@ def _terminal_width() -> int:
 def summary(rows: Sequence[tuple]) -> str:
     """The end-of-build table: one row ``(target, device, result, seconds, bytes,
     peak_memory)`` per target (``peak_memory``: :func:`.capture_stats.read`'s dict, host
-    then GPU; may be left off); seconds/bytes/peaks None print as ``-``."""
+    then GPU; may be left off); seconds/bytes/peaks None print as ``-``; a last line says
+    what the seconds count (more than a target's own line: the slot, cache and checks)."""
     from ..process.stats import short
 
     head = ("target", "device", "result", "seconds", "bytes", "peak host/GPU")
@@ -180,4 +181,7 @@ def summary(rows: Sequence[tuple]) -> str:
                        short(rest[0] if rest else None, human_size)) for t, d, r, s, b, *rest in rows]
     widths = [max(len(c[i]) for c in cells) for i in range(6)]
     fmt = "".join(f"  {{:{align}{w}}}" for align, w in zip("<<<>>>", widths))
-    return "\n".join(["precompile: summary"] + [fmt.format(*c).rstrip() for c in cells])
+    note = ("precompile: seconds: each target's whole time in this build (its wait for a device "
+            "slot, the capture cache and the pair's checks included); a target's `ok ... in N s` "
+            "line gives its capture script's run alone")
+    return "\n".join(["precompile: summary"] + [fmt.format(*c).rstrip() for c in cells] + [note])
