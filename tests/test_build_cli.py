@@ -254,8 +254,11 @@ def test_manifest_and_inspect_name_the_tracer_and_the_checks(tmp_path, capsys, t
     capsys.readouterr()
     assert main(["inspect", str(out)]) == 0
     line = next(ln for ln in capsys.readouterr().out.splitlines() if "traced with" in ln)
-    assert line.strip() == (f"traced with {tracer}; each call checks {v['checks']['guards']} guards, "
-                            f"{v['checks']['attributes']} attributes, 1 hooks the trace assumed")
+    def n(key, word):  # "1 hook", "2 attributes" (was "1 hooks", "1 attributes")
+        return f"{v['checks'][key]} {word}" + ("" if v["checks"][key] == 1 else "s")
+
+    assert line.strip() == (f"traced with {tracer}; each call checks {n('guards', 'guard')}, "
+                            f"{n('attributes', 'attribute')}, 1 hook the trace assumed")
 
 
 def test_merge_names_a_renamed_source_halfs_shipped_bytecode_for_it():

@@ -125,7 +125,7 @@ def format_report(report: dict[str, Any]) -> str:
             if v.get("tracer") or v.get("checks"):
                 c = v.get("checks") or {}
                 order = ["guards", "attributes", "hooks", "globals"]
-                checked = ", ".join(f"{c[k]} {k}" for k in sorted(c, key=lambda k: (k not in order, order.index(k)
+                checked = ", ".join(f"{c[k]} {k[:-1] if c[k] == 1 and k.endswith('s') else k}" for k in sorted(c, key=lambda k: (k not in order, order.index(k)
                                                                                       if k in order else 0, k))
                                     if c[k]) or "no Python state"
                 how = "" if "guards" in c or not c else " (recorder only: options guards='recorded')"
