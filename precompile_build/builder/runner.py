@@ -27,7 +27,7 @@ from ..config.settings import Settings, TargetSettings
 from ..errors import CaptureError, ScriptFailed
 from ..process import stats as capture_stats
 from ..programs import path as program_path
-from . import arch_report, capture_cache, ranks
+from . import arch_report, cache_bound, capture_cache, ranks
 from .hints import hints
 from .pairs import PairInfo, read_source_metadata
 from .progress import Progress, human_size, summary
@@ -208,6 +208,8 @@ class _Build:
     package_sha256: str = ""
     package_files: dict = field(default_factory=dict)
     """The package's files and their sha256s (what ``package_sha256`` covers)."""
+    used_keys: set = field(default_factory=set)
+    """The capture cache entries this build looked up (kept by cache_bound.py)."""
 
 
 def _plan_cache(b: _Build, devices: set) -> None:
@@ -248,6 +250,7 @@ def _run_one(b: _Build, target: TargetSettings, device: Optional[str]) -> Captur
         if world is not None:  # how the ranks ran changes what the wheel records
             components["world"] = {"size": world.size, "mesh": [list(d) for d in world.mesh], "mode": world.mode}
         key = capture_cache.cache_key(components)
+        b.used_keys.add(key)
         lock = capture_cache.lock(root, key)
         if not _acquire(b, target, lock):
             raise _Cancelled(target.name)
@@ -258,6 +261,7 @@ def _run_one(b: _Build, target: TargetSettings, device: Optional[str]) -> Captur
             root, key, target.name, b.work / "reused" / target.name,
             changes=lambda recorded: imports_changes(b.settings, target, device, recorded))
         if meta is not None:
+            cache_bound.used(root, key)  # least recently used entries go first
             return _reused(b, target, device, key, meta, start, world)
         if why == "no entry":  # say what changed since the target's last capture, if any
             why = capture_cache.what_changed(root, components, b.settings.package,
@@ -527,6 +531,11 @@ def run_captures(settings: Settings, work: Path,
                 raise
         outcomes = {n: (f.exception() or f.result()) for n, f in futures.items()}
         progress.say(summary([_row(n, devices[n], outcomes[n]) for n in names]))
+        if b.cache_root is not None:  # `cache-max-size`: evict, then say the cache's size
+            try:
+                progress.say(cache_bound.bound(b.cache_root, settings.cache_max_size, b.used_keys))
+            except OSError as e:
+                progress.say(f"precompile: capture cache {b.cache_root} not bounded: {e}")
         line = artifacts_for(o for o in outcomes.values() if isinstance(o, CaptureResult))
         if line and not any(isinstance(o, BaseException) for o in outcomes.values()):  # a failed build has none
             progress.say(line)

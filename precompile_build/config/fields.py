@@ -42,6 +42,7 @@ PROJECT_KEYS = (
     Key("torch-pin", "torch_pin", env="PRECOMPILE_TORCH_PIN"),
     Key("cache", "cache", env="PRECOMPILE_CACHE"),
     Key("cache-dir", "cache_dir", env="PRECOMPILE_BUILD_CACHE_DIR"),
+    Key("cache-max-size", "cache_max_size", env="PRECOMPILE_CACHE_MAX_SIZE"),
     Key("jobs", "jobs", env="PRECOMPILE_JOBS"),
     Key("cuda-archs", "cuda_archs", env=capture_env.CUDA_ARCHS),  # the targets' default
     Key("mode", "mode", env=capture_env.MODE),  # the targets' default

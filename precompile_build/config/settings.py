@@ -38,6 +38,7 @@ DEVICES = ("cuda", "cpu", "auto")  # DeviceChoice (choices.py), in the order mes
 TORCH_PINS = ("exact", "minor", "none")
 DEFAULT_TIMEOUT = 3600.0  # seconds
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+DEFAULT_CACHE_MAX_SIZE = 10 * 2**30  # bytes: `cache-max-size`'s default
 _NOT_PACKAGES = {"tests", "test", "testing", "docs", "doc", "examples", "example",
                  "bench", "benchmarks", "build", "dist", "scripts", "capture"}
 
@@ -137,6 +138,11 @@ class Settings:
     cache_dir: Optional[Path] = None
     """`cache-dir`: capture cache directory, absolute; None: the per-user default
     (:func:`default_cache_dir`)."""
+    cache_max_size: Optional[int] = DEFAULT_CACHE_MAX_SIZE
+    """`cache-max-size`: most bytes the capture cache keeps (`"10GiB"`, `"512MB"`, or bytes
+    as an integer; default 10 GiB; `"none"`: no bound). After each build the least
+    recently used entries, with their `.lock` files, are removed until it fits (never
+    one this build used); the build's summary says its size (builder/cache_bound.py)."""
     jobs: Optional[int] = None
     """`jobs`: most captures at once; None is `auto` (one per GPU for CUDA targets,
     ``os.cpu_count() // 2`` (at least 1) for CPU targets)."""
@@ -379,6 +385,28 @@ def resolve_cache_dir(value: str, base: Path) -> Path:
     return path if path.is_absolute() else base / path
 
 
+_SIZE_UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
+               "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
+
+
+def _cache_max_size(table: Mapping[str, Any], overrides: Mapping[str, tuple[Any, str]]) -> Optional[int]:
+    """`cache-max-size` in bytes (None: no bound)."""
+    value, where = table.get("cache-max-size", DEFAULT_CACHE_MAX_SIZE), f"`{PREFIX}.cache-max-size`"
+    if "cache-max-size" in overrides:
+        value, where = overrides["cache-max-size"]
+    if isinstance(value, str):
+        text = value.strip().lower()
+        if text == "none":
+            return None
+        m = re.fullmatch(r"([0-9]{1,15}(?:\.[0-9]{1,6})?)\s*([a-z]*)", text)
+        if m and m.group(2) in _SIZE_UNITS:
+            value = int(float(m.group(1)) * _SIZE_UNITS[m.group(2)])
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise invalid(where, "must be a size (\"10GiB\", \"512MB\", bytes as a positive integer) "
+                      f"or \"none\" (no bound), not {value!r}")
+    return value
+
+
 def _jobs(table: Mapping[str, Any], overrides: Mapping[str, tuple[Any, str]]) -> Optional[int]:
     value, where = table.get("jobs", "auto"), f"`{PREFIX}.jobs`"
     if "jobs" in overrides:
@@ -544,6 +572,7 @@ def settings_from_table(root: Path, table: Mapping[str, Any],
     if "cache" in overrides:
         cache = _as_bool(overrides["cache"][0], overrides["cache"][1])
     cache_dir, jobs = _cache_dir(table, overrides, root), _jobs(table, overrides)
+    cache_max_size = _cache_max_size(table, overrides)
     targets = _resolve_cuda_archs(table, targets, overrides)
     targets = _resolve_mode(table, targets, overrides)
     selected = tuple(targets)
@@ -563,7 +592,7 @@ def settings_from_table(root: Path, table: Mapping[str, Any],
     backend, backend_path = parse_backend(table, root)
     return Settings(root=root, package=package, package_dir=package_dir, targets=targets, selected=selected,
                     skip=flags["skip"], strict=flags["strict"], verbose=flags["verbose"], torch_pin=torch_pin,
-                    cache=cache, cache_dir=cache_dir, jobs=jobs,
+                    cache=cache, cache_dir=cache_dir, cache_max_size=cache_max_size, jobs=jobs,
                     project=project if isinstance(project, dict) else None,
                     distributed=parse_distributed(table, overrides),
                     backend=backend, backend_path=backend_path)
