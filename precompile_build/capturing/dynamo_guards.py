@@ -31,7 +31,6 @@ is checked, and the manifest and ``inspect`` say so).
 
 from __future__ import annotations
 
-import ast
 import contextlib
 import enum
 import inspect
@@ -41,6 +40,7 @@ from typing import Any, Callable
 
 from ..errors import CaptureError, warn_at_caller
 from ..templates.guard_values import code_fingerprint, literal_type
+from . import guard_sources
 
 LEFT_TO_OTHERS = {
     "TENSOR_MATCH": "tensors: the driver's dtype, device, shape, stride and requires_grad checks",
@@ -66,15 +66,9 @@ LEFT_TO_OTHERS = {
 }
 """Guard kinds another check of the pair covers, with which."""
 
-_VALUE = {"CONSTANT_MATCH", "EQUALS_MATCH", "BOOL_MATCH", "NONE_MATCH", "CONSTANT_SUBCLASS_MATCH",
-          "DICT_VERSION"}
 _LENGTH = {"SEQUENCE_LENGTH", "LIST_LENGTH", "TUPLE_ITERATOR_LEN", "LENGTH_CHECK"}
 _KEYS = {"DICT_KEYS_MATCH", "DICT_KEYS", "MAPPING_KEYS_CHECK"}
 _CONTAINS = {"DICT_CONTAINS": True, "SET_CONTAINS": True, "DICT_NOT_CONTAINS": False, "SET_NOT_CONTAINS": False}
-_HELPERS = {"___odict_getitem": "_g_odict_getitem", "___dataclass_fields": "_g_dataclass_fields",
-            "___namedtuple_fields": "_g_namedtuple_fields"}
-_BUILTINS = {"type", "dict", "list", "len", "getattr", "tuple", "id", "str", "int", "object"}
-_TORCH_ROOT = re.compile(r"^__import_torch(_dot_|$)")
 
 
 class _Collected(Exception):
@@ -142,124 +136,6 @@ def _root_cause(e: BaseException) -> BaseException:
     return e
 
 
-class _Roots:
-    """The roots the checks' expressions start from: Dynamo's ``G['X']`` (a global of
-    the captured function's module) as ``_R[k]`` or ``_R[k].X``, where ``_R`` holds
-    modules and module-level classes and functions, resolved at serving time by name
-    (templates/guard_values.py's ``resolve_roots``)."""
-
-    def __init__(self, fn_globals: dict, names: set[str] | None = None):
-        self.fn_globals = fn_globals
-        self.names = set(fn_globals) if names is None else names  # before Dynamo installs its own
-        self.module = fn_globals.get("__name__")
-        self.records: list[list] = []
-        self.labels: list[str] = []
-        self.exprs: dict[str, str | None] = {}
-
-    def _root(self, record: list, label: str) -> int:
-        if record in self.records:
-            return self.records.index(record)
-        self.records.append(record)
-        self.labels.append(label)
-        return len(self.records) - 1
-
-    def expression(self, name: str) -> str | None:
-        """The expression for global ``name`` of the captured function, or None where
-        it is the pair's constant (a value of the capture script), a builtin, or
-        torch's own module."""
-        if name not in self.exprs:
-            self.exprs[name] = self._expression(name)
-        return self.exprs[name]
-
-    def _expression(self, name: str) -> str | None:
-        if name.startswith(("__builtins_dict__", "___")):  # builtins; Dynamo's own installed names
-            return None
-        if not name.startswith("__import_") and name not in self.names:
-            return None  # a constant Dynamo installed in the module for its graph
-        if name.startswith("__import_"):
-            if _TORCH_ROOT.match(name):
-                return None
-            mod = name[len("__import_"):].replace("_dot_", ".")
-            return f"_R[{self._root(['module', mod], mod)}]"
-        value = self.fn_globals.get(name)
-        if isinstance(value, types.ModuleType):
-            if value.__name__ == "torch" or value.__name__.startswith("torch."):
-                return None
-            return f"_R[{self._root(['module', value.__name__], value.__name__)}]"
-        if self.module != "__main__" and isinstance(self.module, str):
-            return f"_R[{self._root(['module', self.module], self.module)}].{name}"
-        owner = getattr(value, "__module__", None)
-        qual = getattr(value, "__qualname__", None)
-        if isinstance(value, (type, types.FunctionType)) and isinstance(owner, str) and owner != "__main__" \
-                and isinstance(qual, str) and "<locals>" not in qual:
-            return f"_R[{self._root(['qualname', owner, qual], owner + '.' + qual)}]"
-        return None  # the capture script's own value: the pair's constant
-
-
-def _rewrite(name: str, roots: _Roots, params: set[str], free: frozenset[str] | set[str] = frozenset()) -> tuple[str, str] | None:
-    """``(expression over _R and the parameters, label)`` for Dynamo's source name
-    ``name``, or None where it starts from the pair's constants or torch's modules.
-    Raises ValueError where it names something a pair cannot reach."""
-    tree = ast.parse(name, mode="eval")
-    dropped = False
-
-    class Rewriter(ast.NodeTransformer):
-        def visit_Subscript(self, node):  # noqa: N802 - ast's name
-            nonlocal dropped
-            base = node.value
-            if isinstance(base, ast.Name) and base.id in ("G", "L") and isinstance(node.slice, ast.Constant) \
-                    and isinstance(node.slice.value, str):
-                key = node.slice.value
-                if base.id == "L":
-                    if key not in params:
-                        raise ValueError(f"the local {key!r} is no parameter of the function")
-                    return ast.copy_location(ast.Name(id=key, ctx=ast.Load()), node)
-                text = roots.expression(key)
-                if text is None:
-                    dropped = True
-                    return node
-                return ast.copy_location(ast.parse(text, mode="eval").body, node)
-            return self.generic_visit(node)
-
-        def visit_Call(self, node):  # noqa: N802
-            nonlocal dropped
-            f = node.func
-            if isinstance(f, ast.Name) and f.id == "__import__" and len(node.args) == 1 \
-                    and isinstance(node.args[0], ast.Constant) and isinstance(node.args[0].value, str):
-                mod = node.args[0].value
-                if mod == "torch" or mod.startswith("torch."):
-                    dropped = True
-                    return node
-                return ast.copy_location(ast.parse(f"_R[{roots._root(['module', mod], mod)}]", mode="eval").body,
-                                         node)
-            return self.generic_visit(node)
-
-        def visit_Name(self, node):  # noqa: N802
-            nonlocal dropped
-            if node.id in free and node.id not in params:  # the function's closure: the pair's constant
-                dropped = True
-                return node
-            if node.id in _HELPERS:
-                return ast.copy_location(ast.Name(id=_HELPERS[node.id], ctx=ast.Load()), node)
-            if node.id not in params and node.id not in _BUILTINS and node.id not in ("G", "L", "_R"):
-                raise ValueError(f"the name {node.id!r} is no parameter of the function")
-            return node
-
-    expr = ast.unparse(Rewriter().visit(tree))
-    if dropped:
-        return None
-    label = re.sub(r"_R\[(\d+)\]", lambda m: roots.labels[int(m.group(1))], expr)
-    return expr, _readable(label)
-
-
-_MODULE_DICTS = re.compile(r"\._(?:modules|parameters|buffers)\[(['\"])([^'\"]+)\1\]")
-
-
-def _readable(label: str) -> str:
-    """``m._modules['layers']._modules['0']`` as ``m.layers[0]``: the model's own names."""
-    return _MODULE_DICTS.sub(lambda m: f"[{m.group(2)}]" if m.group(2).isdigit() else f".{m.group(2)}", label)
-
-
 def _class_id(cls: type) -> list[str]:
     return [cls.__module__, cls.__qualname__]
 
@@ -270,7 +146,7 @@ def _check_for(kind: str, value: Any, guard) -> tuple[str, Any]:
     import torch
 
     kw = getattr(guard.create_fn, "keywords", None) or {}
-    if kind in _VALUE or (kind in ("ID_MATCH",) and (value is None or type(value) is bool)):
+    if kind in guard_sources.VALUE_KINDS or (kind in ("ID_MATCH",) and (value is None or type(value) is bool)):
         if isinstance(value, enum.Enum):
             return "enum", [*_class_id(type(value)), value.name]
         if isinstance(value, torch.dtype):
@@ -346,7 +222,7 @@ def _epoch_covered(check: str, value: Any, base: Any, expr: str) -> bool:
     if check == "empty":
         return True
     last = re.search(r"\.(\w+)$", expr)
-    if isinstance(base, torch.nn.Module) and last and last.group(1) in _module_internals() \
+    if isinstance(base, torch.nn.Module) and last and last.group(1) in guard_sources.module_internals() \
             and check in ("type", "len", "keys", "contains"):
         return True
     if check in ("type", "class") and isinstance(value, torch.nn.Module):
@@ -372,7 +248,7 @@ def guard_checks(fn: Callable, args: tuple, kwargs: dict, *, target: str) -> dic
     free = set(getattr(getattr(inspect.unwrap(fn), "__code__", None), "co_freevars", ()))
     if isinstance(fn, types.MethodType) or (not isinstance(fn, types.FunctionType) and hasattr(fn, "forward")):
         free.add("self")  # a bound method's or a module's own state: the pair's constant, as a closure
-    fn_globals = _globals_of(fn)
+    fn_globals = guard_sources.globals_of(fn)
     names = set(fn_globals)  # Dynamo installs names of its own there while it traces
     try:
         entries = collect(fn, args, kwargs)
@@ -394,7 +270,7 @@ def guard_checks(fn: Callable, args: tuple, kwargs: dict, *, target: str) -> dic
             "function traceable in one graph (the message names the line), or pass "
             "options={\"guards\": \"recorded\"} to check only what the recorder sees "
             "(docs/assumed_state.md)", target=target) from None
-    roots = _Roots(fn_globals, names)
+    roots = guard_sources.Roots(fn_globals, names)
     namespace = _namespace(fn, args, kwargs)
     checks: list[list] = []
     left: dict[str, int] = {}
@@ -410,12 +286,12 @@ def guard_checks(fn: Callable, args: tuple, kwargs: dict, *, target: str) -> dic
             continue
         where = _user_line(entry.orig_guard)
         try:
-            rewritten = _rewrite(name, roots, params, free)
+            rewritten = guard_sources.rewrite(name, roots, params, free)
             if rewritten is None:
                 continue
             expr, label = rewritten
-            value = _evaluate(expr, namespace, roots)
-            if _through_torch(expr, namespace, roots) or _module_bookkeeping(expr, namespace, roots, kind):
+            value = guard_sources.evaluate(expr, namespace, roots)
+            if guard_sources.through_torch(expr, namespace, roots) or guard_sources.module_bookkeeping(expr, namespace, roots, kind):
                 left["torch's own classes"] = left.get("torch's own classes", 0) + 1
                 continue
             check, expected = _check_for(kind, value, entry.orig_guard)
@@ -432,7 +308,7 @@ def guard_checks(fn: Callable, args: tuple, kwargs: dict, *, target: str) -> dic
             watched.add(expected)
         if check == "hasattr":
             watched.add(expected[0])
-        base = _base_of(expr, namespace, roots)
+        base = guard_sources.base_of(expr, namespace, roots)
         checks.append([label, check, expr, expected, not _epoch_covered(check, value, base, expr), where])
     failed = failing(checks, namespace, roots)
     if failed:
@@ -446,14 +322,14 @@ def kept_after(record: dict, fn: Callable, args: tuple, kwargs: dict) -> dict:
     """``record`` less the checks that no longer hold after the trace ran the function:
     values the function itself changes (a call counter) are its state, not assumptions."""
     namespace = _namespace(fn, args, kwargs)
-    roots = _resolver(record["roots"])
+    roots = guard_sources.resolver(record["roots"])
     out = [c for c in record["checks"] if not _fails(c, namespace, roots)]
     return {**record, "checks": out}
 
 
 def failing(checks: list, namespace: dict, roots) -> list[str]:
     """The labels of ``checks`` that do not hold in ``namespace``."""
-    resolver = roots if callable(roots) else _resolver(roots.records)
+    resolver = roots if callable(roots) else guard_sources.resolver(roots.records)
     return [c[0] for c in checks if _fails(c, namespace, resolver)]
 
 
@@ -461,72 +337,10 @@ def _fails(check: list, namespace: dict, resolver) -> bool:
     from ..templates.guard_values import holds
 
     try:
-        value = eval(check[2], {"__builtins__": __builtins__, "_R": resolver(), **_helpers()}, namespace)  # noqa: S307
+        value = eval(check[2], {"__builtins__": __builtins__, "_R": resolver(), **guard_sources.helpers()}, namespace)  # noqa: S307
     except Exception:  # noqa: BLE001 - a path that no longer resolves fails the check
         return True
     return not holds(check[1], value, check[3])
-
-
-def _helpers() -> dict:
-    from ..templates import guard_values
-
-    return {v: getattr(guard_values, v) for v in _HELPERS.values()}
-
-
-def _module_bookkeeping(expr: str, namespace: dict, roots: _Roots, kind: str) -> bool:
-    """True for a value guard on nn.Module's own bookkeeping (``_non_persistent_buffers_set``,
-    ``_state_dict_hooks``): its parameters, buffers and submodules are the driver's
-    checks, and its hook dicts are checked by their own guards."""
-    import torch
-
-    last = re.search(r"\.(\w+)$", expr)
-    if kind not in _VALUE or not last or last.group(1) not in _module_internals():
-        return False
-    return isinstance(_base_of(expr, namespace, roots), torch.nn.Module)
-
-
-def _module_internals() -> frozenset[str]:
-    import torch
-
-    return frozenset(vars(torch.nn.Module()))
-
-
-def _base_of(expr: str, namespace: dict, roots: _Roots) -> Any:
-    """The object the last attribute or item of ``expr`` is read from (None: none)."""
-    node = ast.parse(expr, mode="eval").body
-    if not isinstance(node, (ast.Attribute, ast.Subscript)):
-        return None
-    try:
-        return _evaluate(ast.unparse(node.value), namespace, roots)
-    except Exception:  # noqa: BLE001 - no base to speak of
-        return None
-
-
-def _through_torch(expr: str, namespace: dict, roots: _Roots) -> bool:
-    """True where ``expr`` reaches its value through a class or module of torch's own
-    (``type(m.lin).__mro__[1].__dict__``): torch's internals, not the model's state."""
-    tree = ast.parse(expr, mode="eval").body
-    for node in ast.walk(tree):
-        if node is tree or not isinstance(node, (ast.Attribute, ast.Subscript, ast.Call)):
-            continue
-        try:
-            v = _evaluate(ast.unparse(node), namespace, roots)
-        except Exception:  # noqa: BLE001 - a part that is no value of its own
-            continue
-        name = v.__name__ if isinstance(v, types.ModuleType) else v.__module__ if isinstance(v, type) else ""
-        if name == "torch" or name.startswith("torch."):
-            return True
-    return False
-
-
-def _evaluate(expr: str, namespace: dict, roots: _Roots) -> Any:
-    return eval(expr, {"__builtins__": __builtins__, "_R": _resolver(roots.records)(), **_helpers()}, namespace)  # noqa: S307
-
-
-def _resolver(records: list) -> Callable[[], list]:
-    from ..templates.guard_values import resolve_roots
-
-    return lambda: resolve_roots(records)
 
 
 def _namespace(fn: Callable, args: tuple, kwargs: dict) -> dict:
@@ -590,19 +404,3 @@ def in_process_group() -> bool:
     import torch
 
     return torch.distributed.is_available() and torch.distributed.is_initialized()
-
-
-def check_count(record: dict | None) -> int:
-    """How many Python-state checks a pair's guard record holds (0 where none)."""
-    return len(record["checks"]) if record else 0
-
-
-def _globals_of(fn: Callable) -> dict:
-    """The globals Dynamo's ``G[...]`` names: those of the function's code (a module's
-    or a bound method's: its class's ``forward``)."""
-    f = inspect.unwrap(fn)
-    if isinstance(f, types.MethodType):
-        f = f.__func__
-    if not isinstance(f, types.FunctionType):
-        f = getattr(type(f), "forward", None)
-    return getattr(f, "__globals__", {}) or {}
