@@ -7,6 +7,7 @@ one ``error: ...`` line on stderr, without a traceback.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import sys
@@ -44,13 +45,16 @@ def _parser() -> argparse.ArgumentParser:
 
 def _capture(args: argparse.Namespace) -> int:
     from .builder.runner import run_captures
-    from .config.settings import load_settings
+    from .config.settings import load_settings, select_targets
     from .wheels.manifest import assemble, write_dir_atomic
 
-    cs = {"precompile.targets": args.targets} if args.targets else {}
-    environ = {k: v for k, v in os.environ.items()
-               if k not in ("PRECOMPILE_SKIP",)}  # capture is explicit: never skipped
-    settings = load_settings(args.project, cs, environ)
+    environ = {k: v for k, v in os.environ.items()  # capture is explicit: never skipped;
+               if k not in ("PRECOMPILE_SKIP",)  # --targets wins over PRECOMPILE_TARGETS
+               and not (args.targets is not None and k == "PRECOMPILE_TARGETS")}
+    settings = load_settings(args.project, {}, environ)
+    if args.targets is not None:  # its errors name the flag, not a config setting
+        settings = dataclasses.replace(settings, selected=select_targets(settings.targets, args.targets,
+                                                                          "--targets"))
     out = Path(args.out) if args.out else settings.root / "build" / "precompiled"
     with build_tempdir() as tmp:
         results = run_captures(settings, Path(tmp), verbose=args.verbose or None)

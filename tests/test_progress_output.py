@@ -47,3 +47,16 @@ def test_the_summary_says_what_its_seconds_count():
         "precompile: seconds: each target's whole time in this build (its wait for a device slot, the "
         "capture cache and the pair's checks included); a target's `ok ... in N s` line gives its "
         "capture script's run alone")
+
+
+@pytest.mark.usefixtures("build_env")
+def test_capture_targets_names_the_flag_not_a_config_setting(tmp_path, capsys):
+    """`capture --targets flaged` said `Failed to read config setting `precompile.targets``."""
+    from precompile_build.cli import main
+
+    root = make_project(tmp_path)
+    assert main(["capture", "--project", str(root), "--targets", "doubel", "--out", str(tmp_path / "o")]) == 2
+    assert capsys.readouterr().err.strip() == (
+        "error: Failed to read --targets: no target 'doubel' in `tool.precompile.targets`; did you mean 'double'?")
+    assert main(["capture", "--project", str(root), "--targets", "double", "--out", str(tmp_path / "o")]) == 0
+    assert (tmp_path / "o" / "manifest.json").is_file()

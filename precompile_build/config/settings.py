@@ -511,6 +511,31 @@ def collect_overrides(config_settings: Mapping[str, Any] | None,
     return out
 
 
+def select_targets(targets: Mapping[str, Any], value: str, where: str) -> tuple[str, ...]:
+    """The targets a comma-separated selection ``value`` names, in pyproject order.
+
+    Args:
+        targets: the declared targets, by name.
+        value: ``"a,b"``.
+        where: what gave it, for messages (``config setting `precompile.targets```,
+            ``environment variable PRECOMPILE_TARGETS``, ``--targets``).
+    Raises:
+        ConfigError: it selects no target, or names one that is not declared (with
+            the closest declared name).
+    """
+    names = [n.strip() for n in value.split(",") if n.strip()]
+    if not names:
+        raise ConfigError(f"Failed to read {where}: it selects no target; "
+                          f"use skip to build without captures")
+    for n in names:
+        if n not in targets:
+            close = difflib.get_close_matches(n, list(targets), n=1)
+            hint = f"; did you mean {close[0]!r}?" if close else ""
+            raise ConfigError(f"Failed to read {where}: no target {n!r} in "
+                              f"`{PREFIX}.targets`{hint}")
+    return tuple(n for n in targets if n in names)
+
+
 def load_settings(root: str | os.PathLike[str],
                   config_settings: Mapping[str, Any] | None = None,
                   environ: Mapping[str, str] | None = None) -> Settings:
@@ -578,17 +603,7 @@ def settings_from_table(root: Path, table: Mapping[str, Any],
     selected = tuple(targets)
     if "targets" in overrides:
         value, where = overrides["targets"]
-        names = [n.strip() for n in str(value).split(",") if n.strip()]
-        if not names:
-            raise ConfigError(f"Failed to read {where}: it selects no target; "
-                              f"use skip to build without captures")
-        for n in names:
-            if n not in targets:
-                close = difflib.get_close_matches(n, list(targets), n=1)
-                hint = f"; did you mean {close[0]!r}?" if close else ""
-                raise ConfigError(f"Failed to read {where}: no target {n!r} in "
-                                  f"`{PREFIX}.targets`{hint}")
-        selected = tuple(n for n in targets if n in names)
+        selected = select_targets(targets, str(value), where)
     backend, backend_path = parse_backend(table, root)
     return Settings(root=root, package=package, package_dir=package_dir, targets=targets, selected=selected,
                     skip=flags["skip"], strict=flags["strict"], verbose=flags["verbose"], torch_pin=torch_pin,
