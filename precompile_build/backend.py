@@ -25,10 +25,11 @@ one), since an editable import resolves the package to the source tree. Add
 
 from __future__ import annotations
 
+import functools
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Optional, TypeVar
 
 from .builder.workdir import build_tempdir
 
@@ -63,6 +64,25 @@ def __getattr__(name: str) -> Any:
 
 def __dir__() -> list[str]:
     return sorted(set(globals()) | set(__all__))
+
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def _short(hook: F) -> F:
+    """A hook whose own errors (PrecompileBuildError: a config error, a failed capture,
+    a wrapped backend's failure, whose cause stays chained) reach the frontend with a
+    traceback of this one frame: a frontend prints the hook's whole traceback before
+    the one-line message (was 30 lines of this package's frames for a misspelt key)."""
+    @functools.wraps(hook)
+    def run(*args: Any, **kwargs: Any) -> Any:
+        from .errors import PrecompileBuildError
+
+        try:
+            return hook(*args, **kwargs)
+        except PrecompileBuildError as e:
+            raise e.with_traceback(None)  # noqa: B904 (the same exception, its frames cut)
+    return run  # type: ignore[return-value]
 
 
 def _wrapped(settings=None):
@@ -193,6 +213,7 @@ def _warn_static_dependencies(project: Optional[Mapping[str, Any]], requires: li
               file=sys.stderr)
 
 
+@_short
 def build_wheel(wheel_directory: str, config_settings: Optional[Mapping[str, Any]] = None,
                 metadata_directory: Optional[str] = None) -> str:
     """Run the captures, build the wheel with the wrapped backend, add `_precompiled/`.
@@ -227,6 +248,7 @@ def _editable_hook(wrapped) -> None:
                          "hook (PEP 660); install without -e, or use a backend that has one")
 
 
+@_short
 def build_editable(wheel_directory: str, config_settings: Optional[Mapping[str, Any]] = None,
                    metadata_directory: Optional[str] = None) -> str:
     """PEP 660: run the captures, write them to ``<package dir>/_precompiled/`` in the
@@ -286,6 +308,7 @@ def _link_trees(editable_wheel: Path) -> list:
     return out
 
 
+@_short
 def build_sdist(sdist_directory: str,
                 config_settings: Optional[Mapping[str, Any]] = None) -> str:
     """The wrapped backend's sdist, plus every capture script, minus `_precompiled/`."""
@@ -332,6 +355,7 @@ def _prepare_metadata(hook: str, build_hook: str, metadata_directory: str,
     return _patch_metadata_dir(settings, metadata_directory, dist_info)
 
 
+@_short
 def prepare_metadata_for_build_wheel(metadata_directory: str,
                                      config_settings: Optional[Mapping[str, Any]] = None) -> str:
     """The wrapped backend's metadata plus the Requires-Dist lines the wheel will carry
@@ -340,6 +364,7 @@ def prepare_metadata_for_build_wheel(metadata_directory: str,
                              metadata_directory, config_settings)
 
 
+@_short
 def prepare_metadata_for_build_editable(metadata_directory: str,
                                         config_settings: Optional[Mapping[str, Any]] = None) -> str:
     """As :func:`prepare_metadata_for_build_wheel`, for editable installs."""
@@ -353,16 +378,19 @@ def _requires(hook: str, config_settings: Optional[Mapping[str, Any]]) -> list:
     return list(wrapped.call(hook, _setuptools_settings(config_settings))) if wrapped.has(hook) else []
 
 
+@_short
 def get_requires_for_build_wheel(config_settings: Optional[Mapping[str, Any]] = None) -> list:
     """The wrapped backend's requirements; nothing added (torch: see the module docstring)."""
     return _requires("get_requires_for_build_wheel", config_settings)
 
 
+@_short
 def get_requires_for_build_editable(config_settings: Optional[Mapping[str, Any]] = None) -> list:
     """The wrapped backend's requirements for an editable build; nothing added."""
     return _requires("get_requires_for_build_editable", config_settings)
 
 
+@_short
 def get_requires_for_build_sdist(config_settings: Optional[Mapping[str, Any]] = None) -> list:
     """The wrapped backend's requirements for an sdist; nothing added."""
     return _requires("get_requires_for_build_sdist", config_settings)

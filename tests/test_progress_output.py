@@ -60,3 +60,18 @@ def test_capture_targets_names_the_flag_not_a_config_setting(tmp_path, capsys):
         "error: Failed to read --targets: no target 'doubel' in `tool.precompile.targets`; did you mean 'double'?")
     assert main(["capture", "--project", str(root), "--targets", "double", "--out", str(tmp_path / "o")]) == 0
     assert (tmp_path / "o" / "manifest.json").is_file()
+
+
+@pytest.mark.usefixtures("build_env")
+def test_a_config_error_reaches_the_frontend_with_one_frame_of_ours(tmp_path, monkeypatch):
+    """A frontend prints a failed hook's whole traceback: a misspelt key printed 30
+    lines of this package's frames before its message; now the hook's own frame."""
+    import traceback
+
+    from precompile_build.errors import ConfigError
+
+    root = make_project(tmp_path, '[tool.precompile.targets.double]\nscirpt = "capture/pair.py"\n')
+    with pytest.raises(ConfigError, match="did you mean `tool.precompile.targets.double.script`") as e:
+        build(root, monkeypatch)
+    ours = [f for f in traceback.extract_tb(e.value.__traceback__) if "precompile_build" in f.filename]
+    assert [(f.filename.rsplit("/", 1)[-1], f.name) for f in ours] == [("backend.py", "run")]
