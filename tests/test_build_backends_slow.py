@@ -36,7 +36,14 @@ model = TinyMLP().eval()
 x = torch.randn(2, 8)
 fn = load_packaged("mlp", package="{name}", strict=True)
 with torch.no_grad():
-    assert torch.allclose(fn(model, x), model(x), rtol=1e-5, atol=1e-6)
+    eager = TinyMLP.forward.__wrapped__(model, x)
+    assert torch.allclose(fn(model, x), eager, rtol=1e-5, atol=1e-6)
+    # the library's own API, routed through the pair (precompile_runtime.packaged)
+    assert torch.allclose(model(x), eager, rtol=1e-5, atol=1e-6)
+    three = torch.randn(3, 8)  # a shape the pair was not captured for: its own code
+    assert torch.equal(model(three), TinyMLP.forward.__wrapped__(model, three))
+route = TinyMLP.forward.route
+assert (route.served, route.fallback) == (1, 1) and "CallError" not in route.reason, route.reason
 print("served", "torch._inductor.codecache" in sys.modules)
 """
 

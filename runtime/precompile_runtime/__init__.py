@@ -6,6 +6,8 @@ is loaded (or when the serving guard has to patch it).
 Public API:
 
 - :func:`load_packaged` -- the compiled callable of a packaged target.
+- :func:`packaged` -- a decorator routing a library's own function through its packaged
+  target where one serves this host and call, and its own Python otherwise.
 - :func:`no_compilation` -- serving guard: compiling raises :class:`ServingCompileError`
   (also on, process-wide and in child processes, with ``PRECOMPILE_NO_COMPILE=1``).
 - the errors (all subclasses of :class:`PrecompileLoadError`) and
@@ -37,6 +39,7 @@ from .errors import (
     TargetNotFoundError,
 )
 from .loader import load_packaged
+from .routed import RoutedFallbackWarning, packaged
 
 __all__ = [
     "CacheDirNotExecutableError",
@@ -52,6 +55,7 @@ __all__ = [
     "PairFormatError",
     "PrecompileLoadError",
     "PtxJitWarning",
+    "RoutedFallbackWarning",
     "ServingCompileError",
     "StaleArtifactError",
     "StaleArtifactWarning",
@@ -60,6 +64,7 @@ __all__ = [
     "guard_active",
     "load_packaged",
     "no_compilation",
+    "packaged",
 ]
 
 # PRECOMPILE_NO_COMPILE=1 in the environment: arm the guard now (cheap: it only adds
