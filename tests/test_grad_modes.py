@@ -27,9 +27,9 @@ from _pairs import load_pair_at, pair_paths  # noqa: E402
 nn = torch.nn
 
 
-def _capture(tmp_path, fn, *args, engine="eager", grad=True):
+def _capture(tmp_path, fn, *args, engine="eager", grad=True, **kw):
     with torch.set_grad_enabled(grad):
-        with precompile_build.capture(fn, engine=engine, **pair_paths(tmp_path)) as f:
+        with precompile_build.capture(fn, engine=engine, **pair_paths(tmp_path), **kw) as f:
             f(*args)
     return load_pair_at(tmp_path)
 
@@ -76,6 +76,11 @@ class Decorated(nn.Module):
         return self.fc(x) * 2
 
 
+@torch.no_grad()
+def decorated(m, x):
+    return m(x) * 2
+
+
 def set_off(m, x):
     torch.set_grad_enabled(False)
     try:
@@ -89,21 +94,51 @@ def in_inference(m, x):
         return m(x) + 1
 
 
-@pytest.mark.parametrize("fn", [self_contained, apply, set_off, in_inference],
-                         ids=["with-no_grad", "decorated-forward", "set_grad_enabled", "inference_mode"])
+@pytest.mark.parametrize("fn", [self_contained, decorated, set_off, in_inference],
+                         ids=["with-no_grad", "decorated", "set_grad_enabled", "inference_mode"])
 def test_a_function_that_turns_grad_off_itself_is_served_in_any_mode(tmp_path, fn):
     """The example project's `with torch.no_grad():` forward, and its siblings (a
-    `@torch.no_grad()` forward, `torch.set_grad_enabled(False)`, `torch.inference_mode()`):
+    `@torch.no_grad()` function, `torch.set_grad_enabled(False)`, `torch.inference_mode()`):
     their result does not depend on the caller's mode."""
-    m = Decorated() if fn is apply else nn.Linear(4, 4)
-    x = torch.randn(3, 4)
-    f = _capture(tmp_path, fn, m, x, grad=False)
+    m, x = nn.Linear(4, 4), torch.randn(3, 4)
+    # (Dynamo's guards refuse a decorated function's closure: the recorder checks this one)
+    f = _capture(tmp_path, fn, m, x, grad=False, **({"options": {"guards": "recorded"}} if fn is decorated else {}))
     assert not f.metadata["ambient"].get("grad_off")
     want = fn(m, x)
     assert not want.requires_grad
     torch.testing.assert_close(f(m, x), want)  # grad enabled, parameters require grad
     with torch.no_grad():
         torch.testing.assert_close(f(m, x), want)
+
+
+def test_a_module_captured_as_the_function_with_a_no_grad_forward_is_served(tmp_path):
+    m, x = Decorated(), torch.randn(3, 4)
+    f = _capture(tmp_path, m, x, grad=False, options={"guards": "recorded"})
+    assert not f.metadata["ambient"].get("grad_off")
+    torch.testing.assert_close(f(x), m(x))
+
+
+class WithRotary(nn.Module):
+    """A layer whose helper is `@torch.no_grad()` (as transformers' rotary embeddings
+    are): the rest of the model stays differentiable."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc, self.rot = nn.Linear(4, 4), Decorated()
+
+    def forward(self, x):
+        return self.fc(x) * self.rot(x)
+
+
+def test_a_called_layers_no_grad_does_not_make_the_function_self_contained(tmp_path):
+    m, x = WithRotary(), torch.randn(3, 4)
+    f = _capture(tmp_path, apply, m, x, grad=False)
+    assert f.metadata["ambient"].get("grad_off") is True
+    assert apply(m, x).requires_grad  # eager's result carries the gradient of fc
+    with pytest.raises(CallError, match="called with grad enabled and parameter/buffer m0.fc.weight"):
+        f(m, x)
+    with torch.no_grad():
+        torch.testing.assert_close(f(m, x), m(x))
 
 
 def test_torch_helpers_that_turn_grad_off_do_not_count(tmp_path):

@@ -9,13 +9,18 @@ differentiate, and the served one would silently cut the gradient. A function th
 turns grad off in its own body (``with torch.no_grad():``, a ``@torch.no_grad()``
 forward, ``torch.set_grad_enabled(False)``, ``torch.inference_mode()``) returns the same
 whatever the caller's mode, so it is not refused. :func:`watch_body` notes which it is
-while the body is traced; :func:`modes` gives what the pair records
+while the body is traced: a grad-mode change counts when it is made by the captured
+function's own code (its body, or a ``@torch.no_grad()`` on it; a module captured as
+the function: its ``forward``), not by what it calls (a library layer's
+``@torch.no_grad()``, such as a rotary embedding's, leaves the rest of the model
+differentiable, so the call is still checked); :func:`modes` gives what the pair records
 (``PRECOMPILE_METADATA["ambient"]``: ``grad_off``, ``deterministic``), checked per call by
 templates/grad_modes.py.
 """
 
 from __future__ import annotations
 
+import inspect
 import os
 import sys
 from collections.abc import Iterator
@@ -30,13 +35,19 @@ def _torch_dir() -> str:
     return os.path.dirname(os.path.abspath(torch.__file__)) + os.sep
 
 
-def _in_torch(filename: str, torch_dir: str) -> bool:
-    return os.path.abspath(filename).startswith(torch_dir)
+def _own_code(fn: Any) -> Any:
+    """The code object of the captured function's own body (unwrapped; a module's forward)."""
+    import torch
+
+    target = fn.forward if isinstance(fn, torch.nn.Module) else fn
+    target = inspect.unwrap(getattr(target, "__func__", target))
+    return getattr(target, "__code__", None)
 
 
-def _turned_off_by_user_code(torch_dir: str) -> bool:
+def _turned_off_by(own: Any, torch_dir: str) -> bool:
     """Whether the grad-mode call being made (from torch's grad_mode.py machinery) comes
-    from code outside torch: the captured function's body, not a torch helper."""
+    from the captured function's own code ``own``: a statement of its body, or the
+    ``@torch.no_grad()`` on it."""
     machinery = (os.path.join(torch_dir, "autograd", "grad_mode.py"),
                  os.path.join(torch_dir, "utils", "_contextlib.py"))
     frame: FrameType | None = sys._getframe(2)
@@ -44,39 +55,39 @@ def _turned_off_by_user_code(torch_dir: str) -> bool:
         name = os.path.abspath(frame.f_code.co_filename)
         if name == machinery[1]:  # a decorated function: whose it is decides
             func = frame.f_locals.get("func")
-            code = getattr(func, "__code__", None)
-            return code is not None and not _in_torch(code.co_filename, torch_dir)
+            return func is not None and getattr(inspect.unwrap(func), "__code__", None) is own
         if name != machinery[0]:
-            return not _in_torch(name, torch_dir)
+            return frame.f_code is own
         frame = frame.f_back
     return False
 
 
 @contextmanager
-def watch_body(box: dict) -> Iterator[None]:
+def watch_body(box: dict, fn: Any) -> Iterator[None]:
     """While the captured function's body runs (inside the trace, outside Dynamo):
-    set ``box["sets_grad_off"] = True`` where code outside torch turns grad off
+    set ``box["sets_grad_off"] = True`` where the function's own code turns grad off
     (``torch.no_grad()``, ``torch.set_grad_enabled(False)``, ``torch.inference_mode()``,
-    as a context or a decorator). Grad-mode changes that torch's own helpers make are
-    not counted.
+    as a context in its body or a decorator on it). Grad-mode changes of the code it
+    calls (torch's helpers, a library layer's decorator) are not counted.
 
     Args:
         box: a dict the capture reads after the trace.
+        fn: the captured function (a function, a method, a module).
     Yields:
         nothing; torch's grad-mode entry points are watched until the block ends.
     """
     import torch
 
-    torch_dir = _torch_dir()
+    torch_dir, own = _torch_dir(), _own_code(fn)
     set_grad, inference = torch._C._set_grad_enabled, torch._C._InferenceMode
 
     def watched_set_grad(mode):
-        if not mode and _turned_off_by_user_code(torch_dir):
+        if not mode and own is not None and _turned_off_by(own, torch_dir):
             box["sets_grad_off"] = True
         return set_grad(mode)
 
     def watched_inference(mode=True):
-        if mode and _turned_off_by_user_code(torch_dir):
+        if mode and own is not None and _turned_off_by(own, torch_dir):
             box["sets_grad_off"] = True
         return inference(mode)
 

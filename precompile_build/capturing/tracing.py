@@ -201,7 +201,7 @@ def trace_call(fn: Callable, args: tuple, kwargs: dict, *, target: str, tracer: 
             leaves = [t.detach().requires_grad_(True) if g else t for t, g in zip(flat[:n_params], wants_grad)]
         call_args, call_kwargs = rebuild_args(flat[n_params:])
         watched = (contextlib.nullcontext() if torch.compiler.is_dynamo_compiling()
-                   else grad_modes.watch_body(out_box))  # the body's own no_grad (grad_modes.py)
+                   else grad_modes.watch_body(out_box, fn))  # the body's own no_grad (grad_modes.py)
         with _reparametrize(modules, names, dtensors.wrap(leaves, lifted)), aliases.repointed(held, [*leaves, *flat[n_params:]]):
             with watched:
                 result = fn(*call_args, **call_kwargs)

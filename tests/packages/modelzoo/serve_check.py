@@ -112,11 +112,12 @@ def decode_check(device):
     caches = [modelzoo.static_cache(model, device) for _ in prompts]
     runs = [modelzoo.greedy(prefill, decode, model, c, p) for c, p in zip(caches, prompts)]
     served = [[], []]
-    for _ in range(modelzoo.DECODE_STEPS):  # two requests, a step of each in turn
-        for i, r in enumerate(runs):
-            served[i].append(next(r))
-    wrapper = modelzoo.export_wrapper(model, device)
-    served_wrapper = modelzoo.wrapper_greedy(step, wrapper, prompts[0])
+    with torch.no_grad():  # served as captured: a no_grad capture is refused with grad on
+        for _ in range(modelzoo.DECODE_STEPS):  # two requests, a step of each in turn
+            for i, r in enumerate(runs):
+                served[i].append(next(r))
+        wrapper = modelzoo.export_wrapper(model, device)
+        served_wrapper = modelzoo.wrapper_greedy(step, wrapper, prompts[0])
     return {"eager": eager, "served": served, "eager_wrapper": eager_wrapper, "served_wrapper": served_wrapper,
             "cache_lengths": [int(c.layers[0].cumulative_length) for c in caches],
             "wrapper_buffer_is_cache": wrapper.key_cache_0 is wrapper.static_cache.layers[0].keys,
