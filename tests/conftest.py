@@ -8,7 +8,10 @@ the rules of the suite's marks (docs/contributing.md):
   marked ``gpu``: collection fails on one without the mark;
 - no test sets a torch config module's entry with ``monkeypatch`` (its undo deletes
   the entry under pytest 9.2, and every later compile of the process fails): use the
-  module's own ``config.patch``, e.g. through the ``torch_config`` fixture.
+  module's own ``config.patch``, e.g. through the ``torch_config`` fixture;
+- the unit tests measured heavy (a case of a second or more) are listed in
+  tests/heavy.txt (tests/_heavy.py makes it from a ``--durations=0`` run): every case
+  of a listed function gets the ``heavy`` mark, which the fast loop leaves out.
 
 A module opts in with ``pytestmark = pytest.mark.usefixtures("build_env")`` (builds of
 the fixture projects) or ``"runtime_env"`` (loads by the runtime)."""
@@ -22,10 +25,12 @@ import subprocess
 import sys
 
 import pytest
+from _heavy import function_id, read
 
 # argv words that make a subprocess a frontend or an installer
 _FRONTENDS = {"build", "pip", "pip3", "uv", "venv", "virtualenv", "twine"}
 _current: list = [None]  # the test item running now (setup, call, teardown)
+_HEAVY = read()  # tests/heavy.txt: function id -> its measured seconds
 
 
 def _frontend(args) -> str | None:
@@ -74,7 +79,11 @@ def _needs_cuda(item) -> bool:
     return any("cuda" in str(m.kwargs.get("reason", "")).lower() for m in item.iter_markers("skipif"))
 
 
+@pytest.hookimpl(tryfirst=True)  # before `-m` deselects: the heavy mark must count
 def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if function_id(item.nodeid) in _HEAVY:
+            item.add_marker(pytest.mark.heavy)
     unmarked = [item.nodeid for item in items if _needs_cuda(item) and item.get_closest_marker("gpu") is None]
     if unmarked:
         raise pytest.UsageError("tests that need CUDA without the gpu mark (docs/contributing.md): "

@@ -1,5 +1,6 @@
 """The suite's own rules (tests/conftest.py): frontends only in slow tests, CUDA tests
-marked gpu, torch's config modules set through their own patch."""
+marked gpu, torch's config modules set through their own patch, the heavy tests the fast
+loop leaves out (tests/heavy.txt)."""
 
 from __future__ import annotations
 
@@ -70,3 +71,65 @@ def test_torch_config_modules_are_not_monkeypatched(monkeypatch, torch_config):
     torch_config(config, fx_graph_cache=not before)
     assert config.fx_graph_cache is (not before)
     monkeypatch.setattr(sys, "dont_write_bytecode", sys.dont_write_bytecode)  # other objects: as pytest's
+
+
+def test_every_heavy_entry_names_a_test_function():
+    """tests/heavy.txt (the tests the fast loop leaves out) names only test functions that
+    exist: one renamed or removed fails here, not silently back into the fast loop."""
+    import ast
+
+    from _heavy import read
+
+    root = Path(__file__).resolve().parents[1]
+    missing = []
+    for name in read():
+        path, *scopes = name.split("::")
+        body = ast.parse((root / path).read_text(encoding="utf-8")).body if (root / path).is_file() else []
+        for scope in scopes:
+            node = next((n for n in body if isinstance(n, (ast.FunctionDef, ast.ClassDef)) and n.name == scope), None)
+            body = node.body if isinstance(node, ast.ClassDef) else []
+            if node is None:
+                missing.append(name)
+                break
+    assert missing == [], "tests/heavy.txt names tests that do not exist (tests/_heavy.py: re-measure)"
+
+
+def test_a_durations_report_gives_each_function_its_slowest_case():
+    from _heavy import measured, render
+
+    report = "\n".join([
+        "============================== slowest durations ===============================",
+        "3.50s call     tests/test_a.py::test_x[1]",
+        "0.60s setup    tests/test_a.py::test_x[2]",
+        "0.50s call     tests/test_a.py::test_x[2]",
+        "0.90s call     tests/test_a.py::TestC::test_y",
+        "0.20s teardown tests/test_a.py::TestC::test_y",
+        "0.30s call     tests/test_b.py::test_z",
+    ])
+    assert measured(report) == {"tests/test_a.py::test_x": 3.5, "tests/test_a.py::TestC::test_y": 1.1,
+                                "tests/test_b.py::test_z": 0.3}
+    assert render(report).splitlines()[1:] == ["    1.1  tests/test_a.py::TestC::test_y",
+                                               "    3.5  tests/test_a.py::test_x"]
+
+
+class _Collected:
+    def __init__(self, nodeid):
+        self.nodeid, self.fspath, self.marks = nodeid, "/t/test_x.py", []
+
+    def add_marker(self, mark):
+        self.marks.append(mark)
+
+    def iter_markers(self, name):
+        return []
+
+    def get_closest_marker(self, name):
+        return None
+
+
+def test_the_listed_heavy_functions_are_marked(pytestconfig, monkeypatch):
+    """Every case of a function in tests/heavy.txt carries the heavy mark (the conftest)."""
+    monkeypatch.setitem(conftest._HEAVY, "tests/test_x.py::test_y", 1.0)
+    items = [_Collected("tests/test_x.py::test_y[a]"), _Collected("tests/test_x.py::test_y[b]"),
+             _Collected("tests/test_x.py::test_z")]
+    conftest.pytest_collection_modifyitems(pytestconfig, items)
+    assert [[m.name for m in item.marks] for item in items] == [["heavy"], ["heavy"], []]
