@@ -102,7 +102,7 @@ def test_a_function_that_turns_grad_off_itself_is_served_in_any_mode(tmp_path, f
     their result does not depend on the caller's mode."""
     m, x = nn.Linear(4, 4), torch.randn(3, 4)
     # (Dynamo's guards refuse a decorated function's closure: the recorder checks this one)
-    f = _capture(tmp_path, fn, m, x, grad=False, **({"options": {"guards": "recorded"}} if fn is decorated else {}))
+    f = _capture(tmp_path, fn, m, x, grad=False)
     assert not f.metadata["ambient"].get("grad_off")
     want = fn(m, x)
     assert not want.requires_grad
@@ -113,7 +113,7 @@ def test_a_function_that_turns_grad_off_itself_is_served_in_any_mode(tmp_path, f
 
 def test_a_module_captured_as_the_function_with_a_no_grad_forward_is_served(tmp_path):
     m, x = Decorated(), torch.randn(3, 4)
-    f = _capture(tmp_path, m, x, grad=False, options={"guards": "recorded"})
+    f = _capture(tmp_path, m, x, grad=False)
     assert not f.metadata["ambient"].get("grad_off")
     torch.testing.assert_close(f(x), m(x))
 

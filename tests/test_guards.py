@@ -333,3 +333,27 @@ def test_a_module_captured_as_the_function_keeps_its_own_state_as_constants(tmp_
     f = _serve(tmp_path, m, x)
     torch.testing.assert_close(f(x), want)
     assert all("self" not in c[2] for c in f.metadata["guards"]["checks"])
+
+
+def test_a_decorated_function_is_checked_through_its_arguments(tmp_path):
+    """A decorated function (``@torch.no_grad()``): Dynamo's frame is the decorator's
+    wrapper, its guards start from ``args``/``kwargs``: served equal, a change named."""
+    class Cfgd(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = torch.nn.Linear(3, 3)
+            self.cfg = types.SimpleNamespace(temp=0.5)
+
+        def forward(self, x):
+            return self.lin(x) * self.cfg.temp
+
+    @torch.no_grad()
+    def scaled(m, x):
+        return m(x) * 2
+
+    m, x = Cfgd(), torch.randn(2, 3)
+    f = _serve(tmp_path, scaled, m, x)
+    torch.testing.assert_close(f(m, x), scaled(m, x))
+    m.cfg.temp = 0.25
+    with pytest.raises(CallError, match=r"cfg\.temp was 0\.5 at capture, now 0\.25"):
+        f(m, x)

@@ -31,6 +31,7 @@ is checked, and the manifest and ``inspect`` say so).
 
 from __future__ import annotations
 
+import ast
 import contextlib
 import enum
 import inspect
@@ -227,19 +228,99 @@ def _epoch_covered(check: str, value: Any, base: Any, expr: str) -> bool:
         return True
     if check in ("type", "class") and isinstance(value, torch.nn.Module):
         return True
+    if check == "class" and expr.endswith(".__class__") and isinstance(base, torch.nn.Module):
+        return True  # (`__class__` is watched: assigning it moves the epoch)
     if check == "absent" and isinstance(value, torch.nn.Module):
         return True
     return check == "module"
+
+
+def _dict_covering(check: str, expr: str, value: Any, base: Any, namespace: dict,
+                   roots: guard_sources.Roots) -> str | None:
+    """The expression of the dict whose version (``torch._C._dynamo.guards.dict_version``:
+    any write moves it, ``obj.__dict__[k] = v`` and ``object.__setattr__`` too) tells
+    that the checked value cannot have changed, or None. Only where the path to that
+    dict starts from a module argument or a module (``_R``): a call that passes another
+    such object is checked in full (templates/guards.py keys the versions by model)."""
+    import collections
+
+    import torch
+
+    node = ast.parse(expr, mode="eval").body
+    root = node
+    while isinstance(root, (ast.Attribute, ast.Subscript, ast.Call)):
+        root = root.func if isinstance(root, ast.Call) else root.value
+    if isinstance(root, ast.Name) and root.id != "_R" and not isinstance(namespace.get(root.id), torch.nn.Module):
+        return None
+    plain = (dict, collections.OrderedDict)
+    klass = _last_class(node, namespace, roots)
+    if klass is not None:  # class-level state (a method, a decorator's closure, a class constant)
+        return f"_g_type_dict({klass})"
+    if check in ("len", "keys", "contains", "empty") and type(value) in plain:
+        return expr
+    if check in ("absent", "hasattr") and isinstance(getattr(value, "__dict__", None), dict) \
+            and not isinstance(value, type):
+        return f"({expr}).__dict__"
+    if isinstance(node, ast.Attribute) and isinstance(getattr(base, "__dict__", None), dict) \
+            and not isinstance(base, type) and node.attr in base.__dict__:
+        return f"({ast.unparse(node.value)}).__dict__"
+    if isinstance(node, ast.Subscript) and type(base) in plain:
+        return ast.unparse(node.value)
+    return None
+
+
+def _keep_dict_covers(checks: list, namespace: dict, roots: guard_sources.Roots) -> None:
+    """A check whose covering expression gives no plain dict here runs per call instead."""
+    from ..templates.guard_values import _g_type_dict
+
+    ok: dict[str, bool] = {}
+    for c in checks:
+        if c[6] is None:
+            continue
+        if c[6] not in ok:
+            try:
+                d = eval(c[6], {"__builtins__": __builtins__, "_R": guard_sources.resolver(roots.records)(),  # noqa: S307
+                                "_g_type_dict": _g_type_dict, **guard_sources.helpers()}, namespace)
+                ok[c[6]] = type(d).__name__ in ("dict", "OrderedDict")
+            except Exception:  # noqa: BLE001 - a path that does not resolve: per call
+                ok[c[6]] = False
+        if not ok[c[6]]:
+            c[4], c[6] = True, None
+
+
+def _last_class(node: ast.expr, namespace: dict, roots: guard_sources.Roots) -> str | None:
+    """The expression of the last class the path of ``node`` passes through before its
+    value (``type(m)`` in ``type(m).__dict__['forward'].__closure__[0]``), or None. Such
+    a value is class-level: it changes through that class's dict (``Cls.x = ...``, a
+    method replaced), whose version stands for it between full checks; a change deeper
+    (a method's defaults or closure cells edited in place) is seen at the next full check
+    (docs/assumed_state.md)."""
+    n = node
+    while True:
+        if isinstance(n, (ast.Attribute, ast.Subscript)):
+            n = n.value
+        elif isinstance(n, ast.Call) and len(n.args) == 1:
+            n = n.args[0]
+        else:
+            return None
+        try:
+            v = guard_sources.evaluate(ast.unparse(n), namespace, roots)
+        except Exception:  # noqa: BLE001 - a part that is no value of its own (a function name)
+            continue
+        if isinstance(v, type):
+            return ast.unparse(n)
 
 
 def guard_checks(fn: Callable, args: tuple, kwargs: dict, *, target: str) -> dict | None:
     """The checks of the guards Dynamo builds for ``fn(*args, **kwargs)``.
 
     Returns:
-        ``{"params": the function's parameter list as source text, "roots": [[kind,
+        ``{"params": the function's parameter list as source text (``*args, **kwargs``
+        with ``"wrapper": True``: Dynamo's frame was a decorator's wrapper), "roots": [[kind,
         ...]] (``_R``), "checks": [[label, check kind, expression, expected, per call
-        (bool), file:line]], "watched": [attribute names whose assignment moves the
-        state epoch], "left": {guard kind: count} left to other checks}``.
+        (bool), file:line, the expression of the dict whose version covers it or None]],
+        "watched": [attribute names whose assignment moves the state epoch], "left":
+        {guard kind: count} left to other checks}``.
     Raises:
         CaptureError: Dynamo cannot trace the call in one graph, or a guard has no
             check a pair can run (the message names the source and its line).
@@ -251,7 +332,8 @@ def guard_checks(fn: Callable, args: tuple, kwargs: dict, *, target: str) -> dic
     fn_globals = guard_sources.globals_of(fn)
     names = set(fn_globals)  # Dynamo installs names of its own there while it traces
     try:
-        entries = collect(fn, args, kwargs)
+        with _without_dynamic_marks(args, kwargs):
+            entries = collect(fn, args, kwargs)
     except Exception as e:  # noqa: BLE001 - Dynamo's refusal, named in the message
         first = str(e).split("\n")[0]
         if not _has_guard_filter():
@@ -272,6 +354,11 @@ def guard_checks(fn: Callable, args: tuple, kwargs: dict, *, target: str) -> dic
             "(docs/assumed_state.md)", target=target) from None
     roots = guard_sources.Roots(fn_globals, names)
     namespace = _namespace(fn, args, kwargs)
+    wrapper = bool(_frame_locals(entries) - params - free)
+    if wrapper:  # Dynamo's frame is a wrapper's (fn, *args, **kwargs): a decorated function, a module's
+        params_text, params = "*args, **kwargs", {"args", "kwargs"}  # decorated forward; the callable
+        free |= {"fn", "self", "func"}  # itself is the pair's constant
+        namespace = _namespace(fn, args, kwargs, wrapper=True)
     checks: list[list] = []
     left: dict[str, int] = {}
     watched: set[str] = set()
@@ -308,20 +395,26 @@ def guard_checks(fn: Callable, args: tuple, kwargs: dict, *, target: str) -> dic
             watched.add(expected)
         if check == "hasattr":
             watched.add(expected[0])
+        if check == "class" and expr.endswith(".__class__"):
+            watched.add("__class__")
         base = guard_sources.base_of(expr, namespace, roots)
-        checks.append([label, check, expr, expected, not _epoch_covered(check, value, base, expr), where])
+        epoch = _epoch_covered(check, value, base, expr)
+        cover = None if epoch else _dict_covering(check, expr, value, base, namespace, roots)
+        checks.append([label, check, expr, expected, not epoch and cover is None, where, cover])
+    _keep_dict_covers(checks, namespace, roots)
     failed = failing(checks, namespace, roots)
     if failed:
         raise CaptureError(f"a guard does not hold on the capture's own state: {failed[0]} (a bug: "
                            "please report it)", target=target)
-    return {"params": params_text, "roots": roots.records, "checks": checks, "watched": sorted(watched),
+    return {"params": params_text, "wrapper": wrapper, "roots": roots.records, "checks": checks,
+            "watched": sorted(watched),
             "left": dict(sorted(left.items()))}
 
 
 def kept_after(record: dict, fn: Callable, args: tuple, kwargs: dict) -> dict:
     """``record`` less the checks that no longer hold after the trace ran the function:
     values the function itself changes (a call counter) are its state, not assumptions."""
-    namespace = _namespace(fn, args, kwargs)
+    namespace = _namespace(fn, args, kwargs, wrapper=record.get("wrapper", False))
     roots = guard_sources.resolver(record["roots"])
     out = [c for c in record["checks"] if not _fails(c, namespace, roots)]
     return {**record, "checks": out}
@@ -343,8 +436,52 @@ def _fails(check: list, namespace: dict, resolver) -> bool:
     return not holds(check[1], value, check[3])
 
 
-def _namespace(fn: Callable, args: tuple, kwargs: dict) -> dict:
-    """The function's parameters bound to the call's arguments, defaults applied."""
+def _frame_locals(entries: list) -> set[str]:
+    """The local names Dynamo's guards start from (``m`` in ``m.cfg.temp``, ``L['m']``)."""
+    out: set[str] = set()
+    for e in entries:
+        try:
+            tree = ast.parse(e.name, mode="eval")
+        except SyntaxError:
+            continue
+        for n in ast.walk(tree):
+            if isinstance(n, ast.Subscript) and isinstance(n.value, ast.Name) and n.value.id == "L" \
+                    and isinstance(n.slice, ast.Constant) and isinstance(n.slice.value, str):
+                out.add(n.slice.value)
+            elif isinstance(n, ast.Name) and n.id not in ("G", "L") and not n.id.startswith("__") \
+                    and n.id not in guard_sources.BUILTINS:
+                out.add(n.id)
+    return out
+
+
+@contextlib.contextmanager
+def _without_dynamic_marks(args: tuple, kwargs: dict):
+    """The call's tensors without their ``mark_dynamic`` marks while Dynamo builds the
+    guards: the sizes are the dynamic dims' own checks (dynamic_dims.py), whose refusals
+    say more than Dynamo's constraint violations."""
+    import torch
+    from torch.utils import _pytree as pytree
+
+    saved = []
+    for t in pytree.tree_leaves((args, kwargs)):
+        if isinstance(t, torch.Tensor):
+            marks = {k: v for k, v in vars(t).items() if k.startswith("_dynamo_")}
+            for k in marks:
+                delattr(t, k)
+            saved.append((t, marks))
+    try:
+        yield
+    finally:
+        for t, marks in saved:
+            for k, v in marks.items():
+                setattr(t, k, v)
+
+
+def _namespace(fn: Callable, args: tuple, kwargs: dict, wrapper: bool = False) -> dict:
+    """The function's parameters bound to the call's arguments, defaults applied; with
+    ``wrapper``, the names of Dynamo's wrapper frame (``fn``, ``args``, ``kwargs``)."""
+    if wrapper:
+        return {"args": args, "kwargs": kwargs, "fn": fn}
     target = fn.forward if hasattr(fn, "forward") and not isinstance(fn, types.FunctionType) else fn
     sig = inspect.signature(target)
     bound = sig.bind(*args, **kwargs)

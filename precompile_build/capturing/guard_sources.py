@@ -26,7 +26,7 @@ VALUE_KINDS = {"CONSTANT_MATCH", "EQUALS_MATCH", "BOOL_MATCH", "NONE_MATCH", "CO
 
 _HELPERS = {"___odict_getitem": "_g_odict_getitem", "___dataclass_fields": "_g_dataclass_fields",
             "___namedtuple_fields": "_g_namedtuple_fields"}
-_BUILTINS = {"type", "dict", "list", "len", "getattr", "tuple", "id", "str", "int", "object"}
+BUILTINS = {"type", "dict", "list", "len", "getattr", "tuple", "id", "str", "int", "object"}
 _TORCH_ROOT = re.compile(r"^__import_torch(_dot_|$)")
 
 class Roots:
@@ -111,6 +111,9 @@ def rewrite(name: str, roots: Roots, params: set[str], free: frozenset[str] | se
         def visit_Call(self, node):  # noqa: N802
             nonlocal dropped
             f = node.func
+            if isinstance(f, ast.Name) and f.id == "dict" and len(node.args) == 1 and not node.keywords \
+                    and isinstance(node.args[0], ast.Attribute) and node.args[0].attr == "__dict__":
+                return self.visit(node.args[0])  # a class's __dict__ read in place, not copied per call
             if isinstance(f, ast.Name) and f.id == "__import__" and len(node.args) == 1 \
                     and isinstance(node.args[0], ast.Constant) and isinstance(node.args[0].value, str):
                 mod = node.args[0].value
@@ -128,7 +131,7 @@ def rewrite(name: str, roots: Roots, params: set[str], free: frozenset[str] | se
                 return node
             if node.id in _HELPERS:
                 return ast.copy_location(ast.Name(id=_HELPERS[node.id], ctx=ast.Load()), node)
-            if node.id not in params and node.id not in _BUILTINS and node.id not in ("G", "L", "_R"):
+            if node.id not in params and node.id not in BUILTINS and node.id not in ("G", "L", "_R"):
                 raise ValueError(f"the name {node.id!r} is no parameter of the function")
             return node
 

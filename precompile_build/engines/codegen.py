@@ -160,7 +160,9 @@ def guards_code(guards: dict | None) -> str:
     """The generated checks of the guards Dynamo built (capturing/dynamo_guards.py):
     ``_guards_full(_R, <the function's parameters>)`` runs every check,
     ``_guards_call`` the per-call ones; each returns the index of the first check that
-    fails (in ``guards["checks"]``), or -1. ``_guard_bind`` binds a call's arguments to
+    fails (in ``guards["checks"]``), or -1. ``_guards_dicts`` returns the dicts whose
+    versions stand for the other checks between full checks (templates/guards.py).
+    ``_guard_bind`` binds a call's arguments to
     the parameters' names (for the message of a failed check). A check that starts
     from a module this process cannot import holds (templates/guard_values.py)."""
     from ..templates.guard_values import guard_condition
@@ -172,7 +174,7 @@ def guards_code(guards: dict | None) -> str:
     out = [head + "_NODEFAULT = object()  # a default that is no literal: not bound by name\n"]
     for name, every in (("_guards_full", True), ("_guards_call", False)):
         lines = [f"def {name}(_R, {params}):" if params else f"def {name}(_R):"]
-        for i, (_label, kind, expr, expected, per_call, _where) in enumerate(checks):
+        for i, (_label, kind, expr, expected, per_call, *_rest) in enumerate(checks):
             if not (every or per_call):
                 continue
             cond = guard_condition(kind, expr, expected)
@@ -183,6 +185,11 @@ def guards_code(guards: dict | None) -> str:
                       "    except Exception:", f"        return {i}"]
         lines.append("    return -1")
         out.append("\n".join(lines) + "\n")
+    covers = list(dict.fromkeys(c[6] for c in checks if len(c) > 6 and c[6]))
+    lines = [f"def _guards_dicts(_R, {params}):" if params else "def _guards_dicts(_R):", "    out = []"]
+    for expr in covers:
+        lines += ["    try:", f"        out.append({expr})", "    except Exception:", "        out.append(None)"]
+    out.append("\n".join(lines + ["    return out"]) + "\n")
     out.append(f"def _guard_bind({params}):\n    return dict(locals())\n" if params
                else "def _guard_bind():\n    return {}\n")
     return "\n\n".join(out)

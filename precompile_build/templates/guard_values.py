@@ -66,6 +66,14 @@ def _g_code_is(fn, want):
     return seen[1] == want
 
 
+def _g_type_dict(cls):
+    """The dict behind a class's ``__dict__`` (a read-only mapping proxy): its version
+    moves with every assignment to the class (templates/guards.py)."""
+    import gc
+
+    return next((d for d in gc.get_referents(cls.__dict__) if type(d) is dict), None)
+
+
 def _g_odict_getitem(d, k):
     return dict.__getitem__(d, k)
 

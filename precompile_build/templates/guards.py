@@ -28,17 +28,32 @@ if TYPE_CHECKING:
         _g_odict_getitem,
         _guard_bind,
         _guards_call,
+        _guards_dicts,
         _guards_full,
         _state_epoch,
+        _weakref,
         resolve_roots,
     )
 # end stand-ins
 
+from collections import OrderedDict as _OrderedDict
+
 _GUARDS: dict = dict(_META.get("guards") or {})
 _G_CHECKS = list(_GUARDS.get("checks") or ())
 _G_ROOTS: list = []  # resolved at the first call (resolve_roots imports the modules named)
-_G_SEEN: dict = {}  # id(first model) -> (epoch, hook registrations) of its last full check
+# id(first model) -> ((epoch, hook registrations), [(dict, its version)], weakref of the
+# model) of its last full check: until one of these moves, the checks the dicts' versions
+# cover hold (any write to a dict moves its version: `obj.__dict__[k] = v` too)
+_G_SEEN: dict = {}
 _G_EPOCH: list = []
+_DICT_VERSION = getattr(getattr(getattr(torch._C, "_dynamo", None), "guards", None), "dict_version", None)
+
+
+def _versions_stand(versions):
+    for d, v in versions:
+        if _DICT_VERSION(d) != v:  # type: ignore[misc]
+            return False
+    return True
 
 
 def _check_guards(args, kwargs, modules, full=False, kinds=None):
@@ -50,21 +65,27 @@ def _check_guards(args, kwargs, modules, full=False, kinds=None):
         torch.nn.modules.module._precompile_watched.update(_GUARDS.get("watched") or ())  # type: ignore[attr-defined]
         _G_EPOCH.append(box)
     roots = _G_ROOTS[0]
-    key = id(modules[0]) if modules else None
+    key = id(modules[0]) if modules and _DICT_VERSION is not None else None
     now = (_G_EPOCH[0][0], _HANDLES.next_id)
-    full = full or key is None or _G_SEEN.get(key) != now
+    seen = _G_SEEN.get(key) if key is not None else None
+    full = full or seen is None or seen[0] != now or seen[2]() is not modules[0] or not _versions_stand(seen[1])
     try:
         failed = (_guards_full if full else _guards_call)(roots, *args, **kwargs)
     except TypeError:  # arguments that do not bind: the driver's own checks name them
         return
-    if failed >= 0 and (kinds is None or _G_CHECKS[failed][1] in kinds):
-        _guard_error(failed, roots, args, kwargs)
+    if failed >= 0:
+        if kinds is None or _G_CHECKS[failed][1] in kinds:
+            _guard_error(failed, roots, args, kwargs)
+        return
     if full and key is not None:
-        _G_SEEN[key] = now
+        dicts = _guards_dicts(roots, *args, **kwargs)
+        if all(type(d) in (dict, _OrderedDict) for d in dicts):
+            ref = _weakref.ref(modules[0], lambda _r, k=key: _G_SEEN.pop(k, None))  # type: ignore[misc]
+            _G_SEEN[key] = (now, [(d, _DICT_VERSION(d)) for d in dicts], ref)  # type: ignore[misc]
 
 
 def _guard_error(i, roots, args, kwargs):
-    label, kind, expr, want, _per_call, where = _G_CHECKS[i]
+    label, kind, expr, want, _per_call, where = _G_CHECKS[i][:6]
     names = {"_R": roots, "_g_code_is": _g_code_is, "_g_odict_getitem": _g_odict_getitem,
              "_g_dataclass_fields": _g_dataclass_fields, "_g_namedtuple_fields": _g_namedtuple_fields,
              "_g_holds": _g_holds}

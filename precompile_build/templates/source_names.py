@@ -12,6 +12,7 @@ each name: where the source half defines it.
 from __future__ import annotations
 
 import os as _os  # noqa: F401 - kernel_loader.py's, which triton_launcher.py (no imports) uses
+import weakref as _weakref  # noqa: F401 - driver.py's
 from typing import Any, Callable
 
 import torch  # noqa: F401 - codegen.py's `import torch` at the top of the file
@@ -123,6 +124,7 @@ from .guard_values import (  # noqa: E402, F401 - guard_values.py, copied in
     _g_holds,
     _g_namedtuple_fields,
     _g_odict_getitem,
+    _g_type_dict,
     resolve_roots,
 )
 
@@ -130,6 +132,7 @@ from .guard_values import (  # noqa: E402, F401 - guard_values.py, copied in
 def _guards_full(_R: list[Any], *args: Any, **kwargs: Any) -> int: ...
 def _guards_call(_R: list[Any], *args: Any, **kwargs: Any) -> int: ...
 def _guard_bind(*args: Any, **kwargs: Any) -> dict[str, Any]: ...
+def _guards_dicts(_R: list[Any], *args: Any, **kwargs: Any) -> list[Any]: ...
 def _check_guards(args: tuple, kwargs: dict, modules: list[Any], full: bool = False,
                   kinds: Any = None) -> None: ...
 
