@@ -15,9 +15,9 @@ deps=(pytest==9.0.3 hypothesis==6.155.2 setuptools==84.2.1 wheel==0.48.0 build==
 
 echo "== lint (ruff, the whole tree) and types (mypy, both packages: [tool.mypy] in pyproject.toml)"
 # the backends precompile_build.backend wraps in tests/test_build_backends*.py (editables:
-# hatchling's editable wheels)
+# hatchling's editable wheels; scikit-build-core uses the system's cmake and ninja)
 make_venv .venv-test "${deps[@]}" "ruff==0.17.6" "mypy==2.4.1" "mkdocs==1.6.1" \
-  hatchling==1.33.0 flit-core==4.2.0 pdm-backend==2.5.0 editables==0.6
+  hatchling==1.33.0 flit-core==4.2.0 pdm-backend==2.5.0 editables==0.6 scikit-build-core==1.1.2
 .venv-test/bin/python -m pip install -q -e ./runtime -e .
 .venv-test/bin/python -m ruff check .
 .venv-test/bin/python -m mypy

@@ -1,12 +1,14 @@
-"""`[tool.precompile] backend`: precompile_build.backend wrapping hatchling, flit-core and
-pdm-backend (issue 55), its hooks called in-process on the fixture projects
-tests/packages/{hatch,flit,pdm}pkg with the fixture capture script (no torch); the
+"""`[tool.precompile] backend`: precompile_build.backend wrapping hatchling, flit-core,
+pdm-backend and scikit-build-core (issue 55), its hooks called in-process on the
+fixture projects tests/packages/{hatch,flit,pdm,skb}pkg (scikit-build-core: a C++
+extension module beside the model) with the fixture capture script (no torch); the
 wrapped backend's failures. Real frontends and real captures: test_build_backends_slow.py."""
 
 from __future__ import annotations
 
 import shutil
 import sys
+import sysconfig
 import tarfile
 
 import pytest
@@ -29,9 +31,12 @@ from precompile_build.errors import BuildError, ConfigError
 
 pytestmark = pytest.mark.usefixtures("build_env")
 
-BACKENDS = {"hatchpkg": "hatchling.build", "flitpkg": "flit_core.buildapi", "pdmpkg": "pdm.backend"}
-# what each backend writes besides the package's files (pdm-backend: entry_points.txt)
-OWN_META = {"hatchpkg": [], "flitpkg": [], "pdmpkg": ["entry_points.txt"]}
+BACKENDS = {"hatchpkg": "hatchling.build", "flitpkg": "flit_core.buildapi", "pdmpkg": "pdm.backend",
+            "skbpkg": "scikit_build_core.build"}
+# what each backend writes besides the package's files (pdm-backend: entry_points.txt;
+# scikit-build-core: the C++ extension module CMake built)
+OWN_META = {"hatchpkg": [], "flitpkg": [], "pdmpkg": ["entry_points.txt"], "skbpkg": []}
+OWN_EXTRA = {"skbpkg": ["skbpkg/_native" + sysconfig.get_config_var("EXT_SUFFIX")]}
 PAIR = ["double.cache", "double.py", "double" + PYC, "manifest.json"]
 
 
@@ -49,7 +54,8 @@ def project(tmp_path, name: str, toml: str | None = None, *, spec: str | None = 
 def own_files(name: str) -> list[str]:
     di = f"{name}-0.1.0.dist-info"
     return [f"{name}/__init__.py", f"{name}/model.py", f"{name}/data/info.json",
-            f"{di}/METADATA", f"{di}/RECORD", f"{di}/WHEEL"] + [f"{di}/{n}" for n in OWN_META[name]]
+            f"{di}/METADATA", f"{di}/RECORD", f"{di}/WHEEL"] + [f"{di}/{n}" for n in OWN_META[name]] + (
+            OWN_EXTRA.get(name, []))
 
 
 @pytest.mark.parametrize("name", list(BACKENDS))

@@ -1,5 +1,5 @@
-"""Issue 55: the fixture projects of hatchling, flit-core and pdm-backend
-(tests/packages/{hatch,flit,pdm}pkg, `[tool.precompile] backend`), each built by
+"""Issue 55: the fixture projects of hatchling, flit-core, pdm-backend and
+scikit-build-core (tests/packages/{hatch,flit,pdm,skb}pkg, `[tool.precompile] backend`), each built by
 ``python -m build`` without isolation and isolated, with a real capture (the frozen
 engine, a tiny MLP on the CPU); the wheel installed into a fresh virtual environment
 (torch linked in, nothing else of this one) and served strict under
@@ -17,6 +17,7 @@ import os
 import shutil
 import subprocess
 import sys
+import sysconfig
 from pathlib import Path
 
 import pytest
@@ -24,8 +25,11 @@ from _build_helpers import PACKAGES, PYC, check_record, dist_links, torch_only_p
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("build_env")]
 REPO = Path(__file__).resolve().parents[1]
-DISTS = {"hatchpkg": "hatchling", "flitpkg": "flit-core", "pdmpkg": "pdm-backend"}
-OWN_META = {"hatchpkg": [], "flitpkg": [], "pdmpkg": ["entry_points.txt"]}
+DISTS = {"hatchpkg": "hatchling", "flitpkg": "flit-core", "pdmpkg": "pdm-backend",
+         "skbpkg": "scikit-build-core"}
+OWN_META = {"hatchpkg": [], "flitpkg": [], "pdmpkg": ["entry_points.txt"], "skbpkg": []}
+# scikit-build-core's project: the C++ extension module CMake built (the system's cmake)
+OWN_EXTRA = {"skbpkg": ["skbpkg/_native" + sysconfig.get_config_var("EXT_SUFFIX")]}
 
 _SERVE = """import sys, torch
 from precompile_runtime import load_packaged
@@ -42,6 +46,8 @@ with torch.no_grad():
     assert torch.allclose(model(x), eager, rtol=1e-5, atol=1e-6)
     three = torch.randn(3, 8)  # a shape the pair was not captured for: its own code
     assert torch.equal(model(three), TinyMLP.forward.__wrapped__(model, three))
+if hasattr({name}, "twice"):  # the C++ extension module beside the model
+    assert {name}.twice(2.0) == 4.0
 route = TinyMLP.forward.route
 assert (route.served, route.fallback) == (1, 1) and "CallError" not in route.reason, route.reason
 print("served", "torch._inductor.codecache" in sys.modules)
@@ -98,7 +104,8 @@ def test_a_wrapped_backends_project_builds_installs_and_serves(tmp_path, wheelho
     assert wheel_names(whl) == sorted(
         [f"{name}/__init__.py", f"{name}/model.py", f"{name}/data/info.json", f"{di}/METADATA", f"{di}/RECORD",
          f"{di}/WHEEL"] + [f"{di}/{n}" for n in OWN_META[name]]
-        + [f"{name}/_precompiled/{n}" for n in ("manifest.json", "mlp.cache", "mlp.py", "mlp" + PYC)])
+        + [f"{name}/_precompiled/{n}" for n in ("manifest.json", "mlp.cache", "mlp.py", "mlp" + PYC)]
+        + OWN_EXTRA.get(name, []))
     check_record(whl)
     assert "-none-any" not in whl.name and again.name == whl.name
     assert wheel_names(again) == wheel_names(whl)
