@@ -40,8 +40,9 @@ echo "== tests under torch 2.14.1 (the torch engine; the transformers/timm model
 # tiny configs are tested at this version (the GPU host has it too); peft for the
 # adapter state a served call checks (test_assumed_state.py); sentence-transformers (the
 # GPU host's version): its forward adds keys to the dict it is given
+# pdm-backend: timm's own sdist built with a target (tests/test_real_library.py)
 TORCH_SPEC=torch==2.14.1 make_venv .venv-torch214 "${deps[@]}" torchvision==0.29.1 transformers==5.17.0 timm==1.0.31 \
-  peft==0.21.2 sentence-transformers==6.0.1
+  peft==0.21.2 sentence-transformers==6.0.1 pdm-backend==2.5.0
 .venv-torch214/bin/python -m pip install -q -e ./runtime -e .
 # the torch engine's tests, the frozen engine's cases, the tracers (and the one-pass export
 # on torch's private names), the example project
@@ -56,4 +57,4 @@ TORCH_SPEC=torch==2.14.1 make_venv .venv-torch214 "${deps[@]}" torchvision==0.29
   tests/test_aten_export.py tests/test_example_project.py tests/test_llm_decode.py tests/test_decode_fast_path.py tests/test_models.py \
   tests/test_assumed_state.py tests/test_data_dependent.py tests/test_results_and_arguments.py \
   tests/test_max_autotune.py::test_an_extern_choice_is_a_plain_torch_call_served_without_the_compiler \
-  tests/test_tp_llama.py "$@"
+  tests/test_tp_llama.py tests/test_real_library.py "$@"
