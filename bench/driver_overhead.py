@@ -17,7 +17,9 @@ through the CUDA graph lookup of frozen CUDA pairs (``cuda_graphs.py``: size key
 addresses of what the graph reads in place, input copies, output copies) after the
 driver, with a stand-in graph whose replay does nothing (no GPU needed).
 
-With ``--baseline REV`` the same pairs are also served by the driver of git
+With ``--baseline recorded`` the same pairs captured with ``options={"guards":
+"recorded"}`` are served beside them: the cost of the guards' per-call checks
+(templates/guards.py). With ``--baseline REV`` the same pairs are also served by the driver of git
 revision REV (the source half's driver, calling-convention and pytree-type blocks
 swapped for REV's, those REV has), interleaved in the same process: the ratio is the
 change.
@@ -77,11 +79,12 @@ def forward(model, x):
     return model(x)
 
 
-def _source(layers: int, tmp: Path) -> str:
+def _source(layers: int, tmp: Path, options: dict | None = None) -> str:
     model = nn.Sequential(*[Block() for _ in range(layers)]).eval()
     x = torch.randn(1, 16)
-    paths = {"artifact_path": tmp / f"l{layers}.py", "cache_path": tmp / f"l{layers}.cache"}
-    with precompile_build.capture(forward, engine="eager", **paths) as f:
+    tag = "r" if options else ""
+    paths = {"artifact_path": tmp / f"l{layers}{tag}.py", "cache_path": tmp / f"l{layers}{tag}.cache"}
+    with precompile_build.capture(forward, engine="eager", options=options, **paths) as f:
         f(model, x)
     return paths["artifact_path"].read_text()
 
@@ -131,10 +134,11 @@ def _decode_case(kind: str, layers: int):
     return wrapper_step, lambda: (wrapper, ids, pos)
 
 
-def _decode_source(kind: str, layers: int, tmp: Path) -> str:
+def _decode_source(kind: str, layers: int, tmp: Path, options: dict | None = None) -> str:
     step, make = _decode_case(kind, layers)
-    paths = {"artifact_path": tmp / f"{kind}{layers}.py", "cache_path": tmp / f"{kind}{layers}.cache"}
-    with torch.no_grad(), precompile_build.capture(step, engine="eager", **paths) as f:
+    tag = "r" if options else ""
+    paths = {"artifact_path": tmp / f"{kind}{layers}{tag}.py", "cache_path": tmp / f"{kind}{layers}{tag}.cache"}
+    with torch.no_grad(), precompile_build.capture(step, engine="eager", options=options, **paths) as f:
         f(*make())
     return paths["artifact_path"].read_text()
 
@@ -183,10 +187,11 @@ def _with_graphs(fn, graphs_code: str):
 
 
 def _time(fn, args, calls: int) -> float:
-    t0 = time.perf_counter_ns()
-    for _ in range(calls):
-        fn(*args)
-    return (time.perf_counter_ns() - t0) / calls
+    with torch.no_grad():  # as the decode pairs were captured (a call with grad on is refused)
+        t0 = time.perf_counter_ns()
+        for _ in range(calls):
+            fn(*args)
+        return (time.perf_counter_ns() - t0) / calls
 
 
 def _checks(fn) -> str:
@@ -224,10 +229,13 @@ def main() -> None:
                     help="Llama decode steps of these layer counts (StaticCache argument, export wrapper)")
     ap.add_argument("--calls", type=int, default=20000)
     ap.add_argument("--rounds", type=int, default=7)
-    ap.add_argument("--baseline", help="git revision whose driver is measured beside this one")
+    ap.add_argument("--baseline", help="git revision whose driver is measured beside this one; "
+                    "'recorded': the same driver, pairs captured with options guards='recorded' "
+                    "(the cost of the guards' checks, capturing/dynamo_guards.py)")
     ap.add_argument("--out", help="write a markdown table here")
     a = ap.parse_args()
-    baseline = _revision_blocks(a.baseline) if a.baseline else None
+    recorded = a.baseline == "recorded"
+    baseline = {} if recorded else _revision_blocks(a.baseline) if a.baseline else None
     cases = {}  # (who, case) -> (fn, args)
     columns = [f"{n} layers" for n in a.layers]
     with tempfile.TemporaryDirectory() as tmp:
@@ -243,12 +251,23 @@ def main() -> None:
                 sources.append((name, _decode_source("cache" if kind == "graphs" else kind, n, Path(tmp)),
                                 _decode_case("cache" if kind == "graphs" else kind, n)[1]))
         graphs_code = {"this": (REPO / GRAPHS).read_text()}
-        if baseline:
+        if baseline and not recorded:
             graphs_code[a.baseline] = subprocess.run(["git", "show", f"{a.baseline}:{GRAPHS}"], cwd=REPO, check=True,
                                                      capture_output=True, text=True).stdout
+        plain = {}  # case -> the source captured with guards="recorded" ("--baseline recorded")
+        if recorded:
+            opts = {"guards": "recorded"}
+            for n in a.layers:
+                plain[f"{n} layers"] = _source(n, Path(tmp), opts)
+            for n in a.decode:
+                for kind in ("cache", "wrapper", "graphs"):
+                    plain[f"decode {kind} {n}L"] = _decode_source("cache" if kind == "graphs" else kind, n,
+                                                                  Path(tmp), opts)
+            graphs_code["recorded"] = graphs_code["this"]
         for name, src, make in sources:
-            for who, blocks in [("this", None)] + ([(a.baseline, baseline)] if baseline else []):
-                fn, args = _serve(src, blocks, name, make)
+            for who, blocks in [("this", None)] + ([(a.baseline, baseline)] if baseline is not None else []):
+                fn, args = _serve(plain[name] if recorded and who != "this" else src,
+                                  None if recorded else blocks, name, make)
                 if " graphs " in name:
                     fn = _with_graphs(fn, graphs_code[who])
                 cases[(who, name)] = (fn, args)
@@ -273,7 +292,7 @@ def main() -> None:
         "| driver | " + " | ".join(f"{c} (ns/call)" for c in columns) + (" | 48/4 |" if growth else " |"),
         "|---|" + "---|" * (len(columns) + growth),
     ]
-    for who in ["this"] + ([a.baseline] if baseline else []):
+    for who in ["this"] + ([a.baseline] if baseline is not None else []):
         row = [f"{med[(who, c)]:.0f}" for c in columns]
         if growth:
             row.append(f"{med[(who, '48 layers')] / med[(who, '4 layers')]:.2f}")
@@ -282,7 +301,7 @@ def main() -> None:
                  + "".join(f" {_checks(cases[('this', c)][0])} |" for c in columns) + (" |" if growth else ""))
     lines.append("| guards: checks / run per call |"
                  + "".join(f" {_guards(cases[('this', c)][0])} |" for c in columns) + (" |" if growth else ""))
-    if baseline:
+    if baseline is not None:
         lines += ["", "This branch over the baseline: " + ", ".join(
             f"{c} {med[('this', c)] / med[(a.baseline, c)]:.2f}x" for c in columns)]
     text = "\n".join(lines) + "\n"

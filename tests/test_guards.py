@@ -109,6 +109,12 @@ def _changes():
          lambda m: setattr(m, "_override", 2.0)),
         ("an attribute absent at capture, read with hasattr", lambda m: setattr(m, "shift", 1.0)),
         ("a module kept in a plain list", lambda m: setattr(m.acts[0], "negative_slope", 0.5)),
+        ("a module in a plain list replaced by one of the same class",
+         lambda m: m.acts.__setitem__(0, torch.nn.LeakyReLU(0.6))),
+        ("a config replaced by another of the same type", lambda m: setattr(m, "cfg", types.SimpleNamespace(
+            temp=0.9, inner=types.SimpleNamespace(mult=2.0)))),
+        ("a config replaced through __dict__", lambda m: m.__dict__.__setitem__("cfg", types.SimpleNamespace(
+            temp=0.5, inner=types.SimpleNamespace(mult=4.0)))),
         ("a module-level module's setting", lambda m: setattr(SLOPE_MODULE, "negative_slope", 0.3)),
         ("an attribute written through __dict__", lambda m: m.cfg.__dict__.__setitem__("temp", 0.9)),
         ("a module's attribute written through object.__setattr__",
@@ -356,4 +362,21 @@ def test_a_decorated_function_is_checked_through_its_arguments(tmp_path):
     torch.testing.assert_close(f(m, x), scaled(m, x))
     m.cfg.temp = 0.25
     with pytest.raises(CallError, match=r"cfg\.temp was 0\.5 at capture, now 0\.25"):
+        f(m, x)
+
+
+def test_a_length_checked_value_that_became_none_is_a_call_error(tmp_path):
+    class Sized(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.scales = (1.0, 2.0)
+
+        def forward(self, x):
+            return x * len(self.scales)
+
+    m, x = Sized(), torch.randn(3)
+    f = _serve(tmp_path, call, m, x)
+    torch.testing.assert_close(f(m, x), m(x))
+    m.scales = None
+    with pytest.raises(CallError, match=r"m\.scales"):
         f(m, x)

@@ -239,34 +239,73 @@ def _dict_covering(check: str, expr: str, value: Any, base: Any, namespace: dict
                    roots: guard_sources.Roots) -> str | None:
     """The expression of the dict whose version (``torch._C._dynamo.guards.dict_version``:
     any write moves it, ``obj.__dict__[k] = v`` and ``object.__setattr__`` too) tells
-    that the checked value cannot have changed, or None. Only where the path to that
-    dict starts from a module argument or a module (``_R``): a call that passes another
-    such object is checked in full (templates/guards.py keys the versions by model)."""
+    that the checked value cannot have changed, or None (the check runs per call).
+
+    The nearest holder of the value on its path: a plain dict it is an item of, the
+    ``__dict__`` of the object or module it is an attribute of, a class's dict. A
+    function's defaults, closure cells and code on the way (a library function's
+    ``__defaults__``) count as held by the function's holder: edited in place, they are
+    seen at the next full check (docs/assumed_state.md). A list on the way has no
+    version: per call. Only a path from a module argument, a module or a class: another
+    argument may be another object at the next call (templates/guards.py keys the
+    versions by model)."""
     import collections
 
     import torch
 
+    plain = (dict, collections.OrderedDict)
     node = ast.parse(expr, mode="eval").body
-    root = node
+    if check in ("len", "keys", "contains", "empty") and type(value) in plain:
+        holder: str | None = expr
+    elif check in ("absent", "hasattr"):
+        holder = f"({expr}).__dict__" if isinstance(getattr(value, "__dict__", None), dict) \
+            and not isinstance(value, type) else None
+    else:
+        holder = None
+    n = node
+    while holder is None:
+        if isinstance(n, ast.Call) and len(n.args) == 1:  # type(x): the class, not a holder
+            n = n.args[0]
+            continue
+        if not isinstance(n, (ast.Attribute, ast.Subscript)):
+            return None
+        parent = n.value
+        try:
+            p = guard_sources.evaluate(ast.unparse(parent), namespace, roots)
+        except Exception:  # noqa: BLE001 - a part that is no value of its own
+            return None
+        if isinstance(p, type):
+            holder = f"_g_type_dict({ast.unparse(parent)})"
+        elif isinstance(n, ast.Subscript) and type(p) in plain:
+            holder = ast.unparse(parent)
+        elif isinstance(n, ast.Subscript) and type(p).__name__ == "mappingproxy" and isinstance(parent, ast.Attribute):
+            holder = f"_g_type_dict({ast.unparse(parent.value)})"
+        elif isinstance(n, ast.Attribute) and isinstance(getattr(p, "__dict__", None), dict) \
+                and n.attr in p.__dict__:
+            holder = f"({ast.unparse(parent)}).__dict__"
+        elif isinstance(p, (tuple, types.CellType, types.FunctionType, types.MethodType, types.CodeType)) \
+                or isinstance(n, ast.Attribute) and n.attr in ("__defaults__", "__closure__", "__code__",
+                                                               "__kwdefaults__", "cell_contents", "fget"):
+            n = parent  # a function's internals: held where the function is
+        else:
+            return None
+    if holder.startswith("_g_type_dict("):
+        return holder  # a class: protected by the type check of whatever reached it
+    for part in ast.walk(ast.parse(holder, mode="eval").body):  # no list on the way: an item
+        if isinstance(part, ast.Subscript):  # replaced in one moves no version
+            try:
+                container = guard_sources.evaluate(ast.unparse(part.value), namespace, roots)
+            except Exception:  # noqa: BLE001 - unresolvable: per call
+                return None
+            if type(container) not in (*plain, tuple) and type(container).__name__ != "mappingproxy" \
+                    and not isinstance(container, types.ModuleType):
+                return None
+    root = ast.parse(holder, mode="eval").body
     while isinstance(root, (ast.Attribute, ast.Subscript, ast.Call)):
-        root = root.func if isinstance(root, ast.Call) else root.value
+        root = root.value if not isinstance(root, ast.Call) else root.args[0] if len(root.args) == 1 else root.func
     if isinstance(root, ast.Name) and root.id != "_R" and not isinstance(namespace.get(root.id), torch.nn.Module):
         return None
-    plain = (dict, collections.OrderedDict)
-    klass = _last_class(node, namespace, roots)
-    if klass is not None:  # class-level state (a method, a decorator's closure, a class constant)
-        return f"_g_type_dict({klass})"
-    if check in ("len", "keys", "contains", "empty") and type(value) in plain:
-        return expr
-    if check in ("absent", "hasattr") and isinstance(getattr(value, "__dict__", None), dict) \
-            and not isinstance(value, type):
-        return f"({expr}).__dict__"
-    if isinstance(node, ast.Attribute) and isinstance(getattr(base, "__dict__", None), dict) \
-            and not isinstance(base, type) and node.attr in base.__dict__:
-        return f"({ast.unparse(node.value)}).__dict__"
-    if isinstance(node, ast.Subscript) and type(base) in plain:
-        return ast.unparse(node.value)
-    return None
+    return holder
 
 
 def _keep_dict_covers(checks: list, namespace: dict, roots: guard_sources.Roots) -> None:
@@ -286,29 +325,6 @@ def _keep_dict_covers(checks: list, namespace: dict, roots: guard_sources.Roots)
                 ok[c[6]] = False
         if not ok[c[6]]:
             c[4], c[6] = True, None
-
-
-def _last_class(node: ast.expr, namespace: dict, roots: guard_sources.Roots) -> str | None:
-    """The expression of the last class the path of ``node`` passes through before its
-    value (``type(m)`` in ``type(m).__dict__['forward'].__closure__[0]``), or None. Such
-    a value is class-level: it changes through that class's dict (``Cls.x = ...``, a
-    method replaced), whose version stands for it between full checks; a change deeper
-    (a method's defaults or closure cells edited in place) is seen at the next full check
-    (docs/assumed_state.md)."""
-    n = node
-    while True:
-        if isinstance(n, (ast.Attribute, ast.Subscript)):
-            n = n.value
-        elif isinstance(n, ast.Call) and len(n.args) == 1:
-            n = n.args[0]
-        else:
-            return None
-        try:
-            v = guard_sources.evaluate(ast.unparse(n), namespace, roots)
-        except Exception:  # noqa: BLE001 - a part that is no value of its own (a function name)
-            continue
-        if isinstance(v, type):
-            return ast.unparse(n)
 
 
 def guard_checks(fn: Callable, args: tuple, kwargs: dict, *, target: str) -> dict | None:

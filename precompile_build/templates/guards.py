@@ -94,7 +94,10 @@ def _guard_error(i, roots, args, kwargs):
     except Exception as e:  # noqa: BLE001 - the path no longer resolves: say how
         what = f"{label} cannot be read now ({type(e).__name__}: {e})"
     else:
-        what = _guard_difference(label, kind, want, got)
+        try:
+            what = _guard_difference(label, kind, want, got)
+        except Exception:  # noqa: BLE001 - a value of another shape than the check's (a len of None)
+            what = f"{label} was {want!r} at capture ({kind}), now {got!r}"
     read = f" (read at {where})" if where else ""
     raise CallError(
         f"target {_META['target']!r}: {what}{read}. The pair was traced with the captured state "
