@@ -17,12 +17,12 @@ No variant matches: strict mode raises :class:`HostMismatchError`; otherwise one
 bytes run, also in the fallback.
 
 Kernel cache directory: ``$PRECOMPILE_CACHE_DIR``, else
-``$XDG_CACHE_HOME/precompile-runtime``, else ``~/.cache/precompile-runtime``; one
-subdirectory per code_hash, written atomically (temp dir beside it, then rename)
-and verified blob by blob before reuse (a corrupt entry is replaced). When that root
-cannot be written, the blobs go to a private temp directory of this process
-(``tempfile.mkdtemp``, removed at exit), so loading still works, only without reuse
-across processes.
+``$XDG_CACHE_HOME/precompile-runtime``, else ``~/.cache/precompile-runtime``, used
+only when nobody but this user or root can change it; each process writes the
+verified blobs into its own folder there, ``.run-XXXXXXXX/<code_hash>/`` (removed at
+exit), and loads from it (precompile_runtime/kernel_cache.py, docs/security.md). When
+that root cannot be written or is not trusted, the blobs go to a private temp
+directory of this process (``tempfile.mkdtemp``, removed at exit).
 """
 
 from __future__ import annotations
