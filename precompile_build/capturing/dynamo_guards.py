@@ -291,9 +291,9 @@ def _dict_covering(check: str, expr: str, value: Any, base: Any, namespace: dict
             return None
     if holder.startswith("_g_type_dict("):
         return holder  # a class: protected by the type check of whatever reached it
-    for part in ast.walk(ast.parse(holder, mode="eval").body):  # no list on the way: an item
-        if isinstance(part, ast.Subscript):  # replaced in one moves no version
-            try:
+    for part in ast.walk(ast.parse(holder, mode="eval").body):  # no list on the way
+        if isinstance(part, ast.Subscript) and not (isinstance(part.value, ast.Name) and part.value.id == "_R"):
+            try:  # (an item replaced in one moves no version)
                 container = guard_sources.evaluate(ast.unparse(part.value), namespace, roots)
             except Exception:  # noqa: BLE001 - unresolvable: per call
                 return None
