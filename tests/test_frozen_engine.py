@@ -344,8 +344,9 @@ def test_dynamic_batch_and_sequence_serve_their_range_and_refuse_the_rest(instal
 
 
 def test_call_errors_name_what_differs(tmp_path):
-    """A shape error shows dynamic dims as ranges (no internal symbol); a structure
-    error shows the first parameter names that differ, captured vs given."""
+    """A shape error shows dynamic dims as ranges (no internal symbol); a submodule of
+    another class is named as such (the guards); a structure error shows the first
+    parameter names that differ, captured vs given."""
     model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU(), torch.nn.Linear(8, 8))
     x = marked(2, 4, 8, lo=2, hi=64, dims=(1,))
     with precompile_build.capture(lambda m, x: m(x), engine="eager", **pair_paths(tmp_path)) as f:
@@ -357,11 +358,15 @@ def test_call_errors_name_what_differs(tmp_path):
         fn(model, torch.randn(3, 5, 8))
     assert "shape [3, 5, 8] (captured [2, 2..64, 8])" in str(ei.value)
     assert "'s" not in str(ei.value)
-    other = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Linear(8, 8), torch.nn.ReLU())
+    reordered = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Linear(8, 8), torch.nn.ReLU())
+    with pytest.raises(CallError, match=r"m\[1\] was a torch\.nn\.modules\.activation\.ReLU at capture, "
+                                        r"now a torch\.nn\.modules\.linear\.Linear"):
+        fn(reordered, torch.randn(2, 4, 8))
+    no_bias = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU(), torch.nn.Linear(8, 8, bias=False))
     with pytest.raises(CallError, match=re.escape(
-            "has 4 parameters/buffers, the capture lifted 4; they first differ at #2: captured "
-            "['m0.2.weight', 'm0.2.bias'], given ['m0.1.weight', 'm0.1.bias']")):
-        fn(other, torch.randn(2, 4, 8))
+            "has 3 parameters/buffers, the capture lifted 4; they first differ at #3: captured "
+            "['m0.2.bias'], given nothing more")):
+        fn(no_bias, torch.randn(2, 4, 8))
 
 
 def test_a_python_number_result_says_return_the_tensor(tmp_path):
@@ -518,7 +523,9 @@ def test_torch_random_ops_are_served_with_torch_rng(tmp_path):
 @pytest.mark.parametrize("rng", ["random", "numpy.random"])
 def test_python_random_in_the_function_warns_that_it_is_frozen(tmp_path, rng):
     """Python's random module (and numpy's) runs once, at capture: the value it drew is
-    a constant of the pair. The capture says so."""
+    a constant of the pair. torch.compile cannot trace the draw in one graph, so the
+    capture refuses, naming the line; with ``guards="recorded"`` it captures and says
+    that the value is frozen."""
     if rng == "random":
         import random
 
@@ -530,11 +537,17 @@ def test_python_random_in_the_function_warns_that_it_is_frozen(tmp_path, rng):
         return x * float(draw())
 
     x = torch.ones(3)
+    with pytest.raises(CaptureError, match=r"cannot trace this function in one graph.*line \d+, in fn.*"
+                                           r"options=\{\"guards\": \"recorded\"\}"):
+        with precompile_build.capture(fn, engine="frozen", **pair_paths(tmp_path / "refused")) as f:
+            f(x)
+    assert not (tmp_path / "refused").exists()
     with pytest.warns(precompile_build.PythonStateWarning,
                       match=rf"target 't': the function drew from {rng} while it was captured; "
                             r"Python code runs once, at capture, and never when the pair is served") as rec:
-        with precompile_build.capture(fn, engine="frozen", **pair_paths(tmp_path)) as f:  # (here: the
-            f(x)  # warning names the with-block's line, in this file)
+        with precompile_build.capture(fn, engine="frozen", options={"guards": "recorded"},
+                                      **pair_paths(tmp_path)) as f:  # (here: the warning names
+            f(x)  # the with-block's line, in this file)
     served = load_pair_at(tmp_path)
     assert [w.filename for w in rec if isinstance(w.message, precompile_build.PythonStateWarning)] == [__file__]
     a, b = served(x), served(x)

@@ -380,3 +380,53 @@ def test_a_length_checked_value_that_became_none_is_a_call_error(tmp_path):
     m.scales = None
     with pytest.raises(CallError, match=r"m(\.|: )scales"):
         f(m, x)
+
+
+class _Base(torch.nn.Module):
+    OFFSET = 0.5
+
+
+class _Derived(_Base):
+    SCALE = 1.5
+
+    def forward(self, x):
+        return x * type(self).SCALE + type(self).OFFSET
+
+
+@pytest.mark.parametrize("dynamo_guards_them", [True, False], ids=["this torch", "a torch that does not"])
+def test_a_class_attribute_own_or_inherited_is_checked_after_a_served_call(tmp_path, monkeypatch,
+                                                                             dynamo_guards_them):
+    """A class attribute read as ``type(self).X``, defined on the class or a base, is
+    checked; its own class's dict version stands for it between full checks, an inherited
+    one is checked per call (the base's dict holds it). torch 2.11's Dynamo reads class
+    attributes without a guard (torch.compile then serves the stale value): where the
+    probe finds that, every plain attribute of the classes the guards reached is checked."""
+    from precompile_build.capturing import class_attributes, dynamo_guards
+
+    if not dynamo_guards_them:
+        monkeypatch.setattr(class_attributes, "dynamo_guards_them", lambda collect: False)
+    elif not class_attributes.dynamo_guards_them(dynamo_guards.collect):
+        pytest.skip("this torch's Dynamo does not guard class attributes")
+    m, x = _Derived(), torch.randn(3)
+    f = _serve(tmp_path, call, m, x)
+    torch.testing.assert_close(f(m, x), m(x))
+    for cls, name, value in ((_Derived, "SCALE", 2.5), (_Base, "OFFSET", 1.0)):
+        old = getattr(cls, name)
+        setattr(cls, name, value)
+        try:
+            with pytest.raises(CallError, match=rf"type\(m\)\.{name} was {old} at capture, now {value}"):
+                f(m, x)
+        finally:
+            setattr(cls, name, old)
+        torch.testing.assert_close(f(m, x), m(x))
+
+
+def test_this_torch_guards_class_attributes_or_the_probe_says_it_does_not():
+    """The probe agrees with what Dynamo does: on a torch that guards them (2.13 and
+    later) the supplement adds nothing."""
+    from precompile_build.capturing import class_attributes, dynamo_guards
+
+    version = tuple(int(p) for p in torch.__version__.split(".")[:2])
+    if version == (2, 12):
+        pytest.skip("not measured on torch 2.12")
+    assert class_attributes.dynamo_guards_them(dynamo_guards.collect) == (version >= (2, 13))

@@ -358,7 +358,7 @@ def test_numpy_numbers_are_numbers(tmp_path):
 @pytest.mark.parametrize("options, match", [
     ({"validaton_multiple": 10}, r"unknown key 'validaton_multiple' in options; did you mean "
                                  r"'validation_multiple'\? accepted keys: cuda_archs, cuda_graphs, eager_check, "
-                                 r"inductor, mode, tracer, validation_multiple"),
+                                 r"guards, inductor, mode, tracer, validation_multiple"),
     ({"max_autotune": True}, r"unknown key 'max_autotune' in options; accepted keys: cuda_archs, cuda_graphs, "),
 ])
 def test_unknown_option_keys_are_refused_before_the_function_runs(tmp_path, options, match):

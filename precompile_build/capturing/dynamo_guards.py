@@ -35,13 +35,15 @@ import ast
 import contextlib
 import enum
 import inspect
+import os
 import re
+import sys
 import types
 from typing import Any, Callable
 
 from ..errors import CaptureError, warn_at_caller
 from ..templates.guard_values import code_fingerprint, literal_type
-from . import guard_sources
+from . import class_attributes, guard_sources
 
 LEFT_TO_OTHERS = {
     "TENSOR_MATCH": "tensors: the driver's dtype, device, shape, stride and requires_grad checks",
@@ -77,12 +79,18 @@ class _Collected(Exception):
 
 
 def _user_line(guard) -> str:
+    """``file:line`` of the code that read the guarded value, the file named from the
+    import root it was found under (``transformers/masking_utils.py``): the same on
+    every build host, so two builds of one project are byte-identical."""
     stack: Any = getattr(guard, "user_stack", None) or getattr(guard, "stack", None)
     try:
         frame = stack[-1]
-        return f"{frame.filename}:{frame.lineno}"
+        filename, lineno = frame.filename, frame.lineno
     except (TypeError, IndexError, AttributeError):
         return ""
+    roots = [os.path.join(os.path.abspath(p), "") for p in sys.path if p]
+    root = max((r for r in roots if filename.startswith(r)), key=len, default="")
+    return f"{filename[len(root):]}:{lineno}"
 
 
 def collect(fn: Callable, args: tuple, kwargs: dict) -> list:
@@ -141,9 +149,10 @@ def _class_id(cls: type) -> list[str]:
     return [cls.__module__, cls.__qualname__]
 
 
-def _check_for(kind: str, value: Any, guard) -> tuple[str, Any]:
+def _check_for(kind: str, value: Any, guard, attr: str | None = None) -> tuple[str, Any]:
     """``(check kind, expected)`` for a guard of ``kind`` on ``value`` (the value the
-    expression has at capture). Raises ValueError where a pair cannot check it."""
+    expression has at capture; ``attr``: a HASATTR guard's attribute name). Raises
+    ValueError where a pair cannot check it."""
     import torch
 
     kw = getattr(guard.create_fn, "keywords", None) or {}
@@ -192,7 +201,9 @@ def _check_for(kind: str, value: Any, guard) -> tuple[str, Any]:
         raise ValueError(f"it relies on the identity of a {type(value).__qualname__}, which cannot be "
                          "compared across processes")
     if kind == "HASATTR":
-        return "hasattr", [kw["attr"], hasattr(value, kw["attr"])]
+        if attr is None:
+            raise ValueError("its attribute name could not be read from the guard")
+        return "hasattr", [attr, hasattr(value, attr)]
     if kind == "NOT_PRESENT_IN_GENERIC_DICT":
         return "absent", kw["attr"]
     if kind in _LENGTH:
@@ -206,7 +217,7 @@ def _check_for(kind: str, value: Any, guard) -> tuple[str, Any]:
         key = kw.get("key")
         if literal_type(key) is None:
             raise ValueError(f"its key is a {type(key).__qualname__}, which a pair cannot record")
-        return "contains", [key, _CONTAINS[kind]]
+        return "contains", [key, _CONTAINS[kind] != bool(kw.get("invert"))]  # (torch <= 2.12: invert=)
     if kind == "EMPTY_NN_MODULE_HOOKS_DICT":
         return "empty", None
     raise ValueError(f"a {kind} guard has no check a pair can run")
@@ -275,6 +286,8 @@ def _dict_covering(check: str, expr: str, value: Any, base: Any, namespace: dict
         except Exception:  # noqa: BLE001 - a part that is no value of its own
             return None
         if isinstance(p, type):
+            if isinstance(n, ast.Attribute) and n.attr not in vars(p):
+                return None  # inherited: a base's dict holds it, and the class's own may shadow it
             holder = f"_g_type_dict({ast.unparse(parent)})"
         elif isinstance(n, ast.Subscript) and type(p) in plain:
             holder = ast.unparse(parent)
@@ -341,7 +354,11 @@ def guard_checks(fn: Callable, args: tuple, kwargs: dict, *, target: str) -> dic
         CaptureError: Dynamo cannot trace the call in one graph, or a guard has no
             check a pair can run (the message names the source and its line).
     """
-    params_text, params = _signature(fn, target)
+    try:
+        params_text, params = _signature(fn, target)
+    except (ValueError, TypeError):  # a builtin (torch.relu): no Python code, no Python state read
+        return {"params": "*args, **kwargs", "wrapper": True, "roots": [], "checks": [], "watched": [],
+                "left": {}}
     free = set(getattr(getattr(inspect.unwrap(fn), "__code__", None), "co_freevars", ()))
     if isinstance(fn, types.MethodType) or (not isinstance(fn, types.FunctionType) and hasattr(fn, "forward")):
         free.add("self")  # a bound method's or a module's own state: the pair's constant, as a closure
@@ -388,6 +405,12 @@ def guard_checks(fn: Callable, args: tuple, kwargs: dict, *, target: str) -> dic
             left[kind] = left.get(kind, 0) + 1
             continue
         where = _user_line(entry.orig_guard)
+        kw = getattr(entry.orig_guard.create_fn, "keywords", None) or {}
+        attr = kw.get("attr")
+        if kind == "HASATTR" and attr is None:  # torch <= 2.12 names the attribute itself: base.attr
+            split = re.match(r"^(.*)[.]([A-Za-z0-9_]+)$", name)
+            if split:
+                name, attr = split.group(1, 2)
         try:
             rewritten = guard_sources.rewrite(name, roots, params, free)
             if rewritten is None:
@@ -397,7 +420,7 @@ def guard_checks(fn: Callable, args: tuple, kwargs: dict, *, target: str) -> dic
             if guard_sources.through_torch(expr, namespace, roots) or guard_sources.module_bookkeeping(expr, namespace, roots, kind):
                 left["torch's own classes"] = left.get("torch's own classes", 0) + 1
                 continue
-            check, expected = _check_for(kind, value, entry.orig_guard)
+            check, expected = _check_for(kind, value, entry.orig_guard, attr)
         except (ValueError, KeyError, SyntaxError) as err:
             raise CaptureError(
                 f"the trace relies on {name} ({kind}{', read at ' + where if where else ''}), and "
@@ -417,6 +440,8 @@ def guard_checks(fn: Callable, args: tuple, kwargs: dict, *, target: str) -> dic
         epoch = _epoch_covered(check, value, base, expr)
         cover = None if epoch else _dict_covering(check, expr, value, base, namespace, roots)
         checks.append([label, check, expr, expected, not epoch and cover is None, where, cover])
+    known = {(c[1], c[2]) for c in checks}
+    checks += [c for c in class_attributes.checks(checks, namespace, roots, collect) if (c[1], c[2]) not in known]
     _keep_dict_covers(checks, namespace, roots)
     failed = failing(checks, namespace, roots)
     if failed:
