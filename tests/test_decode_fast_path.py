@@ -24,6 +24,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parent / "packages" / "modelzoo"
 import modelzoo  # noqa: E402
 
 
+@pytest.fixture(autouse=True)
+def _no_grad():
+    """Each call as a decode loop makes it (generate runs under no_grad): the step was
+    captured under no_grad, and a call with grad on and parameters requiring grad is refused."""
+    with torch.no_grad():
+        yield
+
+
 @pytest.fixture(scope="module")
 def decode(tmp_path_factory):
     """(loaded step, its namespace, model); ``ns["generic"]`` counts the calls that

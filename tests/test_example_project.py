@@ -55,7 +55,9 @@ def _uv_install_and_demo(tmp_path: Path, wheel: Path) -> str:
     assert not (pc / "__pycache__").exists()  # uv byte-compiles nothing by default
     for target in ("forward", "train_step"):  # the build's shipped bytecode serves: the load compiles none
         src = pc / f"{target}.py"
-        assert _bytecode._installed_bytecode(src, src.read_bytes()) is not None, target
+        shipped = (pc / f"{target}{PYC}").read_bytes()
+        assert _bytecode._installed_bytecode(src, src.read_bytes(), None) is None, target  # no installer pyc
+        assert _bytecode._installed_bytecode(src, src.read_bytes(), shipped) is not None, target
     only_torch = torch_only_path(tmp_path / "only-torch")
     run_env = dict(env, PYTHONPATH=str(only_torch), HOME=str(tmp_path / "home2"),
                    TORCHINDUCTOR_CACHE_DIR=str(tmp_path / "inductor2"),
@@ -78,7 +80,7 @@ def test_tinylm_wheel_frozen_engine(tmp_path):
 
     for target in ("forward", "train_step"):  # pip byte-compiled the source halves: the load compiles none
         src = tmp_path / "site" / "tinylm" / "_precompiled" / f"{target}.py"
-        assert _bytecode._installed_bytecode(src, src.read_bytes()) is not None, target
+        assert _bytecode._installed_bytecode(src, src.read_bytes(), None) is not None, target
     outs = [out]
     uv = Path(sys.executable).parent / "uv"
     if uv.exists() or shutil.which("uv"):  # issue 16: uv installs precompile-runtime too

@@ -521,7 +521,7 @@ def test_torch_random_ops_are_served_with_torch_rng(tmp_path):
 
 
 @pytest.mark.parametrize("rng", ["random", "numpy.random"])
-def test_python_random_in_the_function_warns_that_it_is_frozen(tmp_path, rng):
+def test_python_random_in_the_function_is_refused_or_frozen_with_a_warning(tmp_path, rng):
     """Python's random module (and numpy's) runs once, at capture: the value it drew is
     a constant of the pair. torch.compile cannot trace the draw in one graph, so the
     capture refuses, naming the line; with ``guards="recorded"`` it captures and says

@@ -88,6 +88,14 @@ def _must_run_out_of_memory(call):
     pytest.fail("the call ran with the GPU full:\n" + torch.cuda.memory_summary(abbreviated=True))
 
 
+@pytest.fixture(autouse=True)
+def _no_grad():
+    """Calls as a server makes them, under no_grad, as the pair was captured (a call with
+    grad on and parameters requiring grad is refused before it allocates)."""
+    with torch.no_grad():
+        yield
+
+
 @pytest.fixture
 def mlp(tmp_path):
     """(model, input [512, 1024] fp32: 2 MiB, eager's output, the loaded function with

@@ -83,9 +83,9 @@ def test_a_serving_process_without_the_registration_registers_it(tmp_path):
         pytree._deregister_pytree_node(cls)
     assert StaticCache not in pytree.SUPPORTED_NODES
     cache = modelzoo.static_cache(model, "cpu")
-    with torch.no_grad():
+    with torch.no_grad():  # (as captured: a call with grad on is refused)
         want = modelzoo.lm_step(model, torch.tensor([[5]]), modelzoo.static_cache(model, "cpu"), torch.tensor([0]))
-    torch.testing.assert_close(step(model, torch.tensor([[5]]), cache, torch.tensor([0])), want)
+        torch.testing.assert_close(step(model, torch.tensor([[5]]), cache, torch.tensor([0])), want)
     assert StaticCache in pytree.SUPPORTED_NODES and int(cache.layers[0].cumulative_length) == 1
 
 
@@ -98,7 +98,8 @@ def test_a_returned_model_output_holds_the_callers_cache_tensors(tmp_path):
     step = _capture(tmp_path, forward, model, torch.tensor([[1]]), modelzoo.static_cache(model, "cpu"),
                     torch.tensor([0]))
     cache = modelzoo.static_cache(model, "cpu")
-    out = step(model, torch.tensor([[5]]), cache, torch.tensor([0]))
+    with torch.no_grad():
+        out = step(model, torch.tensor([[5]]), cache, torch.tensor([0]))
     assert type(out).__name__ == "CausalLMOutputWithPast"
     assert type(out.past_key_values) is type(cache)
     assert out.past_key_values.layers[0].keys is cache.layers[0].keys  # no copy of the cache
@@ -165,18 +166,18 @@ def test_a_cache_of_another_shape_or_kind_is_refused_naming_it(tmp_path):
     model = modelzoo.build_llama()
     step = _capture(tmp_path, modelzoo.lm_step, model, torch.tensor([[1]]), modelzoo.static_cache(model, "cpu"),
                     torch.tensor([0]))
-    with pytest.raises(CallError, match=r"argument 'cache'.layers\[0\]: a StaticLayer with batch_size 2 "
-                       r"\(captured 1\)"):
-        step(model, torch.tensor([[1, 2]]), modelzoo.static_cache(model, "cpu", batch=2), torch.tensor([0]))
-    layers = modelzoo.static_cache(model, "cpu").layers
-    for other, got in ((DynamicCache(config=model.config), "a DynamicCache"),  # (registered or not)
-                       (layers, r"a list of \d+ item\(s\)"), (layers[0].keys, "a Tensor")):
-        with pytest.raises(CallError, match=r"argument 'cache': expected a StaticCache of \d+ item\(s\), got " + got):
-            step(model, torch.tensor([[1]]), other, torch.tensor([0]))
-    cache = modelzoo.static_cache(model, "cpu")  # and a good call after them is served
-    with torch.no_grad():
+    with torch.no_grad():  # as captured (a call with grad on is refused first)
+        with pytest.raises(CallError, match=r"argument 'cache'.layers\[0\]: a StaticLayer with batch_size 2 "
+                           r"\(captured 1\)"):
+            step(model, torch.tensor([[1, 2]]), modelzoo.static_cache(model, "cpu", batch=2), torch.tensor([0]))
+        layers = modelzoo.static_cache(model, "cpu").layers
+        for other, got in ((DynamicCache(config=model.config), "a DynamicCache"),  # (registered or not)
+                           (layers, r"a list of \d+ item\(s\)"), (layers[0].keys, "a Tensor")):
+            with pytest.raises(CallError, match=r"argument 'cache': expected a StaticCache of \d+ item\(s\), got " + got):
+                step(model, torch.tensor([[1]]), other, torch.tensor([0]))
+        cache = modelzoo.static_cache(model, "cpu")  # and a good call after them is served
         want = modelzoo.lm_step(model, torch.tensor([[1]]), modelzoo.static_cache(model, "cpu"), torch.tensor([0]))
-    torch.testing.assert_close(step(model, torch.tensor([[1]]), cache, torch.tensor([0])), want)
+        torch.testing.assert_close(step(model, torch.tensor([[1]]), cache, torch.tensor([0])), want)
 
 
 def greedy_step(model, token, cache, pos, tokens):

@@ -222,10 +222,12 @@ def prompt(device, n=6, seed=3):
     return torch.randint(0, VOCAB, (1, n), generator=g).to(device)
 
 
+@torch.no_grad()
 def greedy(prefill, decode, model, cache, ids, steps=DECODE_STEPS):
     """Greedy tokens: ``prefill`` on the prompt, then ``steps`` calls of ``decode``;
-    both called like :func:`lm_step`. Returns a generator of token ids (one per step):
-    the caller interleaves several requests."""
+    both called like :func:`lm_step`, under ``torch.no_grad()`` as ``generate`` calls
+    them (a pair captured under no_grad refuses a call with grad on). Returns a
+    generator of token ids (one per step): the caller interleaves several requests."""
     n = ids.shape[1]
     token = prefill(model, ids, cache, torch.arange(n, device=ids.device)).argmax(-1)
     for i in range(steps):
@@ -233,9 +235,10 @@ def greedy(prefill, decode, model, cache, ids, steps=DECODE_STEPS):
         token = decode(model, token[:, None], cache, torch.tensor([n + i], device=ids.device)).argmax(-1)
 
 
+@torch.no_grad()
 def wrapper_greedy(step, wrapper, ids, steps=DECODE_STEPS):
-    """Greedy tokens through the export wrapper: the prompt one token at a time (how
-    its own generate feeds it), then ``steps`` tokens."""
+    """Greedy tokens through the export wrapper, under ``torch.no_grad()``: the prompt
+    one token at a time (how its own generate feeds it), then ``steps`` tokens."""
     dev = ids.device
     for i in range(ids.shape[1]):
         logits = step(wrapper, ids[:, i:i + 1], torch.tensor([i], device=dev))
