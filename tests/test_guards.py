@@ -397,10 +397,11 @@ class _Derived(_Base):
 def test_a_class_attribute_own_or_inherited_is_checked_after_a_served_call(tmp_path, monkeypatch,
                                                                              dynamo_guards_them):
     """A class attribute read as ``type(self).X``, defined on the class or a base, is
-    checked; its own class's dict version stands for it between full checks, an inherited
-    one is checked per call (the base's dict holds it). torch 2.11's Dynamo reads class
-    attributes without a guard (torch.compile then serves the stale value): where the
-    probe finds that, every plain attribute of the classes the guards reached is checked."""
+    checked; the dict versions of the classes of the MRO up to the one defining it stand
+    for it between full checks (a base's value changed, or the class shadowing it). torch
+    2.11's Dynamo reads class attributes without a guard (torch.compile then serves the
+    stale value): where the probe finds that, every plain attribute of the classes the
+    guards reached is checked."""
     from precompile_build.capturing import class_attributes, dynamo_guards
 
     if not dynamo_guards_them:
@@ -419,6 +420,15 @@ def test_a_class_attribute_own_or_inherited_is_checked_after_a_served_call(tmp_p
         finally:
             setattr(cls, name, old)
         torch.testing.assert_close(f(m, x), m(x))
+    _Derived.OFFSET = 2.0  # shadowing the base's, after served calls
+    try:
+        with pytest.raises(CallError, match=r"type\(m\)\.OFFSET \(inherited from _Base\): _Derived's own OFFSET "
+                                            r"was False at capture, now True"):
+            f(m, x)
+    finally:
+        del _Derived.OFFSET
+    torch.testing.assert_close(f(m, x), m(x))
+    assert not [c for c in f.__call__.__globals__["_GUARDS"]["checks"] if c[4] and "OFFSET" in c[2]]  # none per call
 
 
 def test_this_torch_guards_class_attributes_or_the_probe_says_it_does_not():

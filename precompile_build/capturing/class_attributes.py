@@ -53,7 +53,7 @@ def checks(found: list[list], namespace: dict, roots: guard_sources.Roots,
     if dynamo_guards_them(collect):
         return []
     out: list[list] = []
-    seen: set[str] = set()
+    seen: set[type] = set()
     for label, kind, expr, _expected, _per_call, where, _cover in found:
         if kind not in ("class", "type"):
             continue
@@ -62,20 +62,60 @@ def checks(found: list[list], namespace: dict, roots: guard_sources.Roots,
             cls: Any = guard_sources.evaluate(cls_expr, namespace, roots)
         except Exception:  # noqa: BLE001 - a path that no longer resolves: nothing to add
             continue
-        if not isinstance(cls, type) or not _user_class(cls) or cls_expr in seen:
-            continue
-        seen.add(cls_expr)
-        names: dict[str, bool] = {}  # name -> defined in the class's own dict
+        if not isinstance(cls, type) or not _user_class(cls) or cls in seen:
+            continue  # (a class reached twice: checked through the first path)
+        seen.add(cls)
+        names: dict[str, None] = {}  # (ordered)
         for klass in cls.__mro__:
             if not _user_class(klass):
                 continue
             for name, value in vars(klass).items():
-                if not name.startswith("__") and name not in names and literal_type(value) is not None:
-                    names[name] = klass is cls
-        for name, own in names.items():
+                if not name.startswith("__") and literal_type(value) is not None:
+                    names.setdefault(name)
+        for name in names:
             value = getattr(cls, name)
-            if literal_type(value) is None:
-                continue
-            cover = f"_g_type_dict({cls_expr})" if own else None
-            out.append([f"{cls_label}.{name}", "eq", f"{cls_expr}.{name}", value, cover is None, where, cover])
+            if literal_type(value) is not None:
+                out += through_class_dicts(f"{cls_label}.{name}", "eq", cls_expr, cls, name, value, where) or []
+    return out
+
+
+def through_class_dicts(label: str, kind: str, cls_expr: str, cls: type, name: str, expected: Any,
+                        where: str) -> list[list] | None:
+    """The checks of the class attribute ``cls.name`` (``cls_expr`` evaluates to ``cls``),
+    each covered by a class's dict version, so that none runs per call: the value on
+    the class whose own dict defines it (``cls.__mro__[k]``), and for each class before
+    it in the method resolution order, that it defines no ``name`` of its own (an
+    assignment there would shadow it). None where no class of the MRO holds the value
+    itself (a descriptor, a metaclass attribute): the caller keeps its per-call check."""
+    mro = cls.__mro__
+    k = next((i for i, klass in enumerate(mro) if name in vars(klass)), None)
+    if k is None or vars(mro[k])[name] is not getattr(cls, name):
+        return None
+    if k == 0:
+        return [[label, kind, f"{cls_expr}.{name}", expected, False, where, f"_g_type_dict({cls_expr})"]]
+    out = [[label, kind, f"{cls_expr}.__mro__[{k}].{name}", expected, False, where,
+            f"_g_type_dict({cls_expr}.__mro__[{k}])"]]
+    for j in range(k):  # (no class before the definer may shadow it)
+        out.append([f"{label} (inherited from {mro[k].__qualname__}): {mro[j].__qualname__}'s own {name}", "eq",
+                    f"({name!r} in {cls_expr}.__mro__[{j}].__dict__)", False, False, where,
+                    f"_g_type_dict({cls_expr}.__mro__[{j}])"])
+    return out
+
+
+def inherited_per_call(checks: list[list], namespace: dict, roots: guard_sources.Roots) -> list[list]:
+    """``checks`` with each per-call check of an inherited class attribute (Dynamo's
+    ``type(m).X`` where a base defines ``X``) replaced by :func:`through_class_dicts`'s."""
+    out: list[list] = []
+    for c in checks:
+        label, kind, expr, expected, per_call, where, _cover = c
+        head, dot, name = expr.rpartition(".")
+        new = None
+        if per_call and dot and name.isidentifier() and not name.startswith("__"):
+            try:
+                cls = guard_sources.evaluate(head, namespace, roots)
+            except Exception:  # noqa: BLE001 - a path that is no class: as it was
+                cls = None
+            if isinstance(cls, type) and name not in vars(cls):
+                new = through_class_dicts(label, kind, head, cls, name, expected, where)
+        out += new or [c]
     return out

@@ -1,0 +1,136 @@
+"""Which dict's version stands for a guard's check between full checks.
+
+A check whose value lives in a dict reached from a model argument or a module (an
+object's or a class's ``__dict__``, a plain dict, a module's globals) holds as long as
+that dict's version (``torch._C._dynamo.guards.dict_version``: every write moves it)
+has not moved: templates/guards.py compares the versions per call and runs the full
+check when one moved (docs/assumed_state.md, "Cost"). Where no such dict exists (a
+list on the way, an argument that may be another object next call), the check runs
+per call.
+"""
+
+from __future__ import annotations
+
+import ast
+import types
+from typing import Any
+
+from . import guard_sources
+
+
+def covering_dict(check: str, expr: str, value: Any, base: Any, namespace: dict,
+                   roots: guard_sources.Roots) -> str | None:
+    """The expression of the dict whose version (``torch._C._dynamo.guards.dict_version``:
+    any write moves it, ``obj.__dict__[k] = v`` and ``object.__setattr__`` too) tells
+    that the checked value cannot have changed, or None (the check runs per call).
+
+    The nearest holder of the value on its path: a plain dict it is an item of, the
+    ``__dict__`` of the object or module it is an attribute of, a class's dict. A
+    function's defaults, closure cells and code on the way (a library function's
+    ``__defaults__``) count as held by the function's holder: edited in place, they are
+    seen at the next full check (docs/assumed_state.md). A list on the way has no
+    version: per call. Only a path from a module argument, a module or a class: another
+    argument may be another object at the next call (templates/guards.py keys the
+    versions by model)."""
+    import collections
+
+    import torch
+
+    plain = (dict, collections.OrderedDict)
+    node = ast.parse(expr, mode="eval").body
+    if check in ("len", "keys", "contains", "empty") and type(value) in plain:
+        holder: str | None = expr
+    elif check in ("len", "keys", "contains", "empty") and type(value).__name__ == "mappingproxy" \
+            and isinstance(node, ast.Attribute) and node.attr == "__dict__":
+        holder = f"_g_type_dict({ast.unparse(node.value)})"  # a class's own names (type(m).__mro__[1].__dict__)
+    elif check in ("absent", "hasattr"):
+        holder = f"({expr}).__dict__" if isinstance(getattr(value, "__dict__", None), dict) \
+            and not isinstance(value, type) else None
+    else:
+        holder = None
+    n = node
+    while holder is None:
+        if isinstance(n, ast.Call) and len(n.args) == 1:  # type(x): the class, not a holder
+            n = n.args[0]
+            continue
+        if isinstance(n, ast.Call) and generic_getattr(n):  # object.__getattribute__(x, 'a'): x.a
+            parent, attr = n.args[0], getattr(n.args[1], "value", "")  # (past x's class's own __getattribute__)
+            try:
+                p = guard_sources.evaluate(ast.unparse(parent), namespace, roots)
+            except Exception:  # noqa: BLE001 - a part that is no value of its own
+                return None
+            if attr == "__dict__" and type(value) is dict:
+                holder = ast.unparse(n)  # (the object's dict itself)
+                break
+            if not (isinstance(getattr(p, "__dict__", None), dict) and attr in p.__dict__):
+                return None
+            holder = f"object.__getattribute__({ast.unparse(parent)}, '__dict__')"
+            break
+        if not isinstance(n, (ast.Attribute, ast.Subscript)):
+            return None
+        parent = n.value
+        try:
+            p = guard_sources.evaluate(ast.unparse(parent), namespace, roots)
+        except Exception:  # noqa: BLE001 - a part that is no value of its own
+            return None
+        if isinstance(p, type):
+            if isinstance(n, ast.Attribute) and n.attr not in vars(p):
+                return None  # inherited: a base's dict holds it, and the class's own may shadow it
+            holder = f"_g_type_dict({ast.unparse(parent)})"
+        elif isinstance(n, ast.Subscript) and type(p) in plain:
+            holder = ast.unparse(parent)
+        elif isinstance(n, ast.Subscript) and type(p).__name__ == "mappingproxy" and isinstance(parent, ast.Attribute):
+            holder = f"_g_type_dict({ast.unparse(parent.value)})"
+        elif isinstance(n, ast.Attribute) and isinstance(getattr(p, "__dict__", None), dict) \
+                and n.attr in p.__dict__:
+            holder = f"({ast.unparse(parent)}).__dict__"
+        elif isinstance(p, (tuple, types.CellType, types.FunctionType, types.MethodType, types.CodeType)) \
+                or isinstance(n, ast.Attribute) and n.attr in ("__defaults__", "__closure__", "__code__",
+                                                               "__kwdefaults__", "cell_contents", "fget"):
+            n = parent  # a function's internals: held where the function is
+        else:
+            return None
+    if holder.startswith("_g_type_dict("):
+        return holder  # a class: protected by the type check of whatever reached it
+    for part in ast.walk(ast.parse(holder, mode="eval").body):  # no list on the way
+        if isinstance(part, ast.Subscript) and not (isinstance(part.value, ast.Name) and part.value.id == "_R"):
+            try:  # (an item replaced in one moves no version)
+                container = guard_sources.evaluate(ast.unparse(part.value), namespace, roots)
+            except Exception:  # noqa: BLE001 - unresolvable: per call
+                return None
+            if type(container) not in (*plain, tuple) and type(container).__name__ != "mappingproxy" \
+                    and not isinstance(container, types.ModuleType):
+                return None
+    root = ast.parse(holder, mode="eval").body
+    while isinstance(root, (ast.Attribute, ast.Subscript, ast.Call)):
+        root = root.value if not isinstance(root, ast.Call) \
+            else root.args[0] if len(root.args) == 1 or generic_getattr(root) else root.func
+    if isinstance(root, ast.Name) and root.id != "_R" and not isinstance(namespace.get(root.id), torch.nn.Module):
+        return None
+    return holder
+
+
+def generic_getattr(node: ast.AST) -> bool:
+    """Whether ``node`` is ``object.__getattribute__(x, 'name')`` (how Dynamo reads an
+    attribute past a class's own ``__getattribute__``, a transformers config's)."""
+    return isinstance(node, ast.Call) and ast.unparse(node.func) == "object.__getattribute__" \
+        and len(node.args) == 2 and isinstance(node.args[1], ast.Constant) and isinstance(node.args[1].value, str)
+
+
+def keep_dict_covers(checks: list, namespace: dict, roots: guard_sources.Roots) -> None:
+    """A check whose covering expression gives no plain dict here runs per call instead."""
+    from ..templates.guard_values import _g_type_dict
+
+    ok: dict[str, bool] = {}
+    for c in checks:
+        if c[6] is None:
+            continue
+        if c[6] not in ok:
+            try:
+                d = eval(c[6], {"__builtins__": __builtins__, "_R": guard_sources.resolver(roots.records)(),  # noqa: S307
+                                "_g_type_dict": _g_type_dict, **guard_sources.helpers()}, namespace)
+                ok[c[6]] = type(d).__name__ in ("dict", "OrderedDict")
+            except Exception:  # noqa: BLE001 - a path that does not resolve: per call
+                ok[c[6]] = False
+        if not ok[c[6]]:
+            c[4], c[6] = True, None
