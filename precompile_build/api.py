@@ -66,7 +66,8 @@ class Capture:
             _raise_if_the_function_fails(self._fn, args, kwargs, self.target)  # (outside the
             raise failed  # except block: the function's traceback is not this one's context)
         if engine != "torch":  # ours trace Python once (torch.compile replays random calls)
-            _warn_python_rng(before, python_rng_states(), self.target)
+            _warn_python_rng(before, python_rng_states(), self.target,
+                             refuse=options.get("guards", "dynamo") != "recorded")
         assert self._pair is not None  # (_capture wrote it, or raised)
         self._pair = (self._pair[0], _with_function_name(self._pair[1], self._fn))
         result = box["result"] if "result" in box else self._fn(*args, **kwargs)
@@ -150,17 +151,23 @@ def _raise_if_the_function_fails(fn: Callable, args, kwargs, target: str) -> Non
             "is above). Fix it and capture again; nothing written", target=target) from own
 
 
-def _warn_python_rng(before: dict[str, bytes], after: dict[str, bytes], target: str) -> None:
-    """Warn when the trace drew from a Python-level RNG (``random.random()``,
-    ``numpy.random.rand()``): the values it drew are constants of the pair."""
+def _warn_python_rng(before: dict[str, bytes], after: dict[str, bytes], target: str, refuse: bool) -> None:
+    """Refuse (``refuse``: CaptureError, nothing written) or warn when the trace drew
+    from a Python-level RNG (``random.random()``, ``numpy.random.rand()``): the values
+    it drew would be constants of the pair. (torch 2.13's Dynamo refuses such a draw as
+    a graph break before this; 2.14's traces ``random.random()``.)"""
     moved = [name for name, state in after.items() if before.get(name, state) != state]
-    if moved:
-        warn_at_caller(
-            f"the function drew from {' and '.join(moved)} while it was "
+    if not moved:
+        return
+    text = (f"the function drew from {' and '.join(moved)} while it was "
             "captured; Python code runs once, at capture, and never when the pair is served, "
             "so the values it drew are frozen into the pair as constants. Use torch's RNG "
             "(torch.rand, F.dropout: served with a fresh draw per call) or pass the value "
-            "as an argument", PythonStateWarning, target=target)
+            "as an argument")
+    if refuse:
+        raise CaptureError(text + ", or pass options={\"guards\": \"recorded\"} to accept the frozen "
+                           "value with a warning", target=target)
+    warn_at_caller(text, PythonStateWarning, target=target)
 
 
 def function_name(fn: Callable) -> dict[str, str] | None:

@@ -241,6 +241,38 @@ def test_a_graph_break_refuses_the_capture_and_names_the_way_out(tmp_path):
     assert "guards" not in f.metadata
 
 
+def test_a_training_step_whose_forward_breaks_the_graph_is_checked_by_the_recorder(tmp_path):
+    """A training step (a backward inside) whose forward Dynamo breaks first (a library's
+    logging call, as GPT-2's loss path on transformers 5) is captured with the recorder's
+    checks and says so; the same break in a forward-only function still refuses."""
+    import logging
+
+    log = logging.getLogger("precompile-test")
+
+    def train_step(m, x):
+        log.debug("step")
+        loss = m(x).square().sum()
+        loss.backward()
+        return loss.detach()
+
+    def forward(m, x):
+        log.debug("step")
+        return m(x)
+
+    torch.manual_seed(0)
+    m, x = torch.nn.Linear(3, 3), torch.randn(2, 3)
+    ref = torch.nn.Linear(3, 3)
+    ref.load_state_dict(m.state_dict())
+    with pytest.warns(UserWarning, match=r"runs a backward.*checked by the recorder only"):
+        f = _serve(tmp_path, train_step, m, x)
+    for p in m.parameters():
+        p.grad = None
+    torch.testing.assert_close(f(m, x), train_step(ref, x))
+    torch.testing.assert_close(m.weight.grad, ref.weight.grad)
+    with pytest.raises(CaptureError, match=r"cannot trace this function in one graph.*guards.*recorded"):
+        _serve(tmp_path, forward, m, x, name="fwd")
+
+
 def test_a_function_that_reads_nothing_has_no_per_call_check(tmp_path):
     def plain(x):
         return x.sin() * 2

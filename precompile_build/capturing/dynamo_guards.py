@@ -246,6 +246,13 @@ def _epoch_covered(check: str, value: Any, base: Any, expr: str) -> bool:
     return check == "module"
 
 
+def warn_recorder_only_for_backward(target: str | None) -> None:
+    """Say that a training step's Python state is checked by the recorder alone."""
+    warn_at_caller("the function runs a backward, which torch.compile(fullgraph=True) does not "
+                   "trace: the Python state it read is checked by the recorder only (the "
+                   "attributes, hooks and globals of docs/assumed_state.md)", target=target)
+
+
 def guard_checks(fn: Callable, args: tuple, kwargs: dict, *, target: str) -> dict | None:
     """The checks of the guards Dynamo builds for ``fn(*args, **kwargs)``.
 
@@ -281,9 +288,7 @@ def guard_checks(fn: Callable, args: tuple, kwargs: dict, *, target: str) -> dic
                            "(docs/assumed_state.md)", target=target)
             return None
         if "backward" in first or "autograd" in first:  # a training step: Dynamo's graph has no backward
-            warn_at_caller("the function runs a backward, which torch.compile(fullgraph=True) does not "
-                           "trace: the Python state it read is checked by the recorder only (the "
-                           "attributes, hooks and globals of docs/assumed_state.md)", target=target)
+            warn_recorder_only_for_backward(target)
             return None
         raise CaptureError(
             "torch.compile(fullgraph=True) cannot trace this function in one graph, so the Python "

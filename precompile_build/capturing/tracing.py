@@ -251,7 +251,11 @@ def trace_call(fn: Callable, args: tuple, kwargs: dict, *, target: str, tracer: 
             raise
         raise e.for_target(target) from None
     if refused is not None:
-        raise refused
+        if not out_box.get("grad_indices"):
+            raise refused
+        # a training step whose forward broke Dynamo's graph first (a library's logging
+        # call): Dynamo's one graph would hold no backward anyway, as above
+        dynamo_guards.warn_recorder_only_for_backward(target)
     gm, symbolic = traced.graph_module, traced.symbolic
     if out_box.get("changed"):
         raise CaptureError(out_box["changed"], target=target)
