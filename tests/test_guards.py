@@ -48,7 +48,7 @@ class Net(torch.nn.Module):
     def __init__(self):
         super().__init__()
         self.lin = torch.nn.Linear(4, 4)
-        self.cfg = types.SimpleNamespace(temp=0.5, inner=types.SimpleNamespace(mult=2.0))
+        self.cfg = types.SimpleNamespace(temp=0.5, inner=types.SimpleNamespace(mult=2.0), gains=[1.0, 1.5])
         self.post = make_post(2.0)
         self.mode = Mode.PLAIN
         self.dtype = torch.float32
@@ -67,6 +67,8 @@ class Net(torch.nn.Module):
         y = self.helper(self.lin(x)) * self.cfg.temp * self.cfg.inner.mult
         y = y * type(self).SCALE * Consts.K * self.factor * self.np_scale
         y = self.post(y)
+        for g in self.cfg.gains:  # a list in a config: its length and items have no dict version
+            y = y * g
         if self.mode is Mode.SHIFTED:
             y = y + 1
         if getattr(self, "_override", None) is not None:
@@ -100,6 +102,8 @@ def _changes():
         ("another class's constant", lambda m: setattr(Consts, "K", 4.0)),
         ("a SimpleNamespace config's field", lambda m: setattr(m.cfg, "temp", 0.7)),
         ("a config two attributes deep", lambda m: setattr(m.cfg.inner, "mult", 3.0)),
+        ("a list in a config grown in place", lambda m: m.cfg.gains.append(2.0)),
+        ("an item of a list in a config replaced", lambda m: m.cfg.gains.__setitem__(1, 3.0)),
         ("a class attribute read as type(self).SCALE", lambda m: setattr(Net, "SCALE", 2.5)),
         ("a closure's cell", lambda m: setattr(m, "post", make_post(3.0))),
         ("an Enum", lambda m: setattr(m, "mode", Mode.SHIFTED)),
@@ -112,9 +116,9 @@ def _changes():
         ("a module in a plain list replaced by one of the same class",
          lambda m: m.acts.__setitem__(0, torch.nn.LeakyReLU(0.6))),
         ("a config replaced by another of the same type", lambda m: setattr(m, "cfg", types.SimpleNamespace(
-            temp=0.9, inner=types.SimpleNamespace(mult=2.0)))),
+            temp=0.9, inner=types.SimpleNamespace(mult=2.0), gains=[1.0, 1.5]))),
         ("a config replaced through __dict__", lambda m: m.__dict__.__setitem__("cfg", types.SimpleNamespace(
-            temp=0.5, inner=types.SimpleNamespace(mult=4.0)))),
+            temp=0.5, inner=types.SimpleNamespace(mult=4.0), gains=[1.0, 1.5]))),
         ("a module-level module's setting", lambda m: setattr(SLOPE_MODULE, "negative_slope", 0.3)),
         ("an attribute written through __dict__", lambda m: m.cfg.__dict__.__setitem__("temp", 0.9)),
         ("a module's attribute written through object.__setattr__",
@@ -472,3 +476,96 @@ def test_this_torch_guards_class_attributes_or_the_probe_says_it_does_not():
     if version == (2, 12):
         pytest.skip("not measured on torch 2.12")
     assert class_attributes.dynamo_guards_them(dynamo_guards.collect) == (version >= (2, 13))
+
+
+class _Layer:
+    """A request's state passed as an argument (as transformers' StaticCache layers are)."""
+
+    def __init__(self, scale):
+        self.scale = scale
+
+
+class _OtherLayer(_Layer):
+    pass
+
+
+class _State:
+    def __init__(self, scales=(2.0, 3.0), shift=0.5, bias=None):
+        self.layers = [_Layer(s) for s in scales]
+        self.shift = shift
+        self.bias = torch.ones(4) if bias is None else bias
+
+
+# (the capture takes an argument apart through torch's pytree: its tensors are the leaves)
+torch.utils._pytree.register_pytree_node(_State, lambda st: ([st.bias], None), lambda v, _: _State(bias=v[0]),
+                                         serialized_type_name="test_guards._State")
+
+
+def step(m, x, state):
+    y = m(x) + state.bias
+    for layer in state.layers:
+        y = y * layer.scale
+    return y + state.shift
+
+
+def _state_changes():
+    """(what changes, a function that takes the served state and gives the next call's)."""
+    def put(obj, name, value):
+        obj.__dict__[name] = value
+        return None
+
+    return [
+        ("another state object", lambda st: _State(shift=1.5)),
+        ("a field set on the same object", lambda st: setattr(st, "shift", 2.5)),
+        ("a field written through __dict__", lambda st: put(st, "shift", 3.5)),
+        ("a list item replaced by another object", lambda st: st.layers.__setitem__(0, _Layer(5.0))),
+        ("a list item's field written", lambda st: setattr(st.layers[1], "scale", 7.0)),
+        ("a list item's class changed", lambda st: setattr(st.layers[1], "__class__", _OtherLayer)),
+        ("the list grown", lambda st: st.layers.append(_Layer(4.0))),
+        ("the list replaced", lambda st: setattr(st, "layers", [_Layer(2.0), _Layer(9.0)])),
+    ]
+
+
+@pytest.mark.parametrize("what,change", _state_changes(), ids=[c[0] for c in _state_changes()])
+def test_a_non_module_argument_changed_after_a_served_call_is_checked(tmp_path, what, change):
+    """A request object's fields and the items of its lists have no per-call check of
+    their own: the dicts that hold them are met again by each call and compared by
+    identity, version and class (capturing/dict_covers.py). Each change serves eager's
+    answer or raises CallError, never the captured state's."""
+    torch.manual_seed(0)
+    m, x, state = torch.nn.Linear(4, 4).eval(), torch.randn(2, 4), _State()
+    f = _serve(tmp_path, step, m, x, state)
+    with torch.no_grad():
+        torch.testing.assert_close(f(m, x, state), step(m, x, state))
+        torch.testing.assert_close(f(m, x, state), step(m, x, state))  # between full checks
+        new = change(state) or state
+        try:
+            got = f(m, x, new)
+        except CallError as e:
+            assert "at capture" in str(e), str(e)
+            return
+        torch.testing.assert_close(got, step(m, x, new), msg=f"{what}: served for the captured state")
+
+
+def test_a_non_module_arguments_fields_run_no_per_call_check(tmp_path):
+    """Only the list's length runs on every call; the fields and the items' classes are
+    stood for by their dicts (the per-call cost of a decode step's cache: bench/results)."""
+    m, x, state = torch.nn.Linear(4, 4).eval(), torch.randn(2, 4), _State()
+    f = _serve(tmp_path, step, m, x, state)
+    ns = f.__call__.__globals__
+    per_call = [c[2] for c in ns["_G_CHECKS"] if c[4]]
+    assert per_call == ["state.layers"], per_call
+    assert ns["_GUARDS"]["by_identity"] == ["(state).__dict__", "(state.layers[0]).__dict__",
+                                            "(state.layers[1]).__dict__"]
+    calls = []
+    full, call = ns["_guards_full"], ns["_guards_call"]
+    ns["_guards_full"] = lambda *a, **k: calls.append("full") or full(*a, **k)
+    ns["_guards_call"] = lambda *a, **k: calls.append("call") or call(*a, **k)
+    with torch.no_grad():
+        for _ in range(3):
+            f(m, x, state)
+        assert calls[-2:] == ["call", "call"], calls
+        state.shift = 0.25
+        with pytest.raises(CallError, match="state.shift was 0.5 at capture, now 0.25"):
+            f(m, x, state)
+    assert calls[-1] == "full", calls

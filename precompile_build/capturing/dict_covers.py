@@ -19,25 +19,43 @@ from . import guard_sources
 
 
 def covering_dict(check: str, expr: str, value: Any, base: Any, namespace: dict,
-                   roots: guard_sources.Roots) -> str | None:
-    """The expression of the dict whose version (``torch._C._dynamo.guards.dict_version``:
-    any write moves it, ``obj.__dict__[k] = v`` and ``object.__setattr__`` too) tells
-    that the checked value cannot have changed, or None (the check runs per call).
+                   roots: guard_sources.Roots) -> tuple[str, bool] | None:
+    """The dict whose version (``torch._C._dynamo.guards.dict_version``: any write moves
+    it, ``obj.__dict__[k] = v`` and ``object.__setattr__`` too) tells that the checked
+    value cannot have changed, as ``(expression, by_identity)``, or None (the check runs
+    per call).
 
     The nearest holder of the value on its path: a plain dict it is an item of, the
     ``__dict__`` of the object or module it is an attribute of, a class's dict. A
     function's defaults, closure cells and code on the way (a library function's
     ``__defaults__``) count as held by the function's holder: edited in place, they are
-    seen at the next full check (docs/assumed_state.md). A list on the way has no
-    version: per call. Only a path from a module argument, a module or a class: another
-    argument may be another object at the next call (templates/guards.py keys the
-    versions by model)."""
+    seen at the next full check (docs/assumed_state.md). The length or items of a list
+    or set have no version: per call.
+
+    ``by_identity`` is False where the path runs from a module argument, a module or a
+    class through dicts only: the dict found at the full check is the one later calls
+    meet while their models are the same (templates/guards.py keys its versions by the
+    models). It is True where the path starts at another argument (a request's cache may
+    be another object next call) or passes an item of a list: each call evaluates the
+    expression again and compares the dict's identity and version, and the class of the
+    object it belongs to, which therefore also covers a ``type`` check of that object."""
+    found = _holder(check, expr, value, namespace, roots)
+    if found is None and check == "type" and type(getattr(value, "__dict__", None)) is dict \
+            and not isinstance(value, type):
+        return f"({expr}).__dict__", True  # reached through a list or an argument: its class compared per call
+    return found
+
+
+def _holder(check: str, expr: str, value: Any, namespace: dict, roots: guard_sources.Roots) -> tuple[str, bool] | None:
     import collections
 
     import torch
 
     plain = (dict, collections.OrderedDict)
     node = ast.parse(expr, mode="eval").body
+    if check in ("len", "keys", "contains", "empty") and type(value) not in (*plain, tuple) \
+            and type(value).__name__ != "mappingproxy":
+        return None  # a list's or a set's contents move no version
     if check in ("len", "keys", "contains", "empty") and type(value) in plain:
         holder: str | None = expr
     elif check in ("len", "keys", "contains", "empty") and type(value).__name__ == "mappingproxy" \
@@ -48,6 +66,7 @@ def covering_dict(check: str, expr: str, value: Any, base: Any, namespace: dict,
             and not isinstance(value, type) else None
     else:
         holder = None
+    by_identity = False
     n = node
     while holder is None:
         if isinstance(n, ast.Call) and len(n.args) == 1:  # type(x): the class, not a holder
@@ -91,8 +110,8 @@ def covering_dict(check: str, expr: str, value: Any, base: Any, namespace: dict,
         else:
             return None
     if holder.startswith("_g_type_dict("):
-        return holder  # a class: protected by the type check of whatever reached it
-    for part in ast.walk(ast.parse(holder, mode="eval").body):  # no list on the way
+        return holder, False  # a class: protected by the type check of whatever reached it
+    for part in ast.walk(ast.parse(holder, mode="eval").body):  # a list on the way: by identity
         if isinstance(part, ast.Subscript) and not (isinstance(part.value, ast.Name) and part.value.id == "_R"):
             try:  # (an item replaced in one moves no version)
                 container = guard_sources.evaluate(ast.unparse(part.value), namespace, roots)
@@ -100,14 +119,14 @@ def covering_dict(check: str, expr: str, value: Any, base: Any, namespace: dict,
                 return None
             if type(container) not in (*plain, tuple) and type(container).__name__ != "mappingproxy" \
                     and not isinstance(container, types.ModuleType):
-                return None
+                by_identity = True
     root = ast.parse(holder, mode="eval").body
     while isinstance(root, (ast.Attribute, ast.Subscript, ast.Call)):
         root = root.value if not isinstance(root, ast.Call) \
             else root.args[0] if len(root.args) == 1 or generic_getattr(root) else root.func
     if isinstance(root, ast.Name) and root.id != "_R" and not isinstance(namespace.get(root.id), torch.nn.Module):
-        return None
-    return holder
+        by_identity = True  # another argument: maybe another object next call
+    return holder, by_identity
 
 
 def generic_getattr(node: ast.AST) -> bool:

@@ -261,8 +261,10 @@ def guard_checks(fn: Callable, args: tuple, kwargs: dict, *, target: str) -> dic
         with ``"wrapper": True``: Dynamo's frame was a decorator's wrapper), "roots": [[kind,
         ...]] (``_R``), "checks": [[label, check kind, expression, expected, per call
         (bool), file:line, the expression of the dict whose version covers it or None]],
-        "watched": [attribute names whose assignment moves the state epoch], "left":
-        {guard kind: count} left to other checks}``.
+        "watched": [attribute names whose assignment moves the state epoch],
+        "by_identity": [the covering expressions each call evaluates again and compares by
+        identity, dict_covers.covering_dict], "left": {guard kind: count} left to other
+        checks}``.
     Raises:
         CaptureError: Dynamo cannot trace the call in one graph, or a guard has no
             check a pair can run (the message names the source and its line).
@@ -271,7 +273,7 @@ def guard_checks(fn: Callable, args: tuple, kwargs: dict, *, target: str) -> dic
         params_text, params = _signature(fn, target)
     except (ValueError, TypeError):  # a builtin (torch.relu): no Python code, no Python state read
         return {"params": "*args, **kwargs", "wrapper": True, "roots": [], "checks": [], "watched": [],
-                "left": {}}
+                "by_identity": [], "left": {}}
     free = set(getattr(getattr(inspect.unwrap(fn), "__code__", None), "co_freevars", ()))
     if isinstance(fn, types.MethodType) or (not isinstance(fn, types.FunctionType) and hasattr(fn, "forward")):
         free.add("self")  # a bound method's or a module's own state: the pair's constant, as a closure
@@ -307,6 +309,7 @@ def guard_checks(fn: Callable, args: tuple, kwargs: dict, *, target: str) -> dic
     left: dict[str, int] = {}
     watched: set[str] = set()
     seen: set[tuple] = set()
+    by_identity: set[str] = set()  # the covers a call evaluates again (dict_covers.covering_dict)
     for entry in entries:
         kind = entry.guard_type
         name = entry.name
@@ -349,7 +352,10 @@ def guard_checks(fn: Callable, args: tuple, kwargs: dict, *, target: str) -> dic
             watched.add("__class__")
         base = guard_sources.base_of(expr, namespace, roots)
         epoch = _epoch_covered(check, value, base, expr)
-        cover = None if epoch else dict_covers.covering_dict(check, expr, value, base, namespace, roots)
+        found = None if epoch else dict_covers.covering_dict(check, expr, value, base, namespace, roots)
+        cover = found[0] if found else None
+        if found and found[1]:
+            by_identity.add(found[0])
         checks.append([label, check, expr, expected, not epoch and cover is None, where, cover])
     known = {(c[1], c[2]) for c in checks}
     checks += [c for c in class_attributes.checks(checks, namespace, roots, collect) if (c[1], c[2]) not in known]
@@ -361,6 +367,7 @@ def guard_checks(fn: Callable, args: tuple, kwargs: dict, *, target: str) -> dic
                            "please report it)", target=target)
     return {"params": params_text, "wrapper": wrapper, "roots": roots.records, "checks": checks,
             "watched": sorted(watched),
+            "by_identity": sorted({c[6] for c in checks if c[6] in by_identity}),
             "left": dict(sorted(left.items()))}
 
 
@@ -370,7 +377,8 @@ def kept_after(record: dict, fn: Callable, args: tuple, kwargs: dict) -> dict:
     namespace = _namespace(fn, args, kwargs, wrapper=record.get("wrapper", False))
     roots = guard_sources.resolver(record["roots"])
     out = [c for c in record["checks"] if not _fails(c, namespace, roots)]
-    return {**record, "checks": out}
+    return {**record, "checks": out,
+            "by_identity": [e for e in record.get("by_identity", ()) if any(c[6] == e for c in out)]}
 
 
 def failing(checks: list, namespace: dict, roots) -> list[str]:

@@ -25,6 +25,7 @@ renders every engine, device, Triton and CUDA-graph combination and lints it).
 
 from __future__ import annotations
 
+import ast
 import pprint
 import re
 import textwrap
@@ -185,14 +186,40 @@ def guards_code(guards: dict | None) -> str:
                       "    except Exception:", f"        return {i}"]
         lines.append("    return -1")
         out.append("\n".join(lines) + "\n")
+    by_identity = set((guards or {}).get("by_identity") or ())
     covers = list(dict.fromkeys(c[6] for c in checks if len(c) > 6 and c[6]))
     lines = [f"def _guards_dicts(_R, {params}):" if params else "def _guards_dicts(_R):", "    out = []"]
     for expr in covers:
-        lines += ["    try:", f"        out.append({expr})", "    except Exception:", "        out.append(None)"]
+        if expr not in by_identity:
+            lines += ["    try:", f"        out.append({expr})", "    except Exception:", "        out.append(None)"]
     out.append("\n".join(lines + ["    return out"]) + "\n")
+    out.append(_watch_code(params, [e for e in covers if e in by_identity]))
     out.append(f"def _guard_bind({params}):\n    return dict(locals())\n" if params
                else "def _guard_bind():\n    return {}\n")
     return "\n\n".join(out)
+
+
+def _watch_code(params: str, covers: list[str]) -> str:
+    """``_guards_watch(_R, <the function's parameters>)``: for each cover compared by
+    identity (capturing/dict_covers.py), the dict's id and version, and the class of the
+    object whose ``__dict__`` it is, as one tuple (None where one does not resolve). A
+    call whose tuple equals the last full check's meets the same dicts, unwritten
+    (versions are unique across dicts: templates/guards.py checks that at load)."""
+    lines = [f"def _guards_watch(_R, {params}):" if params else "def _guards_watch(_R):"]
+    if not covers:
+        return "\n".join(lines + ["    return ()"]) + "\n"
+    lines.append("    try:")
+    parts = []
+    for i, expr in enumerate(covers):
+        node = ast.parse(expr, mode="eval").body
+        if isinstance(node, ast.Attribute) and node.attr == "__dict__":
+            lines += [f"        _o{i} = {ast.unparse(node.value)}", f"        _d{i} = _o{i}.__dict__"]
+            parts.append(f"type(_o{i})")
+        else:
+            lines.append(f"        _d{i} = {expr}")
+        parts += [f"id(_d{i})", f"_DICT_VERSION(_d{i})"]
+    lines += [f"        return ({', '.join(parts)},)", "    except Exception:", "        return None"]
+    return "\n".join(lines) + "\n"
 
 
 def _without_repeated_imports(parts: list[str]) -> list[str]:

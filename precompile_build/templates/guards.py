@@ -8,9 +8,12 @@
 #   "checks": [[label, kind, expression, expected, per call, "file:line"], ...]
 #   "watched": attribute names whose assignment on a module moves the state epoch
 # A call runs every check when its models are checked in full (a model seen first, the
-# state epoch moved, a hook registered anywhere), else the per-call ones: every value,
-# class, function code, length and key set the trace read, but the module structure
-# that only a registration or an assignment the epoch sees can change.
+# state epoch moved, a hook registered anywhere, a covering dict written or met anew),
+# else the per-call ones: the values no dict's version stands for (a list's length and
+# items). A dict reached from the models through dicts only is kept from the full check
+# and its version compared; one reached from another argument or through a list item
+# is met again by `_guards_watch` and compared by identity, version and its object's
+# class (capturing/dict_covers.py).
 # stand-ins: names the rest of the source half defines (codegen.py drops this block)
 from typing import TYPE_CHECKING
 
@@ -30,6 +33,7 @@ if TYPE_CHECKING:
         _guards_call,
         _guards_dicts,
         _guards_full,
+        _guards_watch,
         _state_epoch,
         _weakref,
         resolve_roots,
@@ -41,16 +45,27 @@ from collections import OrderedDict as _OrderedDict
 _GUARDS: dict = dict(_META.get("guards") or {})
 _G_CHECKS = list(_GUARDS.get("checks") or ())
 _G_ROOTS: list = []  # resolved at the first call (resolve_roots imports the modules named)
-# id(first model) -> ((epoch, hook registrations), [(dict, its version)], weakref of the
-# model) of its last full check: until one of these moves, the checks the dicts' versions
-# cover hold (any write to a dict moves its version: `obj.__dict__[k] = v` too)
+_G_WATCHES = bool(_GUARDS.get("by_identity"))
+# id(first model) -> ((epoch, hook registrations), [(dict, its version)], the
+# `_guards_watch` tuple, weakrefs of the models) of the models' last full check: until
+# one of these moves, the checks the dicts' versions cover hold (any write to a dict
+# moves its version: `obj.__dict__[k] = v` too)
 _G_SEEN: dict = {}
 _G_EPOCH: list = []
 _DICT_VERSION = getattr(getattr(getattr(torch._C, "_dynamo", None), "guards", None), "dict_version", None)
+# `_guards_watch` compares dicts by id and version, which names one dict's state only while
+# versions are unique across dicts (CPython's global counter; a fresh dict takes the next)
+_VERSIONS_UNIQUE = _DICT_VERSION is not None and len({_DICT_VERSION({}) for _ in range(2)}) == 2
 
 
-def _versions_stand(versions):
-    for d, v in versions:
+def _models_stand(seen, now, modules):
+    refs = seen[3]
+    if seen[0] != now or len(refs) != len(modules):
+        return False
+    for r, m in zip(refs, modules):
+        if r() is not m:
+            return False
+    for d, v in seen[1]:  # (a loop calls dict_version faster than map does: bench/results)
         if _DICT_VERSION(d) != v:  # type: ignore[misc]
             return False
     return True
@@ -65,11 +80,12 @@ def _check_guards(args, kwargs, modules, full=False, kinds=None):
         torch.nn.modules.module._precompile_watched.update(_GUARDS.get("watched") or ())  # type: ignore[attr-defined]
         _G_EPOCH.append(box)
     roots = _G_ROOTS[0]
-    key = id(modules[0]) if modules and _DICT_VERSION is not None else None
+    key = id(modules[0]) if modules else 0
     now = (_G_EPOCH[0][0], _HANDLES.next_id)
-    seen = _G_SEEN.get(key) if key is not None else None
-    full = full or seen is None or seen[0] != now or seen[2]() is not modules[0] or not _versions_stand(seen[1])
+    seen = _G_SEEN.get(key) if _DICT_VERSION is not None else None
     try:
+        full = full or seen is None or not _models_stand(seen, now, modules) \
+            or (_G_WATCHES and _guards_watch(roots, *args, **kwargs) != seen[2])
         failed = (_guards_full if full else _guards_call)(roots, *args, **kwargs)
     except TypeError:  # arguments that do not bind: the driver's own checks name them
         return
@@ -77,11 +93,20 @@ def _check_guards(args, kwargs, modules, full=False, kinds=None):
         if kinds is None or _G_CHECKS[failed][1] in kinds:
             _guard_error(failed, roots, args, kwargs)
         return
-    if full and key is not None:
-        dicts = _guards_dicts(roots, *args, **kwargs)
-        if all(type(d) in (dict, _OrderedDict) for d in dicts):
-            ref = _weakref.ref(modules[0], lambda _r, k=key: _G_SEEN.pop(k, None))  # type: ignore[misc]
-            _G_SEEN[key] = (now, [(d, _DICT_VERSION(d)) for d in dicts], ref)  # type: ignore[misc]
+    if full and _DICT_VERSION is not None:
+        _remember(key, now, modules, roots, args, kwargs)
+
+
+def _remember(key, now, modules, roots, args, kwargs):
+    """Keep what a later call compares to stand for this full check's (``_G_SEEN``)."""
+    watch = _guards_watch(roots, *args, **kwargs) if _G_WATCHES else ()
+    if watch is None or (_G_WATCHES and not _VERSIONS_UNIQUE):
+        return  # a covered dict that does not resolve: each call checks in full
+    dicts = list({id(d): d for d in _guards_dicts(roots, *args, **kwargs)}.values())
+    if not all(type(d) in (dict, _OrderedDict) for d in dicts):
+        return
+    refs = [_weakref.ref(m, lambda _r, k=key: _G_SEEN.pop(k, None)) for m in modules]  # type: ignore[misc]
+    _G_SEEN[key] = (now, [(d, _DICT_VERSION(d)) for d in dicts], watch, refs)  # type: ignore[misc]
 
 
 def _guard_error(i, roots, args, kwargs):
