@@ -365,7 +365,7 @@ def test_call_errors_name_what_differs(tmp_path):
     no_bias = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU(), torch.nn.Linear(8, 8, bias=False))
     with pytest.raises(CallError, match=re.escape(
             "has 3 parameters/buffers, the capture lifted 4; they first differ at #3: captured "
-            "['m0.2.bias'], given nothing more")):
+            "['m.2.bias'], given nothing more")):
         fn(no_bias, torch.randn(2, 4, 8))
 
 

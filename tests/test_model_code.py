@@ -194,7 +194,7 @@ def _copy_of(model, **settings):
     ({"heads": 4}, r"m: heads was 2 at capture, now 4"),
     ({"eps": 1e-3}, r"eps was 1e-05 at capture, now 0.001"),  # also the LayerNorm's own eps
     # a function is no plain value: the settings check names it
-    ({"act": torch.nn.functional.relu}, r"model argument 0 has other settings than the captured model "
+    ({"act": torch.nn.functional.relu}, r"m has other settings than the captured model "
                                         r"\(captured '[^']*act=\S*gelu"),
 ])
 def test_a_model_with_other_settings_and_the_same_parameters_is_refused(tmp_path, engine, settings, named):

@@ -20,6 +20,7 @@ import zipfile
 from pathlib import Path
 
 import pytest
+import torch
 from _build_helpers import dist_links
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("build_env")]
@@ -125,6 +126,13 @@ def test_timm_from_its_own_sdist_builds_and_serves_its_api_through_the_pair(tmp_
                                            f"test_vit.{sys.implementation.cache_tag}.pyc"))
     assert len([n for n in names if n.startswith(("timm/data/_info/", "timm/models/_pruned/"))]) >= 25  # pdm's data
     assert "-none-any" not in whl.name
+    meta = zipfile.ZipFile(whl).read(f"timm-{VERSION}.dist-info/METADATA").decode()
+    requires = [line.split(":", 1)[1].strip() for line in meta.splitlines() if line.startswith("Requires-Dist:")]
+    runtime = [r for r in requires if r.startswith("precompile-runtime")]
+    assert len(runtime) == 1, requires  # once: timm's edited dependencies name it too
+    torch_pins = [r for r in requires if r.replace(" ", "").startswith(("torch=", "torch>", "torch<", "torch~"))]
+    assert len(torch_pins) == 1 and torch.__version__.split("+")[0].rsplit(".", 1)[0] in torch_pins[0], requires
+    assert all(r in requires for r in ("pyyaml", "huggingface_hub", "safetensors")), requires  # timm's own, kept
 
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)

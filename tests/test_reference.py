@@ -182,11 +182,11 @@ def test_frozen_code_that_writes_a_shared_weight_is_refused():
 
     def writes_a_weight(args):
         outs = list(traced.graph_module(*args))
-        args[0].view(-1)[3] += 1  # m0.0.weight
+        args[0].view(-1)[3] += 1  # m.0.weight
         return outs
 
     with pytest.raises(CaptureError, match=r"target 't': the frozen kernels wrote to parameter/buffer "
-                                           r"m0.0.weight after the call, which the traced graph leaves alone"):
+                                           r"m.0.weight after the call, which the traced graph leaves alone"):
         validate.compare(writes_a_weight, traced, traced.example_inputs, "the example inputs", "t", {})
 
 

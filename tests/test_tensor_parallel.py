@@ -193,18 +193,18 @@ def test_a_sharded_model_is_served_as_captured_and_checked(tmp_path, world_of_on
     # the same weights, unsharded: refused (the shards' shapes would even match here)
     torch.manual_seed(0)
     plain = tp.MLP().eval()
-    with pytest.raises(CallError, match=r"target 't': parameter/buffer m0.up.weight was a DTensor at capture "
+    with pytest.raises(CallError, match=r"target 't': parameter/buffer model.up.weight was a DTensor at capture "
                        r"\(Shard\(dim=0\) over a mesh \[1\] \(tp\)\) and is a plain tensor here; shard the model"):
         served(plain, x)
     torch.manual_seed(0)
     other = parallelize_module(tp.MLP().eval(), world_of_one, {"up": RowwiseParallel(), "down": ColwiseParallel()})
-    with pytest.raises(CallError, match=r"m0.up.weight is sharded Shard\(dim=1\) over a mesh \[1\] \(tp\); the "
+    with pytest.raises(CallError, match=r"model.up.weight is sharded Shard\(dim=1\) over a mesh \[1\] \(tp\); the "
                        r"capture's was Shard\(dim=0\) over a mesh \[1\] \(tp\)"):
         served(other, x)
     # and the other way: a pair captured unsharded refuses the sharded model
     (tmp_path / "plain").mkdir()
     unsharded, _ = _capture(tmp_path / "plain", tp.mlp_call, plain, x, engine="eager")
-    with pytest.raises(CallError, match=r"parameter/buffer m0.up.weight is a DTensor \(Shard\(dim=0\) over a mesh "
+    with pytest.raises(CallError, match=r"parameter/buffer model.up.weight is a DTensor \(Shard\(dim=0\) over a mesh "
                        r"\[1\] \(tp\)\), but was a plain tensor at capture; pass the model unsharded"):
         unsharded(model, x)
     dist.destroy_process_group()
@@ -234,7 +234,7 @@ def test_what_a_tensor_parallel_capture_refuses(tmp_path, world_of_one):
     def step(m, x):
         m(x).sum().backward()
 
-    with pytest.raises(CaptureError, match=r"runs a backward through the DTensor parameter m0.up.weight; a "
+    with pytest.raises(CaptureError, match=r"runs a backward through the DTensor parameter m.up.weight; a "
                        r"tensor-parallel capture serves inference"):
         with precompile_build.capture(step, engine="eager", **paths) as f:
             f(model, x)

@@ -26,8 +26,9 @@ Dimensions marked with ``torch._dynamo.mark_dynamic`` stay symbolic instead
 from __future__ import annotations
 
 import contextlib
+import re
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from precompile_runtime.pair_format import Ambient, CallConvention, Device, TensorSpec
@@ -69,6 +70,7 @@ class TracedCall:
     symbolic: Any = None  # dynamic_dims.SymbolicTrace when dims are marked dynamic
     sources: Any = None  # the caller's own flat tensors (params, then arguments), not clones
     outline: tuple = ("", "")  # the result's structure (pytree_io.outline), for the eager-call check
+    tensor_labels: list = field(default_factory=list)  # param_names as messages say them
 
     def finish_dynamic(self, target: str) -> None:
         """Record the marked dims' symbols, ranges and guards in the metadata; call it
@@ -259,7 +261,9 @@ def trace_call(fn: Callable, args: tuple, kwargs: dict, *, target: str, tracer: 
     gm, symbolic = traced.graph_module, traced.symbolic
     if out_box.get("changed"):
         raise CaptureError(out_box["changed"], target=target)
-    dtensors.refuse_backward(out_box["grad_indices"], lifted, names, target)
+    labels = [p for p, k in zip(leaf_paths, in_kinds) if k[0] == "module"]  # (m<i>.path -> model.path)
+    tensor_labels = [_tensor_label(n, labels) for n in names]
+    dtensors.refuse_backward(out_box["grad_indices"], lifted, tensor_labels, target)
     try:
         out_text, out_types = pytree_io.dump_spec(out_box["spec"], "the result")
     except CaptureError as e:
@@ -300,7 +304,7 @@ def trace_call(fn: Callable, args: tuple, kwargs: dict, *, target: str, tracer: 
     if checked is not None:  # less the values the function itself changed
         metadata["guards"] = dynamo_guards.kept_after(checked, fn, args, kwargs)
     return TracedCall(graph_module=gm, example_inputs=example + constants, metadata=metadata, symbolic=symbolic,
-                      sources=params + user_tensors,
+                      sources=params + user_tensors, tensor_labels=tensor_labels,
                       outline=pytree_io.outline(out_box["spec"], [
                           type(k[1]).__name__ if k[0] == "const" else "Tensor" for k in out_box["kinds"]]))
 
@@ -408,6 +412,17 @@ def _changed(before: list, after: list) -> set[str]:
     old = {(p, k): t for p, _, attrs in before for k, t in attrs.items()}
     new = {(p, k): t for p, _, attrs in after for k, t in attrs.items()}
     return {f"{p}:{k}" for p, k in old.keys() | new.keys() if old.get((p, k)) != new.get((p, k))}
+
+
+def _tensor_label(name: str, labels: list[str]) -> str:
+    """How a message names the lifted tensor ``m<i>.<path>``: under the argument module
+    ``i`` was passed as (``model.fc.weight``), as a served call's messages do."""
+    head, _, rest = name.partition(".")
+    i = int(head[1:]) if head[:1] == "m" and head[1:].isdigit() else -1
+    if not 0 <= i < len(labels):
+        return name
+    whole = re.fullmatch(r"argument '([^']+)'", labels[i])  # (pytree_io.arg_paths' text)
+    return f"{whole.group(1)}.{rest}" if whole else f"{rest} of {labels[i]}"
 
 
 def _arg_names(fn, n: int) -> list[str]:

@@ -59,6 +59,16 @@ def _arg_label(i):
     return names[pos] if pos is not None and pos < len(names) else f"model argument {i}"
 
 
+def _param_label(name):
+    """How a message names the lifted tensor ``m<i>.<path>`` (``module_tensors``): under
+    the parameter the model was passed as, ``model.fc.weight``."""
+    head, _, rest = name.partition(".")
+    if not (head[:1] == "m" and head[1:].isdigit()):
+        return name
+    arg = _arg_label(int(head[1:]))
+    return f"{arg}.{rest}" if not arg.startswith("model argument") else f"{rest} of {arg}"
+
+
 def _submodule(root, path):
     m = root
     for part in path.split(".") if path else ():

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from typing import Any  # noqa: F401 - for _DIST's type comment
 
-    from .source_names import _META, PRECOMPILE_METADATA, CallError
+    from .source_names import _META, PRECOMPILE_METADATA, CallError, _param_label
 # end stand-ins
 
 
@@ -93,7 +93,7 @@ def _local_params(params, names):
         if want is None:
             if is_dt:
                 raise CallError(
-                    f"target {_META['target']!r}: parameter/buffer {n} is a DTensor "
+                    f"target {_META['target']!r}: parameter/buffer {_param_label(n)} is a DTensor "
                     f"({', '.join(map(repr, t.placements))} over a {_mesh_text(t.device_mesh)}), but was a "
                     "plain tensor at capture; pass the model unsharded, as captured, or capture the "
                     "sharded model")
@@ -102,7 +102,7 @@ def _local_params(params, names):
         shown = f"{', '.join(want['placements'])} over a {_mesh_text(want['mesh'])}"
         if not is_dt:
             raise CallError(
-                f"target {_META['target']!r}: parameter/buffer {n} was a DTensor at capture "
+                f"target {_META['target']!r}: parameter/buffer {_param_label(n)} was a DTensor at capture "
                 f"({shown}) and is a plain tensor here; shard the model with the capture's "
                 "parallelize_module plan (after dist.init_process_group()) before the call")
         got_mesh = {"shape": list(t.device_mesh.shape),
@@ -110,7 +110,7 @@ def _local_params(params, names):
         got = [repr(p) for p in t.placements]
         if got_mesh != want["mesh"] or got != want["placements"]:
             raise CallError(
-                f"target {_META['target']!r}: parameter/buffer {n} is sharded "
+                f"target {_META['target']!r}: parameter/buffer {_param_label(n)} is sharded "
                 f"{', '.join(got)} over a {_mesh_text(got_mesh)}; the capture's was {shown}. "
                 "Shard it with the capture's mesh and parallelize_module plan, or capture again "
                 "with this one")

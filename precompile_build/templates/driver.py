@@ -27,6 +27,7 @@ if TYPE_CHECKING:
         _SINGLE_OUT,
         _TENSOR_POS,
         PRECOMPILE_METADATA,
+        _arg_label,
         _assumed_full,
         _assumed_same,
         _check_dist,
@@ -42,6 +43,7 @@ if TYPE_CHECKING:
         _load_kernels,
         _local_params,
         _make_call,
+        _param_label,
         _Params,
         _rebuild,
         _state_epoch,
@@ -253,7 +255,7 @@ def _check_training(modules):
             else:
                 fix = "put each submodule back in its train/eval mode of the capture"
             raise CallError(
-                f"target {_META['target']!r}: model argument {i} is not in the train/eval "
+                f"target {_META['target']!r}: {_arg_label(i)} is not in the train/eval "
                 f"mode it was captured in (dropout and batch norm trace differently); "
                 f"{fix}, or capture again in this mode"
             )
@@ -272,7 +274,7 @@ def _check_settings(modules):
         shown = (f"captured {diff[0]!r}, got {diff[1]!r}" if diff
                  else f"captured {len(want)} submodules, got {len(got)}")
         raise CallError(
-            f"target {_META['target']!r}: model argument {i} has other settings than the "
+            f"target {_META['target']!r}: {_arg_label(i)} has other settings than the "
             f"captured model ({shown}); the frozen code has the captured values built in "
             "and would compute something else. Pass a model built with the captured "
             "configuration, or capture this one"
@@ -294,12 +296,13 @@ def _full_params(modules):
         raise CallError(
             f"target {_META['target']!r}: the model passed has {len(names)} parameters/buffers, "
             f"the capture lifted {len(want)}; they first differ at #{i}: captured "
-            f"{shown(want)}, given {shown(names)}; pass a model of the captured structure"
+            f"{shown([_param_label(n) for n in want])}, given {shown([_param_label(n) for n in names])}; "
+            "pass a model of the captured structure"
         )
     if _DTENSORS or "torch.distributed.tensor" in _sys.modules:  # a sharded model: its shards
         params, mesh = _local_params(params, names)
     for t, n, s in zip(params, names, _META["params"]):
-        _check_tensor(t, s, f"parameter/buffer {n}")
+        _check_tensor(t, s, f"parameter/buffer {_param_label(n)}")
     _check_training(modules)
     watch = _assumed_full(modules)  # assumed_state.py: names the attribute the trace read
     _check_settings(modules)
@@ -530,7 +533,7 @@ class CompiledArtifact:
             if cuda is None and _ON_CUDA:  # no CUDA input: the constants' device
                 cuda = next((t.device for t in flat if t.is_cuda), None)
         if _CHECK_ALIASES:  # (call_args.py)
-            _check_no_aliases(params, flat, lambda: [f"parameter/buffer {n}" for n in _META["param_names"]]
+            _check_no_aliases(params, flat, lambda: [f"parameter/buffer {_param_label(n)}" for n in _META["param_names"]]
                               + _tensor_paths(args, kwargs))
         inputs = list(flat) if _OUT_INPUTS else flat  # returned as they are: the wrapper empties `flat`
         grad = torch.is_grad_enabled()

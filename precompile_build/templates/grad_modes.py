@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     import torch
 
-    from .source_names import _META, CallError
+    from .source_names import _META, CallError, _param_label
 # end stand-ins
 
 _MODES = _META.get("ambient") or {}
@@ -28,7 +28,7 @@ def _check_modes(params, tensors):
         names = _META["param_names"]
         for i, t in enumerate(params + tensors):
             if t.requires_grad:
-                what = f"parameter/buffer {names[i]}" if i < len(params) else f"tensor input #{i - len(params)}"
+                what = f"parameter/buffer {_param_label(names[i])}" if i < len(params) else f"tensor input #{i - len(params)}"
                 raise CallError(
                     f"target {_META['target']!r}: called with grad enabled and {what} requiring grad, "
                     "but captured under torch.no_grad() (or torch.inference_mode()): the pair returns "

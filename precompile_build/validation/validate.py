@@ -93,7 +93,7 @@ _SEED = 20240607  # any fixed seed: both sides of a comparison start from it
 def _labels(traced: TracedCall, n_values: int) -> list[str]:
     """What each compared value is: outputs, gradients, then the flat inputs."""
     meta = traced.metadata
-    names, n_user = meta["param_names"], meta["num_user_outputs"]
+    names, n_user = traced.tensor_labels or meta["param_names"], meta["num_user_outputs"]
     labels = [f"output {i}" for i in range(n_user)]
     labels += [f"gradient of {names[i]}" for i in meta["grad_param_indices"]]
     labels += [f"parameter/buffer {n} after the call" for n in names]
