@@ -90,6 +90,35 @@ def check_record(path: Path) -> None:
         assert names[-1] == record  # .dist-info last, RECORD at the very end
 
 
+def as_another_host(whl: Path, out_dir: Path) -> Path:
+    """A copy of ``whl`` as a build on a GPU host would have made it: each variant's
+    fingerprint a CUDA device's (another variant id), RECORD rewritten; what ``merge``
+    meets when wheels of two hosts are combined. Its pairs serve no host (the caches'
+    own fingerprints stay this host's), so a loader here picks the original variant."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    out = out_dir / whl.name
+    with zipfile.ZipFile(whl) as zf:
+        members = [(i, zf.read(i)) for i in zf.infolist()]
+    record = next(i.filename for i, _ in members if i.filename.endswith(".dist-info/RECORD"))
+    rows = []
+    with zipfile.ZipFile(out, "w", zipfile.ZIP_DEFLATED) as zf:
+        for info, data in members:
+            if info.filename.endswith("_precompiled/manifest.json"):
+                doc = json.loads(data)
+                for target in doc["targets"].values():
+                    for v in target["variants"]:
+                        v["fingerprint"].update(device_type="cuda", compute_capability="9.0", gpu_name="Fixture GPU")
+                        v["id"] = hashlib.sha256(v["id"].encode()).hexdigest()[:len(v["id"])]
+                data = json.dumps(doc, indent=1, sort_keys=True).encode()
+            if info.filename == record:
+                continue
+            zf.writestr(info, data)
+            digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+            rows.append(f"{info.filename},sha256={digest},{len(data)}")
+        zf.writestr(record, "\n".join(rows + [f"{record},,"]) + "\n")
+    return out
+
+
 def metadata_lines(path: Path, key: str) -> list[str]:
     text = read_member(path, ".dist-info/METADATA").decode()
     return [ln.split(":", 1)[1].strip() for ln in text.split("\n\n")[0].splitlines()

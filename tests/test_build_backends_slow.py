@@ -21,7 +21,16 @@ import sysconfig
 from pathlib import Path
 
 import pytest
-from _build_helpers import PACKAGES, PYC, check_record, dist_links, torch_only_path, wheel_names
+from _build_helpers import (
+    PACKAGES,
+    PYC,
+    as_another_host,
+    check_record,
+    dist_links,
+    manifest_of,
+    torch_only_path,
+    wheel_names,
+)
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("build_env")]
 REPO = Path(__file__).resolve().parents[1]
@@ -35,7 +44,7 @@ _SERVE = """import sys, torch
 from precompile_runtime import load_packaged
 from {name}.model import TinyMLP
 import precompile_runtime, {name}
-assert "precompile_build" not in sys.modules and "/site-packages/" in {name}.__file__, {name}.__file__
+assert "precompile_build" not in sys.modules and {where!r} in {name}.__file__, {name}.__file__
 model = TinyMLP().eval()
 x = torch.randn(2, 8)
 fn = load_packaged("mlp", package="{name}", strict=True)
@@ -90,11 +99,7 @@ def test_a_wrapped_backends_project_builds_installs_and_serves(tmp_path, wheelho
     py = project / "pyproject.toml"
     py.write_text(py.read_text().replace('requires = ["precompile-build", ',
                                          'requires = ["precompile-build", "precompile-runtime", "hostlink", '))
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("PRECOMPILE_ENGINE", "PRECOMPILE_TRACER", "PRECOMPILE_TARGETS", "PYTHONPATH")}
-    env.update(PIP_NO_INDEX="1", PIP_NO_DEPS="1", PIP_FIND_LINKS=str(wheelhouse),
-               TORCHINDUCTOR_CACHE_DIR=str(tmp_path / "inductor"), SOURCE_DATE_EPOCH="1700000000")
-    plain = dict(env, PYTHONPATH=os.pathsep.join([str(REPO), str(REPO / "runtime")]))
+    env, plain = _env(tmp_path, wheelhouse)
     logs = [_build(project, tmp_path / "plain", plain, isolated=False),
             _build(project, tmp_path / "isolated", env, isolated=True)]
     assert all("precompile: mlp: ok on cpu" in log for log in logs), logs[1][-3000:]
@@ -110,18 +115,88 @@ def test_a_wrapped_backends_project_builds_installs_and_serves(tmp_path, wheelho
     assert "-none-any" not in whl.name and again.name == whl.name
     assert wheel_names(again) == wheel_names(whl)
     check_record(again)
+    (runtime,) = wheelhouse.glob("precompile_runtime-*.whl")
+    assert _serve(tmp_path, env, name, [whl, runtime]) == ["served", "False"]
 
+
+def _env(tmp_path: Path, wheelhouse: Path) -> tuple[dict, dict]:
+    """The environments of an isolated build (offline, the wheelhouse) and of a build
+    without isolation (this tree importable)."""
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("PRECOMPILE_ENGINE", "PRECOMPILE_TRACER", "PRECOMPILE_TARGETS", "PYTHONPATH")}
+    env.update(PIP_NO_INDEX="1", PIP_NO_DEPS="1", PIP_FIND_LINKS=str(wheelhouse),
+               TORCHINDUCTOR_CACHE_DIR=str(tmp_path / "inductor"), SOURCE_DATE_EPOCH="1700000000")
+    return env, dict(env, PYTHONPATH=os.pathsep.join([str(REPO), str(REPO / "runtime")]))
+
+
+def _serve(tmp_path: Path, env: dict, name: str, wheels: list, where: str = "/site-packages/") -> list:
+    """Install ``wheels`` into a fresh virtual environment (torch linked in) and run
+    _SERVE there: the words it prints."""
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
     vpy = venv / "bin" / "python"
     site = subprocess.run([str(vpy), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
                           check=True, capture_output=True, text=True).stdout.strip()
     Path(site, "torchlink.pth").write_text(f"{torch_only_path(tmp_path / 'torch')}\n")
-    (runtime,) = wheelhouse.glob("precompile_runtime-*.whl")
     subprocess.run([sys.executable, "-m", "pip", "--python", str(vpy), "install", "-q", "--no-deps", "--no-index",
-                    str(whl), str(runtime)], check=True, capture_output=True, env=env)  # no PYTHONPATH
-    served = subprocess.run([str(vpy), "-c", _SERVE.format(name=name)], cwd=tmp_path, capture_output=True,
-                            text=True, env=dict(env, PRECOMPILE_NO_COMPILE="1",
-                                                PRECOMPILE_CACHE_DIR=str(tmp_path / "kcache")))
+                    *map(str, wheels)], check=True, capture_output=True, env=env)  # no PYTHONPATH
+    served = subprocess.run([str(vpy), "-c", _SERVE.format(name=name, where=where)], cwd=tmp_path,
+                            capture_output=True, text=True,
+                            env=dict(env, PRECOMPILE_NO_COMPILE="1", PRECOMPILE_CACHE_DIR=str(tmp_path / "kcache")))
     assert served.returncode == 0, served.stdout[-3000:] + served.stderr[-3000:]
-    assert served.stdout.split() == ["served", "False"]
+    return served.stdout.split()
+
+
+@pytest.mark.parametrize("name", ["hatchpkg", "flitpkg", "pdmpkg"])
+def test_a_wrapped_backends_editable_install_serves_from_the_source_tree(tmp_path, wheelhouse, name):
+    """PEP 660 as pip calls it (``build_editable`` through pyproject-hooks): the pairs
+    written into the source tree's package, the backend's editable wheel installed and
+    served from the source tree. (scikit-build-core's editable install rebuilds its C++
+    module through an import hook at run time: left to its own tests.)"""
+    from pyproject_hooks import BuildBackendHookCaller
+
+    project = tmp_path / name
+    shutil.copytree(PACKAGES / name, project)
+    env, plain = _env(tmp_path, wheelhouse)
+    out = tmp_path / "editable"
+    out.mkdir()
+
+    def runner(cmd, cwd=None, extra_environ=None):
+        subprocess.run(cmd, cwd=cwd, env=dict(plain, **(extra_environ or {})), check=True, capture_output=True)
+
+    caller = BuildBackendHookCaller(str(project), "precompile_build.backend", runner=runner)
+    whl = out / caller.build_editable(str(out))
+    assert sorted(p.name for p in (project / name / "_precompiled").iterdir()) == sorted(
+        ["manifest.json", "mlp.cache", "mlp.py", "mlp" + PYC])
+    assert not [n for n in wheel_names(whl) if "_precompiled" in n]  # served from the source tree
+    check_record(whl)
+    (runtime,) = wheelhouse.glob("precompile_runtime-*.whl")
+    assert _serve(tmp_path, env, name, [whl, runtime], where=str(project)) == ["served", "False"]
+
+
+@pytest.mark.parametrize("name", list(DISTS))
+def test_a_wrapped_backends_wheels_reproduce_inspect_and_merge(tmp_path, wheelhouse, name):
+    """With SOURCE_DATE_EPOCH a rebuild writes the same bytes; ``inspect`` reads the
+    wheel; the wheel of another host (a GPU host's variant) merges with it, the
+    backend's own files kept, and the merged wheel serves here."""
+    project = tmp_path / name
+    shutil.copytree(PACKAGES / name, project)
+    env, plain = _env(tmp_path, wheelhouse)
+    for out in ("a", "b"):
+        _build(project, tmp_path / out, plain, isolated=False)
+    (a,), (b,) = (tmp_path / "a").glob("*.whl"), (tmp_path / "b").glob("*.whl")
+    assert a.read_bytes() == b.read_bytes()
+    gpu = as_another_host(b, tmp_path / "gpu")
+    shown = subprocess.run([sys.executable, "-m", "precompile_build", "inspect", str(a)], env=plain,
+                           capture_output=True, text=True, check=True).stdout
+    assert f"{name}/_precompiled/manifest.json (package {name})" in shown and "this host: matches" in shown
+    subprocess.run([sys.executable, "-m", "precompile_build", "merge", str(a), str(gpu), "-o",
+                    str(tmp_path / "merged")], env=plain, capture_output=True, text=True, check=True)
+    (merged,) = (tmp_path / "merged").glob("*.whl")
+    check_record(merged)
+    own = [n for n in wheel_names(a) if "_precompiled" not in n and ".dist-info/" not in n]
+    assert own == [n for n in wheel_names(merged) if "_precompiled" not in n and ".dist-info/" not in n]
+    assert [v["fingerprint"]["device_type"] for v in manifest_of(merged)["targets"]["mlp"]["variants"]] == [
+        "cpu", "cuda"]
+    (runtime,) = wheelhouse.glob("precompile_runtime-*.whl")
+    assert _serve(tmp_path, env, name, [merged, runtime]) == ["served", "False"]
