@@ -15,13 +15,20 @@
 #   3. PTX for M.m or any lower capability that is not architecture-specific, the
 #      highest: the driver JIT-compiles it at load, which is a compile (PTX);
 #   4. nothing.
+# (Annotations are quoted: a source half runs on Python 3.9 too, and this file, copied
+# into its middle, can have no `from __future__` import.)
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from collections.abc import Iterable, Mapping
+    from typing import Any
 
 _BINARY_EXACT, _BINARY_LOWER_MINOR, _BINARY_PTX = 0, 1, 2
 _FORCE_PTX_ENV = "PRECOMPILE_TEST_FORCE_PTX"
 _DIGITS = "0123456789"
 
 
-def _binary_parse(name):
+def _binary_parse(name: "object") -> "tuple[int, int, bool, bool] | None":
     """``"sm_86"`` -> ``(8, 6, False, False)``: (major, minor, architecture-specific,
     PTX); ``"compute_80"`` -> ``(8, 0, False, True)``; ``"sm_100a"`` -> ``(10, 0,
     True, False)``. None for anything else (other forms, non-strings)."""
@@ -36,7 +43,7 @@ def _binary_parse(name):
     return cc // 10, cc % 10, specific, kind == "compute"
 
 
-def _binary_serves(name, host):
+def _binary_serves(name: "object", host: "tuple[int, int] | list[int]") -> "int | None":
     """How the binary ``name`` serves a device of capability ``host`` (``(major,
     minor)``): _BINARY_EXACT, _BINARY_LOWER_MINOR or _BINARY_PTX (the order above), or
     None when it cannot run there."""
@@ -53,14 +60,15 @@ def _binary_serves(name, host):
     return None
 
 
-def _binary_force_ptx(environ):
+def _binary_force_ptx(environ: "Mapping[str, str]") -> bool:
     """Whether ``environ`` (a mapping such as os.environ) has the tests-only switch
     ``PRECOMPILE_TEST_FORCE_PTX=1``: PTX first wherever it can run, so that a GPU test
     can check the PTX path on a GPU that has its cubin."""
     return str(environ.get(_FORCE_PTX_ENV, "")).strip() == "1"
 
 
-def _binary_best(names, host, force_ptx=False):
+def _binary_best(names: "Iterable[object]", host: "tuple[int, int] | list[int]",
+                 force_ptx: bool = False) -> "str | None":
     """The name among ``names`` a device of capability ``host`` runs (the order above;
     with ``force_ptx``, PTX first), or None when none runs there."""
     ranked = []
@@ -70,12 +78,14 @@ def _binary_best(names, host, force_ptx=False):
             continue
         if force_ptx and kind == _BINARY_PTX:
             kind = -1
-        major, minor = _binary_parse(name)[:2]
-        ranked.append((kind, -major, -minor, name))
+        parsed = _binary_parse(name)
+        assert parsed is not None  # (served: it parses)
+        ranked.append((kind, -parsed[0], -parsed[1], str(name)))
     return min(ranked)[3] if ranked else None
 
 
-def _binary_pick(choices, host, force_ptx=False):
+def _binary_pick(choices: "list[dict[str, Any]]", host: "tuple[int, int] | list[int]",
+                 force_ptx: bool = False) -> "dict[str, Any] | None":
     """The kernel binary to load on a device of capability ``host``: one of
     ``choices`` (a kernel entry's ``archs``, each with ``sm``: its binary's name), or
     None when none runs on that device."""

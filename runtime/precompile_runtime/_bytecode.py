@@ -100,7 +100,7 @@ def shipped_bytes(data: Any, variant: Mapping[str, Any], where: str) -> bytes | 
     if not entry:
         return None
     try:
-        blob = (data / entry["path"]).read_bytes()
+        blob: bytes = (data / entry["path"]).read_bytes()
     except (OSError, KeyError):
         return None
     digest = _envelope.sha256_hex(blob)

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterable
-from typing import Optional
+from typing import Any, Optional
 
 from . import _arch_rules as _rules
 from .errors import PtxJitWarning  # noqa: F401  (raised here; exported by the package)
@@ -59,7 +59,7 @@ def best(names: Iterable[str], host: tuple[int, int]) -> Optional[str]:
     return _rules._binary_best(names, host, _rules._binary_force_ptx(os.environ))
 
 
-def pick(choices: list[dict], host: tuple[int, int]) -> Optional[dict]:
+def pick(choices: list[dict[str, Any]], host: tuple[int, int]) -> Optional[dict[str, Any]]:
     """The kernel binary to load on a device of capability ``host``.
 
     Args:
@@ -71,7 +71,7 @@ def pick(choices: list[dict], host: tuple[int, int]) -> Optional[dict]:
     return _rules._binary_pick(choices, host, _rules._binary_force_ptx(os.environ))
 
 
-def variant_kind(fp: dict, host_cc: Optional[str]) -> Optional[int]:
+def variant_kind(fp: dict[str, Any], host_cc: Optional[str]) -> Optional[int]:
     """How a multi-architecture variant serves the host (EXACT, LOWER_MINOR, PTX) or
     None when it cannot; for a variant without ``cuda_binaries``: EXACT when its
     ``compute_capability`` equals the host's, else None."""
@@ -83,14 +83,14 @@ def variant_kind(fp: dict, host_cc: Optional[str]) -> Optional[int]:
     return serves(chosen, host) if chosen is not None else None
 
 
-def rank(fp: dict, host_cc: Optional[str]) -> tuple:
+def rank(fp: dict[str, Any], host_cc: Optional[str]) -> tuple[bool, int]:
     """Sort key among matching variants (lowest wins): tuned on this host's
     architecture, then :func:`variant_kind`."""
     kind = variant_kind(fp, host_cc)
     return (fp.get("compute_capability") != host_cc, 9 if kind is None else kind)
 
 
-def mismatch(fp: dict, host_cc: Optional[str]) -> Optional[str]:
+def mismatch(fp: dict[str, Any], host_cc: Optional[str]) -> Optional[str]:
     """Why a variant's GPU binaries cannot run on a host of capability ``host_cc``
     (a ``"compute_capability: ..."`` line of the loader's mismatch report), or None."""
     if variant_kind(fp, host_cc) is not None:
@@ -102,11 +102,11 @@ def mismatch(fp: dict, host_cc: Optional[str]) -> Optional[str]:
             f"{fp.get('compute_capability')}), none of which runs on this host's {host_cc!r}")
 
 
-def best_variant(matches: list[dict], host_cc: Optional[str]) -> dict:
+def best_variant(matches: list[dict[str, Any]], host_cc: Optional[str]) -> dict[str, Any]:
     """The variant to load among those whose fingerprint matches this host: a CUDA
     one over a CPU one (a GPU host serves on its GPU), then :func:`rank`, then the
     manifest's order."""
-    def key(item):
+    def key(item: tuple[int, dict[str, Any]]) -> tuple[bool, tuple[Any, ...], int]:
         i, v = item
         cuda = (v.get("device") or v["fingerprint"].get("device_type") or "cpu") == "cuda"
         return (not cuda, rank(v["fingerprint"], host_cc) if cuda else (), i)
@@ -114,7 +114,7 @@ def best_variant(matches: list[dict], host_cc: Optional[str]) -> dict:
     return min(enumerate(matches), key=key)[1]
 
 
-def check_jit_at_load(ctx: str, variant: dict, host_cc: Optional[str], strict: bool) -> None:
+def check_jit_at_load(ctx: str, variant: dict[str, Any], host_cc: Optional[str], strict: bool) -> None:
     """Refuse or warn when ``variant`` serves this GPU through PTX only, a driver
     JIT compile at load.
 

@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 
 class PrecompileLoadError(RuntimeError):
     """Loading a packaged artifact failed; the message names the package, the target
@@ -23,11 +25,12 @@ class PrecompileLoadError(RuntimeError):
         super().__init__(": ".join(p for p in (context, where, finding) if p)
                          + (f"; {advice}" if advice else ""))
 
-    def __reduce__(self):  # pickle keeps the fields
+    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:  # pickle keeps the fields
         return _rebuild, (type(self), self.finding, self.context, self.where, self.advice)
 
 
-def _rebuild(cls, finding, context, where, advice):
+def _rebuild(cls: type[PrecompileLoadError], finding: str, context: str | None, where: str | None,
+             advice: str | None) -> PrecompileLoadError:
     return cls(finding, context=context, where=where, advice=advice)
 
 

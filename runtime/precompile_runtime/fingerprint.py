@@ -135,7 +135,7 @@ def cpu_flags() -> set[str]:
 
 
 @functools.lru_cache(maxsize=4)
-def _read_flags(path: str) -> frozenset:
+def _read_flags(path: str) -> frozenset[str]:
     try:
         with open(path, encoding="ascii", errors="replace") as f:
             for line in f:

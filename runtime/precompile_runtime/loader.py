@@ -90,7 +90,7 @@ class _Loaded:
 # --------------------------------------------------------------------------- API
 
 
-def _type_name(value) -> str:
+def _type_name(value: object) -> str:
     """``int``, ``numpy.bool`` (not plain ``bool``, which would read as the type asked for)."""
     t = type(value)
     return t.__name__ if t.__module__ == "builtins" else f"{t.__module__.split('.')[0]}.{t.__qualname__}"

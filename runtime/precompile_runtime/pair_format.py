@@ -87,7 +87,7 @@ class InputsSpec(TypedDict):
 
     spec: str
     """``torch.utils._pytree.treespec_dumps`` of ``(args, kwargs)``."""
-    leaves: list[list]
+    leaves: list[list[Any]]
     """One leaf kind per pytree leaf (see the module docstring)."""
     types: list[list[str]]
     """``[kind, "module:qualname", serialized name]`` of each type the driver imports (and
@@ -107,7 +107,7 @@ class OutputsSpec(TypedDict):
 
     spec: str
     """``treespec_dumps`` of the result."""
-    leaves: list[list]
+    leaves: list[list[Any]]
     """One result leaf kind per leaf (see the module docstring)."""
     types: list[list[str]]
     """As :attr:`InputsSpec.types`."""
@@ -196,12 +196,12 @@ class AssumedState(TypedDict):
     checked per call by the source half's templates/assumed_state.py. Values are
     ``[kind, value]``: ``"="`` a literal, ``"set"`` a set as a sorted list."""
 
-    reads: list[list]
+    reads: list[list[Any]]
     """``[model arg, submodule path, [attribute chain], [[attribute, kind, value], ...]]``
     per object whose instance attributes the trace read."""
-    hooks: dict[str, list[list]]
+    hooks: dict[str, list[list[Any]]]
     """``{"modules": [[model arg, path, kind, [hook names]]], "global": [[kind, [names]]]}``."""
-    globals: list[list]
+    globals: list[list[Any]]
     """``[module, name, kind, value]`` of module-level values the reached code read."""
 
 

@@ -84,13 +84,14 @@ class Route:
                         self._pair, self.reason = None, str(e)
                         warnings.warn(f"{self._what()} runs its own Python on this host: {e}",
                                       RoutedFallbackWarning, stacklevel=4)
-        return self._pair
+        pair: Optional[Callable[..., Any]] = self._pair  # (loaded by now: a pair or None)
+        return pair
 
     def _what(self) -> str:
         return (f"{getattr(self.fn, '__qualname__', self.fn)!s} (packaged target "
                 f"{self.name!r} of {self.package!r})")
 
-    def __call__(self, args: tuple, kwargs: dict) -> Any:
+    def __call__(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         if _own_python_only():
             return self.fn(*args, **kwargs)
         pair = self.pair()
