@@ -184,3 +184,11 @@ def test_the_command_writes_checks_and_refuses(tmp_path, capsys):
     assert schema_snapshot.main([str(path)]) == 1
     assert "PairMetadata.gone (optional, str) removed or renamed" in capsys.readouterr().err
     assert path.read_text() == schema_snapshot.dumps(older)  # left as it was
+
+
+def test_a_bare_generic_and_its_any_spelling_are_one_schema():
+    """``list`` and ``list[Any]`` (what ``mypy --strict`` asks for) are the same type:
+    spelling one as the other is no change, while a real argument is."""
+    assert schema_snapshot.type_text(list[list[Any]], {}) == schema_snapshot.type_text(list[list], {}) == "list[list]"
+    assert schema_snapshot.type_text(dict[str, list[Any]], {}) == "dict[str, list]"
+    assert schema_snapshot.type_text(list[list[int]], {}) == "list[list[int]]"

@@ -84,9 +84,11 @@ def type_text(tp: Any, found: dict[str, type]) -> str:
             return f"Optional[{members[0]}]" if len(members) == 1 else f"Union[{', '.join(members)}, None]"
         return f"Union[{', '.join(members)}]"
     if origin is not None:
-        args = ", ".join(type_text(a, found) for a in get_args(tp))
+        texts = [type_text(a, found) for a in get_args(tp)]
         name = getattr(origin, "__name__", str(origin))
-        return f"{name}[{args}]" if args else name
+        if all(t == "Any" for t in texts) and not (name == "tuple" and len(texts) == 1):
+            texts = []  # list[Any] is the bare list: the same schema, however it is spelled
+        return f"{name}[{', '.join(texts)}]" if texts else name
     if isinstance(tp, type):
         return tp.__name__
     raise TypeError(f"no schema text for the type {tp!r}")
