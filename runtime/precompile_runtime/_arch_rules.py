@@ -37,7 +37,11 @@ def _binary_parse(name: "object") -> "tuple[int, int, bool, bool] | None":
     kind, _, rest = name.partition("_")
     specific = rest.endswith("a")
     digits = rest[:-1] if specific else rest
-    if kind not in ("sm", "compute") or not 2 <= len(digits) <= 3 or any(c not in _DIGITS for c in digits):
+    if (
+        kind not in ("sm", "compute")
+        or not 2 <= len(digits) <= 3
+        or any(c not in _DIGITS for c in digits)
+    ):
         return None
     cc = int(digits)
     return cc // 10, cc % 10, specific, kind == "compute"
@@ -67,8 +71,9 @@ def _binary_force_ptx(environ: "Mapping[str, str]") -> bool:
     return str(environ.get(_FORCE_PTX_ENV, "")).strip() == "1"
 
 
-def _binary_best(names: "Iterable[object]", host: "tuple[int, int] | list[int]",
-                 force_ptx: bool = False) -> "str | None":
+def _binary_best(
+    names: "Iterable[object]", host: "tuple[int, int] | list[int]", force_ptx: bool = False
+) -> "str | None":
     """The name among ``names`` a device of capability ``host`` runs (the order above;
     with ``force_ptx``, PTX first), or None when none runs there."""
     ranked = []
@@ -84,8 +89,9 @@ def _binary_best(names: "Iterable[object]", host: "tuple[int, int] | list[int]",
     return min(ranked)[3] if ranked else None
 
 
-def _binary_pick(choices: "list[dict[str, Any]]", host: "tuple[int, int] | list[int]",
-                 force_ptx: bool = False) -> "dict[str, Any] | None":
+def _binary_pick(
+    choices: "list[dict[str, Any]]", host: "tuple[int, int] | list[int]", force_ptx: bool = False
+) -> "dict[str, Any] | None":
     """The kernel binary to load on a device of capability ``host``: one of
     ``choices`` (a kernel entry's ``archs``, each with ``sm``: its binary's name), or
     None when none runs on that device."""

@@ -45,7 +45,9 @@ from . import envelope as _envelope
 from .errors import IntegrityError
 
 
-def source_code(path: Any, source: bytes, filename: str, shipped: bytes | None = None) -> types.CodeType:
+def source_code(
+    path: Any, source: bytes, filename: str, shipped: bytes | None = None
+) -> types.CodeType:
     """The code object of ``source`` (the bytes of the file at ``path``).
 
     Args:
@@ -107,8 +109,11 @@ def shipped_bytes(data: Any, variant: Mapping[str, Any], where: str) -> bytes | 
     if len(blob) != entry["size"] or digest != entry["sha256"]:
         raise IntegrityError(
             f"sha256 check failed: the manifest says {entry['size']} bytes with sha256 {entry['sha256']}, "
-            f"the file has {len(blob)} bytes with {digest}", advice="the file was modified, reinstall the package",
-            context=where, where=f"_precompiled/{entry['path']}")
+            f"the file has {len(blob)} bytes with {digest}",
+            advice="the file was modified, reinstall the package",
+            context=where,
+            where=f"_precompiled/{entry['path']}",
+        )
     return blob
 
 
@@ -125,8 +130,14 @@ def _installed_bytecode(path: Any, source: bytes, shipped: bytes | None) -> type
         pyc = None  # a shared PYTHONPYCACHEPREFIX: a pyc another user could have written
     code = _pip_bytecode(file, pyc, source) if pyc else None
     if code is None and shipped is not None:
-        data = shipped if len(shipped) >= 16 and shipped[:4] == importlib.util.MAGIC_NUMBER else None
-        if data is not None and _flags(data) in (0b01, 0b11) and data[8:16] == importlib.util.source_hash(source):
+        data = (
+            shipped if len(shipped) >= 16 and shipped[:4] == importlib.util.MAGIC_NUMBER else None
+        )
+        if (
+            data is not None
+            and _flags(data) in (0b01, 0b11)
+            and data[8:16] == importlib.util.source_hash(source)
+        ):
             code = _code(data)
     return code
 
@@ -176,11 +187,14 @@ def _pip_bytecode(file: str, pyc: str, source: bytes) -> types.CodeType | None:
             return None
     elif flags != 0:  # bits Python's import does not know
         return None
-    elif (int.from_bytes(data[8:12], "little") != int(stat.st_mtime) & 0xFFFFFFFF
-          or int.from_bytes(data[12:16], "little") != len(source) & 0xFFFFFFFF
-          or stat.st_size != len(source) or not _holds(file, source)
-          # written after its pyc (within the header's second): not what was compiled
-          or stat.st_mtime_ns > pyc_stat.st_mtime_ns):
+    elif (
+        int.from_bytes(data[8:12], "little") != int(stat.st_mtime) & 0xFFFFFFFF
+        or int.from_bytes(data[12:16], "little") != len(source) & 0xFFFFFFFF
+        or stat.st_size != len(source)
+        or not _holds(file, source)
+        # written after its pyc (within the header's second): not what was compiled
+        or stat.st_mtime_ns > pyc_stat.st_mtime_ns
+    ):
         return None
     return _code(data)
 

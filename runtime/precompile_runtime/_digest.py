@@ -27,10 +27,17 @@ def package_files(package_dir: str | os.PathLike[str]) -> dict[str, str]:
     files = []
     for base, dirs, names in os.walk(package_dir):
         rel_base = Path(base).relative_to(package_dir)
-        dirs[:] = sorted(d for d in dirs if d not in _SKIP_DIRS
-                         and not (rel_base == Path(".") and d == "_precompiled"))
+        dirs[:] = sorted(
+            d
+            for d in dirs
+            if d not in _SKIP_DIRS and not (rel_base == Path(".") and d == "_precompiled")
+        )
         files += [(rel_base / n).as_posix() for n in names if not n.endswith(".pyc")]
-    return {rel: sha256_file(package_dir / rel) for rel in sorted(files) if (package_dir / rel).is_file()}
+    return {
+        rel: sha256_file(package_dir / rel)
+        for rel in sorted(files)
+        if (package_dir / rel).is_file()
+    }
 
 
 def digest_of(files: dict[str, str]) -> str:

@@ -85,11 +85,15 @@ def check(package: str, installed: tuple[str, str], *, record: bool = False) -> 
         first = _first.setdefault(package, installed) if record else _first.get(package, installed)
     if first[1] == installed[1]:
         return
-    where = (f"at {first[0]}" if first[0] == installed[0]
-             else f"at {first[0]}, now another install at {installed[0]}")
+    where = (
+        f"at {first[0]}"
+        if first[0] == installed[0]
+        else f"at {first[0]}, now another install at {installed[0]}"
+    )
     raise PackageChangedError(
         f"package {package!r}: its installed precompiled files changed since this process "
         f"loaded from them (manifest sha256 {first[1][:16]}…, now {installed[1][:16]}…, {where}: "
         "an upgrade or reinstall in place, or the package imported from another install). "
         "Targets loaded before keep serving the old version; loading from the new one would "
-        "serve two versions in one process. Restart the process to serve the new version")
+        "serve two versions in one process. Restart the process to serve the new version"
+    )

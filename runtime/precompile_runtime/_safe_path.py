@@ -39,14 +39,18 @@ def problem(path: str) -> tuple[str, str] | None:
     while True:
         st = os.stat(head)
         if st.st_uid not in (uid, 0):
-            return (f"{head}, a folder above {real}, is owned by uid {st.st_uid}, neither you "
-                    f"(uid {uid}) nor root, and its owner can replace what it holds",
-                    "use a directory whose parent folders only you or root own")
+            return (
+                f"{head}, a folder above {real}, is owned by uid {st.st_uid}, neither you "
+                f"(uid {uid}) nor root, and its owner can replace what it holds",
+                "use a directory whose parent folders only you or root own",
+            )
         if st.st_mode & 0o022 and not st.st_mode & stat.S_ISVTX:
-            return (f"{head}, a folder above {real}, is writable by "
-                    f"{_who(st.st_mode)} (mode {oct(stat.S_IMODE(st.st_mode))}) without the "
-                    "sticky bit, so they can replace what it holds",
-                    f"run `chmod go-w {head}`, or use a directory elsewhere")
+            return (
+                f"{head}, a folder above {real}, is writable by "
+                f"{_who(st.st_mode)} (mode {oct(stat.S_IMODE(st.st_mode))}) without the "
+                "sticky bit, so they can replace what it holds",
+                f"run `chmod go-w {head}`, or use a directory elsewhere",
+            )
         parent = os.path.dirname(head)
         if parent == head:
             return None
@@ -63,11 +67,15 @@ def leaf_problem(path: str, st: os.stat_result, uid: int | None = None) -> tuple
     if stat.S_ISLNK(st.st_mode):
         return (f"{path} is a symbolic link (to {_target(path)})", f"remove it: `rm {path}`")
     if st.st_uid != uid:
-        return (f"{path} is owned by uid {st.st_uid}, not by you (uid {uid})",
-                f"remove it (`rm -rf {path}`), or use a directory you own")
+        return (
+            f"{path} is owned by uid {st.st_uid}, not by you (uid {uid})",
+            f"remove it (`rm -rf {path}`), or use a directory you own",
+        )
     if st.st_mode & 0o022:
-        return (f"{path} is writable by {_who(st.st_mode)} "
-                f"(mode {oct(stat.S_IMODE(st.st_mode))})", f"run `chmod go-w {path}`")
+        return (
+            f"{path} is writable by {_who(st.st_mode)} (mode {oct(stat.S_IMODE(st.st_mode))})",
+            f"run `chmod go-w {path}`",
+        )
     return None
 
 

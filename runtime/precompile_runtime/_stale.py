@@ -34,9 +34,11 @@ def stale_text(ctx: str, doc: dict[str, Any]) -> str | None:
         return None  # the source tree is gone: nothing to compare with
     if now == info.get("package_sha256"):
         return None
-    return (f"{ctx}: the package source in {info['package_dir']} changed since the "
-            "editable build (`pip install -e`) captured this target, so its pair (kernels "
-            "and captured graph) computes what the old code did and is not used")
+    return (
+        f"{ctx}: the package source in {info['package_dir']} changed since the "
+        "editable build (`pip install -e`) captured this target, so its pair (kernels "
+        "and captured graph) computes what the old code did and is not used"
+    )
 
 
 def recorded_function(cache: bytes) -> dict[str, str] | None:
@@ -71,7 +73,8 @@ def current_code(stale: str, cache: bytes) -> tuple[Callable[..., Any], str]:
         raise StaleArtifactError(
             f"{stale}; the captured function has no importable name (a lambda, a nested "
             "function or one defined in the capture script), so its current code cannot "
-            f"be called in its place. {REINSTALL}")
+            f"be called in its place. {REINSTALL}"
+        )
     name = f"{ref['module']}.{ref['qualname']}"
     try:
         obj: Any = importlib.import_module(ref["module"])
@@ -80,8 +83,10 @@ def current_code(stale: str, cache: bytes) -> tuple[Callable[..., Any], str]:
     except Exception as e:
         raise StaleArtifactError(
             f"{stale}; the captured function {name} does not import any more "
-            f"({type(e).__name__}: {e}). {REINSTALL}") from e
+            f"({type(e).__name__}: {e}). {REINSTALL}"
+        ) from e
     if not callable(obj):
         raise StaleArtifactError(f"{stale}; {name} is no longer callable. {REINSTALL}")
-    return obj, (f"{stale}; calling the current {name} eagerly instead (no precompiled "
-                 f"kernels). {REINSTALL}")
+    return obj, (
+        f"{stale}; calling the current {name} eagerly instead (no precompiled kernels). {REINSTALL}"
+    )

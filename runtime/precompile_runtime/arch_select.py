@@ -43,7 +43,6 @@ parse = _rules._binary_parse
 serves = _rules._binary_serves
 
 
-
 def capability(text: Optional[str]) -> Optional[tuple[int, int]]:
     """``"8.6"`` -> ``(8, 6)``; None for None or a malformed value."""
     try:
@@ -98,14 +97,17 @@ def mismatch(fp: dict[str, Any], host_cc: Optional[str]) -> Optional[str]:
     names = (fp.get("cuda_binaries") or "").split()
     if not names:
         return f"compute_capability: built for {fp.get('compute_capability')!r}, this host has {host_cc!r}"
-    return (f"compute_capability: built for {' '.join(names)} (tuned on "
-            f"{fp.get('compute_capability')}), none of which runs on this host's {host_cc!r}")
+    return (
+        f"compute_capability: built for {' '.join(names)} (tuned on "
+        f"{fp.get('compute_capability')}), none of which runs on this host's {host_cc!r}"
+    )
 
 
 def best_variant(matches: list[dict[str, Any]], host_cc: Optional[str]) -> dict[str, Any]:
     """The variant to load among those whose fingerprint matches this host: a CUDA
     one over a CPU one (a GPU host serves on its GPU), then :func:`rank`, then the
     manifest's order."""
+
     def key(item: tuple[int, dict[str, Any]]) -> tuple[bool, tuple[Any, ...], int]:
         i, v = item
         cuda = (v.get("device") or v["fingerprint"].get("device_type") or "cpu") == "cuda"
@@ -114,7 +116,9 @@ def best_variant(matches: list[dict[str, Any]], host_cc: Optional[str]) -> dict[
     return min(enumerate(matches), key=key)[1]
 
 
-def check_jit_at_load(ctx: str, variant: dict[str, Any], host_cc: Optional[str], strict: bool) -> None:
+def check_jit_at_load(
+    ctx: str, variant: dict[str, Any], host_cc: Optional[str], strict: bool
+) -> None:
     """Refuse or warn when ``variant`` serves this GPU through PTX only, a driver
     JIT compile at load.
 
@@ -131,11 +135,15 @@ def check_jit_at_load(ctx: str, variant: dict[str, Any], host_cc: Optional[str],
     from .errors import HostMismatchError
 
     fp = variant.get("fingerprint") or {}
-    if (variant.get("device") or fp.get("device_type")) != "cuda" or variant_kind(fp, host_cc) != PTX:
+    if (variant.get("device") or fp.get("device_type")) != "cuda" or variant_kind(
+        fp, host_cc
+    ) != PTX:
         return
-    text = (f"{ctx}: this GPU (compute capability {host_cc}) has no cubin in the variant "
-            f"built for {fp.get('cuda_binaries')}; the driver would JIT-compile its PTX at load, "
-            f"a compile. Add \"{host_cc}\" to `cuda-archs` and rebuild to ship a cubin for it")
+    text = (
+        f"{ctx}: this GPU (compute capability {host_cc}) has no cubin in the variant "
+        f"built for {fp.get('cuda_binaries')}; the driver would JIT-compile its PTX at load, "
+        f'a compile. Add "{host_cc}" to `cuda-archs` and rebuild to ship a cubin for it'
+    )
     if strict or guard_active():
         why = "strict mode" if strict else "PRECOMPILE_NO_COMPILE=1"
         raise HostMismatchError(f"{text}. Refused under {why}.")

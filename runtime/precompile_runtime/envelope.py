@@ -74,7 +74,9 @@ def is_envelope(data: bytes) -> bool:
     return data[: len(MAGIC)] == MAGIC
 
 
-def loads(data: bytes, *, what: str = "cache", check_blobs: bool = True, context: str | None = None) -> Envelope:
+def loads(
+    data: bytes, *, what: str = "cache", check_blobs: bool = True, context: str | None = None
+) -> Envelope:
     """Parse and verify an envelope.
 
     Args:
@@ -93,40 +95,59 @@ def loads(data: bytes, *, what: str = "cache", check_blobs: bool = True, context
             a newer version than this runtime reads, or a blob whose size/sha256 differs.
     """
     if not is_envelope(data):
-        raise IntegrityError("not a precompile-build cache (bad magic bytes)", where=what, context=context)
+        raise IntegrityError(
+            "not a precompile-build cache (bad magic bytes)", where=what, context=context
+        )
     if len(data) < len(MAGIC) + 4:
         raise IntegrityError("truncated before its header", where=what, context=context)
     (hlen,) = struct.unpack_from("<I", data, len(MAGIC))
     start = len(MAGIC) + 4
     if hlen > _MAX_HEADER or start + hlen > len(data):
-        raise IntegrityError(f"truncated or corrupt header (length {hlen})", where=what, context=context)
+        raise IntegrityError(
+            f"truncated or corrupt header (length {hlen})", where=what, context=context
+        )
     try:
         header = json.loads(data[start : start + hlen].decode())
     except (UnicodeDecodeError, ValueError, RecursionError) as e:
-        raise IntegrityError(f"header is not valid JSON ({type(e).__name__})", where=what, context=context) from None
+        raise IntegrityError(
+            f"header is not valid JSON ({type(e).__name__})", where=what, context=context
+        ) from None
     if not isinstance(header, dict) or header.get("format") != FORMAT:
         raise IntegrityError(f"header format is not {FORMAT!r}", where=what, context=context)
     version = header.get("version")
     if not isinstance(version, int) or isinstance(version, bool) or version < 1:
-        raise IntegrityError(f"header version {version!r} is not a format version", where=what, context=context)
+        raise IntegrityError(
+            f"header version {version!r} is not a format version", where=what, context=context
+        )
     if version > VERSION:
-        raise IntegrityError(f"cache format version {version!r} is newer than this runtime reads ({VERSION})",
-                             advice="upgrade precompile-runtime", where=what, context=context)
+        raise IntegrityError(
+            f"cache format version {version!r} is newer than this runtime reads ({VERSION})",
+            advice="upgrade precompile-runtime",
+            where=what,
+            context=context,
+        )
     if set(header) != _HEADER_KEYS:
-        raise IntegrityError(f"header keys {sorted(header)} differ from {sorted(_HEADER_KEYS)}",
-                             where=what, context=context)
+        raise IntegrityError(
+            f"header keys {sorted(header)} differ from {sorted(_HEADER_KEYS)}",
+            where=what,
+            context=context,
+        )
     blobs: dict[str, bytes] = {}
     pos = start + hlen
     try:
         for entry in header["blobs"]:
             name, size, digest = entry["name"], entry["size"], entry["sha256"]
             if not isinstance(size, int) or isinstance(size, bool) or size < 0:
-                raise IntegrityError(f"blob {name!r} has a bad size {size!r}", where=what, context=context)
+                raise IntegrityError(
+                    f"blob {name!r} has a bad size {size!r}", where=what, context=context
+                )
             chunk = data[pos : pos + size]
             if len(chunk) != size:
                 raise IntegrityError(f"truncated in blob {name!r}", where=what, context=context)
             if check_blobs and sha256_hex(chunk) != digest:
-                raise IntegrityError(f"blob {name!r} fails its sha256 check", where=what, context=context)
+                raise IntegrityError(
+                    f"blob {name!r} fails its sha256 check", where=what, context=context
+                )
             blobs[name] = chunk
             pos += size
         env = Envelope(
@@ -137,9 +158,13 @@ def loads(data: bytes, *, what: str = "cache", check_blobs: bool = True, context
             blobs=blobs,
         )
     except (KeyError, TypeError, ValueError) as e:
-        raise IntegrityError(f"malformed header ({type(e).__name__}: {e})", where=what, context=context) from None
+        raise IntegrityError(
+            f"malformed header ({type(e).__name__}: {e})", where=what, context=context
+        ) from None
     if pos != len(data):
-        raise IntegrityError(f"{len(data) - pos} trailing bytes after the last blob", where=what, context=context)
+        raise IntegrityError(
+            f"{len(data) - pos} trailing bytes after the last blob", where=what, context=context
+        )
     return env
 
 

@@ -19,18 +19,30 @@ class PrecompileLoadError(RuntimeError):
     catches one reads the fields, never the text.
     """
 
-    def __init__(self, finding: str = "", *, context: str | None = None, where: str | None = None,
-                 advice: str | None = None) -> None:
+    def __init__(
+        self,
+        finding: str = "",
+        *,
+        context: str | None = None,
+        where: str | None = None,
+        advice: str | None = None,
+    ) -> None:
         self.finding, self.context, self.where, self.advice = finding, context, where, advice
-        super().__init__(": ".join(p for p in (context, where, finding) if p)
-                         + (f"; {advice}" if advice else ""))
+        super().__init__(
+            ": ".join(p for p in (context, where, finding) if p) + (f"; {advice}" if advice else "")
+        )
 
     def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:  # pickle keeps the fields
         return _rebuild, (type(self), self.finding, self.context, self.where, self.advice)
 
 
-def _rebuild(cls: type[PrecompileLoadError], finding: str, context: str | None, where: str | None,
-             advice: str | None) -> PrecompileLoadError:
+def _rebuild(
+    cls: type[PrecompileLoadError],
+    finding: str,
+    context: str | None,
+    where: str | None,
+    advice: str | None,
+) -> PrecompileLoadError:
     return cls(finding, context=context, where=where, advice=advice)
 
 

@@ -61,13 +61,54 @@ ISA_REQUIRES = {
     "amx_tile": ("amx_tile", "amx_bf16", "amx_int8"),
     "x86-64": (),
     "x86-64-v2": ("cx16", "lahf_lm", "popcnt", "pni", "sse4_1", "sse4_2", "ssse3"),
-    "x86-64-v3": ("cx16", "lahf_lm", "popcnt", "pni", "sse4_1", "sse4_2", "ssse3",
-                  "avx", "avx2", "bmi1", "bmi2", "f16c", "fma", "abm", "movbe", "xsave"),
-    "x86-64-v4": ("cx16", "lahf_lm", "popcnt", "pni", "sse4_1", "sse4_2", "ssse3",
-                  "avx", "avx2", "bmi1", "bmi2", "f16c", "fma", "abm", "movbe", "xsave",
-                  "avx512f", "avx512bw", "avx512cd", "avx512dq", "avx512vl"),
+    "x86-64-v3": (
+        "cx16",
+        "lahf_lm",
+        "popcnt",
+        "pni",
+        "sse4_1",
+        "sse4_2",
+        "ssse3",
+        "avx",
+        "avx2",
+        "bmi1",
+        "bmi2",
+        "f16c",
+        "fma",
+        "abm",
+        "movbe",
+        "xsave",
+    ),
+    "x86-64-v4": (
+        "cx16",
+        "lahf_lm",
+        "popcnt",
+        "pni",
+        "sse4_1",
+        "sse4_2",
+        "ssse3",
+        "avx",
+        "avx2",
+        "bmi1",
+        "bmi2",
+        "f16c",
+        "fma",
+        "abm",
+        "movbe",
+        "xsave",
+        "avx512f",
+        "avx512bw",
+        "avx512cd",
+        "avx512dq",
+        "avx512vl",
+    ),
     # the platform field already ties these to their architecture
-    "none": (), "default": (), "invalid_vec_isa": (), "asimd": (), "vsx": (), "zvector": (),
+    "none": (),
+    "default": (),
+    "invalid_vec_isa": (),
+    "asimd": (),
+    "vsx": (),
+    "zvector": (),
 }
 CPUINFO_ENV = "PRECOMPILE_CPUINFO"
 """Read CPU flags from this file instead of ``/proc/cpuinfo`` (same format); for
@@ -167,8 +208,10 @@ def isa_mismatch(cpu_isa: str | None, flags: set[str] | None = None) -> str | No
         return None
     flags = cpu_flags() if flags is None else flags
     if not flags:
-        return (f"cpu_isa: built for {cpu_isa!r}, and this host's CPU flags cannot be read "
-                "(/proc/cpuinfo) to check it")
+        return (
+            f"cpu_isa: built for {cpu_isa!r}, and this host's CPU flags cannot be read "
+            "(/proc/cpuinfo) to check it"
+        )
     missing = [f for f in needed if f not in flags]
     if missing:
         return f"cpu_isa: built for {cpu_isa!r}, this CPU lacks {', '.join(missing)}"

@@ -39,7 +39,9 @@ except ImportError:  # pragma: no cover - not POSIX: folders of crashed processe
 
 CACHE_ENV = "PRECOMPILE_CACHE_DIR"
 RUN_PREFIX = ".run-"
-_private_dirs: list[tuple[int, str]] = []  # (pid that made it, folder): removed at that process's exit
+_private_dirs: list[
+    tuple[int, str]
+] = []  # (pid that made it, folder): removed at that process's exit
 _runs: dict[str, tuple[str, int]] = {}  # real cache dir -> (this process's folder, its locked fd)
 _mutex = threading.Lock()
 
@@ -67,7 +69,9 @@ def _check_blob_name(ctx: str, name: str) -> list[str]:
     ):
         raise IntegrityError(
             f"cache blob name {name!r} check failed: it must be a relative path "
-            "without '..' (path traversal refused)", context=ctx)
+            "without '..' (path traversal refused)",
+            context=ctx,
+        )
     return parts
 
 
@@ -116,7 +120,10 @@ def unpack(ctx: str, code_hash: str, env: _envelope.Envelope) -> str:
             "change it could replace the kernels this process runs, so they were written "
             "into a private temp directory of this process instead (removed at exit, not "
             f"reused by other processes). To use it: {fix}; or set {CACHE_ENV} to a "
-            "directory only you can write (docs/security.md)", CacheSecurityWarning, stacklevel=4)
+            "directory only you can write (docs/security.md)",
+            CacheSecurityWarning,
+            stacklevel=4,
+        )
     except OSError as e:
         first = e
     return _private_temp(ctx, root, code_hash, env, names, first)
@@ -161,7 +168,9 @@ def _warn_foreign_entry(ctx: str, real: str, code_hash: str) -> None:
             "loads kernels only from the private folder of this process, written from the "
             "wheel's verified bytes; an entry that someone else could have written is a sign "
             f"that someone did. To clear this warning: {found[1]}",
-            CacheSecurityWarning, stacklevel=5)
+            CacheSecurityWarning,
+            stacklevel=5,
+        )
 
 
 def _run_folder(real: str) -> str:
@@ -177,7 +186,7 @@ def _run_folder(real: str) -> str:
         try:
             if _fcntl is not None:
                 _fcntl.flock(fd, _fcntl.LOCK_EX)  # held until this process ends
-            run = os.path.join(real, os.path.basename(tmp)[len(".tmp"):])
+            run = os.path.join(real, os.path.basename(tmp)[len(".tmp") :])
             os.rename(tmp, run)  # (a sweep takes only .run- folders: this one is locked now)
         except OSError:
             os.close(fd)
@@ -204,7 +213,9 @@ def _sweep(real: str) -> None:
             st = os.lstat(path)
             if not stat.S_ISDIR(st.st_mode) or st.st_uid != uid:
                 continue
-            fd = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | getattr(os, "O_NOFOLLOW", 0))
+            fd = os.open(
+                path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | getattr(os, "O_NOFOLLOW", 0)
+            )
         except OSError:
             continue
         try:
@@ -229,8 +240,14 @@ def _drop_run_if_empty(real: str) -> None:
         del _runs[real]
 
 
-def _private_temp(ctx: str, root: str, code_hash: str, env: _envelope.Envelope,
-                  names: dict[str, list[str]], first: OSError | None) -> str:
+def _private_temp(
+    ctx: str,
+    root: str,
+    code_hash: str,
+    env: _envelope.Envelope,
+    names: dict[str, list[str]],
+    first: OSError | None,
+) -> str:
     """The blobs in a private temp folder of this process (removed at exit)."""
     try:
         private = tempfile.mkdtemp(prefix="precompile-runtime-")
@@ -239,19 +256,25 @@ def _private_temp(ctx: str, root: str, code_hash: str, env: _envelope.Envelope,
         if found is not None:
             raise PrecompileLoadError(
                 f"cannot unpack the precompiled kernels: the private temp directory {private} "
-                f"could be changed by another user: {found[0]}", context=ctx,
-                advice=f"set TMPDIR, or {CACHE_ENV}, to a directory only you can write ({found[1]})")
+                f"could be changed by another user: {found[0]}",
+                context=ctx,
+                advice=f"set TMPDIR, or {CACHE_ENV}, to a directory only you can write ({found[1]})",
+            )
         return _write_private(private, code_hash, env, names)
     except OSError as e:
         if first is None:
             raise PrecompileLoadError(
                 f"cannot unpack the precompiled kernels: the cache directory {root} is not used "
                 f"(see the CacheSecurityWarning) and a private temp directory failed ({e}); set "
-                f"{CACHE_ENV} to a writable directory only you can write", context=ctx) from None
+                f"{CACHE_ENV} to a writable directory only you can write",
+                context=ctx,
+            ) from None
         raise PrecompileLoadError(
             f"cannot unpack the precompiled kernels: the cache directory {root} "
             f"failed ({first}) and so did a private temp directory ({e}); set "
-            f"{CACHE_ENV} to a writable directory", context=ctx) from None
+            f"{CACHE_ENV} to a writable directory",
+            context=ctx,
+        ) from None
 
 
 def _write_file(path: str, data: bytes) -> None:
@@ -263,7 +286,7 @@ def _write_file(path: str, data: bytes) -> None:
     try:
         view = memoryview(data)
         while view:
-            view = view[os.write(fd, view):]
+            view = view[os.write(fd, view) :]
     finally:
         os.close(fd)
 
@@ -272,7 +295,9 @@ _O_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 _O_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
 
 
-def _write_private(folder: str, code_hash: str, env: _envelope.Envelope, names: dict[str, list[str]]) -> str:
+def _write_private(
+    folder: str, code_hash: str, env: _envelope.Envelope, names: dict[str, list[str]]
+) -> str:
     """The blobs in ``<folder>/<code_hash>/`` (a temp folder renamed into place; kept
     when this process wrote it already). ``folder`` is this process's own."""
     final = os.path.join(folder, code_hash)

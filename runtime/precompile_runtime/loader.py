@@ -76,8 +76,13 @@ _global_lock = threading.Lock()
 class _Loaded:
     __slots__ = ("value", "mismatch_text", "fallback", "refusal", "twins")
 
-    def __init__(self, value: Any, mismatch_text: str | None, fallback: str,
-                 refusal: tuple[type[PrecompileLoadError], str] | None = None) -> None:
+    def __init__(
+        self,
+        value: Any,
+        mismatch_text: str | None,
+        fallback: str,
+        refusal: tuple[type[PrecompileLoadError], str] | None = None,
+    ) -> None:
         self.value = value
         self.twins: dict[bool, Any] = {}  # cuda_graphs override -> artifact
         self.mismatch_text = mismatch_text  # set when this is a fallback for the host
@@ -93,11 +98,20 @@ class _Loaded:
 def _type_name(value: object) -> str:
     """``int``, ``numpy.bool`` (not plain ``bool``, which would read as the type asked for)."""
     t = type(value)
-    return t.__name__ if t.__module__ == "builtins" else f"{t.__module__.split('.')[0]}.{t.__qualname__}"
+    return (
+        t.__name__
+        if t.__module__ == "builtins"
+        else f"{t.__module__.split('.')[0]}.{t.__qualname__}"
+    )
 
 
-def load_packaged(name: str, *, package: str | None = None, strict: bool | None = None,
-                  cuda_graphs: bool | None = None) -> Any:
+def load_packaged(
+    name: str,
+    *,
+    package: str | None = None,
+    strict: bool | None = None,
+    cuda_graphs: bool | None = None,
+) -> Any:
     """The compiled callable of target ``name`` packaged in ``package``.
 
     Args:
@@ -184,7 +198,9 @@ def load_packaged(name: str, *, package: str | None = None, strict: bool | None 
                 _loaded[key] = done
                 if done.mismatch_text is not None:
                     warnings.warn(
-                        done.mismatch_text + " Using the slower fallback: " + done.fallback
+                        done.mismatch_text
+                        + " Using the slower fallback: "
+                        + done.fallback
                         + ". Pass strict=True or set PRECOMPILE_STRICT=1 to make this an error.",
                         HostMismatchWarning,
                         stacklevel=2,
@@ -194,7 +210,9 @@ def load_packaged(name: str, *, package: str | None = None, strict: bool | None 
         raise error(message)
     _check_cuda_graphs(package, name, done.value, cuda_graphs)
     value = _with_graphs(done, cuda_graphs)
-    if hasattr(value, "with_cuda_graphs") and "__reduce_ex__" not in vars(value):  # frozen and eager pairs
+    if hasattr(value, "with_cuda_graphs") and "__reduce_ex__" not in vars(
+        value
+    ):  # frozen and eager pairs
         value.__reduce_ex__ = lambda protocol: (_unpickled, (package, name, cuda_graphs))
     return value
 
@@ -232,14 +250,20 @@ def _check_cuda_graphs(package: str, name: str, value: Any, cuda_graphs: bool | 
     raise LoadOptionError(
         f"CUDA graphs replay the frozen kernels of CUDA inference targets, and this target {why}. "
         f"Drop cuda_graphs=True (pass None or False){fix}",
-        context=f"package {package!r}, target {name!r}", where="load_packaged(..., cuda_graphs=True)")
+        context=f"package {package!r}, target {name!r}",
+        where="load_packaged(..., cuda_graphs=True)",
+    )
 
 
 def _with_graphs(done: _Loaded, cuda_graphs: bool | None) -> Any:
     """``done.value``, or its CUDA-graph twin (made once, kept on ``done``)."""
     value = done.value
-    if (cuda_graphs is None or not getattr(value, "uses_kernels", False)
-            or not hasattr(value, "with_cuda_graphs") or value.cuda_graphs == cuda_graphs):
+    if (
+        cuda_graphs is None
+        or not getattr(value, "uses_kernels", False)
+        or not hasattr(value, "with_cuda_graphs")
+        or value.cuda_graphs == cuda_graphs
+    ):
         return value
     with _global_lock:
         twin = done.twins.get(cuda_graphs)
@@ -265,7 +289,9 @@ def _caller_package(frame: Any) -> str:
     return pkg.split(".")[0]
 
 
-def _load(package: str, name: str, strict: bool, installed: tuple[str, str] | None = None) -> _Loaded:
+def _load(
+    package: str, name: str, strict: bool, installed: tuple[str, str] | None = None
+) -> _Loaded:
     ctx = f"package {package!r}, target {name!r}"
     data = _package_data(package)
     manifest_file = data / "manifest.json"
@@ -277,19 +303,25 @@ def _load(package: str, name: str, strict: bool, installed: tuple[str, str] | No
             f"package {package!r} has no {DATA_DIR}/manifest.json in {_shown_dir(package, data)} "
             "(is this the installed package? a source checkout on sys.path shadows it): it "
             "was built without precompiled targets (or with the captures skipped)",
-            advice="rebuild the wheel with the precompile-build backend") from None
+            advice="rebuild the wheel with the precompile-build backend",
+        ) from None
     except OSError as e:
-        raise ManifestError(f"cannot read {DATA_DIR}/manifest.json ({e})", context=f"package {package!r}") from None
+        raise ManifestError(
+            f"cannot read {DATA_DIR}/manifest.json ({e})", context=f"package {package!r}"
+        ) from None
     read = _installed.of_bytes(manifest_file, raw)
     if installed is not None and read[1] != installed[1]:  # changed since load_packaged looked
         raise PackageChangedError(
             f"{ctx}: the installed files changed while they were being loaded (a pip install of the "
             "package running at the same time?); nothing from them ran. Retry once the installation "
             "has finished (in a new process if the package was upgraded). What was seen: "
-            f"{DATA_DIR}/manifest.json changed between two reads")
+            f"{DATA_DIR}/manifest.json changed between two reads"
+        )
     _installed.check(package, read)
     try:
-        doc = _manifest.parse(raw, where=f"{DATA_DIR}/manifest.json", context=f"package {package!r}")
+        doc = _manifest.parse(
+            raw, where=f"{DATA_DIR}/manifest.json", context=f"package {package!r}"
+        )
     except ManifestError as e:  # a manifest half-written by a reinstall?
         _raise_if_changed(f"package {package!r}", data, raw, e)
         raise
@@ -306,16 +338,22 @@ def _load(package: str, name: str, strict: bool, installed: tuple[str, str] | No
     if target.get("status", "ok") != "ok":
         raise TargetNotFoundError(
             "its capture failed at build time and it was left out of the wheel "
-            f"(reason: {target.get('reason') or 'not recorded'})", context=ctx,
-            advice="fix the capture script and rebuild")
+            f"(reason: {target.get('reason') or 'not recorded'})",
+            context=ctx,
+            advice="fix the capture script and rebuild",
+        )
     variants = target.get("variants") or []
     if not variants:
-        raise TargetNotFoundError("the manifest lists no variants of it", context=ctx, advice="rebuild the wheel")
+        raise TargetNotFoundError(
+            "the manifest lists no variants of it", context=ctx, advice="rebuild the wheel"
+        )
 
     hosts: dict[str, dict[str, Any]] = {}
     chosen, reports = _select(variants, hosts)
     text = stale = None
-    refusal: tuple[type[PrecompileLoadError], str] | None = None  # what strict mode raises instead of a fallback
+    refusal: tuple[type[PrecompileLoadError], str] | None = (
+        None  # what strict mode raises instead of a fallback
+    )
     if chosen is None:
         text = _mismatch_text(ctx, variants, reports)
         refusal = (HostMismatchError, text + _NO_FALLBACK)
@@ -345,7 +383,9 @@ def _load(package: str, name: str, strict: bool, installed: tuple[str, str] | No
         from . import torch_pairs  # lazy: imports torch
 
         value = torch_pairs.load_torch_pair(source, cache, fallback=fallback, where=ctx)
-        return _Loaded(value, text, "torch's own load of the source without the compiled cache", refusal)
+        return _Loaded(
+            value, text, "torch's own load of the source without the compiled cache", refusal
+        )
     else:
         cache_name = f"{DATA_DIR}/{variant['files']['cache']['path']}"
         try:
@@ -356,27 +396,41 @@ def _load(package: str, name: str, strict: bool, installed: tuple[str, str] | No
                 raise IntegrityError(
                     f"code_hash check failed: the cache belongs to a source with sha256 {env.code_hash}, "
                     f"but {DATA_DIR}/{variant['files']['source']['path']} has {code_hash}",
-                    advice="the pair was mixed up or tampered with, rebuild the wheel", context=ctx,
-                    where=cache_name)
+                    advice="the pair was mixed up or tampered with, rebuild the wheel",
+                    context=ctx,
+                    where=cache_name,
+                )
         except IntegrityError as e:
             _raise_if_changed(ctx, data, raw, e)
             raise
         if env.engine != engine:
-            raise IntegrityError(f"engine check failed: the cache says {env.engine!r}, the manifest "
-                                 f"says {engine!r}", context=ctx, where=cache_name)
+            raise IntegrityError(
+                f"engine check failed: the cache says {env.engine!r}, the manifest says {engine!r}",
+                context=ctx,
+                where=cache_name,
+            )
         kernel_dir = None
         if not fallback and engine == "frozen":
             kernel_dir = _unpack(ctx, code_hash, env)
         rel = variant["files"]["source"]["path"]
         where = f"{ctx}: {DATA_DIR}/{rel}"
-        module = _exec_source(package, name, rel, source, data / rel,
-                              lambda meta: _pair_format.check_version(meta, where=where),
-                              _bytecode.shipped_bytes(data, variant, ctx))
+        module = _exec_source(
+            package,
+            name,
+            rel,
+            source,
+            data / rel,
+            lambda meta: _pair_format.check_version(meta, where=where),
+            _bytecode.shipped_bytes(data, variant, ctx),
+        )
         _pair_format.check_version(getattr(module, "PRECOMPILE_METADATA", None), where=where)
         load = getattr(module, "load", None)
         if not callable(load):
-            raise PrecompileLoadError("the source half defines no load(kernel_dir) function", context=ctx,
-                                      where=f"{DATA_DIR}/{rel}")
+            raise PrecompileLoadError(
+                "the source half defines no load(kernel_dir) function",
+                context=ctx,
+                where=f"{DATA_DIR}/{rel}",
+            )
         runs_instead = "the captured graph from the source file, without precompiled kernels"
         try:
             value = load(kernel_dir)
@@ -386,7 +440,9 @@ def _load(package: str, name: str, strict: bool, installed: tuple[str, str] | No
             text = _noexec_text(ctx, kernel_dir, e)
             if strict:
                 raise CacheDirNotExecutableError(text + _NO_FALLBACK) from None
-            return _Loaded(load(None), text, runs_instead, (CacheDirNotExecutableError, text + _NO_FALLBACK))
+            return _Loaded(
+                load(None), text, runs_instead, (CacheDirNotExecutableError, text + _NO_FALLBACK)
+            )
         return _Loaded(value, text, runs_instead, refusal)
 
 
@@ -421,7 +477,9 @@ def _raise_if_package_gone(package: str) -> None:
 
     module = sys.modules.get(package)
     path = getattr(module, "__file__", None)
-    on_disk = isinstance(getattr(module, "__loader__", None), (SourceFileLoader, SourcelessFileLoader))
+    on_disk = isinstance(
+        getattr(module, "__loader__", None), (SourceFileLoader, SourcelessFileLoader)
+    )
     if path and on_disk and not os.path.exists(path):  # (a zip's __file__ is no path)
         raise PackageChangedError(
             f"package {package!r}: its installed files are gone ({path} no longer exists) "
@@ -431,8 +489,9 @@ def _raise_if_package_gone(package: str) -> None:
         )
 
 
-def _raise_if_changed(ctx: str, data: Any, raw: bytes, error: PrecompileLoadError,
-                      again: Any = None) -> None:
+def _raise_if_changed(
+    ctx: str, data: Any, raw: bytes, error: PrecompileLoadError, again: Any = None
+) -> None:
     """Raise :class:`PackageChangedError` when the installed files changed while they
     were being loaded: the manifest now differs from ``raw`` (what this load read),
     or ``again`` (re-reading the pair) no longer fails the same way."""
@@ -462,7 +521,7 @@ def _what_was_seen(ctx: str, error: PrecompileLoadError) -> str:
     if error.context is not None or error.where is not None or error.advice is not None:
         return ": ".join(p for p in (error.where, error.finding) if p)
     text = error.finding
-    text = text[len(ctx) + 2:] if text.startswith(ctx + ": ") else text
+    text = text[len(ctx) + 2 :] if text.startswith(ctx + ": ") else text
     return text.split("; ")[0]
 
 
@@ -478,8 +537,10 @@ def _package_data(package: str) -> Any:
     return root / DATA_DIR
 
 
-def _select(variants: list[dict[str, Any]], hosts: dict[str, dict[str, Any]] | None = None,
-            ) -> tuple[dict[str, Any] | None, list[list[str]]]:
+def _select(
+    variants: list[dict[str, Any]],
+    hosts: dict[str, dict[str, Any]] | None = None,
+) -> tuple[dict[str, Any] | None, list[list[str]]]:
     """(the variant this host serves, or None; each other variant's mismatches). The
     host fingerprints it reads, per device type, are left in ``hosts``."""
     hosts = {} if hosts is None else hosts
@@ -527,36 +588,58 @@ def _read_pair(data: Any, ctx: str, variant: dict[str, Any]) -> tuple[bytes, byt
         entry = variant["files"][role]
         rel = entry["path"]
         if not _manifest.safe_file_name(rel):  # parse() refuses these; belt and braces
-            raise ManifestError(f"{role} path {rel!r} leaves {DATA_DIR}/ (path traversal refused)", context=ctx)
+            raise ManifestError(
+                f"{role} path {rel!r} leaves {DATA_DIR}/ (path traversal refused)", context=ctx
+            )
         shown = f"{DATA_DIR}/{rel}"
         try:
             blob = (data / rel).read_bytes()
         except (FileNotFoundError, NotADirectoryError, IsADirectoryError, KeyError):
-            raise IntegrityError("existence check failed: the manifest lists it, the package does not have it",
-                                 advice="reinstall the package", context=ctx, where=shown) from None
+            raise IntegrityError(
+                "existence check failed: the manifest lists it, the package does not have it",
+                advice="reinstall the package",
+                context=ctx,
+                where=shown,
+            ) from None
         except OSError as e:
             raise IntegrityError(f"cannot be read ({e})", context=ctx, where=shown) from None
         if len(blob) != entry["size"]:
             raise IntegrityError(
                 f"size check failed: the manifest says {entry['size']} bytes, the file has {len(blob)}",
-                advice="the file is truncated or was replaced, reinstall the package", context=ctx, where=shown)
+                advice="the file is truncated or was replaced, reinstall the package",
+                context=ctx,
+                where=shown,
+            )
         digest = _envelope.sha256_hex(blob)
         if digest != entry["sha256"]:
             raise IntegrityError(
                 f"sha256 check failed: the manifest says {entry['sha256']}, the file has {digest}",
-                advice="the file was modified, reinstall the package", context=ctx, where=shown)
+                advice="the file was modified, reinstall the package",
+                context=ctx,
+                where=shown,
+            )
         out.append(blob)
         digests.append(digest)
     (source, cache), src_hash = out, digests[0]
     if variant["code_hash"] != src_hash:
         raise IntegrityError(
             f"code_hash check failed: the manifest records code_hash {variant['code_hash']}, the source "
-            f"has {src_hash}", context=ctx, where=f"{DATA_DIR}/{variant['files']['source']['path']}")
+            f"has {src_hash}",
+            context=ctx,
+            where=f"{DATA_DIR}/{variant['files']['source']['path']}",
+        )
     return source, cache, src_hash
 
 
-def _exec_source(package: str, name: str, rel: str, source: bytes, path: Any,
-                 check_format: Any = None, shipped: bytes | None = None) -> types.ModuleType:
+def _exec_source(
+    package: str,
+    name: str,
+    rel: str,
+    source: bytes,
+    path: Any,
+    check_format: Any = None,
+    shipped: bytes | None = None,
+) -> types.ModuleType:
     """Run a verified source half as the module ``precompile_runtime.pairs.PACKAGE.NAME``.
     Where it raises after defining ``PRECOMPILE_METADATA``, ``check_format(meta)`` runs
     first: a pair of another format version fails with PairFormatError, not with the

@@ -204,6 +204,7 @@ def parse(data: bytes, *, where: str, context: str | None = None) -> dict[str, A
             locate the problem, its ``finding`` says what it is, its ``advice`` what to
             do where there is one.
     """
+
     def fail(finding: str, advice: str | None = None) -> ManifestError:
         return ManifestError(finding, context=context, where=where, advice=advice)
 
@@ -217,8 +218,11 @@ def parse(data: bytes, *, where: str, context: str | None = None) -> dict[str, A
     if not isinstance(version, int) or isinstance(version, bool):
         raise fail("`version` must be an integer")
     if version > VERSION:
-        raise fail(f"manifest format version {version} is newer than this precompile-runtime "
-                   f"reads ({VERSION})", advice="upgrade precompile-runtime")
+        raise fail(
+            f"manifest format version {version} is newer than this precompile-runtime "
+            f"reads ({VERSION})",
+            advice="upgrade precompile-runtime",
+        )
     targets = doc.get("targets")
     if not isinstance(targets, dict):
         raise fail("`targets` must be an object")
@@ -253,13 +257,23 @@ def _check_target(name: str, target: Any, where: str, context: str | None) -> No
             raise fail(vat, "`validation` must be an object")
         if "tracer" in v and not isinstance(v["tracer"], str):
             raise fail(vat, "`tracer` must be a string")
-        if "checks" in v and not (isinstance(v["checks"], dict)
-                                  and all(isinstance(n, int) for n in v["checks"].values())):
+        if "checks" in v and not (
+            isinstance(v["checks"], dict) and all(isinstance(n, int) for n in v["checks"].values())
+        ):
             raise fail(vat, "`checks` must be an object of counts")
         for key in ("compiled_for", "validated_on"):
-            if key in v and not (isinstance(v[key], list) and all(isinstance(a, str) for a in v[key])):
+            if key in v and not (
+                isinstance(v[key], list) and all(isinstance(a, str) for a in v[key])
+            ):
                 raise fail(vat, f"`{key}` must be a list of compute capabilities (strings)")
-        for key in ("left_out", "replaced", "native_elsewhere", "peak_memory", "capture_breakdown", "distributed"):
+        for key in (
+            "left_out",
+            "replaced",
+            "native_elsewhere",
+            "peak_memory",
+            "capture_breakdown",
+            "distributed",
+        ):
             if key in v and not isinstance(v[key], dict):
                 raise fail(vat, f"`{key}` must be an object")
         files = v.get("files")
@@ -272,8 +286,11 @@ def _check_target(name: str, target: Any, where: str, context: str | None) -> No
             if not isinstance(entry, dict):
                 raise fail(vat, f"files.{role} must be an object")
             if not safe_file_name(entry.get("path")):
-                raise fail(vat, f"files.{role}.path {entry.get('path')!r} is not a plain file "
-                           "name inside _precompiled/ (path traversal refused)")
+                raise fail(
+                    vat,
+                    f"files.{role}.path {entry.get('path')!r} is not a plain file "
+                    "name inside _precompiled/ (path traversal refused)",
+                )
             size = entry.get("size")
             if not isinstance(size, int) or isinstance(size, bool) or size < 0:
                 raise fail(vat, f"files.{role}.size must be a non-negative integer")

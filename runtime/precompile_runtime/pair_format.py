@@ -350,8 +350,11 @@ def version_problem(meta: Any) -> tuple[str, str] | None:
 
     fmt = meta.get("format") if isinstance(meta, dict) else None
     if fmt != FORMAT:
-        return (f"not a precompile-build source half (PRECOMPILE_METADATA format {fmt!r}, "
-                f"not {FORMAT!r})", "rebuild the wheel")
+        return (
+            f"not a precompile-build source half (PRECOMPILE_METADATA format {fmt!r}, "
+            f"not {FORMAT!r})",
+            "rebuild the wheel",
+        )
     version = meta.get("version")
     low, high = READS
     is_int = isinstance(version, int) and not isinstance(version, bool)
@@ -362,8 +365,11 @@ def version_problem(meta: Any) -> tuple[str, str] | None:
         todo = "upgrade precompile-runtime (pip install -U precompile-runtime) to load it"
     else:
         todo = "rebuild the wheel with a current precompile-build"
-    return (f"the pair is of format version {version!r}, and precompile-runtime "
-            f"{__version__} reads {reads}", todo)
+    return (
+        f"the pair is of format version {version!r}, and precompile-runtime "
+        f"{__version__} reads {reads}",
+        todo,
+    )
 
 
 def check_version(meta: Any, *, where: str) -> None:

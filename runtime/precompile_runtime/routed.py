@@ -52,8 +52,9 @@ class RoutedFallbackWarning(UserWarning):
 class Route:
     """Where the calls of one routed function go (``fn.route``)."""
 
-    def __init__(self, fn: Callable[..., Any], name: str, package: Optional[str],
-                 strict: Optional[bool]):
+    def __init__(
+        self, fn: Callable[..., Any], name: str, package: Optional[str], strict: Optional[bool]
+    ):
         self.fn, self.name, self.strict = fn, name, strict
         self.package = package or (getattr(fn, "__module__", None) or "").split(".")[0] or None
         self.served = 0
@@ -82,14 +83,19 @@ class Route:
                         if self._strict():
                             raise
                         self._pair, self.reason = None, str(e)
-                        warnings.warn(f"{self._what()} runs its own Python on this host: {e}",
-                                      RoutedFallbackWarning, stacklevel=4)
+                        warnings.warn(
+                            f"{self._what()} runs its own Python on this host: {e}",
+                            RoutedFallbackWarning,
+                            stacklevel=4,
+                        )
         pair: Optional[Callable[..., Any]] = self._pair  # (loaded by now: a pair or None)
         return pair
 
     def _what(self) -> str:
-        return (f"{getattr(self.fn, '__qualname__', self.fn)!s} (packaged target "
-                f"{self.name!r} of {self.package!r})")
+        return (
+            f"{getattr(self.fn, '__qualname__', self.fn)!s} (packaged target "
+            f"{self.name!r} of {self.package!r})"
+        )
 
     def __call__(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         if _own_python_only():
@@ -121,8 +127,9 @@ def _own_python_only() -> bool:
         return False
 
 
-def packaged(name: str, *, package: Optional[str] = None,
-             strict: Optional[bool] = None) -> Callable[[F], F]:
+def packaged(
+    name: str, *, package: Optional[str] = None, strict: Optional[bool] = None
+) -> Callable[[F], F]:
     """Decorate a library function (or method) so that its calls go through the packaged
     target ``name`` where one serves (see the module docstring).
 
@@ -136,6 +143,7 @@ def packaged(name: str, *, package: Optional[str] = None,
         the decorator; the decorated function has ``.route`` (:class:`Route`) and
         ``__wrapped__`` (the function as written).
     """
+
     def decorate(fn: F) -> F:
         if os.environ.get("PRECOMPILE_TARGET"):  # a capture script's process: the
             return fn  # function as written, so the trace reads nothing of this module
@@ -147,4 +155,5 @@ def packaged(name: str, *, package: Optional[str] = None,
 
         call.route = route  # type: ignore[attr-defined]
         return call  # type: ignore[return-value]
+
     return decorate

@@ -75,7 +75,9 @@ def read_envelope(cache: bytes) -> dict[str, Any]:
     try:
         blob = torch.load(io.BytesIO(cache), weights_only=True)
     except Exception as e:
-        raise ValueError(f"torch.load(weights_only=True) cannot read it ({type(e).__name__}: {e})") from None
+        raise ValueError(
+            f"torch.load(weights_only=True) cannot read it ({type(e).__name__}: {e})"
+        ) from None
     if not isinstance(blob, dict) or blob.get("format") != CACHE_FORMAT:
         raise ValueError(f"its format tag is not {CACHE_FORMAT!r}")
     if not isinstance(blob.get("version"), int) or not isinstance(blob.get("code_hash"), str):
@@ -102,7 +104,9 @@ def _api(where: str) -> Any:
         raise PrecompileLoadError(
             f"this torch ({torch.__version__}) has no torch.compiler.precompile.load, "
             "but the target was built with the torch engine; install the torch version the "
-            "wheel was built for (see its Requires-Dist), or rebuild the wheel here", context=where)
+            "wheel was built for (see its Requires-Dist), or rebuild the wheel here",
+            context=where,
+        )
     return api
 
 
@@ -117,8 +121,10 @@ def _private_paths(source: bytes, cache: bytes, where: str) -> tuple[str, str, s
         if found is not None:
             raise PrecompileLoadError(
                 f"cannot hand the verified pair to torch: the private temp directory {tmp} could "
-                f"be changed by another user: {found[0]}", context=where,
-                advice=f"set TMPDIR to a directory only you can write ({found[1]})")
+                f"be changed by another user: {found[0]}",
+                context=where,
+                advice=f"set TMPDIR to a directory only you can write ({found[1]})",
+            )
         artifact_path = os.path.join(tmp, "artifact.py")
         cache_path = os.path.join(tmp, "artifact.cache")
         with open(artifact_path, "wb") as f:
@@ -166,21 +172,26 @@ def load_torch_pair(
     try:
         python_code = source_bytes.decode("utf-8")
     except UnicodeDecodeError as e:
-        raise IntegrityError(f"the source is not UTF-8 ({e}); rebuild the wheel", context=where) from None
+        raise IntegrityError(
+            f"the source is not UTF-8 ({e}); rebuild the wheel", context=where
+        ) from None
     code_hash = hashlib.sha256(source_bytes).hexdigest()
     try:
         blob: dict[str, Any] | None = read_envelope(cache_bytes)
     except ValueError as e:
         if not fallback:
             raise IntegrityError(
-                f"the cache does not validate: {e}; the wheel is corrupt, rebuild or "
-                "reinstall it", context=where) from None
+                f"the cache does not validate: {e}; the wheel is corrupt, rebuild or reinstall it",
+                context=where,
+            ) from None
         blob = None  # the fallback does not need the cache; the source is verified
     if blob is not None and blob["code_hash"] != code_hash:
         raise IntegrityError(
             f"code_hash check failed: the cache belongs to a source with sha256 "
             f"{blob['code_hash']}, but the source has {code_hash}; the pair was mixed up or "
-            "tampered with, rebuild the wheel", context=where)
+            "tampered with, rebuild the wheel",
+            context=where,
+        )
     api = _api(where)
     by_paths = callable(getattr(api, "capture", None))
 
@@ -207,10 +218,14 @@ def load_torch_pair(
                 f"torch.compiler.precompile.load tried to compile while the serving "
                 f"guard is on (PRECOMPILE_NO_COMPILE or no_compilation()): this torch's "
                 f"({torch.__version__}) CPU pairs compile their C++ kernels at load (its cache "
-                "does not hold them). Build this target with the frozen engine (engine=\"frozen\", "
-                "or engine=\"auto\" for a CPU capture), which serves compiling nothing; or turn "
-                f"the guard off. The guard said: {refused}", context=where) from e
-        mode = "without the compiled cache (host mismatch fallback)" if fallback else "with its cache"
+                'does not hold them). Build this target with the frozen engine (engine="frozen", '
+                'or engine="auto" for a CPU capture), which serves compiling nothing; or turn '
+                f"the guard off. The guard said: {refused}",
+                context=where,
+            ) from e
+        mode = (
+            "without the compiled cache (host mismatch fallback)" if fallback else "with its cache"
+        )
         hint = (
             "torch pairs need the torch build they were captured with; install it, or "
             "rebuild the wheel on this host"
@@ -218,8 +233,9 @@ def load_torch_pair(
             else "rebuild the wheel with the torch installed here"
         )
         raise PrecompileLoadError(
-            f"torch.compiler.precompile.load failed {mode}: "
-            f"{type(e).__name__}: {e}; {hint}", context=where) from e
+            f"torch.compiler.precompile.load failed {mode}: {type(e).__name__}: {e}; {hint}",
+            context=where,
+        ) from e
     finally:
         if paths is not None:
             shutil.rmtree(paths[0], ignore_errors=True)
@@ -274,13 +290,22 @@ def _minimal_envelope(python_code: str, code_hash: str, where: str) -> bytes:
             ):
                 backend = ast.literal_eval(node.value)
     except (SyntaxError, ValueError) as e:
-        raise IntegrityError(f"the source is not valid Python ({e}); rebuild the wheel", context=where) from None
+        raise IntegrityError(
+            f"the source is not valid Python ({e}); rebuild the wheel", context=where
+        ) from None
     if not isinstance(backend, str):
         raise IntegrityError(
-            "the source is not a torch.compiler.precompile artifact (no BACKEND)", context=where)
+            "the source is not a torch.compiler.precompile artifact (no BACKEND)", context=where
+        )
     buf = io.BytesIO()
     torch.save(
-        {"format": CACHE_FORMAT, "version": 1, "backend": backend, "code_hash": code_hash, "artifact": None},
+        {
+            "format": CACHE_FORMAT,
+            "version": 1,
+            "backend": backend,
+            "code_hash": code_hash,
+            "artifact": None,
+        },
         buf,
     )
     return buf.getvalue()
