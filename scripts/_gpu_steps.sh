@@ -1,4 +1,4 @@
-# Sourced by the scripts/gpu_issue*.sh:
+# Sourced by the scripts/gpu_*.sh:
 # step NAME TIMEOUT_S COMMAND...: runs it, logs to $OUT/NAME.log, prints its rc and the
 # pytest count line to $OUT/summary.txt
 # budget_step NAME LIMIT_S COMMAND...: runs it in the foreground for at most LIMIT_S and

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Run where a package registry is reachable: the wheels the HTTP server of issue 38 needs
 # (fastapi, uvicorn and what they require, plus build), for the GPU host's Python 3.12 on
-# x86_64 and aarch64, into .whl/ (scripts/gpu_issue38.sh installs from there with --no-index).
+# x86_64 and aarch64, into .whl/ (scripts/gpu_serving.sh installs from there with --no-index).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 for plat in manylinux_2_17_x86_64 manylinux_2_17_aarch64; do

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 29 on one GPU host (an H200, sm_90): kernels for GPUs the build host lacks.
+# On one GPU host (an H200, sm_90): kernels for GPUs the build host lacks.
 #   1. example_project's forward + triton_rmsnorm captured with cuda-archs 8.0 9.0 10.0 12.0;
 #      the build lines and `inspect`
 #   2. every cubin against the target it is filed under: its ELF header (SM and 'a') and
@@ -14,10 +14,10 @@
 #   6. tests/test_cross_arch.py (its compile-only tests run where triton is installed),
 #      tests/test_cross_arch_recorded.py, test_gpu_frozen's test_template_is_self_contained
 # Each step prints "STEP n ... rc=N" and "RESULT ...: PASS|FAIL"; 8 small files go to $OUT
-# (default /tmp/gpu_issue29): summary.txt first.
+# (default /tmp/gpu_cuda_archs): summary.txt first.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-OUT=${OUT:-/tmp/gpu_issue29}
+OUT=${OUT:-/tmp/gpu_cuda_archs}
 mkdir -p "$OUT"
 export PYTHONPATH=$PWD:$PWD/runtime PYTHONUNBUFFERED=1 PRECOMPILE_CACHE=0
 W=$(mktemp -d)
@@ -37,7 +37,7 @@ echo "STEP 1 inspect rc=$?" | tee -a "$SUM"
 grep -E "^target|variant|compiled for|binaries|left out|replaced|this host" "$OUT/inspect.txt" | tee -a "$SUM"
 
 cat > "$W/check.py" <<'PY'
-"""Helpers of gpu_issue29.sh: cubins vs cuobjdump, and serving pairs against eager."""
+"""Helpers of gpu_cuda_archs.sh: cubins vs cuobjdump, and serving pairs against eager."""
 import ast, glob, os, re, subprocess, sys
 sys.path.insert(0, os.path.join(os.environ["W"], "proj"))
 import torch

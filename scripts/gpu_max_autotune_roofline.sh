@@ -1,35 +1,35 @@
 #!/usr/bin/env bash
-# Issue 39 on one GPU host (an H200): max-autotune on the frozen engine, and the roofline
+# On one GPU host (an H200): max-autotune on the frozen engine, and the roofline
 # bench. Each step is one command that ends within about 9 minutes:
-#   bash scripts/gpu_issue39.sh tests                 tests/test_gpu_max_autotune.py (GPT block
+#   bash scripts/gpu_max_autotune_roofline.sh tests                 tests/test_gpu_max_autotune.py (GPT block
 #                                                     8x512x1024 under max-autotune; templates with
 #                                                     CUDA graphs and cuda-archs; bias_addmm; conv;
 #                                                     flex attention), then test_gpu_frozen's
 #                                                     forward/train cases (the default mode still serves)
-#   bash scripts/gpu_issue39.sh roofline ROWS SIZES [BUDGET_S]
+#   bash scripts/gpu_max_autotune_roofline.sh roofline ROWS SIZES [BUDGET_S]
 #                                                     bench/roofline.py --rows ROWS --sizes SIZES,
 #                                                     merged into $OUT/roofline_h200.{json,md}
-#   bash scripts/gpu_issue39.sh cold SIZES MODES FIRST_RUNS [BUDGET_S [ARGS...]]
+#   bash scripts/gpu_max_autotune_roofline.sh cold SIZES MODES FIRST_RUNS [BUDGET_S [ARGS...]]
 #                                                     bench/llama_cold.py: capture time against
 #                                                     torch.compile cold for MODES (default,max-autotune),
 #                                                     then FIRST_RUNS rounds of first results (ARGS go
 #                                                     to the bench, e.g. --no-compile: uv's install);
 #                                                     $OUT/llama_cold_h200_SIZES.{json,md}
-#   bash scripts/gpu_issue39.sh decode-kernels SIZE [LABEL=JSON ...]
+#   bash scripts/gpu_max_autotune_roofline.sh decode-kernels SIZE [LABEL=JSON ...]
 #                                                     the decode step at batch 1 (SIZE: 8b): the
 #                                                     max-autotune pair and, without LABEL=JSON, one
 #                                                     without coordinate descent (matrix products kept)
 #                                                     and the default pair; else a pair per LABEL=JSON
 #                                                     (roofline.py --variant); all under CUDA graphs,
 #                                                     kernels profiled
-#   bash scripts/gpu_issue39.sh bandwidth SIZE        bench/bandwidth_probe.py: the memory's stream rate,
+#   bash scripts/gpu_max_autotune_roofline.sh bandwidth SIZE        bench/bandwidth_probe.py: the memory's stream rate,
 #                                                     the SIZE step's products alone (cuBLAS, one graph),
 #                                                     cuBLAS per weight shape (Inductor too: not run here, slow)
 # Wheels the host lacks (platformdirs, filelock) come from .whl/ (carried) into /tmp/site.
-# Logs and results go to $OUT (default /tmp/gpu_issue39): summary.txt first.
+# Logs and results go to $OUT (default /tmp/gpu_max_autotune_roofline): summary.txt first.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-OUT=${OUT:-/tmp/gpu_issue39}
+OUT=${OUT:-/tmp/gpu_max_autotune_roofline}
 mkdir -p "$OUT"
 export PYTHONPATH=$PWD:$PWD/runtime:/tmp/site PYTHONUNBUFFERED=1
 if [ -d .whl ] && ! python3 -c "import platformdirs, filelock" 2>/dev/null; then

@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
-# Issue 28 on a GPU host: the frozen CUDA paths that its refactors touched (the serving
+# On a GPU host: the frozen CUDA paths that the serving-template refactors touched (the serving
 # templates assembled without their stand-ins blocks, the pair format check at load, the
 # Triton freezing errors with target/where fields, CUDA graphs), then the CPU tests of the
-# issue on CUDA's torch. Logs and a summary go to $OUT (default /tmp/gpu_issue28).
+# issue on CUDA's torch. Logs and a summary go to $OUT (default /tmp/gpu_frozen_paths).
 set -uo pipefail
 cd "$(dirname "$0")/.."
-OUT=${OUT:-/tmp/gpu_issue28}
+OUT=${OUT:-/tmp/gpu_frozen_paths}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD:$PWD/runtime${PYTHONPATH:+:$PYTHONPATH}
 python3 -c 'import torch; print("torch", torch.__version__, "cuda", torch.cuda.is_available())' \

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 24, capture seconds: the trace step of a 1B-shaped Llama on the GPU host, the
+# Capture seconds: the trace step of a 1B-shaped Llama on the GPU host, the
 # export before (two passes, stack traces), the two passes without stack traces and
 # the one pass (aten_export.py's default), in one process (bench/trace_speed.py; under
 # torch.no_grad(), as bench/scale_llama.py captures);
@@ -8,7 +8,7 @@
 # $OUT/<step>.log, $OUT/summary.txt.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-OUT="${OUT:-/tmp/gpu_issue24_trace}"
+OUT="${OUT:-/tmp/gpu_trace_seconds}"
 mkdir -p "$OUT"
 export PYTHONPATH="$PWD:$PWD/runtime${PYTHONPATH:+:$PYTHONPATH}"
 source scripts/_gpu_steps.sh

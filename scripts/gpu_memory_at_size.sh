@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 24 on one GPU (H200): validation within the memory the model needs, at real size.
+# On one GPU (H200): validation within the memory the model needs, at real size.
 #   1. tests/test_gpu_memory.py: a CUDA capture's GPU peak <= 1.5x its eager call's (each
 #      step's peak recorded); a reference the GPU cannot hold moves to the CPU, in fp64
 #      (and the CPU tests of the fp64-view kind)
@@ -13,7 +13,7 @@
 # $OUT/scale_cuda_llama_*.json, $OUT/tests.log.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-OUT="${OUT:-/tmp/gpu_issue24}"
+OUT="${OUT:-/tmp/gpu_memory_at_size}"
 mkdir -p "$OUT"
 export PYTHONPATH="$PWD:$PWD/runtime${PYTHONPATH:+:$PYTHONPATH}"
 PARTS="${PARTS:-tests 1b 8b 3b}"
@@ -33,7 +33,7 @@ for part in $PARTS; do
     *) echo "== unknown part $part" ;;
   esac
 done
-echo "== issue 24 numbers per size (capture peak vs its eager call; first result vs eager; capture s vs torch.compile cold)"
+echo "== numbers per size (capture peak vs its eager call; first result vs eager; capture s vs torch.compile cold)"
 python3 - "$OUT" <<'EOF'
 import json, pathlib, sys
 sys.path.insert(0, "bench")

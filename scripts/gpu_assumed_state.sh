@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 37 on one GPU (H200): a served call checks what the trace assumed.
+# On one GPU (H200): a served call checks what the trace assumed.
 #   1. tests/test_gpu_assumed_state.py (a frozen CUDA pair with graphs from four threads,
 #      peft's adapter state on CUDA), tests/test_assumed_state.py and test_tracers.py on
 #      this torch (2.11), the GPU tests of the driver (test_gpu_cudagraphs, test_gpu_frozen,
@@ -13,10 +13,10 @@
 #   gpu: only the GPU tests of 1 and 2 (test_gpu_assumed_state, test_gpu_data_dependent),
 #      where the CPU ones ran on this torch elsewhere (a CPU venv with the same torch)
 # PARTS="tests dd 8b" (default; or "gpu 8b"); BUDGET seconds in all (default 500). Results in $OUT
-# (default /tmp/gpu_issue37): tests.log, dd.log, scale_cuda_llama_8b_s13.json, checks.txt.
+# (default /tmp/gpu_assumed_state): tests.log, dd.log, scale_cuda_llama_8b_s13.json, checks.txt.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-OUT="${OUT:-/tmp/gpu_issue37}"
+OUT="${OUT:-/tmp/gpu_assumed_state}"
 mkdir -p "$OUT"
 export PYTHONPATH="$PWD:$PWD/runtime${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 PARTS="${PARTS:-tests dd 8b}"

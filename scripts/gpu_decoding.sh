@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 25 on a CUDA host (python3 with torch, transformers), alone on the GPU, about 8
+# Decoding on a CUDA host (python3 with torch, transformers), alone on the GPU, about 8
 # minutes: the decoding tests on CUDA, then bench/decode.py (a 1.1B-parameter Llama,
 # bf16) at batches 1 and 8 on the paths eager, load_packaged_graphs_greedy (the whole
 # greedy step in one target: one graph replay a token), generate, generate_compile_ro,
@@ -15,7 +15,7 @@
 #   wheel's build included, 310), TEST_TIMEOUT (150; the two test runs go side by side).
 set -uo pipefail
 cd "$(dirname "$0")/.."
-OUT=${OUT:-/tmp/gpu_issue25}
+OUT=${OUT:-/tmp/gpu_decoding}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD:$PWD/runtime:${PYTHONPATH:-}
 python3 -c 'import torch, transformers; print("torch", torch.__version__, "transformers", transformers.__version__, torch.cuda.get_device_name())' | tee "$OUT/summary.txt"

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 38 on one GPU host (an H200): a loaded function behind FastAPI on uvicorn.
+# On one GPU host (an H200): a loaded function behind FastAPI on uvicorn.
 #   1. tests/test_gpu_serve.py: a CUDA out-of-memory error in a call (the allocator capped
 #      at the first call, the recording call, inside the capture, a replay) leaves the
 #      loaded function usable, graphs included; with test_gpu_cudagraphs.py (graphs as
@@ -13,10 +13,10 @@
 # .whl/ and put on PYTHONPATH); else from .whl/ when the host has no registry
 # (scripts/fetch_serve_wheels.sh, run where one is, fills it), into .venv-serve, which sees
 # the host Python's torch. BUDGET (default 3600) caps the bench's seconds.
-# Each step prints "NAME rc=N: <pytest count line>" to $OUT/summary.txt (default /tmp/gpu_issue38).
+# Each step prints "NAME rc=N: <pytest count line>" to $OUT/summary.txt (default /tmp/gpu_serving).
 set -uo pipefail
 cd "$(dirname "$0")/.."
-OUT=${OUT:-/tmp/gpu_issue38}
+OUT=${OUT:-/tmp/gpu_serving}
 mkdir -p "$OUT"
 : > "$OUT/summary.txt"
 export PYTHONPATH=$PWD:$PWD/runtime${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1

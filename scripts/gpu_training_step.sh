@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
-# Issue 27 on a GPU host: item 3's CUDA test (timm efficientnet_b0 training step,
+# On a GPU host: a training step's CUDA test (timm efficientnet_b0 training step,
 # fp32, batch 4, 32x32, default settings; a wrong kernel still refused), then the
 # CPU-side tests of the issue's items on CUDA's torch (they run on any host).
-# Logs and a summary go to $OUT (default /tmp/gpu_issue27).
+# Logs and a summary go to $OUT (default /tmp/gpu_training_step).
 set -uo pipefail
 cd "$(dirname "$0")/.."
-OUT=${OUT:-/tmp/gpu_issue27}
+OUT=${OUT:-/tmp/gpu_training_step}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD:$PWD/runtime${PYTHONPATH:+:$PYTHONPATH}
 python3 -c 'import torch, timm; print("torch", torch.__version__, "timm", timm.__version__, "cuda", torch.cuda.is_available())' \
