@@ -141,7 +141,7 @@ def _package(settings, plain: Path, out_dir: str, files: dict, *, add: bool) -> 
     ``files`` into it (regular wheel) or only take requirements and tags from them
     (editable)."""
     from .wheels.manifest import variants
-    from .wheels.rewrite import NATIVE_ENGINES, package_wheel
+    from .wheels.rewrite import NATIVE_ENGINES, package_wheel, written_requirements
 
     found = variants(files) if files else []  # skip: no captures, no manifest
     native = any(v["engine"] in NATIVE_ENGINES for v in found)
@@ -153,7 +153,7 @@ def _package(settings, plain: Path, out_dir: str, files: dict, *, add: bool) -> 
 
     added = f"{settings.package.replace('.', '/')}/_precompiled/ ({len(files)} files), " if add and files else ""
     print(f"precompile: wrote {out.name}: the wheel {settings.backend} built, plus {added}"
-          f"Requires-Dist {', '.join(requires)}", file=sys.stderr)
+          f"Requires-Dist {', '.join(written_requirements(out, requires))}", file=sys.stderr)
     return out.name
 
 

@@ -44,18 +44,22 @@ def test_failed_fingerprint_turns_the_cache_off_not_a_key_error(tmp_path, monkey
     assert "capture cache unavailable for this build" in capfd.readouterr().err
 
 
-# -- issue 16 case 5: which torch the artifacts are for -----------------------------
+# -- which torch the artifacts are for ----------------------------------------------
 
-def test_summary_names_the_torch_the_artifacts_are_for(tmp_path, monkeypatch, capfd):
+@pytest.mark.parametrize("mode", ["ok", "cuda-fp"])
+def test_summary_names_the_torch_the_artifacts_are_for(tmp_path, monkeypatch, capfd, mode):
+    """A CPU pair names no CUDA or Triton: a CUDA build of torch (2.14.1+cu130) said
+    "CUDA 13.0" for a CPU target."""
     import json
     import os
 
     fp = json.loads(os.environ["FIXTURE_FINGERPRINT"])
-    build(make_project(tmp_path), monkeypatch)
+    build(make_project(tmp_path, target_toml(mode=mode)), monkeypatch)
     err = capfd.readouterr().err
     line = [ln for ln in err.splitlines() if "the artifacts are for" in ln]
-    assert line == [f"precompile: the artifacts are for torch {fp['torch']}, CUDA "
-                    f"{fp['cuda'] or 'none'}, Triton {fp['triton'] or 'none'}, Python "
+    what = ("CPU" if mode == "ok" else
+            f"CUDA {fp['cuda'] or 'none'}, Triton {fp['triton'] or 'none'}, sm 9.0")
+    assert line == [f"precompile: the artifacts are for torch {fp['torch']}, {what}, Python "
                     f"{fp['python']}, {fp['platform']} (another torch: pin it in "
                     "`build-system.requires`, or build with --no-isolation where it is "
                     "installed)"]

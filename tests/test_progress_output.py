@@ -39,6 +39,23 @@ def test_the_wheels_files_are_listed_once_then_what_the_build_added(tmp_path, mo
             "simplepkg/_precompiled/ (4 files), Requires-Dist precompile-runtime") in err
 
 
+@pytest.mark.usefixtures("build_env")
+def test_the_wrote_line_gives_the_requirements_as_the_metadata_has_them(tmp_path, monkeypatch, capfd):
+    """The line said `Requires-Dist precompile-runtime>=0.3, torch==X` where the library's
+    own bare `precompile-runtime` was kept and its `torch>=1.13` merged with the pin."""
+    from _build_helpers import metadata_lines
+
+    root = make_project(tmp_path)
+    py = root / "pyproject.toml"
+    py.write_text(py.read_text().replace('requires-python = ">=3.9"\n', 'requires-python = ">=3.9"\n'
+                                         'dependencies = ["precompile-runtime", "torch>=1.13"]\n', 1))
+    whl = build(root, monkeypatch)
+    err = capfd.readouterr().err
+    written = metadata_lines(whl, "Requires-Dist")
+    assert written[0] == "precompile-runtime" and written[1].startswith("torch") and ">=1.13" in written[1]
+    assert f"(4 files), Requires-Dist {', '.join(written)}\n" in err, err[-1500:]
+
+
 def test_the_summary_says_what_its_seconds_count():
     """The table's seconds (0.5) differed from the target line's (`in 0.3 s`) without
     saying why."""

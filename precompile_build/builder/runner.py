@@ -467,12 +467,16 @@ def artifacts_for(results: Any) -> Optional[str]:
         if getattr(r, "status", None) != "ok" or r.info is None:
             continue
         fp = r.info.fingerprint
-        desc = f"torch {fp.get('torch') or '?'}, CUDA {fp.get('cuda') or 'none'}"
-        if fp.get("hip"):
-            desc += f", HIP {fp['hip']}"
-        desc += f", Triton {fp.get('triton') or 'none'}"
-        if fp.get("compute_capability"):
-            desc += f", sm {fp['compute_capability']}"
+        desc = f"torch {fp.get('torch') or '?'}"
+        if fp.get("device_type") == "cpu":  # (the torch's own CUDA and Triton serve no CPU pair)
+            desc += ", CPU"
+        else:
+            desc += f", CUDA {fp.get('cuda') or 'none'}"
+            if fp.get("hip"):
+                desc += f", HIP {fp['hip']}"
+            desc += f", Triton {fp.get('triton') or 'none'}"
+            if fp.get("compute_capability"):
+                desc += f", sm {fp['compute_capability']}"
         desc += f", Python {fp.get('python') or '?'}, {fp.get('platform') or '?'}"
         seen.setdefault(r.device, desc)
     if not seen:

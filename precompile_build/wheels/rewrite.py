@@ -172,6 +172,18 @@ def requires_project(line: str, project: str) -> bool:
     return req is not None and canonicalize_name(req.name) == canonicalize_name(project)
 
 
+def written_requirements(wheel: Path, requires: Sequence[str]) -> list[str]:
+    """The ``Requires-Dist`` values of ``wheel``'s METADATA for the projects of
+    ``requires``, as :func:`patch_metadata` left them (the library's own line of a
+    project kept or merged: ``torch==2.13.0,>=1.13``, a bare ``precompile-runtime``)."""
+    with zipfile.ZipFile(wheel) as zf:
+        name = next(n for n in zf.namelist() if n.endswith(".dist-info/METADATA") and n.count("/") == 1)
+        head = zf.read(name).decode("utf-8").partition("\n\n")[0]
+    names = {canonicalize_name(Requirement(r).name) for r in requires}
+    return [ln.split(":", 1)[1].strip() for ln in head.split("\n")
+            if any(requires_project(ln, n) for n in names)]
+
+
 def insert_requires(lines: list[str], new: Sequence[str]) -> list[str]:
     """Header ``lines`` with the ``Requires-Dist`` lines ``new`` after the last one
     there (after the last header when there is none)."""
