@@ -30,7 +30,7 @@ import tempfile
 import time
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Literal, NamedTuple, Optional
 
 import filelock
 
@@ -297,8 +297,25 @@ def _file_meta(path: Path) -> dict[str, Any]:
     return {"size": path.stat().st_size, "sha256": sha256_file(path)}
 
 
+Miss = Literal["no entry", "entry not trusted", "imports changed", "entry corrupt"]
+
+
+class Lookup(NamedTuple):
+    """What :func:`fetch` found: ``meta`` on a hit; else the kind of miss and its detail
+    (what the build line shows: ``why``)."""
+
+    meta: Optional[dict]
+    miss: Optional[Miss] = None
+    detail: str = ""
+
+    @property
+    def why(self) -> str:
+        """The miss as the build's line for the target says it (``""`` on a hit)."""
+        return f"{self.miss}: {self.detail}" if self.miss and self.detail else self.miss or ""
+
+
 def fetch(root: Path, key: str, name: str, dest: Path,
-          changes: Optional[Callable[[dict], list[str]]] = None) -> tuple[Optional[dict], str]:
+          changes: Optional[Callable[[dict], list[str]]] = None) -> Lookup:
     """Copy entry ``key`` of target ``name`` to ``dest/NAME.{py,cache}`` and verify it.
 
     Call with :func:`lock` held; ``dest`` is a directory only this call writes (it
@@ -306,18 +323,19 @@ def fetch(root: Path, key: str, name: str, dest: Path,
     record (the runner asks in the capture's import context:
     :func:`~precompile_build.builder.script.imports_changes`); default
     :func:`~precompile_build.process.imported.changes` in this process.
-    Returns ``(entry.json dict with "info": PairInfo, "")`` on a hit, else
-    ``(None, why)``: ``"no entry"``, ``"imports changed: ..."`` (what the capture
-    imported is installed in another version, or gone, or a project file it imported
-    changed; the entry stays until the new capture replaces it) or
-    ``"entry corrupt: ..."`` (the corrupt entry is removed).
+    Returns a :class:`Lookup`: ``meta`` (entry.json's dict with "info": PairInfo) on a
+    hit, else the miss: ``"no entry"``, ``"entry not trusted"`` (the entry may hold
+    another user's files: never used, the new capture replaces it), ``"imports
+    changed"`` (what the capture imported is installed in another version, or gone, or
+    a project file it imported changed; the entry stays until the new capture replaces
+    it) or ``"entry corrupt"`` (the corrupt entry is removed).
     """
     entry_dir = root / key
     if not (entry_dir / ENTRY_JSON).is_file():
-        return None, "no entry"
+        return Lookup(None, "no entry")
     untrusted = _entry_problem(entry_dir, name)
     if untrusted is not None:  # never used; the new capture's store() replaces it
-        return None, f"entry not trusted: {untrusted}"
+        return Lookup(None, "entry not trusted", untrusted)
     dest.mkdir(parents=True, exist_ok=True)
     try:
         meta = json.loads((entry_dir / ENTRY_JSON).read_text(encoding="utf-8"))
@@ -329,7 +347,7 @@ def fetch(root: Path, key: str, name: str, dest: Path,
         if changed:  # the capture imported other code than is installed now: capture again
             shutil.rmtree(dest, ignore_errors=True)
             shown = ", ".join(changed[:3]) + (f" and {len(changed) - 3} more" if len(changed) > 3 else "")
-            return None, f"imports changed: {shown}"
+            return Lookup(None, "imports changed", shown)
         for role, suffix in (("source", ".py"), ("cache", ".cache")):
             copy = dest / f"{name}{suffix}"
             shutil.copyfile(entry_dir / f"{name}{suffix}", copy)
@@ -342,8 +360,8 @@ def fetch(root: Path, key: str, name: str, dest: Path,
     except (OSError, ValueError, KeyError, TypeError, AttributeError, CaptureError) as e:
         shutil.rmtree(dest, ignore_errors=True)
         discard(entry_dir)
-        return None, f"entry corrupt: {type(e).__name__}: {e}".replace("\n", " ")[:300]
-    return meta, ""
+        return Lookup(None, "entry corrupt", f"{type(e).__name__}: {e}".replace("\n", " ")[:285])
+    return Lookup(meta)
 
 
 def _entry_problem(entry_dir: Path, name: str) -> Optional[str]:

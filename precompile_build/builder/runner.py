@@ -257,18 +257,18 @@ def _run_one(b: _Build, target: TargetSettings, device: Optional[str]) -> Captur
     except OSError as e:
         return _capture(b, target, device, f"cache unavailable: {e}", None, start, world)
     try:
-        meta, why = capture_cache.fetch(  # the imports record: checked where the capture ran
+        found = capture_cache.fetch(  # the imports record: checked where the capture ran
             root, key, target.name, b.work / "reused" / target.name,
             changes=lambda recorded: imports_changes(b.settings, target, device, recorded))
-        if meta is not None:
+        if found.meta is not None:
             cache_bound.used(root, key)  # least recently used entries go first
-            return _reused(b, target, device, key, meta, start, world)
-        if why == "no entry":  # say what changed since the target's last capture, if any
+            return _reused(b, target, device, key, found.meta, start, world)
+        why = found.why
+        if found.miss == "no entry":  # say what changed since the target's last capture, if any
             why = capture_cache.what_changed(root, components, b.settings.package,
                                              b.package_files) or why
-        if why.startswith("entry corrupt: "):
-            b.progress.say(f"precompile: {target.name}: discarded cache entry "
-                           f"{key[:12]}…: {why[len('entry corrupt: '):]}")
+        if found.miss == "entry corrupt":
+            b.progress.say(f"precompile: {target.name}: discarded cache entry {key[:12]}…: {found.detail}")
         result = _capture(b, target, device, why, key, start, world)
         if result.status == "ok":
             try:
