@@ -569,3 +569,25 @@ def test_a_non_module_arguments_fields_run_no_per_call_check(tmp_path):
         with pytest.raises(CallError, match="state.shift was 0.5 at capture, now 0.25"):
             f(m, x, state)
     assert calls[-1] == "full", calls
+
+
+def test_a_user_triton_kernel_read_by_identity_is_checked_by_its_code():
+    """Dynamo guards a user Triton kernel (a global ``triton.jit`` function) by identity:
+    the pair checks its Python function's code and the kernel's classes (the H100 run's
+    test_gpu_frozen worker-pool case refused it); another object with an ``fn`` stays
+    refused."""
+    pytest.importorskip("triton")
+    import _triton_kernels as k
+
+    from precompile_build.capturing.dynamo_guards import _check_for
+    from precompile_build.templates.guard_values import _g_code_is
+
+    guard = types.SimpleNamespace(create_fn=None)
+    kind, want = _check_for("ID_MATCH", k.add_kernel, guard)
+    assert kind == "code"
+    assert _g_code_is(k.add_kernel, want)
+    assert not _g_code_is(k.mul_kernel, want)  # another kernel
+    assert not _g_code_is(k.tuned, want)  # the same function autotuned: another kernel class
+    assert _check_for("ID_MATCH", k.tuned, guard)[0] == "code"
+    with pytest.raises(ValueError, match="identity of a SimpleNamespace"):
+        _check_for("ID_MATCH", types.SimpleNamespace(fn=make_post(1.0)), guard)

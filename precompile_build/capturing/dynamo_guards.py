@@ -42,7 +42,7 @@ import types
 from typing import Any, Callable
 
 from ..errors import CaptureError, warn_at_caller
-from ..templates.guard_values import code_fingerprint, literal_type
+from ..templates.guard_values import code_fingerprint, code_of, literal_type
 from . import class_attributes, dict_covers, guard_sources
 
 LEFT_TO_OTHERS = {
@@ -198,6 +198,8 @@ def _check_for(kind: str, value: Any, guard, attr: str | None = None) -> tuple[s
             return "device", str(value)
         if isinstance(value, torch.nn.Module) or kind == "NN_MODULE":
             return "type", _class_id(type(value))
+        if code_of(value)[0] is not None:  # a user Triton kernel (triton.jit, triton.autotune)
+            return "code", code_fingerprint(value)
         raise ValueError(f"it relies on the identity of a {type(value).__qualname__}, which cannot be "
                          "compared across processes")
     if kind == "HASATTR":

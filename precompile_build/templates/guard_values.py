@@ -39,30 +39,48 @@ def _code_parts(co, out):
     return out
 
 
+def code_of(fn):
+    """``(code object, wrappers)`` of a function, a method, a code object, or a Triton
+    kernel (``triton.jit``'s JITFunction, ``triton.autotune``'s Autotuner: their
+    Python function is ``.fn``); ``wrappers`` names the classes unwrapped on the way.
+    ``(None, "")`` for anything else."""
+    f, wrappers = getattr(fn, "__func__", fn), ""
+    for _ in range(3):  # an Autotuner of a JITFunction of a function
+        if isinstance(f, _gtypes.CodeType):
+            return f, wrappers
+        co = getattr(f, "__code__", None)
+        if co is not None:
+            return co, wrappers
+        if not (type(f).__module__ or "").startswith("triton.") or getattr(f, "fn", None) is None:
+            break
+        wrappers += f"{type(f).__module__}.{type(f).__qualname__}>"
+        f = f.fn
+    return None, ""
+
+
 def code_fingerprint(fn):
     """sha256 (hex) of what a function's code does: its qualname, bytecode, constants
     (nested code objects included), names and flags; not its file or line numbers. Two
     lambdas that compute differently differ; the same function in another install of
-    the same Python does not."""
-    f = getattr(fn, "__func__", fn)
-    co = f if isinstance(f, _gtypes.CodeType) else getattr(f, "__code__", None)
+    the same Python does not. A Triton kernel's is its Python function's, with the
+    kernel's classes."""
+    co, wrappers = code_of(fn)
     if co is None:
-        return "no-code:" + type(f).__qualname__
-    return _ghashlib.sha256("\n".join(_code_parts(co, [])).encode()).hexdigest()
+        return "no-code:" + type(getattr(fn, "__func__", fn)).__qualname__
+    return _ghashlib.sha256((wrappers + "\n".join(_code_parts(co, []))).encode()).hexdigest()
 
 
-_CODE_SEEN: dict = {}  # id(code) -> (code, fingerprint): the code is kept, so its id is not reused
+_CODE_SEEN: dict = {}  # (id(code), wrappers) -> (code, fingerprint): the code is kept, so its id is not reused
 
 
 def _g_code_is(fn, want):
     """True where ``fn``'s code has the fingerprint ``want`` (cached per code object)."""
-    f = getattr(fn, "__func__", fn)
-    co = f if isinstance(f, _gtypes.CodeType) else getattr(f, "__code__", None)
-    seen = _CODE_SEEN.get(id(co))
+    co, wrappers = code_of(fn)
+    seen = _CODE_SEEN.get((id(co), wrappers))
     if seen is None or seen[0] is not co:
-        seen = (co, code_fingerprint(f))
+        seen = (co, code_fingerprint(fn))
         if co is not None:
-            _CODE_SEEN[id(co)] = seen
+            _CODE_SEEN[(id(co), wrappers)] = seen
     return seen[1] == want
 
 
