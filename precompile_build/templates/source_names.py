@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import os as _os  # noqa: F401 - kernel_loader.py's, which triton_launcher.py (no imports) uses
 import weakref as _weakref  # noqa: F401 - driver.py's
-from typing import Any, Callable
+from typing import Any, Callable, Optional
 
 import torch  # noqa: F401 - codegen.py's `import torch` at the top of the file
 
@@ -51,7 +51,8 @@ def _serving_guard_on() -> bool: ...
 
 # _arch_rules.py (runtime), copied before the launcher
 def _binary_pick(choices: Any, host: Any, force_ptx: bool = False) -> Any: ...
-def _binary_force_ptx(environ: Any) -> bool: ...
+def _binary_force_ptx(value: Optional[str]) -> bool: ...
+_FORCE_PTX_ENV: str
 
 
 # triton_launcher.py

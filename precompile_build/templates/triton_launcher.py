@@ -6,8 +6,8 @@
 # num_warps, shared memory and argument types. It is launched by torch's own C++
 # launcher, torch._C._StaticCudaLauncher: no Triton, no compiler, no benchmarking.
 # Reads names the source half defines: torch, _os, _META, CallError (driver.py),
-# _serving_guard_on (kernel_loader.py), _binary_pick and _binary_force_ptx
-# (precompile_runtime/_arch_rules.py, copied in before this block).
+# _serving_guard_on (kernel_loader.py), _binary_pick, _binary_force_ptx and
+# _FORCE_PTX_ENV (precompile_runtime/_arch_rules.py, copied in before this block).
 # stand-ins: names the rest of the source half defines (codegen.py drops this block)
 from typing import TYPE_CHECKING
 
@@ -15,6 +15,7 @@ if TYPE_CHECKING:
     import torch
 
     from .source_names import (
+        _FORCE_PTX_ENV,
         _META,
         CallError,
         _binary_force_ptx,
@@ -50,7 +51,7 @@ class _TritonKernel:
         if not e.get("archs"):
             return e, self._path
         cc = tuple(torch.cuda.get_device_capability(device))
-        chosen = _binary_pick(e["archs"], cc, _binary_force_ptx(_os.environ))
+        chosen = _binary_pick(e["archs"], cc, _binary_force_ptx(_os.environ.get(_FORCE_PTX_ENV)))
         if chosen is None:
             raise CallError(
                 f"target {_META['target']!r}: the frozen CUDA kernel {e['name']!r} has no binary "

@@ -15,13 +15,8 @@
 #   3. PTX for M.m or any lower capability that is not architecture-specific, the
 #      highest: the driver JIT-compiles it at load, which is a compile (PTX);
 #   4. nothing.
-# (Annotations are quoted: a source half runs on Python 3.9 too, and this file, copied
-# into its middle, can have no `from __future__` import.)
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from collections.abc import Iterable, Mapping
-    from typing import Any
+# (Annotations are quoted and name builtins only: a source half runs on Python 3.9 too,
+# and this file, copied into its middle, uses no module, `__future__` included.)
 
 _BINARY_EXACT, _BINARY_LOWER_MINOR, _BINARY_PTX = 0, 1, 2
 _FORCE_PTX_ENV = "PRECOMPILE_TEST_FORCE_PTX"
@@ -64,15 +59,15 @@ def _binary_serves(name: "object", host: "tuple[int, int] | list[int]") -> "int 
     return None
 
 
-def _binary_force_ptx(environ: "Mapping[str, str]") -> bool:
-    """Whether ``environ`` (a mapping such as os.environ) has the tests-only switch
-    ``PRECOMPILE_TEST_FORCE_PTX=1``: PTX first wherever it can run, so that a GPU test
-    can check the PTX path on a GPU that has its cubin."""
-    return str(environ.get(_FORCE_PTX_ENV, "")).strip() == "1"
+def _binary_force_ptx(value: "str | None") -> bool:
+    """Whether ``value`` (``os.environ.get(_FORCE_PTX_ENV)``) turns on the tests-only
+    switch ``PRECOMPILE_TEST_FORCE_PTX=1``: PTX first wherever it can run, so that a GPU
+    test can check the PTX path on a GPU that has its cubin."""
+    return (value or "").strip() == "1"
 
 
 def _binary_best(
-    names: "Iterable[object]", host: "tuple[int, int] | list[int]", force_ptx: bool = False
+    names: "list[str]", host: "tuple[int, int] | list[int]", force_ptx: bool = False
 ) -> "str | None":
     """The name among ``names`` a device of capability ``host`` runs (the order above;
     with ``force_ptx``, PTX first), or None when none runs there."""
@@ -90,10 +85,10 @@ def _binary_best(
 
 
 def _binary_pick(
-    choices: "list[dict[str, Any]]", host: "tuple[int, int] | list[int]", force_ptx: bool = False
-) -> "dict[str, Any] | None":
+    choices: "list[dict[str, object]]", host: "tuple[int, int] | list[int]", force_ptx: bool = False
+) -> "dict[str, object] | None":
     """The kernel binary to load on a device of capability ``host``: one of
     ``choices`` (a kernel entry's ``archs``, each with ``sm``: its binary's name), or
     None when none runs on that device."""
-    name = _binary_best([c["sm"] for c in choices], host, force_ptx)
+    name = _binary_best([str(c["sm"]) for c in choices], host, force_ptx)
     return next((c for c in choices if c["sm"] == name), None)

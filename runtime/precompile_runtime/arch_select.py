@@ -55,7 +55,8 @@ def capability(text: Optional[str]) -> Optional[tuple[int, int]]:
 def best(names: Iterable[str], host: tuple[int, int]) -> Optional[str]:
     """The name among ``names`` a host of capability ``host`` runs (the order of the
     module docstring; with PRECOMPILE_TEST_FORCE_PTX=1, PTX first), or None."""
-    return _rules._binary_best(names, host, _rules._binary_force_ptx(os.environ))
+    force_ptx = _rules._binary_force_ptx(os.environ.get(_rules._FORCE_PTX_ENV))
+    return _rules._binary_best(list(names), host, force_ptx)
 
 
 def pick(choices: list[dict[str, Any]], host: tuple[int, int]) -> Optional[dict[str, Any]]:
@@ -67,7 +68,8 @@ def pick(choices: list[dict[str, Any]], host: tuple[int, int]) -> Optional[dict[
     Returns:
         the chosen dict, or None when none runs on that device.
     """
-    return _rules._binary_pick(choices, host, _rules._binary_force_ptx(os.environ))
+    force_ptx = _rules._binary_force_ptx(os.environ.get(_rules._FORCE_PTX_ENV))
+    return _rules._binary_pick(choices, host, force_ptx)
 
 
 def variant_kind(fp: dict[str, Any], host_cc: Optional[str]) -> Optional[int]:
