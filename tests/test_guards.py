@@ -591,3 +591,25 @@ def test_a_user_triton_kernel_read_by_identity_is_checked_by_its_code():
     assert _check_for("ID_MATCH", k.tuned, guard)[0] == "code"
     with pytest.raises(ValueError, match="identity of a SimpleNamespace"):
         _check_for("ID_MATCH", types.SimpleNamespace(fn=make_post(1.0)), guard)
+
+
+def test_requests_with_their_own_state_interleaved_run_no_full_check(tmp_path):
+    """A server interleaves requests, each with its own state object, on one model: each
+    state's dicts are remembered once checked (not only the last one's), so calls after
+    the first of each run only the per-call checks; a write to one of them is still seen."""
+    m, x = torch.nn.Linear(4, 4).eval(), torch.randn(2, 4)
+    states = [_State(shift=0.5) for _ in range(3)]
+    f = _serve(tmp_path, step, m, x, states[0])
+    ns = f.__call__.__globals__
+    calls = []
+    full = ns["_guards_full"]
+    ns["_guards_full"] = lambda *a, **k: calls.append("full") or full(*a, **k)
+    with torch.no_grad():
+        for _ in range(4):
+            for st in states:
+                torch.testing.assert_close(f(m, x, st), step(m, x, st))
+        assert calls.count("full") <= len(states), calls
+        states[1].__dict__["shift"] = 0.75
+        with pytest.raises(CallError, match="state.shift was 0.5 at capture, now 0.75"):
+            f(m, x, states[1])
+        torch.testing.assert_close(f(m, x, states[2]), step(m, x, states[2]))

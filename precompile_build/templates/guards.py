@@ -46,10 +46,12 @@ _GUARDS: dict = dict(_META.get("guards") or {})
 _G_CHECKS = list(_GUARDS.get("checks") or ())
 _G_ROOTS: list = []  # resolved at the first call (resolve_roots imports the modules named)
 _G_WATCHES = bool(_GUARDS.get("by_identity"))
-# id(first model) -> ((epoch, hook registrations), [(dict, its version)], the
-# `_guards_watch` tuple, weakrefs of the models) of the models' last full check: until
-# one of these moves, the checks the dicts' versions cover hold (any write to a dict
-# moves its version: `obj.__dict__[k] = v` too)
+# id(first model) -> ((epoch, hook registrations), [(dict, its version)], {`_guards_watch`
+# tuple: None}, weakrefs of the models) of the models' last full check: until one of
+# these moves, the checks the dicts' versions cover hold (any write to a dict moves its
+# version: `obj.__dict__[k] = v` too). The watch tuples of the last _G_WATCH_KEEP other
+# arguments that passed (a server's requests, each with its cache, interleaved) are kept.
+_G_WATCH_KEEP = 16
 _G_SEEN: dict = {}
 _G_EPOCH: list = []
 _DICT_VERSION = getattr(getattr(getattr(torch._C, "_dynamo", None), "guards", None), "dict_version", None)
@@ -85,7 +87,7 @@ def _check_guards(args, kwargs, modules, full=False, kinds=None):
     seen = _G_SEEN.get(key) if _DICT_VERSION is not None else None
     try:
         full = full or seen is None or not _models_stand(seen, now, modules) \
-            or (_G_WATCHES and _guards_watch(roots, *args, **kwargs) != seen[2])
+            or (_G_WATCHES and _guards_watch(roots, *args, **kwargs) not in seen[2])
         failed = (_guards_full if full else _guards_call)(roots, *args, **kwargs)
     except TypeError:  # arguments that do not bind: the driver's own checks name them
         return
@@ -102,11 +104,21 @@ def _remember(key, now, modules, roots, args, kwargs):
     watch = _guards_watch(roots, *args, **kwargs) if _G_WATCHES else ()
     if watch is None or (_G_WATCHES and not _VERSIONS_UNIQUE):
         return  # a covered dict that does not resolve: each call checks in full
+    seen = _G_SEEN.get(key)
+    if seen is not None and _models_stand(seen, now, modules):  # another request's arguments
+        watches = seen[2]
+        watches[watch] = None
+        try:
+            while len(watches) > _G_WATCH_KEEP:
+                del watches[next(iter(watches))]  # the oldest
+        except (RuntimeError, KeyError, StopIteration):  # another thread's call changed it: fine
+            pass
+        return
     dicts = list({id(d): d for d in _guards_dicts(roots, *args, **kwargs)}.values())
     if not all(type(d) in (dict, _OrderedDict) for d in dicts):
         return
     refs = [_weakref.ref(m, lambda _r, k=key: _G_SEEN.pop(k, None)) for m in modules]  # type: ignore[misc]
-    _G_SEEN[key] = (now, [(d, _DICT_VERSION(d)) for d in dicts], watch, refs)  # type: ignore[misc]
+    _G_SEEN[key] = (now, [(d, _DICT_VERSION(d)) for d in dicts], {watch: None}, refs)  # type: ignore[misc]
 
 
 def _guard_error(i, roots, args, kwargs):
