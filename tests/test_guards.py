@@ -5,6 +5,7 @@ Each kind of read has a case and a sibling; each served call is compared with ea
 
 from __future__ import annotations
 
+import collections
 import enum
 import sys
 import types
@@ -55,6 +56,7 @@ class Net(torch.nn.Module):
         self.acts = [torch.nn.LeakyReLU(0.2)]  # a module in a plain list
         self.act = torch.nn.GELU()
         self.np_scale = np.float64(1.0)
+        self.steps = collections.OrderedDict(a=1.0, b=2.0)  # iterated: its order is read
 
     def helper(self, y):
         return y * GAIN + OFFSET["x"]
@@ -69,6 +71,8 @@ class Net(torch.nn.Module):
         y = self.post(y)
         for g in self.cfg.gains:  # a list in a config: its length and items have no dict version
             y = y * g
+        for _k, v in self.steps.items():
+            y = (y + v) * 0.5
         if self.mode is Mode.SHIFTED:
             y = y + 1
         if getattr(self, "_override", None) is not None:
@@ -104,6 +108,7 @@ def _changes():
         ("a config two attributes deep", lambda m: setattr(m.cfg.inner, "mult", 3.0)),
         ("a list in a config grown in place", lambda m: m.cfg.gains.append(2.0)),
         ("an item of a list in a config replaced", lambda m: m.cfg.gains.__setitem__(1, 3.0)),
+        ("an OrderedDict the trace iterates reordered in place", lambda m: m.steps.move_to_end("a")),
         ("a class attribute read as type(self).SCALE", lambda m: setattr(Net, "SCALE", 2.5)),
         ("a closure's cell", lambda m: setattr(m, "post", make_post(3.0))),
         ("an Enum", lambda m: setattr(m, "mode", Mode.SHIFTED)),

@@ -28,9 +28,10 @@ def covering_dict(check: str, expr: str, value: Any, base: Any, namespace: dict,
     The nearest holder of the value on its path: a plain dict it is an item of, the
     ``__dict__`` of the object or module it is an attribute of, a class's dict. A
     function's defaults, closure cells and code on the way (a library function's
-    ``__defaults__``) count as held by the function's holder: edited in place, they are
-    seen at the next full check (docs/assumed_state.md). The length or items of a list
-    or set have no version: per call.
+    ``__defaults__``) count as held by the function's holder: rebound in place
+    (``nonlocal``, ``f.__defaults__ = ...``), they are seen at the next full check
+    (docs/assumed_state.md). The length or items of a list or set and the key order of
+    an OrderedDict have no version: per call.
 
     ``by_identity`` is False where the path runs from a module argument, a module or a
     class through dicts only: the dict found at the full check is the one later calls
@@ -56,6 +57,8 @@ def _holder(check: str, expr: str, value: Any, namespace: dict, roots: guard_sou
     if check in ("len", "keys", "contains", "empty") and type(value) not in (*plain, tuple) \
             and type(value).__name__ != "mappingproxy":
         return None  # a list's or a set's contents move no version
+    if check == "keys" and isinstance(value, collections.OrderedDict):
+        return None  # (move_to_end reorders it and moves no version)
     if check in ("len", "keys", "contains", "empty") and type(value) in plain:
         holder: str | None = expr
     elif check in ("len", "keys", "contains", "empty") and type(value).__name__ == "mappingproxy" \
@@ -106,7 +109,8 @@ def _holder(check: str, expr: str, value: Any, namespace: dict, roots: guard_sou
         elif isinstance(p, (tuple, types.CellType, types.FunctionType, types.MethodType, types.CodeType)) \
                 or isinstance(n, ast.Attribute) and n.attr in ("__defaults__", "__closure__", "__code__",
                                                                "__kwdefaults__", "cell_contents", "fget"):
-            n = parent  # a function's internals: held where the function is
+            n = parent  # a function's internals: held where the function is (rebound in place: not
+            # seen until the next full check, docs/assumed_state.md; per call they cost 40 checks a decode step)
         else:
             return None
     if holder.startswith("_g_type_dict("):

@@ -88,6 +88,9 @@ def _check_guards(args, kwargs, modules, full=False, kinds=None):
     try:
         full = full or seen is None or not _models_stand(seen, now, modules) \
             or (_G_WATCHES and _guards_watch(roots, *args, **kwargs) not in seen[2])
+        # (taken before the checks: a write while they run, from another thread, moves a
+        # version, so the next call checks in full instead of trusting what was not seen)
+        pre = _snapshot(roots, args, kwargs) if full and _DICT_VERSION is not None else None
         failed = (_guards_full if full else _guards_call)(roots, *args, **kwargs)
     except TypeError:  # arguments that do not bind: the driver's own checks name them
         return
@@ -95,15 +98,25 @@ def _check_guards(args, kwargs, modules, full=False, kinds=None):
         if kinds is None or _G_CHECKS[failed][1] in kinds:
             _guard_error(failed, roots, args, kwargs)
         return
-    if full and _DICT_VERSION is not None:
-        _remember(key, now, modules, roots, args, kwargs)
+    if pre is not None:
+        _remember(key, now, modules, pre)
 
 
-def _remember(key, now, modules, roots, args, kwargs):
-    """Keep what a later call compares to stand for this full check's (``_G_SEEN``)."""
+def _snapshot(roots, args, kwargs):
+    """``(watch tuple, [(dict, its version)])`` of a call's covering dicts, or None where
+    one does not resolve or is no plain dict (each call then checks in full)."""
     watch = _guards_watch(roots, *args, **kwargs) if _G_WATCHES else ()
     if watch is None or (_G_WATCHES and not _VERSIONS_UNIQUE):
-        return  # a covered dict that does not resolve: each call checks in full
+        return None
+    dicts = list({id(d): d for d in _guards_dicts(roots, *args, **kwargs)}.values())
+    if not all(type(d) in (dict, _OrderedDict) for d in dicts):
+        return None
+    return watch, [(d, _DICT_VERSION(d)) for d in dicts]  # type: ignore[misc]
+
+
+def _remember(key, now, modules, pre):
+    """Keep what a later call compares to stand for this full check's (``_G_SEEN``)."""
+    watch, pairs = pre
     seen = _G_SEEN.get(key)
     if seen is not None and _models_stand(seen, now, modules):  # another request's arguments
         watches = seen[2]
@@ -114,11 +127,8 @@ def _remember(key, now, modules, roots, args, kwargs):
         except (RuntimeError, KeyError, StopIteration):  # another thread's call changed it: fine
             pass
         return
-    dicts = list({id(d): d for d in _guards_dicts(roots, *args, **kwargs)}.values())
-    if not all(type(d) in (dict, _OrderedDict) for d in dicts):
-        return
     refs = [_weakref.ref(m, lambda _r, k=key: _G_SEEN.pop(k, None)) for m in modules]  # type: ignore[misc]
-    _G_SEEN[key] = (now, [(d, _DICT_VERSION(d)) for d in dicts], {watch: None}, refs)  # type: ignore[misc]
+    _G_SEEN[key] = (now, pairs, {watch: None}, refs)
 
 
 def _guard_error(i, roots, args, kwargs):
