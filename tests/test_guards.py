@@ -618,3 +618,45 @@ def test_requests_with_their_own_state_interleaved_run_no_full_check(tmp_path):
         with pytest.raises(CallError, match="state.shift was 0.5 at capture, now 0.75"):
             f(m, x, states[1])
         torch.testing.assert_close(f(m, x, states[2]), step(m, x, states[2]))
+
+
+class _BaseRequest:
+    OFF = 1.0
+
+
+class _Request(_BaseRequest):
+    def __init__(self, bias=None):
+        self.bias = torch.ones(4) if bias is None else bias
+
+
+torch.utils._pytree.register_pytree_node(_Request, lambda r: ([r.bias], None), lambda v, _: _Request(v[0]),
+                                         serialized_type_name="test_guards._Request")
+
+
+def offset_step(m, x, request):
+    return m(x) + request.bias * request.OFF
+
+
+@pytest.mark.parametrize("shadow", [lambda: setattr(_Request, "OFF", 2.0),
+                                    lambda: setattr(_BaseRequest, "OFF", 3.0)],
+                         ids=["the subclass shadows it", "the base changes it"])
+def test_an_argument_classs_inherited_attribute_shadowed_after_a_served_call_is_seen(tmp_path, shadow):
+    """A class attribute a base of an argument's class defines (Dynamo reads it through
+    ``type(r).__mro__[1].__dict__``): the subclass that starts to define its own is
+    seen, as the base's value changing is (each by a class dict's version)."""
+    m, x, r = torch.nn.Linear(4, 4).eval(), torch.randn(2, 4), _Request()
+    f = _serve(tmp_path, offset_step, m, x, r)
+    try:
+        with torch.no_grad():
+            torch.testing.assert_close(f(m, x, r), offset_step(m, x, r))
+            shadow()
+            try:
+                got = f(m, x, r)
+            except CallError as e:
+                assert "at capture" in str(e), str(e)
+                return
+            torch.testing.assert_close(got, offset_step(m, x, r))
+    finally:
+        _BaseRequest.OFF = 1.0
+        if "OFF" in vars(_Request):
+            del _Request.OFF

@@ -11,6 +11,7 @@ as dynamo_guards.py checks a value: more than the trace read, never less.
 
 from __future__ import annotations
 
+import ast
 import functools
 from typing import Any, Callable
 
@@ -119,3 +120,48 @@ def inherited_per_call(checks: list[list], namespace: dict, roots: guard_sources
                 new = through_class_dicts(label, kind, head, cls, name, expected, where)
         out += new or [c]
     return out
+
+
+def shadowing(checks: list[list], namespace: dict, roots: guard_sources.Roots) -> list[list]:
+    """For each check that reads a class attribute where a base defines it (Dynamo's
+    ``type(x).__mro__[k].__dict__['name']``, on any class: a request object's, a cache's),
+    the checks that no class before that base in the method resolution order defines
+    ``name`` of its own (an assignment there would shadow it), each covered by that
+    class's dict version: none runs per call."""
+    out: list[list] = []
+    seen: set[tuple[str, int, str]] = set()
+    for label, _kind, expr, _expected, _per_call, where, *_cover in checks:
+        for node in ast.walk(ast.parse(expr, mode="eval").body):
+            found = _mro_item(node)
+            if found is None or found in seen:
+                continue
+            seen.add(found)
+            cls_expr, k, name = found
+            try:
+                cls = guard_sources.evaluate(cls_expr, namespace, roots)
+            except Exception:  # noqa: BLE001 - a path that is no class: nothing to add
+                continue
+            if not isinstance(cls, type) or not 0 < k < len(cls.__mro__):
+                continue
+            for j in range(k):
+                if name in vars(cls.__mro__[j]):
+                    break  # (not what the trace resolved: leave it to the checks it has)
+                out.append([f"{label} (defined on {cls.__mro__[k].__qualname__}): "
+                            f"{cls.__mro__[j].__qualname__}'s own {name}", "eq",
+                            f"({name!r} in {cls_expr}.__mro__[{j}].__dict__)", False, False, where,
+                            f"_g_type_dict({cls_expr}.__mro__[{j}])"])
+    return out
+
+
+def _mro_item(node: ast.AST) -> tuple[str, int, str] | None:
+    """``(class expression, k, name)`` of ``CLS.__mro__[k].__dict__['name']``, else None."""
+    if not (isinstance(node, ast.Subscript) and isinstance(node.slice, ast.Constant)
+            and isinstance(node.slice.value, str) and isinstance(node.value, ast.Attribute)
+            and node.value.attr == "__dict__"):
+        return None
+    mro = node.value.value
+    if not (isinstance(mro, ast.Subscript) and isinstance(mro.slice, ast.Constant)
+            and isinstance(mro.slice.value, int) and isinstance(mro.value, ast.Attribute)
+            and mro.value.attr == "__mro__"):
+        return None
+    return ast.unparse(mro.value.value), mro.slice.value, node.slice.value

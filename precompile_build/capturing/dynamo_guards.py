@@ -362,6 +362,8 @@ def guard_checks(fn: Callable, args: tuple, kwargs: dict, *, target: str) -> dic
     known = {(c[1], c[2]) for c in checks}
     checks += [c for c in class_attributes.checks(checks, namespace, roots, collect) if (c[1], c[2]) not in known]
     checks = class_attributes.inherited_per_call(checks, namespace, roots)
+    known = {(c[1], c[2]) for c in checks}
+    checks += [c for c in class_attributes.shadowing(checks, namespace, roots) if (c[1], c[2]) not in known]
     dict_covers.keep_dict_covers(checks, namespace, roots)
     failed = failing(checks, namespace, roots)
     if failed:
