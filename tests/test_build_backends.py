@@ -106,6 +106,22 @@ def test_the_default_backend_is_setuptools_byte_for_byte(tmp_path, monkeypatch):
     assert a.name == b.name and a.read_bytes() == b.read_bytes()
 
 
+def test_a_setup_py_that_imports_its_own_folder_builds_with_the_legacy_backend(tmp_path, monkeypatch):
+    """docs/existing-library.md: a project whose setup.py imports a module beside it
+    (as peft's reads its version) wraps `setuptools.build_meta:__legacy__`, which puts
+    the folder on the path; the wheel carries setup.py's metadata and the pairs."""
+    toml = '[tool.precompile]\nbackend = "setuptools.build_meta:__legacy__"\n\n' + target_toml()
+    root = make_project(tmp_path, toml)
+    (root / "_version_info.py").write_text('VERSION = "0.2.0"\n')
+    (root / "setup.py").write_text("from setuptools import setup\n\nfrom _version_info import VERSION\n\n"
+                                   "setup(version=VERSION)\n")
+    py = root / "pyproject.toml"
+    py.write_text(py.read_text().replace('version = "0.1.0"', 'dynamic = ["version"]'))
+    whl = build(root, monkeypatch)
+    assert whl.name.startswith("simplepkg-0.2.0-")
+    assert "simplepkg/_precompiled/manifest.json" in wheel_names(whl)
+
+
 def _in_tree(root, body: str) -> str:
     """An in-tree backend ``_backend/fixture_backend.py``; its `backend-path` line and the
     fixture target."""

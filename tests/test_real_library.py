@@ -222,18 +222,28 @@ def _install_and_serve(tmp_path: Path, whl: Path, env: dict, deps: list[str], se
     return served.stdout
 
 
+def _add_targets(src: Path, backend: str, last_dependency: str, toml: str, captures: dict[str, str]) -> None:
+    """Step 1-3 of docs/existing-library.md on an unpacked sdist: the build backend
+    wrapped, precompile-runtime added after ``last_dependency`` in
+    ``project.dependencies``, the ``[tool.precompile]`` table ``toml`` and the capture
+    scripts ``captures`` (file name -> text) in ``captures/``."""
+    py = src / "pyproject.toml"
+    text = py.read_text()
+    was, dep = f'build-backend = "{backend}"', f"    {last_dependency},\n]"
+    assert text.count(was) == 1 and text.count(dep) == 1, "the recipe's edits are for another version"
+    text = text.replace(was, 'build-backend = "precompile_build.backend"')
+    text = text.replace(dep, f'    {last_dependency},\n    "precompile-runtime",\n]')
+    py.write_text(text + toml)
+    (src / "captures").mkdir()
+    for name, code in captures.items():
+        (src / "captures" / name).write_text(code)
+
+
 def test_timm_from_its_own_sdist_builds_and_serves_its_api_through_the_pair(tmp_path):
     pytest.importorskip("pdm.backend")
     pytest.importorskip("torchvision")
     src = _sdist(tmp_path / "sdist", "timm", "timm", VERSION)
-    py = src / "pyproject.toml"
-    text = py.read_text()
-    assert 'build-backend = "pdm.backend"' in text
-    text = text.replace('build-backend = "pdm.backend"', 'build-backend = "precompile_build.backend"', 1)
-    text = text.replace('    "safetensors",\n]', '    "safetensors",\n    "precompile-runtime",\n]', 1)
-    py.write_text(text + _TOML)
-    (src / "captures").mkdir()
-    (src / "captures" / "test_vit.py").write_text(_CAPTURE)
+    _add_targets(src, "pdm.backend", '"safetensors"', _TOML, {"test_vit.py": _CAPTURE})
     vit = src / "timm" / "models" / "vision_transformer.py"
     code = vit.read_text()
     code = code.replace("from torch.jit import Final\n", "from torch.jit import Final\n" + _ROUTING, 1)
@@ -264,15 +274,8 @@ def test_sentence_transformers_from_its_own_sdist_serves_encode_through_the_pair
     sdist given a target, its ``encode()`` served by the pair through the modules' pass
     the recipe routes (a copy of the features dict: the modules add keys to it)."""
     src = _sdist(tmp_path / "sdist", "sentence-transformers", "sentence_transformers", ST_VERSION)
-    py = src / "pyproject.toml"
-    text = py.read_text()
-    assert 'build-backend = "setuptools.build_meta"' in text
-    text = text.replace('build-backend = "setuptools.build_meta"', 'build-backend = "precompile_build.backend"', 1)
-    text = text.replace('    "tqdm>=4.0.0",\n]', '    "tqdm>=4.0.0",\n    "precompile-runtime",\n]', 1)
-    py.write_text(text + _ST_TOML)
-    (src / "captures").mkdir()
-    (src / "captures" / "tiny.py").write_text(_ST_TINY)
-    (src / "captures" / "tiny_encode.py").write_text(_ST_CAPTURE)
+    _add_targets(src, "setuptools.build_meta", '"tqdm>=4.0.0"', _ST_TOML,
+                 {"tiny.py": _ST_TINY, "tiny_encode.py": _ST_CAPTURE})
     model_py = src / "sentence_transformers" / "sentence_transformer" / "model.py"
     code = model_py.read_text()
     head = "from .model_card import SentenceTransformerModelCardData\n"

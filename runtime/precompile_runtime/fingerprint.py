@@ -54,54 +54,18 @@ EXACT_FIELDS = (
 # ``build_arch_flags()`` passes to the compiler), ATen's capabilities (the torch
 # engine) and the x86-64 micro-architecture levels the frozen engine pins with
 # ``-march``. A word not listed here is a cpuinfo flag name and needs itself.
+_X86_64_V2 = ("cx16", "lahf_lm", "popcnt", "pni", "sse4_1", "sse4_2", "ssse3")
+_X86_64_V3 = (*_X86_64_V2, "avx", "avx2", "bmi1", "bmi2", "f16c", "fma", "abm", "movbe", "xsave")
+_X86_64_V4 = (*_X86_64_V3, "avx512f", "avx512bw", "avx512cd", "avx512dq", "avx512vl")
 ISA_REQUIRES = {
     "avx2": ("avx2", "fma", "f16c"),
     "avx512": ("avx512f", "avx512dq", "avx512vl", "avx512bw", "fma"),
     "amx": ("amx_tile", "avx512f"),
     "amx_tile": ("amx_tile", "amx_bf16", "amx_int8"),
     "x86-64": (),
-    "x86-64-v2": ("cx16", "lahf_lm", "popcnt", "pni", "sse4_1", "sse4_2", "ssse3"),
-    "x86-64-v3": (
-        "cx16",
-        "lahf_lm",
-        "popcnt",
-        "pni",
-        "sse4_1",
-        "sse4_2",
-        "ssse3",
-        "avx",
-        "avx2",
-        "bmi1",
-        "bmi2",
-        "f16c",
-        "fma",
-        "abm",
-        "movbe",
-        "xsave",
-    ),
-    "x86-64-v4": (
-        "cx16",
-        "lahf_lm",
-        "popcnt",
-        "pni",
-        "sse4_1",
-        "sse4_2",
-        "ssse3",
-        "avx",
-        "avx2",
-        "bmi1",
-        "bmi2",
-        "f16c",
-        "fma",
-        "abm",
-        "movbe",
-        "xsave",
-        "avx512f",
-        "avx512bw",
-        "avx512cd",
-        "avx512dq",
-        "avx512vl",
-    ),
+    "x86-64-v2": _X86_64_V2,  # (each level needs the one below)
+    "x86-64-v3": _X86_64_V3,
+    "x86-64-v4": _X86_64_V4,
     # the platform field already ties these to their architecture
     "none": (),
     "default": (),
