@@ -660,3 +660,14 @@ def test_an_argument_classs_inherited_attribute_shadowed_after_a_served_call_is_
         _BaseRequest.OFF = 1.0
         if "OFF" in vars(_Request):
             del _Request.OFF
+
+
+def test_a_list_grown_after_a_served_call_is_named_with_its_length(tmp_path):
+    """The length check's message reads as a sentence (was "... has length was 2 ...")."""
+    m, x = Net().eval(), torch.randn(2, 4)
+    f = _serve(tmp_path, call, m, x)
+    with torch.no_grad():
+        f(m, x)
+        m.cfg.gains.append(2.0)
+        with pytest.raises(CallError, match=r"the length of m\.cfg\.gains was 2 at capture, now 3"):
+            f(m, x)

@@ -161,9 +161,10 @@ def _guard_difference(label, kind, want, got):
         return f"{label} was numpy.{want[0]}({want[1]!r}) at capture, now {got!r}"
     if kind == "set":
         return f"{label} was the {want[0]} {set(want[1])!r} at capture, now {got!r}"
-    if kind in ("eq", "dtype", "device", "len", "keys"):
-        return f"{label}{' has length' if kind == 'len' else ''} was {want!r} at capture, now " \
-               f"{(len(got) if kind == 'len' else list(got.keys()) if kind == 'keys' else got)!r}"
+    if kind == "len":
+        return f"the length of {label} was {want!r} at capture, now {len(got)!r}"
+    if kind in ("eq", "dtype", "device", "keys"):
+        return f"{label} was {want!r} at capture, now {(list(got.keys()) if kind == 'keys' else got)!r}"
     if kind in ("type", "class", "enum"):
         cls = got if kind == "class" else type(got)
         now = _class_name(cls) + (f".{got.name}" if kind == "enum" and hasattr(got, "name") else "")
