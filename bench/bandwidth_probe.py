@@ -81,8 +81,13 @@ def _graphed(fn, device: str):
 
 
 def _row(name: str, ms: float, nbytes: int) -> dict:
-    return {"name": name, "ms": round(ms, 4), "bytes": nbytes, "tb_s": round(nbytes / (ms / 1e3) / 1e12, 3),
-            "of_datasheet": round(nbytes / (ms / 1e3) / DATASHEET, 3)}
+    return {
+        "name": name,
+        "ms": round(ms, 4),
+        "bytes": nbytes,
+        "tb_s": round(nbytes / (ms / 1e3) / 1e12, 3),
+        "of_datasheet": round(nbytes / (ms / 1e3) / DATASHEET, 3),
+    }
 
 
 def stream(device: str, nbytes: int, reps: int) -> list[dict]:
@@ -91,8 +96,10 @@ def stream(device: str, nbytes: int, reps: int) -> list[dict]:
 
     x = torch.ones(nbytes // 2, dtype=torch.bfloat16, device=device)
     y = torch.empty_like(x)
-    return [_row("stream read (sum)", _timed(lambda: x.sum(), device, reps), nbytes),
-            _row("stream copy (read + write)", _timed(lambda: y.copy_(x), device, reps), 2 * nbytes)]
+    return [
+        _row("stream read (sum)", _timed(lambda: x.sum(), device, reps), nbytes),
+        _row("stream copy (read + write)", _timed(lambda: y.copy_(x), device, reps), 2 * nbytes),
+    ]
 
 
 def _shapes(size: str, fused: bool) -> tuple[list[tuple[int, int]], int, int]:
@@ -100,10 +107,16 @@ def _shapes(size: str, fused: bool) -> tuple[list[tuple[int, int]], int, int]:
     import scale_llama
 
     c = scale_llama.SIZES[size]
-    h, inter, kv = c["hidden_size"], c["intermediate_size"], \
-        c["num_key_value_heads"] * c["hidden_size"] // c["num_attention_heads"]
-    layer = [(h + 2 * kv, h), (h, h), (2 * inter, h), (h, inter)] if fused else \
-        [(h, h), (kv, h), (kv, h), (h, h), (inter, h), (inter, h), (h, inter)]
+    h, inter, kv = (
+        c["hidden_size"],
+        c["intermediate_size"],
+        c["num_key_value_heads"] * c["hidden_size"] // c["num_attention_heads"],
+    )
+    layer = (
+        [(h + 2 * kv, h), (h, h), (2 * inter, h), (h, inter)]
+        if fused
+        else [(h, h), (kv, h), (kv, h), (h, h), (inter, h), (inter, h), (h, inter)]
+    )
     return layer, c["num_hidden_layers"], c.get("vocab_size", 128256)
 
 
@@ -114,7 +127,11 @@ def chain(device: str, size: str, batch: int, fused: bool, reps: int) -> dict:
 
     layer, layers, vocab = _shapes(size, fused)
     h = layer[0][1]
-    weights = [torch.randn(o, i, dtype=torch.bfloat16, device=device) for _ in range(layers) for o, i in layer]
+    weights = [
+        torch.randn(o, i, dtype=torch.bfloat16, device=device)
+        for _ in range(layers)
+        for o, i in layer
+    ]
     weights.append(torch.randn(vocab, h, dtype=torch.bfloat16, device=device))
     inputs = {i: torch.randn(batch, i, dtype=torch.bfloat16, device=device) for _, i in layer}
 
@@ -126,8 +143,11 @@ def chain(device: str, size: str, batch: int, fused: bool, reps: int) -> dict:
     ms = _timed(_graphed(step, device), device, reps)
     weights.clear()  # the next measurement's memory
     label = "q k v, gate up fused" if fused else "7 products a layer"
-    return _row(f"{size} step's products, cuBLAS, one graph ({label}; {len(layer) * layers + 1} products)",
-                ms, nbytes)
+    return _row(
+        f"{size} step's products, cuBLAS, one graph ({label}; {len(layer) * layers + 1} products)",
+        ms,
+        nbytes,
+    )
 
 
 def _kernel_ms(fn, device: str, calls: int) -> float:
@@ -143,7 +163,11 @@ def _kernel_ms(fn, device: str, calls: int) -> float:
         for _ in range(calls):
             fn()
         torch.cuda.synchronize()
-    return sum(e.self_device_time_total for e in prof.key_averages() if e.device_type.name == "CUDA") / calls / 1e3
+    return (
+        sum(e.self_device_time_total for e in prof.key_averages() if e.device_type.name == "CUDA")
+        / calls
+        / 1e3
+    )
 
 
 def per_shape(device: str, size: str, batch: int, calls: int, inductor: bool) -> list[dict]:
@@ -163,31 +187,51 @@ def per_shape(device: str, size: str, batch: int, calls: int, inductor: bool) ->
 
         nbytes = o * i * 2
         lib = "cuBLAS" if device == "cuda" else "ATen"
-        rows.append(_row(f"{o}x{i}, {lib}", _kernel_ms(lambda x=x: products(x), device, calls) / n, nbytes))
+        rows.append(
+            _row(f"{o}x{i}, {lib}", _kernel_ms(lambda x=x: products(x), device, calls) / n, nbytes)
+        )
         if not inductor:
             continue
         try:
             torch._dynamo.reset()
             compiled = torch.compile(products, mode="max-autotune-no-cudagraphs")
-            rows.append(_row(f"{o}x{i}, Inductor max-autotune", _kernel_ms(lambda f=compiled, x=x: f(x), device, calls) / n,
-                             nbytes))
+            rows.append(
+                _row(
+                    f"{o}x{i}, Inductor max-autotune",
+                    _kernel_ms(lambda f=compiled, x=x: f(x), device, calls) / n,
+                    nbytes,
+                )
+            )
         except Exception as e:  # noqa: BLE001 - reported in the table
-            rows.append({"name": f"{o}x{i}, Inductor max-autotune", "error": f"{type(e).__name__}: {str(e)[:200]}"})
+            rows.append(
+                {
+                    "name": f"{o}x{i}, Inductor max-autotune",
+                    "error": f"{type(e).__name__}: {str(e)[:200]}",
+                }
+            )
         ws.clear()
     return rows
 
 
 def write(doc: dict, out: Path) -> None:
     out.with_suffix(".json").write_text(json.dumps(doc, indent=1) + "\n")
-    lines = ["# Memory bandwidth probe", "", f"`{doc['argv']}`: torch {doc['torch']}, {doc['device_name']}; "
-             f"TB/s and its ratio to the datasheet's {DATASHEET / 1e12:.1f} TB/s.", "",
-             "| what | ms | bytes | TB/s | of datasheet |", "|---|---|---|---|---|"]
+    lines = [
+        "# Memory bandwidth probe",
+        "",
+        f"`{doc['argv']}`: torch {doc['torch']}, {doc['device_name']}; "
+        f"TB/s and its ratio to the datasheet's {DATASHEET / 1e12:.1f} TB/s.",
+        "",
+        "| what | ms | bytes | TB/s | of datasheet |",
+        "|---|---|---|---|---|",
+    ]
     for r in doc["rows"]:
         if "error" in r:
             lines.append(f"| {r['name']} | {r['error']} | | | |")
         else:
-            lines.append(f"| {r['name']} | {r['ms']:.4f} | {r['bytes'] / 1e9:.3f} GB | {r['tb_s']:.3f} | "
-                         f"{r['of_datasheet']:.2f} |")
+            lines.append(
+                f"| {r['name']} | {r['ms']:.4f} | {r['bytes'] / 1e9:.3f} GB | {r['tb_s']:.3f} | "
+                f"{r['of_datasheet']:.2f} |"
+            )
     write_md(out.with_suffix(".md"), "\n".join(lines) + "\n")
 
 
@@ -198,16 +242,24 @@ def main(argv=None) -> int:
     p.add_argument("--batch", type=int, default=1)
     p.add_argument("--stream-bytes", type=int, default=4 << 30)
     p.add_argument("--reps", type=int, default=20)
-    p.add_argument("--inductor", action="store_true", help="per shape, Inductor's kernels too (slow)")
+    p.add_argument(
+        "--inductor", action="store_true", help="per shape, Inductor's kernels too (slow)"
+    )
     p.add_argument("--out", type=Path, required=True, help="results: OUT.json and OUT.md")
     a = p.parse_args(argv)
     import torch
 
     if a.device == "cuda" and not torch.cuda.is_available():
-        raise SystemExit("bench/bandwidth_probe.py: --device cuda needs a CUDA device (or pass --device cpu)")
+        raise SystemExit(
+            "bench/bandwidth_probe.py: --device cuda needs a CUDA device (or pass --device cpu)"
+        )
     a.out.parent.mkdir(parents=True, exist_ok=True)
-    doc = {"argv": " ".join(["python bench/bandwidth_probe.py"] + (argv or sys.argv[1:])), "torch": torch.__version__,
-           "device_name": torch.cuda.get_device_name(0) if a.device == "cuda" else "cpu", "rows": []}
+    doc = {
+        "argv": " ".join(["python bench/bandwidth_probe.py"] + (argv or sys.argv[1:])),
+        "torch": torch.__version__,
+        "device_name": torch.cuda.get_device_name(0) if a.device == "cuda" else "cpu",
+        "rows": [],
+    }
     doc["rows"] += stream(a.device, a.stream_bytes, a.reps)
     write(doc, a.out)
     for fused in (False, True):

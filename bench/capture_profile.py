@@ -47,9 +47,15 @@ HERE = Path(__file__).resolve().parent
 sys.path[:0] = [str(HERE), str(HERE.parent), str(HERE.parent / "runtime")]
 
 # (phase, a function whose frame on the stack puts a sample in it; the last found wins)
-PHASES = {"capture": [("trace", "trace_call"), ("compile", "standalone_compile"), ("real", "run_real_call"),
-                      ("validate", "validate")],
-          "compile": [("dynamo", "_compile"), ("compile", "call_user_compiler")]}
+PHASES = {
+    "capture": [
+        ("trace", "trace_call"),
+        ("compile", "standalone_compile"),
+        ("real", "run_real_call"),
+        ("validate", "validate"),
+    ],
+    "compile": [("dynamo", "_compile"), ("compile", "call_user_compiler")],
+}
 
 
 def _inductor_setting(text: str) -> tuple[str, object]:
@@ -58,7 +64,9 @@ def _inductor_setting(text: str) -> tuple[str, object]:
     try:
         return key, json.loads(value)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r}: give KEY=VALUE with a JSON value (1, false, \"x\")") from None
+        raise argparse.ArgumentTypeError(
+            f'{text!r}: give KEY=VALUE with a JSON value (1, false, "x")'
+        ) from None
 
 
 def _timed(totals: dict, name: str, fn):
@@ -75,6 +83,7 @@ def _timed(totals: dict, name: str, fn):
             depth[0] -= 1
             if not depth[0]:
                 totals[name] = totals.get(name, 0.0) + time.perf_counter() - t
+
     return wrapper
 
 
@@ -91,7 +100,9 @@ class StackSampler:
             frame, stack = sys._current_frames().get(self._main), []
             while frame is not None:
                 code = frame.f_code
-                stack.append((os.path.basename(code.co_filename), code.co_name, code.co_firstlineno))
+                stack.append(
+                    (os.path.basename(code.co_filename), code.co_name, code.co_firstlineno)
+                )
                 frame = frame.f_back
             self.samples.append(stack)
             time.sleep(self.interval)
@@ -112,28 +123,42 @@ class StackSampler:
             grouped[next((p for p, fn in reversed(phases) if fn in names), "other")].append(stack)
         lines = []
         for phase, stacks in grouped.items():
-            lines.append(f"== phase {phase}: {len(stacks)} samples ({len(stacks) * self.interval:.1f} s at least)")
+            lines.append(
+                f"== phase {phase}: {len(stacks)} samples ({len(stacks) * self.interval:.1f} s at least)"
+            )
             inclusive = collections.Counter(s for stack in stacks for s in set(stack))
             own = collections.Counter(stack[0] for stack in stacks if stack)
             for title, counter in (("inclusive", inclusive), ("own", own)):
                 lines.append(f"-- {title}")
-                lines += [f"{100 * n / len(stacks):5.1f}% {f}:{line}({name})"
-                          for (f, name, line), n in counter.most_common(top)]
+                lines += [
+                    f"{100 * n / len(stacks):5.1f}% {f}:{line}({name})"
+                    for (f, name, line), n in counter.most_common(top)
+                ]
         return lines
 
 
 def main() -> None:
     import scale_llama  # (stdlib only at import: torch comes after the cache dirs are set)
 
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--mode", choices=sorted(PHASES), default="capture")
-    ap.add_argument("--size", default="1b", choices=list(scale_llama.SIZES), help="bench/scale_llama.py's SIZES")
-    ap.add_argument("--sample", action="store_true", help="also a 2 ms stack sample of the main thread")
-    ap.add_argument("--inductor", action="append", default=[], type=_inductor_setting, metavar="KEY=VALUE")
+    ap.add_argument(
+        "--size", default="1b", choices=list(scale_llama.SIZES), help="bench/scale_llama.py's SIZES"
+    )
+    ap.add_argument(
+        "--sample", action="store_true", help="also a 2 ms stack sample of the main thread"
+    )
+    ap.add_argument(
+        "--inductor", action="append", default=[], type=_inductor_setting, metavar="KEY=VALUE"
+    )
     a = ap.parse_args()
     if "TORCHINDUCTOR_CACHE_DIR" not in os.environ:  # a cold run: before torch is imported
         cold = tempfile.mkdtemp(prefix="capture-profile-")
-        os.environ.update(TORCHINDUCTOR_CACHE_DIR=f"{cold}/inductor", TRITON_CACHE_DIR=f"{cold}/triton")
+        os.environ.update(
+            TORCHINDUCTOR_CACHE_DIR=f"{cold}/inductor", TRITON_CACHE_DIR=f"{cold}/triton"
+        )
 
     import torch
     from torch._dynamo.utils import compile_times, counters
@@ -144,18 +169,33 @@ def main() -> None:
         import precompile_build
         from precompile_build.engines import frozen
 
-        for name in ("trace_call", "run_real_call", "validate"):  # frozen.py looks them up when it runs
+        for name in (
+            "trace_call",
+            "run_real_call",
+            "validate",
+        ):  # frozen.py looks them up when it runs
             setattr(frozen, name, _timed(steps, name, getattr(frozen, name)))
-        torch._inductor.standalone_compile = _timed(steps, "standalone_compile", torch._inductor.standalone_compile)
+        torch._inductor.standalone_compile = _timed(
+            steps, "standalone_compile", torch._inductor.standalone_compile
+        )
     model, ids = scale_llama.build(a.size)
     scale_llama._sync()
     sampler = StackSampler()
-    with tempfile.TemporaryDirectory() as out, torch.no_grad(), (sampler if a.sample else contextlib.nullcontext()):
+    with (
+        tempfile.TemporaryDirectory() as out,
+        torch.no_grad(),
+        sampler if a.sample else contextlib.nullcontext(),
+    ):
         t0 = time.perf_counter()
         if a.mode == "capture":
-            with precompile_build.capture(scale_llama.forward, engine="frozen", target="t",
-                                          artifact_path=f"{out}/t.py", cache_path=f"{out}/t.cache",
-                                          options={"inductor": settings} if settings else None) as f:
+            with precompile_build.capture(
+                scale_llama.forward,
+                engine="frozen",
+                target="t",
+                artifact_path=f"{out}/t.py",
+                cache_path=f"{out}/t.cache",
+                options={"inductor": settings} if settings else None,
+            ) as f:
                 f(model, ids)
         else:
             torch.compile(scale_llama.forward, options=settings or None)(model, ids)
@@ -163,11 +203,27 @@ def main() -> None:
         total = time.perf_counter() - t0
     names, seconds = compile_times(repr="csv", aggregate=True)
     timed = dict(zip(names, map(float, seconds)))
-    print("PROFILE " + json.dumps({
-        "mode": a.mode, "size": a.size, "device": scale_llama._device(), "torch": torch.__version__,
-        "inductor": settings, "total_s": round(total, 3), "steps_s": {k: round(v, 3) for k, v in steps.items()},
-        "compile_times_s": {k: round(v, 3) for k, v in sorted(timed.items(), key=lambda kv: -kv[1]) if v >= 0.01},
-        "kernel_definitions": counters["inductor"].get("async_compile_cache_miss", 0)}), flush=True)
+    print(
+        "PROFILE "
+        + json.dumps(
+            {
+                "mode": a.mode,
+                "size": a.size,
+                "device": scale_llama._device(),
+                "torch": torch.__version__,
+                "inductor": settings,
+                "total_s": round(total, 3),
+                "steps_s": {k: round(v, 3) for k, v in steps.items()},
+                "compile_times_s": {
+                    k: round(v, 3)
+                    for k, v in sorted(timed.items(), key=lambda kv: -kv[1])
+                    if v >= 0.01
+                },
+                "kernel_definitions": counters["inductor"].get("async_compile_cache_miss", 0),
+            }
+        ),
+        flush=True,
+    )
     if a.sample:
         print("\n".join(sampler.report(PHASES[a.mode])))
 

@@ -39,11 +39,20 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
-MECHANISMS = ("eager", "compile_cold", "compile_warm", "mega_cache", "aoti", "precompile", "load_packaged",
-              "load_packaged_graphs")
+MECHANISMS = (
+    "eager",
+    "compile_cold",
+    "compile_warm",
+    "mega_cache",
+    "aoti",
+    "precompile",
+    "load_packaged",
+    "load_packaged_graphs",
+)
 
 
 # ---- worker: runs in a fresh process, prints one JSON line ----------------------------
+
 
 def worker(mech: str, model_name: str, device: str, work: Path) -> dict:
     t0 = time.perf_counter()  # nothing of torch is imported yet in a worker process
@@ -78,8 +87,12 @@ def worker(mech: str, model_name: str, device: str, work: Path) -> dict:
         import precompile_runtime
 
         # graphs: calls 1 and 2 run the kernels plainly (warm-up, timed run), the third records
-        loaded = precompile_runtime.load_packaged(f"{model_name}_forward", package="benchmodels", strict=True,
-                                                  cuda_graphs=mech == "load_packaged_graphs")
+        loaded = precompile_runtime.load_packaged(
+            f"{model_name}_forward",
+            package="benchmodels",
+            strict=True,
+            cuda_graphs=mech == "load_packaged_graphs",
+        )
         call = lambda: loaded(model, *args)  # noqa: E731
     else:
         raise SystemExit(f"unknown mechanism {mech}")
@@ -109,8 +122,13 @@ def worker(mech: str, model_name: str, device: str, work: Path) -> dict:
         "to_first_result_s": t_first - t_import,
         "second_call_s": t_second - t_first,  # with CUDA graphs: the recording
         "steady_ms": statistics.median(times) * 1e3,
-        "compiler_imported": sorted({m.split(".")[1] for m in sys.modules
-                                     if m.startswith(("torch._inductor", "torch._dynamo"))}),
+        "compiler_imported": sorted(
+            {
+                m.split(".")[1]
+                for m in sys.modules
+                if m.startswith(("torch._inductor", "torch._dynamo"))
+            }
+        ),
     }
 
 
@@ -151,7 +169,9 @@ def _env(work: Path, mech: str, fresh_caches: bool) -> dict:
         TORCHINDUCTOR_CACHE_DIR=str(caches / "inductor"),
         TRITON_CACHE_DIR=str(caches / "triton"),
         PRECOMPILE_CACHE_DIR=str(caches / "precompile"),
-        PYTHONPATH=os.pathsep.join([str(work / "site"), str(ROOT / "runtime"), env.get("PYTHONPATH", "")]),
+        PYTHONPATH=os.pathsep.join(
+            [str(work / "site"), str(ROOT / "runtime"), env.get("PYTHONPATH", "")]
+        ),
     )
     return env
 
@@ -172,8 +192,14 @@ def prepare(mech: str, name: str, device: str, work: Path) -> str | None:
         return "CUDA graphs: CUDA only"
     if mech in ("load_packaged", "load_packaged_graphs"):
         return None  # built once for all models, see build_wheel()
-    code = PRIME.format(project=str(HERE / "project"), example=str(ROOT / "example_project"),
-                        mech=mech, name=name, device=device, work=str(work))
+    code = PRIME.format(
+        project=str(HERE / "project"),
+        example=str(ROOT / "example_project"),
+        mech=mech,
+        name=name,
+        device=device,
+        work=str(work),
+    )
     try:
         p = _run([sys.executable, "-c", code], _env(work, mech, fresh_caches=True), 1800)
     except subprocess.TimeoutExpired:
@@ -189,12 +215,37 @@ def build_wheel(work: Path, device: str) -> None:
     env["PRECOMPILE_VERBOSE"] = "1"
     dist = work / "dist"
     # precompile-build comes from this tree (PYTHONPATH), not an install: skip the check
-    subprocess.run([sys.executable, "-m", "build", "--no-isolation", "--skip-dependency-check", "--wheel", "--outdir", str(dist),
-                    str(HERE / "project")], check=True, env=env)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "build",
+            "--no-isolation",
+            "--skip-dependency-check",
+            "--wheel",
+            "--outdir",
+            str(dist),
+            str(HERE / "project"),
+        ],
+        check=True,
+        env=env,
+    )
     shutil.rmtree(HERE / "project" / "build", ignore_errors=True)
     wheel = next(dist.glob("benchmodels-*.whl"))
-    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target",
-                    str(work / "site"), str(wheel)], check=True)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "-q",
+            "--no-deps",
+            "--target",
+            str(work / "site"),
+            str(wheel),
+        ],
+        check=True,
+    )
 
 
 def artifact_bytes(mech: str, name: str, work: Path) -> int | None:
@@ -222,8 +273,22 @@ def measure(mech: str, name: str, device: str, work: Path, repeats: int) -> dict
     for _ in range(repeats):
         env = _env(work, mech, fresh_caches=(mech == "compile_cold"))
         try:
-            p = _run([sys.executable, __file__, "--worker", mech, "--models", name, "--device", device,
-                      "--work", str(work)], env, 1800)
+            p = _run(
+                [
+                    sys.executable,
+                    __file__,
+                    "--worker",
+                    mech,
+                    "--models",
+                    name,
+                    "--device",
+                    device,
+                    "--work",
+                    str(work),
+                ],
+                env,
+                1800,
+            )
         except subprocess.TimeoutExpired:
             error = "timed out"
             break
@@ -249,36 +314,64 @@ def add_ratios(rows: list[dict]) -> None:
             continue
         r["first_result_vs_eager_first_call"] = r["to_first_result_s"] / eager["to_first_result_s"]
         r["steady_vs_eager"] = r["steady_ms"] / eager["steady_ms"]
-        others = [o for o in rows if "error" not in o and o["mechanism"] not in ("eager", r["mechanism"])]
+        others = [
+            o for o in rows if "error" not in o and o["mechanism"] not in ("eager", r["mechanism"])
+        ]
         if others:
             best_start = min(others, key=lambda o: o["to_first_result_s"])
             best_steady = min(others, key=lambda o: o["steady_ms"])
-            r["first_result_vs_best_other"] = r["to_first_result_s"] / best_start["to_first_result_s"]
+            r["first_result_vs_best_other"] = (
+                r["to_first_result_s"] / best_start["to_first_result_s"]
+            )
             r["best_other_first_result"] = best_start["mechanism"]
             r["steady_vs_best_other"] = r["steady_ms"] / best_steady["steady_ms"]
 
 
 def markdown(result: dict) -> str:
-    out = [f"# Cold start on {result['host']}", "",
-           f"torch {result['torch']}, Python {result['python']}, device {result['device']}, "
-           f"median of {result['repeats']} fresh processes per cell. Reproduce: `{result['command']}`.", ""]
+    out = [
+        f"# Cold start on {result['host']}",
+        "",
+        f"torch {result['torch']}, Python {result['python']}, device {result['device']}, "
+        f"median of {result['repeats']} fresh processes per cell. Reproduce: `{result['command']}`.",
+        "",
+    ]
     for name, rows in result["models"].items():
-        out += [f"## {name}", "", result["configs"][name], "",
-                "| mechanism | import s | setup s | load s | first call s | to first result s | second call s | steady ms "
-                "| artifact bytes | first result / eager | vs best other | steady / eager | steady / best other "
-                "| compiler stack imported |",
-                "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+        out += [
+            f"## {name}",
+            "",
+            result["configs"][name],
+            "",
+            "| mechanism | import s | setup s | load s | first call s | to first result s | second call s | steady ms "
+            "| artifact bytes | first result / eager | vs best other | steady / eager | steady / best other "
+            "| compiler stack imported |",
+            "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        ]
         for r in rows:
             if "error" in r:
                 out.append(f"| {r['mechanism']} | not measured: {r['error']} ||||||||||||")
                 continue
             f = lambda k, fmt="{:.3f}", r=r: fmt.format(r[k]) if r.get(k) is not None else "-"  # noqa: E731
-            out.append(" | ".join([
-                f"| {r['mechanism']}", f("import_s", "{:.2f}"), f("setup_s"), f("load_s"), f("first_call_s"),
-                f("to_first_result_s"), f("second_call_s"), f("steady_ms", "{:.3f}"), f("artifact_bytes", "{:,}"),
-                f("first_result_vs_eager_first_call", "{:.2f}x"), f("first_result_vs_best_other", "{:.2f}x"),
-                f("steady_vs_eager", "{:.2f}x"), f("steady_vs_best_other", "{:.2f}x"),
-                ", ".join(r.get("compiler_imported") or []) or "no"]) + " |")
+            out.append(
+                " | ".join(
+                    [
+                        f"| {r['mechanism']}",
+                        f("import_s", "{:.2f}"),
+                        f("setup_s"),
+                        f("load_s"),
+                        f("first_call_s"),
+                        f("to_first_result_s"),
+                        f("second_call_s"),
+                        f("steady_ms", "{:.3f}"),
+                        f("artifact_bytes", "{:,}"),
+                        f("first_result_vs_eager_first_call", "{:.2f}x"),
+                        f("first_result_vs_best_other", "{:.2f}x"),
+                        f("steady_vs_eager", "{:.2f}x"),
+                        f("steady_vs_best_other", "{:.2f}x"),
+                        ", ".join(r.get("compiler_imported") or []) or "no",
+                    ]
+                )
+                + " |"
+            )
         out.append("")
     return "\n".join(out)
 
@@ -309,17 +402,35 @@ def main() -> int:
     if {"load_packaged", "load_packaged_graphs"} & set(mechs):
         os.environ["PRECOMPILE_TARGETS"] = ",".join(f"{m}_forward" for m in a.models.split(","))
         build_wheel(work, device)
-    host = torch.cuda.get_device_name() if device == "cuda" else (platform.processor() or platform.machine())
-    result = {"host": host, "device": device, "torch": torch.__version__, "python": platform.python_version(),
-              "repeats": a.repeats, "command": "python bench/cold_start.py " + " ".join(sys.argv[1:]),
-              "models": {}, "configs": {}}
+    host = (
+        torch.cuda.get_device_name()
+        if device == "cuda"
+        else (platform.processor() or platform.machine())
+    )
+    result = {
+        "host": host,
+        "device": device,
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+        "repeats": a.repeats,
+        "command": "python bench/cold_start.py " + " ".join(sys.argv[1:]),
+        "models": {},
+        "configs": {},
+    }
     for name in a.models.split(","):
-        result["configs"][name] = (str(benchmodels.gpt_block_config(device)) if name == "gpt_block"
-                                   else "tinylm.build_model(seed=0), ids (2, 32)")
+        result["configs"][name] = (
+            str(benchmodels.gpt_block_config(device))
+            if name == "gpt_block"
+            else "tinylm.build_model(seed=0), ids (2, 32)"
+        )
         rows = []
         for mech in mechs:
             why = prepare(mech, name, device, work)
-            row = {"mechanism": mech, "error": why} if why else measure(mech, name, device, work, a.repeats)
+            row = (
+                {"mechanism": mech, "error": why}
+                if why
+                else measure(mech, name, device, work, a.repeats)
+            )
             print(json.dumps({"model": name, **row}), flush=True)
             rows.append(row)
         add_ratios(rows)

@@ -66,8 +66,11 @@ def main():
     with tempfile.TemporaryDirectory() as tmp, torch.no_grad():
         plain = load_pair(model, forward, (x0,), Path(tmp))
         graphed = plain.with_cuda_graphs()
-        mechs = {"eager": lambda x: model(x), "pair, graphs off": lambda x: plain(model, x),
-                 "pair, graphs on": lambda x: graphed(model, x)}
+        mechs = {
+            "eager": lambda x: model(x),
+            "pair, graphs off": lambda x: plain(model, x),
+            "pair, graphs on": lambda x: graphed(model, x),
+        }
         for streams in (False, True):
             for threads in (1, 2, 4):
                 xs = [[torch.randn_like(x0) for _ in range(a.calls)] for _ in range(threads)]
@@ -78,11 +81,16 @@ def main():
                     for _ in range(a.rounds):
                         s, outs = run(fn, xs, streams)
                         secs.append(s)
-                        worst = max(worst, max(float((o - w).abs().max()) for o, w in zip(outs, want)))
+                        worst = max(
+                            worst, max(float((o - w).abs().max()) for o, w in zip(outs, want))
+                        )
                     rate = threads * a.calls / statistics.median(secs)
                     rows.append((name, threads, streams, rate, worst))
-                    print(f"{name}, {threads} thread(s), {'stream per thread' if streams else 'one stream'}: "
-                          f"{rate:,.0f} calls/s, max |diff| {worst:.2e}", flush=True)
+                    print(
+                        f"{name}, {threads} thread(s), {'stream per thread' if streams else 'one stream'}: "
+                        f"{rate:,.0f} calls/s, max |diff| {worst:.2e}",
+                        flush=True,
+                    )
         recorded = graphed._graphs.recorded
     one = {(n, s): r for n, t, s, r, _ in rows if t == 1}
     lines = [
@@ -96,8 +104,10 @@ def main():
         "| --- | --- | --- | --- | --- | --- |",
     ]
     for name, t, s, r, worst in rows:
-        lines.append(f"| {name} | {t} | {'per thread' if s else 'one'} | {r:,.0f} | "
-                     f"{r / one[(name, s)]:.2f}x | {worst:.1e} |")
+        lines.append(
+            f"| {name} | {t} | {'per thread' if s else 'one'} | {r:,.0f} | "
+            f"{r / one[(name, s)]:.2f}x | {worst:.1e} |"
+        )
     text = "\n".join(lines) + "\n"
     print(text)
     if a.out:

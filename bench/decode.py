@@ -96,16 +96,35 @@ from decode_timing import StopFlags, breakdown, kernel_floor, sync
 
 ROOT = Path(__file__).resolve().parent.parent
 # (in the order they run: a run cut short has the cheap and the precompiled ones)
-PATHS = ("eager", "load_packaged", "load_packaged_graphs", "eager_lagged", "load_packaged_graphs_lagged",
-         "load_packaged_greedy", "load_packaged_graphs_greedy", "generate", "generate_compile", "generate_compile_ro",
-         "generate_auto")
-GREEDY = "_greedy"  # the loop over greedy_b<B>: the whole step (argmax, position, results) in the target
+PATHS = (
+    "eager",
+    "load_packaged",
+    "load_packaged_graphs",
+    "eager_lagged",
+    "load_packaged_graphs_lagged",
+    "load_packaged_greedy",
+    "load_packaged_graphs_greedy",
+    "generate",
+    "generate_compile",
+    "generate_compile_ro",
+    "generate_auto",
+)
+GREEDY = (
+    "_greedy"  # the loop over greedy_b<B>: the whole step (argmax, position, results) in the target
+)
 LAGGED = "_lagged"  # the server loop that reads each step's stop flag one step later
 WARM = 3  # decode calls before the loops' timing starts: a warm-up, CUDA graphs' timed run, its recording
 
 
-def worker(path: str, device: str, batch: int, steps: int, n_prompt: int, logits_file: str,
-           prefill_with: str = "target") -> dict:
+def worker(
+    path: str,
+    device: str,
+    batch: int,
+    steps: int,
+    n_prompt: int,
+    logits_file: str,
+    prefill_with: str = "target",
+) -> dict:
     """One path in this (fresh) process: first-token seconds, ms/token, tokens; the
     logits of every step (float32, [batch, steps, vocab]) saved to ``logits_file``."""
     if path.endswith(GREEDY):
@@ -131,9 +150,18 @@ def worker(path: str, device: str, batch: int, steps: int, n_prompt: int, logits
             t0 = time.perf_counter()
             # a fresh StaticCache of one size for every call: the compiled forward sees
             # the same shapes (generate's own static cache is sized by max_new_tokens)
-            res = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=n, min_new_tokens=n,
-                                 do_sample=False, past_key_values=llmdecode.static_cache(model, batch, device),
-                                 pad_token_id=0, return_dict_in_generate=True, output_logits=True, **extra)
+            res = model.generate(
+                ids,
+                attention_mask=torch.ones_like(ids),
+                max_new_tokens=n,
+                min_new_tokens=n,
+                do_sample=False,
+                past_key_values=llmdecode.static_cache(model, batch, device),
+                pad_token_id=0,
+                return_dict_in_generate=True,
+                output_logits=True,
+                **extra,
+            )
             toks = res.sequences[:, n_prompt:].tolist()
             return time.perf_counter() - t0, toks, res.logits
 
@@ -153,26 +181,36 @@ def worker(path: str, device: str, batch: int, steps: int, n_prompt: int, logits
     else:
         import precompile_runtime
 
-        if by_decode:  # the prompt through the decode target, a token per call: one target per batch
-            decode = precompile_runtime.load_packaged(f"decode_b{batch}", package="llmdecode", strict=True,
-                                                      cuda_graphs=graphs)
+        if (
+            by_decode
+        ):  # the prompt through the decode target, a token per call: one target per batch
+            decode = precompile_runtime.load_packaged(
+                f"decode_b{batch}", package="llmdecode", strict=True, cuda_graphs=graphs
+            )
         else:
-            prefill = precompile_runtime.load_packaged(f"prefill_b{batch}", package="llmdecode", strict=True)
+            prefill = precompile_runtime.load_packaged(
+                f"prefill_b{batch}", package="llmdecode", strict=True
+            )
     out["load_s"] = time.perf_counter() - t0
     cache = llmdecode.static_cache(model, batch, device)
     with torch.no_grad():
         if by_decode:
             for i in range(n_prompt):
-                logits = decode(model, ids[:, i:i + 1].contiguous(), cache, torch.tensor([i], device=device))
+                logits = decode(
+                    model, ids[:, i : i + 1].contiguous(), cache, torch.tensor([i], device=device)
+                )
         else:
             logits = prefill(model, ids, cache, torch.arange(n_prompt, device=device))
         token = logits.argmax(-1)
         first = token.cpu()  # the first token on the host
         out["first_token_s"] = time.perf_counter() - t0
-        if path != "eager" and not by_decode:  # loaded once the first token is out (a server streams it)
+        if (
+            path != "eager" and not by_decode
+        ):  # loaded once the first token is out (a server streams it)
             t1 = time.perf_counter()
-            decode = precompile_runtime.load_packaged(f"decode_b{batch}", package="llmdecode", strict=True,
-                                                      cuda_graphs=graphs)
+            decode = precompile_runtime.load_packaged(
+                f"decode_b{batch}", package="llmdecode", strict=True, cuda_graphs=graphs
+            )
             out["decode_load_s"] = time.perf_counter() - t1
         pos = torch.tensor([n_prompt], device=device)
         tokens, all_logits = [token], [logits]
@@ -214,19 +252,26 @@ def worker(path: str, device: str, batch: int, steps: int, n_prompt: int, logits
                 if graphs:
                     state = {"token": token}
 
-                    def after(logits):  # the loop's own work: the next input, the position, the flag
+                    def after(
+                        logits,
+                    ):  # the loop's own work: the next input, the position, the flag
                         state["token"] = logits.argmax(-1)
                         pos.add_(1)
                         return (state["token"] == llmdecode.STOP).all()
 
-                    out["breakdown"] = breakdown(lambda: decode(model, state["token"][:, None], cache, pos), after,
-                                                 lagged=lagged)
+                    out["breakdown"] = breakdown(
+                        lambda: decode(model, state["token"][:, None], cache, pos),
+                        after,
+                        lagged=lagged,
+                    )
             except Exception as e:  # noqa: BLE001 - reported in the table
                 out["logit_note"] = f"floor/breakdown failed: {type(e).__name__}: {str(e)[:150]}"
     return out
 
 
-def greedy_worker(path: str, device: str, batch: int, steps: int, n_prompt: int, logits_file: str) -> dict:
+def greedy_worker(
+    path: str, device: str, batch: int, steps: int, n_prompt: int, logits_file: str
+) -> dict:
     """A ``*_greedy`` path in this (fresh) process, as :func:`worker`: the loop calls the
     loaded ``greedy_b<B>`` (``load_packaged_graphs_greedy``: with CUDA graphs), whose one
     call is the whole step: the prompt goes through it a token per call (the token and
@@ -243,8 +288,12 @@ def greedy_worker(path: str, device: str, batch: int, steps: int, n_prompt: int,
     sync(device)
     out: dict = {}
     t0 = time.perf_counter()
-    step = precompile_runtime.load_packaged(f"greedy_b{batch}", package="llmdecode", strict=True,
-                                            cuda_graphs=path.startswith("load_packaged_graphs"))
+    step = precompile_runtime.load_packaged(
+        f"greedy_b{batch}",
+        package="llmdecode",
+        strict=True,
+        cuda_graphs=path.startswith("load_packaged_graphs"),
+    )
     out["load_s"] = time.perf_counter() - t0
     cache = llmdecode.static_cache(model, batch, device)
     tokens, logits = llmdecode.greedy_buffers(model, batch, device)
@@ -252,7 +301,7 @@ def greedy_worker(path: str, device: str, batch: int, steps: int, n_prompt: int,
     token, pos = ids[:, :1].clone(), torch.zeros(1, dtype=torch.long, device=device)
     with torch.no_grad():
         for i in range(n_prompt):  # the same tensors every call: a graph reads them in place
-            token.copy_(ids[:, i:i + 1])
+            token.copy_(ids[:, i : i + 1])
             pos.fill_(i)
             step(model, token, cache, pos, tokens, logits)
         first = token[:, 0].tolist()  # the first token on the host (a copy: the step writes token)
@@ -274,28 +323,59 @@ def greedy_worker(path: str, device: str, batch: int, steps: int, n_prompt: int,
             try:  # (after the timed loop: a failure here keeps the row, with the reason)
                 graphs = getattr(step, "cuda_graphs", False)
                 plain = step.with_cuda_graphs(False) if graphs else step
-                out["kernel_ms_per_step"] = kernel_floor(lambda: plain(model, token, cache, pos, tokens, logits),
-                                                         device)
+                out["kernel_ms_per_step"] = kernel_floor(
+                    lambda: plain(model, token, cache, pos, tokens, logits), device
+                )
                 if graphs:  # the loop's own work is the flag's read only
-                    out["breakdown"] = breakdown(lambda: step(model, token, cache, pos, tokens, logits),
-                                                 lambda flag: flag, lagged=True)
+                    out["breakdown"] = breakdown(
+                        lambda: step(model, token, cache, pos, tokens, logits),
+                        lambda flag: flag,
+                        lagged=True,
+                    )
             except Exception as e:  # noqa: BLE001 - reported in the table
                 out["logit_note"] = f"floor/breakdown failed: {type(e).__name__}: {str(e)[:150]}"
     return out
 
 
-def run_path(path: str, device: str, batch: int, steps: int, n_prompt: int, work: Path, timeout: float,
-             prefill_with: str = "target") -> dict:
+def run_path(
+    path: str,
+    device: str,
+    batch: int,
+    steps: int,
+    n_prompt: int,
+    work: Path,
+    timeout: float,
+    prefill_with: str = "target",
+) -> dict:
     env = dict(os.environ)
     caches = work / f"cache-{path}-{batch}"
     shutil.rmtree(caches, ignore_errors=True)  # fresh compiler caches: a first run
-    env.update(TORCHINDUCTOR_CACHE_DIR=str(caches / "inductor"), TRITON_CACHE_DIR=str(caches / "triton"),
-               PRECOMPILE_CACHE_DIR=str(caches / "precompile"),
-               PYTHONPATH=os.pathsep.join([str(work / "site"), str(ROOT), str(ROOT / "runtime"),
-                                           env.get("PYTHONPATH", "")]))
-    cmd = [sys.executable, __file__, "--worker", path, "--device", device, "--batches", str(batch),
-           "--steps", str(steps), "--prompt", str(n_prompt), "--logits", str(work / f"logits-{path}-{batch}.pt"),
-           "--prefill", prefill_with]
+    env.update(
+        TORCHINDUCTOR_CACHE_DIR=str(caches / "inductor"),
+        TRITON_CACHE_DIR=str(caches / "triton"),
+        PRECOMPILE_CACHE_DIR=str(caches / "precompile"),
+        PYTHONPATH=os.pathsep.join(
+            [str(work / "site"), str(ROOT), str(ROOT / "runtime"), env.get("PYTHONPATH", "")]
+        ),
+    )
+    cmd = [
+        sys.executable,
+        __file__,
+        "--worker",
+        path,
+        "--device",
+        device,
+        "--batches",
+        str(batch),
+        "--steps",
+        str(steps),
+        "--prompt",
+        str(n_prompt),
+        "--logits",
+        str(work / f"logits-{path}-{batch}.pt"),
+        "--prefill",
+        prefill_with,
+    ]
     try:
         p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired:
@@ -331,48 +411,70 @@ def _logit_difference(work: Path, path: str, batch: int) -> dict:
 
 
 def markdown(meta: dict, rows: list[dict]) -> str:
-    lines = [f"# Greedy decoding ({meta['device']})", "",
-             f"`{meta['command']}` - torch {meta['torch']}, transformers {meta['transformers']}, "
-             f"{meta['host']}. Model: {meta['model']} (weights built for decidable greedy tokens: "
-             f"bench/decode.py's docstring). Prompt {meta['prompt']} tokens, then "
-             f"{meta['steps']} greedy tokens; each path in a fresh process with empty compiler caches "
-             f"(wheel built in {meta['build_s']:.0f} s). The loops keep the token on the device and read "
-             "one stop flag per step, as generate does; the `_lagged` paths read each step's flag after "
-             "launching the next step (through pinned memory: the host's work overlaps the GPU's); the "
-             "`_greedy` paths call one target holding the whole step (argmax, next input, position), "
-             "lagged too, and their x kernel floor is over that step's own kernels.", "",
-             "| batch | path | first token (s) | ms/token | vs eager | x kernel floor | tokens equal eager "
-             "| max abs dlogit (rel.) | note |",
-             "|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        f"# Greedy decoding ({meta['device']})",
+        "",
+        f"`{meta['command']}` - torch {meta['torch']}, transformers {meta['transformers']}, "
+        f"{meta['host']}. Model: {meta['model']} (weights built for decidable greedy tokens: "
+        f"bench/decode.py's docstring). Prompt {meta['prompt']} tokens, then "
+        f"{meta['steps']} greedy tokens; each path in a fresh process with empty compiler caches "
+        f"(wheel built in {meta['build_s']:.0f} s). The loops keep the token on the device and read "
+        "one stop flag per step, as generate does; the `_lagged` paths read each step's flag after "
+        "launching the next step (through pinned memory: the host's work overlaps the GPU's); the "
+        "`_greedy` paths call one target holding the whole step (argmax, next input, position), "
+        "lagged too, and their x kernel floor is over that step's own kernels.",
+        "",
+        "| batch | path | first token (s) | ms/token | vs eager | x kernel floor | tokens equal eager "
+        "| max abs dlogit (rel.) | note |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
     for r in rows:
         if "error" in r:
-            lines.append(f"| {r['batch']} | {r['path']} | - | - | - | - | - | - | fails: {r['error']} |")
+            lines.append(
+                f"| {r['batch']} | {r['path']} | - | - | - | - | - | - | fails: {r['error']} |"
+            )
             continue
         note = []
         if r.get("kernel_ms_per_step") is not None:
             note.append(f"kernel floor {r['kernel_ms_per_step']:.3f} ms/step")
         if r.get("decode_load_s") is not None:
-            note.append(f"load: prefill {r['load_s']:.2f} s (in first token), decode {r['decode_load_s']:.2f} s "
-                        "(after it)")
+            note.append(
+                f"load: prefill {r['load_s']:.2f} s (in first token), decode {r['decode_load_s']:.2f} s "
+                "(after it)"
+            )
         if r.get("logit_note"):
             note.append(r["logit_note"])
         floor = f"{r['floor_ratio']:.2f}x" if r.get("floor_ratio") is not None else "-"
-        dlogit = (f"{r['max_dlogit']:.3g} ({r['rel_dlogit']:.2%})" if r.get("max_dlogit") is not None else "-")
-        lines.append(f"| {r['batch']} | {r['path']} | {r['first_token_s']:.2f} | {r['ms_per_token']:.3f} | "
-                     f"{r.get('vs_eager', float('nan')):.2f}x | {floor} | {r.get('equal', '-')} | {dlogit} | "
-                     f"{'; '.join(note)} |")
+        dlogit = (
+            f"{r['max_dlogit']:.3g} ({r['rel_dlogit']:.2%})"
+            if r.get("max_dlogit") is not None
+            else "-"
+        )
+        lines.append(
+            f"| {r['batch']} | {r['path']} | {r['first_token_s']:.2f} | {r['ms_per_token']:.3f} | "
+            f"{r.get('vs_eager', float('nan')):.2f}x | {floor} | {r.get('equal', '-')} | {dlogit} | "
+            f"{'; '.join(note)} |"
+        )
     parts = [r for r in rows if r.get("breakdown", {}).get("steps")]
     if parts:
         keys = [k for k in parts[0]["breakdown"] if k != "steps"]
-        lines += ["", "Per-step breakdown of load_packaged_graphs (medians of instrumented steps after the "
-                  "timed ones; us, GPU replay and step in ms): host time in the loaded function before "
-                  "CUDAGraph.replay, in it, after it; the loop's own host time incl. waiting for the GPU "
-                  "(the _lagged rows: in the lagged loop).", "",
-                  "| batch | path | steps | " + " | ".join(keys) + " |", "|---|---|---|" + "---|" * len(keys)]
+        lines += [
+            "",
+            "Per-step breakdown of load_packaged_graphs (medians of instrumented steps after the "
+            "timed ones; us, GPU replay and step in ms): host time in the loaded function before "
+            "CUDAGraph.replay, in it, after it; the loop's own host time incl. waiting for the GPU "
+            "(the _lagged rows: in the lagged loop).",
+            "",
+            "| batch | path | steps | " + " | ".join(keys) + " |",
+            "|---|---|---|" + "---|" * len(keys),
+        ]
         for r in parts:
             b = r["breakdown"]
-            lines.append(f"| {r['batch']} | {r['path']} | {b['steps']} | " + " | ".join(f"{b[k]:.3f}" if k.endswith("_ms")
-                                                                          else f"{b[k]:.1f}" for k in keys) + " |")
+            lines.append(
+                f"| {r['batch']} | {r['path']} | {b['steps']} | "
+                + " | ".join(f"{b[k]:.3f}" if k.endswith("_ms") else f"{b[k]:.1f}" for k in keys)
+                + " |"
+            )
     return "\n".join(lines) + "\n"
 
 
@@ -381,7 +483,10 @@ def summary(r: dict, rows: list[dict]) -> str:
     head = f"SUMMARY batch={r['batch']} path={r['path']}"
     if "error" in r:
         return f"{head} FAILS {r['error'][:200]}"
-    eager = next((x for x in rows if x["batch"] == r["batch"] and x["path"] == "eager" and "error" not in x), None)
+    eager = next(
+        (x for x in rows if x["batch"] == r["batch"] and x["path"] == "eager" and "error" not in x),
+        None,
+    )
     text = f"{head} ms/token={r['ms_per_token']:.3f}"
     if r.get("floor_ratio") is not None:
         text += f" floor_x={r['floor_ratio']:.2f}"
@@ -392,8 +497,10 @@ def summary(r: dict, rows: list[dict]) -> str:
         text += f" max_dlogit={r['max_dlogit']:.3g}"
     b = r.get("breakdown") or {}
     if b.get("steps"):
-        text += (f" host_before_replay_us={b['driver_before_replay_us']:.0f} replay_gpu_ms={b['replay_gpu_ms']:.3f}"
-                 f" step_ms={b['step_ms']:.3f}")
+        text += (
+            f" host_before_replay_us={b['driver_before_replay_us']:.0f} replay_gpu_ms={b['replay_gpu_ms']:.3f}"
+            f" step_ms={b['step_ms']:.3f}"
+        )
     return text
 
 
@@ -405,22 +512,38 @@ def main() -> None:
     ap.add_argument("--prompt", type=int, default=16)
     ap.add_argument("--paths", nargs="+", default=list(PATHS), choices=PATHS)
     ap.add_argument("--timeout", type=float, default=900, help="seconds per path")
-    ap.add_argument("--budget", type=float, default=None,
-                    help="seconds for the whole run, the build of the wheel included: a path that would start after it is skipped, "
-                         "one running is stopped at it")
-    ap.add_argument("--prefill", choices=["target", "decode"], default="target",
-                    help="load_packaged paths: the prompt through a prefill target (one per batch, "
-                         "the prompt length dynamic) or through the decode target, a token per call "
-                         "(half the targets to build)")
-    ap.add_argument("--inductor", action="append", default=[],
-                    help="KEY=VALUE (true/false, an int, else text): an Inductor setting for the targets' capture")
+    ap.add_argument(
+        "--budget",
+        type=float,
+        default=None,
+        help="seconds for the whole run, the build of the wheel included: a path that would start after it is skipped, "
+        "one running is stopped at it",
+    )
+    ap.add_argument(
+        "--prefill",
+        choices=["target", "decode"],
+        default="target",
+        help="load_packaged paths: the prompt through a prefill target (one per batch, "
+        "the prompt length dynamic) or through the decode target, a token per call "
+        "(half the targets to build)",
+    )
+    ap.add_argument(
+        "--inductor",
+        action="append",
+        default=[],
+        help="KEY=VALUE (true/false, an int, else text): an Inductor setting for the targets' capture",
+    )
     ap.add_argument("--work", help="folder for the project, wheel and caches (default: a temp dir)")
     ap.add_argument("--out", help="write the markdown table here")
     ap.add_argument("--worker", help=argparse.SUPPRESS)
     ap.add_argument("--logits", help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.worker:
-        print(json.dumps(worker(a.worker, a.device, a.batches[0], a.steps, a.prompt, a.logits, a.prefill)))
+        print(
+            json.dumps(
+                worker(a.worker, a.device, a.batches[0], a.steps, a.prompt, a.logits, a.prefill)
+            )
+        )
         return
     work = Path(a.work or tempfile.mkdtemp(prefix="decode-bench-"))
     paths = [p for p in a.paths if a.device == "cuda" or not p.startswith("load_packaged_graphs")]
@@ -442,7 +565,11 @@ def main() -> None:
     # path-major (eager at every batch, then the next path at every batch, ...): a run cut
     # short by --budget has the same paths at every batch
     for path, batch in [(p, b) for p in paths for b in a.batches]:
-        left = a.timeout if a.budget is None else min(a.timeout, a.budget - (time.perf_counter() - start))
+        left = (
+            a.timeout
+            if a.budget is None
+            else min(a.timeout, a.budget - (time.perf_counter() - start))
+        )
         if left < 10:
             r = {"error": "not run: the --budget was spent"}
         else:
@@ -460,8 +587,16 @@ def main() -> None:
         rows.append(r)
         rows.sort(key=lambda x: (a.batches.index(x["batch"]), paths.index(x["path"])))
         print(json.dumps({k: v for k, v in r.items() if k != "tokens"}), flush=True)
-        floor = next((x["kernel_ms_per_step"] for x in rows if x["batch"] == batch and "kernel_ms_per_step" in x
-                      and not x["path"].endswith(GREEDY)), None)  # the decode step's
+        floor = next(
+            (
+                x["kernel_ms_per_step"]
+                for x in rows
+                if x["batch"] == batch
+                and "kernel_ms_per_step" in x
+                and not x["path"].endswith(GREEDY)
+            ),
+            None,
+        )  # the decode step's
         for x in rows:
             own = x.get("kernel_ms_per_step") or floor  # a greedy row: its own step's kernels
             if x["batch"] == batch and own and "error" not in x:
@@ -486,15 +621,23 @@ def _writer(a, build_s):
     import transformers
 
     size = SIZES[a.device]
-    meta = {"device": a.device, "command": "python bench/decode.py " + " ".join(sys.argv[1:]),
-            "torch": torch.__version__, "transformers": transformers.__version__,
-            "host": f"Python {platform.python_version()}, {platform.machine()}, {os.cpu_count()} CPUs"
-            + (f", {torch.cuda.get_device_name()}" if a.device == "cuda" else ""),
-            "model": (f"Llama, hidden {size['hidden_size']}, {size['num_hidden_layers']} layers, "
-                      f"{size['num_attention_heads']} heads ({size['num_key_value_heads']} KV), MLP "
-                      f"{size['intermediate_size']}, vocabulary {size['vocab_size']}, {size['dtype']}"
-                      + (", about 1.1B parameters" if a.device == "cuda" else "")),
-            "prompt": a.prompt, "steps": a.steps, "build_s": build_s}
+    meta = {
+        "device": a.device,
+        "command": "python bench/decode.py " + " ".join(sys.argv[1:]),
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "host": f"Python {platform.python_version()}, {platform.machine()}, {os.cpu_count()} CPUs"
+        + (f", {torch.cuda.get_device_name()}" if a.device == "cuda" else ""),
+        "model": (
+            f"Llama, hidden {size['hidden_size']}, {size['num_hidden_layers']} layers, "
+            f"{size['num_attention_heads']} heads ({size['num_key_value_heads']} KV), MLP "
+            f"{size['intermediate_size']}, vocabulary {size['vocab_size']}, {size['dtype']}"
+            + (", about 1.1B parameters" if a.device == "cuda" else "")
+        ),
+        "prompt": a.prompt,
+        "steps": a.steps,
+        "build_s": build_s,
+    }
 
     def write(rows):
         if a.out:

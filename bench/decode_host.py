@@ -40,8 +40,16 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "bench"))
 
 # the pieces of the loaded function timed per step, by name in the source half
-PIECES = ("_check_ambient", "_flatten_call", "_fast_leaves", "_cached_params", "_check_inputs", "_constants",
-          "_check_no_aliases", "_rebuild")
+PIECES = (
+    "_check_ambient",
+    "_flatten_call",
+    "_fast_leaves",
+    "_cached_params",
+    "_check_inputs",
+    "_constants",
+    "_check_no_aliases",
+    "_rebuild",
+)
 GRAPH_PIECES = ("_call", "_find", "_replay")
 
 
@@ -71,6 +79,7 @@ def _load(src: Path, cache: Path):
 
 def _timed(ns: dict, times: dict):
     """Wrap the source half's PIECES (and the graphs' methods) to add their seconds to ``times``."""
+
     def wrap(fn, name):
         def timed(*a, **k):
             t0 = time.perf_counter()
@@ -78,6 +87,7 @@ def _timed(ns: dict, times: dict):
                 return fn(*a, **k)
             finally:
                 times.setdefault(name, []).append(time.perf_counter() - t0)
+
         return timed
 
     for name in PIECES:
@@ -119,8 +129,11 @@ def _lagged_timeline(decode, model, cache, token, pos, n) -> dict:
         t0 = time.perf_counter()
         run(n, token)
         wall = time.perf_counter() - t0
-    spans = sorted((e.time_range.start, e.time_range.end, e.name) for e in prof.events()
-                   if e.device_type == DeviceType.CUDA)
+    spans = sorted(
+        (e.time_range.start, e.time_range.end, e.name)
+        for e in prof.events()
+        if e.device_type == DeviceType.CUDA
+    )
     busy, end = 0.0, None
     for s0, s1, _ in spans:
         if end is None or s0 >= end:
@@ -134,19 +147,32 @@ def _lagged_timeline(decode, model, cache, token, pos, n) -> dict:
     for s0, s1, name in spans:
         c, t = names.get(name, (0, 0.0))
         names[name] = (c + 1, t + s1 - s0)
-    rare = {k[:90]: {"per_step": round(c / n, 2), "us": round(t / c, 2)} for k, (c, t) in names.items() if c <= 2 * n}
-    return {"steps": n, "wall_ms_per_step": wall / n * 1e3, "gpu_span_ms_per_step": total / n / 1e3,
-            "gpu_busy_ms_per_step": busy / n / 1e3, "kernels_per_step": len(spans) / n,
-            "kernel_sum_ms_per_step": sum(s1 - s0 for s0, s1, _ in spans) / n / 1e3,
-            "few_per_step": dict(sorted(rare.items(), key=lambda kv: -kv[1]["us"])[:25])}
+    rare = {
+        k[:90]: {"per_step": round(c / n, 2), "us": round(t / c, 2)}
+        for k, (c, t) in names.items()
+        if c <= 2 * n
+    }
+    return {
+        "steps": n,
+        "wall_ms_per_step": wall / n * 1e3,
+        "gpu_span_ms_per_step": total / n / 1e3,
+        "gpu_busy_ms_per_step": busy / n / 1e3,
+        "kernels_per_step": len(spans) / n,
+        "kernel_sum_ms_per_step": sum(s1 - s0 for s0, s1, _ in spans) / n / 1e3,
+        "few_per_step": dict(sorted(rare.items(), key=lambda kv: -kv[1]["us"])[:25]),
+    }
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--layers", type=int, default=16)
     ap.add_argument("--batch", type=int, default=1)
-    ap.add_argument("--steps", type=int, default=100, help="per loop (the cache holds 256 positions)")
-    ap.add_argument("--inductor", action="append", default=[], help="KEY=VALUE (true/false, an int, else text)")
+    ap.add_argument(
+        "--steps", type=int, default=100, help="per loop (the cache holds 256 positions)"
+    )
+    ap.add_argument(
+        "--inductor", action="append", default=[], help="KEY=VALUE (true/false, an int, else text)"
+    )
     ap.add_argument("--device", default="cuda", help="cpu: a smoke run of this script (no graphs)")
     ap.add_argument("--out", type=Path)
     a = ap.parse_args()
@@ -167,16 +193,30 @@ def main() -> None:
 
         options["inductor"] = dict(map(decode.inductor_setting, a.inductor))
     t0 = time.perf_counter()
-    with torch.no_grad(), precompile_build.capture(lm.step, artifact_path=src, cache_path=cache_file, target="decode",
-                                                   engine="frozen", options=options) as f:
+    with (
+        torch.no_grad(),
+        precompile_build.capture(
+            lm.step,
+            artifact_path=src,
+            cache_path=cache_file,
+            target="decode",
+            engine="frozen",
+            options=options,
+        ) as f,
+    ):
         f(model, ids, lm.static_cache(model, a.batch, dev), torch.tensor([0], device=dev))
     capture_s = time.perf_counter() - t0
     decode, ns = _load(src, cache_file)
     cache = lm.static_cache(model, a.batch, dev)
     pos = torch.tensor([0], device=dev)
     token = ids[:, 0]
-    out: dict = {"layers": a.layers, "batch": a.batch, "capture_s": round(capture_s, 1),
-                 "torch": torch.__version__, "gpu": torch.cuda.get_device_name() if dev == "cuda" else None}
+    out: dict = {
+        "layers": a.layers,
+        "batch": a.batch,
+        "capture_s": round(capture_s, 1),
+        "torch": torch.__version__,
+        "gpu": torch.cuda.get_device_name() if dev == "cuda" else None,
+    }
 
     def loop(n):
         nonlocal token

@@ -24,10 +24,26 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 
 SIZES = {
-    "cpu": dict(vocab_size=1024, hidden_size=256, intermediate_size=512, num_hidden_layers=4,
-                num_attention_heads=4, num_key_value_heads=2, initializer_range=0.014, dtype="float32"),
-    "cuda": dict(vocab_size=32000, hidden_size=2048, intermediate_size=8192, num_hidden_layers=16,
-                 num_attention_heads=32, num_key_value_heads=8, initializer_range=0.005, dtype="bfloat16"),
+    "cpu": dict(
+        vocab_size=1024,
+        hidden_size=256,
+        intermediate_size=512,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        initializer_range=0.014,
+        dtype="float32",
+    ),
+    "cuda": dict(
+        vocab_size=32000,
+        hidden_size=2048,
+        intermediate_size=8192,
+        num_hidden_layers=16,
+        num_attention_heads=32,
+        num_key_value_heads=8,
+        initializer_range=0.005,
+        dtype="bfloat16",
+    ),
 }
 
 # The package the wheel is built from: its module builds the model and is imported by
@@ -142,8 +158,14 @@ else:
 '''
 
 
-def write_project(work: Path, device: str, batches: list[int], max_cache: int, kinds=("prefill", "decode"),
-                  inductor: dict | None = None) -> Path:
+def write_project(
+    work: Path,
+    device: str,
+    batches: list[int],
+    max_cache: int,
+    kinds=("prefill", "decode"),
+    inductor: dict | None = None,
+) -> Path:
     """Write the project under ``work/project``: the ``llmdecode`` package (MODULE for
     ``device``'s size, caches of ``max_cache`` tokens), the capture script, and one
     target per kind (``prefill``, ``decode``, ``greedy``) and batch, each captured with
@@ -151,17 +173,24 @@ def write_project(work: Path, device: str, batches: list[int], max_cache: int, k
     proj = work / "project"
     (proj / "llmdecode").mkdir(parents=True, exist_ok=True)
     (proj / "captures").mkdir(exist_ok=True)
-    (proj / "llmdecode" / "__init__.py").write_text(MODULE.format(config=SIZES[device], max_cache=max_cache))
+    (proj / "llmdecode" / "__init__.py").write_text(
+        MODULE.format(config=SIZES[device], max_cache=max_cache)
+    )
     (proj / "captures" / "capture.py").write_text(CAPTURE)
-    targets = "".join(textwrap.dedent(f'''
+    targets = "".join(
+        textwrap.dedent(f'''
         [tool.precompile.targets.{kind}_b{b}]
         script = "captures/capture.py"
         args = ["{kind}", "{b}"]
         device = "{device}"
         timeout = 1800
         env = {{ DECODE_INDUCTOR = {json.dumps(json.dumps(inductor or {}))} }}
-        ''') for b in batches for kind in kinds)
-    (proj / "pyproject.toml").write_text(textwrap.dedent('''
+        ''')
+        for b in batches
+        for kind in kinds
+    )
+    (proj / "pyproject.toml").write_text(
+        textwrap.dedent("""
         [build-system]
         requires = ["precompile-build", "torch", "transformers"]
         build-backend = "precompile_build.backend"
@@ -176,7 +205,9 @@ def write_project(work: Path, device: str, batches: list[int], max_cache: int, k
 
         [tool.precompile]
         package = "llmdecode"
-        ''') + targets)
+        """)
+        + targets
+    )
     return proj
 
 
@@ -184,11 +215,36 @@ def build_wheel(work: Path, proj: Path) -> float:
     """Build and install the wheel into work/site; returns the build's seconds."""
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), str(ROOT / "runtime")]))
     t0 = time.perf_counter()
-    subprocess.run([sys.executable, "-m", "build", "--no-isolation", "--skip-dependency-check", "--wheel",
-                    "--outdir", str(work / "dist"), str(proj)], check=True, env=env,
-                   stdout=subprocess.DEVNULL)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "build",
+            "--no-isolation",
+            "--skip-dependency-check",
+            "--wheel",
+            "--outdir",
+            str(work / "dist"),
+            str(proj),
+        ],
+        check=True,
+        env=env,
+        stdout=subprocess.DEVNULL,
+    )
     seconds = time.perf_counter() - t0
     wheel = next((work / "dist").glob("llmdecode-*.whl"))
-    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(work / "site"),
-                    str(wheel)], check=True)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "-q",
+            "--no-deps",
+            "--target",
+            str(work / "site"),
+            str(wheel),
+        ],
+        check=True,
+    )
     return seconds

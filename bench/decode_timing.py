@@ -102,9 +102,16 @@ def breakdown(call, after, n=20, lagged=False) -> dict:
             if len(marks) != 3:  # no replay (a plain run): not a graph step
                 continue
             r0, r1, events = marks
-            rows.append({"driver_before_replay_us": (r0 - t0) * 1e6, "replay_call_us": (r1 - r0) * 1e6,
-                         "driver_after_replay_us": (t1 - r1) * 1e6, "loop_and_wait_us": (t2 - t1) * 1e6,
-                         "replay_gpu_ms": events, "step_ms": (t2 - t0) * 1e3})
+            rows.append(
+                {
+                    "driver_before_replay_us": (r0 - t0) * 1e6,
+                    "replay_call_us": (r1 - r0) * 1e6,
+                    "driver_after_replay_us": (t1 - r1) * 1e6,
+                    "loop_and_wait_us": (t2 - t1) * 1e6,
+                    "replay_gpu_ms": events,
+                    "step_ms": (t2 - t0) * 1e3,
+                }
+            )
     finally:
         torch.cuda.CUDAGraph.replay = orig
     if not rows:

@@ -48,9 +48,17 @@ def _ns(fn, calls: int, rounds: int) -> float:
 def _llama_registries(layers: int) -> list:
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    cfg = LlamaConfig(vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=layers,
-                      num_attention_heads=4, num_key_value_heads=2)
-    return [r for m in LlamaForCausalLM(cfg).modules() for r in (m._parameters, m._buffers, m._modules)]
+    cfg = LlamaConfig(
+        vocab_size=128,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+    )
+    return [
+        r for m in LlamaForCausalLM(cfg).modules() for r in (m._parameters, m._buffers, m._modules)
+    ]
 
 
 def main() -> None:
@@ -60,8 +68,10 @@ def main() -> None:
     ap.add_argument("--calls", type=int, default=5000)
     ap.add_argument("--rounds", type=int, default=5)
     a = ap.parse_args()
-    print(f"torch {torch.__version__}, Python {platform.python_version()}, {platform.machine()}; "
-          f"median of {a.rounds} rounds x {a.calls} calls")
+    print(
+        f"torch {torch.__version__}, Python {platform.python_version()}, {platform.machine()}; "
+        f"median of {a.rounds} rounds x {a.calls} calls"
+    )
     print("| dicts | loop (ns/call) | map (ns/call) | loop per dict (ns) |\n|---|---|---|---|")
     for n in a.dicts:
         dicts = [type("O", (), {})().__dict__ for _ in range(n)]
@@ -75,7 +85,9 @@ def main() -> None:
     for layers in a.layers:
         regs = _llama_registries(layers)
         pairs = [(d, _VERSION(d)) for d in regs]
-        print(f"| {layers} | {len(regs)} | {_ns(lambda p=pairs: _loop(p), a.calls, a.rounds):.0f} |")
+        print(
+            f"| {layers} | {len(regs)} | {_ns(lambda p=pairs: _loop(p), a.calls, a.rounds):.0f} |"
+        )
 
 
 if __name__ == "__main__":

@@ -47,15 +47,19 @@ import precompile_build
 REPO = Path(__file__).resolve().parent.parent
 DRIVER = "precompile_build/templates/driver.py"
 # the source half's blocks after the models' settings, in codegen.py's order, by header
-BLOCKS = [("precompile_build/templates/pytree_types.py", "# ---- pytree registration of transformers"),
-          ("precompile_build/templates/state_values.py", "# ---- plain Python values and hooks"),
-          ("precompile_build/templates/call_args.py", "# ---- the calling convention: arguments"),
-          (DRIVER, "# ---- driver: the calling convention"),
-          ("precompile_build/templates/assumed_state.py", "# ---- the Python state the trace assumed")]
+BLOCKS = [
+    ("precompile_build/templates/pytree_types.py", "# ---- pytree registration of transformers"),
+    ("precompile_build/templates/state_values.py", "# ---- plain Python values and hooks"),
+    ("precompile_build/templates/call_args.py", "# ---- the calling convention: arguments"),
+    (DRIVER, "# ---- driver: the calling convention"),
+    ("precompile_build/templates/assumed_state.py", "# ---- the Python state the trace assumed"),
+]
 # where a revision before the layout by stage (c264384) kept each block
-OLD_PATHS = {"precompile_build/templates/pytree_types.py": "precompile_build/engines/_pytree_types.py",
-             "precompile_build/templates/call_args.py": "precompile_build/engines/_call_args.py",
-             DRIVER: "precompile_build/engines/_driver.py"}
+OLD_PATHS = {
+    "precompile_build/templates/pytree_types.py": "precompile_build/engines/_pytree_types.py",
+    "precompile_build/templates/call_args.py": "precompile_build/engines/_call_args.py",
+    DRIVER: "precompile_build/engines/_driver.py",
+}
 GRAPHS = "precompile_build/templates/cuda_graphs.py"
 nn = torch.nn
 
@@ -83,7 +87,10 @@ def _source(layers: int, tmp: Path, options: dict | None = None) -> str:
     model = nn.Sequential(*[Block() for _ in range(layers)]).eval()
     x = torch.randn(1, 16)
     tag = "r" if options else ""
-    paths = {"artifact_path": tmp / f"l{layers}{tag}.py", "cache_path": tmp / f"l{layers}{tag}.cache"}
+    paths = {
+        "artifact_path": tmp / f"l{layers}{tag}.py",
+        "cache_path": tmp / f"l{layers}{tag}.cache",
+    }
     with precompile_build.capture(forward, engine="eager", options=options, **paths) as f:
         f(model, x)
     return paths["artifact_path"].read_text()
@@ -93,8 +100,15 @@ def _llama(layers: int):
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(0)
-    cfg = LlamaConfig(vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=layers,
-                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
+    cfg = LlamaConfig(
+        vocab_size=128,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+    )
     return LlamaForCausalLM(cfg).eval()
 
 
@@ -103,8 +117,9 @@ def _static_cache(model):
 
     cfg = model.config
     cache = StaticCache(config=cfg, max_cache_len=64)
-    cache.early_initialization(1, cfg.num_key_value_heads, cfg.hidden_size // cfg.num_attention_heads,
-                               model.dtype, "cpu")
+    cache.early_initialization(
+        1, cfg.num_key_value_heads, cfg.hidden_size // cfg.num_attention_heads, model.dtype, "cpu"
+    )
     return cache
 
 
@@ -137,16 +152,26 @@ def _decode_case(kind: str, layers: int):
 def _decode_source(kind: str, layers: int, tmp: Path, options: dict | None = None) -> str:
     step, make = _decode_case(kind, layers)
     tag = "r" if options else ""
-    paths = {"artifact_path": tmp / f"{kind}{layers}{tag}.py", "cache_path": tmp / f"{kind}{layers}{tag}.cache"}
-    with torch.no_grad(), precompile_build.capture(step, engine="eager", options=options, **paths) as f:
+    paths = {
+        "artifact_path": tmp / f"{kind}{layers}{tag}.py",
+        "cache_path": tmp / f"{kind}{layers}{tag}.cache",
+    }
+    with (
+        torch.no_grad(),
+        precompile_build.capture(step, engine="eager", options=options, **paths) as f,
+    ):
         f(*make())
     return paths["artifact_path"].read_text()
 
 
 def _swap(source: str, blocks: dict) -> str:
     """``source`` with its blocks from the first of ``blocks`` on replaced by those."""
-    start = min(source.index(header) for path, header in BLOCKS if path in blocks and header in source)
-    return source[:start] + "\n\n".join(blocks[p].rstrip("\n") + "\n" for p, _ in BLOCKS if p in blocks)
+    start = min(
+        source.index(header) for path, header in BLOCKS if path in blocks and header in source
+    )
+    return source[:start] + "\n\n".join(
+        blocks[p].rstrip("\n") + "\n" for p, _ in BLOCKS if p in blocks
+    )
 
 
 def _serve(source: str, blocks: dict | None, case: str, make):
@@ -215,7 +240,9 @@ def _revision_blocks(rev: str) -> dict:
     blocks = {}
     for path, _ in BLOCKS:
         for at in (path, OLD_PATHS.get(path)):
-            p = subprocess.run(["git", "show", f"{rev}:{at}"], cwd=REPO, capture_output=True, text=True)
+            p = subprocess.run(
+                ["git", "show", f"{rev}:{at}"], cwd=REPO, capture_output=True, text=True
+            )
             if at and p.returncode == 0:
                 blocks[path] = p.stdout
                 break
@@ -225,13 +252,21 @@ def _revision_blocks(rev: str) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--layers", type=int, nargs="+", default=[4, 48])
-    ap.add_argument("--decode", type=int, nargs="*", default=[],
-                    help="Llama decode steps of these layer counts (StaticCache argument, export wrapper)")
+    ap.add_argument(
+        "--decode",
+        type=int,
+        nargs="*",
+        default=[],
+        help="Llama decode steps of these layer counts (StaticCache argument, export wrapper)",
+    )
     ap.add_argument("--calls", type=int, default=20000)
     ap.add_argument("--rounds", type=int, default=7)
-    ap.add_argument("--baseline", help="git revision whose driver is measured beside this one; "
-                    "'recorded': the same driver, pairs captured with options guards='recorded' "
-                    "(the cost of the guards' checks, capturing/dynamo_guards.py)")
+    ap.add_argument(
+        "--baseline",
+        help="git revision whose driver is measured beside this one; "
+        "'recorded': the same driver, pairs captured with options guards='recorded' "
+        "(the cost of the guards' checks, capturing/dynamo_guards.py)",
+    )
     ap.add_argument("--out", help="write a markdown table here")
     a = ap.parse_args()
     recorded = a.baseline == "recorded"
@@ -241,19 +276,31 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         sources = []
         for n in a.layers:
+
             def make(n=n):
                 return nn.Sequential(*[Block() for _ in range(n)]).eval(), torch.randn(1, 16)
+
             sources.append((f"{n} layers", _source(n, Path(tmp)), make))
         for n in a.decode:
             for kind in ("cache", "wrapper", "graphs"):
                 name = f"decode {kind} {n}L"
                 columns.append(name)
-                sources.append((name, _decode_source("cache" if kind == "graphs" else kind, n, Path(tmp)),
-                                _decode_case("cache" if kind == "graphs" else kind, n)[1]))
+                sources.append(
+                    (
+                        name,
+                        _decode_source("cache" if kind == "graphs" else kind, n, Path(tmp)),
+                        _decode_case("cache" if kind == "graphs" else kind, n)[1],
+                    )
+                )
         graphs_code = {"this": (REPO / GRAPHS).read_text()}
         if baseline and not recorded:
-            graphs_code[a.baseline] = subprocess.run(["git", "show", f"{a.baseline}:{GRAPHS}"], cwd=REPO, check=True,
-                                                     capture_output=True, text=True).stdout
+            graphs_code[a.baseline] = subprocess.run(
+                ["git", "show", f"{a.baseline}:{GRAPHS}"],
+                cwd=REPO,
+                check=True,
+                capture_output=True,
+                text=True,
+            ).stdout
         plain = {}  # case -> the source captured with guards="recorded" ("--baseline recorded")
         if recorded:
             opts = {"guards": "recorded"}
@@ -261,13 +308,20 @@ def main() -> None:
                 plain[f"{n} layers"] = _source(n, Path(tmp), opts)
             for n in a.decode:
                 for kind in ("cache", "wrapper", "graphs"):
-                    plain[f"decode {kind} {n}L"] = _decode_source("cache" if kind == "graphs" else kind, n,
-                                                                  Path(tmp), opts)
+                    plain[f"decode {kind} {n}L"] = _decode_source(
+                        "cache" if kind == "graphs" else kind, n, Path(tmp), opts
+                    )
             graphs_code["recorded"] = graphs_code["this"]
         for name, src, make in sources:
-            for who, blocks in [("this", None)] + ([(a.baseline, baseline)] if baseline is not None else []):
-                fn, args = _serve(plain[name] if recorded and who != "this" else src,
-                                  None if recorded else blocks, name, make)
+            for who, blocks in [("this", None)] + (
+                [(a.baseline, baseline)] if baseline is not None else []
+            ):
+                fn, args = _serve(
+                    plain[name] if recorded and who != "this" else src,
+                    None if recorded else blocks,
+                    name,
+                    make,
+                )
                 if " graphs " in name:
                     fn = _with_graphs(fn, graphs_code[who])
                 cases[(who, name)] = (fn, args)
@@ -286,24 +340,41 @@ def main() -> None:
         f"- torch {torch.__version__}, Python {platform.python_version()}, {platform.machine()}, "
         f"{os.cpu_count()} CPUs (shared), median of {a.rounds} interleaved rounds x {a.calls} calls.",
         "Each block: 7 submodules, 12 parameters; input 1x16; the kernel call returns a ready tensor."
-        + (" Decode: a Llama of L layers (hidden 32), one token; `cache`: `lm_step(model, ids, "
-           "StaticCache, pos)`, `wrapper`: transformers' export wrapper; alias check on." if a.decode else ""),
+        + (
+            " Decode: a Llama of L layers (hidden 32), one token; `cache`: `lm_step(model, ids, "
+            "StaticCache, pos)`, `wrapper`: transformers' export wrapper; alias check on."
+            if a.decode
+            else ""
+        ),
         "",
-        "| driver | " + " | ".join(f"{c} (ns/call)" for c in columns) + (" | 48/4 |" if growth else " |"),
+        "| driver | "
+        + " | ".join(f"{c} (ns/call)" for c in columns)
+        + (" | 48/4 |" if growth else " |"),
         "|---|" + "---|" * (len(columns) + growth),
     ]
     for who in ["this"] + ([a.baseline] if baseline is not None else []):
         row = [f"{med[(who, c)]:.0f}" for c in columns]
         if growth:
             row.append(f"{med[(who, '48 layers')] / med[(who, '4 layers')]:.2f}")
-        lines.append(f"| {'this branch' if who == 'this' else 'baseline ' + who} | " + " | ".join(row) + " |")
-    lines.append("| checks: attributes read / compared per call / hooks |"
-                 + "".join(f" {_checks(cases[('this', c)][0])} |" for c in columns) + (" |" if growth else ""))
-    lines.append("| guards: checks / run per call |"
-                 + "".join(f" {_guards(cases[('this', c)][0])} |" for c in columns) + (" |" if growth else ""))
+        lines.append(
+            f"| {'this branch' if who == 'this' else 'baseline ' + who} | " + " | ".join(row) + " |"
+        )
+    lines.append(
+        "| checks: attributes read / compared per call / hooks |"
+        + "".join(f" {_checks(cases[('this', c)][0])} |" for c in columns)
+        + (" |" if growth else "")
+    )
+    lines.append(
+        "| guards: checks / run per call |"
+        + "".join(f" {_guards(cases[('this', c)][0])} |" for c in columns)
+        + (" |" if growth else "")
+    )
     if baseline is not None:
-        lines += ["", "This branch over the baseline: " + ", ".join(
-            f"{c} {med[('this', c)] / med[(a.baseline, c)]:.2f}x" for c in columns)]
+        lines += [
+            "",
+            "This branch over the baseline: "
+            + ", ".join(f"{c} {med[('this', c)] / med[(a.baseline, c)]:.2f}x" for c in columns),
+        ]
     text = "\n".join(lines) + "\n"
     print(text)
     if a.out:

@@ -71,17 +71,38 @@ def capture_times(size: str, mode: str, runs: int, work: Path, budget: float, lo
             if time.monotonic() - START > budget:
                 out["skipped"] = "time budget"
                 break
-            r = scale_llama.run_worker(step, size, work, None, env_capture if step == "capture" else env_compile)
+            r = scale_llama.run_worker(
+                step, size, work, None, env_capture if step == "capture" else env_compile
+            )
             out[step].append(r)
-            log(f"{size} {mode} {step}: " + json.dumps({k: v for k, v in r.items() if k in (
-                "capture_s", "first_result_s", "compile_s", "autotune_s", "validate_s", "trace_s", "error")})[:400])
+            log(
+                f"{size} {mode} {step}: "
+                + json.dumps(
+                    {
+                        k: v
+                        for k, v in r.items()
+                        if k
+                        in (
+                            "capture_s",
+                            "first_result_s",
+                            "compile_s",
+                            "autotune_s",
+                            "validate_s",
+                            "trace_s",
+                            "error",
+                        )
+                    }
+                )[:400]
+            )
     cap, comp = _median(out["capture"], "capture_s"), _median(out["compile"], "first_result_s")
     if cap is not None and comp:
         out["ratio"] = cap / comp
     return out
 
 
-def first_results(size: str, runs: int, work: Path, budget: float, log, bytecode: bool = True) -> dict:
+def first_results(
+    size: str, runs: int, work: Path, budget: float, log, bytecode: bool = True
+) -> dict:
     """``{"dropped": row, "load": [rows], "eager": [rows], "ratio": median load /
     median eager, "profile": row, "bytecode": bytecode}`` from the pair of ``work``
     (packaged first; ``bytecode``: byte-compiled as pip does)."""
@@ -90,20 +111,39 @@ def first_results(size: str, runs: int, work: Path, budget: float, log, bytecode
     scale_llama._package(work, f"llama_{size.replace('.', '_')}")
     if bytecode:
         for f in sorted((work / "site" / scale_llama.PACKAGE).rglob("*.py")):
-            compileall.compile_file(str(f), force=True, quiet=1)  # pip's own call for a wheel's .py files
+            compileall.compile_file(
+                str(f), force=True, quiet=1
+            )  # pip's own call for a wheel's .py files
     out: dict = {"load": [], "eager": [], "bytecode": bytecode, "shipped_pyc": True}
     out["dropped"] = scale_llama.run_worker("load", size, work, None)
-    log(f"{size} load (dropped: the first process after the build): {out['dropped'].get('first_result_s')}")
+    log(
+        f"{size} load (dropped: the first process after the build): {out['dropped'].get('first_result_s')}"
+    )
     for i in range(runs):
-        for step in (("eager", "load") if i % 2 == 0 else ("load", "eager")):
+        for step in ("eager", "load") if i % 2 == 0 else ("load", "eager"):
             if time.monotonic() - START > budget:
                 out["skipped"] = "time budget"
                 break
             r = scale_llama.run_worker(step, size, work, None)
             out[step].append(r)
-            log(f"{size} {step}: " + json.dumps({k: v for k, v in r.items() if k in (
-                "first_result_s", "load_s", "first_call_s", "compiler_modules_imported", "max_abs_vs_eager",
-                "error")})[:400])
+            log(
+                f"{size} {step}: "
+                + json.dumps(
+                    {
+                        k: v
+                        for k, v in r.items()
+                        if k
+                        in (
+                            "first_result_s",
+                            "load_s",
+                            "first_call_s",
+                            "compiler_modules_imported",
+                            "max_abs_vs_eager",
+                            "error",
+                        )
+                    }
+                )[:400]
+            )
     ld, ea = _median(out["load"], "first_result_s"), _median(out["eager"], "first_result_s")
     if ld is not None and ea:
         out["ratio"] = ld / ea
@@ -117,8 +157,12 @@ def merge(docs: list[dict]) -> dict:
     capture and compile runs of all, their ratio again; a size's first results (``firsts``,
     by how the package was installed: :func:`installed`) from the last run that has them;
     ``argv``: every run's command."""
-    out: dict = {"argv": "; ".join(dict.fromkeys(d["argv"] for d in docs)), "torch": docs[-1]["torch"],
-                 "gpu": docs[-1]["gpu"], "sizes": {}}
+    out: dict = {
+        "argv": "; ".join(dict.fromkeys(d["argv"] for d in docs)),
+        "torch": docs[-1]["torch"],
+        "gpu": docs[-1]["gpu"],
+        "sizes": {},
+    }
     for d in docs:
         for size, r in d["sizes"].items():
             into = out["sizes"].setdefault(size, {"capture": {}})
@@ -126,7 +170,10 @@ def merge(docs: list[dict]) -> dict:
                 m = into["capture"].setdefault(mode, {"capture": [], "compile": []})
                 m["capture"] += c.get("capture", [])
                 m["compile"] += c.get("compile", [])
-                cap, comp = _median(m["capture"], "capture_s"), _median(m["compile"], "first_result_s")
+                cap, comp = (
+                    _median(m["capture"], "capture_s"),
+                    _median(m["compile"], "first_result_s"),
+                )
                 m.pop("ratio", None)
                 if cap is not None and comp:
                     m["ratio"] = cap / comp
@@ -141,8 +188,11 @@ def installed(first: dict) -> str:
     if first.get("bytecode"):
         return "byte-compiled (pip)"
     if first.get("bytecode") is False:
-        return "not byte-compiled (uv's default): the build's pyc" if first.get("shipped_pyc") else \
-            "no bytecode (uv's default, a build that shipped none)"
+        return (
+            "not byte-compiled (uv's default): the build's pyc"
+            if first.get("shipped_pyc")
+            else "no bytecode (uv's default, a build that shipped none)"
+        )
     return "-"
 
 
@@ -162,57 +212,95 @@ def _runs(rows: list[dict]) -> str:
 
 
 def markdown(doc: dict) -> str:
-    lines = ["# Cold starts of a Llama: capture time and first result", "",
-             ", ".join(f"`{c if 'python ' in c else 'python bench/llama_cold.py ' + c}`" for c in doc["argv"].split("; "))
-             + f": torch {doc['torch']}, {doc['gpu']}; every step a "
-             "fresh process with empty caches (bench/llama_cold.py's docstring says what each counts).", "",
-             "| size | mode | capture s (runs) | of it autotuning s | torch.compile cold s (runs) | capture / compile |",
-             "|---|---|---|---|---|---|"]
+    lines = [
+        "# Cold starts of a Llama: capture time and first result",
+        "",
+        ", ".join(
+            f"`{c if 'python ' in c else 'python bench/llama_cold.py ' + c}`"
+            for c in doc["argv"].split("; ")
+        )
+        + f": torch {doc['torch']}, {doc['gpu']}; every step a "
+        "fresh process with empty caches (bench/llama_cold.py's docstring says what each counts).",
+        "",
+        "| size | mode | capture s (runs) | of it autotuning s | torch.compile cold s (runs) | capture / compile |",
+        "|---|---|---|---|---|---|",
+    ]
     for size, r in doc["sizes"].items():
         for mode, c in r.get("capture", {}).items():
             caps = [x["capture_s"] for x in c["capture"] if "capture_s" in x]
             comps = [x["first_result_s"] for x in c["compile"] if "first_result_s" in x]
-            errs = [x["error"].strip().splitlines()[-1][:160] for x in c["capture"] + c["compile"] if "error" in x]
-            lines.append(f"| {size} | {mode} | {_fmt(_median(c['capture'], 'capture_s'))} "
-                         f"({', '.join(f'{x:.1f}' for x in caps)}) | {_fmt(_median(c['capture'], 'autotune_s'))} | "
-                         f"{_fmt(_median(c['compile'], 'first_result_s'))} ({', '.join(f'{x:.1f}' for x in comps)}) | "
-                         f"{_fmt(c.get('ratio'), 'x')}{' FAILED: ' + '; '.join(errs) if errs else ''} |")
-    lines += ["", "| size | installed | first result s: load_packaged (runs) | load + first call (medians) | "
-              "eager (runs) | load_packaged / eager | dropped first process | compiler modules the load imported |",
-              "|---|---|---|---|---|---|---|---|"]
+            errs = [
+                x["error"].strip().splitlines()[-1][:160]
+                for x in c["capture"] + c["compile"]
+                if "error" in x
+            ]
+            lines.append(
+                f"| {size} | {mode} | {_fmt(_median(c['capture'], 'capture_s'))} "
+                f"({', '.join(f'{x:.1f}' for x in caps)}) | {_fmt(_median(c['capture'], 'autotune_s'))} | "
+                f"{_fmt(_median(c['compile'], 'first_result_s'))} ({', '.join(f'{x:.1f}' for x in comps)}) | "
+                f"{_fmt(c.get('ratio'), 'x')}{' FAILED: ' + '; '.join(errs) if errs else ''} |"
+            )
+    lines += [
+        "",
+        "| size | installed | first result s: load_packaged (runs) | load + first call (medians) | "
+        "eager (runs) | load_packaged / eager | dropped first process | compiler modules the load imported |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     profiles: list[str] = []  # below the table
     for size, r in doc["sizes"].items():
         for f in _firsts(r):
             ld, ea = f["load"], f["eager"]
             mods = sorted({m for x in ld for m in x.get("compiler_modules_imported", [])})
             how = installed(f)
-            lines.append(f"| {size} | {how} | {_fmt(_median(ld, 'first_result_s'))} "
-                         f"({_runs(ld)}) | "
-                         f"{_fmt(_median(ld, 'load_s'))} + {_fmt(_median(ld, 'first_call_s'))} | "
-                         f"{_fmt(_median(ea, 'first_result_s'))} "
-                         f"({_runs(ea)}) | "
-                         f"{_fmt(f.get('ratio'), 'x')} | load {_fmt(f['dropped'].get('first_result_s'))} | "
-                         f"{len(mods)}{': ' + ', '.join(mods[:5]) if mods else ''} |")
+            lines.append(
+                f"| {size} | {how} | {_fmt(_median(ld, 'first_result_s'))} "
+                f"({_runs(ld)}) | "
+                f"{_fmt(_median(ld, 'load_s'))} + {_fmt(_median(ld, 'first_call_s'))} | "
+                f"{_fmt(_median(ea, 'first_result_s'))} "
+                f"({_runs(ea)}) | "
+                f"{_fmt(f.get('ratio'), 'x')} | load {_fmt(f['dropped'].get('first_result_s'))} | "
+                f"{len(mods)}{': ' + ', '.join(mods[:5]) if mods else ''} |"
+            )
             if f.get("profile"):
                 top = [p for p in f["profile"] if "fn" in p][:8]
-                profiles += ["", f"{size}, {how}, where load + first call's seconds go (cProfile, cumulative "
-                             "s, profiled process): " + "; ".join(f"`{p['fn']}` {p['cum_s']:.3f}" for p in top)]
+                profiles += [
+                    "",
+                    f"{size}, {how}, where load + first call's seconds go (cProfile, cumulative "
+                    "s, profiled process): "
+                    + "; ".join(f"`{p['fn']}` {p['cum_s']:.3f}" for p in top),
+                ]
     return "\n".join(lines + profiles) + "\n"
 
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--sizes", default="8b,1b", help=f"comma-separated, of {', '.join(scale_llama.SIZES)}")
-    p.add_argument("--capture-modes", default="default", help=f"comma-separated, of {', '.join(COMPILE_MODE)}")
-    p.add_argument("--capture-runs", type=int, default=1, help="captures (and torch.compile colds) per mode")
+    p.add_argument(
+        "--sizes", default="8b,1b", help=f"comma-separated, of {', '.join(scale_llama.SIZES)}"
+    )
+    p.add_argument(
+        "--capture-modes", default="default", help=f"comma-separated, of {', '.join(COMPILE_MODE)}"
+    )
+    p.add_argument(
+        "--capture-runs", type=int, default=1, help="captures (and torch.compile colds) per mode"
+    )
     p.add_argument("--first-runs", type=int, default=5, help="rounds of load and eager (0: none)")
-    p.add_argument("--budget-s", type=float, default=540.0, help="start no new process after this many seconds")
-    p.add_argument("--no-compile", action="store_true",
-                   help="first results without the bytecode pip writes at install (uv's default: the build's "
-                        "shipped pyc only)")
+    p.add_argument(
+        "--budget-s", type=float, default=540.0, help="start no new process after this many seconds"
+    )
+    p.add_argument(
+        "--no-compile",
+        action="store_true",
+        help="first results without the bytecode pip writes at install (uv's default: the build's "
+        "shipped pyc only)",
+    )
     p.add_argument("--out", required=True, help="path without suffix: writes .json and .md")
-    p.add_argument("--merge", nargs="+", default=None, metavar="JSON",
-                   help="only combine these result files into --out: each size's runs added up, in order")
+    p.add_argument(
+        "--merge",
+        nargs="+",
+        default=None,
+        metavar="JSON",
+        help="only combine these result files into --out: each size's runs added up, in order",
+    )
     a = p.parse_args(argv)
     if a.capture_runs < 1 or a.first_runs < 0:
         p.error("--capture-runs takes 1 or more, --first-runs 0 or more")
@@ -223,7 +311,10 @@ def main(argv=None) -> int:
                 docs.append(json.loads(Path(f).read_text()))
             except (OSError, json.JSONDecodeError) as e:
                 p.error(f"--merge {f}: not a results file of this bench ({e})")
-            if not isinstance(docs[-1], dict) or not {"argv", "torch", "gpu", "sizes"} <= docs[-1].keys():
+            if (
+                not isinstance(docs[-1], dict)
+                or not {"argv", "torch", "gpu", "sizes"} <= docs[-1].keys()
+            ):
                 p.error(f"--merge {f}: not a results file of this bench (no argv/torch/gpu/sizes)")
         merged = merge(docs)
         Path(a.out).with_suffix(".json").write_text(json.dumps(merged, indent=1) + "\n")
@@ -231,14 +322,20 @@ def main(argv=None) -> int:
         return 0
     sizes = [s for s in a.sizes.split(",") if s]
     modes = [m for m in a.capture_modes.split(",") if m]
-    bad = [s for s in sizes if s not in scale_llama.SIZES] + [m for m in modes if m not in COMPILE_MODE]
+    bad = [s for s in sizes if s not in scale_llama.SIZES] + [
+        m for m in modes if m not in COMPILE_MODE
+    ]
     if bad:
         p.error(f"unknown size(s) or mode(s) {bad}")
     import torch
 
     cuda = scale_llama._device() == "cuda"
-    doc = {"argv": " ".join(argv if argv is not None else sys.argv[1:]), "torch": torch.__version__,
-           "gpu": torch.cuda.get_device_name(0) if cuda else "cpu", "sizes": {}}
+    doc = {
+        "argv": " ".join(argv if argv is not None else sys.argv[1:]),
+        "torch": torch.__version__,
+        "gpu": torch.cuda.get_device_name(0) if cuda else "cpu",
+        "sizes": {},
+    }
     out = Path(a.out)
     out.parent.mkdir(parents=True, exist_ok=True)
 
@@ -255,12 +352,25 @@ def main(argv=None) -> int:
             for mode in modes:
                 work = Path(tmp) / size / mode
                 work.mkdir(parents=True)
-                r["capture"][mode] = capture_times(size, mode, a.capture_runs, work, a.budget_s, log)
+                r["capture"][mode] = capture_times(
+                    size, mode, a.capture_runs, work, a.budget_s, log
+                )
                 save()
             made = r["capture"].get("default", {}).get("capture", [])
-            if a.first_runs and made and "error" not in made[-1] and time.monotonic() - START < a.budget_s:
-                r["first"] = first_results(size, a.first_runs, Path(tmp) / size / "default", a.budget_s, log,
-                                           bytecode=not a.no_compile)
+            if (
+                a.first_runs
+                and made
+                and "error" not in made[-1]
+                and time.monotonic() - START < a.budget_s
+            ):
+                r["first"] = first_results(
+                    size,
+                    a.first_runs,
+                    Path(tmp) / size / "default",
+                    a.budget_s,
+                    log,
+                    bytecode=not a.no_compile,
+                )
                 save()
     save()
     print(markdown(doc))

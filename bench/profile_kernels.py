@@ -39,8 +39,11 @@ def _print_autotuning():
     def benchmark_all_configs(self, *args, **kwargs):
         result = timed(self, *args, **kwargs)
         name = getattr(self.fn, "__name__", "?")
-        print(f"autotune {name}: " + ", ".join(f"{{{launcher.config}}} {t:.4f} ms" for launcher, t in result.items()),
-              flush=True)
+        print(
+            f"autotune {name}: "
+            + ", ".join(f"{{{launcher.config}}} {t:.4f} ms" for launcher, t in result.items()),
+            flush=True,
+        )
         return result
 
     th.CachingAutotuner.benchmark_all_configs = benchmark_all_configs
@@ -60,23 +63,32 @@ def kernel_times(call, calls: int = 20, top: int = 10) -> dict:
         torch.cuda.synchronize()
     events = [e for e in prof.key_averages() if e.device_type.name == "CUDA"]
     longest = sorted(events, key=lambda e: -e.self_device_time_total)[:top]
-    return {"kernel_ms": sum(e.self_device_time_total for e in events) / calls / 1000,
-            "kernels": sum(e.count for e in events) / calls,
-            "top": [[e.self_device_time_total / calls / 1000, e.count / calls, e.key[:110]] for e in longest]}
+    return {
+        "kernel_ms": sum(e.self_device_time_total for e in events) / calls / 1000,
+        "kernels": sum(e.count for e in events) / calls,
+        "top": [
+            [e.self_device_time_total / calls / 1000, e.count / calls, e.key[:110]] for e in longest
+        ],
+    }
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--case", default="gpt", choices=("decode", "tinylm", "gpt", "bert"))
-    ap.add_argument("--mechanisms", default="pair,torch.compile",
-                    help="comma-separated: pair, torch.compile (in this order)")
+    ap.add_argument(
+        "--mechanisms",
+        default="pair,torch.compile",
+        help="comma-separated: pair, torch.compile (in this order)",
+    )
     ap.add_argument("--print-autotuning", action="store_true")
     ap.add_argument("--calls", type=int, default=20)
     a = ap.parse_args()
     wanted = [m.strip() for m in a.mechanisms.split(",") if m.strip()]
     unknown = sorted(set(wanted) - {"pair", "torch.compile"})
     if unknown or not wanted:
-        raise SystemExit(f"bench/profile_kernels.py: --mechanisms takes pair and/or torch.compile, not {a.mechanisms!r}")
+        raise SystemExit(
+            f"bench/profile_kernels.py: --mechanisms takes pair and/or torch.compile, not {a.mechanisms!r}"
+        )
     if not torch.cuda.is_available():
         raise SystemExit("bench/profile_kernels.py: needs a CUDA device")
     if a.print_autotuning:
@@ -95,7 +107,9 @@ def main() -> int:
             for _ in range(10):  # warm up (and compile)
                 call()
             k = kernel_times(call, a.calls)
-            print(f"== {name}: kernel time per call {k['kernel_ms']:.4f} ms, kernels per call {k['kernels']:.0f}")
+            print(
+                f"== {name}: kernel time per call {k['kernel_ms']:.4f} ms, kernels per call {k['kernels']:.0f}"
+            )
             for ms, n, key in k["top"]:
                 print(f"  {ms:8.4f} ms x{n:3.0f}  {key}")
     return 0

@@ -78,8 +78,10 @@ BUDGET = 470.0  # --budget-s
 
 BANDWIDTH = 4.8e12  # bytes/s
 PEAK_BF16 = 989e12  # FLOP/s, dense
-SOURCE = ("NVIDIA H200 Tensor Core GPU datasheet, H200 SXM: GPU memory bandwidth 4.8 TB/s; BF16 Tensor "
-          "Core 1,979 TFLOPS with sparsity, so 989 TFLOPS dense")
+SOURCE = (
+    "NVIDIA H200 Tensor Core GPU datasheet, H200 SXM: GPU memory bandwidth 4.8 TB/s; BF16 Tensor "
+    "Core 1,979 TFLOPS with sparsity, so 989 TFLOPS dense"
+)
 ROWS = ("gpt_block", "decode_block", "prefill_1x128", "prefill_8x512", "decode_b1", "decode_b8")
 LLAMA_ROWS = ROWS[2:]
 CONTEXT = 512  # decode rows: tokens already in the cache when a step runs
@@ -120,6 +122,7 @@ def left() -> float:
 
 # ---- the rows -----------------------------------------------------------------------
 
+
 def _blocks_counts(model, x, causal: bool) -> tuple[float, float]:
     """(FLOPs, bytes) of steady_state's pre-norm blocks on ``x`` [B, T, d]."""
     n, (b, t, d) = len(model), x.shape
@@ -150,7 +153,9 @@ def llama(size: str, device: str, tiny: bool):
     shape = dict(scale_llama.SIZES[size])
     vocab = 1024 if tiny else shape.pop("vocab_size", 128256)
     shape.pop("vocab_size", None)
-    cfg = transformers.LlamaConfig(vocab_size=vocab, rope_theta=500000.0, max_position_embeddings=8192, **shape)
+    cfg = transformers.LlamaConfig(
+        vocab_size=vocab, rope_theta=500000.0, max_position_embeddings=8192, **shape
+    )
     torch.manual_seed(0)
     default = torch.get_default_dtype()
     torch.set_default_dtype(torch.bfloat16 if device == "cuda" else torch.float32)
@@ -168,8 +173,11 @@ def _llama_weights(model) -> tuple[float, float, int]:
     params = sum(p.numel() for p in model.parameters())
     tied = model.lm_head.weight is emb
     read = params - (0 if tied else emb.numel())
-    return read - sum(p.numel() for n, p in model.named_parameters() if "norm" in n), read * emb.element_size(), \
-        emb.element_size()
+    return (
+        read - sum(p.numel() for n, p in model.named_parameters() if "norm" in n),
+        read * emb.element_size(),
+        emb.element_size(),
+    )
 
 
 def llama_row(key: str, size: str, model, device: str, tiny: bool) -> Row:
@@ -184,9 +192,20 @@ def llama_row(key: str, size: str, model, device: str, tiny: bool) -> Row:
     if key.startswith("prefill"):
         b, t = TINY[key] if tiny else tuple(int(v) for v in key.split("_")[1].split("x"))
         ids = torch.randint(0, c.vocab_size, (b, t), generator=g).to(device)
-        flops = 2 * b * t * matmul_w + layers * 2 * b * t * t * h  # causal attention: half of 4 B T^2 h
-        nbytes = weight_bytes + b * t * h * s + b * t * c.vocab_size * s  # weights, gathered rows, logits
-        return Row(f"{size} {key}", f"{size}, {b}x{t} tokens", scale_llama.forward, (model, ids), flops, nbytes)
+        flops = (
+            2 * b * t * matmul_w + layers * 2 * b * t * t * h
+        )  # causal attention: half of 4 B T^2 h
+        nbytes = (
+            weight_bytes + b * t * h * s + b * t * c.vocab_size * s
+        )  # weights, gathered rows, logits
+        return Row(
+            f"{size} {key}",
+            f"{size}, {b}x{t} tokens",
+            scale_llama.forward,
+            (model, ids),
+            flops,
+            nbytes,
+        )
     ns = _decode_module(c, device, TINY_CACHE if tiny else MAX_CACHE)
     b = TINY[key] if tiny else int(key.split("_b")[1])
     p0 = TINY_CONTEXT if tiny else CONTEXT
@@ -198,8 +217,13 @@ def llama_row(key: str, size: str, model, device: str, tiny: bool) -> Row:
     nbytes = weight_bytes + layers * 2 * b * (p0 + 1) * kv * s + b * c.vocab_size * s
 
     token0 = token.clone()
-    lengths = [t for t in (getattr(layer, "cumulative_length", None) for layer in getattr(cache, "layers", []))
-               if isinstance(t, torch.Tensor)]  # transformers 5's StaticLayer counts its tokens itself
+    lengths = [
+        t
+        for t in (
+            getattr(layer, "cumulative_length", None) for layer in getattr(cache, "layers", [])
+        )
+        if isinstance(t, torch.Tensor)
+    ]  # transformers 5's StaticLayer counts its tokens itself
 
     def reset():  # the same step again: position, input token and the cache's length at the context
         pos.fill_(p0)
@@ -210,8 +234,17 @@ def llama_row(key: str, size: str, model, device: str, tiny: bool) -> Row:
     def probe(_out):
         return logits[:, p0 + 1].clone()
 
-    return Row(f"{size} {key}", f"{size}, batch {b}, 1 token at context {p0}", ns["greedy_step"],
-               (model, token, cache, pos, tokens, logits), flops, nbytes, decode=True, reset=reset, probe=probe)
+    return Row(
+        f"{size} {key}",
+        f"{size}, batch {b}, 1 token at context {p0}",
+        ns["greedy_step"],
+        (model, token, cache, pos, tokens, logits),
+        flops,
+        nbytes,
+        decode=True,
+        reset=reset,
+        probe=probe,
+    )
 
 
 def _decode_module(config, device: str, max_cache: int) -> dict:
@@ -222,18 +255,25 @@ def _decode_module(config, device: str, max_cache: int) -> dict:
     name = f"roofline_decode_{max_cache}"
     if name not in sys.modules:  # a real module: torch.compile imports the module of what it traces
         module = types.ModuleType(name)
-        exec(decode_project.MODULE.format(config={"vocab_size": config.vocab_size}, max_cache=max_cache),
-             module.__dict__)
+        exec(
+            decode_project.MODULE.format(
+                config={"vocab_size": config.vocab_size}, max_cache=max_cache
+            ),
+            module.__dict__,
+        )
         sys.modules[name] = module
     return sys.modules[name].__dict__
 
 
 # ---- the mechanisms -----------------------------------------------------------------
 
+
 def _fresh(fn: Callable) -> Callable:
     """A copy of ``fn`` with its own code object: torch.compile's cache entries are
     per code object, so each mode compiles its own (none reuses another's)."""
-    return types.FunctionType(fn.__code__.replace(), fn.__globals__, fn.__name__, fn.__defaults__, fn.__closure__)
+    return types.FunctionType(
+        fn.__code__.replace(), fn.__globals__, fn.__name__, fn.__defaults__, fn.__closure__
+    )
 
 
 def _tensors(obj: Any, depth: int = 3) -> list:
@@ -274,7 +314,11 @@ def _package(work: Path, package: str, names: list[str]) -> None:
     for name in names:
         src, cache = work / f"{name}.py", work / f"{name}.cache"
         info = inspect_pair(src, cache)
-        results.append(CaptureResult(name, "ok", True, info.device, source_path=src, cache_path=cache, info=info))
+        results.append(
+            CaptureResult(
+                name, "ok", True, info.device, source_path=src, cache_path=cache, info=info
+            )
+        )
     write_dir_atomic(pkg / "_precompiled", assemble(package, results))
 
 
@@ -297,9 +341,17 @@ def captured(row: Row, work: Path, package: str, modes: dict[str, dict | None]) 
         row.reset()
         t0 = time.perf_counter()
         try:
-            with torch.no_grad(), precompile_build.capture(
-                    row.fn, engine="frozen", target=name, artifact_path=work / f"{name}.py",
-                    cache_path=work / f"{name}.cache", options=options) as f:
+            with (
+                torch.no_grad(),
+                precompile_build.capture(
+                    row.fn,
+                    engine="frozen",
+                    target=name,
+                    artifact_path=work / f"{name}.py",
+                    cache_path=work / f"{name}.cache",
+                    options=options,
+                ) as f,
+            ):
                 f(*row.args)
             out[name] = {"capture_s": round(time.perf_counter() - t0, 2)}
         except Exception as e:  # noqa: BLE001 - reported in the table
@@ -316,8 +368,14 @@ def captured(row: Row, work: Path, package: str, modes: dict[str, dict | None]) 
     return out
 
 
-def mechanisms(row: Row, device: str, work: Path, package: str, variants: dict[str, dict],
-               wanted: set[str] | None = None) -> dict[str, dict]:
+def mechanisms(
+    row: Row,
+    device: str,
+    work: Path,
+    package: str,
+    variants: dict[str, dict],
+    wanted: set[str] | None = None,
+) -> dict[str, dict]:
     """``{mechanism: {"fn": callable of no arguments, ...}}`` for ``row``; a
     mechanism that could not be made has ``{"error": ...}`` instead. ``variants``:
     more pairs, ``{label: capture options}`` (``--variant``), served as
@@ -332,7 +390,10 @@ def mechanisms(row: Row, device: str, work: Path, package: str, variants: dict[s
         return wanted is None or name in wanted
 
     mechs: dict[str, dict] = {"eager": {"fn": lambda: fn(*args)}}
-    modes = {"torch.compile": "default", "torch.compile max-autotune-no-cudagraphs": "max-autotune-no-cudagraphs"}
+    modes = {
+        "torch.compile": "default",
+        "torch.compile max-autotune-no-cudagraphs": "max-autotune-no-cudagraphs",
+    }
     if row.decode and cuda:
         modes["torch.compile max-autotune"] = "max-autotune"
         _static(row)
@@ -340,12 +401,26 @@ def mechanisms(row: Row, device: str, work: Path, package: str, variants: dict[s
         if want(name):
             compiled = torch.compile(_fresh(fn), mode=mode)
             mechs[name] = {"fn": (lambda c=compiled: c(*args)), "compiles": True}
-    labels = {"": None, " max-autotune": {"mode": "max-autotune"}, **{f" {k}": v for k, v in variants.items()}}
-    graphs = {label for label in labels if label and row.decode and cuda and want(f"load_packaged{label} + graphs")}
-    names = {"": "default", " max-autotune": "max_autotune",  # a variant's target: v<i>, whatever its label
-             **{f" {k}": f"v{i}" for i, k in enumerate(variants)}}
-    targets = {label: f"{package}_{names[label]}" for label in labels
-               if want(f"load_packaged{label}") or label in graphs}
+    labels = {
+        "": None,
+        " max-autotune": {"mode": "max-autotune"},
+        **{f" {k}": v for k, v in variants.items()},
+    }
+    graphs = {
+        label
+        for label in labels
+        if label and row.decode and cuda and want(f"load_packaged{label} + graphs")
+    }
+    names = {
+        "": "default",
+        " max-autotune": "max_autotune",  # a variant's target: v<i>, whatever its label
+        **{f" {k}": f"v{i}" for i, k in enumerate(variants)},
+    }
+    targets = {
+        label: f"{package}_{names[label]}"
+        for label in labels
+        if want(f"load_packaged{label}") or label in graphs
+    }
     pairs = captured(row, work, package, {targets[label]: labels[label] for label in targets})
     for label, target in targets.items():
         p = pairs[target]
@@ -355,7 +430,9 @@ def mechanisms(row: Row, device: str, work: Path, package: str, variants: dict[s
             if label in graphs:
                 import precompile_runtime
 
-                g = precompile_runtime.load_packaged(target, package=package, strict=True, cuda_graphs=True)
+                g = precompile_runtime.load_packaged(
+                    target, package=package, strict=True, cuda_graphs=True
+                )
                 graphed = {"fn": (lambda g=g: g(*args)), "packaged": True}
         if want(f"load_packaged{label}"):
             mechs[f"load_packaged{label}"] = plain
@@ -365,6 +442,7 @@ def mechanisms(row: Row, device: str, work: Path, package: str, variants: dict[s
 
 
 # ---- timing -------------------------------------------------------------------------
+
 
 def warm(row: Row, mechs: dict[str, dict], device: str, want) -> None:
     """First call of each mechanism (compiling, for torch.compile: its seconds kept),
@@ -381,7 +459,9 @@ def warm(row: Row, mechs: dict[str, dict], device: str, want) -> None:
             m.clear()
             m["error"] = "skipped: time budget"
             continue
-        guard = precompile_runtime.no_compilation() if m.get("packaged") else contextlib.nullcontext()
+        guard = (
+            precompile_runtime.no_compilation() if m.get("packaged") else contextlib.nullcontext()
+        )
         try:
             with torch.no_grad(), guard:
                 row.reset()
@@ -401,7 +481,9 @@ def warm(row: Row, mechs: dict[str, dict], device: str, want) -> None:
             m["error"] = f"{type(e).__name__}: {str(e)[:300]}"
 
 
-def interleaved(row: Row, mechs: dict[str, dict], device: str, rounds: int, target_s: float) -> None:
+def interleaved(
+    row: Row, mechs: dict[str, dict], device: str, rounds: int, target_s: float
+) -> None:
     """Median ms per call of each mechanism over ``rounds`` rounds; a round runs each
     mechanism ``calls`` times (about ``target_s`` seconds each, from its warm-up), each
     round starting one mechanism later."""
@@ -421,7 +503,7 @@ def interleaved(row: Row, mechs: dict[str, dict], device: str, rounds: int, targ
         m["calls"] = max(3, min(100, int(target_s / max(min(one), 1e-6))))
         m["times"] = []
     for r in range(rounds):
-        for _, m in live[r % len(live):] + live[:r % len(live)]:
+        for _, m in live[r % len(live) :] + live[: r % len(live)]:
             with torch.no_grad():
                 row.reset()
                 sync(device)
@@ -435,17 +517,33 @@ def interleaved(row: Row, mechs: dict[str, dict], device: str, rounds: int, targ
         m["spread"] = (max(m["times"]) - min(m["times"])) / m["ms"]
 
 
-def run_row(row: Row, device: str, rounds: int, target_s: float, peak: float, bandwidth: float,
-            variants: dict[str, dict], wanted: set[str] | None, kernel_calls: int) -> dict:
+def run_row(
+    row: Row,
+    device: str,
+    rounds: int,
+    target_s: float,
+    peak: float,
+    bandwidth: float,
+    variants: dict[str, dict],
+    wanted: set[str] | None,
+    kernel_calls: int,
+) -> dict:
     """One row measured (see the module docstring); ``kernel_calls`` > 0 (CUDA): each
     mechanism's kernels profiled over that many calls after the timing
     (profile_kernels.kernel_times: ``"kernels"`` of its entry)."""
     import torch
 
     memory_ms, compute_ms = row.bytes / bandwidth * 1e3, row.flops / peak * 1e3
-    res: dict = {"shape": row.shape, "flops": row.flops, "bytes": row.bytes, "memory_ms": memory_ms,
-                 "compute_ms": compute_ms, "floor_ms": max(memory_ms, compute_ms),
-                 "bound": "memory" if memory_ms >= compute_ms else "compute", "mechanisms": {}}
+    res: dict = {
+        "shape": row.shape,
+        "flops": row.flops,
+        "bytes": row.bytes,
+        "memory_ms": memory_ms,
+        "compute_ms": compute_ms,
+        "floor_ms": max(memory_ms, compute_ms),
+        "bound": "memory" if memory_ms >= compute_ms else "compute",
+        "mechanisms": {},
+    }
     with tempfile.TemporaryDirectory(prefix="roofline-") as tmp:
         package = "roofline_" + "".join(ch if ch.isalnum() else "_" for ch in row.key)
         mechs = mechanisms(row, device, Path(tmp), package, variants, wanted)
@@ -483,22 +581,44 @@ def main(argv=None) -> int:
     p.add_argument("--rows", default=",".join(ROWS), help=f"comma-separated, of {', '.join(ROWS)}")
     p.add_argument("--sizes", default=None, help="the Llama rows' sizes: 1b,8b (--tiny: tiny)")
     p.add_argument("--rounds", type=int, default=5)
-    p.add_argument("--round-s", type=float, default=0.1, help="seconds a mechanism runs per round, about")
-    p.add_argument("--budget-s", type=float, default=BUDGET, help="start nothing new after this many seconds")
-    p.add_argument("--mechanisms", default=None,
-                   help="comma-separated names of the table's mechanisms to run (default: all)")
-    p.add_argument("--variant", action="append", default=[], metavar="LABEL=JSON",
-                   help="another pair, captured with these capture options, served as 'load_packaged LABEL' "
-                        "(decode rows on CUDA also '+ graphs'), e.g. "
-                        "'no-cdt={\"mode\": \"max-autotune\", \"inductor\": {\"coordinate_descent_tuning\": false}}'")
-    p.add_argument("--kernels", type=int, default=0, metavar="CALLS",
-                   help="CUDA: profile each mechanism's kernels over CALLS calls after the timing")
+    p.add_argument(
+        "--round-s", type=float, default=0.1, help="seconds a mechanism runs per round, about"
+    )
+    p.add_argument(
+        "--budget-s", type=float, default=BUDGET, help="start nothing new after this many seconds"
+    )
+    p.add_argument(
+        "--mechanisms",
+        default=None,
+        help="comma-separated names of the table's mechanisms to run (default: all)",
+    )
+    p.add_argument(
+        "--variant",
+        action="append",
+        default=[],
+        metavar="LABEL=JSON",
+        help="another pair, captured with these capture options, served as 'load_packaged LABEL' "
+        "(decode rows on CUDA also '+ graphs'), e.g. "
+        '\'no-cdt={"mode": "max-autotune", "inductor": {"coordinate_descent_tuning": false}}\'',
+    )
+    p.add_argument(
+        "--kernels",
+        type=int,
+        default=0,
+        metavar="CALLS",
+        help="CUDA: profile each mechanism's kernels over CALLS calls after the timing",
+    )
     p.add_argument("--bandwidth", type=float, default=BANDWIDTH, help="bytes/s of the floor")
     p.add_argument("--peak", type=float, default=PEAK_BF16, help="FLOP/s of the floor")
     p.add_argument("--out", required=True, help="path without suffix: writes .json and .md")
     p.add_argument("--fresh", action="store_true", help="do not merge into an existing --out JSON")
-    p.add_argument("--merge", nargs="+", default=None, metavar="JSON",
-                   help="only merge the rows of these result files into --out (later files win) and write it")
+    p.add_argument(
+        "--merge",
+        nargs="+",
+        default=None,
+        metavar="JSON",
+        help="only merge the rows of these result files into --out (later files win) and write it",
+    )
     a = p.parse_args(argv)
     if a.merge:
         out = Path(a.out)
@@ -510,8 +630,14 @@ def main(argv=None) -> int:
                 p.error(f"--merge {path}: not a results file of this bench ({e})")
             if not isinstance(part, dict) or not isinstance(part.get("rows"), dict):
                 p.error(f"--merge {path}: not a results file of this bench (no rows)")
-            rows = {k: {"argv": part.get("argv"), **r} for k, r in part["rows"].items()}  # each row's command
-            doc = {**doc, **{k: v for k, v in part.items() if k != "rows"}, "rows": {**doc["rows"], **rows}}
+            rows = {
+                k: {"argv": part.get("argv"), **r} for k, r in part["rows"].items()
+            }  # each row's command
+            doc = {
+                **doc,
+                **{k: v for k, v in part.items() if k != "rows"},
+                "rows": {**doc["rows"], **rows},
+            }
         out.with_suffix(".json").write_text(json.dumps(doc, indent=1) + "\n")
         write_md(out.with_suffix(".md"), markdown(doc))
         return 0
@@ -520,7 +646,9 @@ def main(argv=None) -> int:
     bad = [r for r in rows if r not in ROWS]
     if bad:
         p.error(f"unknown row(s) {bad}: use {', '.join(ROWS)}")
-    sizes = [s.strip() for s in (a.sizes or ("tiny" if a.tiny else "1b,8b")).split(",") if s.strip()]
+    sizes = [
+        s.strip() for s in (a.sizes or ("tiny" if a.tiny else "1b,8b")).split(",") if s.strip()
+    ]
     if a.rounds < 1 or a.round_s <= 0:
         p.error("--rounds and --round-s take positive numbers")
     variants: dict[str, dict] = {}
@@ -531,8 +659,10 @@ def main(argv=None) -> int:
         except json.JSONDecodeError as e:
             p.error(f"--variant {v!r}: LABEL=JSON of capture options ({e})")
         if label.strip() in ("", "max-autotune") or not isinstance(variants[label.strip()], dict):
-            p.error(f"--variant {v!r}: LABEL=JSON of capture options, e.g. 'x={{\"mode\": \"max-autotune\"}}' "
-                    "(a label other than the table's own 'max-autotune')")
+            p.error(
+                f'--variant {v!r}: LABEL=JSON of capture options, e.g. \'x={{"mode": "max-autotune"}}\' '
+                "(a label other than the table's own 'max-autotune')"
+            )
     wanted = {m.strip() for m in a.mechanisms.split(",") if m.strip()} if a.mechanisms else None
     known = {*MECHANISMS, *(f"load_packaged {v}{g}" for v in variants for g in ("", " + graphs"))}
     if wanted is not None and (wanted - known or not wanted):
@@ -550,10 +680,18 @@ def main(argv=None) -> int:
     out.parent.mkdir(parents=True, exist_ok=True)
     json_path, md_path = out.with_suffix(".json"), out.with_suffix(".md")
     doc = json.loads(json_path.read_text()) if json_path.exists() and not a.fresh else {"rows": {}}
-    doc.update(torch=torch.__version__, device=device, rounds=a.rounds, source=SOURCE, bandwidth=a.bandwidth,
-               peak=a.peak, argv=" ".join(sys.argv[1:] if argv is None else argv),
-               device_name=torch.cuda.get_device_name() if device == "cuda"
-               else f"{platform.machine()} CPU ({torch.get_num_threads()} threads)")
+    doc.update(
+        torch=torch.__version__,
+        device=device,
+        rounds=a.rounds,
+        source=SOURCE,
+        bandwidth=a.bandwidth,
+        peak=a.peak,
+        argv=" ".join(sys.argv[1:] if argv is None else argv),
+        device_name=torch.cuda.get_device_name()
+        if device == "cuda"
+        else f"{platform.machine()} CPU ({torch.get_num_threads()} threads)",
+    )
 
     def save():
         json_path.write_text(json.dumps(doc, indent=1) + "\n")
@@ -576,15 +714,38 @@ def main(argv=None) -> int:
                     model_of.clear()  # one model at a time: an 8B model is 16 GB
                     model_of[size] = llama(size, device, a.tiny)
                 row = llama_row(key, size, model_of[size], device, a.tiny)
-            doc["rows"][name] = {"argv": doc["argv"], **run_row(row, device, a.rounds, a.round_s, a.peak, a.bandwidth,
-                                                                variants, wanted, a.kernels)}
+            doc["rows"][name] = {
+                "argv": doc["argv"],
+                **run_row(
+                    row,
+                    device,
+                    a.rounds,
+                    a.round_s,
+                    a.peak,
+                    a.bandwidth,
+                    variants,
+                    wanted,
+                    a.kernels,
+                ),
+            }
         except Exception as e:  # noqa: BLE001 - reported in the table
             import traceback
 
-            doc["rows"][name] = {"error": f"{type(e).__name__}: {e}"[:500], "traceback": traceback.format_exc()[-3000:]}
-        print(f"{name}: " + json.dumps({m: v.get("ms", v.get("error")) for m, v in
-                                        doc["rows"][name].get("mechanisms", {}).items()} or doc["rows"][name])[:800],
-              flush=True)
+            doc["rows"][name] = {
+                "error": f"{type(e).__name__}: {e}"[:500],
+                "traceback": traceback.format_exc()[-3000:],
+            }
+        print(
+            f"{name}: "
+            + json.dumps(
+                {
+                    m: v.get("ms", v.get("error"))
+                    for m, v in doc["rows"][name].get("mechanisms", {}).items()
+                }
+                or doc["rows"][name]
+            )[:800],
+            flush=True,
+        )
         save()  # after each row: a command cut short keeps what it measured
         if device == "cuda":
             torch.cuda.empty_cache()

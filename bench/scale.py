@@ -56,6 +56,7 @@ CONFIGS = {  # the issue's stacks on the GPU host; small analogues on CPU
 
 # ---- the model (also imported by the workers) ---------------------------------------
 
+
 def build(layers: int, d: int, heads: int, batch: int, seq: int, dtype: str, device: str):
     """(model, x): a pre-norm GPT-style stack (causal attention + 4d MLP), eval, on
     ``device`` in ``dtype``, weights seeded; x: (batch, seq, d) hidden states."""
@@ -101,6 +102,7 @@ def forward(model, x):
 
 # ---- workers: each runs in a fresh process and prints one JSON line ------------------
 
+
 def _sync(device):
     import torch
 
@@ -121,9 +123,16 @@ def worker(mode: str, cfg: dict, layers: int, device: str, work: Path) -> dict:
         import precompile_build
         from precompile_build.builder.pairs import read_source_metadata
 
-        with torch.no_grad(), precompile_build.capture(
-                forward, engine="frozen", target=name, artifact_path=work / f"{name}.py",
-                cache_path=work / f"{name}.cache") as f:
+        with (
+            torch.no_grad(),
+            precompile_build.capture(
+                forward,
+                engine="frozen",
+                target=name,
+                artifact_path=work / f"{name}.py",
+                cache_path=work / f"{name}.cache",
+            ) as f,
+        ):
             f(model, x)
         _sync(device)
         out["capture_s"] = time.perf_counter() - ready
@@ -162,26 +171,52 @@ def worker(mode: str, cfg: dict, layers: int, device: str, work: Path) -> dict:
 
 # ---- driver -----------------------------------------------------------------------------
 
+
 def _env(work: Path, gpu: str | None = None) -> dict:
     env = dict(os.environ)
     caches = Path(tempfile.mkdtemp(prefix="caches-", dir=work))  # empty caches per process
-    env.update(TORCHINDUCTOR_CACHE_DIR=str(caches / "inductor"), TRITON_CACHE_DIR=str(caches / "triton"),
-               PRECOMPILE_CACHE_DIR=str(caches / "kernels"),
-               PYTHONPATH=os.pathsep.join(p for p in (str(work / "site"), str(ROOT), str(ROOT / "runtime"),
-                                                      env.get("PYTHONPATH", "")) if p))
+    env.update(
+        TORCHINDUCTOR_CACHE_DIR=str(caches / "inductor"),
+        TRITON_CACHE_DIR=str(caches / "triton"),
+        PRECOMPILE_CACHE_DIR=str(caches / "kernels"),
+        PYTHONPATH=os.pathsep.join(
+            p
+            for p in (
+                str(work / "site"),
+                str(ROOT),
+                str(ROOT / "runtime"),
+                env.get("PYTHONPATH", ""),
+            )
+            if p
+        ),
+    )
     if gpu is not None:
         env["CUDA_VISIBLE_DEVICES"] = gpu
     return env
 
 
-def run_worker(mode: str, cfg: dict, layers: int, device: str, work: Path, gpu: str | None = None) -> dict:
-    cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", mode, "--device", device,
-           "--config", json.dumps(cfg), "--layers", str(layers), "--work", str(work)]
+def run_worker(
+    mode: str, cfg: dict, layers: int, device: str, work: Path, gpu: str | None = None
+) -> dict:
+    cmd = [
+        sys.executable,
+        str(Path(__file__).resolve()),
+        "--worker",
+        mode,
+        "--device",
+        device,
+        "--config",
+        json.dumps(cfg),
+        "--layers",
+        str(layers),
+        "--work",
+        str(work),
+    ]
     p = subprocess.run(cmd, env=_env(work, gpu), capture_output=True, text=True, timeout=1800)
     lines = [ln for ln in p.stdout.splitlines() if ln.startswith("RESULT ")]
     if p.returncode != 0 or not lines:
         return {"mode": mode, "layers": layers, "error": (p.stderr or p.stdout)[-1500:]}
-    return json.loads(lines[-1][len("RESULT "):])
+    return json.loads(lines[-1][len("RESULT ") :])
 
 
 def _package(work: Path, names: list[str]) -> None:
@@ -194,7 +229,9 @@ def _package(work: Path, names: list[str]) -> None:
     for n in names:
         src, cache = work / f"{n}.py", work / f"{n}.cache"
         info = inspect_pair(src, cache)
-        results.append(CaptureResult(n, "ok", True, info.device, source_path=src, cache_path=cache, info=info))
+        results.append(
+            CaptureResult(n, "ok", True, info.device, source_path=src, cache_path=cache, info=info)
+        )
     pkg = work / "site" / PACKAGE
     pkg.mkdir(parents=True, exist_ok=True)
     (pkg / "__init__.py").write_text("")
@@ -218,7 +255,7 @@ def table(device: str, cfg: dict, work: Path, out_dir: Path) -> None:
     _package(work, [f"L{n}" for n in ok])
     for r in rows:
         n = r["layers"]
-        for mode in (("load", "eager", "compile") if n in ok else ("eager", "compile")):
+        for mode in ("load", "eager", "compile") if n in ok else ("eager", "compile"):
             r[mode] = run_worker(mode, cfg, n, device, work)
             print(f"L{n} {mode}: {json.dumps(r[mode])[:300]}", flush=True)
     _write(device, cfg, rows, out_dir)
@@ -234,24 +271,36 @@ def _write(device: str, cfg: dict, rows: list, out_dir: Path) -> None:
     import torch
 
     out_dir.mkdir(parents=True, exist_ok=True)
-    doc = {"device": device, "config": cfg, "torch": torch.__version__, "python": platform.python_version(),
-           "gpu": torch.cuda.get_device_name(0) if device == "cuda" else None, "rows": rows}
+    doc = {
+        "device": device,
+        "config": cfg,
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+        "gpu": torch.cuda.get_device_name(0) if device == "cuda" else None,
+        "rows": rows,
+    }
     (out_dir / f"scale_{device}.json").write_text(json.dumps(doc, indent=2) + "\n")
     caps = [r for r in rows if "error" not in r["capture"]]
-    lines = [f"# Scale: frozen engine, GPT-style stacks ({device})", "",
-             f"Produced by `python bench/scale.py --device {device}` (torch {torch.__version__}, "
-             f"{doc['gpu'] or platform.processor() or 'cpu'}): d={cfg['d']}, {cfg['heads']} heads, "
-             f"{cfg['dtype']}, {cfg['batch']} x {cfg['seq']} tokens. Each figure is one fresh process with "
-             "empty Inductor/Triton/precompile-runtime caches. First result: seconds from \"model and "
-             "inputs exist\" to the first synchronized result.", "",
-             "| layers | capture s | source | cache | load s | first result: load_packaged / eager / "
-             "torch.compile cold (s) | max abs loaded - eager (values up to) | validation: frozen err / "
-             "eager err / multiple | eager call |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    lines = [
+        f"# Scale: frozen engine, GPT-style stacks ({device})",
+        "",
+        f"Produced by `python bench/scale.py --device {device}` (torch {torch.__version__}, "
+        f"{doc['gpu'] or platform.processor() or 'cpu'}): d={cfg['d']}, {cfg['heads']} heads, "
+        f"{cfg['dtype']}, {cfg['batch']} x {cfg['seq']} tokens. Each figure is one fresh process with "
+        'empty Inductor/Triton/precompile-runtime caches. First result: seconds from "model and '
+        'inputs exist" to the first synchronized result.',
+        "",
+        "| layers | capture s | source | cache | load s | first result: load_packaged / eager / "
+        "torch.compile cold (s) | max abs loaded - eager (values up to) | validation: frozen err / "
+        "eager err / multiple | eager call |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
     for r in rows:
         c, ld, e, cc = r["capture"], r.get("load", {}), r.get("eager", {}), r.get("compile", {})
         if "error" in c:
-            lines.append(f"| {r['layers']} | FAILED: {c['error'].splitlines()[-1][:150]} | | | | | | | |")
+            lines.append(
+                f"| {r['layers']} | FAILED: {c['error'].splitlines()[-1][:150]} | | | | | | | |"
+            )
             continue
         val = c.get("validation") or {}
         lines.append(
@@ -259,7 +308,8 @@ def _write(device: str, cfg: dict, rows: list, out_dir: Path) -> None:
             f"{c['cache_bytes'] / 1024:.0f} KiB | {_fmt(ld.get('load_s'))} | {_fmt(ld.get('first_result_s'))} / "
             f"{_fmt(e.get('first_result_s'))} / {_fmt(cc.get('first_result_s'))} | "
             f"{_fmt(ld.get('max_abs_vs_eager'))} ({_fmt(ld.get('max_abs_value'))}) | {_worst(val)} | "
-            f"{(val.get('eager_call') or {}).get('outcome', '-')} |")
+            f"{(val.get('eager_call') or {}).get('outcome', '-')} |"
+        )
     if len(caps) >= 2:
         a, b = caps[0], caps[-1]
         dl = b["layers"] - a["layers"]
@@ -268,11 +318,14 @@ def _write(device: str, cfg: dict, rows: list, out_dir: Path) -> None:
         per_s = (b["capture"]["source_compile_s"] - a["capture"]["source_compile_s"]) / dl
         at80 = b["capture"]["source_bytes"] + per * (80 - b["layers"])
         s80 = b["capture"]["source_compile_s"] + per_s * (80 - b["layers"])
-        lines += ["", f"Source half: {per / 1024:.1f} KiB per layer (cache half {per_cache / 1024:.1f} KiB per "
-                  f"layer) between {a['layers']} and {b['layers']} layers; Python's compile() of the "
-                  f"source {per_s * 1000:.1f} ms per layer. Extrapolated to 80 layers: source "
-                  f"{at80 / 1024:.0f} KiB, compile() {s80:.2f} s (part of load seconds, paid once per "
-                  "process)."]
+        lines += [
+            "",
+            f"Source half: {per / 1024:.1f} KiB per layer (cache half {per_cache / 1024:.1f} KiB per "
+            f"layer) between {a['layers']} and {b['layers']} layers; Python's compile() of the "
+            f"source {per_s * 1000:.1f} ms per layer. Extrapolated to 80 layers: source "
+            f"{at80 / 1024:.0f} KiB, compile() {s80:.2f} s (part of load seconds, paid once per "
+            "process).",
+        ]
     (out_dir / f"scale_{device}.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 
@@ -283,8 +336,11 @@ def repeat_builds(device: str, cfg: dict, work: Path, n: int) -> int:
         import torch
 
         visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-        gpus = ([g.strip() for g in visible.split(",") if g.strip()] if visible
-                else [str(i) for i in range(torch.cuda.device_count())]) or [None]
+        gpus = (
+            [g.strip() for g in visible.split(",") if g.strip()]
+            if visible
+            else [str(i) for i in range(torch.cuda.device_count())]
+        ) or [None]
     jobs = [(layers, i) for layers in cfg["layers"] for i in range(n)]
     failed = 0
     free = list(gpus)
@@ -316,11 +372,13 @@ def repeat_builds(device: str, cfg: dict, work: Path, n: int) -> int:
             line = f"build {i + 1}/{n} L{layers} on {where}: FAILED after {wall:.0f} s: {last[0][:400]}"
         else:
             val = r.get("validation") or {}
-            line = (f"build {i + 1}/{n} L{layers} on {where}: ok, capture {r['capture_s']:.1f} s, "
-                    f"source {r['source_bytes'] / 1024:.0f} KiB, cache {r['cache_bytes'] / 1024:.0f} KiB, "
-                    f"frozen/eager err/multiple {_worst(val)}, reference {val.get('reference')}"
-                    f"{' (fallback ' + ','.join(val['fallback_ops']) + ')' if val.get('fallback_ops') else ''}, "
-                    f"eager call {(val.get('eager_call') or {}).get('outcome')}")
+            line = (
+                f"build {i + 1}/{n} L{layers} on {where}: ok, capture {r['capture_s']:.1f} s, "
+                f"source {r['source_bytes'] / 1024:.0f} KiB, cache {r['cache_bytes'] / 1024:.0f} KiB, "
+                f"frozen/eager err/multiple {_worst(val)}, reference {val.get('reference')}"
+                f"{' (fallback ' + ','.join(val['fallback_ops']) + ')' if val.get('fallback_ops') else ''}, "
+                f"eager call {(val.get('eager_call') or {}).get('outcome')}"
+            )
         print(line, flush=True)
 
     with ThreadPoolExecutor(max_workers=len(gpus)) as pool:
@@ -337,7 +395,9 @@ def main(argv=None) -> int:
         return llama([a for a in argv if a not in ("--llama", "--device", "cuda")])
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--device", choices=("cpu", "cuda"), default=None)
-    p.add_argument("--layers", default=None, help="comma-separated layer counts (default: per device)")
+    p.add_argument(
+        "--layers", default=None, help="comma-separated layer counts (default: per device)"
+    )
     p.add_argument("--repeat-builds", type=int, default=0)
     p.add_argument("--out", default=str(HERE / "results"))
     p.add_argument("--worker", default=None, help=argparse.SUPPRESS)

@@ -92,7 +92,7 @@ class Slot:
                 step(model, self.token, self.cache, self.pos, self.tokens, self.logits)
             for _ in range(steps - 1):
                 step(model, self.token, self.cache, self.pos, self.tokens, self.logits)
-        return self.tokens[0, len(prompt):len(prompt) + steps].tolist()
+        return self.tokens[0, len(prompt) : len(prompt) + steps].tolist()
 
 
 class GenerateRequest(BaseModel):
@@ -127,7 +127,12 @@ def _client(url: str, jobs: list, out: list, errors: list) -> None:
     try:
         for index, body in jobs:
             t0 = time.perf_counter()
-            conn.request("POST", "/generate", body=json.dumps(body), headers={"Content-Type": "application/json"})
+            conn.request(
+                "POST",
+                "/generate",
+                body=json.dumps(body),
+                headers={"Content-Type": "application/json"},
+            )
             resp = conn.getresponse()
             data = resp.read()  # a failed request's body is the server's text, not JSON
             reply = json.loads(data) if resp.status == 200 else data.decode("utf-8", "replace")
@@ -141,7 +146,10 @@ def _client(url: str, jobs: list, out: list, errors: list) -> None:
 def _round(url: str, clients: int, per_client: list[list]) -> tuple[list, list, float]:
     out: list = []
     errors: list = []
-    threads = [threading.Thread(target=_client, args=(url, per_client[c], out, errors)) for c in range(clients)]
+    threads = [
+        threading.Thread(target=_client, args=(url, per_client[c], out, errors))
+        for c in range(clients)
+    ]
     t0 = time.perf_counter()
     for t in threads:
         t.start()
@@ -150,8 +158,15 @@ def _round(url: str, clients: int, per_client: list[list]) -> tuple[list, list, 
     return out, errors, time.perf_counter() - t0
 
 
-def run_path(path: str, step: Callable, model: Any, llmdecode: Any, a: argparse.Namespace,
-             prompts: list, want: list) -> dict:
+def run_path(
+    path: str,
+    step: Callable,
+    model: Any,
+    llmdecode: Any,
+    a: argparse.Namespace,
+    prompts: list,
+    want: list,
+) -> dict:
     """One path behind the server: the warm-up round, then the timed requests."""
     from tinylm.serve import running
 
@@ -160,12 +175,17 @@ def run_path(path: str, step: Callable, model: Any, llmdecode: Any, a: argparse.
         slots.put(Slot(llmdecode, model, a.device))
     row: dict = {"path": path}
     with running(make_app(step, model, slots)) as url:
-        warm = [[(c % N_PROMPTS, {"prompt": prompts[c % N_PROMPTS], "steps": a.steps})] for c in range(a.clients)]
+        warm = [
+            [(c % N_PROMPTS, {"prompt": prompts[c % N_PROMPTS], "steps": a.steps})]
+            for c in range(a.clients)
+        ]
         out, errors, seconds = _round(url, a.clients, warm)
         row["warmup_s"] = seconds
         jobs: list[list] = [[] for _ in range(a.clients)]
         for r in range(a.requests):
-            jobs[r % a.clients].append((r % N_PROMPTS, {"prompt": prompts[r % N_PROMPTS], "steps": a.steps}))
+            jobs[r % a.clients].append(
+                (r % N_PROMPTS, {"prompt": prompts[r % N_PROMPTS], "steps": a.steps})
+            )
         timed, errors2, seconds = _round(url, a.clients, jobs)
     errors += errors2
     answers = out + timed
@@ -175,8 +195,11 @@ def run_path(path: str, step: Callable, model: Any, llmdecode: Any, a: argparse.
     row["errors"] = (errors + failed)[:3]
     lat = sorted(t for _, s, _, t in timed if s == 200)
     if lat:
-        row.update(rps=len(lat) / seconds, p50_ms=statistics.median(lat) * 1e3,
-                   p99_ms=lat[min(len(lat) - 1, int(round(0.99 * (len(lat) - 1))))] * 1e3)
+        row.update(
+            rps=len(lat) / seconds,
+            p50_ms=statistics.median(lat) * 1e3,
+            p99_ms=lat[min(len(lat) - 1, int(round(0.99 * (len(lat) - 1))))] * 1e3,
+        )
     return row
 
 
@@ -196,15 +219,19 @@ def main() -> None:
     work = Path(a.work or tempfile.mkdtemp(prefix="bench-serve-http-"))
     proj = decode_project.write_project(work, a.device, [1], MAX_CACHE, kinds=("greedy",))
     if not (work / "site" / "llmdecode").is_dir():
-        os.environ.update(TORCHINDUCTOR_CACHE_DIR=str(work / "inductor-build"),
-                          TRITON_CACHE_DIR=str(work / "triton-build"))
+        os.environ.update(
+            TORCHINDUCTOR_CACHE_DIR=str(work / "inductor-build"),
+            TRITON_CACHE_DIR=str(work / "triton-build"),
+        )
         build_s = decode_project.build_wheel(work, proj)
         print(f"wheel built in {build_s:.1f} s", flush=True)
     sys.path.insert(0, str(work / "site"))
     # the serving process starts with empty compiler caches: the compile paths' warm-up
     # is a first compile (read when torch.compile first runs)
-    os.environ.update(TORCHINDUCTOR_CACHE_DIR=str(work / f"inductor-serve-{os.getpid()}"),
-                      TRITON_CACHE_DIR=str(work / f"triton-serve-{os.getpid()}"))
+    os.environ.update(
+        TORCHINDUCTOR_CACHE_DIR=str(work / f"inductor-serve-{os.getpid()}"),
+        TRITON_CACHE_DIR=str(work / f"triton-serve-{os.getpid()}"),
+    )
 
     import llmdecode
     import torch
@@ -224,7 +251,9 @@ def main() -> None:
         t0 = time.perf_counter()
         try:
             if path == "load_packaged":
-                step = precompile_runtime.load_packaged("greedy_b1", package="llmdecode", strict=True)
+                step = precompile_runtime.load_packaged(
+                    "greedy_b1", package="llmdecode", strict=True
+                )
                 if a.device == "cuda":  # a graph per request slot (its cache's addresses)
                     step = step.with_cuda_graphs(True, max_graphs=a.clients)
             elif path == "eager":
@@ -256,26 +285,34 @@ def _table(rows: list, a: argparse.Namespace, model: Any) -> str:
         host += f", {torch.cuda.get_device_name(0)}"
     base = next((r for r in rows if r["path"] == "eager" and "rps" in r), None)
     n_params = sum(p.numel() for p in model.parameters())
-    lines = [f"# Greedy decoding behind FastAPI on uvicorn: {a.device}", "",
-             f"torch {torch.__version__}, Python {platform.python_version()}, {host}. "
-             f"Generated by `bench/serve_http.py --device {a.device}`: a Llama-shaped model of "
-             f"{n_params / 1e6:.1f}M parameters ({model.dtype}), {a.clients} clients over loopback, "
-             f"{a.requests} timed requests of {a.prompt} prompt tokens + {a.steps} generated, a StaticCache "
-             "per request slot; one run. `wrong`: answers whose tokens differ from eager's for that prompt "
-             "(computed outside the server). `warm-up s`: the first request of every client at once "
-             "(compiling, graph recordings; the serving process starts with empty Inductor/Triton caches, "
-             "which the paths then share, as in one serving process's lifetime). Host load from other "
-             f"work: {os.getloadavg()[0]:.1f} (1-minute average at the end).", "",
-             "| path | requests/s | vs eager | p50 ms | p99 ms | warm-up s | wrong | errors |",
-             "| --- | ---: | ---: | ---: | ---: | ---: | ---: | --- |"]
+    lines = [
+        f"# Greedy decoding behind FastAPI on uvicorn: {a.device}",
+        "",
+        f"torch {torch.__version__}, Python {platform.python_version()}, {host}. "
+        f"Generated by `bench/serve_http.py --device {a.device}`: a Llama-shaped model of "
+        f"{n_params / 1e6:.1f}M parameters ({model.dtype}), {a.clients} clients over loopback, "
+        f"{a.requests} timed requests of {a.prompt} prompt tokens + {a.steps} generated, a StaticCache "
+        "per request slot; one run. `wrong`: answers whose tokens differ from eager's for that prompt "
+        "(computed outside the server). `warm-up s`: the first request of every client at once "
+        "(compiling, graph recordings; the serving process starts with empty Inductor/Triton caches, "
+        "which the paths then share, as in one serving process's lifetime). Host load from other "
+        f"work: {os.getloadavg()[0]:.1f} (1-minute average at the end).",
+        "",
+        "| path | requests/s | vs eager | p50 ms | p99 ms | warm-up s | wrong | errors |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | --- |",
+    ]
     for r in rows:
         if "rps" not in r:
-            lines.append(f"| {r['path']} | - | - | - | - | - | - | {'; '.join(r.get('errors', []))[:300]} |")
+            lines.append(
+                f"| {r['path']} | - | - | - | - | - | - | {'; '.join(r.get('errors', []))[:300]} |"
+            )
             continue
         ratio = f"{r['rps'] / base['rps']:.2f}x" if base else "-"
-        lines.append(f"| {r['path']} | {r['rps']:.1f} | {ratio} | {r['p50_ms']:.1f} | {r['p99_ms']:.1f} | "
-                     f"{r['warmup_s']:.1f} | {r['wrong']} of {r['answers']} | "
-                     f"{'; '.join(r['errors'])[:300] or '-'} |")
+        lines.append(
+            f"| {r['path']} | {r['rps']:.1f} | {ratio} | {r['p50_ms']:.1f} | {r['p99_ms']:.1f} | "
+            f"{r['warmup_s']:.1f} | {r['wrong']} of {r['answers']} | "
+            f"{'; '.join(r['errors'])[:300] or '-'} |"
+        )
     return "\n".join(lines) + "\n"
 
 

@@ -153,18 +153,24 @@ def run_case(name, device, calls, rounds, log):
         times = {k: [] for k in mechs}
         order = list(mechs.items())
         for r in range(rounds):  # each round starts one mechanism later: no fixed position
-            for k, fn in order[r % len(order):] + order[:r % len(order)]:
+            for k, fn in order[r % len(order) :] + order[: r % len(order)]:
                 sync(device)
                 t0 = time.perf_counter()
                 for _ in range(calls):
                     fn()
                 sync(device)
                 times[k].append((time.perf_counter() - t0) * 1e3 / calls)
-        graphs = {k: (f.graphs.recorded, f.graphs.plain, f.graphs.last_ratio)
-                  for k, f in mechs.items() if hasattr(f, "graphs")}
+        graphs = {
+            k: (f.graphs.recorded, f.graphs.plain, f.graphs.last_ratio)
+            for k, f in mechs.items()
+            if hasattr(f, "graphs")
+        }
     med = {k: statistics.median(v) for k, v in times.items()}
     log(f"{name}: " + ", ".join(f"{k} {v:.4f} ms" for k, v in med.items()))
-    log(f"{name} rounds: " + "; ".join(f"{k} " + " ".join(f"{t:.3f}" for t in v) for k, v in times.items()))
+    log(
+        f"{name} rounds: "
+        + "; ".join(f"{k} " + " ".join(f"{t:.3f}" for t in v) for k, v in times.items())
+    )
     spread = {k: (max(v) - min(v)) / statistics.median(v) for k, v in times.items()}
     return med, errs, first, graphs, spread
 
@@ -183,8 +189,11 @@ def main():
             ap.error(f"--{name} takes a positive number, not {getattr(a, name)}")
     if a.threads:
         torch.set_num_threads(a.threads)
-    what = (torch.cuda.get_device_name() if a.device == "cuda"
-            else f"{platform.machine()} CPU (torch threads: {torch.get_num_threads()})")
+    what = (
+        torch.cuda.get_device_name()
+        if a.device == "cuda"
+        else f"{platform.machine()} CPU (torch threads: {torch.get_num_threads()})"
+    )
     lines = [
         f"# Steady state per call ({a.device})",
         "",
@@ -196,8 +205,12 @@ def main():
         "First call ms: the first call in this process, made after the pair was captured and",
         "loaded here, so for torch.compile it includes compiling and for the pair only the",
         "call; cold starts are bench/cold_start.py's."
-        + (" With graphs on, the first call is the warm-up run, the second a timed plain run"
-           " (launch-bound or compute-bound?), the third records." if a.device == "cuda" else ""),
+        + (
+            " With graphs on, the first call is the warm-up run, the second a timed plain run"
+            " (launch-bound or compute-bound?), the third records."
+            if a.device == "cuda"
+            else ""
+        ),
         "",
     ]
 
@@ -214,19 +227,33 @@ def main():
             continue
         ref = med["torch.compile"]
         ro = med.get("torch.compile reduce-overhead")
-        lines += [f"## {name}", "",
-                  "| mechanism | ms per call | round spread | vs torch.compile | vs reduce-overhead | first call ms | err |",
-                  "|---|---|---|---|---|---|---|"]
+        lines += [
+            f"## {name}",
+            "",
+            "| mechanism | ms per call | round spread | vs torch.compile | vs reduce-overhead | first call ms | err |",
+            "|---|---|---|---|---|---|---|",
+        ]
         for k, v in med.items():
             vs_ro = f"{v / ro:.2f}x" if ro else "-"
             err = errs[k]
-            lines.append(f"| {k} | {v:.4f} | {spread[k]:.0%} | {v / ref:.2f}x | {vs_ro} | {first[k]:.0f} | "
-                         f"{err:.1e} |" if math.isfinite(err) else f"| {k} | {v:.4f} | | | | | nan |")
+            lines.append(
+                f"| {k} | {v:.4f} | {spread[k]:.0%} | {v / ref:.2f}x | {vs_ro} | {first[k]:.0f} | "
+                f"{err:.1e} |"
+                if math.isfinite(err)
+                else f"| {k} | {v:.4f} | | | | | nan |"
+            )
         for k, (recorded, plain, ratio) in graphs.items():
-            told = (f"; GPU time / CPU time of the timed run: {ratio:.2f} (a graph is recorded at "
-                    "1.5 or below)" if ratio is not None else "")
-            lines += ["", f"{k}: {recorded} graph(s) recorded, {plain} size(s) run without one "
-                          f"(compute-bound at its timed run){told}"]
+            told = (
+                f"; GPU time / CPU time of the timed run: {ratio:.2f} (a graph is recorded at "
+                "1.5 or below)"
+                if ratio is not None
+                else ""
+            )
+            lines += [
+                "",
+                f"{k}: {recorded} graph(s) recorded, {plain} size(s) run without one "
+                f"(compute-bound at its timed run){told}",
+            ]
         lines.append("")
         write()
     print("\n".join(lines))

@@ -146,20 +146,37 @@ def run(out_md: str | None) -> list[dict]:
     with tempfile.TemporaryDirectory(prefix="bench-torch-load-") as tmp:
         for backend in ("inductor", "eager"):
             cdir = os.path.join(tmp, f"capture-cache-{backend}")
-            subprocess.run([sys.executable, "-c", CAPTURE, os.path.join(tmp, backend), backend],
-                           check=True, env=_env(cdir), capture_output=True)
+            subprocess.run(
+                [sys.executable, "-c", CAPTURE, os.path.join(tmp, backend), backend],
+                check=True,
+                env=_env(cdir),
+                capture_output=True,
+            )
         shared_cache = os.path.join(tmp, "serve-cache-for-warm")
-        scenarios = [("cache", "inductor", shared_cache), ("cache-warm", "inductor", shared_cache),
-                     ("fallback", "inductor", os.path.join(tmp, "serve-fallback")),
-                     ("eager", "eager", os.path.join(tmp, "serve-eager"))]
+        scenarios = [
+            ("cache", "inductor", shared_cache),
+            ("cache-warm", "inductor", shared_cache),
+            ("fallback", "inductor", os.path.join(tmp, "serve-fallback")),
+            ("eager", "eager", os.path.join(tmp, "serve-eager")),
+        ]
         for mode, backend, cdir in scenarios:
             os.makedirs(cdir, exist_ok=True)
             if mode != "cache-warm":
                 assert not os.listdir(cdir), "serving cache dir must start empty"
             child_mode = "cache" if mode == "cache-warm" else mode
-            p = subprocess.run([sys.executable, "-c", CHILD, os.path.join(tmp, backend), child_mode,
-                                json.dumps(sorted(COMPILERS))], env=_env(cdir), capture_output=True,
-                               text=True)
+            p = subprocess.run(
+                [
+                    sys.executable,
+                    "-c",
+                    CHILD,
+                    os.path.join(tmp, backend),
+                    child_mode,
+                    json.dumps(sorted(COMPILERS)),
+                ],
+                env=_env(cdir),
+                capture_output=True,
+                text=True,
+            )
             if p.returncode:
                 raise SystemExit(f"{mode} child failed:\n{p.stderr[-4000:]}")
             r = json.loads(p.stdout.strip().splitlines()[-1])
@@ -228,8 +245,15 @@ def _write_md(path: str, results: list[dict]) -> None:
     lines += ["", "Compiler processes during load, by kind:", ""]
     for r in results:
         kinds = r["procs_by_phase"].get("load", {}).get("compiler_kinds", {})
-        lines.append(f"- {r['scenario']}: " + (", ".join(f"{k}: {v}" for k, v in sorted(kinds.items())) or "none"))
-    lines += ["", FINDINGS, "", "Raw results:", "", "```json"] + [json.dumps(r) for r in results] + ["```", ""]
+        lines.append(
+            f"- {r['scenario']}: "
+            + (", ".join(f"{k}: {v}" for k, v in sorted(kinds.items())) or "none")
+        )
+    lines += (
+        ["", FINDINGS, "", "Raw results:", "", "```json"]
+        + [json.dumps(r) for r in results]
+        + ["```", ""]
+    )
     with open(path, "w", encoding="utf-8") as f:
         f.write("\n".join(lines))
 

@@ -55,13 +55,33 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 PACKAGE = "llamatp"
-SHAPE = dict(hidden_size=8192, intermediate_size=28672, num_attention_heads=64, num_key_value_heads=8,
-             vocab_size=128256, rope_theta=500000.0, max_position_embeddings=8192, tie_word_embeddings=False)
-LAYER_PLAN = {"self_attn.q_proj": "colwise", "self_attn.k_proj": "colwise", "self_attn.v_proj": "colwise",
-              "self_attn.o_proj": "rowwise", "mlp.gate_proj": "colwise", "mlp.up_proj": "colwise",
-              "mlp.down_proj": "rowwise"}
-TINY = dict(SHAPE, hidden_size=64, intermediate_size=128, num_attention_heads=8, num_key_value_heads=8,
-            vocab_size=256)  # --tiny: the CPU smoke test's shape (every size divisible by 8)
+SHAPE = dict(
+    hidden_size=8192,
+    intermediate_size=28672,
+    num_attention_heads=64,
+    num_key_value_heads=8,
+    vocab_size=128256,
+    rope_theta=500000.0,
+    max_position_embeddings=8192,
+    tie_word_embeddings=False,
+)
+LAYER_PLAN = {
+    "self_attn.q_proj": "colwise",
+    "self_attn.k_proj": "colwise",
+    "self_attn.v_proj": "colwise",
+    "self_attn.o_proj": "rowwise",
+    "mlp.gate_proj": "colwise",
+    "mlp.up_proj": "colwise",
+    "mlp.down_proj": "rowwise",
+}
+TINY = dict(
+    SHAPE,
+    hidden_size=64,
+    intermediate_size=128,
+    num_attention_heads=8,
+    num_key_value_heads=8,
+    vocab_size=256,
+)  # --tiny: the CPU smoke test's shape (every size divisible by 8)
 GREEDY = 16
 
 
@@ -91,8 +111,11 @@ def build(layers: int, vocab_parallel: bool, device: str = "cuda", tiny: bool = 
     finally:
         torch.set_default_dtype(default)
     styles = {"colwise": ColwiseParallel, "rowwise": RowwiseParallel}
-    plan: dict = {f"model.layers.{i}.{name}": styles[style]()
-                  for i in range(layers) for name, style in LAYER_PLAN.items()}
+    plan: dict = {
+        f"model.layers.{i}.{name}": styles[style]()
+        for i in range(layers)
+        for name, style in LAYER_PLAN.items()
+    }
     if vocab_parallel:  # as torchtitan shards Llama: the 2 x 1B vocabulary parameters too
         plan["model.embed_tokens"] = RowwiseParallel(input_layouts=Replicate())
         plan["lm_head"] = ColwiseParallel(output_layouts=Replicate())
@@ -121,7 +144,9 @@ def prompt(tokens: int, device: str = "cuda", tiny: bool = False):
     import torch
 
     vocab = (TINY if tiny else SHAPE)["vocab_size"]
-    return torch.randint(0, vocab, (1, tokens), generator=torch.Generator().manual_seed(3)).to(device)
+    return torch.randint(0, vocab, (1, tokens), generator=torch.Generator().manual_seed(3)).to(
+        device
+    )
 
 
 def sliding_greedy(fn, model, ids, steps: int = GREEDY) -> list[int]:
@@ -157,8 +182,12 @@ def forced_greedy(fn, model, ids, steps: int = GREEDY) -> dict:
         if torch.equal(top, served):
             equal += 1
         else:
-            ties.append({"margin": float(want[0, top] - want[0, served]),
-                         "diff": float((got - want).abs().max())})
+            ties.append(
+                {
+                    "margin": float(want[0, top] - want[0, served]),
+                    "diff": float((got - want).abs().max()),
+                }
+            )
         ids = torch.cat([ids[:, 1:], top[:, None]], dim=1)
     return {"equal": equal, "steps": steps, "ties": ties}
 
@@ -175,8 +204,12 @@ def _model(args):
     import torch
 
     if args.device == "cuda":
-        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")) if args.role == "capture" else 0)
-    shard = args.what == "shard"  # (a): TP=8, vocabulary sharded; (b): TP=2, embedding and lm_head whole
+        torch.cuda.set_device(
+            int(os.environ.get("LOCAL_RANK", "0")) if args.role == "capture" else 0
+        )
+    shard = (
+        args.what == "shard"
+    )  # (a): TP=8, vocabulary sharded; (b): TP=2, embedding and lm_head whole
     model, _ = build(args.layers if shard else args.serve_layers, shard, args.device, args.tiny)
     return model, prompt(args.tokens, args.device, args.tiny)
 
@@ -201,8 +234,14 @@ def role_capture(args) -> None:
     timing = os.environ.get("TP_BENCH_TIMING")
     if timing:
         with open(timing, "w") as out:
-            json.dump({"first_result_s": done - ready, "weights_gpu_bytes": torch.cuda.memory_allocated() if cuda
-                       else None, "gpu_bytes": torch.cuda.max_memory_allocated() if cuda else None}, out)
+            json.dump(
+                {
+                    "first_result_s": done - ready,
+                    "weights_gpu_bytes": torch.cuda.memory_allocated() if cuda else None,
+                    "gpu_bytes": torch.cuda.max_memory_allocated() if cuda else None,
+                },
+                out,
+            )
 
 
 def role_compile(args) -> None:
@@ -226,8 +265,18 @@ def role_compile(args) -> None:
         fn(model, ids)
     _sync()
     first = time.perf_counter() - ready
-    print("RESULT " + json.dumps({"setup_s": ready - t0, "first_result_s": first, "weights_gpu_bytes": weights,
-                                  "gpu_bytes": torch.cuda.max_memory_allocated() if cuda else None}), flush=True)
+    print(
+        "RESULT "
+        + json.dumps(
+            {
+                "setup_s": ready - t0,
+                "first_result_s": first,
+                "weights_gpu_bytes": weights,
+                "gpu_bytes": torch.cuda.max_memory_allocated() if cuda else None,
+            }
+        ),
+        flush=True,
+    )
 
 
 def role_serve(args) -> None:
@@ -244,13 +293,17 @@ def role_serve(args) -> None:
     with torch.no_grad():
         got, want = fn(model, ids), last_logits(model, ids)
         _sync()
-        row = {"rank": rank, "kernels": fn.uses_kernels, "shape": list(got.shape),
-               "max_abs_diff": float((got.float() - want.float()).abs().max()),
-               "max_abs_value": float(want.float().abs().max()),
-               "argmax_equal": bool(torch.equal(got.argmax(-1), want.argmax(-1))),
-               "served_tokens": sliding_greedy(fn, model, ids),
-               "eager_tokens": sliding_greedy(last_logits, model, ids),
-               "forced": forced_greedy(fn, model, ids)}
+        row = {
+            "rank": rank,
+            "kernels": fn.uses_kernels,
+            "shape": list(got.shape),
+            "max_abs_diff": float((got.float() - want.float()).abs().max()),
+            "max_abs_value": float(want.float().abs().max()),
+            "argmax_equal": bool(torch.equal(got.argmax(-1), want.argmax(-1))),
+            "served_tokens": sliding_greedy(fn, model, ids),
+            "eager_tokens": sliding_greedy(last_logits, model, ids),
+            "forced": forced_greedy(fn, model, ids),
+        }
     with open(Path(args.work) / f"serve_rank{rank}.json", "w") as f:
         json.dump(row, f)
     dist.destroy_process_group()
@@ -260,21 +313,36 @@ def role_serve(args) -> None:
 def _env(work: Path) -> dict:
     env = dict(os.environ)
     caches = Path(tempfile.mkdtemp(prefix="caches-", dir=work))  # empty caches per process
-    env.update(TORCHINDUCTOR_CACHE_DIR=str(caches / "inductor"), TRITON_CACHE_DIR=str(caches / "triton"),
-               PRECOMPILE_CACHE_DIR=str(caches / "kernels"), PRECOMPILE_CACHE="0",
-               PYTHONPATH=os.pathsep.join(p for p in (str(work / "site"), str(ROOT), str(ROOT / "runtime"),
-                                                      env.get("PYTHONPATH", "")) if p))
+    env.update(
+        TORCHINDUCTOR_CACHE_DIR=str(caches / "inductor"),
+        TRITON_CACHE_DIR=str(caches / "triton"),
+        PRECOMPILE_CACHE_DIR=str(caches / "kernels"),
+        PRECOMPILE_CACHE="0",
+        PYTHONPATH=os.pathsep.join(
+            p
+            for p in (
+                str(work / "site"),
+                str(ROOT),
+                str(ROOT / "runtime"),
+                env.get("PYTHONPATH", ""),
+            )
+            if p
+        ),
+    )
     return env
 
 
-def _project(work: Path, name: str, world: int, script_args: list[str], timeout: float, device: str) -> Path:
+def _project(
+    work: Path, name: str, world: int, script_args: list[str], timeout: float, device: str
+) -> Path:
     """A project whose one target ``name`` runs this file as its capture script."""
     proj = work / f"proj-{name}"
     shutil.rmtree(proj, ignore_errors=True)
     (proj / PACKAGE).mkdir(parents=True)
     (proj / PACKAGE / "__init__.py").write_text("")
     shutil.copyfile(Path(__file__), proj / "capture.py")
-    (proj / "pyproject.toml").write_text(textwrap.dedent(f"""
+    (proj / "pyproject.toml").write_text(
+        textwrap.dedent(f"""
         [project]
         name = "{PACKAGE}"
         version = "0.1.0"
@@ -288,11 +356,14 @@ def _project(work: Path, name: str, world: int, script_args: list[str], timeout:
         device = "{device}"
         world-size = {world}
         timeout = {int(timeout)}
-        """))
+        """)
+    )
     return proj
 
 
-def capture(work: Path, name: str, world: int, script_args: list[str], timeout: float, device: str) -> dict:
+def capture(
+    work: Path, name: str, world: int, script_args: list[str], timeout: float, device: str
+) -> dict:
     """Build target ``name`` with ``python -m precompile_build capture``; returns the
     manifest's variant (capture_seconds, capture_breakdown, peak_memory, distributed)
     plus ``wall_s`` and the build's lines, or ``{"error": ...}``."""
@@ -301,15 +372,28 @@ def capture(work: Path, name: str, world: int, script_args: list[str], timeout: 
     timing = work / f"timing-{name}.json"
     t0 = time.perf_counter()
     try:
-        p = subprocess.run([sys.executable, "-m", "precompile_build", "capture", "--out", str(out)], cwd=proj,
-                           env=dict(_env(work), PRECOMPILE_DISTRIBUTED="fake",  # one rank built alone
-                                    TP_BENCH_TIMING=str(timing)),
-                           capture_output=True, text=True, timeout=timeout + 60)
+        p = subprocess.run(
+            [sys.executable, "-m", "precompile_build", "capture", "--out", str(out)],
+            cwd=proj,
+            env=dict(
+                _env(work),
+                PRECOMPILE_DISTRIBUTED="fake",  # one rank built alone
+                TP_BENCH_TIMING=str(timing),
+            ),
+            capture_output=True,
+            text=True,
+            timeout=timeout + 60,
+        )
     except subprocess.TimeoutExpired:
         return {"error": f"timed out after {timeout + 60:.0f} s"}
-    row: dict = {"wall_s": round(time.perf_counter() - t0, 1),
-                 "build_lines": [ln for ln in (p.stdout + p.stderr).splitlines()
-                                 if ln.startswith("precompile: ") and " running " not in ln][-6:]}
+    row: dict = {
+        "wall_s": round(time.perf_counter() - t0, 1),
+        "build_lines": [
+            ln
+            for ln in (p.stdout + p.stderr).splitlines()
+            if ln.startswith("precompile: ") and " running " not in ln
+        ][-6:],
+    }
     if p.returncode != 0:
         return {**row, "error": (p.stderr or p.stdout)[-3000:]}
     manifest = json.loads((out / "manifest.json").read_text())
@@ -322,8 +406,23 @@ def capture(work: Path, name: str, world: int, script_args: list[str], timeout: 
 
 
 def compile_cold(work: Path, args, timeout: float) -> dict:
-    cmd = [sys.executable, str(Path(__file__).resolve()), "--role", "compile", "--what", "shard", *_common(args)]
-    env = dict(_env(work), RANK="0", WORLD_SIZE="8", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT="29999")
+    cmd = [
+        sys.executable,
+        str(Path(__file__).resolve()),
+        "--role",
+        "compile",
+        "--what",
+        "shard",
+        *_common(args),
+    ]
+    env = dict(
+        _env(work),
+        RANK="0",
+        WORLD_SIZE="8",
+        LOCAL_RANK="0",
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT="29999",
+    )
     t0 = time.perf_counter()
     try:
         p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
@@ -332,7 +431,7 @@ def compile_cold(work: Path, args, timeout: float) -> dict:
     lines = [ln for ln in p.stdout.splitlines() if ln.startswith("RESULT ")]
     if p.returncode != 0 or not lines:
         return {"error": (p.stderr or p.stdout)[-3000:]}
-    return {**json.loads(lines[-1][len("RESULT "):]), "wall_s": round(time.perf_counter() - t0, 1)}
+    return {**json.loads(lines[-1][len("RESULT ") :]), "wall_s": round(time.perf_counter() - t0, 1)}
 
 
 def serve(work: Path, row: dict, args, timeout: float) -> dict:
@@ -344,8 +443,22 @@ def serve(work: Path, row: dict, args, timeout: float) -> dict:
     (site / PACKAGE / "__init__.py").write_text("")
     shutil.copytree(row["pair_dir"], site / PACKAGE / "_precompiled")
     env = dict(_env(work), PRECOMPILE_NO_COMPILE="1", OMP_NUM_THREADS="4")
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-           str(Path(__file__).resolve()), "--role", "serve", "--what", "serve", *_common(args), "--work", str(work)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc_per_node",
+        "2",
+        str(Path(__file__).resolve()),
+        "--role",
+        "serve",
+        "--what",
+        "serve",
+        *_common(args),
+        "--work",
+        str(work),
+    ]
     t0 = time.perf_counter()
     try:
         p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
@@ -359,8 +472,17 @@ def serve(work: Path, row: dict, args, timeout: float) -> dict:
 
 def _common(args) -> list[str]:
     """The arguments every role takes from the orchestrator's."""
-    return ["--layers", str(args.layers), "--serve-layers", str(args.serve_layers), "--tokens", str(args.tokens),
-            "--device", args.device, *(["--tiny"] if args.tiny else [])]
+    return [
+        "--layers",
+        str(args.layers),
+        "--serve-layers",
+        str(args.serve_layers),
+        "--tokens",
+        str(args.tokens),
+        "--device",
+        args.device,
+        *(["--tiny"] if args.tiny else []),
+    ]
 
 
 def _gib(n) -> str:
@@ -375,23 +497,35 @@ def _why(error: str) -> str:
 
 
 def markdown(res: dict) -> str:
-    lines = [f"# Tensor-parallel Llama on one GPU ({res.get('gpu')}, torch {res.get('torch')})", "",
-             "`python bench/tp_llama.py " + " ".join(res["argv"]) + "` (bench/tp_llama.py says what each "
-             "figure is).", ""]
+    lines = [
+        f"# Tensor-parallel Llama on one GPU ({res.get('gpu')}, torch {res.get('torch')})",
+        "",
+        "`python bench/tp_llama.py "
+        + " ".join(res["argv"])
+        + "` (bench/tp_llama.py says what each "
+        "figure is).",
+        "",
+    ]
     a = res.get("shard")
     if a:
         c, comp = a.get("capture") or {}, a.get("compile") or {}
         script = c.get("script") or {}
         ours = script.get("first_result_s")
-        lines += [f"## (a) rank 0 of TP = 8, {res['layers']} layers, built alone under the fake backend", "",
-                  "| | seconds: model ready -> pair written / first result | peak GPU (weights included) |",
-                  "| --- | --- | --- |"]
+        lines += [
+            f"## (a) rank 0 of TP = 8, {res['layers']} layers, built alone under the fake backend",
+            "",
+            "| | seconds: model ready -> pair written / first result | peak GPU (weights included) |",
+            "| --- | --- | --- |",
+        ]
         row = "| precompile-build capture (rank 0 alone, fake backend, run by the build) |"
         if "error" in c:
             lines.append(f"{row} failed: {_why(c['error'])} | |")
         else:
-            lines.append(f"{row} {ours:.1f} | {_gib(script.get('gpu_bytes'))} |" if ours is not None
-                         else f"{row} (no timing) | |")
+            lines.append(
+                f"{row} {ours:.1f} | {_gib(script.get('gpu_bytes'))} |"
+                if ours is not None
+                else f"{row} (no timing) | |"
+            )
         row = "| torch.compile cold, same shard, same fake group |"
         if "error" in comp:
             lines.append(f"{row} failed: {_why(comp['error'])} | |")
@@ -403,30 +537,43 @@ def markdown(res: dict) -> str:
                     ratio += f", {script['gpu_bytes'] / comp['gpu_bytes']:.2f}x the peak GPU memory"
                 lines += ["", ratio]
         if "error" not in c:
-            lines += ["", f"The shard's weights: {_gib(script.get('weights_gpu_bytes'))}. The build: "
-                      f"{c.get('capture_seconds')} s for the script (setup and exit included), steps "
-                      f"{c.get('capture_breakdown')}, peak {c.get('peak_memory')}; distributed: "
-                      f"{c.get('distributed')}. torch.compile's process: setup {comp.get('setup_s')} s."]
+            lines += [
+                "",
+                f"The shard's weights: {_gib(script.get('weights_gpu_bytes'))}. The build: "
+                f"{c.get('capture_seconds')} s for the script (setup and exit included), steps "
+                f"{c.get('capture_breakdown')}, peak {c.get('peak_memory')}; distributed: "
+                f"{c.get('distributed')}. torch.compile's process: setup {comp.get('setup_s')} s.",
+            ]
         lines.append("")
     b = res.get("serve")
     if b:
-        lines += [f"## (b) TP = 2, {res['serve_layers']} layers: one pair (fake-built), two gloo ranks on cuda:0", ""]
+        lines += [
+            f"## (b) TP = 2, {res['serve_layers']} layers: one pair (fake-built), two gloo ranks on cuda:0",
+            "",
+        ]
         if "error" in b.get("capture", {}):
             lines.append(f"capture failed: `{b['capture']['error'][-600:]}`")
         elif "error" in b.get("served", {}):
             lines.append(f"serving failed: `{b['served']['error'][-600:]}`")
         else:
-            lines += ["| rank | kernels | max abs diff | max abs eager | argmax equal | 16 greedy tokens equal "
-                      "| teacher-forced steps equal (differing: eager's margin / max diff) |",
-                      "| --- | --- | --- | --- | --- | --- | --- |"]
+            lines += [
+                "| rank | kernels | max abs diff | max abs eager | argmax equal | 16 greedy tokens equal "
+                "| teacher-forced steps equal (differing: eager's margin / max diff) |",
+                "| --- | --- | --- | --- | --- | --- | --- |",
+            ]
             for r in b["served"]["ranks"]:
                 f = r.get("forced") or {}
                 ties = ", ".join(f"{t['margin']:.3g} / {t['diff']:.3g}" for t in f.get("ties", []))
                 forced = f"{f['equal']}/{f['steps']}" + (f" ({ties})" if ties else "") if f else "-"
-                lines.append(f"| {r['rank']} | {r['kernels']} | {r['max_abs_diff']:.4g} | {r['max_abs_value']:.4g} | "
-                             f"{r['argmax_equal']} | {r['served_tokens'] == r['eager_tokens']} | {forced} |")
-            lines += ["", f"capture: {b['capture'].get('capture_seconds')} s; distributed: "
-                      f"{b['capture'].get('distributed')}"]
+                lines.append(
+                    f"| {r['rank']} | {r['kernels']} | {r['max_abs_diff']:.4g} | {r['max_abs_value']:.4g} | "
+                    f"{r['argmax_equal']} | {r['served_tokens'] == r['eager_tokens']} | {forced} |"
+                )
+            lines += [
+                "",
+                f"capture: {b['capture'].get('capture_seconds')} s; distributed: "
+                f"{b['capture'].get('distributed')}",
+            ]
     return "\n".join(lines) + "\n"
 
 
@@ -435,7 +582,9 @@ def main(argv=None) -> int:
 
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--out", default=str(HERE / "results"))
-    p.add_argument("--parts", default="serve,shard", help="serve (b) and/or shard (a), in that order")
+    p.add_argument(
+        "--parts", default="serve,shard", help="serve (b) and/or shard (a), in that order"
+    )
     p.add_argument("--layers", type=int, default=80, help="layers of the TP=8 shard (a)")
     p.add_argument("--serve-layers", type=int, default=2, help="layers of the TP=2 model (b)")
     p.add_argument("--tokens", type=int, default=128)
@@ -456,19 +605,34 @@ def main(argv=None) -> int:
 
     import torch
 
-    res: dict = {"argv": sys.argv[1:] if argv is None else list(argv), "torch": torch.__version__,
-                 "gpu": torch.cuda.get_device_name(0) if args.device == "cuda" else "cpu", "layers": args.layers,
-                 "serve_layers": args.serve_layers, "tiny": args.tiny}
+    res: dict = {
+        "argv": sys.argv[1:] if argv is None else list(argv),
+        "torch": torch.__version__,
+        "gpu": torch.cuda.get_device_name(0) if args.device == "cuda" else "cpu",
+        "layers": args.layers,
+        "serve_layers": args.serve_layers,
+        "tiny": args.tiny,
+    }
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     parts = args.parts.split(",")
     with tempfile.TemporaryDirectory(prefix="tp-llama-") as tmp:
         work = Path(tmp)
         if "serve" in parts:
-            b: dict = {"capture": capture(work, "serve", 2, ["--what", "serve", *_common(args)],
-                                          min(150, left() - 60), args.device)}  # about 50 s on an H200
+            b: dict = {
+                "capture": capture(
+                    work,
+                    "serve",
+                    2,
+                    ["--what", "serve", *_common(args)],
+                    min(150, left() - 60),
+                    args.device,
+                )
+            }  # about 50 s on an H200
             if "error" not in b["capture"]:
-                b["served"] = serve(work, b["capture"], args, max(30, min(120, left())))  # about 40 s
+                b["served"] = serve(
+                    work, b["capture"], args, max(30, min(120, left()))
+                )  # about 40 s
             res["serve"] = b
             write(res, out)
             print(f"(b) done at {time.monotonic() - start:.0f} s", file=sys.stderr)
@@ -476,7 +640,9 @@ def main(argv=None) -> int:
             a: dict = {}
             share = left() / 2  # ours, then torch.compile's: the same time each (the build's
             # subprocess gets 60 s more than the script's timeout: the script gets share - 60)
-            a["capture"] = capture(work, "shard", 8, ["--what", "shard", *_common(args)], share - 60, args.device)
+            a["capture"] = capture(
+                work, "shard", 8, ["--what", "shard", *_common(args)], share - 60, args.device
+            )
             print(f"(a) capture done at {time.monotonic() - start:.0f} s", file=sys.stderr)
             res["shard"] = a
             write(res, out)

@@ -43,10 +43,16 @@ def build(a):
     import torch
     import transformers
 
-    cfg = transformers.LlamaConfig(vocab_size=a.vocab, hidden_size=a.hidden, intermediate_size=a.intermediate,
-                                   num_hidden_layers=a.layers, num_attention_heads=a.heads,
-                                   num_key_value_heads=a.kv_heads, max_position_embeddings=max(256, a.tokens),
-                                   tie_word_embeddings=False)
+    cfg = transformers.LlamaConfig(
+        vocab_size=a.vocab,
+        hidden_size=a.hidden,
+        intermediate_size=a.intermediate,
+        num_hidden_layers=a.layers,
+        num_attention_heads=a.heads,
+        num_key_value_heads=a.kv_heads,
+        max_position_embeddings=max(256, a.tokens),
+        tie_word_embeddings=False,
+    )
     torch.manual_seed(0)
     default = torch.get_default_dtype()
     torch.set_default_dtype(getattr(torch, a.dtype))
@@ -83,8 +89,11 @@ def trace_once(model, ids, path: str):
         seconds = time.perf_counter() - t0
     finally:
         aten_export._one_pass_export, aten_export._no_stack_traces = saved
-    ops = collections.Counter(str(n.target) for n in traced.graph_module.graph.nodes
-                              if n.op == "call_function" and str(n.target) not in IGNORED_OPS)
+    ops = collections.Counter(
+        str(n.target)
+        for n in traced.graph_module.graph.nodes
+        if n.op == "call_function" and str(n.target) not in IGNORED_OPS
+    )
     return seconds, ops
 
 
@@ -99,9 +108,15 @@ def main() -> int:
     p.add_argument("--kv-heads", type=int, default=4)
     p.add_argument("--vocab", type=int, default=1000)
     p.add_argument("--tokens", type=int, default=32)
-    p.add_argument("--reps", type=int, default=3, help="timed traces per path (after one warm-up of each)")
-    p.add_argument("--no-grad", action="store_true", help="trace under torch.no_grad() (as bench/scale_llama.py "
-                   "captures); default: grad mode on, as a plain call")
+    p.add_argument(
+        "--reps", type=int, default=3, help="timed traces per path (after one warm-up of each)"
+    )
+    p.add_argument(
+        "--no-grad",
+        action="store_true",
+        help="trace under torch.no_grad() (as bench/scale_llama.py "
+        "captures); default: grad mode on, as a plain call",
+    )
     p.add_argument("--profile", action="store_true")
     p.add_argument("--md", type=Path)
     a = p.parse_args()
@@ -120,12 +135,21 @@ def main() -> int:
             times[path].append(s)
             print(f"trace {path}: {s:.2f} s", flush=True)
     med = {p: statistics.median(times[p]) for p in PATHS}
-    print("median " + ", ".join(f"{p} {med[p]:.2f} s" for p in PATHS)
-          + f": one-pass/before {med['one-pass'] / med['before']:.2f}")
+    print(
+        "median "
+        + ", ".join(f"{p} {med[p]:.2f} s" for p in PATHS)
+        + f": one-pass/before {med['one-pass'] / med['before']:.2f}"
+    )
     same = all(ops[p] == ops["before"] for p in PATHS)
-    diff = "" if same else "".join(
-        f"; {p}: only before {dict(ops['before'] - ops[p])}, only {p} {dict(ops[p] - ops['before'])}"
-        for p in PATHS[1:] if ops[p] != ops["before"])
+    diff = (
+        ""
+        if same
+        else "".join(
+            f"; {p}: only before {dict(ops['before'] - ops[p])}, only {p} {dict(ops[p] - ops['before'])}"
+            for p in PATHS[1:]
+            if ops[p] != ops["before"]
+        )
+    )
     print(f"same ops: {same} ({sum(ops['one-pass'].values())} op nodes){diff}")
     if a.profile:
         import cProfile
@@ -137,15 +161,24 @@ def main() -> int:
         prof.disable()
         pstats.Stats(prof).sort_stats(os.environ.get("SORT", "cumulative")).print_stats(40)
     if a.md:
-        shape = (f"{a.layers} layers, hidden {a.hidden}, intermediate {a.intermediate}, {a.heads}/{a.kv_heads} "
-                 f"heads, vocab {a.vocab}, {a.dtype} on {a.device}, 1 x {a.tokens} tokens, "
-                 + ("under `torch.no_grad()`" if a.no_grad else "grad mode on"))
-        what = {"before": "`export` + `run_decompositions({})`, stack traces (before)",
-                "two-pass": "`export` + `run_decompositions({})` (where torch lacks the one pass)",
-                "one-pass": "`_export(pre_dispatch=False)`, composite ops kept (default)"}
-        rows = "".join(f"| {what[p]} | {' / '.join(f'{x:.2f}' for x in times[p])} | {med[p]:.2f} | "
-                       f"{med[p] / med['before']:.2f} |\n" for p in PATHS)
-        head = "" if a.md.exists() else "# The trace step: one-pass vs two-pass export (issue 24)\n\n"
+        shape = (
+            f"{a.layers} layers, hidden {a.hidden}, intermediate {a.intermediate}, {a.heads}/{a.kv_heads} "
+            f"heads, vocab {a.vocab}, {a.dtype} on {a.device}, 1 x {a.tokens} tokens, "
+            + ("under `torch.no_grad()`" if a.no_grad else "grad mode on")
+        )
+        what = {
+            "before": "`export` + `run_decompositions({})`, stack traces (before)",
+            "two-pass": "`export` + `run_decompositions({})` (where torch lacks the one pass)",
+            "one-pass": "`_export(pre_dispatch=False)`, composite ops kept (default)",
+        }
+        rows = "".join(
+            f"| {what[p]} | {' / '.join(f'{x:.2f}' for x in times[p])} | {med[p]:.2f} | "
+            f"{med[p] / med['before']:.2f} |\n"
+            for p in PATHS
+        )
+        head = (
+            "" if a.md.exists() else "# The trace step: one-pass vs two-pass export (issue 24)\n\n"
+        )
         with a.md.open("a") as f:
             f.write(
                 head + f"## {shape}\n\n"
@@ -153,8 +186,10 @@ def main() -> int:
                 "`tracing.trace_call` (the capture's `trace` step) of a LlamaForCausalLM with the export "
                 "tracer, the paths in turn in one process after one warm-up trace each.\n\n"
                 "| path | seconds per trace | median | ratio to before |\n| --- | --- | --- | --- |\n"
-                + rows + f"\nSame ATen ops in all graphs (counts per op, `_assert_tensor_metadata` aside): "
-                f"{same}{diff}.\n\n")
+                + rows
+                + f"\nSame ATen ops in all graphs (counts per op, `_assert_tensor_metadata` aside): "
+                f"{same}{diff}.\n\n"
+            )
     return 0
 
 

@@ -19,6 +19,13 @@ from .errors import (
 )
 
 __all__ = [
-    "BuildError", "Capture", "CaptureError", "ConfigError", "PrecompileBuildError",
-    "PythonStateWarning", "TracerFallbackWarning", "__version__", "capture",
+    "BuildError",
+    "Capture",
+    "CaptureError",
+    "ConfigError",
+    "PrecompileBuildError",
+    "PythonStateWarning",
+    "TracerFallbackWarning",
+    "__version__",
+    "capture",
 ]

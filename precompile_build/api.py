@@ -66,14 +66,20 @@ class Capture:
             _raise_if_the_function_fails(self._fn, args, kwargs, self.target)  # (outside the
             raise failed  # except block: the function's traceback is not this one's context)
         if engine != "torch":  # ours trace Python once (torch.compile replays random calls)
-            _warn_python_rng(before, python_rng_states(), self.target,
-                             refuse=options.get("guards", "dynamo") != "recorded")
+            _warn_python_rng(
+                before,
+                python_rng_states(),
+                self.target,
+                refuse=options.get("guards", "dynamo") != "recorded",
+            )
         assert self._pair is not None  # (_capture wrote it, or raised)
         self._pair = (self._pair[0], _with_function_name(self._pair[1], self._fn))
         result = box["result"] if "result" in box else self._fn(*args, **kwargs)
         if state is not None:  # (after the real call: what it changed, the trace too)
-            _warn_python_state(python_state.changes(state, python_state.snapshot(self._fn, args, kwargs)),
-                               self.target)
+            _warn_python_state(
+                python_state.changes(state, python_state.snapshot(self._fn, args, kwargs)),
+                self.target,
+            )
         return result
 
     def _capture(self, engine: str, device: str, args, kwargs, options: dict, box: dict) -> None:
@@ -83,26 +89,44 @@ class Capture:
         with _torch_rng_kept(device):  # the trace and checks draw too: not the user's RNG
             try:
                 mod, extra = engines.get(engine), {}
-                if getattr(mod, "JUDGES_EAGER_CALL", False):  # the engine compares with the real call
+                if getattr(
+                    mod, "JUDGES_EAGER_CALL", False
+                ):  # the engine compares with the real call
+
                     def real_call():
                         box["ran"] = True  # (also when it raises: it must not run again)
                         return box.setdefault("result", self._fn(*args, **kwargs))
 
                     extra["real_call"] = real_call
                 self._pair = mod.capture_pair(
-                    self._fn, args, kwargs, target=self.target, device=device, options=options, **extra,
+                    self._fn,
+                    args,
+                    kwargs,
+                    target=self.target,
+                    device=device,
+                    options=options,
+                    **extra,
                 )
             except CompilerFailed as e:
                 if self.fallback != "eager":
                     raise
                 reason = str(e).split("\n")[0]  # the message's first line, as printed
-                print(f"precompile_build.capture: {reason}; fallback = \"eager\": capturing with "
-                      "the eager engine (no kernels)", file=sys.stderr)
+                print(
+                    f'precompile_build.capture: {reason}; fallback = "eager": capturing with '
+                    "the eager engine (no kernels)",
+                    file=sys.stderr,
+                )
                 self.engine = "eager"
                 self._pair = engines.get("eager").capture_pair(
-                    self._fn, args, kwargs, target=self.target, device=device,
-                    options=dict(options, fallback_reason=reason), real_call=extra.get("real_call"),
-                    traced=e.traced, real=e.real,
+                    self._fn,
+                    args,
+                    kwargs,
+                    target=self.target,
+                    device=device,
+                    options=dict(options, fallback_reason=reason),
+                    real_call=extra.get("real_call"),
+                    traced=e.traced,
+                    real=e.real,
                 )
 
     def __exit__(self, exc_type, exc, tb) -> Literal[False]:
@@ -117,7 +141,8 @@ class Capture:
             raise CaptureError(
                 "the with-block made no call, so there is "
                 "nothing to capture; call the object the with-statement gave you "
-                "exactly as you would call the function", target=self.target
+                "exactly as you would call the function",
+                target=self.target,
             )
         write_pair(self.artifact_path, self._pair[0], self.cache_path, self._pair[1])
         from .process.imported import write_record  # the capture cache's record of what fn imported
@@ -148,10 +173,14 @@ def _raise_if_the_function_fails(fn: Callable, args, kwargs, target: str) -> Non
             f"the function itself raises {type(own).__name__}: {text} -- "
             "also when called eagerly, with no tracer (the with-block's real call), so this is "
             "an error in the function or its arguments, not a tracing problem (its traceback "
-            "is above). Fix it and capture again; nothing written", target=target) from own
+            "is above). Fix it and capture again; nothing written",
+            target=target,
+        ) from own
 
 
-def _warn_python_rng(before: dict[str, bytes], after: dict[str, bytes], target: str, refuse: bool) -> None:
+def _warn_python_rng(
+    before: dict[str, bytes], after: dict[str, bytes], target: str, refuse: bool
+) -> None:
     """Refuse (``refuse``: CaptureError, nothing written) or warn when the trace drew
     from a Python-level RNG (``random.random()``, ``numpy.random.rand()``): the values
     it drew would be constants of the pair. (torch 2.13's Dynamo refuses such a draw as
@@ -159,14 +188,19 @@ def _warn_python_rng(before: dict[str, bytes], after: dict[str, bytes], target: 
     moved = [name for name, state in after.items() if before.get(name, state) != state]
     if not moved:
         return
-    text = (f"the function drew from {' and '.join(moved)} while it was "
-            "captured; Python code runs once, at capture, and never when the pair is served, "
-            "so the values it drew are frozen into the pair as constants. Use torch's RNG "
-            "(torch.rand, F.dropout: served with a fresh draw per call) or pass the value "
-            "as an argument")
+    text = (
+        f"the function drew from {' and '.join(moved)} while it was "
+        "captured; Python code runs once, at capture, and never when the pair is served, "
+        "so the values it drew are frozen into the pair as constants. Use torch's RNG "
+        "(torch.rand, F.dropout: served with a fresh draw per call) or pass the value "
+        "as an argument"
+    )
     if refuse:
-        raise CaptureError(text + ", or pass options={\"guards\": \"recorded\"} to accept the frozen "
-                           "value with a warning", target=target)
+        raise CaptureError(
+            text + ', or pass options={"guards": "recorded"} to accept the frozen '
+            "value with a warning",
+            target=target,
+        )
     warn_at_caller(text, PythonStateWarning, target=target)
 
 
@@ -175,8 +209,13 @@ def function_name(fn: Callable) -> dict[str, str] | None:
     gives ``fn`` itself (a module-level function or class), else None (a lambda, a
     nested function, one of ``__main__``: the capture script's)."""
     module, qualname = getattr(fn, "__module__", None), getattr(fn, "__qualname__", None)
-    if not isinstance(module, str) or not isinstance(qualname, str) or module == "__main__" \
-            or "<" in qualname or module not in sys.modules:
+    if (
+        not isinstance(module, str)
+        or not isinstance(qualname, str)
+        or module == "__main__"
+        or "<" in qualname
+        or module not in sys.modules
+    ):
         return None
     obj: Any = sys.modules[module]
     for part in qualname.split("."):
@@ -203,13 +242,18 @@ def _warn_python_state(changed: list[str], target: str) -> None:
     """Warn when the capture changed Python state outside the call's tensors
     (:mod:`precompile_build.capturing.python_state`): served pairs never do it again."""
     if changed:
-        shown = "; ".join(changed[:5]) + (f"; and {len(changed) - 5} more" if len(changed) > 5 else "")
+        shown = "; ".join(changed[:5]) + (
+            f"; and {len(changed) - 5} more" if len(changed) > 5 else ""
+        )
         warn_at_caller(
             "the function changed Python state while it was captured: "
             f"{shown}. Python code runs at capture only (the trace and the real call), never "
             "when the pair is served, so served calls leave this state as it is. Keep state "
             "the served calls need in tensors (a registered buffer, an argument updated in "
-            "place), or change it outside the function", PythonStateWarning, target=target)
+            "place), or change it outside the function",
+            PythonStateWarning,
+            target=target,
+        )
 
 
 def _device_of(args, kwargs) -> str:
@@ -227,8 +271,10 @@ def _device_of(args, kwargs) -> str:
             return any(t.device.type == "cuda" for t in (*v.parameters(), *v.buffers()))
         if isinstance(v, (list, tuple, dict)):
             if id(v) in inside:
-                raise CaptureError("an argument contains itself (a list, tuple or dict that "
-                                   "holds itself); pass plain nested containers")
+                raise CaptureError(
+                    "an argument contains itself (a list, tuple or dict that "
+                    "holds itself); pass plain nested containers"
+                )
             items = v.values() if isinstance(v, dict) else v
             return any([on_cuda(x, inside | {id(v)}) for x in items])  # walk all: find cycles
         return False
@@ -329,7 +375,9 @@ def capture(
             directory; ``options`` is not a mapping.
     """
     if not callable(fn):
-        raise TypeError(f"precompile_build.capture(fn): fn must be callable, got {type(fn).__name__}")
+        raise TypeError(
+            f"precompile_build.capture(fn): fn must be callable, got {type(fn).__name__}"
+        )
     fallback = fallback or os.environ.get(capture_env.FALLBACK) or "none"
     check_choice(engine, backend, fallback)  # before the paths: a wrong choice is named first
     artifact_path = artifact_path or os.environ.get(capture_env.ARTIFACT_PATH)
@@ -346,11 +394,19 @@ def capture(
         )
     for name, value in (("artifact_path", artifact_path), ("cache_path", cache_path)):
         if not isinstance(value, (str, os.PathLike)) or Path(value).is_dir():
-            raise TypeError(f"precompile_build.capture: {name}={value!r} must be a file path "
-                            "(str or os.PathLike), not a directory")
+            raise TypeError(
+                f"precompile_build.capture: {name}={value!r} must be a file path "
+                "(str or os.PathLike), not a directory"
+            )
     target = target or os.environ.get(capture_env.TARGET) or Path(artifact_path).stem
-    opts = CaptureOptions.parse(target=target, engine=engine, backend=backend, tracer=tracer,
-                                fallback=fallback, options=options)
+    opts = CaptureOptions.parse(
+        target=target,
+        engine=engine,
+        backend=backend,
+        tracer=tracer,
+        fallback=fallback,
+        options=options,
+    )
     if Path(artifact_path).resolve() == Path(cache_path).resolve():
         raise CaptureError(
             f"precompile_build.capture: artifact_path and cache_path are both {str(artifact_path)!r}; "

@@ -74,6 +74,7 @@ def _short(hook: F) -> F:
     a wrapped backend's failure, whose cause stays chained) reach the frontend with a
     traceback of this one frame: a frontend prints the hook's whole traceback before
     the one-line message (was 30 lines of this package's frames for a misspelt key)."""
+
     @functools.wraps(hook)
     def run(*args: Any, **kwargs: Any) -> Any:
         from .errors import PrecompileBuildError
@@ -82,6 +83,7 @@ def _short(hook: F) -> F:
             return hook(*args, **kwargs)
         except PrecompileBuildError as e:
             raise e.with_traceback(None)  # noqa: B904 (the same exception, its frames cut)
+
     return run  # type: ignore[return-value]
 
 
@@ -119,8 +121,11 @@ def _requirements(settings, variants: list) -> list:
     take the torch version from; see :func:`_say_skipped`)."""
     from .wheels.rewrite import build_requirements, runtime_requirement
 
-    return [runtime_requirement()] if settings.skip else build_requirements(
-        variants, settings.torch_pin)
+    return (
+        [runtime_requirement()]
+        if settings.skip
+        else build_requirements(variants, settings.torch_pin)
+    )
 
 
 def _say_skipped(settings) -> None:
@@ -129,11 +134,14 @@ def _say_skipped(settings) -> None:
 
     from .wheels.rewrite import runtime_requirement
 
-    print(f"precompile: skipped the precompiled targets ({', '.join(settings.targets)}) "
-          "as `skip` asks (-C precompile.skip=true or PRECOMPILE_SKIP): the wheel has no "
-          f"_precompiled/ and adds {runtime_requirement()} to its requirements but no torch "
-          "pin, which comes from the captures' torch (list torch in `project.dependencies` "
-          "if the library needs it)", file=sys.stderr)
+    print(
+        f"precompile: skipped the precompiled targets ({', '.join(settings.targets)}) "
+        "as `skip` asks (-C precompile.skip=true or PRECOMPILE_SKIP): the wheel has no "
+        f"_precompiled/ and adds {runtime_requirement()} to its requirements but no torch "
+        "pin, which comes from the captures' torch (list torch in `project.dependencies` "
+        "if the library needs it)",
+        file=sys.stderr,
+    )
 
 
 def _package(settings, plain: Path, out_dir: str, files: dict, *, add: bool) -> str:
@@ -147,13 +155,27 @@ def _package(settings, plain: Path, out_dir: str, files: dict, *, add: bool) -> 
     native = any(v["engine"] in NATIVE_ENGINES for v in found)
     requires = _requirements(settings, found)
     _warn_static_dependencies(settings.project, requires, settings.backend)
-    out = package_wheel(plain, out_dir, settings.package, files if add else None,
-                        requires, native=native, kernels=files)
+    out = package_wheel(
+        plain,
+        out_dir,
+        settings.package,
+        files if add else None,
+        requires,
+        native=native,
+        kernels=files,
+    )
     import sys
 
-    added = f"{settings.package.replace('.', '/')}/_precompiled/ ({len(files)} files), " if add and files else ""
-    print(f"precompile: wrote {out.name}: the wheel {settings.backend} built, plus {added}"
-          f"Requires-Dist {', '.join(written_requirements(out, requires))}", file=sys.stderr)
+    added = (
+        f"{settings.package.replace('.', '/')}/_precompiled/ ({len(files)} files), "
+        if add and files
+        else ""
+    )
+    print(
+        f"precompile: wrote {out.name}: the wheel {settings.backend} built, plus {added}"
+        f"Requires-Dist {', '.join(written_requirements(out, requires))}",
+        file=sys.stderr,
+    )
     return out.name
 
 
@@ -191,31 +213,41 @@ def static_dependencies_gap(project: Optional[Mapping[str, Any]], requires: list
     for r in requires:
         want = Requirement(r)
         same = [s for s in static if canonicalize_name(s.name) == canonicalize_name(want.name)]
-        if not same or (canonicalize_name(want.name) != "precompile-runtime"
-                        and not any(set(s.specifier) >= set(want.specifier) for s in same)):
+        if not same or (
+            canonicalize_name(want.name) != "precompile-runtime"
+            and not any(set(s.specifier) >= set(want.specifier) for s in same)
+        ):
             gap.append(r)
     return gap
 
 
-def _warn_static_dependencies(project: Optional[Mapping[str, Any]], requires: list,
-                              backend: str = "setuptools.build_meta") -> None:
+def _warn_static_dependencies(
+    project: Optional[Mapping[str, Any]], requires: list, backend: str = "setuptools.build_meta"
+) -> None:
     import sys
 
     gap = static_dependencies_gap(project, requires)
     if gap:
-        dynamic = ("Add \"dependencies\" to `project.dynamic` (list your own in "
-                   "`[tool.setuptools.dynamic]`), or add these to `project.dependencies`"
-                   if backend.startswith("setuptools") else
-                   "Add these to `project.dependencies`")
-        print("precompile: warning: `project.dependencies` in pyproject.toml is static, but "
-              f"this build adds {', '.join(gap)} to the wheel; tools that read "
-              f"pyproject.toml (uv) will not install them. {dynamic} (docs/publishing.md)",
-              file=sys.stderr)
+        dynamic = (
+            'Add "dependencies" to `project.dynamic` (list your own in '
+            "`[tool.setuptools.dynamic]`), or add these to `project.dependencies`"
+            if backend.startswith("setuptools")
+            else "Add these to `project.dependencies`"
+        )
+        print(
+            "precompile: warning: `project.dependencies` in pyproject.toml is static, but "
+            f"this build adds {', '.join(gap)} to the wheel; tools that read "
+            f"pyproject.toml (uv) will not install them. {dynamic} (docs/publishing.md)",
+            file=sys.stderr,
+        )
 
 
 @_short
-def build_wheel(wheel_directory: str, config_settings: Optional[Mapping[str, Any]] = None,
-                metadata_directory: Optional[str] = None) -> str:
+def build_wheel(
+    wheel_directory: str,
+    config_settings: Optional[Mapping[str, Any]] = None,
+    metadata_directory: Optional[str] = None,
+) -> str:
     """Run the captures, build the wheel with the wrapped backend, add `_precompiled/`.
 
     Returns the wheel's file name in ``wheel_directory``. Raises ConfigError before
@@ -234,8 +266,9 @@ def build_wheel(wheel_directory: str, config_settings: Optional[Mapping[str, Any
         out = Path(tmp) / "wheel"
         out.mkdir()  # flit-core writes into it and does not make it
         name = wrapped.call("build_wheel", str(out), st_settings, metadata_directory)
-        return _package(settings, wrapped.built("build_wheel", out, name), wheel_directory,
-                        files, add=True)
+        return _package(
+            settings, wrapped.built("build_wheel", out, name), wheel_directory, files, add=True
+        )
 
 
 def _editable_hook(wrapped) -> None:
@@ -243,14 +276,19 @@ def _editable_hook(wrapped) -> None:
     from .errors import BuildError
 
     if not wrapped.has("build_editable"):
-        raise BuildError(f"Failed to build an editable wheel: the wrapped build backend "
-                         f"`{wrapped.spec}` (`tool.precompile.backend`) has no build_editable "
-                         "hook (PEP 660); install without -e, or use a backend that has one")
+        raise BuildError(
+            f"Failed to build an editable wheel: the wrapped build backend "
+            f"`{wrapped.spec}` (`tool.precompile.backend`) has no build_editable "
+            "hook (PEP 660); install without -e, or use a backend that has one"
+        )
 
 
 @_short
-def build_editable(wheel_directory: str, config_settings: Optional[Mapping[str, Any]] = None,
-                   metadata_directory: Optional[str] = None) -> str:
+def build_editable(
+    wheel_directory: str,
+    config_settings: Optional[Mapping[str, Any]] = None,
+    metadata_directory: Optional[str] = None,
+) -> str:
     """PEP 660: run the captures, write them to ``<package dir>/_precompiled/`` in the
     source tree, then build the wrapped backend's editable wheel (requirements added).
 
@@ -273,12 +311,14 @@ def build_editable(wheel_directory: str, config_settings: Optional[Mapping[str, 
             out = Path(tmp) / "wheel"
             out.mkdir()
             name = wrapped.call("build_editable", str(out), st_settings, metadata_directory)
-            return _package(settings, wrapped.built("build_editable", out, name),
-                            wheel_directory, {}, add=False)
+            return _package(
+                settings, wrapped.built("build_editable", out, name), wheel_directory, {}, add=False
+            )
     with build_tempdir() as tmp:
         digest = package_digest(settings.package_dir)
-        files = mark_editable(_capture(settings, Path(tmp) / "capture"),
-                              settings.package_dir, digest)
+        files = mark_editable(
+            _capture(settings, Path(tmp) / "capture"), settings.package_dir, digest
+        )
         out = Path(tmp) / "wheel"
         out.mkdir()  # flit-core writes into it and does not make it
         name = wrapped.call("build_editable", str(out), st_settings, metadata_directory)
@@ -309,8 +349,7 @@ def _link_trees(editable_wheel: Path) -> list:
 
 
 @_short
-def build_sdist(sdist_directory: str,
-                config_settings: Optional[Mapping[str, Any]] = None) -> str:
+def build_sdist(sdist_directory: str, config_settings: Optional[Mapping[str, Any]] = None) -> str:
     """The wrapped backend's sdist, plus every capture script, minus `_precompiled/`."""
     from .wheels.sdist import package_sdist
 
@@ -318,8 +357,9 @@ def build_sdist(sdist_directory: str,
     wrapped = _wrapped(settings)
     with build_tempdir() as tmp:
         name = wrapped.call("build_sdist", tmp, _setuptools_settings(config_settings))
-        return package_sdist(wrapped.built("build_sdist", Path(tmp), name), sdist_directory,
-                             settings).name
+        return package_sdist(
+            wrapped.built("build_sdist", Path(tmp), name), sdist_directory, settings
+        ).name
 
 
 def _patch_metadata_dir(settings, metadata_directory: str, dist_info: str) -> str:
@@ -331,8 +371,12 @@ def _patch_metadata_dir(settings, metadata_directory: str, dist_info: str) -> st
     return dist_info
 
 
-def _prepare_metadata(hook: str, build_hook: str, metadata_directory: str,
-                      config_settings: Optional[Mapping[str, Any]]) -> str:
+def _prepare_metadata(
+    hook: str,
+    build_hook: str,
+    metadata_directory: str,
+    config_settings: Optional[Mapping[str, Any]],
+) -> str:
     """The wrapped backend's ``hook`` (its metadata), or, where it has none, the
     ``.dist-info`` of the wheel its ``build_hook`` builds (no captures), as PEP 517
     frontends do; then the build's ``Requires-Dist`` lines added."""
@@ -342,13 +386,17 @@ def _prepare_metadata(hook: str, build_hook: str, metadata_directory: str,
     wrapped = _wrapped(settings)
     st_settings = _setuptools_settings(config_settings)
     if wrapped.has(hook):
-        return _patch_metadata_dir(settings, metadata_directory,
-                                   wrapped.call(hook, metadata_directory, st_settings))
+        return _patch_metadata_dir(
+            settings, metadata_directory, wrapped.call(hook, metadata_directory, st_settings)
+        )
     with build_tempdir() as tmp:
         name = wrapped.call(build_hook, tmp, st_settings)
         with zipfile.ZipFile(wrapped.built(build_hook, Path(tmp), name)) as zf:
-            dist_info = next(n.split("/")[0] for n in zf.namelist()
-                             if n.count("/") == 1 and n.endswith(".dist-info/METADATA"))
+            dist_info = next(
+                n.split("/")[0]
+                for n in zf.namelist()
+                if n.count("/") == 1 and n.endswith(".dist-info/METADATA")
+            )
             for n in zf.namelist():
                 if n.startswith(dist_info + "/") and not n.endswith("/"):
                     zf.extract(n, metadata_directory)
@@ -356,26 +404,32 @@ def _prepare_metadata(hook: str, build_hook: str, metadata_directory: str,
 
 
 @_short
-def prepare_metadata_for_build_wheel(metadata_directory: str,
-                                     config_settings: Optional[Mapping[str, Any]] = None) -> str:
+def prepare_metadata_for_build_wheel(
+    metadata_directory: str, config_settings: Optional[Mapping[str, Any]] = None
+) -> str:
     """The wrapped backend's metadata plus the Requires-Dist lines the wheel will carry
     (torch pin from the torch installed here)."""
-    return _prepare_metadata("prepare_metadata_for_build_wheel", "build_wheel",
-                             metadata_directory, config_settings)
+    return _prepare_metadata(
+        "prepare_metadata_for_build_wheel", "build_wheel", metadata_directory, config_settings
+    )
 
 
 @_short
-def prepare_metadata_for_build_editable(metadata_directory: str,
-                                        config_settings: Optional[Mapping[str, Any]] = None) -> str:
+def prepare_metadata_for_build_editable(
+    metadata_directory: str, config_settings: Optional[Mapping[str, Any]] = None
+) -> str:
     """As :func:`prepare_metadata_for_build_wheel`, for editable installs."""
     _editable_hook(_wrapped(_settings(config_settings)))
-    return _prepare_metadata("prepare_metadata_for_build_editable", "build_editable",
-                             metadata_directory, config_settings)
+    return _prepare_metadata(
+        "prepare_metadata_for_build_editable", "build_editable", metadata_directory, config_settings
+    )
 
 
 def _requires(hook: str, config_settings: Optional[Mapping[str, Any]]) -> list:
     wrapped = _wrapped()
-    return list(wrapped.call(hook, _setuptools_settings(config_settings))) if wrapped.has(hook) else []
+    return (
+        list(wrapped.call(hook, _setuptools_settings(config_settings))) if wrapped.has(hook) else []
+    )
 
 
 @_short

@@ -20,8 +20,9 @@ from .errors import ConfigError
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m precompile_build",
-                                description="Precompiled PyTorch artifacts in wheels.")
+    p = argparse.ArgumentParser(
+        prog="python -m precompile_build", description="Precompiled PyTorch artifacts in wheels."
+    )
     sub = p.add_subparsers(dest="command", required=True)
     c = sub.add_parser("capture", help="run capture scripts without building a wheel")
     c.add_argument("--project", default=".", help="project root (default: .)")
@@ -29,16 +30,22 @@ def _parser() -> argparse.ArgumentParser:
     c.add_argument("--out", help="output directory (default: PROJECT/build/precompiled)")
     c.add_argument("-v", "--verbose", action="store_true", help="stream script output")
     i = sub.add_parser("inspect", help="describe artifacts and whether this host matches")
-    i.add_argument("where", metavar="WHEEL_OR_DIR",
-                   help="a wheel, a directory with manifest.json, or an installed package")
+    i.add_argument(
+        "where",
+        metavar="WHEEL_OR_DIR",
+        help="a wheel, a directory with manifest.json, or an installed package",
+    )
     i.add_argument("--json", action="store_true", help="machine-readable output")
     m = sub.add_parser("merge", help="combine wheels built on different hosts")
     m.add_argument("wheels", nargs="+", metavar="WHEEL")
     m.add_argument("-o", "--out", required=True, metavar="OUT_DIR")
     k = sub.add_parser("clean", help="delete the capture cache")
-    k.add_argument("--cache-dir", metavar="DIR",
-                   help="the cache to delete (default: PRECOMPILE_BUILD_CACHE_DIR, else "
-                        "`cache-dir` of --project's pyproject.toml, else the per-user cache)")
+    k.add_argument(
+        "--cache-dir",
+        metavar="DIR",
+        help="the cache to delete (default: PRECOMPILE_BUILD_CACHE_DIR, else "
+        "`cache-dir` of --project's pyproject.toml, else the per-user cache)",
+    )
     k.add_argument("--project", metavar="DIR", help="read `cache-dir` from this project")
     return p
 
@@ -48,13 +55,17 @@ def _capture(args: argparse.Namespace) -> int:
     from .config.settings import load_settings, select_targets
     from .wheels.manifest import assemble, write_dir_atomic
 
-    environ = {k: v for k, v in os.environ.items()  # capture is explicit: never skipped;
-               if k not in ("PRECOMPILE_SKIP",)  # --targets wins over PRECOMPILE_TARGETS
-               and not (args.targets is not None and k == "PRECOMPILE_TARGETS")}
+    environ = {
+        k: v
+        for k, v in os.environ.items()  # capture is explicit: never skipped;
+        if k not in ("PRECOMPILE_SKIP",)  # --targets wins over PRECOMPILE_TARGETS
+        and not (args.targets is not None and k == "PRECOMPILE_TARGETS")
+    }
     settings = load_settings(args.project, {}, environ)
     if args.targets is not None:  # its errors name the flag, not a config setting
-        settings = dataclasses.replace(settings, selected=select_targets(settings.targets, args.targets,
-                                                                          "--targets"))
+        settings = dataclasses.replace(
+            settings, selected=select_targets(settings.targets, args.targets, "--targets")
+        )
     out = Path(args.out) if args.out else settings.root / "build" / "precompiled"
     with build_tempdir() as tmp:
         results = run_captures(settings, Path(tmp), verbose=args.verbose or None)
@@ -102,8 +113,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     """Run the CLI; returns the exit status (see the module docstring)."""
     args = _parser().parse_args(argv)
     try:
-        return {"capture": _capture, "inspect": _inspect, "merge": _merge,
-                "clean": _clean}[args.command](args)
+        return {"capture": _capture, "inspect": _inspect, "merge": _merge, "clean": _clean}[
+            args.command
+        ](args)
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

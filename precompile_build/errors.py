@@ -36,7 +36,9 @@ class CaptureError(PrecompileBuildError):
         super().__init__(self._message())
 
     def _message(self) -> str:
-        return self.detail if self.target is None else in_target(self.target, self.detail, self.where)
+        return (
+            self.detail if self.target is None else in_target(self.target, self.detail, self.where)
+        )
 
     def _fields(self) -> dict:
         return {"target": self.target, "where": self.where}
@@ -68,8 +70,15 @@ class CompilerFailed(CaptureError):
     tracing.TracedCall) and :attr:`real` (the real call's results, or None), so that
     the call is neither traced nor run again."""
 
-    def __init__(self, detail: str = "", *, target: str | None = None, where: str | None = None,
-                 traced: Any = None, real: Any = None):
+    def __init__(
+        self,
+        detail: str = "",
+        *,
+        target: str | None = None,
+        where: str | None = None,
+        traced: Any = None,
+        real: Any = None,
+    ):
         self.traced, self.real = traced, real
         super().__init__(detail, target=target, where=where)
 
@@ -92,8 +101,15 @@ class ScriptFailed(CaptureError):
         seconds: wall seconds the capture ran, for the build summary.
     """
 
-    def __init__(self, detail: str = "", *, target: str | None = None, where: str | None = None,
-                 log_tail: str = "", seconds: float | None = None):
+    def __init__(
+        self,
+        detail: str = "",
+        *,
+        target: str | None = None,
+        where: str | None = None,
+        log_tail: str = "",
+        seconds: float | None = None,
+    ):
         self.log_tail, self.seconds = log_tail, seconds
         super().__init__(detail, target=target, where=where)
 
@@ -120,7 +136,9 @@ class PythonStateWarning(UserWarning):
     what it computed (a ``random.random()`` value) is a constant of the pair."""
 
 
-def warn_at_caller(message: str, category: type[Warning] = UserWarning, *, target: str | None = None) -> None:
+def warn_at_caller(
+    message: str, category: type[Warning] = UserWarning, *, target: str | None = None
+) -> None:
     """``warnings.warn(message, category)`` (prefixed :func:`in_target` when ``target``
     is given) attributed to the user's line: the first
     frame outside this package and ``contextlib`` (whose ``__exit__`` runs the end of a
@@ -138,10 +156,14 @@ def warn_at_caller(message: str, category: type[Warning] = UserWarning, *, targe
     package = os.path.dirname(os.path.abspath(__file__)) + os.sep
     frame: Any
     frame, level = sys._getframe(1), 2  # stacklevel 2: our caller
-    while frame is not None and (frame.f_code.co_filename.startswith(package)
-                                 or frame.f_code.co_filename == contextlib.__file__):
+    while frame is not None and (
+        frame.f_code.co_filename.startswith(package)
+        or frame.f_code.co_filename == contextlib.__file__
+    ):
         frame, level = frame.f_back, level + 1
-    warnings.warn(message if target is None else in_target(target, message), category, stacklevel=level)
+    warnings.warn(
+        message if target is None else in_target(target, message), category, stacklevel=level
+    )
 
 
 @contextlib.contextmanager
@@ -161,7 +183,12 @@ def torch_warnings_shown():
         warnings.resetwarnings()
         for action, message, category, module, lineno in kept:  # the public API, in order
             # patterns are compiled regexes, or plain strings in the interpreter's defaults
-            warnings.filterwarnings("default" if action == "error" else action,  # type: ignore[arg-type]
-                                    getattr(message, "pattern", message or ""), category,  # type: ignore[arg-type]
-                                    getattr(module, "pattern", module or ""), lineno, append=True)  # type: ignore[arg-type]
+            warnings.filterwarnings(
+                "default" if action == "error" else action,  # type: ignore[arg-type]
+                getattr(message, "pattern", message or ""),  # type: ignore[arg-type]
+                category,  # type: ignore[arg-type]
+                getattr(module, "pattern", module or ""),  # type: ignore[arg-type]
+                lineno,
+                append=True,
+            )
         yield

@@ -27,9 +27,16 @@ from .config.wrapped import DEFAULT, parse_backend
 from .errors import BuildError
 
 # the distribution a message tells the user to list, by the backend's top-level module
-DISTRIBUTIONS = {"setuptools": "setuptools", "hatchling": "hatchling", "flit_core": "flit-core",
-                 "pdm": "pdm-backend", "scikit_build_core": "scikit-build-core",
-                 "mesonpy": "meson-python", "maturin": "maturin", "poetry": "poetry-core"}
+DISTRIBUTIONS = {
+    "setuptools": "setuptools",
+    "hatchling": "hatchling",
+    "flit_core": "flit-core",
+    "pdm": "pdm-backend",
+    "scikit_build_core": "scikit-build-core",
+    "mesonpy": "meson-python",
+    "maturin": "maturin",
+    "poetry": "poetry-core",
+}
 
 
 @dataclass(frozen=True)
@@ -58,13 +65,15 @@ class Wrapped:
             if self.is_default:
                 raise
             dist = DISTRIBUTIONS.get(module.split(".")[0], module.split(".")[0])
-            where = (f" (`{PREFIX}.backend-path` = {[str(p) for p in self.path]})"
-                     if self.path else "")
+            where = (
+                f" (`{PREFIX}.backend-path` = {[str(p) for p in self.path]})" if self.path else ""
+            )
             raise BuildError(
                 f"Failed to load the build backend `{self.spec}` (`{PREFIX}.backend`){where}: "
                 f"{type(e).__name__}: {e}; list its distribution ({dist}) in "
                 "`build-system.requires` of pyproject.toml (or install it where you build "
-                "with --no-isolation)") from None
+                "with --no-isolation)"
+            ) from None
         return obj
 
     def has(self, hook: str) -> bool:
@@ -84,11 +93,15 @@ class Wrapped:
         except Exception as e:
             if isinstance(unsupported, type) and isinstance(e, unsupported):
                 raise
-            raise BuildError(f"Failed in {hook}: the wrapped build backend `{self.spec}` "
-                             f"(`{PREFIX}.backend`) raised {type(e).__name__}: {e}") from e
+            raise BuildError(
+                f"Failed in {hook}: the wrapped build backend `{self.spec}` "
+                f"(`{PREFIX}.backend`) raised {type(e).__name__}: {e}"
+            ) from e
         except SystemExit as e:  # a backend that exits (a CLI error) still names itself
-            raise BuildError(f"Failed in {hook}: the wrapped build backend `{self.spec}` "
-                             f"(`{PREFIX}.backend`) exited ({e.code})") from e
+            raise BuildError(
+                f"Failed in {hook}: the wrapped build backend `{self.spec}` "
+                f"(`{PREFIX}.backend`) exited ({e.code})"
+            ) from e
 
     def built(self, hook: str, directory: Path, name: Any) -> Path:
         """The file ``name`` that ``hook`` reports it wrote into ``directory``. Raises
@@ -96,9 +109,11 @@ class Wrapped:
         path = directory / name if isinstance(name, str) and name else None
         if path is None or not path.is_file():
             wrote = sorted(p.name for p in directory.iterdir()) if directory.is_dir() else []
-            raise BuildError(f"Failed in {hook}: the wrapped build backend `{self.spec}` "
-                             f"(`{PREFIX}.backend`) returned {name!r}, but wrote no such file "
-                             f"(found: {', '.join(wrote) or 'nothing'})")
+            raise BuildError(
+                f"Failed in {hook}: the wrapped build backend `{self.spec}` "
+                f"(`{PREFIX}.backend`) returned {name!r}, but wrote no such file "
+                f"(found: {', '.join(wrote) or 'nothing'})"
+            )
         return path
 
 

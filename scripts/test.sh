@@ -22,7 +22,7 @@ make_venv .venv-test "${deps[@]}" "ruff==0.17.6" "mypy==2.4.1" "mkdocs==1.6.1" \
 .venv-test/bin/python -m ruff check .
 .venv-test/bin/python -m mypy
 .venv-test/bin/python -m mypy --strict runtime/precompile_runtime  # what a served process imports: strict
-.venv-test/bin/python -m ruff format --check runtime  # the runtime is formatted; the build package not yet
+.venv-test/bin/python -m ruff format --check .
 
 echo "== the docs site (mkdocs.yml: every page in the nav, every link and anchor resolves)"
 # no --quiet: it hides the warnings from --strict too, and the check could not fail;

@@ -18,8 +18,7 @@ PYC = f".{sys.implementation.cache_tag}.pyc"  # a source half's shipped bytecode
 MARK = "# --- precompile ---"
 
 
-def make_project(tmp_path: Path, precompile_toml: str | None = None,
-                 name: str = "simple") -> Path:
+def make_project(tmp_path: Path, precompile_toml: str | None = None, name: str = "simple") -> Path:
     """Copy tests/packages/NAME to tmp_path/proj; replace its [tool.precompile]
     part (after the MARK line) with ``precompile_toml`` when given."""
     root = tmp_path / "proj"
@@ -31,15 +30,23 @@ def make_project(tmp_path: Path, precompile_toml: str | None = None,
     return root
 
 
-def target_toml(name: str = "double", *, mode: str = "ok", extra: str = "",
-                script: str = "capture/pair.py") -> str:
+def target_toml(
+    name: str = "double", *, mode: str = "ok", extra: str = "", script: str = "capture/pair.py"
+) -> str:
     """A [tool.precompile.targets.NAME] table running the fixture script in ``mode``."""
-    return (f'[tool.precompile.targets.{name}]\nscript = "{script}"\n'
-            f'args = ["--mode", "{mode}"]\ntimeout = 60\n{extra}\n')
+    return (
+        f'[tool.precompile.targets.{name}]\nscript = "{script}"\n'
+        f'args = ["--mode", "{mode}"]\ntimeout = 60\n{extra}\n'
+    )
 
 
-def build(root: Path, monkeypatch, out: Path | None = None, config_settings=None,
-          hook: str = "build_wheel") -> Path:
+def build(
+    root: Path,
+    monkeypatch,
+    out: Path | None = None,
+    config_settings=None,
+    hook: str = "build_wheel",
+) -> Path:
     """Run a PEP 517 hook of precompile_build.backend in-process; return the file."""
     from precompile_build import backend
 
@@ -107,8 +114,10 @@ def as_another_host(whl: Path, out_dir: Path) -> Path:
                 doc = json.loads(data)
                 for target in doc["targets"].values():
                     for v in target["variants"]:
-                        v["fingerprint"].update(device_type="cuda", compute_capability="9.0", gpu_name="Fixture GPU")
-                        v["id"] = hashlib.sha256(v["id"].encode()).hexdigest()[:len(v["id"])]
+                        v["fingerprint"].update(
+                            device_type="cuda", compute_capability="9.0", gpu_name="Fixture GPU"
+                        )
+                        v["id"] = hashlib.sha256(v["id"].encode()).hexdigest()[: len(v["id"])]
                 data = json.dumps(doc, indent=1, sort_keys=True).encode()
             if info.filename == record:
                 continue
@@ -121,8 +130,11 @@ def as_another_host(whl: Path, out_dir: Path) -> Path:
 
 def metadata_lines(path: Path, key: str) -> list[str]:
     text = read_member(path, ".dist-info/METADATA").decode()
-    return [ln.split(":", 1)[1].strip() for ln in text.split("\n\n")[0].splitlines()
-            if ln.startswith(key + ":")]
+    return [
+        ln.split(":", 1)[1].strip()
+        for ln in text.split("\n\n")[0].splitlines()
+        if ln.startswith(key + ":")
+    ]
 
 
 def generic_tag() -> str:
@@ -157,8 +169,18 @@ def torch_only_path(dest: Path) -> Path:
     import importlib.util
 
     dest.mkdir(parents=True, exist_ok=True)
-    for name in ("torch", "torchgen", "typing_extensions", "sympy", "mpmath", "filelock",
-                 "networkx", "jinja2", "markupsafe", "fsspec"):
+    for name in (
+        "torch",
+        "torchgen",
+        "typing_extensions",
+        "sympy",
+        "mpmath",
+        "filelock",
+        "networkx",
+        "jinja2",
+        "markupsafe",
+        "fsspec",
+    ):
         spec = importlib.util.find_spec(name)
         if spec is None or spec.origin is None:
             continue
@@ -166,7 +188,6 @@ def torch_only_path(dest: Path) -> Path:
         where = where.parent if spec.submodule_search_locations else where
         (dest / where.name).symlink_to(where)
     return dest
-
 
 
 def dist_links(dest: Path, names: list[str]) -> Path:
@@ -189,15 +210,24 @@ def dist_links(dest: Path, names: list[str]) -> Path:
         except metadata.PackageNotFoundError:
             continue
         site = Path(str(dist.locate_file("")))
-        for top in sorted({Path(str(f)).parts[0] for f in dist.files or [] if not str(f).startswith("..")}):
-            if top not in ("bin", "__pycache__") and (site / top).exists() and not (dest / top).exists():
+        for top in sorted(
+            {Path(str(f)).parts[0] for f in dist.files or [] if not str(f).startswith("..")}
+        ):
+            if (
+                top not in ("bin", "__pycache__")
+                and (site / top).exists()
+                and not (dest / top).exists()
+            ):
                 (dest / top).symlink_to(site / top)
         for req in map(Requirement, dist.requires or []):
             if req.marker is None or req.marker.evaluate({"extra": ""}):
                 todo.append(req.name)
     return dest
 
-def build_and_install(source: Path, tmp: Path, env_overrides: dict | None = None) -> tuple[Path, Path, str]:
+
+def build_and_install(
+    source: Path, tmp: Path, env_overrides: dict | None = None
+) -> tuple[Path, Path, str]:
     """Copy the project at ``source`` into ``tmp``, build its wheel with a real frontend
     (``python -m build --no-isolation``, this repository's backend and runtime on the
     path, empty Inductor and capture caches; ``PRECOMPILE_ENGINE/TRACER/TARGETS``
@@ -209,18 +239,53 @@ def build_and_install(source: Path, tmp: Path, env_overrides: dict | None = None
 
     repo = Path(__file__).resolve().parents[1]
     project = tmp / source.name
-    shutil.copytree(source, project, ignore=shutil.ignore_patterns(
-        "build", "dist", "*.egg-info", "_precompiled", "__pycache__"))
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("PRECOMPILE_ENGINE", "PRECOMPILE_TRACER", "PRECOMPILE_TARGETS")}
-    env.update(PYTHONPATH=os.pathsep.join([str(repo), str(repo / "runtime")]),
-               TORCHINDUCTOR_CACHE_DIR=str(tmp / "inductor-build"),
-               PRECOMPILE_BUILD_CACHE_DIR=str(tmp / "capture-cache"), **(env_overrides or {}))
-    build = subprocess.run([sys.executable, "-m", "build", "--no-isolation", "--wheel", "--outdir",
-                            str(tmp / "dist"), str(project)], env=env, capture_output=True, text=True)
+    shutil.copytree(
+        source,
+        project,
+        ignore=shutil.ignore_patterns("build", "dist", "*.egg-info", "_precompiled", "__pycache__"),
+    )
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("PRECOMPILE_ENGINE", "PRECOMPILE_TRACER", "PRECOMPILE_TARGETS")
+    }
+    env.update(
+        PYTHONPATH=os.pathsep.join([str(repo), str(repo / "runtime")]),
+        TORCHINDUCTOR_CACHE_DIR=str(tmp / "inductor-build"),
+        PRECOMPILE_BUILD_CACHE_DIR=str(tmp / "capture-cache"),
+        **(env_overrides or {}),
+    )
+    build = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "build",
+            "--no-isolation",
+            "--wheel",
+            "--outdir",
+            str(tmp / "dist"),
+            str(project),
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+    )
     assert build.returncode == 0, build.stdout[-6000:] + build.stderr[-6000:]
     wheel = next((tmp / "dist").glob("*.whl"))
     site = tmp / "site"
-    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(site), str(wheel)],
-                   check=True, capture_output=True)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "-q",
+            "--no-deps",
+            "--target",
+            str(site),
+            str(wheel),
+        ],
+        check=True,
+        capture_output=True,
+    )
     return wheel, site, build.stderr

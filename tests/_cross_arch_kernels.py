@@ -1,5 +1,6 @@
 """Triton kernels for tests/test_cross_arch.py's compile-only checks (imported by the
 cross-compile worker, never by pytest's collection)."""
+
 import triton
 import triton.language as tl
 

@@ -21,7 +21,7 @@ RUNTIME = str(Path(__file__).resolve().parents[1] / "runtime")
 BLOB = b"\x7fELF pretend kernel \x00\x01\x02" * 10
 HOST = fingerprint.host_fingerprint("cpu")
 
-SOURCE_TEMPLATE = '''\
+SOURCE_TEMPLATE = """\
 PRECOMPILE_METADATA = {{
     "format": "precompile-build.source",
     "version": 1,
@@ -42,7 +42,7 @@ def load(kernel_dir):
     with open(os.path.join(kernel_dir, "sub", "k.bin"), "rb") as f:
         data = f.read()
     return lambda: ("kernels", data)
-'''
+"""
 
 
 class FakePkg:
@@ -73,7 +73,9 @@ def make_source(pkg_marker: Path, target: str, engine: str = "frozen") -> bytes:
     return SOURCE_TEMPLATE.format(engine=engine, target=target, marker=str(pkg_marker)).encode()
 
 
-def make_pair(source: bytes, engine: str = "frozen", blobs: dict | None = None, fp: dict | None = None) -> bytes:
+def make_pair(
+    source: bytes, engine: str = "frozen", blobs: dict | None = None, fp: dict | None = None
+) -> bytes:
     if blobs is None:
         blobs = {"sub/k.bin": BLOB} if engine == "frozen" else {}
     env = envelope.Envelope(
@@ -127,7 +129,12 @@ def make_package(
                     "captured_at": "2026-11-29T16:00:00Z",
                 }
             )
-        doc["targets"][target] = {"required": True, "status": "ok", "reason": None, "variants": variants}
+        doc["targets"][target] = {
+            "required": True,
+            "status": "ok",
+            "reason": None,
+            "variants": variants,
+        }
     pkg.write_manifest(doc)
     return pkg
 

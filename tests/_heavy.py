@@ -68,8 +68,10 @@ def render(*durations: str, threshold: float = HEAVY_SECONDS) -> str:
         for name, seconds in measured(report).items():
             if seconds >= threshold:
                 heavy[name] = max(heavy.get(name, 0.0), seconds)
-    head = [f"# the unit tests left out of the fast loop: a case of {threshold:g} s or more "
-            "(tests/_heavy.py says how this list is made; docs/contributing.md)"]
+    head = [
+        f"# the unit tests left out of the fast loop: a case of {threshold:g} s or more "
+        "(tests/_heavy.py says how this list is made; docs/contributing.md)"
+    ]
     return "\n".join(head + [f"{s:7.1f}  {name}" for name, s in sorted(heavy.items())]) + "\n"
 
 

@@ -63,4 +63,3 @@ def marked(*shape, lo=1, hi=None, dims=(0,)):
     for d in dims:
         torch._dynamo.mark_dynamic(x, d, min=lo, max=hi)
     return x
-

@@ -52,7 +52,8 @@ def _checked_popen_init(self, args, *rest, **kwargs):
     if item is not None and frontend and item.get_closest_marker("slow") is None:
         raise pytest.fail.Exception(
             f"{item.nodeid} runs {frontend!r} in a subprocess (itself or through a fixture) and "
-            "is not marked slow: mark it @pytest.mark.slow (docs/contributing.md)")
+            "is not marked slow: mark it @pytest.mark.slow (docs/contributing.md)"
+        )
     _popen_init(self, args, *rest, **kwargs)
 
 
@@ -76,7 +77,9 @@ def pytest_runtest_protocol(item, nextitem):
 def _needs_cuda(item) -> bool:
     if os.path.basename(str(item.fspath)).startswith("test_gpu_"):
         return True
-    return any("cuda" in str(m.kwargs.get("reason", "")).lower() for m in item.iter_markers("skipif"))
+    return any(
+        "cuda" in str(m.kwargs.get("reason", "")).lower() for m in item.iter_markers("skipif")
+    )
 
 
 @pytest.hookimpl(tryfirst=True)  # before `-m` deselects: the heavy mark must count
@@ -84,10 +87,17 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if function_id(item.nodeid) in _HEAVY:
             item.add_marker(pytest.mark.heavy)
-    unmarked = [item.nodeid for item in items if _needs_cuda(item) and item.get_closest_marker("gpu") is None]
+    unmarked = [
+        item.nodeid
+        for item in items
+        if _needs_cuda(item) and item.get_closest_marker("gpu") is None
+    ]
     if unmarked:
-        raise pytest.UsageError("tests that need CUDA without the gpu mark (docs/contributing.md): "
-                                + ", ".join(unmarked[:10]) + (" ..." if len(unmarked) > 10 else ""))
+        raise pytest.UsageError(
+            "tests that need CUDA without the gpu mark (docs/contributing.md): "
+            + ", ".join(unmarked[:10])
+            + (" ..." if len(unmarked) > 10 else "")
+        )
 
 
 @pytest.fixture
@@ -97,11 +107,14 @@ def monkeypatch(monkeypatch):
 
     def setattr_checked(target, *args, **kwargs):
         torch = sys.modules.get("torch")
-        config_module = getattr(getattr(getattr(torch, "utils", None), "_config_module", None), "ConfigModule", None)
+        config_module = getattr(
+            getattr(getattr(torch, "utils", None), "_config_module", None), "ConfigModule", None
+        )
         if config_module is not None and isinstance(target, config_module):
             raise pytest.fail.Exception(
                 f"monkeypatch.setattr on torch's config module {target.__name__}: its undo deletes "
-                "the entry (pytest 9.2); use the torch_config fixture (the module's config.patch)")
+                "the entry (pytest 9.2); use the torch_config fixture (the module's config.patch)"
+            )
         return setattr_(target, *args, **kwargs)
 
     monkeypatch.setattr = setattr_checked
@@ -130,9 +143,17 @@ def host_fp_json() -> str:
 def build_env(monkeypatch, host_fp_json, tmp_path_factory):
     """No override of the developer's environment reaches a build; the fixture scripts'
     fingerprint; a capture cache of the test's own, never the user's."""
-    for var in ("PRECOMPILE_SKIP", "PRECOMPILE_TARGETS", "PRECOMPILE_BUILD_STRICT",
-                "PRECOMPILE_VERBOSE", "PRECOMPILE_TORCH_PIN", "SOURCE_DATE_EPOCH",
-                "PRECOMPILE_CACHE", "PRECOMPILE_JOBS", "PRECOMPILE_DISTRIBUTED"):
+    for var in (
+        "PRECOMPILE_SKIP",
+        "PRECOMPILE_TARGETS",
+        "PRECOMPILE_BUILD_STRICT",
+        "PRECOMPILE_VERBOSE",
+        "PRECOMPILE_TORCH_PIN",
+        "SOURCE_DATE_EPOCH",
+        "PRECOMPILE_CACHE",
+        "PRECOMPILE_JOBS",
+        "PRECOMPILE_DISTRIBUTED",
+    ):
         monkeypatch.delenv(var, raising=False)
     monkeypatch.setenv("FIXTURE_FINGERPRINT", host_fp_json)
     monkeypatch.setenv("PRECOMPILE_BUILD_CACHE_DIR", str(tmp_path_factory.mktemp("pcache")))

@@ -31,8 +31,12 @@ def step(m, y):
 @pytest.fixture(scope="module")
 def served(tmp_path_factory):
     d = tmp_path_factory.mktemp("pair")
-    with torch.no_grad(), precompile_build.capture(step, engine="frozen", artifact_path=d / "t.py",
-                                                   cache_path=d / "t.cache") as f:
+    with (
+        torch.no_grad(),
+        precompile_build.capture(
+            step, engine="frozen", artifact_path=d / "t.py", cache_path=d / "t.cache"
+        ) as f,
+    ):
         f(Scale(), torch.zeros(4))
     return load_pair(d / "t.py", d / "t.cache")
 
@@ -72,8 +76,15 @@ def test_a_written_input_at_the_same_address_in_another_storage_is_checked_again
     cache at the last call's address that is now a view into another tensor's storage
     (here the same bytes seen through numpy, as a pool's reused block can be) gets the
     full check, which refuses the input that shares that storage."""
-    with torch.no_grad(), precompile_build.capture(_write_first, engine="frozen", artifact_path=tmp_path / "t.py",
-                                                   cache_path=tmp_path / "t.cache") as f:
+    with (
+        torch.no_grad(),
+        precompile_build.capture(
+            _write_first,
+            engine="frozen",
+            artifact_path=tmp_path / "t.py",
+            cache_path=tmp_path / "t.cache",
+        ) as f,
+    ):
         f(torch.zeros(4), torch.ones(4))
     served = load_pair(tmp_path / "t.py", tmp_path / "t.cache")
     big = torch.zeros(8)
@@ -81,8 +92,16 @@ def test_a_written_input_at_the_same_address_in_another_storage_is_checked_again
         served(big[4:], big[4:])
     alone = torch.from_numpy(big.numpy()[4:])  # big's bytes 16.., a storage of its own
     served(alone, torch.ones(4))  # passes: its verdict is kept
-    assert big[4:].data_ptr() == alone.data_ptr() and big[4:].storage_offset() != alone.storage_offset()
-    with pytest.raises(CallError, match=r"argument 'x' shares memory with argument 'cache'"
-                                        r"|argument 'cache' shares memory with argument 'x'"):
+    assert (
+        big[4:].data_ptr() == alone.data_ptr()
+        and big[4:].storage_offset() != alone.storage_offset()
+    )
+    with pytest.raises(
+        CallError,
+        match=r"argument 'x' shares memory with argument 'cache'"
+        r"|argument 'cache' shares memory with argument 'x'",
+    ):
         served(big[4:], big[4:])
-    torch.testing.assert_close(big, torch.tensor([0.0, 0, 0, 0, 1, 1, 1, 1]))  # the passing call only
+    torch.testing.assert_close(
+        big, torch.tensor([0.0, 0, 0, 0, 1, 1, 1, 1])
+    )  # the passing call only

@@ -9,8 +9,10 @@ import re
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = {"precompile_build": ROOT / "precompile_build",
-            "precompile_runtime": ROOT / "runtime" / "precompile_runtime"}
+PACKAGES = {
+    "precompile_build": ROOT / "precompile_build",
+    "precompile_runtime": ROOT / "runtime" / "precompile_runtime",
+}
 
 
 def _modules() -> dict[str, Path]:
@@ -127,23 +129,34 @@ def test_each_module_imports_only_its_stage_and_the_stages_before_it():
     """Package level, imports inside functions counted: a module imports its own stage's
     modules or those of stages before it in docs/architecture.md's order."""
     assert _back_edges(import_graph(), stage_order()) == [], (
-        "an import against docs/architecture.md's stage order (or a module in no stage)")
+        "an import against docs/architecture.md's stage order (or a module in no stage)"
+    )
 
 
 def test_the_stage_check_sees_an_import_of_a_later_stage():
-    order = [["precompile_runtime"], ["config/"], ["capturing/"], ["api.py"], ["cli.py", "__init__.py"]]
-    graph = {"precompile_build.config.settings": {"precompile_build.capturing.tracers"},
-             "precompile_build.capturing.tracers": {"precompile_build.config.choices"},
-             "precompile_build.config.choices": {"precompile_runtime.pair_format"},
-             "precompile_runtime.pair_format": {"precompile_build"},
-             "precompile_build": {"precompile_build.cli", "precompile_build.api"},
-             "precompile_build.cli": {"precompile_build"},
-             "precompile_build.api": set()}
+    order = [
+        ["precompile_runtime"],
+        ["config/"],
+        ["capturing/"],
+        ["api.py"],
+        ["cli.py", "__init__.py"],
+    ]
+    graph = {
+        "precompile_build.config.settings": {"precompile_build.capturing.tracers"},
+        "precompile_build.capturing.tracers": {"precompile_build.config.choices"},
+        "precompile_build.config.choices": {"precompile_runtime.pair_format"},
+        "precompile_runtime.pair_format": {"precompile_build"},
+        "precompile_build": {"precompile_build.cli", "precompile_build.api"},
+        "precompile_build.cli": {"precompile_build"},
+        "precompile_build.api": set(),
+    }
     assert _back_edges(graph, order) == [
         "precompile_build.config.settings -> precompile_build.capturing.tracers",
-        "precompile_runtime.pair_format -> precompile_build"]
+        "precompile_runtime.pair_format -> precompile_build",
+    ]
     assert _back_edges({"precompile_build.nowhere": set()}, order) == [
-        "precompile_build.nowhere: in no stage"]
+        "precompile_build.nowhere: in no stage"
+    ]
 
 
 def test_every_stage_in_the_order_exists():
@@ -185,4 +198,6 @@ def test_each_stage_package_says_what_it_takes_and_gives():
     for name, path in _modules().items():
         if path.name == "__init__.py":
             doc = ast.get_docstring(ast.parse(path.read_text(encoding="utf-8")))
-            assert doc and len(doc.split()) >= 8, f"{name} needs a docstring saying what the stage does"
+            assert doc and len(doc.split()) >= 8, (
+                f"{name} needs a docstring saying what the stage does"
+            )

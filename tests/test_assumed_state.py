@@ -242,20 +242,26 @@ def test_hooks_that_ran_at_capture_and_hooks_added_later_are_checked(tmp_path):
     f = _serve(tmp_path, call, m, x)
     torch.testing.assert_close(f(m, x), m(x))
     handle.remove()
-    with pytest.raises(CallError, match=r"the forward hooks of m\.0 were \[.*double'?\] at capture, now none"):
+    with pytest.raises(
+        CallError, match=r"the forward hooks of m\.0 were \[.*double'?\] at capture, now none"
+    ):
         f(m, x)
     handle = m[0].register_forward_hook(double)  # the same hook again: served
     torch.testing.assert_close(f(m, x), m(x))
 
     pre = m[1].register_forward_pre_hook(lambda mod, args: (args[0] - 1,))
-    with pytest.raises(CallError, match=r"the forward_pre hooks of m\.1 were none at capture, now \["):
+    with pytest.raises(
+        CallError, match=r"the forward_pre hooks of m\.1 were none at capture, now \["
+    ):
         f(m, x)
     pre.remove()
     torch.testing.assert_close(f(m, x), m(x))
 
     glob = torch.nn.modules.module.register_module_forward_hook(lambda mod, i, o: o)
     try:
-        with pytest.raises(CallError, match=r"torch's global forward hooks were none at capture, now \["):
+        with pytest.raises(
+            CallError, match=r"torch's global forward hooks were none at capture, now \["
+        ):
             f(m, x)
     finally:
         glob.remove()
@@ -287,19 +293,26 @@ def test_a_hooks_own_state_is_checked(tmp_path):
     when the hook ran, are checked like a module's: changed, the call is refused naming
     the hook; set back, served equal to eager."""
     torch.manual_seed(0)
-    m, x = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 4)).eval(), torch.randn(2, 4)
+    m, x = (
+        torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 4)).eval(),
+        torch.randn(2, 4),
+    )
     scale, offset = Scale(2.0), Offset(0.5)
     m[0].register_forward_hook(scale)
     m[1].register_forward_pre_hook(offset.shifted)
     f = _serve(tmp_path, call, m, x)
     torch.testing.assert_close(f(m, x), m(x))
     scale.factor = 3.0
-    with pytest.raises(CallError, match=r"m\.0\._forward_hooks\[0\]: factor was 2\.0 at capture, now 3\.0"):
+    with pytest.raises(
+        CallError, match=r"m\.0\._forward_hooks\[0\]: factor was 2\.0 at capture, now 3\.0"
+    ):
         f(m, x)
     scale.factor = 2.0
     torch.testing.assert_close(f(m, x), m(x))
     offset.shift = -1.0
-    with pytest.raises(CallError, match=r"m\.1\._forward_pre_hooks\[0\]: shift was 0\.5 at capture, now -1\.0"):
+    with pytest.raises(
+        CallError, match=r"m\.1\._forward_pre_hooks\[0\]: shift was 0\.5 at capture, now -1\.0"
+    ):
         f(m, x)
     offset.shift = 0.5
     torch.testing.assert_close(f(m, x), m(x))
@@ -325,13 +338,15 @@ def test_a_hook_that_writes_python_state_is_warned_about(tmp_path):
 
 
 def test_a_module_level_value_the_code_reads_is_checked(tmp_path, monkeypatch):
-    (tmp_path / "scales_mod.py").write_text(textwrap.dedent("""
+    (tmp_path / "scales_mod.py").write_text(
+        textwrap.dedent("""
         SCALES = {"x": 2.0}
         OFFSET = 1
 
         def scaled(x):
             return x * SCALES["x"] + OFFSET
-    """))
+    """)
+    )
     monkeypatch.syspath_prepend(str(tmp_path))
     mod = importlib.import_module("scales_mod")
     try:
@@ -339,11 +354,15 @@ def test_a_module_level_value_the_code_reads_is_checked(tmp_path, monkeypatch):
         f = _serve(tmp_path, mod.scaled, x)
         torch.testing.assert_close(f(x), mod.scaled(x))
         mod.SCALES["x"] = 3.0
-        with pytest.raises(CallError, match=r"the global scales_mod\.SCALES\['x'\] was 2.0 at capture, now 3.0"):
+        with pytest.raises(
+            CallError, match=r"the global scales_mod\.SCALES\['x'\] was 2.0 at capture, now 3.0"
+        ):
             f(x)
         mod.SCALES["x"] = 2.0
         monkeypatch.setattr(mod, "OFFSET", 2)
-        with pytest.raises(CallError, match=r"the global scales_mod\.OFFSET was 1 at capture, now 2"):
+        with pytest.raises(
+            CallError, match=r"the global scales_mod\.OFFSET was 1 at capture, now 2"
+        ):
             f(x)
     finally:
         sys.modules.pop("scales_mod", None)
@@ -385,8 +404,11 @@ def test_a_graph_that_relies_on_the_default_dtype_checks_it(tmp_path):
     g = _serve(tmp_path, lambda x: x * 2, x, name="plain")
     torch.set_default_dtype(torch.float64)
     try:
-        with pytest.raises(CallError, match=r"called with the default dtype torch.float64, but captured "
-                                            r"with torch.float32"):
+        with pytest.raises(
+            CallError,
+            match=r"called with the default dtype torch.float64, but captured "
+            r"with torch.float32",
+        ):
             f(x)
         torch.testing.assert_close(g(x), x * 2)  # creates no tensor: no default dtype to check
     finally:
@@ -402,6 +424,7 @@ def test_a_pair_with_nothing_assumed_records_nothing(tmp_path):
 
 
 # -- data-dependent decisions: refused, never frozen -------------------------------------
+
 
 def count_branch(x):
     n = torch.nonzero(x > 0).shape[0]
@@ -422,12 +445,16 @@ def test_a_branch_on_a_data_dependent_size_is_refused_by_every_tracer(tmp_path, 
     with pytest.raises(CaptureError, match=r"data-dependent (branch|decision) \(at ") as info:
         _serve(tmp_path, count_branch, torch.randn(8).abs(), tracer=tracer)
     msg = str(info.value)
-    assert "return x * 2 if n > 2 else x - 1" in msg and "torch.where" in msg and "torch.cond" in msg, msg
+    assert (
+        "return x * 2 if n > 2 else x - 1" in msg and "torch.where" in msg and "torch.cond" in msg
+    ), msg
     assert not (tmp_path / "t.py").exists() and not (tmp_path / "t.cache").exists()
 
 
 def test_make_fx_refuses_a_data_dependent_size_passed_on(tmp_path):
-    with pytest.raises(CaptureError, match=r"tracer 'make_fx' would freeze a size computed from the data"):
+    with pytest.raises(
+        CaptureError, match=r"tracer 'make_fx' would freeze a size computed from the data"
+    ):
         _serve(tmp_path, passes_a_count_on, torch.randn(8), tracer="make_fx")
 
 
@@ -443,12 +470,15 @@ def test_auto_still_falls_back_to_make_fx_where_export_fails_otherwise(tmp_path)
         assert x.data_ptr() != 0  # an eager-only check: fake tensors have no storage
         return x * 2
 
-    with pytest.warns(precompile_build.TracerFallbackWarning, match="traced with make_fx"):  # (Dynamo neither)
+    with pytest.warns(
+        precompile_build.TracerFallbackWarning, match="traced with make_fx"
+    ):  # (Dynamo neither)
         f = _serve(tmp_path, pointer_check, torch.ones(3), options={"guards": "recorded"})
     torch.testing.assert_close(f(torch.ones(3)), torch.full((3,), 2.0))
 
 
 # -- peft (torch 2.14.1's test list: transformers and peft are installed there) ----------
+
 
 def test_peft_adapter_state_is_checked(tmp_path):
     pytest.importorskip("peft")
@@ -456,11 +486,19 @@ def test_peft_adapter_state_is_checked(tmp_path):
     from peft import LoraConfig, get_peft_model
 
     torch.manual_seed(0)
-    cfg = transformers.LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64,
-                                   num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=2,
-                                   max_position_embeddings=32)
-    model = get_peft_model(transformers.LlamaForCausalLM(cfg).eval(),
-                           LoraConfig(r=4, target_modules=["q_proj", "v_proj"], init_lora_weights=False)).eval()
+    cfg = transformers.LlamaConfig(
+        vocab_size=64,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+        max_position_embeddings=32,
+    )
+    model = get_peft_model(
+        transformers.LlamaForCausalLM(cfg).eval(),
+        LoraConfig(r=4, target_modules=["q_proj", "v_proj"], init_lora_weights=False),
+    ).eval()
     ids = torch.randint(0, 64, (1, 8))
 
     def logits(m, ids):
@@ -475,8 +513,11 @@ def test_peft_adapter_state_is_checked(tmp_path):
 
     q = model.base_model.model.model.layers[0].self_attn.q_proj
     q.set_scale("default", 0.5)
-    with pytest.raises(CallError, match=r"m\.base_model\.model\.model\.layers\.0\.self_attn\.q_proj: "
-                                        r"scaling\['default'\] was 2.0 at capture, now 1.0"):
+    with pytest.raises(
+        CallError,
+        match=r"m\.base_model\.model\.model\.layers\.0\.self_attn\.q_proj: "
+        r"scaling\['default'\] was 2.0 at capture, now 1.0",
+    ):
         f(model, ids)
     q.unscale_layer()  # back to lora_alpha / r
     torch.testing.assert_close(f(model, ids), logits(model, ids))

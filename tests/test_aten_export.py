@@ -63,7 +63,9 @@ def _spy_one_pass(monkeypatch) -> list:
         def counted(*a):
             calls.append(1)
             return one_pass(*a)
+
         return counted
+
     monkeypatch.setattr(aten_export, "_one_pass_export", spied)
     return calls
 
@@ -79,15 +81,19 @@ def test_the_one_pass_graph_is_functional_with_writes_copied_back_last(monkeypat
     copies = [n for n in compute if n.target is aten.copy_.default]
     # functional: the only writes are the copies back into the written inputs, after the rest
     assert all(not n.target._schema.is_mutable for n in compute if n not in copies)
-    assert compute[-len(copies):] == copies
+    assert compute[-len(copies) :] == copies
     names = traced.metadata["param_names"]
     written = sorted(placeholders.index(c.args[0]) for c in copies)
     assert written == traced.metadata["mutated_inputs"] == [names.index("m0.calls"), len(names) + 1]
     # composite ops whole (the reference widens an SDPA, not a backend's flash kernel)
     ops = _ops(gm)
-    assert ops.get(aten.linear.default) == 1 and ops.get(aten.scaled_dot_product_attention.default) == 1
-    assert not any(n.meta.get("stack_trace") for n in gm.graph.nodes) or not hasattr(torch.fx.config,
-                                                                                     "do_not_emit_stack_traces")
+    assert (
+        ops.get(aten.linear.default) == 1
+        and ops.get(aten.scaled_dot_product_attention.default) == 1
+    )
+    assert not any(n.meta.get("stack_trace") for n in gm.graph.nodes) or not hasattr(
+        torch.fx.config, "do_not_emit_stack_traces"
+    )
     output = next(n for n in gm.graph.nodes if n.op == "output")
     assert all(output in n.users for n in compute if n.target is aten.detach.default)
 
@@ -109,6 +115,7 @@ def _two_pass(monkeypatch):
     def counted(self, *a, **k):
         runs.append(a or k)
         return real(self, *a, **k)
+
     monkeypatch.setattr(torch.export.ExportedProgram, "run_decompositions", counted)
     return runs
 
@@ -118,17 +125,26 @@ import torch.export._trace  # noqa: E402
 _real_export = torch.export._trace._export
 
 
-def _export_without_pre_dispatch(mod, args, kwargs=None, dynamic_shapes=None, *, strict=True, **rest):
-    return _real_export(mod, args, kwargs, dynamic_shapes, strict=strict, **rest)  # torch.export.export's
+def _export_without_pre_dispatch(
+    mod, args, kwargs=None, dynamic_shapes=None, *, strict=True, **rest
+):
+    return _real_export(
+        mod, args, kwargs, dynamic_shapes, strict=strict, **rest
+    )  # torch.export.export's
 
 
 @pytest.mark.parametrize("change", ["missing", "other signature"])
 def test_without_the_one_pass_entry_point_the_two_passes_make_the_same_graph(monkeypatch, change):
     model, x, cache = _block()
-    one = trace_call(block_call, (model, copy.deepcopy(x), cache.clone()), {}, target="t", tracer="export")
+    one = trace_call(
+        block_call, (model, copy.deepcopy(x), cache.clone()), {}, target="t", tracer="export"
+    )
     if change == "missing":  # a name torch has not (torch.export.export keeps working)
-        monkeypatch.setattr(aten_export, "_ENTRY_POINTS", (("torch.export._trace", "_export_gone"),
-                                                           *aten_export._ENTRY_POINTS[1:]))
+        monkeypatch.setattr(
+            aten_export,
+            "_ENTRY_POINTS",
+            (("torch.export._trace", "_export_gone"), *aten_export._ENTRY_POINTS[1:]),
+        )
     else:
         monkeypatch.setattr(torch.export._trace, "_export", _export_without_pre_dispatch)
     assert aten_export._one_pass_export() is None
@@ -136,10 +152,14 @@ def test_without_the_one_pass_entry_point_the_two_passes_make_the_same_graph(mon
     two = trace_call(block_call, (model, x, cache), {}, target="t", tracer="export")
     assert runs == [({},)]  # run_decompositions({}): the functional composite ops kept
     ignored = {aten._assert_tensor_metadata.default}  # the pre-dispatch pass's checks
-    assert {k: v for k, v in _ops(two.graph_module).items() if k not in ignored} == _ops(one.graph_module)
+    assert {k: v for k, v in _ops(two.graph_module).items() if k not in ignored} == _ops(
+        one.graph_module
+    )
     assert two.metadata["mutated_inputs"] == one.metadata["mutated_inputs"]
     inputs = [t.clone() for t in two.example_inputs]
-    for g, w in zip(two.graph_module(*inputs), one.graph_module(*[t.clone() for t in one.example_inputs])):
+    for g, w in zip(
+        two.graph_module(*inputs), one.graph_module(*[t.clone() for t in one.example_inputs])
+    ):
         torch.testing.assert_close(g, w)
 
 
@@ -151,16 +171,24 @@ def test_a_call_the_one_pass_refuses_gets_the_two_passes(monkeypatch):
     def refusing():
         def one_pass(*a):
             raise RuntimeError("the one pass refuses (simulated)")
+
         return one_pass
+
     monkeypatch.setattr(aten_export, "_one_pass_export", refusing)
     runs = _two_pass(monkeypatch)
     model, x, cache = _block()
     traced = trace_call(block_call, (model, x, cache), {}, target="t", tracer="export")
     assert runs == [({},)] and real is not None
     assert _ops(traced.graph_module).get(aten.scaled_dot_product_attention.default) == 1
-    with pytest.raises(CaptureError, match=r"data-dependent branch .* export: GuardOnDataDependentSymNode") as e:
-        trace_call(lambda x: x * 2 if x.sum() > 0 else x, (torch.ones(3),), {}, target="t", tracer="export")
-    assert "simulated" not in str(e.value) and len(runs) == 1  # it failed in the first of the two passes
+    with pytest.raises(
+        CaptureError, match=r"data-dependent branch .* export: GuardOnDataDependentSymNode"
+    ) as e:
+        trace_call(
+            lambda x: x * 2 if x.sum() > 0 else x, (torch.ones(3),), {}, target="t", tracer="export"
+        )
+    assert (
+        "simulated" not in str(e.value) and len(runs) == 1
+    )  # it failed in the first of the two passes
 
 
 def test_the_one_pass_entry_point_is_there_on_this_torch():
@@ -196,7 +224,9 @@ def _step_autograd_grad(model, x):
     return loss.detach(), g
 
 
-@pytest.mark.parametrize("step", [_step_backward, _step_autograd_grad], ids=["backward", "autograd.grad"])
+@pytest.mark.parametrize(
+    "step", [_step_backward, _step_autograd_grad], ids=["backward", "autograd.grad"]
+)
 def test_a_backward_inside_is_seen_as_one(monkeypatch, step):
     # the one pass fails inside autograd (the kept composite ops have no backward
     # there): export refuses the call as a training step, auto traces it with make_fx
@@ -206,7 +236,9 @@ def test_a_backward_inside_is_seen_as_one(monkeypatch, step):
     with pytest.raises(CaptureError, match=r"runs a backward .*tracer='make_fx' or 'auto'"):
         trace_call(step, (model, x), {}, target="t", tracer="export")
     traced = trace_call(step, (model, x), {}, target="t", tracer="auto")
-    assert traced.metadata["tracer"] == "make_fx" and runs == []  # no second export of a training step
+    assert (
+        traced.metadata["tracer"] == "make_fx" and runs == []
+    )  # no second export of a training step
     want_model = copy.deepcopy(model)
     want = step(want_model, x)
     got = traced.graph_module(*[t.clone() for t in traced.example_inputs])

@@ -26,8 +26,13 @@ from precompile_build import backend
 pytestmark = pytest.mark.usefixtures("build_env")
 
 DI = "simplepkg-0.1.0.dist-info"
-BASE = [f"{DI}/METADATA", f"{DI}/RECORD", f"{DI}/WHEEL", f"{DI}/top_level.txt",
-        "simplepkg/__init__.py"]
+BASE = [
+    f"{DI}/METADATA",
+    f"{DI}/RECORD",
+    f"{DI}/WHEEL",
+    f"{DI}/top_level.txt",
+    "simplepkg/__init__.py",
+]
 
 
 def _pc(*names):
@@ -37,7 +42,9 @@ def _pc(*names):
 def test_wheel_exact_files_record_tags_requires(tmp_path, monkeypatch):
     whl = build(make_project(tmp_path), monkeypatch)
     assert whl.name == "simplepkg-0.1.0-py3-none-any.whl"
-    assert wheel_names(whl) == sorted(BASE + _pc("double.cache", "double.py", "double" + PYC, "manifest.json"))
+    assert wheel_names(whl) == sorted(
+        BASE + _pc("double.cache", "double.py", "double" + PYC, "manifest.json")
+    )
     check_record(whl)
     assert list(whl.parent.iterdir()) == [whl]
     req = metadata_lines(whl, "Requires-Dist")
@@ -48,8 +55,13 @@ def test_wheel_exact_files_record_tags_requires(tmp_path, monkeypatch):
     # the shipped pyc is covered by the manifest, like every file the loader reads
     (v,) = m["targets"]["double"]["variants"]
     pyc = read_member(whl, "double" + PYC)
-    assert v["bytecode"] == {sys.implementation.cache_tag: {
-        "path": "double" + PYC, "size": len(pyc), "sha256": hashlib.sha256(pyc).hexdigest()}}
+    assert v["bytecode"] == {
+        sys.implementation.cache_tag: {
+            "path": "double" + PYC,
+            "size": len(pyc),
+            "sha256": hashlib.sha256(pyc).hexdigest(),
+        }
+    }
     (v,) = m["targets"]["double"]["variants"]
     assert m["targets"]["double"]["status"] == "ok"
     assert v["engine"] == "eager" and v["device"] == "cpu"
@@ -72,8 +84,9 @@ def test_native_engine_gets_platform_tag(tmp_path, monkeypatch):
 
 @pytest.mark.parametrize("policy, pins", [("minor", ["torch>=2.13,<2.14"]), ("none", [])])
 def test_torch_pin_policy(tmp_path, monkeypatch, policy, pins):
-    whl = build(make_project(tmp_path), monkeypatch,
-                config_settings={"precompile.torch-pin": policy})
+    whl = build(
+        make_project(tmp_path), monkeypatch, config_settings={"precompile.torch-pin": policy}
+    )
     assert metadata_lines(whl, "Requires-Dist")[1:] == pins
 
 
@@ -86,20 +99,29 @@ def test_skip_builds_plain_wheel(tmp_path, monkeypatch, capfd):
     monkeypatch.setenv("PRECOMPILE_SKIP", "1")
     root = make_project(tmp_path)
     py = root / "pyproject.toml"
-    py.write_text(py.read_text().replace('requires-python = ">=3.9"\n',
-                                         'requires-python = ">=3.9"\ndependencies = ["numpy>=1"]\n'))
+    py.write_text(
+        py.read_text().replace(
+            'requires-python = ">=3.9"\n',
+            'requires-python = ">=3.9"\ndependencies = ["numpy>=1"]\n',
+        )
+    )
     whl = build(root, monkeypatch)
     assert wheel_names(whl) == BASE and whl.name.endswith("-py3-none-any.whl")
     assert metadata_lines(whl, "Requires-Dist") == ["numpy>=1", runtime_requirement()]
     err = capfd.readouterr().err
-    assert ("precompile: skipped the precompiled targets (double) as `skip` asks "
-            "(-C precompile.skip=true or PRECOMPILE_SKIP): the wheel has no _precompiled/ and "
-            f"adds {runtime_requirement()} to its requirements but no torch pin") in err, err
+    assert (
+        "precompile: skipped the precompiled targets (double) as `skip` asks "
+        "(-C precompile.skip=true or PRECOMPILE_SKIP): the wheel has no _precompiled/ and "
+        f"adds {runtime_requirement()} to its requirements but no torch pin"
+    ) in err, err
     md = tmp_path / "md"
     md.mkdir()
     name = backend.prepare_metadata_for_build_wheel(str(md))
-    assert [ln[len("Requires-Dist: "):] for ln in (md / name / "METADATA").read_text().splitlines()
-            if ln.startswith("Requires-Dist")] == ["numpy>=1", runtime_requirement()]
+    assert [
+        ln[len("Requires-Dist: ") :]
+        for ln in (md / name / "METADATA").read_text().splitlines()
+        if ln.startswith("Requires-Dist")
+    ] == ["numpy>=1", runtime_requirement()]
 
 
 def test_targets_override_selects(tmp_path, monkeypatch):
@@ -113,18 +135,24 @@ def test_editable_writes_source_tree_and_sdist_excludes_it(tmp_path, monkeypatch
     root = make_project(tmp_path)
     whl = build(root, monkeypatch, hook="build_editable")
     pc = root / "simplepkg" / "_precompiled"
-    assert sorted(p.name for p in pc.iterdir()) == sorted(["double.cache", "double.py", "double" + PYC, "manifest.json"])
+    assert sorted(p.name for p in pc.iterdir()) == sorted(
+        ["double.cache", "double.py", "double" + PYC, "manifest.json"]
+    )
     assert not any("_precompiled" in n for n in wheel_names(whl))
     assert metadata_lines(whl, "Requires-Dist")[1:] == ["torch==2.13.0"]
     check_record(whl)
     # a rebuild replaces the directory (no leftovers, no temp dirs beside it)
     (pc / "stale.py").write_text("")
     build(root, monkeypatch, out=tmp_path / "dist2", hook="build_editable")
-    assert sorted(p.name for p in pc.iterdir()) == sorted(["double.cache", "double.py", "double" + PYC, "manifest.json"])
+    assert sorted(p.name for p in pc.iterdir()) == sorted(
+        ["double.cache", "double.py", "double" + PYC, "manifest.json"]
+    )
     assert sorted(p.name for p in pc.parent.iterdir()) == ["__init__.py", "_precompiled"]
     # a regular wheel takes fresh pairs, not the source tree's copy
     whl = build(root, monkeypatch, out=tmp_path / "dist3")
-    assert wheel_names(whl) == sorted(BASE + _pc("double.cache", "double.py", "double" + PYC, "manifest.json"))
+    assert wheel_names(whl) == sorted(
+        BASE + _pc("double.cache", "double.py", "double" + PYC, "manifest.json")
+    )
     sdist = build(root, monkeypatch, out=tmp_path / "sd", hook="build_sdist")
     with tarfile.open(sdist) as tf:
         names = tf.getnames()
@@ -137,8 +165,10 @@ def test_sdist_has_scripts_and_no_artifacts(tmp_path, monkeypatch):
     assert sdist.name == "simplepkg-0.1.0.tar.gz"
     with tarfile.open(sdist) as tf:
         names = tf.getnames()
-        assert tf.extractfile("simplepkg-0.1.0/capture/pair.py").read() == (
-            root / "capture" / "pair.py").read_bytes()
+        assert (
+            tf.extractfile("simplepkg-0.1.0/capture/pair.py").read()
+            == (root / "capture" / "pair.py").read_bytes()
+        )
     assert "simplepkg-0.1.0/pyproject.toml" in names
     assert not any(n.endswith((".cache", "manifest.json")) for n in names)
     assert list(sdist.parent.iterdir()) == [sdist]
@@ -150,7 +180,9 @@ def test_wheel_from_sdist(tmp_path, monkeypatch):
     with tarfile.open(sdist) as tf:
         tf.extractall(tmp_path / "unpacked", filter="data")
     whl = build(tmp_path / "unpacked" / "simplepkg-0.1.0", monkeypatch, out=tmp_path / "w")
-    assert wheel_names(whl) == sorted(BASE + _pc("double.cache", "double.py", "double" + PYC, "manifest.json"))
+    assert wheel_names(whl) == sorted(
+        BASE + _pc("double.cache", "double.py", "double" + PYC, "manifest.json")
+    )
 
 
 def test_wheel_from_sdist_with_a_helper_module_beside_the_script(tmp_path, monkeypatch):
@@ -159,7 +191,9 @@ def test_wheel_from_sdist_with_a_helper_module_beside_the_script(tmp_path, monke
     root = make_project(tmp_path, target_toml(script="captures/pair.py"))
     (root / "captures").mkdir()
     (root / "captures" / "pair.py").write_text(  # the fixture script, importing a helper first
-        "from modes import MODE  # beside this script\nassert MODE == 'ok'\n" + (root / "capture" / "pair.py").read_text())
+        "from modes import MODE  # beside this script\nassert MODE == 'ok'\n"
+        + (root / "capture" / "pair.py").read_text()
+    )
     (root / "captures" / "modes.py").write_text("MODE = 'ok'\n")
     (root / "captures" / "notes.txt").write_text("not a module\n")
     sdist = build(root, monkeypatch, hook="build_sdist")
@@ -190,8 +224,12 @@ def test_hooks_reexported():
 
     for name in [n for n in build_meta.__all__ if not n.startswith("_")]:
         assert callable(getattr(backend, name)), name
-    assert set(backend.__all__) >= {"build_wheel", "build_sdist", "build_editable",
-                                    "prepare_metadata_for_build_wheel"}
+    assert set(backend.__all__) >= {
+        "build_wheel",
+        "build_sdist",
+        "build_editable",
+        "prepare_metadata_for_build_wheel",
+    }
     with pytest.raises(AttributeError):
         backend._private_thing  # noqa: B018
 
@@ -205,5 +243,6 @@ def test_prepare_metadata_matches_wheel(tmp_path, monkeypatch):
     text = (md / name / "METADATA").read_text()
     whl = build(root, monkeypatch)
     assert [ln for ln in text.splitlines() if ln.startswith("Requires-Dist")] == [
-        "Requires-Dist: " + r for r in metadata_lines(whl, "Requires-Dist")]
+        "Requires-Dist: " + r for r in metadata_lines(whl, "Requires-Dist")
+    ]
     assert backend.get_requires_for_build_wheel() == []

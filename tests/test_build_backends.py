@@ -31,8 +31,12 @@ from precompile_build.errors import BuildError, ConfigError
 
 pytestmark = pytest.mark.usefixtures("build_env")
 
-BACKENDS = {"hatchpkg": "hatchling.build", "flitpkg": "flit_core.buildapi", "pdmpkg": "pdm.backend",
-            "skbpkg": "scikit_build_core.build"}
+BACKENDS = {
+    "hatchpkg": "hatchling.build",
+    "flitpkg": "flit_core.buildapi",
+    "pdmpkg": "pdm.backend",
+    "skbpkg": "scikit_build_core.build",
+}
 # what each backend writes besides the package's files (pdm-backend: entry_points.txt;
 # scikit-build-core: the C++ extension module CMake built)
 OWN_META = {"hatchpkg": [], "flitpkg": [], "pdmpkg": ["entry_points.txt"], "skbpkg": []}
@@ -45,7 +49,8 @@ def project(tmp_path, name: str, toml: str | None = None, *, spec: str | None = 
     (the project's own by default) and ``toml`` (the fixture target `double` by
     default), with the fixture capture script beside the project's own."""
     body = f'[tool.precompile]\nbackend = "{spec or BACKENDS[name]}"\n\n' + (
-        target_toml(mode="frozen") if toml is None else toml)
+        target_toml(mode="frozen") if toml is None else toml
+    )
     root = make_project(tmp_path, body, name=name)
     shutil.copy(PACKAGES / "simple" / "capture" / "pair.py", root / "capture" / "pair.py")
     return root
@@ -53,13 +58,24 @@ def project(tmp_path, name: str, toml: str | None = None, *, spec: str | None = 
 
 def own_files(name: str) -> list[str]:
     di = f"{name}-0.1.0.dist-info"
-    return [f"{name}/__init__.py", f"{name}/model.py", f"{name}/data/info.json",
-            f"{di}/METADATA", f"{di}/RECORD", f"{di}/WHEEL"] + [f"{di}/{n}" for n in OWN_META[name]] + (
-            OWN_EXTRA.get(name, []))
+    return (
+        [
+            f"{name}/__init__.py",
+            f"{name}/model.py",
+            f"{name}/data/info.json",
+            f"{di}/METADATA",
+            f"{di}/RECORD",
+            f"{di}/WHEEL",
+        ]
+        + [f"{di}/{n}" for n in OWN_META[name]]
+        + (OWN_EXTRA.get(name, []))
+    )
 
 
 @pytest.mark.parametrize("name", list(BACKENDS))
-def test_the_wrapped_backends_wheel_gets_the_pairs_record_tag_and_requirements(tmp_path, monkeypatch, name):
+def test_the_wrapped_backends_wheel_gets_the_pairs_record_tag_and_requirements(
+    tmp_path, monkeypatch, name
+):
     root = project(tmp_path, name)
     whl = build(root, monkeypatch)
     assert whl.name == f"{name}-0.1.0-{manylinux_tag()}.whl"
@@ -70,15 +86,24 @@ def test_the_wrapped_backends_wheel_gets_the_pairs_record_tag_and_requirements(t
     wheel_info = read_member(whl, ".dist-info/WHEEL").decode()
     assert f"Tag: {manylinux_tag()}" in wheel_info and "Root-Is-Purelib: false" in wheel_info
     assert manifest_of(whl)["package"] == name
-    assert read_member(whl, f"{name}/data/info.json") == (root / name / "data" / "info.json").read_bytes()
+    assert (
+        read_member(whl, f"{name}/data/info.json")
+        == (root / name / "data" / "info.json").read_bytes()
+    )
 
     md = tmp_path / "md"
     md.mkdir()
     dist_info = backend.prepare_metadata_for_build_wheel(str(md))
-    requires = [ln.split(":", 1)[1].strip() for ln in (md / dist_info / "METADATA").read_text().splitlines()
-                if ln.startswith("Requires-Dist:")]
+    requires = [
+        ln.split(":", 1)[1].strip()
+        for ln in (md / dist_info / "METADATA").read_text().splitlines()
+        if ln.startswith("Requires-Dist:")
+    ]
     assert requires == ["precompile-runtime", "torch==2.13.0"]
-    assert backend.get_requires_for_build_wheel() == [] and backend.get_requires_for_build_sdist() == []
+    assert (
+        backend.get_requires_for_build_wheel() == []
+        and backend.get_requires_for_build_sdist() == []
+    )
 
     sdist = build(root, monkeypatch, out=tmp_path / "sd", hook="build_sdist")
     with tarfile.open(sdist) as tf:
@@ -106,15 +131,19 @@ def test_the_default_backend_is_setuptools_byte_for_byte(tmp_path, monkeypatch):
     assert a.name == b.name and a.read_bytes() == b.read_bytes()
 
 
-def test_a_setup_py_that_imports_its_own_folder_builds_with_the_legacy_backend(tmp_path, monkeypatch):
+def test_a_setup_py_that_imports_its_own_folder_builds_with_the_legacy_backend(
+    tmp_path, monkeypatch
+):
     """docs/existing-library.md: a project whose setup.py imports a module beside it
     (as peft's reads its version) wraps `setuptools.build_meta:__legacy__`, which puts
     the folder on the path; the wheel carries setup.py's metadata and the pairs."""
     toml = '[tool.precompile]\nbackend = "setuptools.build_meta:__legacy__"\n\n' + target_toml()
     root = make_project(tmp_path, toml)
     (root / "_version_info.py").write_text('VERSION = "0.2.0"\n')
-    (root / "setup.py").write_text("from setuptools import setup\n\nfrom _version_info import VERSION\n\n"
-                                   "setup(version=VERSION)\n")
+    (root / "setup.py").write_text(
+        "from setuptools import setup\n\nfrom _version_info import VERSION\n\n"
+        "setup(version=VERSION)\n"
+    )
     py = root / "pyproject.toml"
     py.write_text(py.read_text().replace('version = "0.1.0"', 'dynamic = ["version"]'))
     whl = build(root, monkeypatch)
@@ -135,10 +164,13 @@ def test_backend_path_the_wrapped_backends_requirements_and_attributes(tmp_path,
     build's, its other names are the wrapper's; with no prepare_metadata hook the
     metadata is its wheel's; with no build_editable an editable build is refused."""
     root = make_project(tmp_path, name="hatchpkg")
-    toml = _in_tree(root, "from hatchling.build import build_wheel, build_sdist\n"
-                          "class UnsupportedOperation(Exception):\n    pass\n"
-                          "def get_requires_for_build_wheel(config_settings=None):\n"
-                          "    return ['fixture-req>=1']\n")
+    toml = _in_tree(
+        root,
+        "from hatchling.build import build_wheel, build_sdist\n"
+        "class UnsupportedOperation(Exception):\n    pass\n"
+        "def get_requires_for_build_wheel(config_settings=None):\n"
+        "    return ['fixture-req>=1']\n",
+    )
     root = project(tmp_path / "again", "hatchpkg", toml, spec="fixture_backend")
     _in_tree(root, (tmp_path / "proj" / "_backend" / "fixture_backend.py").read_text())
     monkeypatch.chdir(root)
@@ -158,26 +190,48 @@ def test_backend_path_the_wrapped_backends_requirements_and_attributes(tmp_path,
     del sys.modules["fixture_backend"]
 
 
-@pytest.mark.parametrize("kind, match", [
-    ("missing", r"Failed to load the build backend `nosuch\.build` \(`tool\.precompile\.backend`\): "
-                r"ModuleNotFoundError: No module named 'nosuch'; list its distribution \(nosuch\) in "
-                r"`build-system\.requires`"),
-    ("fails", r"Failed in build_wheel: the wrapped build backend `fixture_backend` \(`tool\.precompile\.backend`\) "
-              r"raised RuntimeError: the backend's own failure"),
-    ("no wheel", r"Failed in build_wheel: the wrapped build backend `fixture_backend` \(`tool\.precompile\.backend`\) "
-                 r"returned 'fixture-0\.1\.0-py3-none-any\.whl', but wrote no such file \(found: nothing\)"),
-])
-def test_a_wrapped_backend_that_is_missing_fails_or_writes_no_wheel_is_named(tmp_path, monkeypatch, kind, match):
+@pytest.mark.parametrize(
+    "kind, match",
+    [
+        (
+            "missing",
+            r"Failed to load the build backend `nosuch\.build` \(`tool\.precompile\.backend`\): "
+            r"ModuleNotFoundError: No module named 'nosuch'; list its distribution \(nosuch\) in "
+            r"`build-system\.requires`",
+        ),
+        (
+            "fails",
+            r"Failed in build_wheel: the wrapped build backend `fixture_backend` \(`tool\.precompile\.backend`\) "
+            r"raised RuntimeError: the backend's own failure",
+        ),
+        (
+            "no wheel",
+            r"Failed in build_wheel: the wrapped build backend `fixture_backend` \(`tool\.precompile\.backend`\) "
+            r"returned 'fixture-0\.1\.0-py3-none-any\.whl', but wrote no such file \(found: nothing\)",
+        ),
+    ],
+)
+def test_a_wrapped_backend_that_is_missing_fails_or_writes_no_wheel_is_named(
+    tmp_path, monkeypatch, kind, match
+):
     mark = tmp_path / "ran"
     monkeypatch.setenv("FIXTURE_MARK", str(mark))
     root = make_project(tmp_path, "")
     if kind == "missing":
         toml, spec = target_toml(mode="frozen"), "nosuch.build"
     else:
-        body = {"fails": "raise RuntimeError(\"the backend's own failure\")",
-                "no wheel": "return 'fixture-0.1.0-py3-none-any.whl'"}[kind]
-        toml, spec = _in_tree(root, f"def build_wheel(wheel_directory, config_settings=None, "
-                                    f"metadata_directory=None):\n    {body}\n"), "fixture_backend"
+        body = {
+            "fails": 'raise RuntimeError("the backend\'s own failure")',
+            "no wheel": "return 'fixture-0.1.0-py3-none-any.whl'",
+        }[kind]
+        toml, spec = (
+            _in_tree(
+                root,
+                f"def build_wheel(wheel_directory, config_settings=None, "
+                f"metadata_directory=None):\n    {body}\n",
+            ),
+            "fixture_backend",
+        )
     body = f'[tool.precompile]\nbackend = "{spec}"\n' + toml
     (root / "pyproject.toml").write_text((root / "pyproject.toml").read_text() + body)
     monkeypatch.syspath_prepend(str(root / "_backend"))
@@ -189,14 +243,29 @@ def test_a_wrapped_backend_that_is_missing_fails_or_writes_no_wheel_is_named(tmp
     assert mark.exists() == (kind != "missing")  # a missing backend fails before any capture
 
 
-@pytest.mark.parametrize("toml, match", [
-    ('backend = "hatchling build"\n', r"`tool\.precompile\.backend` must be a PEP 517 backend object reference "
-                                      r"\(`module` or `module:object`, e\.g\. \"hatchling\.build\"\), not 'hatchling build'"),
-    ('backend = ["hatchling.build"]\n', r"`tool\.precompile\.backend` must be a PEP 517 backend object reference"),
-    ('backend-path = ["../elsewhere"]\n', r"`tool\.precompile\.backend-path` entry '\.\./elsewhere' resolves to "
-                                          r".*, outside the project root"),
-    ('backend-path = "_backend"\n', r"`tool\.precompile\.backend-path` must be an array of directory paths"),
-])
+@pytest.mark.parametrize(
+    "toml, match",
+    [
+        (
+            'backend = "hatchling build"\n',
+            r"`tool\.precompile\.backend` must be a PEP 517 backend object reference "
+            r"\(`module` or `module:object`, e\.g\. \"hatchling\.build\"\), not 'hatchling build'",
+        ),
+        (
+            'backend = ["hatchling.build"]\n',
+            r"`tool\.precompile\.backend` must be a PEP 517 backend object reference",
+        ),
+        (
+            'backend-path = ["../elsewhere"]\n',
+            r"`tool\.precompile\.backend-path` entry '\.\./elsewhere' resolves to "
+            r".*, outside the project root",
+        ),
+        (
+            'backend-path = "_backend"\n',
+            r"`tool\.precompile\.backend-path` must be an array of directory paths",
+        ),
+    ],
+)
 def test_a_bad_backend_key_is_a_config_error(tmp_path, monkeypatch, toml, match):
     root = make_project(tmp_path, "[tool.precompile]\n" + toml + target_toml())
     monkeypatch.chdir(root)

@@ -92,12 +92,23 @@ def _edit_fingerprint(monkeypatch):
     monkeypatch.setattr(capture_cache, "host_fingerprints", other)
 
 
-MISSES = {"script": _edit_script, "package": _edit_package, "config": _edit_config,
-          "env": _edit_env, "cache-env": _edit_cache_env, "fingerprint": _edit_fingerprint}
+MISSES = {
+    "script": _edit_script,
+    "package": _edit_package,
+    "config": _edit_config,
+    "env": _edit_env,
+    "cache-env": _edit_cache_env,
+    "fingerprint": _edit_fingerprint,
+}
 # what the build line says changed (issue 38: was `no entry` for each)
-SAID = {"script": "the script capture/pair.py", "package": "the package's files (simplepkg/helpers.py added)",
-        "config": "the target's args", "env": "the target's env",
-        "cache-env": "the cache-env variables (FIXTURE_KNOB)", "fingerprint": "the host fingerprint"}
+SAID = {
+    "script": "the script capture/pair.py",
+    "package": "the package's files (simplepkg/helpers.py added)",
+    "config": "the target's args",
+    "env": "the target's env",
+    "cache-env": "the cache-env variables (FIXTURE_KNOB)",
+    "fingerprint": "the host fingerprint",
+}
 
 
 @pytest.mark.parametrize("what", sorted(MISSES))
@@ -128,11 +139,20 @@ def test_the_line_names_the_package_files_that_changed(tmp_path, monkeypatch, ca
     for n in "bcd":
         (root / "simplepkg" / f"{n}.py").write_text("")
     _, ran, err = _built(root, monkeypatch, capfd, "2")
-    assert ran and ("the package's files (simplepkg/__init__.py changed, simplepkg/b.py added, "
-                    "simplepkg/c.py added and 2 more))") in err, err
+    assert (
+        ran
+        and (
+            "the package's files (simplepkg/__init__.py changed, simplepkg/b.py added, "
+            "simplepkg/c.py added and 2 more))"
+        )
+        in err
+    ), err
     real = capture_cache.what_changed
-    monkeypatch.setattr(capture_cache, "what_changed", lambda root, c, package, files:
-                        real(root, c, "otherpkg", files))
+    monkeypatch.setattr(
+        capture_cache,
+        "what_changed",
+        lambda root, c, package, files: real(root, c, "otherpkg", files),
+    )
     (root / "simplepkg" / "e.py").write_text("")
     _, ran, err = _built(root, monkeypatch, capfd, "3")
     assert ran and "captured (why: no entry)" in err, err
@@ -143,8 +163,12 @@ def test_changes_outside_the_key_still_hit(tmp_path, monkeypatch, capfd, what):
     root = make_project(tmp_path, target_toml())
     assert _built(root, monkeypatch, capfd, "1")[1]
     if what in ("timeout", "required"):
-        _set_toml(root, target_toml().replace("timeout = 60", "timeout = 61") if what ==
-                  "timeout" else target_toml(extra="required = false"))
+        _set_toml(
+            root,
+            target_toml().replace("timeout = 60", "timeout = 61")
+            if what == "timeout"
+            else target_toml(extra="required = false"),
+        )
     else:
         (root / "simplepkg" / what).mkdir(exist_ok=True)
         (root / "simplepkg" / what / "junk.pyc").write_bytes(b"junk")
@@ -175,9 +199,15 @@ def _consistent_but_invalid(entry):
     (entry / "entry.json").write_text(json.dumps(meta))
 
 
-@pytest.mark.parametrize("damage, said", [
-    (_flip_cache, "double.cache: size/sha256"), (_bad_json, "JSONDecodeError"),
-    (_drop_source, "No such file"), (_consistent_but_invalid, "code_hash mismatch")])
+@pytest.mark.parametrize(
+    "damage, said",
+    [
+        (_flip_cache, "double.cache: size/sha256"),
+        (_bad_json, "JSONDecodeError"),
+        (_drop_source, "No such file"),
+        (_consistent_but_invalid, "code_hash mismatch"),
+    ],
+)
 def test_corrupt_entry_is_discarded_and_recaptured(tmp_path, monkeypatch, capfd, damage, said):
     root = make_project(tmp_path)
     whl1, _, _ = _built(root, monkeypatch, capfd, "1")
@@ -216,11 +246,22 @@ def test_two_concurrent_builds(tmp_path, monkeypatch):
     one captures, the other waits for the entry lock and reuses; wheels identical."""
     toml = target_toml(mode="frozen").replace('"frozen"]', '"frozen", "--sleep", "2"]')
     roots = [make_project(tmp_path / n, toml) for n in "ab"]
-    env = dict(os.environ, SOURCE_DATE_EPOCH="1700000000",
-               PYTHONPATH=os.pathsep.join([str(REPO), str(REPO / "runtime")]))
-    procs = [subprocess.Popen([sys.executable, "-c", _BUILD, str(r.parent / "dist")],
-                              cwd=r, env=env, stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True) for r in roots]
+    env = dict(
+        os.environ,
+        SOURCE_DATE_EPOCH="1700000000",
+        PYTHONPATH=os.pathsep.join([str(REPO), str(REPO / "runtime")]),
+    )
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", _BUILD, str(r.parent / "dist")],
+            cwd=r,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for r in roots
+    ]
     outs = [p.communicate(timeout=120) for p in procs]
     assert [p.returncode for p in procs] == [0, 0], outs
     whls = [r.parent / "dist" / o[0].strip().splitlines()[-1] for r, o in zip(roots, outs)]
@@ -235,8 +276,7 @@ def test_parallel_order_and_overlap(tmp_path, monkeypatch, capfd):
     """The first target sleeps longer and finishes last; results, manifest and wheel
     do not depend on that (same bytes as a one-at-a-time build)."""
     monkeypatch.setenv("SOURCE_DATE_EPOCH", "1700000000")
-    toml = (target_toml("slow").replace('"ok"]', '"ok", "--sleep", "1.5"]')
-            + target_toml("fast"))
+    toml = target_toml("slow").replace('"ok"]', '"ok", "--sleep", "1.5"]') + target_toml("fast")
     root = make_project(tmp_path, toml)
     s = load_settings(root, {"precompile.jobs": "2", "precompile.cache": "off"})
     start = time.monotonic()
@@ -245,11 +285,19 @@ def test_parallel_order_and_overlap(tmp_path, monkeypatch, capfd):
     err = capfd.readouterr().err
     assert err.index("fast: ok on cpu") < err.index("slow: ok on cpu")  # ran side by side
     assert time.monotonic() - start < 1.5 + 2.5
-    whl2 = build(root, monkeypatch, out=tmp_path / "d2",
-                 config_settings={"precompile.jobs": "2", "precompile.cache": "off"})
+    whl2 = build(
+        root,
+        monkeypatch,
+        out=tmp_path / "d2",
+        config_settings={"precompile.jobs": "2", "precompile.cache": "off"},
+    )
     capfd.readouterr()
-    whl1 = build(root, monkeypatch, out=tmp_path / "d1",
-                 config_settings={"precompile.jobs": "1", "precompile.cache": "off"})
+    whl1 = build(
+        root,
+        monkeypatch,
+        out=tmp_path / "d1",
+        config_settings={"precompile.jobs": "1", "precompile.cache": "off"},
+    )
     assert whl1.read_bytes() == whl2.read_bytes()
     err = capfd.readouterr().err
     assert err.index("slow: ok on cpu") < err.index("fast: ok on cpu")  # jobs = 1: in order
@@ -259,15 +307,17 @@ def test_cuda_targets_get_one_gpu_each(tmp_path, monkeypatch, capfd):
     monkeypatch.setattr(runner, "cuda_available", lambda: True)
     monkeypatch.setattr(runner, "gpu_ids", lambda: ["0", "1"])
     script = tmp_path / "proj" / "capture" / "cvd.py"
-    toml = "".join(target_toml(n, script="capture/cvd.py", extra='device = "cuda"')
-                   for n in ("a", "b", "c"))
+    toml = "".join(
+        target_toml(n, script="capture/cvd.py", extra='device = "cuda"') for n in ("a", "b", "c")
+    )
     root = make_project(tmp_path, toml)
     script.write_text(  # record the GPU it got, then run the fixture
         "import os, runpy, sys, time\n"
         "open(os.environ['PRECOMPILE_ARTIFACT_PATH'] + '.cvd', 'w')\n"
         "print('CVD=' + os.environ['CUDA_VISIBLE_DEVICES'], flush=True)\n"
         "time.sleep(0.5)\n"
-        "sys.argv[0] = 'capture/pair.py'\nrunpy.run_path('capture/pair.py', run_name='__main__')\n")
+        "sys.argv[0] = 'capture/pair.py'\nrunpy.run_path('capture/pair.py', run_name='__main__')\n"
+    )
     s = load_settings(root, {"precompile.cache": "off"})
     results = runner.run_captures(s, tmp_path / "work")
     assert sorted(r.device_index for r in results[:2]) == [0, 1]
@@ -289,10 +339,13 @@ def test_required_failure_lets_the_running_finish_and_reports_each(tmp_path, mon
     the one that succeeded is in the capture cache, so the next build reuses it. With
     one slot, a target not yet started is not started."""
     pid_file = tmp_path / "child.pid"
-    toml = (target_toml("slow").replace('"ok"]', '"ok", "--sleep", "1.5"]')
-            + target_toml("hang", mode="hang").replace(
-                '"hang"]', f'"hang", "--pid-file", "{pid_file}"]').replace("timeout = 60", "timeout = 2")
-            + target_toml("bad", mode="exit"))
+    toml = (
+        target_toml("slow").replace('"ok"]', '"ok", "--sleep", "1.5"]')
+        + target_toml("hang", mode="hang")
+        .replace('"hang"]', f'"hang", "--pid-file", "{pid_file}"]')
+        .replace("timeout = 60", "timeout = 2")
+        + target_toml("bad", mode="exit")
+    )
     root = make_project(tmp_path, toml)
     start = time.monotonic()
     with pytest.raises(CaptureError, match="'hang' failed: timed out after 2 s"):
@@ -300,16 +353,23 @@ def test_required_failure_lets_the_running_finish_and_reports_each(tmp_path, mon
     assert time.monotonic() - start < 30
     assert list((tmp_path / "dist").iterdir()) == []
     err = capfd.readouterr().err
-    rows = {ln.split()[0]: ln.split()[2] for ln in err.split("precompile: summary\n")[1].splitlines()[1:]
-            if not ln.startswith("precompile:")}  # the table's rows, not the line after it
+    rows = {
+        ln.split()[0]: ln.split()[2]
+        for ln in err.split("precompile: summary\n")[1].splitlines()[1:]
+        if not ln.startswith("precompile:")
+    }  # the table's rows, not the line after it
     assert rows == {"slow": "captured", "hang": "failed", "bad": "failed"}
     assert len(_entries()) == 1  # slow's pair, kept for the next build
     toml1 = target_toml("bad", mode="exit") + target_toml("slow")
     root = make_project(tmp_path / "one", toml1)
     with pytest.raises(CaptureError, match="'bad' failed"):
-        build(root, monkeypatch, config_settings={"precompile.jobs": "1", "precompile.cache": "off"})
-    rows = {ln.split()[0]: " ".join(ln.split()[2:4]) for ln in
-            capfd.readouterr().err.split("precompile: summary\n")[1].splitlines()[1:]}
+        build(
+            root, monkeypatch, config_settings={"precompile.jobs": "1", "precompile.cache": "off"}
+        )
+    rows = {
+        ln.split()[0]: " ".join(ln.split()[2:4])
+        for ln in capfd.readouterr().err.split("precompile: summary\n")[1].splitlines()[1:]
+    }
     assert rows["bad"].startswith("failed") and rows["slow"] == "not started"
 
 
@@ -321,24 +381,39 @@ def test_progress_lines_and_summary(tmp_path, monkeypatch, capfd):
     assert "precompile: double on cpu: running " in err and "| sleeping 1.5 s" in err
     assert "\r" not in err and "\x1b[" not in err  # no terminal: plain lines only
     table = err.split("precompile: summary\n")[1].splitlines()
-    assert table[0].split() == ["target", "device", "result", "seconds", "bytes", "peak", "host/GPU"]
+    assert table[0].split() == [
+        "target",
+        "device",
+        "result",
+        "seconds",
+        "bytes",
+        "peak",
+        "host/GPU",
+    ]
     row = table[1].split()
     assert row[:3] == ["double", "cpu", "captured"] and float(row[3]) >= 1.5
     assert whl.exists()
 
 
-@pytest.mark.parametrize("tail, shown", [
-    # torch's FutureWarning: its second line is the warned source line, not output
-    ("/x/torch/export/_trace.py:1234: FutureWarning: `torch.export.export_for_training` is "
-     "deprecated\n  return cls.__new__(cls, *args)\n",
-     "FutureWarning: `torch.export.export_for_training` is deprecated"),
-    # a warning whose message has more lines, then its source line
-    ("step 3\n/x/m.py:9: UserWarning: first line\nsecond line\n  warnings.warn(msg)\n",
-     "UserWarning: first line"),
-    # output after a warning is the capture's again
-    ("/x/m.py:9: UserWarning: w\n  warnings.warn(w)\ncompiling kernels\n", "compiling kernels"),
-    ("a\n  indented output of the script\n", "indented output of the script"),
-])
+@pytest.mark.parametrize(
+    "tail, shown",
+    [
+        # torch's FutureWarning: its second line is the warned source line, not output
+        (
+            "/x/torch/export/_trace.py:1234: FutureWarning: `torch.export.export_for_training` is "
+            "deprecated\n  return cls.__new__(cls, *args)\n",
+            "FutureWarning: `torch.export.export_for_training` is deprecated",
+        ),
+        # a warning whose message has more lines, then its source line
+        (
+            "step 3\n/x/m.py:9: UserWarning: first line\nsecond line\n  warnings.warn(msg)\n",
+            "UserWarning: first line",
+        ),
+        # output after a warning is the capture's again
+        ("/x/m.py:9: UserWarning: w\n  warnings.warn(w)\ncompiling kernels\n", "compiling kernels"),
+        ("a\n  indented output of the script\n", "indented output of the script"),
+    ],
+)
 def test_a_status_line_shows_a_warning_as_one_line(tmp_path, tail, shown):
     log = tmp_path / "t.log"
     log.write_text(tail)
@@ -375,8 +450,10 @@ def test_clean_refuses_a_directory_that_is_not_a_capture_cache(tmp_path, capfd):
     (tmp_path / "fingerprints").mkdir()
     (tmp_path / ("a" * 64)).mkdir()
     assert main(["clean", "--cache-dir", str(tmp_path)]) != 0
-    assert "is not a precompile-build capture cache (no CACHEDIR.TAG of ours); nothing removed" \
+    assert (
+        "is not a precompile-build capture cache (no CACHEDIR.TAG of ours); nothing removed"
         in capfd.readouterr().err
+    )
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a" * 64, "fingerprints", "poetry.lock"]
 
 
@@ -389,18 +466,23 @@ def test_clean_resolves_the_directory_like_the_build(tmp_path, monkeypatch, capf
 
 # ---------------------------------------------------------------------- settings
 
+
 def test_settings_defaults_and_overrides(tmp_path, monkeypatch):
     root = make_project(tmp_path, target_toml(extra='cache-env = ["A", "B", "A"]'))
     s = load_settings(root, {}, {})
     assert (s.cache, s.cache_dir, s.jobs) == (True, None, None)
     assert s.targets["double"].cache_env == ("A", "B")
-    s = load_settings(root, {"precompile.cache": "off", "precompile.jobs": "3",
-                             "precompile.cache-dir": "c"}, {"PRECOMPILE_JOBS": "auto"})
+    s = load_settings(
+        root,
+        {"precompile.cache": "off", "precompile.jobs": "3", "precompile.cache-dir": "c"},
+        {"PRECOMPILE_JOBS": "auto"},
+    )
     assert (s.cache, s.cache_dir, s.jobs) == (False, root / "c", None)
     s = load_settings(root, {}, {"PRECOMPILE_CACHE": "on", "PRECOMPILE_BUILD_CACHE_DIR": "/x"})
     assert (s.cache, s.cache_dir) == (True, Path("/x"))
-    _set_toml(root, '[tool.precompile]\ncache = false\ncache-dir = "~/pc"\njobs = 2\n'
-              + target_toml())
+    _set_toml(
+        root, '[tool.precompile]\ncache = false\ncache-dir = "~/pc"\njobs = 2\n' + target_toml()
+    )
     s = load_settings(root, {}, {})
     assert (s.cache, s.cache_dir, s.jobs) == (False, Path.home() / "pc", 2)
     from precompile_build.config.settings import default_cache_dir
@@ -408,18 +490,21 @@ def test_settings_defaults_and_overrides(tmp_path, monkeypatch):
     assert default_cache_dir().name == "precompile-build"
 
 
-@pytest.mark.parametrize("toml, cs, env, match", [
-    ('[tool.precompile]\njobs = 0\n', {}, {}, r"`tool.precompile.jobs` must be \"auto\""),
-    ('[tool.precompile]\njobs = "2"\n', {}, {}, "`tool.precompile.jobs`"),
-    ('[tool.precompile]\njobs = true\n', {}, {}, "`tool.precompile.jobs`"),
-    ('[tool.precompile]\ncache = "off"\n', {}, {}, "`tool.precompile.cache` must be a boolean"),
-    ('[tool.precompile]\ncache-dir = 3\n', {}, {}, "`tool.precompile.cache-dir`"),
-    ('[tool.precompile]\ncachedir = "x"\n', {}, {}, "did you mean `tool.precompile.cache-dir`"),
-    ("", {"precompile.jobs": "many"}, {}, "config setting `precompile.jobs`: it must be"),
-    ("", {}, {"PRECOMPILE_JOBS": "-1"}, "environment variable PRECOMPILE_JOBS"),
-    ("", {}, {"PRECOMPILE_CACHE": "maybe"}, "PRECOMPILE_CACHE: 'maybe' is not a boolean"),
-    ("", {"precompile.cahce": "off"}, {}, "did you mean `precompile.cache`"),
-])
+@pytest.mark.parametrize(
+    "toml, cs, env, match",
+    [
+        ("[tool.precompile]\njobs = 0\n", {}, {}, r"`tool.precompile.jobs` must be \"auto\""),
+        ('[tool.precompile]\njobs = "2"\n', {}, {}, "`tool.precompile.jobs`"),
+        ("[tool.precompile]\njobs = true\n", {}, {}, "`tool.precompile.jobs`"),
+        ('[tool.precompile]\ncache = "off"\n', {}, {}, "`tool.precompile.cache` must be a boolean"),
+        ("[tool.precompile]\ncache-dir = 3\n", {}, {}, "`tool.precompile.cache-dir`"),
+        ('[tool.precompile]\ncachedir = "x"\n', {}, {}, "did you mean `tool.precompile.cache-dir`"),
+        ("", {"precompile.jobs": "many"}, {}, "config setting `precompile.jobs`: it must be"),
+        ("", {}, {"PRECOMPILE_JOBS": "-1"}, "environment variable PRECOMPILE_JOBS"),
+        ("", {}, {"PRECOMPILE_CACHE": "maybe"}, "PRECOMPILE_CACHE: 'maybe' is not a boolean"),
+        ("", {"precompile.cahce": "off"}, {}, "did you mean `precompile.cache`"),
+    ],
+)
 def test_settings_errors(tmp_path, toml, cs, env, match):
     root = make_project(tmp_path, toml + target_toml())
     with pytest.raises(ConfigError, match=match):
@@ -482,7 +567,9 @@ def _install_dep(deps: Path, version: str | None) -> None:
     (info / "top_level.txt").write_text("fixturedep\n")
 
 
-def test_an_imported_distribution_or_file_that_changed_is_captured_again(tmp_path, monkeypatch, capfd):
+def test_an_imported_distribution_or_file_that_changed_is_captured_again(
+    tmp_path, monkeypatch, capfd
+):
     """A capture script importing a library (fixturedep, standing for transformers):
     built once, then with the library at another version the build captures again;
     with the library gone it fails like a build without the cache; a helper module
@@ -500,7 +587,9 @@ def test_an_imported_distribution_or_file_that_changed_is_captured_again(tmp_pat
     (entry,) = _entries()
     recorded = json.loads((entry / "entry.json").read_text())["imports"]
     assert recorded["distributions"]["fixturedep"] == "1.0" and "torch" in recorded["distributions"]
-    assert "capture/helpers.py" in recorded["project_files"]  # relative: another copy of the project compares it
+    assert (
+        "capture/helpers.py" in recorded["project_files"]
+    )  # relative: another copy of the project compares it
     _, _, err = _built(root, monkeypatch, capfd, "2")
     assert "reused (key" in err, err
     _install_dep(deps, "2.0")
@@ -514,7 +603,9 @@ def test_an_imported_distribution_or_file_that_changed_is_captured_again(tmp_pat
         _built(root, monkeypatch, capfd, "5")
 
 
-def test_a_capture_that_records_nothing_is_keyed_on_the_whole_environment(tmp_path, monkeypatch, capfd):
+def test_a_capture_that_records_nothing_is_keyed_on_the_whole_environment(
+    tmp_path, monkeypatch, capfd
+):
     """A script that does not call precompile_build.capture (the fixture writes its
     pair by hand, as one using torch's own API would) records no imports: its entry
     holds every distribution installed where the script imports from (recorded in its
@@ -587,7 +678,9 @@ def test_a_rebuild_reuses_a_capture_of_the_project_s_own_code(tmp_path, monkeypa
     _install_dep(deps, "2.0")
     _, _, err = _built(root, monkeypatch, capfd, "4")
     assert "captured (why: imports changed: fixturedep 1.0 -> 2.0)" in err, err
-    (root / "simplepkg" / "ops.py").write_text("def act(x):\n    return x + 2\n")  # version still 0.1.0
+    (root / "simplepkg" / "ops.py").write_text(
+        "def act(x):\n    return x + 2\n"
+    )  # version still 0.1.0
     _, _, err = _built(root, monkeypatch, capfd, "5")
     assert "captured (why: changed since the last capture (key" in err, err
     assert "the package's files (simplepkg/ops.py changed))" in err, err

@@ -35,7 +35,9 @@ def test_capture_writes_pairs_and_manifest(tmp_path, monkeypatch, capsys):
     root = make_project(tmp_path, target_toml("a") + target_toml("b"))
     out = tmp_path / "out"
     assert main(["capture", "--project", str(root), "--targets", "a", "--out", str(out)]) == 0
-    assert sorted(p.name for p in out.iterdir()) == sorted(["a.cache", "a.py", "a" + PYC, "manifest.json"])
+    assert sorted(p.name for p in out.iterdir()) == sorted(
+        ["a.cache", "a.py", "a" + PYC, "manifest.json"]
+    )
     assert main(["inspect", str(out)]) == 0
     assert "target a (required): 1 variant(s)" in capsys.readouterr().out
 
@@ -79,11 +81,21 @@ def test_merge_two_hosts(tmp_path, monkeypatch, capsys):
     assert va["files"]["source"]["path"] == vb["files"]["source"]["path"] == "double.py"
     assert va["files"]["cache"]["path"] == "double.cache"
     assert vb["files"]["cache"]["path"] == f"double.{vb['id']}.cache"
-    assert va["bytecode"][sys.implementation.cache_tag]["path"] == "double" + PYC  # listed, as built
+    assert (
+        va["bytecode"][sys.implementation.cache_tag]["path"] == "double" + PYC
+    )  # listed, as built
     assert va["bytecode"] == vb["bytecode"]
     pc = [n for n in wheel_names(out) if "_precompiled" in n]
-    assert pc == sorted(f"simplepkg/_precompiled/{n}" for n in (
-        "double.py", "double" + PYC, "double.cache", f"double.{vb['id']}.cache", "manifest.json"))
+    assert pc == sorted(
+        f"simplepkg/_precompiled/{n}"
+        for n in (
+            "double.py",
+            "double" + PYC,
+            "double.cache",
+            f"double.{vb['id']}.cache",
+            "manifest.json",
+        )
+    )
     assert metadata_lines(out, "Requires-Dist") == metadata_lines(a, "Requires-Dist")
     capsys.readouterr()
     assert main(["inspect", str(out), "--json"]) == 0
@@ -94,7 +106,11 @@ def test_merge_two_hosts(tmp_path, monkeypatch, capsys):
 def _with_readme(root):
     (root / "README.md").write_text("# simplepkg\n\nInstall it.\nRequires-Dist: torch==9.9\n")
     py = root / "pyproject.toml"
-    py.write_text(py.read_text().replace('requires-python = ">=3.9"', 'requires-python = ">=3.9"\nreadme = "README.md"'))
+    py.write_text(
+        py.read_text().replace(
+            'requires-python = ">=3.9"', 'requires-python = ">=3.9"\nreadme = "README.md"'
+        )
+    )
 
 
 def test_merge_keeps_the_description_as_it_is(tmp_path, monkeypatch):
@@ -131,11 +147,14 @@ def _edit_code(root):
     (root / "simplepkg" / "__init__.py").write_text("X = 1\n")
 
 
-@pytest.mark.parametrize("edit, mode, match", [
-    (_bump_version, "cuda-fp", "it is simplepkg 0.2.0, not simplepkg 0.1.0"),
-    (_edit_code, "cuda-fp", "simplepkg/__init__.py differs"),
-    (None, "ok", "variant .* is in two wheels"),
-])
+@pytest.mark.parametrize(
+    "edit, mode, match",
+    [
+        (_bump_version, "cuda-fp", "it is simplepkg 0.2.0, not simplepkg 0.1.0"),
+        (_edit_code, "cuda-fp", "simplepkg/__init__.py differs"),
+        (None, "ok", "variant .* is in two wheels"),
+    ],
+)
 def test_merge_refuses(tmp_path, monkeypatch, capsys, edit, mode, match):
     a = _wheel(tmp_path, monkeypatch, "a")
     b = _wheel(tmp_path, monkeypatch, "b", mode=mode, edit=edit)
@@ -155,11 +174,15 @@ def test_exit_codes(tmp_path, capsys):
     assert capsys.readouterr().err.startswith("error: Failed to validate `tool.precompile`")
     assert main(["inspect", str(tmp_path / "missing.whl")]) == 1
     assert capsys.readouterr().err.startswith("error: Failed to inspect")
-    proc = subprocess.run([sys.executable, "-m", "precompile_build", "bogus"],
-                          capture_output=True, text=True)
+    proc = subprocess.run(
+        [sys.executable, "-m", "precompile_build", "bogus"], capture_output=True, text=True
+    )
     assert proc.returncode == 2 and "invalid choice" in proc.stderr
-    proc = subprocess.run([sys.executable, "-m", "precompile_build", "inspect",
-                           str(tmp_path)], capture_output=True, text=True)
+    proc = subprocess.run(
+        [sys.executable, "-m", "precompile_build", "inspect", str(tmp_path)],
+        capture_output=True,
+        text=True,
+    )
     assert proc.returncode == 1 and "Traceback" not in proc.stderr
     assert proc.stderr.startswith("error: Failed to inspect")
 
@@ -181,11 +204,16 @@ def test_ci_workflow_merge_job_on_wheels_of_three_hosts(tmp_path, monkeypatch):
     parts = tmp_path / "job" / "parts"
     parts.mkdir(parents=True)
     monkeypatch.setenv("PRECOMPILE_CACHE", "off")  # the fixture's fingerprint is no key part
+
     def readme(root):  # twine check --strict wants a description
         py = root / "pyproject.toml"
-        py.write_text(py.read_text().replace(
-            'requires-python = ">=3.9"\n', 'requires-python = ">=3.9"\n'
-            'readme = {text = "A fixture.", content-type = "text/markdown"}\n'))
+        py.write_text(
+            py.read_text().replace(
+                'requires-python = ">=3.9"\n',
+                'requires-python = ">=3.9"\n'
+                'readme = {text = "A fixture.", content-type = "text/markdown"}\n',
+            )
+        )
 
     cpu = _wheel(tmp_path, monkeypatch, "cpu", mode="frozen", edit=readme)
     sm90 = _wheel(tmp_path, monkeypatch, "sm90", mode="frozen-cuda-fp", edit=readme)
@@ -200,21 +228,32 @@ def test_ci_workflow_merge_job_on_wheels_of_three_hosts(tmp_path, monkeypatch):
     bindir.mkdir()
     (bindir / "python").write_text(f'#!/bin/sh\nexec "{sys.executable}" "$@"\n')
     (bindir / "python").chmod(0o755)
-    env = dict(os.environ, PATH=f"{bindir}{os.pathsep}{os.environ['PATH']}",
-               PYTHONPATH=os.pathsep.join([str(repo), str(repo / "runtime")]))
-    proc = subprocess.run(["bash", "-c", script], cwd=tmp_path / "job", env=env,
-                          capture_output=True, text=True, timeout=300)
+    env = dict(
+        os.environ,
+        PATH=f"{bindir}{os.pathsep}{os.environ['PATH']}",
+        PYTHONPATH=os.pathsep.join([str(repo), str(repo / "runtime")]),
+    )
+    proc = subprocess.run(
+        ["bash", "-c", script],
+        cwd=tmp_path / "job",
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "double: 3 variants for torch" in proc.stdout
     (merged,) = (tmp_path / "job" / "dist").iterdir()
     check_record(merged)
     variants = manifest_of(merged)["targets"]["double"]["variants"]
-    assert sorted((v["fingerprint"]["device_type"], v["fingerprint"].get("compute_capability")
-                   or "") for v in variants) == [("cpu", ""), ("cuda", "8.0"), ("cuda", "9.0")]
+    assert sorted(
+        (v["fingerprint"]["device_type"], v["fingerprint"].get("compute_capability") or "")
+        for v in variants
+    ) == [("cpu", ""), ("cuda", "8.0"), ("cuda", "9.0")]
     assert "manylinux_" in merged.name
 
 
-_GATED = '''
+_GATED = """
 import torch
 
 import precompile_build
@@ -234,39 +273,56 @@ m.lin.register_forward_hook(lambda mod, args, out: out + 1)
 with torch.no_grad(), precompile_build.capture(lambda model, x: model(x), engine="eager",
                                                tracer="{tracer}") as f:
     f(m, torch.randn(2, 4))
-'''
+"""
 
 
 @pytest.mark.parametrize("tracer", ["export", "make_fx"])
 def test_manifest_and_inspect_name_the_tracer_and_the_checks(tmp_path, capsys, tracer):
     """The variant says what traced it and how much Python state each call checks: the
     module's flag (``doubled``), the hook that ran, and the settings the trace read."""
-    root = make_project(tmp_path, '[tool.precompile.targets.gated]\nscript = "captures/gated.py"\n'
-                                  'device = "cpu"\n')
+    root = make_project(
+        tmp_path, '[tool.precompile.targets.gated]\nscript = "captures/gated.py"\ndevice = "cpu"\n'
+    )
     (root / "captures").mkdir()
     (root / "captures" / "gated.py").write_text(_GATED.replace("{tracer}", tracer))
     out = tmp_path / "out"
-    assert main(["capture", "--project", str(root), "--out", str(out)]) == 0, capsys.readouterr().err
+    assert main(["capture", "--project", str(root), "--out", str(out)]) == 0, (
+        capsys.readouterr().err
+    )
     (v,) = json.loads((out / "manifest.json").read_text())["targets"]["gated"]["variants"]
     assert v["tracer"] == tracer
-    assert v["checks"]["hooks"] == 1 and v["checks"]["attributes"] >= 1 and v["checks"]["globals"] == 0
+    assert (
+        v["checks"]["hooks"] == 1 and v["checks"]["attributes"] >= 1 and v["checks"]["globals"] == 0
+    )
     assert v["checks"]["guards"] >= 1  # the guards Dynamo built (capturing/dynamo_guards.py)
     capsys.readouterr()
     assert main(["inspect", str(out)]) == 0
     line = next(ln for ln in capsys.readouterr().out.splitlines() if "traced with" in ln)
+
     def n(key, word):  # "1 hook", "2 attributes" (was "1 hooks", "1 attributes")
         return f"{v['checks'][key]} {word}" + ("" if v["checks"][key] == 1 else "s")
 
-    assert line.strip() == (f"traced with {tracer}; each call checks {n('guards', 'guard')}, "
-                            f"{n('attributes', 'attribute')}, 1 hook the trace assumed")
+    assert line.strip() == (
+        f"traced with {tracer}; each call checks {n('guards', 'guard')}, "
+        f"{n('attributes', 'attribute')}, 1 hook the trace assumed"
+    )
 
 
 def test_merge_names_a_renamed_source_halfs_shipped_bytecode_for_it():
     from precompile_build.wheels.merge import _shipped_bytecode
 
-    files = {"double.py": b"src", "double" + PYC: b"pyc", "double.cpython-399.pyc": b"other python",
-             "double.v2.cpython-311.pyc": b"another variant's", "doubles" + PYC: b"another target's"}
+    files = {
+        "double.py": b"src",
+        "double" + PYC: b"pyc",
+        "double.cpython-399.pyc": b"other python",
+        "double.v2.cpython-311.pyc": b"another variant's",
+        "doubles" + PYC: b"another target's",
+    }
     assert _shipped_bytecode(files, "double.py", "double.abc.py") == {
-        "double.abc" + PYC: b"pyc", "double.abc.cpython-399.pyc": b"other python"}
-    assert _shipped_bytecode(files, "double.py", "double.py") == {"double" + PYC: b"pyc",
-                                                                  "double.cpython-399.pyc": b"other python"}
+        "double.abc" + PYC: b"pyc",
+        "double.abc.cpython-399.pyc": b"other python",
+    }
+    assert _shipped_bytecode(files, "double.py", "double.py") == {
+        "double" + PYC: b"pyc",
+        "double.cpython-399.pyc": b"other python",
+    }

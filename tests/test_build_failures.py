@@ -64,9 +64,12 @@ def test_the_error_comes_from_the_process_not_from_what_it_printed(tmp_path, mon
 
 def test_hang_times_out_and_kills_the_tree(tmp_path, monkeypatch):
     pid_file = tmp_path / "child.pid"
-    root = make_project(tmp_path, '[tool.precompile.targets.double]\n'
-                        'script = "capture/pair.py"\ntimeout = 3\n'
-                        f'args = ["--mode", "hang", "--pid-file", "{pid_file}"]\n')
+    root = make_project(
+        tmp_path,
+        "[tool.precompile.targets.double]\n"
+        'script = "capture/pair.py"\ntimeout = 3\n'
+        f'args = ["--mode", "hang", "--pid-file", "{pid_file}"]\n',
+    )
     start = time.monotonic()
     with pytest.raises(CaptureError, match=r"'double' failed: timed out after 3 s"):
         build(root, monkeypatch)
@@ -101,8 +104,10 @@ def test_the_scripts_error_line_is_in_the_reason_whole(tmp_path, monkeypatch):
     with pytest.raises(CaptureError) as e:
         build(root, monkeypatch)
     first = str(e.value).splitlines()[0]
-    assert first.startswith("Capture of target 'double' failed: exited with status 1: "
-                            "CaptureError: target 'double': detail detail "), first
+    assert first.startswith(
+        "Capture of target 'double' failed: exited with status 1: "
+        "CaptureError: target 'double': detail detail "
+    ), first
     assert first.endswith("ADVICE AT THE END"), first
 
 
@@ -110,27 +115,40 @@ def test_the_scripts_error_line_is_in_the_reason_whole(tmp_path, monkeypatch):
 def test_optional_failure_is_left_out(tmp_path, monkeypatch, mode):
     monkeypatch.setattr(runner, "cuda_available", lambda: False)
     extra = 'required = false\ndevice = "cuda"' if mode == "cuda" else "required = false"
-    root = make_project(tmp_path, target_toml("ok") + target_toml(
-        "bad", mode="ok" if mode == "cuda" else mode, extra=extra))
+    root = make_project(
+        tmp_path,
+        target_toml("ok") + target_toml("bad", mode="ok" if mode == "cuda" else mode, extra=extra),
+    )
     with pytest.warns(CaptureWarning, match="optional target 'bad' left out") as got:
         whl = build(root, monkeypatch)
     (warning,) = [str(w.message) for w in got if issubclass(w.category, CaptureWarning)]
     if mode == "raise":  # the error's first line and the kept log, as for a required target
-        assert ("left out of the wheel: exited with status 1: RuntimeError: boom from capture "
-                "script (whole log: ") in warning, warning
+        assert (
+            "left out of the wheel: exited with status 1: RuntimeError: boom from capture "
+            "script (whole log: "
+        ) in warning, warning
     if mode != "cuda":
         log = warning.split("(whole log: ")[1].rstrip(")")
         assert "fixture capture of bad" in open(log).read(), log
     else:
         assert "whole log" not in warning, warning  # it never ran: no log
-    assert [n for n in wheel_names(whl) if "_precompiled" in n] == sorted([
-        "simplepkg/_precompiled/manifest.json", "simplepkg/_precompiled/ok.cache",
-        "simplepkg/_precompiled/ok.py", "simplepkg/_precompiled/ok" + PYC])
+    assert [n for n in wheel_names(whl) if "_precompiled" in n] == sorted(
+        [
+            "simplepkg/_precompiled/manifest.json",
+            "simplepkg/_precompiled/ok.cache",
+            "simplepkg/_precompiled/ok.py",
+            "simplepkg/_precompiled/ok" + PYC,
+        ]
+    )
     check_record(whl)
     bad = manifest_of(whl)["targets"]["bad"]
     assert (bad["status"], bad["required"], bad["variants"]) == ("failed", False, [])
-    assert {"raise": "exited with status 1: RuntimeError: boom from capture script",
-            "segv": "SIGSEGV", "badhash": "code_hash", "cuda": "needs CUDA"}[mode] in bad["reason"]
+    assert {
+        "raise": "exited with status 1: RuntimeError: boom from capture script",
+        "segv": "SIGSEGV",
+        "badhash": "code_hash",
+        "cuda": "needs CUDA",
+    }[mode] in bad["reason"]
     text = format_report(inspect_report(str(whl)))  # `inspect` says so too, not "FAILED"
     assert f"target bad (optional): left out of the wheel at build: {bad['reason']}" in text, text
     assert "FAILED" not in text, text
@@ -143,8 +161,10 @@ def test_cuda_graphs_of_an_auto_target_is_dropped_on_a_cpu_build_host(tmp_path, 
     monkeypatch.setattr(runner, "cuda_available", lambda: False)
     root = make_project(tmp_path, target_toml(extra='device = "auto"\ncuda-graphs = true'))
     whl = build(root, monkeypatch)
-    assert ('precompile: double: cuda-graphs = true does not apply to a CPU capture (device = '
-            '"auto" on a build host without CUDA): captured without it') in capfd.readouterr().err
+    assert (
+        "precompile: double: cuda-graphs = true does not apply to a CPU capture (device = "
+        '"auto" on a build host without CUDA): captured without it'
+    ) in capfd.readouterr().err
     assert manifest_of(whl)["targets"]["double"]["status"] == "ok"
 
 
@@ -164,11 +184,17 @@ def test_script_environment(tmp_path, monkeypatch):
         "        'PRECOMPILE_DEVICE', 'CUDA_VISIBLE_DEVICES', 'EXTRA']\n"
         "print('ENV=' + json.dumps({k: os.environ.get(k) for k in keys}"
         " | {'cwd': os.getcwd(), 'argv': sys.argv[1:]}))\n"
-        "sys.exit(5)\n")
-    (root / "pyproject.toml").write_text((root / "pyproject.toml").read_text().replace(
-        'script = "capture/pair.py"',
-        'script = "capture/env.py"\nargs = ["a b", "c"]\ndevice = "cpu"\n'
-        'env = { EXTRA = "yes" }'))
+        "sys.exit(5)\n"
+    )
+    (root / "pyproject.toml").write_text(
+        (root / "pyproject.toml")
+        .read_text()
+        .replace(
+            'script = "capture/pair.py"',
+            'script = "capture/env.py"\nargs = ["a b", "c"]\ndevice = "cpu"\n'
+            'env = { EXTRA = "yes" }',
+        )
+    )
     with pytest.raises(CaptureError) as e:
         build(root, monkeypatch)
     import json
@@ -195,8 +221,10 @@ def test_a_tracer_fallback_of_a_capture_is_said_in_the_build_line(tmp_path, monk
     root = make_project(tmp_path, target_toml(mode="fallbackwarn"))
     build(root, monkeypatch)
     err = capfd.readouterr().err
-    assert ("precompile: double: warning: target 'double': torch.export failed (RuntimeError: x); "
-            "traced with make_fx") in err
+    assert (
+        "precompile: double: warning: target 'double': torch.export failed (RuntimeError: x); "
+        "traced with make_fx"
+    ) in err
 
 
 def test_python_state_warning_of_a_capture_is_shown_by_the_build(tmp_path, monkeypatch, capfd):
@@ -205,5 +233,7 @@ def test_python_state_warning_of_a_capture_is_shown_by_the_build(tmp_path, monke
     root = make_project(tmp_path, target_toml(mode="pywarn"))
     build(root, monkeypatch)
     err = capfd.readouterr().err
-    assert ("precompile: double: warning: target 'double': the function drew from random "
-            "while it was captured; Python code runs once, at capture") in err
+    assert (
+        "precompile: double: warning: target 'double': the function drew from random "
+        "while it was captured; Python code runs once, at capture"
+    ) in err

@@ -28,7 +28,10 @@ def test_compiler_crash_falls_back_to_eager_when_the_target_says_so(tmp_path, ca
     assert variant["engine"] == "eager"
     assert variant["fallback"]["from"] == "frozen" and "KeyError" in variant["fallback"]["reason"]
     assert main(["inspect", str(out)]) == 0
-    assert "fallback from frozen: target 'crash': Inductor failed: InductorError" in capsys.readouterr().out
+    assert (
+        "fallback from frozen: target 'crash': Inductor failed: InductorError"
+        in capsys.readouterr().out
+    )
     ns: dict = {"__name__": "pair"}
     exec(compile((out / "crash.py").read_text(), "crash.py", "exec"), ns)
     import torch
@@ -50,8 +53,11 @@ def test_fallback_values_are_checked(tmp_path):
     from precompile_build.errors import ConfigError
 
     root = make_project(tmp_path, CRASH + 'fallback = "eagre"\n')
-    with pytest.raises(ConfigError, match=r"`tool.precompile.targets.crash.fallback` must be one of "
-                                          r"'none', 'eager', not 'eagre'"):
+    with pytest.raises(
+        ConfigError,
+        match=r"`tool.precompile.targets.crash.fallback` must be one of "
+        r"'none', 'eager', not 'eagre'",
+    ):
         load_settings(root)
 
 
@@ -81,9 +87,14 @@ def test_the_fallback_judges_the_frozen_engines_trace_by_the_one_real_call(tmp_p
 
     x = torch.ones(3)
     paths = {"artifact_path": tmp_path / "t.py", "cache_path": tmp_path / "t.cache"}
-    with pytest.raises(CaptureError, match=r"the traced graph's value 0 differs from what the eager call "
-                                           r"returned at capture"):
-        with precompile_build.capture(hidden_branch, engine="frozen", fallback="eager", target="t", **paths) as f:
+    with pytest.raises(
+        CaptureError,
+        match=r"the traced graph's value 0 differs from what the eager call "
+        r"returned at capture",
+    ):
+        with precompile_build.capture(
+            hidden_branch, engine="frozen", fallback="eager", target="t", **paths
+        ) as f:
             f(x)
     assert not paths["artifact_path"].exists()
 
@@ -95,7 +106,11 @@ def test_the_fallback_judges_the_frozen_engines_trace_by_the_one_real_call(tmp_p
     trace_call(doubled_softmax, (x,), {}, target="t")
     one_trace = len(calls)  # the runs of one trace (the one-pass export runs the code twice)
     calls.clear()
-    with precompile_build.capture(doubled_softmax, engine="frozen", fallback="eager", target="t", **paths) as f:
+    with precompile_build.capture(
+        doubled_softmax, engine="frozen", fallback="eager", target="t", **paths
+    ) as f:
         assert torch.equal(f(x), (x * 2).softmax(-1))
-    assert len(calls) == one_trace + 1  # one trace, then the real call: the fallback traced nothing again
+    assert (
+        len(calls) == one_trace + 1
+    )  # one trace, then the real call: the fallback traced nothing again
     assert f.engine == "eager" and "KeyError: 'buf1'" in paths["artifact_path"].read_text()

@@ -23,11 +23,15 @@ pytestmark = pytest.mark.usefixtures("build_env")
 
 # -- issue 16 case 4: no torch where the build runs ---------------------------------
 
+
 def test_no_torch_in_the_build_is_a_clear_error(tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "torch", None)  # what find_spec sees without torch
     root = make_project(tmp_path)
-    with pytest.raises(CaptureError, match=r"torch is not installed where the build runs "
-                       r".*`build-system.requires`.*--no-isolation"):
+    with pytest.raises(
+        CaptureError,
+        match=r"torch is not installed where the build runs "
+        r".*`build-system.requires`.*--no-isolation",
+    ):
         build(root, monkeypatch)
     assert not (tmp_path / "dist").exists() or list((tmp_path / "dist").iterdir()) == []
 
@@ -46,6 +50,7 @@ def test_failed_fingerprint_turns_the_cache_off_not_a_key_error(tmp_path, monkey
 
 # -- which torch the artifacts are for ----------------------------------------------
 
+
 @pytest.mark.parametrize("mode", ["ok", "cuda-fp"])
 def test_summary_names_the_torch_the_artifacts_are_for(tmp_path, monkeypatch, capfd, mode):
     """A CPU pair names no CUDA or Triton: a CUDA build of torch (2.14.1+cu130) said
@@ -57,12 +62,17 @@ def test_summary_names_the_torch_the_artifacts_are_for(tmp_path, monkeypatch, ca
     build(make_project(tmp_path, target_toml(mode=mode)), monkeypatch)
     err = capfd.readouterr().err
     line = [ln for ln in err.splitlines() if "the artifacts are for" in ln]
-    what = ("CPU" if mode == "ok" else
-            f"CUDA {fp['cuda'] or 'none'}, Triton {fp['triton'] or 'none'}, sm 9.0")
-    assert line == [f"precompile: the artifacts are for torch {fp['torch']}, {what}, Python "
-                    f"{fp['python']}, {fp['platform']} (another torch: pin it in "
-                    "`build-system.requires`, or build with --no-isolation where it is "
-                    "installed)"]
+    what = (
+        "CPU"
+        if mode == "ok"
+        else f"CUDA {fp['cuda'] or 'none'}, Triton {fp['triton'] or 'none'}, sm 9.0"
+    )
+    assert line == [
+        f"precompile: the artifacts are for torch {fp['torch']}, {what}, Python "
+        f"{fp['python']}, {fp['platform']} (another torch: pin it in "
+        "`build-system.requires`, or build with --no-isolation where it is "
+        "installed)"
+    ]
 
 
 def test_a_failed_build_names_no_torch_for_artifacts(tmp_path, monkeypatch, capfd):
@@ -84,22 +94,33 @@ def test_dynamic_dependencies_from_a_file_keep_the_users_and_add_ours(tmp_path, 
     root = make_project(tmp_path, target_toml())
     _set_project(root, 'dynamic = ["dependencies"]')
     py = root / "pyproject.toml"
-    py.write_text(py.read_text().replace("[tool.setuptools]\n", "[tool.setuptools.dynamic]\n"
-                                         'dependencies = { file = ["requirements.txt"] }\n\n'
-                                         "[tool.setuptools]\n"))
+    py.write_text(
+        py.read_text().replace(
+            "[tool.setuptools]\n",
+            "[tool.setuptools.dynamic]\n"
+            'dependencies = { file = ["requirements.txt"] }\n\n'
+            "[tool.setuptools]\n",
+        )
+    )
     (root / "requirements.txt").write_text("numpy>=1.26\n")
     whl = build(root, monkeypatch)
     lines = metadata_lines(whl, "Requires-Dist")
-    assert "numpy>=1.26" in lines and any(ln.startswith("precompile-runtime") for ln in lines), lines
+    assert "numpy>=1.26" in lines and any(ln.startswith("precompile-runtime") for ln in lines), (
+        lines
+    )
     assert "is static" not in capfd.readouterr().err
 
 
 # -- issue 16 case 1: metadata that tells the truth ---------------------------------
 
+
 def _set_project(root, extra: str) -> None:
     py = root / "pyproject.toml"
-    py.write_text(py.read_text().replace('requires-python = ">=3.9"\n',
-                                         f'requires-python = ">=3.9"\n{extra}\n'))
+    py.write_text(
+        py.read_text().replace(
+            'requires-python = ">=3.9"\n', f'requires-python = ">=3.9"\n{extra}\n'
+        )
+    )
 
 
 def test_wheel_requires_each_project_once(tmp_path, monkeypatch):
@@ -117,8 +138,11 @@ def test_wheel_pin_against_a_static_requirement_that_excludes_it(tmp_path, monke
 
     root = make_project(tmp_path)
     _set_project(root, 'dependencies = ["torch<2"]')
-    with pytest.raises(BuildError, match=r"the artifacts need torch==2.13.0, but "
-                       r"`project.dependencies` requires torch<2"):
+    with pytest.raises(
+        BuildError,
+        match=r"the artifacts need torch==2.13.0, but "
+        r"`project.dependencies` requires torch<2",
+    ):
         build(root, monkeypatch)
 
 
@@ -127,10 +151,13 @@ def test_sdist_pkg_info_marks_requires_dist_dynamic(tmp_path, monkeypatch):
 
     sdist = build(make_project(tmp_path), monkeypatch, hook="build_sdist")
     with tarfile.open(sdist) as tf:
-        infos = {n: tf.extractfile(n).read().decode() for n in tf.getnames()
-                 if n.endswith("PKG-INFO")}
-    assert sorted(infos) == ["simplepkg-0.1.0/PKG-INFO",
-                             "simplepkg-0.1.0/simplepkg.egg-info/PKG-INFO"]
+        infos = {
+            n: tf.extractfile(n).read().decode() for n in tf.getnames() if n.endswith("PKG-INFO")
+        }
+    assert sorted(infos) == [
+        "simplepkg-0.1.0/PKG-INFO",
+        "simplepkg-0.1.0/simplepkg.egg-info/PKG-INFO",
+    ]
     for text in infos.values():
         head = text.split("\n\n")[0].splitlines()
         assert "Dynamic: Requires-Dist" in head
@@ -138,21 +165,27 @@ def test_sdist_pkg_info_marks_requires_dist_dynamic(tmp_path, monkeypatch):
         assert head[0].startswith("Metadata-Version:") and (major, minor) >= (2, 2)
 
 
-@pytest.mark.parametrize("deps, warned", [
-    (None, True),  # no `dependencies`: static and empty (PEP 621)
-    ('dependencies = ["torch"]', True),
-    ('dependencies = ["torch==2.13.0", "precompile-runtime"]', False),
-    ('dynamic = ["dependencies"]', False),
-])
-def test_static_dependencies_that_miss_the_build_requirements_warn(tmp_path, monkeypatch,
-                                                                    capfd, deps, warned):
+@pytest.mark.parametrize(
+    "deps, warned",
+    [
+        (None, True),  # no `dependencies`: static and empty (PEP 621)
+        ('dependencies = ["torch"]', True),
+        ('dependencies = ["torch==2.13.0", "precompile-runtime"]', False),
+        ('dynamic = ["dependencies"]', False),
+    ],
+)
+def test_static_dependencies_that_miss_the_build_requirements_warn(
+    tmp_path, monkeypatch, capfd, deps, warned
+):
     root = make_project(tmp_path)
     if deps:
         _set_project(root, deps)
     build(root, monkeypatch)
     err = capfd.readouterr().err
-    assert ("precompile: warning: `project.dependencies` in pyproject.toml is static, but "
-            "this build adds " in err) is warned
+    assert (
+        "precompile: warning: `project.dependencies` in pyproject.toml is static, but "
+        "this build adds " in err
+    ) is warned
     if deps == 'dependencies = ["torch"]':
         assert "adds precompile-runtime>=0.3, torch==2.13.0 to the wheel" in err
 
@@ -162,7 +195,9 @@ def test_static_dependencies_gap_takes_the_parsed_project_table():
     from precompile_build.backend import static_dependencies_gap
 
     req = ["precompile-runtime>=0.3", "torch==2.13.0"]
-    assert static_dependencies_gap({"dependencies": ["torch==2.13.0"]}, req) == ["precompile-runtime>=0.3"]
+    assert static_dependencies_gap({"dependencies": ["torch==2.13.0"]}, req) == [
+        "precompile-runtime>=0.3"
+    ]
     assert static_dependencies_gap({"dependencies": ["torch"]}, req) == req
     assert static_dependencies_gap({}, req) == req  # no `dependencies`: static and empty
     assert static_dependencies_gap({"dynamic": ["dependencies"]}, req) == []
@@ -197,35 +232,72 @@ def test_uv_pip_install_into_a_fresh_venv_loads(tmp_path, what):
     root = make_project(tmp_path, '[tool.precompile]\ntorch-pin = "none"\n' + target_toml())
     _set_project(root, 'dynamic = ["dependencies"]')
     site = Path(torch.__file__).parents[1]
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(repo), str(repo / "runtime"),
-                                                       str(site)]))
+    env = dict(
+        os.environ, PYTHONPATH=os.pathsep.join([str(repo), str(repo / "runtime"), str(site)])
+    )
     env.pop("VIRTUAL_ENV", None)
 
     def run(*cmd, **kw):
-        proc = subprocess.run([str(c) for c in cmd], capture_output=True, text=True,
-                              timeout=300, cwd=tmp_path, **kw)
+        proc = subprocess.run(
+            [str(c) for c in cmd], capture_output=True, text=True, timeout=300, cwd=tmp_path, **kw
+        )
         assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
         return proc.stdout
 
     links = tmp_path / "links"
-    run(sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation",
-        "--no-index", "-w", links, repo / "runtime", env=env)
+    run(
+        sys.executable,
+        "-m",
+        "pip",
+        "wheel",
+        "--no-deps",
+        "--no-build-isolation",
+        "--no-index",
+        "-w",
+        links,
+        repo / "runtime",
+        env=env,
+    )
     source = root
     if what != "project":
         hook = "--sdist" if what == "sdist" else "--wheel"
-        run(sys.executable, "-m", "build", "--no-isolation", "--skip-dependency-check", hook,
-            "--outdir", tmp_path / "dist", root, env=env)
+        run(
+            sys.executable,
+            "-m",
+            "build",
+            "--no-isolation",
+            "--skip-dependency-check",
+            hook,
+            "--outdir",
+            tmp_path / "dist",
+            root,
+            env=env,
+        )
         (source,) = (tmp_path / "dist").iterdir()
     venv = tmp_path / "venv"
     run(uv, "venv", "-q", "--python", sys.executable, venv)
     vpy = venv / "bin" / "python"
-    run(uv, "pip", "install", "--python", vpy, "--no-index", "--find-links", links,
-        "--no-build-isolation", "--no-cache", source, env=env)
+    run(
+        uv,
+        "pip",
+        "install",
+        "--python",
+        vpy,
+        "--no-index",
+        "--find-links",
+        links,
+        "--no-build-isolation",
+        "--no-cache",
+        source,
+        env=env,
+    )
     listed = run(uv, "pip", "list", "--python", vpy, env=env)
     assert "precompile-runtime" in listed and "simplepkg" in listed
     only_torch = torch_only_path(tmp_path / "only-torch")
-    code = ("import simplepkg, precompile_runtime; "
-            "print(precompile_runtime.load_packaged('double', package='simplepkg')(21))")
+    code = (
+        "import simplepkg, precompile_runtime; "
+        "print(precompile_runtime.load_packaged('double', package='simplepkg')(21))"
+    )
     out = run(vpy, "-c", code, env=dict(os.environ, PYTHONPATH=str(only_torch)))
     assert out.strip().splitlines()[-1] == "42"
 
@@ -248,8 +320,12 @@ def _compile(tmp_path, name: str, src: str, *flags: str):
         pytest.skip("no C++ compiler (g++) to build a kernel")
     (tmp_path / f"{name}.cpp").write_text(src)
     out = tmp_path / f"lib{name}.so"
-    subprocess.run([cxx, "-shared", "-fPIC", "-O2", "-o", str(out), str(tmp_path / f"{name}.cpp"),
-                    *flags], check=True, capture_output=True, timeout=120)
+    subprocess.run(
+        [cxx, "-shared", "-fPIC", "-O2", "-o", str(out), str(tmp_path / f"{name}.cpp"), *flags],
+        check=True,
+        capture_output=True,
+        timeout=120,
+    )
     return out
 
 
@@ -263,23 +339,32 @@ def _auditwheel_show(tmp_path, so) -> str:
     from precompile_build.wheels.rewrite import write_wheel
 
     tag = generic_tag()
-    entries = {"plain/__init__.py": (b"", 0o644), f"plain/{so.name}": (so.read_bytes(), 0o755),
-               "plain-0.1.dist-info/METADATA": (b"Metadata-Version: 2.1\nName: plain\n"
-                                                b"Version: 0.1\n", 0o644),
-               "plain-0.1.dist-info/WHEEL": (f"Wheel-Version: 1.0\nGenerator: t\n"
-                                             f"Root-Is-Purelib: false\nTag: {tag}\n".encode(),
-                                             0o644)}
+    entries = {
+        "plain/__init__.py": (b"", 0o644),
+        f"plain/{so.name}": (so.read_bytes(), 0o755),
+        "plain-0.1.dist-info/METADATA": (
+            b"Metadata-Version: 2.1\nName: plain\nVersion: 0.1\n",
+            0o644,
+        ),
+        "plain-0.1.dist-info/WHEEL": (
+            f"Wheel-Version: 1.0\nGenerator: t\nRoot-Is-Purelib: false\nTag: {tag}\n".encode(),
+            0o644,
+        ),
+    }
     whl = write_wheel(tmp_path / "aw", f"plain-0.1-{tag}.whl", entries)
-    proc = subprocess.run([sys.executable, "-m", "auditwheel", "show", str(whl)],
-                          capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-m", "auditwheel", "show", str(whl)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     text = " ".join((proc.stdout + proc.stderr).split())
     m = re.search(r'consistent with the following platform tag: "([^"]+)"', text)
     assert m, text
     return m.group(1)
 
 
-def test_frozen_kernels_get_the_manylinux_tag_auditwheel_gives_them(tmp_path, monkeypatch,
-                                                                     capfd):
+def test_frozen_kernels_get_the_manylinux_tag_auditwheel_gives_them(tmp_path, monkeypatch, capfd):
     pytest.importorskip("auditwheel")
     so = _compile(tmp_path, "kern", KERNEL_CPP)
     expected = _auditwheel_show(tmp_path, so)
@@ -292,19 +377,25 @@ def test_frozen_kernels_get_the_manylinux_tag_auditwheel_gives_them(tmp_path, mo
     assert f"precompile: platform tag {expected}" in capfd.readouterr().err
 
 
-def test_kernels_linking_another_library_stay_linux_with_the_reason(tmp_path, monkeypatch,
-                                                                     capfd):
+def test_kernels_linking_another_library_stay_linux_with_the_reason(tmp_path, monkeypatch, capfd):
     pytest.importorskip("auditwheel")
     dep = _compile(tmp_path, "private", 'extern "C" int private_fn() { return 1; }')
-    so = _compile(tmp_path, "kern2", 'extern "C" int private_fn();\n'
-                  'extern "C" int kernel() { return private_fn(); }',
-                  f"-L{tmp_path}", "-Wl,--no-as-needed", "-lprivate")
+    so = _compile(
+        tmp_path,
+        "kern2",
+        'extern "C" int private_fn();\nextern "C" int kernel() { return private_fn(); }',
+        f"-L{tmp_path}",
+        "-Wl,--no-as-needed",
+        "-lprivate",
+    )
     monkeypatch.setenv("FIXTURE_KERNEL", str(so))
     whl = build(make_project(tmp_path, target_toml(mode="frozen")), monkeypatch)
     assert whl.name.endswith("-linux_x86_64.whl") or "-linux_" in whl.name
     err = capfd.readouterr().err
-    assert ("the kernels link libraries that neither torch nor the manylinux policy "
-            "provides: libprivate.so (needed by simplepkg/_precompiled/double.cache!kernel.so))") in err
+    assert (
+        "the kernels link libraries that neither torch nor the manylinux policy "
+        "provides: libprivate.so (needed by simplepkg/_precompiled/double.cache!kernel.so))"
+    ) in err
     assert dep.exists()
 
 
@@ -317,12 +408,17 @@ def test_twine_check_passes_on_a_built_wheel(tmp_path, monkeypatch):
     _set_project(root, 'readme = {text = "A fixture.", content-type = "text/markdown"}')
     whl = build(root, monkeypatch)
     assert "manylinux_" in whl.name
-    proc = subprocess.run([sys.executable, "-m", "twine", "check", "--strict", str(whl)],
-                          capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "-m", "twine", "check", "--strict", str(whl)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0 and "PASSED" in proc.stdout, proc.stdout + proc.stderr
 
 
 # -- issue 16 case 3: editable installs never serve stale kernels -------------------
+
 
 def test_editable_load_notices_a_changed_source(tmp_path, monkeypatch):
     import warnings
@@ -332,7 +428,8 @@ def test_editable_load_notices_a_changed_source(tmp_path, monkeypatch):
     root = make_project(tmp_path, target_toml(mode="frozen"))
     build(root, monkeypatch, hook="build_editable")
     doc = __import__("json").loads(
-        (root / "simplepkg" / "_precompiled" / "manifest.json").read_bytes())
+        (root / "simplepkg" / "_precompiled" / "manifest.json").read_bytes()
+    )
     assert doc["editable"]["package_dir"] == str((root / "simplepkg").resolve())
     monkeypatch.syspath_prepend(str(root))
     unpacked = []
@@ -351,12 +448,17 @@ def test_editable_load_notices_a_changed_source(tmp_path, monkeypatch):
     (root / "simplepkg" / "model.py").write_text("ACT = 'gelu'\n")  # the user edits
     # the fixture's pair records no importable function: the old code's result is
     # never served (issue 27 item 2; test_build_slow.py serves the current code)
-    with pytest.raises(StaleArtifactError, match=r"package 'simplepkg', target 'double': "
-                       r"the package source in .* changed since the editable build.*"
-                       r"no importable name.*pip install -e \."):
+    with pytest.raises(
+        StaleArtifactError,
+        match=r"package 'simplepkg', target 'double': "
+        r"the package source in .* changed since the editable build.*"
+        r"no importable name.*pip install -e \.",
+    ):
         load()
     assert unpacked == [1]  # no kernels this time
-    with pytest.raises(StaleArtifactError, match=r"Strict mode \(strict=True or PRECOMPILE_STRICT=1\): no fallback"):
+    with pytest.raises(
+        StaleArtifactError, match=r"Strict mode \(strict=True or PRECOMPILE_STRICT=1\): no fallback"
+    ):
         load(strict=True)
     # a regular wheel records nothing, so an installed package never pays for the check
     whl = build(root, monkeypatch, out=tmp_path / "w")
@@ -364,6 +466,7 @@ def test_editable_load_notices_a_changed_source(tmp_path, monkeypatch):
 
 
 # -- issue 15 case 7: reproducible wheels under another umask -----------------------
+
 
 def test_same_wheel_and_sdist_under_another_umask(tmp_path, monkeypatch):
     import os
@@ -386,14 +489,18 @@ def test_same_wheel_and_sdist_under_another_umask(tmp_path, monkeypatch):
             tmodes = {m.name: m.mode for m in tf.getmembers()}
         out[mask] = (whl.read_bytes(), modes, tmodes)
     assert out[0o022][1] == out[0o077][1]
-    assert {m for n, m in out[0o077][1].items()  # RECORD: wheel's own fixed 0o664
-            if not n.endswith("/RECORD")} <= {0o644, 0o755}
+    assert {
+        m
+        for n, m in out[0o077][1].items()  # RECORD: wheel's own fixed 0o664
+        if not n.endswith("/RECORD")
+    } <= {0o644, 0o755}
     assert out[0o022][2] == out[0o077][2]
     assert set(out[0o077][2].values()) <= {0o644, 0o755}
     assert out[0o022][0] == out[0o077][0]
 
 
 # -- issue 16 case 6: kernel size --------------------------------------------------
+
 
 def test_strip_kernel_drops_debug_info_and_symtab_and_still_loads(tmp_path):
     import ctypes
@@ -432,7 +539,9 @@ def test_without_auditwheel_the_tag_is_linux_with_the_reason(monkeypatch):
     said = []
     tags = platform_tags.wheel_tags({"x.cache": b"opaque"}, say=said.append)
     assert len(tags) == 1 and tags[0].split("-")[2].startswith("linux_")
-    assert said and "auditwheel is not importable" in said[0] and "pip install auditwheel" in said[0]
+    assert (
+        said and "auditwheel is not importable" in said[0] and "pip install auditwheel" in said[0]
+    )
 
 
 def test_kernels_that_need_no_libc_get_the_floor_tag():

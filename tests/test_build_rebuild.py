@@ -43,11 +43,19 @@ def _hostlink_wheel(dest: Path, folder: Path) -> None:
     """``hostlink-1.0-py3-none-any.whl``: one .pth file that puts ``folder`` on the path
     of the environment it is installed into."""
     name = "hostlink-1.0"
-    files = {"hostlink.pth": f"{folder}\n".encode(),
-             f"{name}.dist-info/METADATA": b"Metadata-Version: 2.1\nName: hostlink\nVersion: 1.0\n",
-             f"{name}.dist-info/WHEEL": b"Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n"}
-    record = "".join(f"{n},sha256={base64.urlsafe_b64encode(hashlib.sha256(d).digest()).rstrip(b'=').decode()},"
-                     f"{len(d)}\n" for n, d in files.items()) + f"{name}.dist-info/RECORD,,\n"
+    files = {
+        "hostlink.pth": f"{folder}\n".encode(),
+        f"{name}.dist-info/METADATA": b"Metadata-Version: 2.1\nName: hostlink\nVersion: 1.0\n",
+        f"{name}.dist-info/WHEEL": b"Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
+    }
+    record = (
+        "".join(
+            f"{n},sha256={base64.urlsafe_b64encode(hashlib.sha256(d).digest()).rstrip(b'=').decode()},"
+            f"{len(d)}\n"
+            for n, d in files.items()
+        )
+        + f"{name}.dist-info/RECORD,,\n"
+    )
     with zipfile.ZipFile(dest / f"{name}-py3-none-any.whl", "w") as zf:
         for n, d in files.items():
             zf.writestr(n, d)
@@ -59,13 +67,47 @@ def wheelhouse(tmp_path_factory) -> Path:
     """precompile-build and precompile-runtime built from this tree, and hostlink."""
     tmp = tmp_path_factory.mktemp("wheelhouse")
     src = tmp / "src"
-    shutil.copytree(REPO, src, ignore=shutil.ignore_patterns(
-        ".git", ".venv*", ".whl", "build", "dist", "*.egg-info", "__pycache__", "bench", "tests", "example_project"))
+    shutil.copytree(
+        REPO,
+        src,
+        ignore=shutil.ignore_patterns(
+            ".git",
+            ".venv*",
+            ".whl",
+            "build",
+            "dist",
+            "*.egg-info",
+            "__pycache__",
+            "bench",
+            "tests",
+            "example_project",
+        ),
+    )
     links = tmp / "links"
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation",
-                    "-w", str(links), str(src), str(src / "runtime")], check=True, capture_output=True)
-    _hostlink_wheel(links, dist_links(tmp / "host", ["torch", "setuptools", "wheel", "packaging",
-                                                     "filelock", "platformdirs", "auditwheel"]))
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "-q",
+            "--no-deps",
+            "--no-build-isolation",
+            "-w",
+            str(links),
+            str(src),
+            str(src / "runtime"),
+        ],
+        check=True,
+        capture_output=True,
+    )
+    _hostlink_wheel(
+        links,
+        dist_links(
+            tmp / "host",
+            ["torch", "setuptools", "wheel", "packaging", "filelock", "platformdirs", "auditwheel"],
+        ),
+    )
     return links
 
 
@@ -76,11 +118,30 @@ def _uv() -> str:
 
 FRONTENDS = {
     "python -m build": ["{py}", "-m", "build", "--wheel", "--outdir", "{out}", "{proj}"],
-    "python -m build --no-isolation": ["{py}", "-m", "build", "--no-isolation", "--skip-dependency-check",
-                                       "--wheel", "--outdir", "{out}", "{proj}"],
+    "python -m build --no-isolation": [
+        "{py}",
+        "-m",
+        "build",
+        "--no-isolation",
+        "--skip-dependency-check",
+        "--wheel",
+        "--outdir",
+        "{out}",
+        "{proj}",
+    ],
     "pip wheel": ["{py}", "-m", "pip", "wheel", "-v", "-w", "{out}", "{proj}"],
-    "uv build": ["{uv}", "build", "--offline", "--no-index", "--no-build-isolation", "--python", "{py}",
-                 "--out-dir", "{out}", "{proj}"],
+    "uv build": [
+        "{uv}",
+        "build",
+        "--offline",
+        "--no-index",
+        "--no-build-isolation",
+        "--python",
+        "{py}",
+        "--out-dir",
+        "{out}",
+        "{proj}",
+    ],
 }
 
 
@@ -89,22 +150,37 @@ def test_an_unchanged_rebuild_reuses_every_capture(tmp_path, wheelhouse, fronten
     toml = '[tool.precompile.targets.act]\nscript = "capture/own.py"\ntimeout = 300\n'
     root = make_project(tmp_path, toml)
     py = root / "pyproject.toml"
-    py.write_text(py.read_text().replace('requires = ["precompile-build"]',
-                                         'requires = ["precompile-build", "precompile-runtime", "hostlink"]'))
+    py.write_text(
+        py.read_text().replace(
+            'requires = ["precompile-build"]',
+            'requires = ["precompile-build", "precompile-runtime", "hostlink"]',
+        )
+    )
     (root / "simplepkg" / "ops.py").write_text("def act(x):\n    return x + 1\n")
     (root / "capture" / "own.py").write_text(_CAPTURE)
     (root / "capture" / "helpers.py").write_text("OFFSET = 0\n")
     (root / "MANIFEST.in").write_text("include capture/*.py\n")  # the sdist carries the helper
-    env = dict(os.environ, PIP_NO_INDEX="1", PIP_NO_DEPS="1", PIP_FIND_LINKS=str(wheelhouse),
-               TORCHINDUCTOR_CACHE_DIR=str(tmp_path / "inductor"))
-    env["PYTHONPATH"] = os.pathsep.join([str(REPO), str(REPO / "runtime")])  # the frontends without isolation
+    env = dict(
+        os.environ,
+        PIP_NO_INDEX="1",
+        PIP_NO_DEPS="1",
+        PIP_FIND_LINKS=str(wheelhouse),
+        TORCHINDUCTOR_CACHE_DIR=str(tmp_path / "inductor"),
+    )
+    env["PYTHONPATH"] = os.pathsep.join(
+        [str(REPO), str(REPO / "runtime")]
+    )  # the frontends without isolation
     for var in ("PRECOMPILE_ENGINE", "PRECOMPILE_TRACER", "PRECOMPILE_TARGETS"):
         env.pop(var, None)
     lines = []
     for n in (1, 2):
-        cmd = [a.format(py=sys.executable, uv=_uv(), out=tmp_path / f"dist{n}", proj=root)
-               for a in FRONTENDS[frontend]]
-        proc = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+        cmd = [
+            a.format(py=sys.executable, uv=_uv(), out=tmp_path / f"dist{n}", proj=root)
+            for a in FRONTENDS[frontend]
+        ]
+        proc = subprocess.run(
+            cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600
+        )
         out = proc.stdout + proc.stderr
         assert proc.returncode == 0, out[-5000:]
         assert list((tmp_path / f"dist{n}").glob("simplepkg-*.whl")), out[-3000:]

@@ -36,8 +36,10 @@ def test_least_recently_used_entries_go_first_with_their_locks(tmp_path):
     k = [_entry(root, i + 1, 1000, age=100 - 10 * i) for i in range(4)]  # k[0] the oldest
     line = cache_bound.bound(root, 2500, keep={k[0]})  # this build used the oldest one
     assert _names(root) == sorted([k[0], f"{k[0]}.lock", k[3], f"{k[3]}.lock"])
-    assert line == (f"precompile: capture cache {root}: 2.0 KiB in 2 entries "
-                    "(at most 2.4 KiB; removed 2 least recently used, 2.0 KiB)")
+    assert line == (
+        f"precompile: capture cache {root}: 2.0 KiB in 2 entries "
+        "(at most 2.4 KiB; removed 2 least recently used, 2.0 KiB)"
+    )
 
 
 def test_a_reuse_makes_an_entry_the_most_recently_used(tmp_path):
@@ -57,7 +59,11 @@ def test_an_entry_another_build_holds_is_kept(tmp_path):
         line = cache_bound.bound(root, 1500, keep=())
     finally:
         lock.release()
-    assert (root / held).exists() and not (root / other).exists() and not (root / f"{other}.lock").exists()
+    assert (
+        (root / held).exists()
+        and not (root / other).exists()
+        and not (root / f"{other}.lock").exists()
+    )
     assert "removed 1 least recently used" in line
 
 
@@ -73,8 +79,17 @@ def test_locks_of_entries_that_are_gone_are_removed(tmp_path):
     assert line == f"precompile: capture cache {root}: 0 B in 0 entries (no size bound)"
 
 
-@pytest.mark.parametrize("value, want", [("10GiB", 10 * 2**30), ("512MB", 512 * 10**6), ("1.5 GB", 1_500_000_000),
-                                         (4096, 4096), ("none", None), ("None", None)])
+@pytest.mark.parametrize(
+    "value, want",
+    [
+        ("10GiB", 10 * 2**30),
+        ("512MB", 512 * 10**6),
+        ("1.5 GB", 1_500_000_000),
+        (4096, 4096),
+        ("none", None),
+        ("None", None),
+    ],
+)
 def test_cache_max_size_values(tmp_path, value, want):
     (tmp_path / "pkg").mkdir()
     (tmp_path / "pkg" / "__init__.py").write_text("")
@@ -83,7 +98,9 @@ def test_cache_max_size_values(tmp_path, value, want):
     assert settings_from_table(tmp_path, table, environ={}).cache_max_size == want
     del table["cache-max-size"]
     assert settings_from_table(tmp_path, table, environ={}).cache_max_size == 10 * 2**30
-    got = settings_from_table(tmp_path, table, environ={"PRECOMPILE_CACHE_MAX_SIZE": "2GiB"}).cache_max_size
+    got = settings_from_table(
+        tmp_path, table, environ={"PRECOMPILE_CACHE_MAX_SIZE": "2GiB"}
+    ).cache_max_size
     assert got == 2 * 2**30
 
 
@@ -93,8 +110,11 @@ def test_a_bad_cache_max_size_names_the_key(tmp_path, value):
     (tmp_path / "pkg" / "__init__.py").write_text("")
     (tmp_path / "cap.py").write_text("")
     table = {"package": "pkg", "targets": {"a": {"script": "cap.py"}}, "cache-max-size": value}
-    with pytest.raises(ConfigError, match=r"`tool.precompile.cache-max-size` must be a size \(\"10GiB\", \"512MB\", "
-                       r"bytes as a positive integer\) or \"none\" \(no bound\), not "):
+    with pytest.raises(
+        ConfigError,
+        match=r"`tool.precompile.cache-max-size` must be a size \(\"10GiB\", \"512MB\", "
+        r"bytes as a positive integer\) or \"none\" \(no bound\), not ",
+    ):
         settings_from_table(tmp_path, table, environ={})
 
 
@@ -104,13 +124,24 @@ def test_the_build_bounds_the_cache_and_says_its_size(tmp_path, monkeypatch, cap
     root = make_project(tmp_path, target_toml(mode="ok"))
     build(root, monkeypatch, out=tmp_path / "d1")
     err = capfd.readouterr().err
-    cache = capture_cache.cache_root(settings_from_table(root, {"package": "simplepkg", "targets": {
-        "double": {"script": "capture/pair.py"}}}, environ=dict(os.environ)))
+    cache = capture_cache.cache_root(
+        settings_from_table(
+            root,
+            {"package": "simplepkg", "targets": {"double": {"script": "capture/pair.py"}}},
+            environ=dict(os.environ),
+        )
+    )
     (first,) = [p.name for p in cache.iterdir() if len(p.name) == 64]
     assert f"precompile: capture cache {cache}: " in err and "in 1 entry (at most 10.0 GiB)" in err
-    (root / "capture" / "pair.py").write_text((root / "capture" / "pair.py").read_text() + "\n# edited\n")
-    build(root, monkeypatch, out=tmp_path / "d2", config_settings={"precompile.cache-max-size": "1"})
+    (root / "capture" / "pair.py").write_text(
+        (root / "capture" / "pair.py").read_text() + "\n# edited\n"
+    )
+    build(
+        root, monkeypatch, out=tmp_path / "d2", config_settings={"precompile.cache-max-size": "1"}
+    )
     err = capfd.readouterr().err
-    (second,) = [p.name for p in cache.iterdir() if len(p.name) == 64]  # the edit's entry: this build's, kept
+    (second,) = [
+        p.name for p in cache.iterdir() if len(p.name) == 64
+    ]  # the edit's entry: this build's, kept
     assert second != first and not (cache / f"{first}.lock").exists()
     assert "in 1 entry (at most 1 B; removed 1 least recently used, " in err, err

@@ -105,11 +105,19 @@ def test_a_cache_root_writable_by_others_is_not_used(tmp_path, monkeypatch, serv
     root.mkdir(mode=0o777)
     root.chmod(0o777)
     planted = _plant(root / _code_hash(p), BLOB)  # the right bytes, planted: not used either
-    _load_warns(p, f"the kernel cache directory {root} is not used", "writable by its group and others (mode 0o777)",
-                f"run `chmod go-w {root}`", "private temp directory", "PRECOMPILE_CACHE_DIR")
+    _load_warns(
+        p,
+        f"the kernel cache directory {root} is not used",
+        "writable by its group and others (mode 0o777)",
+        f"run `chmod go-w {root}`",
+        "private temp directory",
+        "PRECOMPILE_CACHE_DIR",
+    )
     assert not served_from[0].startswith(str(root))
     _assert_private(served_from[0])
-    assert sorted(os.listdir(root)) == [_code_hash(p)] and planted.read_bytes() == BLOB  # nothing written there
+    assert (
+        sorted(os.listdir(root)) == [_code_hash(p)] and planted.read_bytes() == BLOB
+    )  # nothing written there
 
 
 def test_a_cache_root_owned_by_another_uid_is_not_used(tmp_path, monkeypatch, served_from):
@@ -118,20 +126,29 @@ def test_a_cache_root_owned_by_another_uid_is_not_used(tmp_path, monkeypatch, se
     root.mkdir(mode=0o755)
     _plant(root / _code_hash(p), EVIL)
     _chown_other(root)
-    _load_warns(p, f"{root} is owned by uid {OTHER_UID}, not by you (uid {os.geteuid()})",
-                "or set PRECOMPILE_CACHE_DIR to a directory only you can write")
+    _load_warns(
+        p,
+        f"{root} is owned by uid {OTHER_UID}, not by you (uid {os.geteuid()})",
+        "or set PRECOMPILE_CACHE_DIR to a directory only you can write",
+    )
     assert not served_from[0].startswith(str(root))
     assert sorted(os.listdir(root)) == [_code_hash(p)]
 
 
-def test_a_folder_above_the_root_writable_by_others_is_refused_unless_sticky(tmp_path, monkeypatch, served_from):
+def test_a_folder_above_the_root_writable_by_others_is_refused_unless_sticky(
+    tmp_path, monkeypatch, served_from
+):
     shared = tmp_path / "shared"
     shared.mkdir()
     shared.chmod(0o777)  # others may rename what it holds: the cache dir itself
     monkeypatch.setenv("PRECOMPILE_CACHE_DIR", str(shared / "kcache"))
     p = on_path(monkeypatch, make_package(tmp_path))
-    _load_warns(p, f"{shared}, a folder above {shared / 'kcache'}, is writable by its group and others (mode 0o777) "
-                "without the sticky bit", f"`chmod go-w {shared}`")
+    _load_warns(
+        p,
+        f"{shared}, a folder above {shared / 'kcache'}, is writable by its group and others (mode 0o777) "
+        "without the sticky bit",
+        f"`chmod go-w {shared}`",
+    )
     assert not served_from[0].startswith(str(shared))
     shared.chmod(0o1777)  # /tmp's mode: only an entry's owner may rename it
     q = on_path(monkeypatch, make_package(tmp_path / "q"))
@@ -139,7 +156,9 @@ def test_a_folder_above_the_root_writable_by_others_is_refused_unless_sticky(tmp
     assert served_from[1].startswith(str(shared / "kcache" / kernel_cache.RUN_PREFIX))
 
 
-def test_a_symlinked_root_is_used_where_it_points_when_that_is_trusted(tmp_path, monkeypatch, served_from):
+def test_a_symlinked_root_is_used_where_it_points_when_that_is_trusted(
+    tmp_path, monkeypatch, served_from
+):
     real = tmp_path / "real-cache"
     real.mkdir(mode=0o700)
     (tmp_path / "link").symlink_to(real)
@@ -160,29 +179,46 @@ def test_a_planted_entry_is_never_loaded(tmp_path, monkeypatch, served_from, how
     if how == "owned by another uid":
         for q in (planted, planted.parent, entry):
             _chown_other(q)
-        fragments = (f"the kernel cache entry {entry} is not used", f"owned by uid {OTHER_UID}",
-                     f"`rm -rf {entry}`")
+        fragments = (
+            f"the kernel cache entry {entry} is not used",
+            f"owned by uid {OTHER_UID}",
+            f"`rm -rf {entry}`",
+        )
     else:
         entry.chmod(0o777)
-        fragments = (f"the kernel cache entry {entry} is not used", "writable by its group and others (mode 0o777)")
+        fragments = (
+            f"the kernel cache entry {entry} is not used",
+            "writable by its group and others (mode 0o777)",
+        )
     _load_warns(p, *fragments, "loads kernels only from the private folder of this process")
     assert served_from[0].startswith(str(tmp_path / "kcache" / kernel_cache.RUN_PREFIX))
     _assert_private(served_from[0])
     assert planted.read_bytes() == EVIL  # left for its owner to look at
 
 
-def test_a_symlinked_entry_pointing_outside_the_root_is_never_loaded(tmp_path, monkeypatch, served_from):
+def test_a_symlinked_entry_pointing_outside_the_root_is_never_loaded(
+    tmp_path, monkeypatch, served_from
+):
     p = on_path(monkeypatch, make_package(tmp_path))
     outside = tmp_path / "outside"
     planted = _plant(outside, BLOB)
     (tmp_path / "kcache").mkdir(mode=0o700)
     entry = tmp_path / "kcache" / _code_hash(p)
     entry.symlink_to(outside)
-    _load_warns(p, f"the kernel cache entry {entry} is not used", f"is a symbolic link (to {outside})",
-                f"`rm {entry}`")
-    assert not served_from[0].startswith(str(outside)) and os.path.realpath(served_from[0]) == served_from[0]
+    _load_warns(
+        p,
+        f"the kernel cache entry {entry} is not used",
+        f"is a symbolic link (to {outside})",
+        f"`rm {entry}`",
+    )
+    assert (
+        not served_from[0].startswith(str(outside))
+        and os.path.realpath(served_from[0]) == served_from[0]
+    )
     _assert_private(served_from[0])
-    assert planted.read_bytes() == BLOB and sorted(os.listdir(outside)) == ["sub"]  # nothing written there
+    assert planted.read_bytes() == BLOB and sorted(os.listdir(outside)) == [
+        "sub"
+    ]  # nothing written there
 
 
 def test_a_good_entry_of_an_older_runtime_is_left_alone_quietly(tmp_path, monkeypatch, served_from):
@@ -261,7 +297,9 @@ def test_a_process_s_folder_is_its_own_and_gone_when_it_ends(tmp_path):
     script = tmp_path / "child.py"
     script.write_text(CHILD.format(runtime=RUNTIME, site=str(p.root), name=p.name))
     env = dict(os.environ, PRECOMPILE_CACHE_DIR=str(kc))
-    out = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=120)
+    out = subprocess.run(
+        [sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=120
+    )
     assert out.returncode == 0, out.stderr
     served, folder = out.stdout.split()
     assert served == "kernels"
@@ -333,7 +371,9 @@ def test_a_pyc_in_a_shared_pycache_prefix_is_not_run(tmp_path, monkeypatch):
     pyc = Path(importlib.util.cache_from_source(str(p.data / "fwd.py")))
     assert str(pyc).startswith(str(prefix))
     pyc.parent.mkdir(parents=True)
-    pyc.write_bytes(_code_to_hash_pyc(compile(evil, "fwd.py", "exec"), importlib.util.source_hash(source)))
+    pyc.write_bytes(
+        _code_to_hash_pyc(compile(evil, "fwd.py", "exec"), importlib.util.source_hash(source))
+    )
     _chown_other(pyc)
     assert load_packaged("fwd", package=p.name)() == ("kernels", BLOB)
 

@@ -49,13 +49,18 @@ def _first_build(tmp_path, monkeypatch, capfd):
     return root, entry
 
 
-@pytest.mark.parametrize("how", ["writable by others", "owned by another uid", "below a folder others can write"])
+@pytest.mark.parametrize(
+    "how", ["writable by others", "owned by another uid", "below a folder others can write"]
+)
 def test_an_untrusted_capture_cache_is_not_used(tmp_path, monkeypatch, capfd, how):
     root, entry = _first_build(tmp_path, monkeypatch, capfd)
     cache = _cache_dir()
     if how == "writable by others":
         cache.chmod(0o777)
-        said = [f"{cache} is writable by its group and others (mode 0o777)", f"`chmod go-w {cache}`"]
+        said = [
+            f"{cache} is writable by its group and others (mode 0o777)",
+            f"`chmod go-w {cache}`",
+        ]
     elif how == "owned by another uid":
         _chown_other(cache)
         said = [f"{cache} is owned by uid {OTHER_UID}, not by you (uid {os.geteuid()})"]
@@ -66,8 +71,10 @@ def test_an_untrusted_capture_cache_is_not_used(tmp_path, monkeypatch, capfd, ho
         cache.rename(moved)
         monkeypatch.setenv("PRECOMPILE_BUILD_CACHE_DIR", str(moved))
         cache, entry = moved, moved / entry.name
-        said = [f"{moved.parent}, a folder above {moved}, is writable by its group and others "
-                "(mode 0o777) without the sticky bit"]
+        said = [
+            f"{moved.parent}, a folder above {moved}, is writable by its group and others "
+            "(mode 0o777) without the sticky bit"
+        ]
     before = sorted(p.name for p in cache.iterdir())
     whl, ran, err = _built(root, monkeypatch, capfd, "2")
     assert ran, "the entry of an untrusted cache was reused"
@@ -101,7 +108,9 @@ def _entry_symlink_outside(entry: Path) -> str:
     return f"{entry} is a symbolic link (to {outside})"
 
 
-@pytest.mark.parametrize("plant", [_entry_owned_by_other, _entry_file_writable, _entry_symlink_outside])
+@pytest.mark.parametrize(
+    "plant", [_entry_owned_by_other, _entry_file_writable, _entry_symlink_outside]
+)
 def test_an_untrusted_entry_is_never_reused(tmp_path, monkeypatch, capfd, plant):
     root, entry = _first_build(tmp_path, monkeypatch, capfd)
     said = plant(entry)

@@ -15,7 +15,8 @@ ROOT = Path(__file__).resolve().parents[1]
 def test_the_reference_page_is_generated_from_the_table():
     page = ROOT / "docs" / "capture-environment.md"
     assert page.read_text(encoding="utf-8") == reference.capture_environment(), (
-        "regenerate: python -m precompile_build.config.reference environment > docs/capture-environment.md")
+        "regenerate: python -m precompile_build.config.reference environment > docs/capture-environment.md"
+    )
     assert len({v.name for v in capture_env.VARIABLES}) == len(capture_env.VARIABLES)
 
 
@@ -25,7 +26,11 @@ def test_no_module_spells_a_variable_but_the_table():
     names = {v.name for v in capture_env.VARIABLES}
     found = []
     for path in sorted((ROOT / "precompile_build").rglob("*.py")):
-        if path.name in ("capture_env.py", "imported.py", "run_script.py"):  # these run alone: checked below
+        if path.name in (
+            "capture_env.py",
+            "imported.py",
+            "run_script.py",
+        ):  # these run alone: checked below
             continue
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
             if isinstance(node, ast.Constant) and node.value in names:
@@ -46,20 +51,32 @@ def test_the_build_sets_the_variables_the_table_says_it_sets(tmp_path, monkeypat
     (tmp_path / "pkg").mkdir()
     (tmp_path / "pkg" / "__init__.py").write_text("")
     (tmp_path / "cap.py").write_text("")
-    target = {"script": "cap.py", "tracer": "make_fx", "fallback": "eager", "cuda-graphs": True,
-              "cuda-archs": ["8.0", "9.0"], "device": "cuda", "mode": "max-autotune"}
+    target = {
+        "script": "cap.py",
+        "tracer": "make_fx",
+        "fallback": "eager",
+        "cuda-graphs": True,
+        "cuda-archs": ["8.0", "9.0"],
+        "device": "cuda",
+        "mode": "max-autotune",
+    }
     s = settings_from_table(tmp_path, {"package": "pkg", "targets": {"a": target}})
     env = script_env(s, s.targets["a"], "cuda", tmp_path / "a.py", tmp_path / "a.cache", "0")
     set_here = {v.name for v in capture_env.VARIABLES if v.set_by.startswith("the build")}
     # the stats, started and capture-id variables are added by run_script, beside the log
-    assert set_here - set(env) == {capture_env.STATS_PATH, capture_env.SCRIPT_STARTED, capture_env.CAPTURE_ID}
+    assert set_here - set(env) == {
+        capture_env.STATS_PATH,
+        capture_env.SCRIPT_STARTED,
+        capture_env.CAPTURE_ID,
+    }
     assert env[capture_env.TARGET] == "a" and env[capture_env.DEVICE] == "cuda"
     assert (env[capture_env.TRACER], env[capture_env.FALLBACK]) == ("make_fx", "eager")
     assert (env[capture_env.CUDA_GRAPHS], env[capture_env.CUDA_ARCHS]) == ("1", "8.0,9.0")
     assert env[capture_env.MODE] == "max-autotune"
     monkeypatch.setenv(capture_env.CUDA_ARCHS, "7.5")  # the user's own: not a CPU capture's
-    assert capture_env.CUDA_ARCHS not in script_env(s, s.targets["a"], "cpu", tmp_path / "a.py",
-                                                    tmp_path / "a.cache", None)
+    assert capture_env.CUDA_ARCHS not in script_env(
+        s, s.targets["a"], "cpu", tmp_path / "a.py", tmp_path / "a.cache", None
+    )
 
 
 def test_the_imports_record_spells_the_tables_names():
@@ -68,7 +85,10 @@ def test_the_imports_record_spells_the_tables_names():
     from precompile_build.process import imported
 
     assert (imported.RECORD_ENV, imported.ROOT_ENV, imported.PACKAGE_ENV) == (
-        capture_env.IMPORTS_PATH, capture_env.PROJECT_ROOT, capture_env.PACKAGE_DIR)
+        capture_env.IMPORTS_PATH,
+        capture_env.PROJECT_ROOT,
+        capture_env.PACKAGE_DIR,
+    )
 
 
 def test_the_script_runner_spells_the_tables_names():
@@ -77,4 +97,7 @@ def test_the_script_runner_spells_the_tables_names():
     from precompile_build.process import world
     from precompile_build.programs import run_script
 
-    assert (run_script.STARTED_ENV, run_script.WORLD_ENV) == (capture_env.SCRIPT_STARTED, world.MODE_ENV)
+    assert (run_script.STARTED_ENV, run_script.WORLD_ENV) == (
+        capture_env.SCRIPT_STARTED,
+        world.MODE_ENV,
+    )

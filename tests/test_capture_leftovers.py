@@ -15,23 +15,28 @@ from _build_helpers import build, make_project
 
 from precompile_build.errors import CaptureError
 
-pytestmark = [pytest.mark.usefixtures("build_env"),
-              pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the /proc walk is Linux's")]
+pytestmark = [
+    pytest.mark.usefixtures("build_env"),
+    pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the /proc walk is Linux's"),
+]
 
-DAEMON = '''\
+DAEMON = """\
 import subprocess, sys, time
 p = subprocess.Popen(["sh", "-c", "sleep 150"], start_new_session=True)  # holds our stdout
 open(sys.argv[1], "w").write(str(p.pid))
 if sys.argv[2] == "hang":
     time.sleep(150)
-'''
+"""
 
 
 def _project(tmp_path, mode):
     pid_file = tmp_path / "daemon.pid"
-    root = make_project(tmp_path, '[tool.precompile.targets.double]\n'
-                        'script = "capture/daemon.py"\ntimeout = 3\n'
-                        f'args = ["{pid_file}", "{mode}"]\n')
+    root = make_project(
+        tmp_path,
+        "[tool.precompile.targets.double]\n"
+        'script = "capture/daemon.py"\ntimeout = 3\n'
+        f'args = ["{pid_file}", "{mode}"]\n',
+    )
     (root / "capture" / "daemon.py").write_text(DAEMON)
     return root, pid_file
 
@@ -50,7 +55,9 @@ def _gone(pid: int) -> bool:
 
 
 @pytest.mark.parametrize("mode", ["exit", "hang"])
-def test_a_daemon_in_a_new_session_neither_blocks_nor_survives_the_capture(tmp_path, monkeypatch, mode):
+def test_a_daemon_in_a_new_session_neither_blocks_nor_survives_the_capture(
+    tmp_path, monkeypatch, mode
+):
     """The issue's script (`Popen(["sh", "-c", "sleep 150"], start_new_session=True)`)
     blocked a build with `timeout = 10` for 152 s; the daemon survived the timeout."""
     root, pid_file = _project(tmp_path, mode)
@@ -78,8 +85,9 @@ def test_leftovers_are_found_by_their_token_only(tmp_path):
     from precompile_build.builder import leftovers
     from precompile_build.config import capture_env
 
-    mine = subprocess.Popen(["sleep", "60"], env={**os.environ, capture_env.CAPTURE_ID: "tok-a"},
-                            start_new_session=True)
+    mine = subprocess.Popen(
+        ["sleep", "60"], env={**os.environ, capture_env.CAPTURE_ID: "tok-a"}, start_new_session=True
+    )
     other = subprocess.Popen(["sleep", "60"], env={**os.environ, capture_env.CAPTURE_ID: "tok-b"})
     try:
         assert leftovers.end("tok-a") == [f"pid {mine.pid} (sleep 60)"]

@@ -21,7 +21,7 @@ import pytest
 
 pytest.importorskip("torch")
 
-_CHILD = r'''
+_CHILD = r"""
 import json, resource, sys, pathlib
 import torch, torch._inductor, torch.export  # both processes import the compiler stack
 import precompile_build
@@ -54,15 +54,24 @@ with torch.no_grad():
                                       cache_path=out / "t.cache") as f:
             f(model, x)
 print(json.dumps({"peak_kib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, "built_kib": built}))
-'''
+"""
 
 
 def _peak(mode: str, tmp) -> dict:
     # the pair and Inductor's caches in this test's folder: a warm cache of the
     # machine's would change the compile's share of the peak
-    env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=str(tmp / "inductor"), TRITON_CACHE_DIR=str(tmp / "triton"))
-    done = subprocess.run([sys.executable, "-c", _CHILD, mode, str(tmp)], capture_output=True, text=True,
-                          timeout=600, env=env)
+    env = dict(
+        os.environ,
+        TORCHINDUCTOR_CACHE_DIR=str(tmp / "inductor"),
+        TRITON_CACHE_DIR=str(tmp / "triton"),
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", _CHILD, mode, str(tmp)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=env,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     return json.loads(done.stdout.strip().splitlines()[-1])
 
@@ -70,6 +79,8 @@ def _peak(mode: str, tmp) -> dict:
 def test_a_cpu_capture_peaks_within_1_5x_of_eager_for_the_same_call(tmp_path):
     eager, capture = _peak("eager", tmp_path), _peak("capture", tmp_path)
     ratio = capture["peak_kib"] / eager["peak_kib"]
-    assert ratio <= 1.5, (f"capture peak RSS {capture['peak_kib'] / 1024:.0f} MiB, eager's "
-                          f"{eager['peak_kib'] / 1024:.0f} MiB ({ratio:.2f}x; model built at "
-                          f"{eager['built_kib'] / 1024:.0f} MiB)")
+    assert ratio <= 1.5, (
+        f"capture peak RSS {capture['peak_kib'] / 1024:.0f} MiB, eager's "
+        f"{eager['peak_kib'] / 1024:.0f} MiB ({ratio:.2f}x; model built at "
+        f"{eager['built_kib'] / 1024:.0f} MiB)"
+    )

@@ -28,7 +28,9 @@ def _gpu_project(tmp_path):
     # a stand-in for a CUDA capture: records the numbers a frozen CUDA capture records
     # (capture_stats.cuda_peaks), holds 64 MiB of host memory, then writes the pair
     script = tmp_path / "proj" / "capture" / "gpu.py"
-    root = make_project(tmp_path, target_toml("fwd", script="capture/gpu.py", extra='device = "cuda"'))
+    root = make_project(
+        tmp_path, target_toml("fwd", script="capture/gpu.py", extra='device = "cuda"')
+    )
     script.write_text(
         "import runpy, sys, time\n"
         "from precompile_build.process import stats as capture_stats\n"
@@ -40,11 +42,14 @@ def _gpu_project(tmp_path):
         "import stats as capture_stats; capture_stats.capture_began()'], check=True)\n"
         f"capture_stats.record(gpu_bytes={5 * GIB}, eager_gpu_bytes={4 * GIB}, trace_s=1.25, validate_s=2.5)\n"
         "held = bytearray(64 << 20)\n"
-        "sys.argv[0] = 'capture/pair.py'\nrunpy.run_path('capture/pair.py', run_name='__main__')\n")
+        "sys.argv[0] = 'capture/pair.py'\nrunpy.run_path('capture/pair.py', run_name='__main__')\n"
+    )
     return root
 
 
-def test_peaks_reach_the_build_line_the_table_the_manifest_and_inspect(tmp_path, monkeypatch, capfd):
+def test_peaks_reach_the_build_line_the_table_the_manifest_and_inspect(
+    tmp_path, monkeypatch, capfd
+):
     monkeypatch.setattr(runner, "cuda_available", lambda: True)
     monkeypatch.setattr(runner, "gpu_ids", lambda: ["0"])
     monkeypatch.delenv("SOURCE_DATE_EPOCH", raising=False)
@@ -55,7 +60,10 @@ def test_peaks_reach_the_build_line_the_table_the_manifest_and_inspect(tmp_path,
     err = capfd.readouterr().err
     line = next(ln for ln in err.splitlines() if "fwd: ok on cuda:0" in ln)
     setup = r.capture_breakdown.pop("setup")  # from the build starting the script to its capture
-    assert 0.3 <= setup < r.capture_seconds - 2, (setup, r.capture_seconds)  # the script's, not its child's
+    assert 0.3 <= setup < r.capture_seconds - 2, (
+        setup,
+        r.capture_seconds,
+    )  # the script's, not its child's
     assert f"; script setup {setup:.1f} s, trace 1.2 s, validate 2.5 s; peak host " in line
     assert "GPU 5.0 GiB (1.25x eager's 4.0 GiB)" in line
     assert r.capture_breakdown == {"trace": 1.25, "validate": 2.5}
@@ -65,7 +73,10 @@ def test_peaks_reach_the_build_line_the_table_the_manifest_and_inspect(tmp_path,
     files = assemble("simplepkg", [r])
     check_type(json.loads(files["manifest.json"]), Manifest)  # the writer keeps to the schema
     (variant,) = json.loads(files["manifest.json"])["targets"]["fwd"]["variants"]
-    assert variant["peak_memory"] == r.peak_memory and variant["capture_breakdown"] == r.capture_breakdown
+    assert (
+        variant["peak_memory"] == r.peak_memory
+        and variant["capture_breakdown"] == r.capture_breakdown
+    )
     out = tmp_path / "out"
     out.mkdir()
     for name, data in files.items():
@@ -73,7 +84,10 @@ def test_peaks_reach_the_build_line_the_table_the_manifest_and_inspect(tmp_path,
     report = inspect_report(str(out), host=lambda d: {})
     assert report["targets"]["fwd"]["variants"][0]["peak_memory"] == r.peak_memory
     text = format_report(report)
-    assert "    capture: " in text and f"(script setup {setup:.1f} s, trace 1.2 s, validate 2.5 s); peak host" in text
+    assert (
+        "    capture: " in text
+        and f"(script setup {setup:.1f} s, trace 1.2 s, validate 2.5 s); peak host" in text
+    )
     assert "GPU 5.0 GiB (1.25x eager's 4.0 GiB)" in text
 
 
@@ -103,15 +117,25 @@ def test_the_scripts_setup_ends_where_its_first_capture_begins(tmp_path, monkeyp
     monkeypatch.setattr(capture_stats, "_began", False)
     for i, started in enumerate((time.time() - 5, time.time() - 100)):
         monkeypatch.setenv(capture_stats.STARTED_ENV, f"{started!r} {os.getpid()}")
-        with precompile_build.capture(lambda x: x * 2 + 1, engine="eager", target=f"t{i}",
-                                      artifact_path=tmp_path / f"t{i}.py", cache_path=tmp_path / f"t{i}.cache") as f:
+        with precompile_build.capture(
+            lambda x: x * 2 + 1,
+            engine="eager",
+            target=f"t{i}",
+            artifact_path=tmp_path / f"t{i}.py",
+            cache_path=tmp_path / f"t{i}.cache",
+        ) as f:
             f(torch.ones(3))
         setup = json.loads(stats.read_text())["setup_s"]
         assert 5 <= setup < 60, setup
     _, breakdown = capture_stats.read(stats, None)
     assert breakdown == {"setup": setup}
     stats.unlink()
-    for value in (None, "not a time", f"{time.time()!r} {os.getpid() + 1}", f"{time.time() + 60!r} {os.getpid()}"):
+    for value in (
+        None,
+        "not a time",
+        f"{time.time()!r} {os.getpid() + 1}",
+        f"{time.time() + 60!r} {os.getpid()}",
+    ):
         # outside a build, set by hand, another process's (the script's, inherited), a clock gone back
         monkeypatch.setattr(capture_stats, "_began", False)
         if value is None:
@@ -129,8 +153,10 @@ def test_processes_recording_at_once_keep_each_others_numbers(tmp_path, monkeypa
 
     stats = tmp_path / "stats.json"
     monkeypatch.setenv(capture_stats.STATS_ENV, str(stats))
-    code = ("import sys\nfrom precompile_build.process import stats as capture_stats\n"
-            "for i in range(40):\n    capture_stats.record(**{f'r{sys.argv[1]}_{i}_s': float(i)})\n")
+    code = (
+        "import sys\nfrom precompile_build.process import stats as capture_stats\n"
+        "for i in range(40):\n    capture_stats.record(**{f'r{sys.argv[1]}_{i}_s': float(i)})\n"
+    )
     procs = [subprocess.Popen([sys.executable, "-c", code, str(r)]) for r in range(4)]
     assert [p.wait(timeout=120) for p in procs] == [0] * 4
     got = json.loads(stats.read_text())
@@ -186,13 +212,21 @@ def test_a_cuda_capture_records_its_own_peak_and_each_steps(tmp_path, monkeypatc
                     cuda.alloc(extra)
                     cuda.free(extra)
     assert box["gpu_bytes"] == GIB + GIB // 2 and box["eager_gpu_bytes"] == GIB + GIB // 4
-    assert box["steps"] == {"trace": GIB + GIB // 8, "eager_call": GIB + GIB // 4,
-                            "validate_reference": GIB + GIB // 2, "validate": GIB + GIB // 2}
+    assert box["steps"] == {
+        "trace": GIB + GIB // 8,
+        "eager_call": GIB + GIB // 4,
+        "validate_reference": GIB + GIB // 2,
+        "validate": GIB + GIB // 2,
+    }
     peaks, breakdown = capture_stats.read(tmp_path / "stats.json", None)
     assert peaks["gpu_steps"]["validate_reference"] == GIB + GIB // 2 and set(breakdown) == {
-        "trace", "eager_call", "validate"}
+        "trace",
+        "eager_call",
+        "validate",
+    }
     assert capture_stats.describe(peaks, human_size) == (
-        "peak GPU 1.5 GiB in validation's reference (1.20x eager's 1.2 GiB)")
+        "peak GPU 1.5 GiB in validation's reference (1.20x eager's 1.2 GiB)"
+    )
 
 
 def test_a_peak_between_steps_counts_but_names_no_step(tmp_path, monkeypatch):

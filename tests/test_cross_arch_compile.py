@@ -16,20 +16,49 @@ HERE = Path(__file__).parent
 
 # ---- real compile-only Triton (where triton is installed) ---------------------------
 
-SIG = {"a": "*fp16", "b": "*fp16", "c": "*fp16", "M": "i32", "N": "i32", "K": "i32",
-       "BM": "constexpr", "BN": "constexpr", "BK": "constexpr"}
+SIG = {
+    "a": "*fp16",
+    "b": "*fp16",
+    "c": "*fp16",
+    "M": "i32",
+    "N": "i32",
+    "K": "i32",
+    "BM": "constexpr",
+    "BN": "constexpr",
+    "BK": "constexpr",
+}
 
 
-def _cand(fn, signature, constants, config, launcher="def launcher(stream):\n    pass\n", **options):
-    return {"module": str(HERE / "_cross_arch_kernels.py"), "fn_name": fn, "signature": signature,
-            "constants": constants, "attrs": {}, "options": {"num_warps": 4, "num_stages": 2, **options},
-            "config": config, "launcher": launcher, "seconds": None}
+def _cand(
+    fn, signature, constants, config, launcher="def launcher(stream):\n    pass\n", **options
+):
+    return {
+        "module": str(HERE / "_cross_arch_kernels.py"),
+        "fn_name": fn,
+        "signature": signature,
+        "constants": constants,
+        "attrs": {},
+        "options": {"num_warps": 4, "num_stages": 2, **options},
+        "config": config,
+        "launcher": launcher,
+        "seconds": None,
+    }
 
 
 def _triton_entry(name, config):
-    return {"name": name, "kind": "triton", "file": "cubin/native.cubin", "sha256": "0" * 64,
-            "function": name, "num_warps": 4, "shared": 0, "arg_tys": "OOOiiiOO", "scratch": 2,
-            "config": config, "launcher": "def launcher(stream):\n    pass\n"}
+    return {
+        "name": name,
+        "kind": "triton",
+        "file": "cubin/native.cubin",
+        "sha256": "0" * 64,
+        "function": name,
+        "num_warps": 4,
+        "shared": 0,
+        "arg_tys": "OOOiiiOO",
+        "scratch": 2,
+        "config": config,
+        "launcher": "def launcher(stream):\n    pass\n",
+    }
 
 
 def _cuobjdump_arch(cubin: bytes, tmp_path) -> str | None:
@@ -46,7 +75,9 @@ def _cuobjdump_arch(cubin: bytes, tmp_path) -> str | None:
         return None
     path = tmp_path / "k.cubin"
     path.write_bytes(cubin)
-    out = subprocess.run([tool, "--list-elf", str(path)], capture_output=True, text=True, timeout=60)
+    out = subprocess.run(
+        [tool, "--list-elf", str(path)], capture_output=True, text=True, timeout=60
+    )
     found = re.findall(r"ELF file\s+1: k\.(sm_\d+a?)\.cubin", out.stdout)
     assert len(found) == 1, out.stdout + out.stderr
     return found[0]
@@ -62,25 +93,40 @@ def test_cross_compile_replaces_a_config_too_big_for_sm86(monkeypatch, tmp_path)
     from precompile_build.engines import cross_arch
 
     monkeypatch.delenv(cross_arch.TEST_CROSS_NATIVE_ENV, raising=False)
-    big = _cand("mm", SIG, {"BM": 128, "BN": 128, "BK": 256}, "BK=256",
-                launcher="def launcher(stream):\n    runner(1, 1, 1, stream)\n")
+    big = _cand(
+        "mm",
+        SIG,
+        {"BM": 128, "BN": 128, "BK": 256},
+        "BK=256",
+        launcher="def launcher(stream):\n    runner(1, 1, 1, stream)\n",
+    )
     small = _cand("mm", SIG, {"BM": 128, "BN": 128, "BK": 64}, "BK=64")
     kernels, blobs = [_triton_entry("mm", "BK=256")], {}
-    report = cross_arch.cross_compile(kernels, blobs, {"mm": [big, small]},
-                                      ("8.0", "8.6", "12.0"), "9.0", "t")
+    report = cross_arch.cross_compile(
+        kernels, blobs, {"mm": [big, small]}, ("8.0", "8.6", "12.0"), "9.0", "t"
+    )
     assert report["compiled_for"] == ["8.0", "8.6", "9.0", "12.0"] and report["left_out"] == {}
     # the PTX, which any later GPU without a cubin may JIT, is sized for 99 KiB too
     assert set(report["replaced"]) == {"8.6", "12.0", "8.0 (PTX)"}
-    assert "the compute_80 PTX (JIT-compiled on any later GPU without a cubin) may use 101376" in \
-        report["replaced"]["8.0 (PTX)"]["mm"]
-    assert ("needs 131072 bytes of shared memory per block, the sm_86 cubin (which also serves "
-            "sm_87, sm_89) may use 101376") in report["replaced"]["8.6"]["mm"]
+    assert (
+        "the compute_80 PTX (JIT-compiled on any later GPU without a cubin) may use 101376"
+        in report["replaced"]["8.0 (PTX)"]["mm"]
+    )
+    assert (
+        "needs 131072 bytes of shared memory per block, the sm_86 cubin (which also serves "
+        "sm_87, sm_89) may use 101376"
+    ) in report["replaced"]["8.6"]["mm"]
     assert "the sm_120 cubin may use 101376" in report["replaced"]["12.0"]["mm"]
     by_sm = {c["sm"]: c for c in kernels[0]["archs"]}
     assert set(by_sm) == {"sm_80", "compute_80", "sm_86", "sm_90a", "sm_120a"}
     assert by_sm["sm_80"]["config"] == "BK=256" and by_sm["sm_80"]["shared"] == 131072
     assert by_sm["sm_80"]["launcher"] == big["launcher"]
-    assert by_sm["sm_86"]["config"] == by_sm["sm_120a"]["config"] == by_sm["compute_80"]["config"] == "BK=64"
+    assert (
+        by_sm["sm_86"]["config"]
+        == by_sm["sm_120a"]["config"]
+        == by_sm["compute_80"]["config"]
+        == "BK=64"
+    )
     assert by_sm["sm_90a"]["origin"] == "native" and by_sm["sm_90a"]["file"] == "cubin/native.cubin"
     for c in kernels[0]["archs"]:
         if c["origin"] == "cross":
@@ -93,8 +139,12 @@ def test_cross_compile_replaces_a_config_too_big_for_sm86(monkeypatch, tmp_path)
                 assert b".target sm_80" in data
     assert report["binaries"] == ["compute_80", "sm_120a", "sm_80", "sm_86", "sm_90a"]
 
-    fp8 = _cand("fp8_cast", {"x": "*fp32", "y": "*fp8e4nv", "n": "i32", "BLOCK": "constexpr"},
-                {"BLOCK": 256}, "BLOCK=256")
+    fp8 = _cand(
+        "fp8_cast",
+        {"x": "*fp32", "y": "*fp8e4nv", "n": "i32", "BLOCK": "constexpr"},
+        {"BLOCK": 256},
+        "BLOCK=256",
+    )
     kernels = [_triton_entry("fp8_cast", "BLOCK=256")]
     report = cross_arch.cross_compile(kernels, {}, {"fp8_cast": [fp8]}, ("8.0", "8.9"), "9.0", "t")
     assert report["compiled_for"] == ["8.9", "9.0"]
@@ -120,19 +170,27 @@ def test_recording_keeps_what_a_cross_compile_needs(monkeypatch):
     class Tuner(th.CachingAutotuner):
         def __init__(self):  # the hooks read no other state
             pass
+
     # autotuning's timings: the recording wraps whatever benchmark_all_configs is
-    monkeypatch.setattr(th.CachingAutotuner, "benchmark_all_configs", lambda self: {
-        launchers[0]: 0.5, launchers[1]: 0.2, launchers[2]: 0.3})
+    monkeypatch.setattr(
+        th.CachingAutotuner,
+        "benchmark_all_configs",
+        lambda self: {launchers[0]: 0.5, launchers[1]: 0.2, launchers[2]: 0.3},
+    )
     tuner = Tuner()
     with cross_arch.recording():
         for bk in (64, 256, 128):
-            binary = triton.compile(ASTSource(fn, SIG, {"BM": 64, "BN": 64, "BK": bk}),
-                                    target=GPUTarget("cuda", 90, 32), options={"num_warps": 4, "num_stages": 2})
+            binary = triton.compile(
+                ASTSource(fn, SIG, {"BM": 64, "BN": 64, "BK": bk}),
+                target=GPUTarget("cuda", 90, 32),
+                options={"num_warps": 4, "num_stages": 2},
+            )
             binary._cubin_path = None  # Inductor sets it where it wrote the cubin
             kernel = triton_freeze._static_kernel_class()(binary)
 
             def launcher():
                 pass
+
             launcher.config = f"BK={bk}"
             setattr(launcher, triton_freeze._CODE, f"def launcher(stream):\n    pass  # {bk}\n")
             setattr(launcher, triton_freeze._RESULT, type("R", (), {"kernel": kernel})())
@@ -161,16 +219,36 @@ def test_worker_imports_inductor_kernel_modules_without_a_gpu():
     from precompile_build.engines import cross_arch
 
     module = str(HERE / "_inductor_like_kernel.py")
-    cand = {"module": module, "fn_name": "triton_poi_fused_gelu_0",
-            "signature": {"in_ptr0": "*fp32", "out_ptr0": "*fp32", "xnumel": "i32", "XBLOCK": "constexpr"},
-            "constants": {"XBLOCK": 1024}, "attrs": {(0,): [["tt.divisibility", 16]]},
-            "options": {"num_warps": 4, "num_stages": 1, "debug": True, "sanitize_overflow": False},
-            "config": "XBLOCK: 1024"}
-    jobs = [{"arch": a, "cc": cross_arch.cc_int(a), "shared_limit": 99 * 1024, "want_ptx": a == "8.0",
-             "candidates": [cand]} for a in ("8.0", "10.0")]
+    cand = {
+        "module": module,
+        "fn_name": "triton_poi_fused_gelu_0",
+        "signature": {
+            "in_ptr0": "*fp32",
+            "out_ptr0": "*fp32",
+            "xnumel": "i32",
+            "XBLOCK": "constexpr",
+        },
+        "constants": {"XBLOCK": 1024},
+        "attrs": {(0,): [["tt.divisibility", 16]]},
+        "options": {"num_warps": 4, "num_stages": 1, "debug": True, "sanitize_overflow": False},
+        "config": "XBLOCK: 1024",
+    }
+    jobs = [
+        {
+            "arch": a,
+            "cc": cross_arch.cc_int(a),
+            "shared_limit": 99 * 1024,
+            "want_ptx": a == "8.0",
+            "candidates": [cand],
+        }
+        for a in ("8.0", "10.0")
+    ]
     r80, r100 = cross_arch.compile_jobs(jobs, "t")
     assert (r80["sm"], r100["sm"]) == ("sm_80", "sm_100a") and r80["rejected"] == []
-    assert cross_arch.cubin_target(r80["cubin"]) == "sm_80" and cross_arch.cubin_target(r100["cubin"]) == "sm_100a"
+    assert (
+        cross_arch.cubin_target(r80["cubin"]) == "sm_80"
+        and cross_arch.cubin_target(r100["cubin"]) == "sm_100a"
+    )
     assert ".target sm_80" in r80["ptx"] and r100["ptx"] is None
 
 
@@ -182,21 +260,46 @@ def test_candidate_from_inductor_compile_meta():
     from precompile_build.engines.cross_compile import jit_function
 
     fn = jit_function(str(HERE / "_cross_arch_kernels.py"), "mm")
-    cm = {"signature": SIG, "constants": {"BM": 64, "BN": 64, "BK": 64}, "configs": [{}],
-          "num_warps": 8, "num_stages": 3, "debug": True, "launch_pdl": False, "disable_ftz": True}
+    cm = {
+        "signature": SIG,
+        "constants": {"BM": 64, "BN": 64, "BK": 64},
+        "configs": [{}],
+        "num_warps": 8,
+        "num_stages": 3,
+        "debug": True,
+        "launch_pdl": False,
+        "disable_ftz": True,
+    }
 
     def launcher():
         pass
+
     launcher.config = "BK=64"
     setattr(launcher, triton_freeze._CODE, "def launcher(stream):\n    pass\n")
     setattr(launcher, triton_freeze._RESULT, type("R", (), {"compile_meta": cm, "kernel": None})())
     tuner = type("T", (), {"fn": fn, "launchers": [launcher]})()
     (c,) = cross_arch.candidates(tuner)
-    assert c["options"] == {"num_warps": 8, "num_stages": 3, "debug": True, "sanitize_overflow": False,
-                            "launch_pdl": False, "enable_reflect_ftz": False}
+    assert c["options"] == {
+        "num_warps": 8,
+        "num_stages": 3,
+        "debug": True,
+        "sanitize_overflow": False,
+        "launch_pdl": False,
+        "enable_reflect_ftz": False,
+    }
     assert c["module"].endswith("_cross_arch_kernels.py") and c["constants"]["BK"] == 64
-    (res,) = cross_arch.compile_jobs([{"arch": "8.0", "cc": 80, "shared_limit": 99 * 1024,
-                                       "want_ptx": False, "candidates": [c]}], "t")
+    (res,) = cross_arch.compile_jobs(
+        [
+            {
+                "arch": "8.0",
+                "cc": 80,
+                "shared_limit": 99 * 1024,
+                "want_ptx": False,
+                "candidates": [c],
+            }
+        ],
+        "t",
+    )
     assert res["num_warps"] == 8 and cross_arch.cubin_arch(res["cubin"]) == 80
 
 
@@ -209,15 +312,29 @@ def test_candidates_start_from_the_chosen_config():
     def launcher(name, recorded=True):
         def fn():
             pass
+
         fn.config = name
         setattr(fn, triton_freeze._CODE, f"def launcher():\n    pass  # {name}\n")
         if recorded:
-            cm = {"signature": {"x": "*fp32"}, "constants": {}, "configs": [{}], "num_warps": 4, "num_stages": 1}
-            setattr(fn, triton_freeze._RESULT, type("R", (), {"compile_meta": cm, "kernel": None})())
+            cm = {
+                "signature": {"x": "*fp32"},
+                "constants": {},
+                "configs": [{}],
+                "num_warps": 4,
+                "num_stages": 1,
+            }
+            setattr(
+                fn, triton_freeze._RESULT, type("R", (), {"compile_meta": cm, "kernel": None})()
+            )
         return fn
 
     jit = type("J", (), {"__name__": "k", "fn": test_candidates_start_from_the_chosen_config})()
-    win, fast, broken, slow = launcher("win"), launcher("fast"), launcher("broken"), launcher("slow")
+    win, fast, broken, slow = (
+        launcher("win"),
+        launcher("fast"),
+        launcher("broken"),
+        launcher("slow"),
+    )
     tuner = type("T", (), {"fn": jit, "launchers": [win]})()
     cross_arch._timings[tuner] = {fast: 0.1, win: 0.2, broken: float("inf"), slow: 0.3}
     assert [c["config"] for c in cross_arch.candidates(tuner)] == ["win", "fast", "slow"]
@@ -230,11 +347,16 @@ def test_cross_compile_without_triton_kernels_and_without_candidates():
     served. A Triton kernel whose compile inputs were not recorded: CaptureError."""
     from precompile_build.engines import cross_arch
 
-    report = cross_arch.cross_compile([{"name": "k", "kind": "cpp"}], {}, {}, ("8.0", "12.0"), "9.0", "t")
+    report = cross_arch.cross_compile(
+        [{"name": "k", "kind": "cpp"}], {}, {}, ("8.0", "12.0"), "9.0", "t"
+    )
     assert report["compiled_for"] == ["8.0", "9.0", "12.0"]
     assert report["binaries"] == ["sm_120", "sm_80", "sm_90"] and report["left_out"] == {}
-    with pytest.raises(CaptureError, match=r"target 't', Triton kernel 'mm': its compile inputs were "
-                                           r"not recorded.*drop `cuda-archs`"):
+    with pytest.raises(
+        CaptureError,
+        match=r"target 't', Triton kernel 'mm': its compile inputs were "
+        r"not recorded.*drop `cuda-archs`",
+    ):
         cross_arch.cross_compile([_triton_entry("mm", "c")], {}, {"mm": []}, ("8.0",), "9.0", "t")
 
 
@@ -257,8 +379,11 @@ def test_build_gpu_below_9_gets_its_ptx_from_the_worker(monkeypatch):
 def test_a_failing_worker_is_a_capture_error_with_its_output():
     from precompile_build.engines import cross_arch
 
-    with pytest.raises(CaptureError, match=r"(?s)target 't': the compile-only Triton process for "
-                                           r"`cuda-archs` failed \(exit status 1\):\n.*(KeyError|Error)"):
+    with pytest.raises(
+        CaptureError,
+        match=r"(?s)target 't': the compile-only Triton process for "
+        r"`cuda-archs` failed \(exit status 1\):\n.*(KeyError|Error)",
+    ):
         cross_arch.compile_jobs([{"not": "a job"}], "t")
 
 

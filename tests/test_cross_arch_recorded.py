@@ -24,8 +24,11 @@ REPO = HERE.parent
 
 # ---- the serving templates: no module but torch, one set of rules ---------------------
 
-@pytest.mark.parametrize("path", ["precompile_build/templates/triton_launcher.py",
-                                  "runtime/precompile_runtime/_arch_rules.py"])
+
+@pytest.mark.parametrize(
+    "path",
+    ["precompile_build/templates/triton_launcher.py", "runtime/precompile_runtime/_arch_rules.py"],
+)
 def test_serving_templates_use_no_module(path):
     """What the source half copies for frozen Triton kernels uses only names the source
     half defines (the same check as test_gpu_frozen's, on CPU too)."""
@@ -49,10 +52,22 @@ def test_one_implementation_of_the_binary_rules():
     assert codegen._template("triton_launcher.py") in codegen.triton_launcher_code()
 
 
-@pytest.mark.parametrize("name, parsed", [
-    ("sm_86", (8, 6, False, False)), ("sm_100a", (10, 0, True, False)), ("compute_80", (8, 0, False, True)),
-    ("sm_8", None), ("sm_1000", None), ("sm_9x", None), ("sm_٩٠", None), ("ptx_80", None), ("sm80", None),
-    (None, None), (80, None)])
+@pytest.mark.parametrize(
+    "name, parsed",
+    [
+        ("sm_86", (8, 6, False, False)),
+        ("sm_100a", (10, 0, True, False)),
+        ("compute_80", (8, 0, False, True)),
+        ("sm_8", None),
+        ("sm_1000", None),
+        ("sm_9x", None),
+        ("sm_٩٠", None),
+        ("ptx_80", None),
+        ("sm80", None),
+        (None, None),
+        (80, None),
+    ],
+)
 def test_binary_names(name, parsed):
     assert arch_select.parse(name) == parsed
 
@@ -88,8 +103,15 @@ def _namespace(monkeypatch, cc, runtime=True):
 
 
 def _kernel(names):
-    archs = [{"sm": n, "binary": "ptx" if n.startswith("compute") else "cubin",
-              "file": f"{'ptx' if n.startswith('compute') else 'cubin'}/{n}", "shared": 0} for n in names]
+    archs = [
+        {
+            "sm": n,
+            "binary": "ptx" if n.startswith("compute") else "cubin",
+            "file": f"{'ptx' if n.startswith('compute') else 'cubin'}/{n}",
+            "shared": 0,
+        }
+        for n in names
+    ]
     return {"name": "k", "file": "cubin/sm_90a", "archs": archs}
 
 
@@ -103,10 +125,15 @@ def test_the_source_half_alone_picks_and_guards(monkeypatch, no_compile):
     if not no_compile:
         assert k._choose(0)[1] == "/d/ptx/compute_80"
     else:
-        with pytest.raises(ns["CallError"], match="only PTX .* refused under PRECOMPILE_NO_COMPILE=1"):
+        with pytest.raises(
+            ns["CallError"], match="only PTX .* refused under PRECOMPILE_NO_COMPILE=1"
+        ):
             k._choose(0)
     ns = _namespace(monkeypatch, (8, 6), runtime=False)
-    assert ns["_TritonKernel"]("/d/cubin/sm_90a", _kernel(["sm_80", "compute_80"]))._choose(0)[1] == "/d/cubin/sm_80"
+    assert (
+        ns["_TritonKernel"]("/d/cubin/sm_90a", _kernel(["sm_80", "compute_80"]))._choose(0)[1]
+        == "/d/cubin/sm_80"
+    )
 
 
 def test_the_source_half_follows_the_runtime_guard(monkeypatch):
@@ -130,7 +157,9 @@ CUBIN_FILES = sorted(p.name for p in CUBINS.glob("*.cubin"))
 
 def test_every_layout_is_recorded():
     assert {n.split("-")[0] for n in CUBIN_FILES} == {"ptxas12.8", "ptxas12.9", "ptxas13.0"}
-    assert {"ptxas12.8-sm_90a.cubin", "ptxas13.0-sm_90a.cubin", "ptxas13.0-sm_90.cubin"} <= set(CUBIN_FILES)
+    assert {"ptxas12.8-sm_90a.cubin", "ptxas13.0-sm_90a.cubin", "ptxas13.0-sm_90.cubin"} <= set(
+        CUBIN_FILES
+    )
 
 
 @pytest.mark.parametrize("name", CUBIN_FILES)
@@ -163,9 +192,14 @@ def test_cubin_target_refuses_other_files():
         cubin_target(bytes(data))
 
 
-@pytest.mark.parametrize("filed, cubin", [("sm_90a", "ptxas13.0-sm_90.cubin"),
-                                          ("sm_90", "ptxas12.8-sm_90a.cubin"),
-                                          ("sm_100a", "ptxas13.0-sm_120a.cubin")])
+@pytest.mark.parametrize(
+    "filed, cubin",
+    [
+        ("sm_90a", "ptxas13.0-sm_90.cubin"),
+        ("sm_90", "ptxas12.8-sm_90a.cubin"),
+        ("sm_100a", "ptxas13.0-sm_120a.cubin"),
+    ],
+)
 def test_a_cubin_is_never_filed_under_another_target(monkeypatch, filed, cubin):
     """A cross compile whose cubin is not for the target asked for (a plain sm_90 one
     for sm_90a, or another SM) is a capture error, not a mislabelled binary."""
@@ -176,12 +210,31 @@ def test_a_cubin_is_never_filed_under_another_target(monkeypatch, filed, cubin):
 
     entry = {"name": "k", "arg_tys": "OO", "scratch": 0}
     res = {"shared": 0, "num_warps": 4, "scratch": 0, "function": "k", "index": 0, "rejected": []}
-    with pytest.raises(CaptureError, match=f"Triton compiled 'k' for sm_.* when asked for {filed}; report this \\(triton 3.6.0\\)"):
-        cross_arch._choice(entry, "9.0", filed, "cubin", (CUBINS / cubin).read_bytes(), res,
-                           {"config": "c", "launcher": "l"}, {})
+    with pytest.raises(
+        CaptureError,
+        match=f"Triton compiled 'k' for sm_.* when asked for {filed}; report this \\(triton 3.6.0\\)",
+    ):
+        cross_arch._choice(
+            entry,
+            "9.0",
+            filed,
+            "cubin",
+            (CUBINS / cubin).read_bytes(),
+            res,
+            {"config": "c", "launcher": "l"},
+            {},
+        )
     blobs = {}
-    ok = cross_arch._choice(entry, "9.0", "sm_90a", "cubin", (CUBINS / "ptxas13.0-sm_90a.cubin").read_bytes(),
-                            res, {"config": "c", "launcher": "l"}, blobs)
+    ok = cross_arch._choice(
+        entry,
+        "9.0",
+        "sm_90a",
+        "cubin",
+        (CUBINS / "ptxas13.0-sm_90a.cubin").read_bytes(),
+        res,
+        {"config": "c", "launcher": "l"},
+        blobs,
+    )
     assert ok["sm"] == "sm_90a" and list(blobs) == [ok["file"]]
 
 
@@ -200,12 +253,22 @@ def test_the_recorded_manifest():
     for target in ("forward", "triton_rmsnorm"):
         (v,) = MANIFEST["targets"][target]["variants"]
         assert v["fingerprint"]["cuda_binaries"] == "compute_80 sm_100a sm_120a sm_80 sm_90a"
-        assert (v["compiled_for"], v["tuned_on"], v["validated_on"]) == (["8.0", "9.0", "10.0", "12.0"],
-                                                                         "9.0", ["9.0"])
+        assert (v["compiled_for"], v["tuned_on"], v["validated_on"]) == (
+            ["8.0", "9.0", "10.0", "12.0"],
+            "9.0",
+            ["9.0"],
+        )
 
 
-ARCH_LINES = ("target ", "  variant ", "    compiled for ", "    binaries: ", "    left out ",
-              "    config replaced ", "    this host: ")
+ARCH_LINES = (
+    "target ",
+    "  variant ",
+    "    compiled for ",
+    "    binaries: ",
+    "    left out ",
+    "    config replaced ",
+    "    this host: ",
+)
 
 
 def test_inspect_on_the_h200_is_what_it_printed_there():
@@ -221,13 +284,20 @@ def test_inspect_on_the_h200_is_what_it_printed_there():
     assert len(want) == 10 and arch_lines(text) == want
 
 
-MISMATCH_75 = ("compute_capability: built for compute_80 sm_100a sm_120a sm_80 sm_90a (tuned on 9.0), "
-               "none of which runs on this host's '7.5'")
+MISMATCH_75 = (
+    "compute_capability: built for compute_80 sm_100a sm_120a sm_80 sm_90a (tuned on 9.0), "
+    "none of which runs on this host's '7.5'"
+)
 HOSTS = [  # capability, the binary each kernel loads, how it serves (None: no match)
-    ("8.0", "sm_80", arch_select.EXACT), ("8.6", "sm_80", arch_select.LOWER_MINOR),
-    ("8.9", "sm_80", arch_select.LOWER_MINOR), ("9.0", "sm_90a", arch_select.EXACT),
-    ("10.0", "sm_100a", arch_select.EXACT), ("10.3", "compute_80", arch_select.PTX),
-    ("12.0", "sm_120a", arch_select.EXACT), ("7.5", None, None)]
+    ("8.0", "sm_80", arch_select.EXACT),
+    ("8.6", "sm_80", arch_select.LOWER_MINOR),
+    ("8.9", "sm_80", arch_select.LOWER_MINOR),
+    ("9.0", "sm_90a", arch_select.EXACT),
+    ("10.0", "sm_100a", arch_select.EXACT),
+    ("10.3", "compute_80", arch_select.PTX),
+    ("12.0", "sm_120a", arch_select.EXACT),
+    ("7.5", None, None),
+]
 
 
 @pytest.mark.parametrize("cc, binary, kind", HOSTS)
@@ -263,15 +333,25 @@ def test_runtime_choice_for_the_h200_build(monkeypatch, cc, binary, kind):
     kernel = ns["_TritonKernel"]("/d/cubin/sm_90a", _kernel(names))
     if kind is None:
         assert chosen is None and reports == [[MISMATCH_75]]
-        with pytest.raises(ns["CallError"], match=rf"no binary for cuda:0 \(compute capability {cc}\)"):
+        with pytest.raises(
+            ns["CallError"], match=rf"no binary for cuda:0 \(compute capability {cc}\)"
+        ):
             kernel._choose(0)
         return
     assert chosen is variants[0] and arch_select.variant_kind(chosen["fingerprint"], cc) == kind
-    assert kernel._choose(0)[0]["sm"] == binary == arch_select.best(names, tuple(int(x) for x in cc.split(".")))
+    assert (
+        kernel._choose(0)[0]["sm"]
+        == binary
+        == arch_select.best(names, tuple(int(x) for x in cc.split(".")))
+    )
     with warnings.catch_warnings(record=True) as seen:
         warnings.simplefilter("always")
         arch_select.check_jit_at_load("forward", chosen, cc, strict=False)
-    assert [w.category for w in seen] == ([arch_select.PtxJitWarning] if kind == arch_select.PTX else [])
+    assert [w.category for w in seen] == (
+        [arch_select.PtxJitWarning] if kind == arch_select.PTX else []
+    )
     if kind == arch_select.PTX:
-        with pytest.raises(HostMismatchError, match=rf"compute capability {cc}\) has no cubin.*strict mode"):
+        with pytest.raises(
+            HostMismatchError, match=rf"compute capability {cc}\) has no cubin.*strict mode"
+        ):
             arch_select.check_jit_at_load("forward", chosen, cc, strict=True)

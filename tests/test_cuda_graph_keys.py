@@ -31,7 +31,9 @@ def forward(m, x):
 def _graphs(tmp_path, fn, *args, max_graphs=8, fail=()):
     ns = _graphs_ns(_capture(tmp_path, fn, *args))
     runs = []
-    graphs = ns["_CudaGraphs"](lambda flat: runs.append(len(flat)) or [flat[-1] * 2], True, max_graphs, "graph")
+    graphs = ns["_CudaGraphs"](
+        lambda flat: runs.append(len(flat)) or [flat[-1] * 2], True, max_graphs, "graph"
+    )
     _stand_in_recording(graphs, fail=fail)
     return ns, graphs, runs
 
@@ -113,12 +115,17 @@ def test_inputs_written_in_place_are_read_in_place(tmp_path):
 
 def test_a_failed_recording_runs_that_size_plainly_with_one_warning(tmp_path):
     ns, graphs, runs = _graphs(tmp_path, lambda x: x * 2, torch.randn(3), fail=(5,))
-    with pytest.warns(CudaGraphWarning, match=r"target 't': recording a CUDA graph failed \(RuntimeError: "
-                      r"operation not permitted when stream is capturing\); calls of these input sizes "
-                      r"run the frozen kernels without a graph"):
+    with pytest.warns(
+        CudaGraphWarning,
+        match=r"target 't': recording a CUDA graph failed \(RuntimeError: "
+        r"operation not permitted when stream is capturing\); calls of these input sizes "
+        r"run the frozen kernels without a graph",
+    ):
         for _ in range(2):
             out = graphs([torch.ones(5)], CUDA0)
-    assert torch.equal(out[0], torch.full((5,), 2.0)) and graphs.failed == 1 and graphs.recorded == 0
+    assert (
+        torch.equal(out[0], torch.full((5,), 2.0)) and graphs.failed == 1 and graphs.recorded == 0
+    )
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # warned once: later calls of that size run plainly
         for _ in range(3):
@@ -144,7 +151,8 @@ def test_a_recording_that_runs_out_of_memory_records_at_the_next_call(tmp_path):
             try:
                 raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 MiB")
             except torch.cuda.OutOfMemoryError:  # as torch.cuda.graph's __exit__ replaces it
-                raise RuntimeError("CUDA error: operation failed due to a previous error during capture")  # noqa: B904
+                msg = "CUDA error: operation failed due to a previous error during capture"
+                raise RuntimeError(msg)  # noqa: B904
         return record(inputs)
 
     graphs._capture = capture
@@ -172,7 +180,9 @@ def test_concurrent_calls_keep_the_bookkeeping_whole(tmp_path):
             for _ in range(50):
                 out = graphs(list(flats[i]), CUDA0)
                 if len(graphs._graphs) and out[0].shape == models[i][0].fc.weight.shape:
-                    if not torch.equal(out[0], models[i][0].fc.weight) and not torch.equal(out[0], x * 2):
+                    if not torch.equal(out[0], models[i][0].fc.weight) and not torch.equal(
+                        out[0], x * 2
+                    ):
                         wrong.append(i)
         except Exception as e:  # pragma: no cover - the failure this test looks for
             errors.append(e)
@@ -198,8 +208,11 @@ def test_a_size_whose_tensors_move_every_call_stops_recording(tmp_path):
     limit = graphs.MAX_RECORDINGS * 2
     x = torch.randn(4)
     caches = [torch.zeros(4) for _ in range(limit + 6)]  # alive: each at an address of its own
-    with pytest.warns(CudaGraphWarning, match=r"CUDA graphs recorded for the same input sizes .* "
-                      r"run the frozen kernels without a graph from now on"):
+    with pytest.warns(
+        CudaGraphWarning,
+        match=r"CUDA graphs recorded for the same input sizes .* "
+        r"run the frozen kernels without a graph from now on",
+    ):
         for c in caches[:-1]:
             graphs([c, x], CUDA0)
     assert graphs.recorded == limit and len(graphs._graphs) == 2

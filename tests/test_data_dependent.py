@@ -64,28 +64,47 @@ def _inputs(kind):
     if kind == "int":
         return [torch.randint(0, 5, (10,)), torch.zeros(10, dtype=torch.int64), torch.arange(10)]
     shape = (3, 4) if kind == "2d" else (8,)
-    return [torch.randn(shape), torch.randn(shape), -torch.rand(shape) - 1, torch.rand(shape) + 1,
-            torch.zeros(shape)]
+    return [
+        torch.randn(shape),
+        torch.randn(shape),
+        -torch.rand(shape) - 1,
+        torch.rand(shape) + 1,
+        torch.zeros(shape),
+    ]
 
 
 def _same(got, want):
     got, want = (got, want) if isinstance(want, (tuple, list)) else ((got,), (want,))
     return len(got) == len(want) and all(
-        g.shape == w.shape and g.dtype == w.dtype and torch.allclose(g, w, atol=1e-5) for g, w in zip(got, want))
+        g.shape == w.shape and g.dtype == w.dtype and torch.allclose(g, w, atol=1e-5)
+        for g, w in zip(got, want)
+    )
 
 
-@pytest.mark.parametrize("fn, kind, sized_outputs", [
-    (_masked, "1d", {"0"}), (_nonzero, "2d", {"0"}), (_masked_select, "1d", {"0"}),
-    (_item_sized, "1d", {"0"}), (_unique, "int", {"0", "1"}), (_split_by_values, "split", {"0", "1", "2"}),
-    (_sliced_by_value, "1d", {"0", "1"}), (_reduced, "2d", set()),
-])
+@pytest.mark.parametrize(
+    "fn, kind, sized_outputs",
+    [
+        (_masked, "1d", {"0"}),
+        (_nonzero, "2d", {"0"}),
+        (_masked_select, "1d", {"0"}),
+        (_item_sized, "1d", {"0"}),
+        (_unique, "int", {"0", "1"}),
+        (_split_by_values, "split", {"0", "1", "2"}),
+        (_sliced_by_value, "1d", {"0", "1"}),
+        (_reduced, "2d", set()),
+    ],
+)
 def test_sizes_the_values_decide_serve_every_count_as_eager(tmp_path, fn, kind, sized_outputs):
     examples = [torch.rand(8)] * 3 if kind == "split" else _inputs(kind)
     art = capture_and_load(tmp_path / "p", fn, examples[0])
     recorded = art.metadata["data_dependent"]
     assert recorded["symbols"] and set(recorded["outputs"]) == sized_outputs
     if kind == "split":
-        examples = [torch.rand(8), torch.zeros(8), torch.full((8,), 5.0)]  # sums 0..45 within the slice
+        examples = [
+            torch.rand(8),
+            torch.zeros(8),
+            torch.full((8,), 5.0),
+        ]  # sums 0..45 within the slice
     with no_compilation():  # served: nothing compiles (the serving guard raises on any compile)
         for x in examples:
             assert _same(art(x), fn(x)), x
@@ -94,8 +113,11 @@ def test_sizes_the_values_decide_serve_every_count_as_eager(tmp_path, fn, kind, 
 def test_cuda_graphs_are_refused_for_sizes_the_values_decide(tmp_path):
     art = capture_and_load(tmp_path / "p", _masked, torch.randn(8))
     assert art.uses_kernels
-    with pytest.raises(CallError, match=r"CUDA graphs replay the sizes they recorded, and this target's code "
-                       r"sizes tensors by their values .*u\d+\); load it without cuda_graphs"):
+    with pytest.raises(
+        CallError,
+        match=r"CUDA graphs replay the sizes they recorded, and this target's code "
+        r"sizes tensors by their values .*u\d+\); load it without cuda_graphs",
+    ):
         art.with_cuda_graphs()
 
 
@@ -104,7 +126,9 @@ def test_data_dependent_sizes_with_a_dim_marked_dynamic(tmp_path):
         return x[x > 0] * 2, x.sum(0)
 
     art = capture_and_load(tmp_path / "p", fn, marked(6, 3, lo=1, hi=64))
-    assert art.metadata["dynamic"]["symbols"] and set(art.metadata["data_dependent"]["outputs"]) == {"0"}
+    assert art.metadata["dynamic"]["symbols"] and set(
+        art.metadata["data_dependent"]["outputs"]
+    ) == {"0"}
     for x in (torch.randn(6, 3), torch.randn(17, 3), -torch.ones(2, 3)):
         assert _same(art(x), fn(x))
 
@@ -115,7 +139,7 @@ def test_static_sizes_record_nothing_data_dependent(tmp_path):
 
 
 # ---- custom ops: the library that registers them is imported at load ---------------
-_OPS_MODULE = '''
+_OPS_MODULE = """
 import torch
 
 lib = torch.library.Library("pcbtinyops", "DEF")
@@ -141,7 +165,7 @@ def scaled(x: torch.Tensor) -> torch.Tensor:
 @scaled.register_fake
 def _(x):
     return torch.empty_like(x)
-'''
+"""
 
 
 def _serve_in_a_fresh_process(pair_dir, extra_path, code, watch="pcb_ops_mod"):
@@ -160,10 +184,19 @@ def _serve_in_a_fresh_process(pair_dir, extra_path, code, watch="pcb_ops_mod"):
             out["load_error"] = f"{{type(e).__name__}}: {{e}}"
             print(json.dumps(out)); raise SystemExit
         out["imported_after"] = sorted(m for m in sys.modules if m.startswith({watch!r}))
-    """).format(repo=REPO, extra=extra_path, src=str(pair_dir / "t.py"), cache=str(pair_dir / "t.cache"),
-                watch=watch)
-    proc = subprocess.run([sys.executable, "-c", script + textwrap.dedent(code) + "\nprint(json.dumps(out))"],
-                          capture_output=True, text=True, timeout=300)
+    """).format(
+        repo=REPO,
+        extra=extra_path,
+        src=str(pair_dir / "t.py"),
+        cache=str(pair_dir / "t.cache"),
+        watch=watch,
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", script + textwrap.dedent(code) + "\nprint(json.dumps(out))"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
@@ -181,20 +214,32 @@ def test_a_custom_ops_module_is_imported_when_the_pair_loads(tmp_path, monkeypat
     (tmp_path / "p").mkdir()
     with capture(fn, engine="frozen", **pair_paths(tmp_path / "p")) as f:
         f(torch.randn(8))
-    out = _serve_in_a_fresh_process(tmp_path / "p", [str(mods)], """
+    out = _serve_in_a_fresh_process(
+        tmp_path / "p",
+        [str(mods)],
+        """
         x = torch.tensor([1.0, -2.0, 3.0, -4.0, 5.0, 6.0, -7.0, 8.0])
         a, b = art(x)
         out["served"] = [a.tolist(), b.tolist()]
         out["meta"] = art.metadata["op_libraries"]
-    """)
+    """,
+    )
     assert out["imported_before"] == [] and out["imported_after"] == ["pcb_ops_mod"]
-    assert out["meta"] == {"pcbtinyops": {"ops": ["pcbtinyops::keep_positive"], "modules": ["pcb_ops_mod"]},
-                           "pcbtinyops2": {"ops": ["pcbtinyops2::scaled"], "modules": ["pcb_ops_mod"]}}
-    assert out["served"] == [[2.0, 6.0, 10.0, 12.0, 16.0], [3.0, -6.0, 9.0, -12.0, 15.0, 18.0, -21.0, 24.0]]
+    assert out["meta"] == {
+        "pcbtinyops": {"ops": ["pcbtinyops::keep_positive"], "modules": ["pcb_ops_mod"]},
+        "pcbtinyops2": {"ops": ["pcbtinyops2::scaled"], "modules": ["pcb_ops_mod"]},
+    }
+    assert out["served"] == [
+        [2.0, 6.0, 10.0, 12.0, 16.0],
+        [3.0, -6.0, 9.0, -12.0, 15.0, 18.0, -21.0, 24.0],
+    ]
     # where the module cannot be imported: a CallError at load that names it
     out = _serve_in_a_fresh_process(tmp_path / "p", [], "")
-    assert "CallError" in out["load_error"] and "'pcb_ops_mod'" in out["load_error"] \
-        and "pcbtinyops::keep_positive" in out["load_error"], out
+    assert (
+        "CallError" in out["load_error"]
+        and "'pcb_ops_mod'" in out["load_error"]
+        and "pcbtinyops::keep_positive" in out["load_error"]
+    ), out
 
 
 # ---- torchvision: nms and a detection model's post-processing ---------------------
@@ -216,12 +261,19 @@ def test_nms_post_processing_serves_every_count_and_imports_torchvision_at_load(
         return boxes[kept], scores[kept]
 
     art = capture_and_load(tmp_path / "p", post, *_boxes(20))
-    assert art.metadata["op_libraries"] == {"torchvision": {"ops": ["torchvision::nms"], "modules": ["torchvision"]}}
+    assert art.metadata["op_libraries"] == {
+        "torchvision": {"ops": ["torchvision::nms"], "modules": ["torchvision"]}
+    }
     gen = torch.Generator().manual_seed(0)
     one = _boxes(20, torch.zeros(20), gen)
     one[1][3] = 0.9
-    calls = [_boxes(20, gen=gen), _boxes(20, gen=gen), _boxes(20, torch.zeros(20), gen), one,
-             (_boxes(20, gen=gen)[0], torch.full((20,), 0.8))]
+    calls = [
+        _boxes(20, gen=gen),
+        _boxes(20, gen=gen),
+        _boxes(20, torch.zeros(20), gen),
+        one,
+        (_boxes(20, gen=gen)[0], torch.full((20,), 0.8)),
+    ]
     counts = set()
     with no_compilation():
         for b, s in calls:
@@ -229,11 +281,18 @@ def test_nms_post_processing_serves_every_count_and_imports_torchvision_at_load(
             counts.add(len(want[0]))
             assert _same(got, want)
     assert {0, 1} <= counts and len(counts) >= 3
-    out = _serve_in_a_fresh_process(tmp_path / "p", [], """
+    out = _serve_in_a_fresh_process(
+        tmp_path / "p",
+        [],
+        """
         b = torch.tensor([[0.0, 0, 10, 10], [1, 1, 11, 11], [30, 30, 45, 45]] * 6 + [[0, 0, 10, 10]] * 2)
         out["kept"] = len(art(b, torch.linspace(0.4, 0.9, 20))[0])
-    """, watch="torchvision")
-    assert out["imported_before"] == [] and "torchvision" in out["imported_after"] and out["kept"] == 2
+    """,
+        watch="torchvision",
+    )
+    assert (
+        out["imported_before"] == [] and "torchvision" in out["imported_after"] and out["kept"] == 2
+    )
 
 
 def test_faster_rcnn_in_eval_mode_is_refused_for_its_branch_not_blamed_on_the_function(tmp_path):
@@ -243,13 +302,17 @@ def test_faster_rcnn_in_eval_mode_is_refused_for_its_branch_not_blamed_on_the_fu
     torchvision = pytest.importorskip("torchvision")
     torch.manual_seed(0)
     model = torchvision.models.detection.fasterrcnn_mobilenet_v3_large_320_fpn(
-        weights=None, weights_backbone=None, num_classes=3, min_size=64, max_size=64).eval()
+        weights=None, weights_backbone=None, num_classes=3, min_size=64, max_size=64
+    ).eval()
     images = [torch.rand(3, 64, 64)]
 
     def detect(model, images):
         return model(images)
 
-    with pytest.raises(CaptureError) as info, capture(detect, engine="frozen", **pair_paths(tmp_path)) as f:
+    with (
+        pytest.raises(CaptureError) as info,
+        capture(detect, engine="frozen", **pair_paths(tmp_path)) as f,
+    ):
         f(model, images)
     assert "itself raises" not in str(info.value)
     assert isinstance(detect(model, images), list)  # it runs eagerly, after the capture too

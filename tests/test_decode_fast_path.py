@@ -39,8 +39,12 @@ def decode(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("decode")
     model = modelzoo.build_llama()
     src, cache = tmp / "t.py", tmp / "t.cache"
-    with torch.no_grad(), precompile_build.capture(modelzoo.lm_step, artifact_path=src, cache_path=cache,
-                                                   target="t", engine="eager") as f:
+    with (
+        torch.no_grad(),
+        precompile_build.capture(
+            modelzoo.lm_step, artifact_path=src, cache_path=cache, target="t", engine="eager"
+        ) as f,
+    ):
         f(model, torch.tensor([[1]]), modelzoo.static_cache(model, "cpu"), torch.tensor([0]))
     step = load_pair(src, cache)
     ns = step.__call__.__globals__
@@ -82,34 +86,64 @@ def test_a_swapped_cache_tensor_is_the_one_written(decode):
     old = cache.layers[1].keys
     cache.layers[1].keys = torch.zeros_like(old)  # same shape: served, written in place
     step(model, torch.tensor([[4]]), cache, torch.tensor([1]))
-    assert cache.layers[1].keys[:, :, 1].abs().sum() > 0 and cache.layers[1].keys[:, :, 0].abs().sum() == 0
+    assert (
+        cache.layers[1].keys[:, :, 1].abs().sum() > 0
+        and cache.layers[1].keys[:, :, 0].abs().sum() == 0
+    )
     assert old[:, :, 1].abs().sum() == 0  # the replaced tensor is not written
 
 
 def _changes(model):
     """(change to a fresh, once-served cache, the message it gets): each a way a
     caller can alter a cache between two calls."""
+
     def tensor(shape_change):
         def change(c):
             k = c.layers[0].keys
             c.layers[0].keys = torch.zeros(*shape_change(list(k.shape)))
+
         return change
 
     def setattr_(obj, name, value):
         return lambda c: setattr(obj(c), name, value)
 
     return [
-        (tensor(lambda s: [s[0], s[1], s[2] - 1, s[3]]), r"argument 'cache'.layers\[0\].keys: shape \[1, 2, 47, 8\]"),
-        (lambda c: c.layers[1].values.resize_(1, 2, 10, 8), r"argument 'cache'.layers\[1\].values: shape"),
-        (setattr_(lambda c: c.layers[0], "keys", torch.zeros(1, 2, 48, 8, dtype=torch.float16)),
-         r"argument 'cache'.layers\[0\].keys: dtype torch.float16"),
-        (setattr_(lambda c: c.layers[0], "max_cache_len", 10),
-         r"argument 'cache'.layers\[0\]: a StaticLayer with max_cache_len 10 \(captured 48\)"),
-        (setattr_(lambda c: c.layers[1], "is_initialized", False), r"an argument is a StaticLayer that is not initialized"),
-        (setattr_(lambda c: c.layers[0], "extra", 1), r"argument 'cache'.layers\[0\]: a StaticLayer with extra 1"),
-        (setattr_(lambda c: c.layers[0], "cumulative_length", 0), r"argument 'cache'.layers\[0\]: "),
-        (lambda c: setattr(c, "layers", tuple(c.layers)), r"argument 'cache'.layers: expected a list"),
-        (lambda c: c.layers.append(c.layers[0]), r"argument 'cache'.layers: expected a list of 2 item\(s\), got a list of 3"),
+        (
+            tensor(lambda s: [s[0], s[1], s[2] - 1, s[3]]),
+            r"argument 'cache'.layers\[0\].keys: shape \[1, 2, 47, 8\]",
+        ),
+        (
+            lambda c: c.layers[1].values.resize_(1, 2, 10, 8),
+            r"argument 'cache'.layers\[1\].values: shape",
+        ),
+        (
+            setattr_(lambda c: c.layers[0], "keys", torch.zeros(1, 2, 48, 8, dtype=torch.float16)),
+            r"argument 'cache'.layers\[0\].keys: dtype torch.float16",
+        ),
+        (
+            setattr_(lambda c: c.layers[0], "max_cache_len", 10),
+            r"argument 'cache'.layers\[0\]: a StaticLayer with max_cache_len 10 \(captured 48\)",
+        ),
+        (
+            setattr_(lambda c: c.layers[1], "is_initialized", False),
+            r"an argument is a StaticLayer that is not initialized",
+        ),
+        (
+            setattr_(lambda c: c.layers[0], "extra", 1),
+            r"argument 'cache'.layers\[0\]: a StaticLayer with extra 1",
+        ),
+        (
+            setattr_(lambda c: c.layers[0], "cumulative_length", 0),
+            r"argument 'cache'.layers\[0\]: ",
+        ),
+        (
+            lambda c: setattr(c, "layers", tuple(c.layers)),
+            r"argument 'cache'.layers: expected a list",
+        ),
+        (
+            lambda c: c.layers.append(c.layers[0]),
+            r"argument 'cache'.layers: expected a list of 2 item\(s\), got a list of 3",
+        ),
     ]
 
 
@@ -122,8 +156,10 @@ def test_changes_to_a_cache_between_calls_are_caught(decode):
         with pytest.raises(CallError, match=message):
             step(model, torch.tensor([[4]]), cache, torch.tensor([1]))
     cache = modelzoo.static_cache(model, "cpu")  # and the next good call is served
-    torch.testing.assert_close(step(model, torch.tensor([[3]]), cache, torch.tensor([0])),
-                               _eager(model, modelzoo.static_cache(model, "cpu"), 3, 0))
+    torch.testing.assert_close(
+        step(model, torch.tensor([[3]]), cache, torch.tensor([0])),
+        _eager(model, modelzoo.static_cache(model, "cpu"), 3, 0),
+    )
 
 
 def test_an_alias_made_between_calls_is_caught(decode):
@@ -138,12 +174,17 @@ def test_an_alias_made_between_calls_is_caught(decode):
         step(model, torch.tensor([[4]]), cache, torch.tensor([1]))
         keys = cache.layers[1].keys
         cache.layers[1].keys = cache.layers[0].keys
-        with pytest.raises(CallError, match=r"argument 'cache'.layers\[(0|1)\].keys shares memory with "
-                                            r"argument 'cache'.layers\[(0|1)\].keys.*\.clone\(\)"):
+        with pytest.raises(
+            CallError,
+            match=r"argument 'cache'.layers\[(0|1)\].keys shares memory with "
+            r"argument 'cache'.layers\[(0|1)\].keys.*\.clone\(\)",
+        ):
             step(model, torch.tensor([[5]]), cache, torch.tensor([2]))
         cache.layers[1].keys = keys
         step(model, torch.tensor([[5]]), cache, torch.tensor([2]))
-        with pytest.raises(CallError, match=r"layers\[0\].cumulative_length shares memory with argument 'pos'"):
+        with pytest.raises(
+            CallError, match=r"layers\[0\].cumulative_length shares memory with argument 'pos'"
+        ):
             step(model, torch.tensor([[6]]), cache, cache.layers[0].cumulative_length.view(1))
         step(model, torch.tensor([[6]]), cache, torch.tensor([3]))
     finally:
@@ -168,8 +209,14 @@ def test_the_alias_verdict_holds_for_new_tokens_and_each_cache(decode):
         for pos in range(4):
             for c in caches:
                 step(model, torch.tensor([[pos + 3]]), c, torch.tensor([pos]))
-        assert len(calls) <= 2  # (fewer: a cache at the addresses of one checked before keeps its verdict)
-        with pytest.raises(CallError, match=r"layers\[1\].cumulative_length shares memory with argument 'pos'"):
-            step(model, torch.tensor([[7]]), caches[0], caches[0].layers[1].cumulative_length.view(1))
+        assert (
+            len(calls) <= 2
+        )  # (fewer: a cache at the addresses of one checked before keeps its verdict)
+        with pytest.raises(
+            CallError, match=r"layers\[1\].cumulative_length shares memory with argument 'pos'"
+        ):
+            step(
+                model, torch.tensor([[7]]), caches[0], caches[0].layers[1].cumulative_length.view(1)
+            )
     finally:
         ns["_CHECK_ALIASES"], ns["_full_alias_check"] = False, full

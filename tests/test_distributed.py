@@ -33,7 +33,9 @@ def _free_port() -> int:
 
 
 def _init(backend, rank, world, port):
-    dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    dist.init_process_group(
+        backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world
+    )
 
 
 def _load(src, cache):
@@ -55,7 +57,10 @@ def _cases(rank, tmp, backend, ports):
     out: dict = {}
 
     def paths(name):
-        return {"artifact_path": f"{tmp}/{name}{rank}.py", "cache_path": f"{tmp}/{name}{rank}.cache"}
+        return {
+            "artifact_path": f"{tmp}/{name}{rank}.py",
+            "cache_path": f"{tmp}/{name}{rank}.cache",
+        }
 
     _init(backend, rank, 2, ports[0])
     x = torch.full((4,), float(rank + 1), device=dev)
@@ -66,7 +71,9 @@ def _cases(rank, tmp, backend, ports):
 
     with precompile_build.capture(world_sum, engine="frozen", **paths("world")) as f:
         want = f(x)
-    served = _load(**{"src": paths("world")["artifact_path"], "cache": paths("world")["cache_path"]})
+    served = _load(
+        **{"src": paths("world")["artifact_path"], "cache": paths("world")["cache_path"]}
+    )
     out["world"] = [served(x).tolist(), want.tolist()]
 
     # 2. a subgroup: captured as registry name "1", served where "1" is another group
@@ -81,8 +88,9 @@ def _cases(rank, tmp, backend, ports):
     out["group_meta"] = grouped.metadata.get("collectives")
     g0 = dist.new_group([0])  # a group of rank 0 alone: only rank 0 runs its collective
     if rank == 0:
-        with precompile_build.capture(lambda x: funcol.all_reduce(x, "sum", g0) * 3, engine="eager",
-                                      **paths("single")) as f:
+        with precompile_build.capture(
+            lambda x: funcol.all_reduce(x, "sum", g0) * 3, engine="eager", **paths("single")
+        ) as f:
             f(x)
         single = _load(paths("single")["artifact_path"], paths("single")["cache_path"])
 
@@ -102,7 +110,9 @@ def _cases(rank, tmp, backend, ports):
         out["c10d"] = str(e)
     ddp = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(4, 2).to(dev))
     try:
-        with precompile_build.capture(lambda m, x: m(x).sum().backward(), engine="eager", **paths("ddp")) as f:
+        with precompile_build.capture(
+            lambda m, x: m(x).sum().backward(), engine="eager", **paths("ddp")
+        ) as f:
             f(ddp, x)
     except CaptureError as e:
         out["ddp"] = str(e)
@@ -161,19 +171,29 @@ def _run(tmp_path, backend):
         got, want = r["world"]
         assert got == want == [2 * total] * 4
         assert r["world_again"] == want
-        assert r["group_meta"] == {"world_size": 2, "groups": {"precompile:ranks=0,1": [0, 1]}, "backend": backend}
+        assert r["group_meta"] == {
+            "world_size": 2,
+            "groups": {"precompile:ranks=0,1": [0, 1]},
+            "backend": backend,
+        }
         got, want = r["group"]
         assert got == want == [total + 1] * 4  # the sum over ranks 0 and 1, on both ranks
         if "c10d_served" in r:  # traced as a functional collective (torch 2.11)
             got, want = r["c10d_served"]
             assert got == want == [total] * 4
         else:
-            assert "use the functional collectives" in r["c10d"] and "register_buffer" not in r["c10d"]
-        assert "wrapped in DistributedDataParallel" in r["ddp"] and "inner module's step" in r["ddp"]
+            assert (
+                "use the functional collectives" in r["c10d"] and "register_buffer" not in r["c10d"]
+            )
+        assert (
+            "wrapped in DistributedDataParallel" in r["ddp"] and "inner module's step" in r["ddp"]
+        )
         assert "a world of 2 process(es); this process is in no process group" in r["no_world"]
     assert "this process is in a world of 1" in results[0]["size"]
-    assert "no group of these ranks; create it on every rank before the call: dist.new_group(ranks=[0])" \
+    assert (
+        "no group of these ranks; create it on every rank before the call: dist.new_group(ranks=[0])"
         in results[0]["no_group"]
+    )
     assert results[0]["single"] == [3.0] * 4
 
 
@@ -182,8 +202,10 @@ def test_collectives_gloo(tmp_path):
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not (torch.cuda.is_available() and torch.cuda.device_count() >= 2
-                         and dist.is_nccl_available()), reason="needs 2 CUDA GPUs and NCCL")
+@pytest.mark.skipif(
+    not (torch.cuda.is_available() and torch.cuda.device_count() >= 2 and dist.is_nccl_available()),
+    reason="needs 2 CUDA GPUs and NCCL",
+)
 def test_collectives_nccl(tmp_path):
     _run(tmp_path, "nccl")
 
@@ -194,7 +216,10 @@ def test_a_group_c10d_does_not_list_is_a_capture_error():
     from precompile_build.capturing.collectives import group_ranks
     from precompile_build.errors import CaptureError
 
-    with pytest.raises(CaptureError, match=r"target 't': a collective names the process group '7', which "
-                       r"torch.distributed does not list among its groups .*dist.new_group\(ranks\) on "
-                       r"every rank"):
+    with pytest.raises(
+        CaptureError,
+        match=r"target 't': a collective names the process group '7', which "
+        r"torch.distributed does not list among its groups .*dist.new_group\(ranks\) on "
+        r"every rank",
+    ):
         group_ranks(object(), name="7", target="t")

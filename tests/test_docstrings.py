@@ -38,8 +38,14 @@ def test_every_dataclass_field_has_a_docstring(module, name):
     cls = getattr(importlib.import_module(module), name)
     assert inspect.getdoc(cls)
     body = ast.parse(inspect.getsource(cls)).body[0].body
-    missing = [stmt.target.id for stmt, nxt in zip(body, body[1:] + [None])
-               if isinstance(stmt, ast.AnnAssign)
-               and not (isinstance(nxt, ast.Expr) and isinstance(nxt.value, ast.Constant)
-                        and isinstance(nxt.value.value, str))]
+    missing = [
+        stmt.target.id
+        for stmt, nxt in zip(body, body[1:] + [None])
+        if isinstance(stmt, ast.AnnAssign)
+        and not (
+            isinstance(nxt, ast.Expr)
+            and isinstance(nxt.value, ast.Constant)
+            and isinstance(nxt.value.value, str)
+        )
+    ]
     assert missing == [], f"{module}.{name}: fields without a docstring: {missing}"

@@ -144,7 +144,9 @@ def test_autocast_at_call_time_is_refused(pair):
     ns, fn, m, x = pair
     fn(m, x)
     with torch.autocast("cpu", dtype=torch.bfloat16):
-        with pytest.raises(CallError, match="called with cpu autocast to torch.bfloat16, but captured with it off"):
+        with pytest.raises(
+            CallError, match="called with cpu autocast to torch.bfloat16, but captured with it off"
+        ):
             fn(m, x)
         with torch.autocast("cpu", enabled=False):  # the documented way out
             assert fn(m, x).dtype == torch.float32
@@ -220,8 +222,13 @@ def test_serving_imports_no_compiler_module(tmp_path):
     _capture(tmp_path, forward, m, torch.randn(2, 8))
     (tmp_path / "serve.py").write_text(SERVE)
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([REPO, os.path.join(REPO, "runtime")]))
-    out = subprocess.run([sys.executable, str(tmp_path / "serve.py"), str(tmp_path / "t.py")],
-                         capture_output=True, text=True, env=env, timeout=300)
+    out = subprocess.run(
+        [sys.executable, str(tmp_path / "serve.py"), str(tmp_path / "t.py")],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
     assert out.returncode == 0, out.stderr
     r = json.loads(out.stdout.strip().splitlines()[-1])
     assert r == {"guard": "TensorGuards", "equal": True, "compiler_modules": []}
@@ -232,10 +239,14 @@ def test_cuda_graphs_option_on_a_cpu_target_is_a_capture_error(tmp_path, monkeyp
     monkeypatch.setenv("PRECOMPILE_CUDA_GRAPHS", "1")
     paths = {"artifact_path": tmp_path / "t.py", "cache_path": tmp_path / "t.cache"}
     ran = []
-    with pytest.raises(precompile_build.CaptureError, match="cuda-graphs = true needs a CUDA inference "
-                       "target; this one's arguments are on cpu: drop the option"):
-        with precompile_build.capture(lambda m, x: ran.append(x) or forward(m, x), engine="frozen",
-                                      **paths) as f:
+    with pytest.raises(
+        precompile_build.CaptureError,
+        match="cuda-graphs = true needs a CUDA inference "
+        "target; this one's arguments are on cpu: drop the option",
+    ):
+        with precompile_build.capture(
+            lambda m, x: ran.append(x) or forward(m, x), engine="frozen", **paths
+        ) as f:
             f(_model(1), torch.randn(2, 8))
     assert not (tmp_path / "t.py").exists() and ran == []  # refused before the trace
 
@@ -281,8 +292,10 @@ def test_two_model_arguments_are_cached_as_a_pair(tmp_path):
 def test_cuda_graphs_option_with_another_engine_is_a_capture_error(tmp_path, monkeypatch):
     monkeypatch.setenv("PRECOMPILE_CUDA_GRAPHS", "1")
     paths = {"artifact_path": tmp_path / "t.py", "cache_path": tmp_path / "t.cache"}
-    with pytest.raises(precompile_build.CaptureError, match="replays the frozen engine's kernels, "
-                       "but this capture uses engine 'eager'"):
+    with pytest.raises(
+        precompile_build.CaptureError,
+        match="replays the frozen engine's kernels, but this capture uses engine 'eager'",
+    ):
         with precompile_build.capture(forward, engine="eager", **paths) as f:
             f(_model(1), torch.randn(2, 8))
 
@@ -329,7 +342,9 @@ def test_cuda_graph_bookkeeping_is_bounded(tmp_path):
     ns = _capture(tmp_path, _double, torch.randn(3))
     _graphs_ns(ns)
     runs = []
-    graphs = ns["_CudaGraphs"](lambda flat: runs.append(len(flat[0])) or [flat[0] * 2], True, 2, "graph")
+    graphs = ns["_CudaGraphs"](
+        lambda flat: runs.append(len(flat[0])) or [flat[0] * 2], True, 2, "graph"
+    )
 
     _stand_in_recording(graphs)
     cuda0 = torch.device("cuda", 0)
@@ -379,7 +394,9 @@ def test_compute_bound_sizes_are_kept_plain_and_bounded(tmp_path):
     graphs._timed_run = timed_run
     _stand_in_recording(graphs)
     cuda0 = torch.device("cuda", 0)
-    gpu_ms.update({1: 1.2, 2: 1.6, 3: 9.0, 4: 9.0, 5: 9.0, 6: 9.0})  # launch-bound, compute-bound x5
+    gpu_ms.update(
+        {1: 1.2, 2: 1.6, 3: 9.0, 4: 9.0, 5: 9.0, 6: 9.0}
+    )  # launch-bound, compute-bound x5
     graphs([torch.ones(1)], cuda0)
     assert timed == [] and runs == [1]  # the first call warms up, untimed
     for n in (1, 2):
@@ -408,17 +425,25 @@ def test_with_cuda_graphs_checks_its_arguments_first(tmp_path):
 
     _capture(tmp_path, forward, _model(), torch.randn(2, 8), engine="frozen")
     fn = load_pair(tmp_path / "t.py", tmp_path / "t.cache")
-    bad = [({"max_graphs": 0}, r"max_graphs=0\): max_graphs takes a positive int"),
-           ({"max_graphs": True}, r"max_graphs=True\): max_graphs takes a positive int"),
-           ({"compute_bound": "grpah"}, r"compute_bound='grpah'\): compute_bound takes 'plain' or 'graph'"),
-           ({"copy_outputs": None}, r"copy_outputs=None\): copy_outputs takes True or False"),
-           ({"enabled": "no"}, r"enabled='no'\): enabled takes True or False")]
+    bad = [
+        ({"max_graphs": 0}, r"max_graphs=0\): max_graphs takes a positive int"),
+        ({"max_graphs": True}, r"max_graphs=True\): max_graphs takes a positive int"),
+        (
+            {"compute_bound": "grpah"},
+            r"compute_bound='grpah'\): compute_bound takes 'plain' or 'graph'",
+        ),
+        ({"copy_outputs": None}, r"copy_outputs=None\): copy_outputs takes True or False"),
+        ({"enabled": "no"}, r"enabled='no'\): enabled takes True or False"),
+    ]
     for kw, text in bad:
         for enabled in (True, False):
             with pytest.raises(ValueError, match=r"target 't': with_cuda_graphs\(" + text):
                 fn.with_cuda_graphs(**{"enabled": enabled, **kw})
-    with pytest.raises(CallError, match=r"captured on cpu: load it without cuda_graphs "
-                                        r"\(with_cuda_graphs\(False\)\), or capture it on a CUDA device"):
+    with pytest.raises(
+        CallError,
+        match=r"captured on cpu: load it without cuda_graphs "
+        r"\(with_cuda_graphs\(False\)\), or capture it on a CUDA device",
+    ):
         fn.with_cuda_graphs()
     plain = fn.with_cuda_graphs(False, max_graphs=2, compute_bound="graph")
     assert not plain.cuda_graphs and plain.uses_kernels
@@ -430,7 +455,9 @@ def test_timed_warm_keys_are_kept_by_recency(tmp_path):
     ns = _capture(tmp_path, _double, torch.randn(3))
     _graphs_ns(ns)
     graphs = ns["_CudaGraphs"](lambda flat: [flat[0] * 2], True, 2)
-    graphs._timed_run = lambda key, flat: graphs._keep_warm(key, (None, None, 1.0)) or graphs._run(flat)
+    graphs._timed_run = lambda key, flat: (
+        graphs._keep_warm(key, (None, None, 1.0)) or graphs._run(flat)
+    )
     cuda0 = torch.device("cuda", 0)
     for n in (1, 2, 1, 3):  # 1 warms up, 2 warms up, 1 is timed (now the newest), 3 warms up
         graphs([torch.ones(n)], cuda0)
@@ -456,15 +483,23 @@ def test_load_packaged_cuda_graphs_on_a_cpu_target_is_a_load_error(tmp_path, mon
     doc = p.manifest()
     doc["targets"]["fwd"]["variants"][0].update(
         code_hash=sha256_hex(source),
-        files={"source": file_entry("fwd.py", source), "cache": file_entry("fwd.cache", cache)})
+        files={"source": file_entry("fwd.py", source), "cache": file_entry("fwd.cache", cache)},
+    )
     p.write_manifest(doc)
-    with pytest.raises(LoadOptionError, match=rf"package '{p.name}', target 'fwd': load_packaged\(\.\.\., "
-                       r"cuda_graphs=True\): CUDA graphs replay the frozen kernels of CUDA inference "
-                       r"targets, and this target was captured on cpu\. Drop cuda_graphs=True \(pass "
-                       r"None or False\); or capture it on a CUDA device") as ei:
+    with pytest.raises(
+        LoadOptionError,
+        match=rf"package '{p.name}', target 'fwd': load_packaged\(\.\.\., "
+        r"cuda_graphs=True\): CUDA graphs replay the frozen kernels of CUDA inference "
+        r"targets, and this target was captured on cpu\. Drop cuda_graphs=True \(pass "
+        r"None or False\); or capture it on a CUDA device",
+    ) as ei:
         load_packaged("fwd", package=p.name, cuda_graphs=True)
     assert isinstance(ei.value, PrecompileLoadError) and isinstance(ei.value, ValueError)
     fn = load_packaged("fwd", package=p.name, cuda_graphs=False)
-    assert fn.uses_kernels and not fn.cuda_graphs and torch.equal(fn(torch.ones(3)), torch.full((3,), 2.0))
+    assert (
+        fn.uses_kernels
+        and not fn.cuda_graphs
+        and torch.equal(fn(torch.ones(3)), torch.full((3,), 2.0))
+    )
     with pytest.raises(LoadOptionError, match="use None, True or False"):
         load_packaged("fwd", package=p.name, cuda_graphs="yes")

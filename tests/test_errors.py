@@ -34,11 +34,14 @@ def test_for_target_names_the_target_once():
     assert outer.for_target("other") is outer  # a target already named stays
 
 
-@pytest.mark.parametrize("err", [
-    CaptureError("d", target="t", where="w"),
-    CompilerFailed("Inductor failed", target="t", traced=("graph",), real={"outputs": []}),
-    ScriptFailed("exited with status 1", target="t", log_tail="\nlog", seconds=1.5),
-])
+@pytest.mark.parametrize(
+    "err",
+    [
+        CaptureError("d", target="t", where="w"),
+        CompilerFailed("Inductor failed", target="t", traced=("graph",), real={"outputs": []}),
+        ScriptFailed("exited with status 1", target="t", log_tail="\nlog", seconds=1.5),
+    ],
+)
 def test_fields_survive_pickle(err):
     back = pickle.loads(pickle.dumps(err))
     assert type(back) is type(err) and str(back) == str(err) and vars(back) == vars(err)
@@ -60,11 +63,21 @@ def test_a_warning_about_a_target_has_the_same_prefix():
 
 
 def test_a_load_error_formats_its_parts_and_keeps_them():
-    e = IntegrityError("size check failed: 3 vs 4", context="package 'p', target 'f'",
-                       where="_precompiled/f.py", advice="reinstall the package")
-    assert str(e) == "package 'p', target 'f': _precompiled/f.py: size check failed: 3 vs 4; reinstall the package"
-    assert (e.finding, e.where, e.advice) == ("size check failed: 3 vs 4", "_precompiled/f.py",
-                                              "reinstall the package")
+    e = IntegrityError(
+        "size check failed: 3 vs 4",
+        context="package 'p', target 'f'",
+        where="_precompiled/f.py",
+        advice="reinstall the package",
+    )
+    assert (
+        str(e)
+        == "package 'p', target 'f': _precompiled/f.py: size check failed: 3 vs 4; reinstall the package"
+    )
+    assert (e.finding, e.where, e.advice) == (
+        "size check failed: 3 vs 4",
+        "_precompiled/f.py",
+        "reinstall the package",
+    )
     back = pickle.loads(pickle.dumps(e))
     assert type(back) is IntegrityError and str(back) == str(e) and back.where == e.where
     assert str(PrecompileLoadError("one message")) == "one message"
@@ -88,12 +101,23 @@ def test_the_runtime_raises_its_errors_with_their_fields(tmp_path, monkeypatch):
 
     doc = {"format": manifest_format.FORMAT, "version": 9, "targets": {}}
     with pytest.raises(ManifestError) as e:
-        manifest_format.parse(json.dumps(doc).encode(), where="_precompiled/manifest.json", context="package 'p'")
+        manifest_format.parse(
+            json.dumps(doc).encode(), where="_precompiled/manifest.json", context="package 'p'"
+        )
     assert (e.value.context, e.value.where, e.value.advice) == (
-        "package 'p'", "_precompiled/manifest.json", "upgrade precompile-runtime")
-    assert str(e.value) == ("package 'p': _precompiled/manifest.json: manifest format version 9 is newer than "
-                            "this precompile-runtime reads (1); upgrade precompile-runtime")
-    doc = {"format": manifest_format.FORMAT, "version": 1, "targets": {"t": {"variants": [{"engine": "jit"}]}}}
+        "package 'p'",
+        "_precompiled/manifest.json",
+        "upgrade precompile-runtime",
+    )
+    assert str(e.value) == (
+        "package 'p': _precompiled/manifest.json: manifest format version 9 is newer than "
+        "this precompile-runtime reads (1); upgrade precompile-runtime"
+    )
+    doc = {
+        "format": manifest_format.FORMAT,
+        "version": 1,
+        "targets": {"t": {"variants": [{"engine": "jit"}]}},
+    }
     with pytest.raises(ManifestError) as e:
         manifest_format.parse(json.dumps(doc).encode(), where="m")
     assert (e.value.where, e.value.finding) == ("m: target 't' variant 0", "unknown engine 'jit'")
@@ -102,7 +126,10 @@ def test_the_runtime_raises_its_errors_with_their_fields(tmp_path, monkeypatch):
     p = on_path(monkeypatch, make_package(tmp_path))
     with pytest.raises(TargetNotFoundError) as e:
         load_packaged("nope", package=p.name)
-    assert (e.value.context, e.value.finding) == (f"package {p.name!r}, target 'nope'", "no such target")
+    assert (e.value.context, e.value.finding) == (
+        f"package {p.name!r}, target 'nope'",
+        "no such target",
+    )
     assert e.value.advice == "the package has 'fwd'"
     assert pickle.loads(pickle.dumps(e.value)).advice == e.value.advice
 

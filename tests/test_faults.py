@@ -45,22 +45,29 @@ with open(os.environ["PRECOMPILE_ARTIFACT_PATH"], "w") as f:
 
 def _half_project(tmp_path: Path, *, die: bool = False) -> Path:
     args = '\nargs = ["--die"]' if die else ""
-    root = make_project(tmp_path, '[tool.precompile.targets.double]\nscript = "capture/pair.py"\n'
-                        f'[tool.precompile.targets.half]\nscript = "capture/half.py"{args}\n'
-                        "timeout = 120\n")
+    root = make_project(
+        tmp_path,
+        '[tool.precompile.targets.double]\nscript = "capture/pair.py"\n'
+        f'[tool.precompile.targets.half]\nscript = "capture/half.py"{args}\n'
+        "timeout = 120\n",
+    )
     (root / "capture" / "half.py").write_text(HALF)
     return root
 
 
 def _env(tmp_path: Path, **extra) -> dict[str, str]:
     env = dict(os.environ)
-    env.update(PYTHONPATH=os.pathsep.join(
-        [str(REPO), str(REPO / "runtime")] + [p for p in [env.get("PYTHONPATH")] if p]),
+    env.update(
+        PYTHONPATH=os.pathsep.join(
+            [str(REPO), str(REPO / "runtime")] + [p for p in [env.get("PYTHONPATH")] if p]
+        ),
         FAULT_PID=str(tmp_path / "script.pid"),
         # no capture cache (being added to the backend): every capture runs for real,
         # and nothing is written to the per-user cache directory
-        PRECOMPILE_CACHE="0", PRECOMPILE_BUILD_CACHE_DIR=str(tmp_path / "capture-cache"),
-        **extra)
+        PRECOMPILE_CACHE="0",
+        PRECOMPILE_BUILD_CACHE_DIR=str(tmp_path / "capture-cache"),
+        **extra,
+    )
     return env
 
 
@@ -83,8 +90,10 @@ def _wait_for(path: Path, proc: subprocess.Popen, timeout: float = 120) -> int:
             return int(path.read_text())
         if proc.poll() is not None:
             out, err = proc.communicate()
-            pytest.fail(f"build ended before the capture script started ({proc.returncode}):"
-                        f"\n{out[-3000:]}\n{err[-3000:]}")
+            pytest.fail(
+                f"build ended before the capture script started ({proc.returncode}):"
+                f"\n{out[-3000:]}\n{err[-3000:]}"
+            )
         time.sleep(0.05)
     pytest.fail(f"no {path} after {timeout} s")
 
@@ -127,17 +136,38 @@ def ctrl_c_build(tmp_path_factory):
     tmp.mkdir()
     env = _env(tmp_path, TMPDIR=str(tmp), FIXTURE_FINGERPRINT=_fingerprint())
     proc = subprocess.Popen(
-        [sys.executable, "-m", "build", "--no-isolation", "--skip-dependency-check", "--wheel",
-         "--outdir", str(out), str(root)], cwd=tmp_path, env=env,
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+        [
+            sys.executable,
+            "-m",
+            "build",
+            "--no-isolation",
+            "--skip-dependency-check",
+            "--wheel",
+            "--outdir",
+            str(out),
+            str(root),
+        ],
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
     script = _wait_for(tmp_path / "script.pid", proc)
     try:
         os.killpg(proc.pid, signal.SIGINT)
         stdout, stderr = proc.communicate(timeout=60)
-        yield {"rc": proc.returncode, "log": stdout[-2000:] + stderr[-2000:],
-               "script_gone": _gone(script), "wheels": os.listdir(out),
-               "project_before": before, "project_after": _tree(root),
-               "tmp_left": sorted(os.listdir(tmp)), "tmp": tmp}
+        yield {
+            "rc": proc.returncode,
+            "log": stdout[-2000:] + stderr[-2000:],
+            "script_gone": _gone(script),
+            "wheels": os.listdir(out),
+            "project_before": before,
+            "project_after": _tree(root),
+            "tmp_left": sorted(os.listdir(tmp)),
+            "tmp": tmp,
+        }
     finally:
         _reap(script)
         if proc.poll() is None:
@@ -184,10 +214,23 @@ def test_ctrl_c_during_cli_capture_ends_everything(tmp_path):
     before = _tree(root)
     tmp = tmp_path / "tmp"
     tmp.mkdir()
-    proc = subprocess.Popen([sys.executable, "-m", "precompile_build", "capture", "--project",
-                             str(root), "--out", str(root / "simplepkg" / "_precompiled")],
-                            env=_env(tmp_path, TMPDIR=str(tmp)), stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "precompile_build",
+            "capture",
+            "--project",
+            str(root),
+            "--out",
+            str(root / "simplepkg" / "_precompiled"),
+        ],
+        env=_env(tmp_path, TMPDIR=str(tmp)),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
     script = _wait_for(tmp_path / "script.pid", proc)
     try:
         os.killpg(proc.pid, signal.SIGINT)
@@ -205,10 +248,26 @@ def test_ctrl_c_during_cli_capture_ends_everything(tmp_path):
 def _precompiled_from_a_good_capture(root: Path, tmp_path: Path) -> dict:
     """Capture the good target into <pkg>/_precompiled/ (what an editable build leaves)."""
     dest = root / "simplepkg" / "_precompiled"
-    subprocess.run([sys.executable, "-m", "precompile_build", "capture", "--project", str(root),
-                    "--targets", "double", "--out", str(dest)],
-                   env=_env(tmp_path), check=True, capture_output=True)
-    assert sorted(os.listdir(dest)) == sorted(["double.cache", "double.py", "double" + PYC, "manifest.json"])
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "precompile_build",
+            "capture",
+            "--project",
+            str(root),
+            "--targets",
+            "double",
+            "--out",
+            str(dest),
+        ],
+        env=_env(tmp_path),
+        check=True,
+        capture_output=True,
+    )
+    assert sorted(os.listdir(dest)) == sorted(
+        ["double.cache", "double.py", "double" + PYC, "manifest.json"]
+    )
     return _tree(root)
 
 
@@ -218,12 +277,26 @@ def test_script_killed_after_cache_half_leaves_precompiled_untouched(tmp_path):
     root = _half_project(tmp_path, die=True)
     before = _precompiled_from_a_good_capture(root, tmp_path)
     dest = root / "simplepkg" / "_precompiled"
-    proc = subprocess.run([sys.executable, "-m", "precompile_build", "capture", "--project",
-                           str(root), "--out", str(dest)],
-                          env=_env(tmp_path), capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "precompile_build",
+            "capture",
+            "--project",
+            str(root),
+            "--out",
+            str(dest),
+        ],
+        env=_env(tmp_path),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 1
-    assert ("\nerror: Capture of target 'half' failed: killed by signal SIGKILL (9)\n"
-            in proc.stderr), proc.stderr
+    assert (
+        "\nerror: Capture of target 'half' failed: killed by signal SIGKILL (9)\n" in proc.stderr
+    ), proc.stderr
     assert _tree(root) == before
     assert sorted(os.listdir(root / "simplepkg")) == ["__init__.py", "_precompiled"]
 
@@ -237,9 +310,22 @@ def test_build_killed_mid_pair_leaves_precompiled_untouched(tmp_path):
     dest = root / "simplepkg" / "_precompiled"
     tmp = tmp_path / "tmp"
     tmp.mkdir()
-    proc = subprocess.Popen([sys.executable, "-m", "precompile_build", "capture", "--project",
-                             str(root), "--out", str(dest)], env=_env(tmp_path, TMPDIR=str(tmp)),
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "precompile_build",
+            "capture",
+            "--project",
+            str(root),
+            "--out",
+            str(dest),
+        ],
+        env=_env(tmp_path, TMPDIR=str(tmp)),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     script = _wait_for(tmp_path / "script.pid", proc)
     try:
         proc.kill()
@@ -270,10 +356,17 @@ NONDETERMINISTIC: set[str] = set()
 
 def _path_dependent(out: Path, targets, inductor_dir: Path) -> set[str]:
     """The files that differ with the Inductor cache path: targets whose kernels name it."""
-    named = {t for t in targets
-             if any(str(inductor_dir).encode() in blob
-                    for blob in envelope.loads((out / f"{t}.cache").read_bytes()).blobs.values())}
-    return ({"manifest.json"} if named else set()) | {f"{t}{ext}" for t in named for ext in (".py", ".cache", PYC)}
+    named = {
+        t
+        for t in targets
+        if any(
+            str(inductor_dir).encode() in blob
+            for blob in envelope.loads((out / f"{t}.cache").read_bytes()).blobs.values()
+        )
+    }
+    return ({"manifest.json"} if named else set()) | {
+        f"{t}{ext}" for t in named for ext in (".py", ".cache", PYC)
+    }
 
 
 def _capture_fcases(tmp_path: Path, name: str, inductor_dir: Path) -> Path:
@@ -282,11 +375,28 @@ def _capture_fcases(tmp_path: Path, name: str, inductor_dir: Path) -> Path:
     project, out = tmp_path / f"proj-{name}", tmp_path / f"out-{name}"
     shutil.copytree(FIXTURES / "fcases", project)
     shutil.rmtree(inductor_dir, ignore_errors=True)  # a cold compile, every time
-    env = _env(tmp_path, SOURCE_DATE_EPOCH="1700000000", TORCHINDUCTOR_CACHE_DIR=str(inductor_dir),
-               TRITON_CACHE_DIR=str(tmp_path / f"triton-{name}"))
-    proc = subprocess.run([sys.executable, "-m", "precompile_build", "capture", "--project",
-                           str(project), "--out", str(out)], env=env, capture_output=True,
-                          text=True, timeout=600)
+    env = _env(
+        tmp_path,
+        SOURCE_DATE_EPOCH="1700000000",
+        TORCHINDUCTOR_CACHE_DIR=str(inductor_dir),
+        TRITON_CACHE_DIR=str(tmp_path / f"triton-{name}"),
+    )
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "precompile_build",
+            "capture",
+            "--project",
+            str(project),
+            "--out",
+            str(out),
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     return out
 
@@ -305,17 +415,27 @@ def test_fcases_capture_reproducibility(tmp_path):
     a = _capture_fcases(tmp_path, "a", same)
     b = _capture_fcases(tmp_path, "b", same)
     targets = json.loads((a / "manifest.json").read_text())["targets"]
-    frozen = sorted(t for t, e in targets.items()
-                    if [v["engine"] for v in e["variants"]] == ["frozen"])
+    frozen = sorted(
+        t for t, e in targets.items() if [v["engine"] for v in e["variants"]] == ["frozen"]
+    )
     assert frozen and frozen == sorted(targets)  # every fcases target: real frozen kernels
-    assert _differing(a, b) == NONDETERMINISTIC, "two cold captures with one Inductor cache path differ"
+    assert _differing(a, b) == NONDETERMINISTIC, (
+        "two cold captures with one Inductor cache path differ"
+    )
 
     other = tmp_path / "inductor-2-elsewhere"  # another Inductor cache path
     c = _capture_fcases(tmp_path, "c", other)
     expected = _path_dependent(a, frozen, same)
     # the targets with an embedding (its bounds check names the kernel file)
-    assert expected == {"manifest.json", "tied_forward.py", "tied_forward.cache", "tied_forward" + PYC, "dyn_step.py",
-                        "dyn_step.cache", "dyn_step" + PYC}
+    assert expected == {
+        "manifest.json",
+        "tied_forward.py",
+        "tied_forward.cache",
+        "tied_forward" + PYC,
+        "dyn_step.py",
+        "dyn_step.cache",
+        "dyn_step" + PYC,
+    }
     assert _differing(a, c) == expected
     for target in frozen:
         ea = envelope.loads((a / f"{target}.cache").read_bytes())

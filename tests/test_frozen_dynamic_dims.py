@@ -17,38 +17,79 @@ torch = pytest.importorskip("torch")
 from _pairs import capture_and_load, load_pair_at, marked, pair_paths  # noqa: E402
 
 
-@pytest.mark.parametrize("fn, x, message", [
-    (lambda x: x.view(4, 2, 4).sum(1), marked(4, 8), r"argument 'x' dim 0 is marked dynamic but the "
-     r"captured code specialised it to 4"),
-    (lambda x: x * 2 if x.shape[0] > 8 else x + 1, marked(4, 8), r"marked dynamic in \[1, inf\] but the "
-     r"captured code only holds for \[1, 8\].*mark_dynamic\(t, 0, min=1, max=8\)"),
-    (lambda x: x + 1, marked(4, 8, lo=5, hi=9), r"marked dynamic in \[5, 9\] but the example has size 4"),
-    (lambda x: x + 1, marked(4, 8, lo=3, hi=2), r"empty range \[3, 2\]"),
-    (lambda x: x + 1, marked(4, 8, lo=-3, hi=9), r"marked with min=-3; sizes start at 0"),
-    (lambda x: x + 1, marked(4, 8, lo=4, hi=4), r"one-size range \[4, 4\]: that is a static size"),
-    (lambda x: x * 2 if x.shape[0] % 2 == 0 else x + 1, marked(4, 8, hi=64),
-     r"target 'dyn': argument 'x' dim 0 is marked dynamic in \[1, 64\] but the captured code relies on "
-     r"\(size % 2\) == 0 \(sizes \[1, 3, 5, 7\] break it\)"),
-    (lambda x: (x * 2, x.shape[0]), marked(4, 8), r"target 'dyn': the result's part result\[1\] is a Python number computed while tracing \(SymInt"),
-])
+@pytest.mark.parametrize(
+    "fn, x, message",
+    [
+        (
+            lambda x: x.view(4, 2, 4).sum(1),
+            marked(4, 8),
+            r"argument 'x' dim 0 is marked dynamic but the "
+            r"captured code specialised it to 4",
+        ),
+        (
+            lambda x: x * 2 if x.shape[0] > 8 else x + 1,
+            marked(4, 8),
+            r"marked dynamic in \[1, inf\] but the "
+            r"captured code only holds for \[1, 8\].*mark_dynamic\(t, 0, min=1, max=8\)",
+        ),
+        (
+            lambda x: x + 1,
+            marked(4, 8, lo=5, hi=9),
+            r"marked dynamic in \[5, 9\] but the example has size 4",
+        ),
+        (lambda x: x + 1, marked(4, 8, lo=3, hi=2), r"empty range \[3, 2\]"),
+        (lambda x: x + 1, marked(4, 8, lo=-3, hi=9), r"marked with min=-3; sizes start at 0"),
+        (
+            lambda x: x + 1,
+            marked(4, 8, lo=4, hi=4),
+            r"one-size range \[4, 4\]: that is a static size",
+        ),
+        (
+            lambda x: x * 2 if x.shape[0] % 2 == 0 else x + 1,
+            marked(4, 8, hi=64),
+            r"target 'dyn': argument 'x' dim 0 is marked dynamic in \[1, 64\] but the captured code relies on "
+            r"\(size % 2\) == 0 \(sizes \[1, 3, 5, 7\] break it\)",
+        ),
+        (
+            lambda x: (x * 2, x.shape[0]),
+            marked(4, 8),
+            r"target 'dyn': the result's part result\[1\] is a Python number computed while tracing \(SymInt",
+        ),
+    ],
+)
 def test_a_dynamic_dim_the_code_cannot_serve_is_a_capture_error(tmp_path, fn, x, message):
     with pytest.raises(CaptureError, match=message):
-        with precompile_build.capture(fn, engine="eager", target="dyn", **pair_paths(tmp_path)) as f:
+        with precompile_build.capture(
+            fn, engine="eager", target="dyn", **pair_paths(tmp_path)
+        ) as f:
             f(x)
     assert not list(tmp_path.iterdir())  # nothing half-written
 
 
-@pytest.mark.parametrize("fn, x, message", [
-    # eager squeezes dim 0 at size 1 only: the pair is refused at the range's low end
-    (lambda x: x.squeeze(0) + 1, marked(4, 8, hi=16), r"differs from the traced graph on sizes argument 'x' "
-     r"dim 0 = 1;.*narrow the marks \(min=, max=\)"),
-    # amax over an empty dim fails in eager too
-    (lambda x: x.amax(0), marked(4, 8, lo=0, hi=64), r"the captured function itself fails at sizes "
-     r"argument 'x' dim 0 = 0 \(IndexError.*declare ranges that exclude these sizes"),
-])
+@pytest.mark.parametrize(
+    "fn, x, message",
+    [
+        # eager squeezes dim 0 at size 1 only: the pair is refused at the range's low end
+        (
+            lambda x: x.squeeze(0) + 1,
+            marked(4, 8, hi=16),
+            r"differs from the traced graph on sizes argument 'x' "
+            r"dim 0 = 1;.*narrow the marks \(min=, max=\)",
+        ),
+        # amax over an empty dim fails in eager too
+        (
+            lambda x: x.amax(0),
+            marked(4, 8, lo=0, hi=64),
+            r"the captured function itself fails at sizes "
+            r"argument 'x' dim 0 = 0 \(IndexError.*declare ranges that exclude these sizes",
+        ),
+    ],
+)
 def test_a_pair_that_fails_inside_its_range_is_never_written(tmp_path, fn, x, message):
     with pytest.raises(CaptureError, match=message):
-        with precompile_build.capture(fn, engine="frozen", target="dyn", **pair_paths(tmp_path)) as f:
+        with precompile_build.capture(
+            fn, engine="frozen", target="dyn", **pair_paths(tmp_path)
+        ) as f:
             f(x)
     assert not list(tmp_path.iterdir())
 
@@ -104,11 +145,16 @@ def test_size_one_is_refused_at_capture_or_served_correctly(tmp_path):
 
     x = marked(3, 4)
     try:
-        with precompile_build.capture(fn, engine="frozen", target="dyn", **pair_paths(tmp_path)) as f:
+        with precompile_build.capture(
+            fn, engine="frozen", target="dyn", **pair_paths(tmp_path)
+        ) as f:
             f(x)
     except CaptureError as e:
-        assert re.search(r"only holds for \[2, inf\] \(its strides or kernels differ at size 1.*"
-                         r"min=2, max=None", str(e)), str(e)
+        assert re.search(
+            r"only holds for \[2, inf\] \(its strides or kernels differ at size 1.*"
+            r"min=2, max=None",
+            str(e),
+        ), str(e)
         assert not list(tmp_path.iterdir())  # nothing half-written
         return
     served = load_pair_at(tmp_path)
@@ -120,7 +166,9 @@ def test_size_one_is_refused_at_capture_or_served_correctly(tmp_path):
 def test_eager_engine_serves_dynamic_dims_from_the_graph(tmp_path):
     model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU())
     x = marked(4, 8, lo=1, hi=32)
-    with precompile_build.capture(lambda m, x: m(x).cumsum(0), engine="eager", **pair_paths(tmp_path)) as f:
+    with precompile_build.capture(
+        lambda m, x: m(x).cumsum(0), engine="eager", **pair_paths(tmp_path)
+    ) as f:
         f(model, x)
     from precompile_runtime import CallError
 
@@ -136,21 +184,33 @@ def test_eager_engine_serves_dynamic_dims_from_the_graph(tmp_path):
 def test_a_mark_on_a_parameter_is_ignored_with_a_warning(tmp_path):
     lin = torch.nn.Linear(4, 4)
     torch._dynamo.mark_dynamic(lin.weight, 0)
-    with pytest.warns(UserWarning, match=r"target 'p': a parameter/buffer is marked dynamic; parameters keep") as rec:
-        with precompile_build.capture(lambda m, x: m(x), engine="eager", target="p", **pair_paths(tmp_path)) as f:
+    with pytest.warns(
+        UserWarning, match=r"target 'p': a parameter/buffer is marked dynamic; parameters keep"
+    ) as rec:
+        with precompile_build.capture(
+            lambda m, x: m(x), engine="eager", target="p", **pair_paths(tmp_path)
+        ) as f:
             f(lin, torch.randn(2, 4))
     # attributed to the user's line, not to the engine's code that noticed
-    assert [linecache.getline(w.filename, w.lineno).strip() for w in rec
-            if "marked dynamic" in str(w.message)] == ["f(lin, torch.randn(2, 4))"]
+    assert [
+        linecache.getline(w.filename, w.lineno).strip()
+        for w in rec
+        if "marked dynamic" in str(w.message)
+    ] == ["f(lin, torch.randn(2, 4))"]
     assert (tmp_path / "t.py").exists()
 
 
 def test_a_gapped_example_with_dynamic_dims_is_refused(tmp_path):
     x = torch.randn(6, 16)[:, :8]  # a slice: its row stride does not follow from its sizes
     torch._dynamo.mark_dynamic(x, 0, min=1, max=16)
-    with pytest.raises(CaptureError, match=r"argument 'x' has dims marked dynamic but is a view with "
-                       r"gaps \(shape \[6, 8\], stride \[16, 1\]\).*pass a dense example"):
-        with precompile_build.capture(lambda x: x * 3, engine="frozen", **pair_paths(tmp_path)) as f:
+    with pytest.raises(
+        CaptureError,
+        match=r"argument 'x' has dims marked dynamic but is a view with "
+        r"gaps \(shape \[6, 8\], stride \[16, 1\]\).*pass a dense example",
+    ):
+        with precompile_build.capture(
+            lambda x: x * 3, engine="frozen", **pair_paths(tmp_path)
+        ) as f:
             f(x)
     assert not list(tmp_path.iterdir())
 
@@ -165,5 +225,7 @@ def test_conditions_with_float_size_math_are_checked_per_call(tmp_path):
     torch.testing.assert_close(fn(a, b), f(a, b))
     from precompile_runtime import CallError
 
-    with pytest.raises(CallError, match=r"argument 'x' dim 1\), .*argument 'y' dim 1\) break the condition"):
+    with pytest.raises(
+        CallError, match=r"argument 'x' dim 1\), .*argument 'y' dim 1\) break the condition"
+    ):
         fn(torch.randn(2, 3, 4), b)

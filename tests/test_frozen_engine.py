@@ -42,18 +42,45 @@ def installed(tmp_path_factory) -> Path:
     build = tmp_path_factory.mktemp("build") / "fcases"
     shutil.copytree(FIXTURE, build)
     dist = build / "dist"
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), str(ROOT / "runtime")]),
-               PRECOMPILE_BUILD_CACHE_DIR=str(build.parent / "capture-cache"))  # capture for real
+    env = dict(
+        os.environ,
+        PYTHONPATH=os.pathsep.join([str(ROOT), str(ROOT / "runtime")]),
+        PRECOMPILE_BUILD_CACHE_DIR=str(build.parent / "capture-cache"),
+    )  # capture for real
     proc = subprocess.run(
-        [sys.executable, "-m", "build", "--no-isolation", "--wheel", "--outdir", str(dist), str(build)],
-        env=env, capture_output=True, text=True,
+        [
+            sys.executable,
+            "-m",
+            "build",
+            "--no-isolation",
+            "--wheel",
+            "--outdir",
+            str(dist),
+            str(build),
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     wheel = next(dist.glob("fcases-*.whl"))
     assert "-none-any" not in wheel.name  # frozen native kernels: a platform tag
     site = tmp_path_factory.mktemp("elsewhere") / "site-packages"
-    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(site), str(wheel)],
-                   check=True, capture_output=True)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "-q",
+            "--no-deps",
+            "--target",
+            str(site),
+            str(wheel),
+        ],
+        check=True,
+        capture_output=True,
+    )
     shutil.rmtree(build)
     return site
 
@@ -96,11 +123,14 @@ def run_fresh(site: Path, code: str, tmp_path: Path, **env_extra) -> dict:
     )
     proc = subprocess.run(
         [sys.executable, "-c", counters + "result = {}\n" + textwrap.dedent(code) + tail],
-        env=env, capture_output=True, text=True, cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     line = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT")][-1]
-    return json.loads(line[len("RESULT"):])
+    return json.loads(line[len("RESULT") :])
 
 
 BN_CHECK = """
@@ -189,7 +219,8 @@ for name, call in refused.items():
         result[name] = str(e)
 """
 
-BAD_CALLS = """
+BAD_CALLS = (
+    """
 import fcases
 step = precompile_runtime.load_packaged("bn_step", package="fcases")
 m = fcases.bn_model(device=DEV)
@@ -204,7 +235,9 @@ refused = {
     "eval mode": lambda: step(fcases.bn_model(device=DEV).eval(), x, 0.5),
     "keywords": lambda: step(model=m, x=x, scale=0.5),
 }
-""" + _COLLECT_REFUSALS
+"""
+    + _COLLECT_REFUSALS
+)
 
 
 @pytest.mark.slow  # the installed fixture builds with python -m build and pip
@@ -217,8 +250,13 @@ def test_calls_unlike_the_capture_are_refused(installed, tmp_path):
     assert "captured structure" in r["structure"]
     assert "argument 'model': expected an nn.Module" in r["not a module"]
     assert "argument 'x'" in r["dtype"] and "fixed at capture" in r["dtype"]
-    assert "call model.train()" in r["eval mode"]  # else dropout/batch norm would run in the wrong mode
-    assert "called with 0 positional argument(s) and keyword(s) ['model', 'scale', 'x']" in r["keywords"]
+    assert (
+        "call model.train()" in r["eval mode"]
+    )  # else dropout/batch norm would run in the wrong mode
+    assert (
+        "called with 0 positional argument(s) and keyword(s) ['model', 'scale', 'x']"
+        in r["keywords"]
+    )
 
 
 @pytest.mark.slow  # the installed fixture builds with python -m build and pip
@@ -239,6 +277,7 @@ def test_fallback_without_kernels_gives_the_same_result(installed, tmp_path):
 
 # ---- capture-time errors: nothing written, a message that says what to change ----
 
+
 @pytest.mark.slow  # the installed fixture builds with python -m build and pip
 def test_manifest_and_inspect_carry_the_validation_numbers(installed):
     # issue 17: every target's variant records how its kernels were judged at capture
@@ -253,8 +292,10 @@ def test_manifest_and_inspect_carry_the_validation_numbers(installed):
         for case in val["cases"]:
             w = case["worst"]
             assert case["values"] >= 1 and w["value"], name
-            assert w["accepted_by"] == "elementwise" or \
-                0 <= w["frozen_error"] <= (w["multiple"] * w["eager_error"] + w["floor"]) * 1.01, name
+            assert (
+                w["accepted_by"] == "elementwise"
+                or 0 <= w["frozen_error"] <= (w["multiple"] * w["eager_error"] + w["floor"]) * 1.01
+            ), name
             assert w["multiple"] in (2.0, 3.0), name
         assert val["eager_call"]["outcome"] == "ok", name
     cases = doc["targets"]["dyn_step"]["variants"][0]["validation"]["cases"]
@@ -263,8 +304,11 @@ def test_manifest_and_inspect_carry_the_validation_numbers(installed):
     assert step["values"] > 3  # outputs, gradients and the buffers it updates
     text = format_report(inspect_report(str(installed / "fcases")))
     assert text.count("validated against a float64 reference") == 4
-    assert re.search(r"the example inputs: worst .*: frozen error [0-9.e-]+, eager [0-9.e-]+, "
-                     r"allowed [23] x eager", text)
+    assert re.search(
+        r"the example inputs: worst .*: frozen error [0-9.e-]+, eager [0-9.e-]+, "
+        r"allowed [23] x eager",
+        text,
+    )
     assert text.count("vs the eager call: ok") == 4
 
 
@@ -282,12 +326,17 @@ result["errs"] = [float((g.float() - w.float()).abs().max()) for g, w in zip(got
 @pytest.mark.slow  # the installed fixture builds with python -m build and pip
 def test_bf16_fp16_models_and_autocast(installed, tmp_path):
     r = run_fresh(installed, MIXED, tmp_path)
-    assert r["dtypes"] == ["torch.bfloat16", "torch.float16", "torch.bfloat16"]  # autocast's output dtype kept
+    assert r["dtypes"] == [
+        "torch.bfloat16",
+        "torch.float16",
+        "torch.bfloat16",
+    ]  # autocast's output dtype kept
     assert max(r["errs"]) < 3e-2  # bf16/fp16 rounding: Inductor fuses where eager rounds per op
     assert r["spawned"] == [] and r["compiler_modules"] == []
 
 
-DYN_CHECK = """
+DYN_CHECK = (
+    """
 import fcases
 step = precompile_runtime.load_packaged("dyn_step", package="fcases")
 sizes = [(2, 2), (3, 5), (8, 16), (5, 11)]  # the range ends, the example, another size
@@ -309,7 +358,9 @@ refused = {
     "dtype": lambda: step(m, ids.int(), targets),
     "rank": lambda: step(m, ids[0], targets),
 }
-""" + _COLLECT_REFUSALS + """
+"""
+    + _COLLECT_REFUSALS
+    + """
 # what serving did, before the eager references run (eager attention may probe libraries)
 result["serving_spawned"] = list(spawned)
 result["serving_modules"] = sorted(m for m in sys.modules if m.startswith(("torch._inductor", "torch._dynamo", "triton")))
@@ -324,6 +375,7 @@ for (B, T), (ours, (logits, loss)) in served.items():
     errs[f"{B}x{T}"] = [list(logits.shape), max(e)]
 result["errs"] = errs
 """
+)
 
 
 @pytest.mark.slow  # the installed fixture builds with python -m build and pip
@@ -359,21 +411,34 @@ def test_call_errors_name_what_differs(tmp_path):
     assert "shape [3, 5, 8] (captured [2, 2..64, 8])" in str(ei.value)
     assert "'s" not in str(ei.value)
     reordered = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Linear(8, 8), torch.nn.ReLU())
-    with pytest.raises(CallError, match=r"m\[1\] was a torch\.nn\.modules\.activation\.ReLU at capture, "
-                                        r"now a torch\.nn\.modules\.linear\.Linear"):
+    with pytest.raises(
+        CallError,
+        match=r"m\[1\] was a torch\.nn\.modules\.activation\.ReLU at capture, "
+        r"now a torch\.nn\.modules\.linear\.Linear",
+    ):
         fn(reordered, torch.randn(2, 4, 8))
-    no_bias = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU(), torch.nn.Linear(8, 8, bias=False))
-    with pytest.raises(CallError, match=re.escape(
+    no_bias = torch.nn.Sequential(
+        torch.nn.Linear(8, 8), torch.nn.ReLU(), torch.nn.Linear(8, 8, bias=False)
+    )
+    with pytest.raises(
+        CallError,
+        match=re.escape(
             "has 3 parameters/buffers, the capture lifted 4; they first differ at #3: captured "
-            "['m.2.bias'], given nothing more")):
+            "['m.2.bias'], given nothing more"
+        ),
+    ):
         fn(no_bias, torch.randn(2, 4, 8))
 
 
 def test_a_python_number_result_says_return_the_tensor(tmp_path):
-    with pytest.raises(CaptureError, match=r"the result is a Python number computed while tracing "
-                       r"\(Sym\w+: from \.item\(\).*cannot be a result.*return the tensor instead"):
-        with precompile_build.capture(lambda x: (x * 2).sum().item(), engine="eager",
-                                      **pair_paths(tmp_path)) as f:
+    with pytest.raises(
+        CaptureError,
+        match=r"the result is a Python number computed while tracing "
+        r"\(Sym\w+: from \.item\(\).*cannot be a result.*return the tensor instead",
+    ):
+        with precompile_build.capture(
+            lambda x: (x * 2).sum().item(), engine="eager", **pair_paths(tmp_path)
+        ) as f:
             f(torch.randn(4, 8))
     assert not list(tmp_path.iterdir())
 
@@ -428,7 +493,9 @@ def test_eager_engine_pair_round_trip(tmp_path):
 
     lin = torch.nn.Linear(3, 2)
     x = torch.randn(5, 3)
-    with precompile_build.capture(lambda m, x: m(x).relu(), engine="eager", **pair_paths(tmp_path)) as f:
+    with precompile_build.capture(
+        lambda m, x: m(x).relu(), engine="eager", **pair_paths(tmp_path)
+    ) as f:
         want = f(lin, x)
     info = inspect_pair(tmp_path / "t.py", tmp_path / "t.cache")
     assert info.engine == "eager"
@@ -447,8 +514,11 @@ def test_an_input_the_function_writes_to_may_not_share_memory_with_another(tmp_p
     from precompile_runtime import CallError
 
     t = torch.ones(4, 3)
-    with pytest.raises(CallError, match=r"argument 'avg' shares memory with argument 'x', and the captured "
-                       r"function writes to it; pass separate tensors"):
+    with pytest.raises(
+        CallError,
+        match=r"argument 'avg' shares memory with argument 'x', and the captured "
+        r"function writes to it; pass separate tensors",
+    ):
         fn(t, t)
     torch.testing.assert_close(fn(torch.ones(4, 3), torch.ones(4, 3)), torch.full((4, 3), 1.5))
     avg = torch.ones(4, 3)  # after passing calls (the verdict is kept), a view of it as x is caught
@@ -465,14 +535,22 @@ def test_an_input_the_function_writes_to_may_not_share_memory_with_another(tmp_p
 
 def test_one_path_for_both_halves_is_refused(tmp_path):
     with pytest.raises(CaptureError, match=r"artifact_path and cache_path are both .*two files"):
-        precompile_build.capture(lambda x: x, artifact_path=tmp_path / "t", cache_path=tmp_path / "t")
+        precompile_build.capture(
+            lambda x: x, artifact_path=tmp_path / "t", cache_path=tmp_path / "t"
+        )
 
 
-@pytest.mark.parametrize("kwargs, message", [
-    ({"artifact_path": 123}, r"artifact_path=123 must be a file path"),
-    ({"cache_path": "."}, r"cache_path='.' must be a file path \(str or os.PathLike\), not a directory"),
-    ({"options": "abc"}, r"options must be a dict, e.g. \{'inductor': \{...\}\}, not str"),
-])
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"artifact_path": 123}, r"artifact_path=123 must be a file path"),
+        (
+            {"cache_path": "."},
+            r"cache_path='.' must be a file path \(str or os.PathLike\), not a directory",
+        ),
+        ({"options": "abc"}, r"options must be a dict, e.g. \{'inductor': \{...\}\}, not str"),
+    ],
+)
 def test_capture_arguments_of_the_wrong_kind_say_which(tmp_path, kwargs, message):
     args = dict(pair_paths(tmp_path), **kwargs)
     with pytest.raises(TypeError, match=message):
@@ -487,7 +565,9 @@ def test_an_argument_that_contains_itself_is_refused(tmp_path):
             f(loop)
     assert not list(tmp_path.iterdir())
     shared = [torch.randn(2)]  # the same list twice is fine
-    with precompile_build.capture(lambda a, b: a[0] + b[0], engine="eager", **pair_paths(tmp_path)) as f:
+    with precompile_build.capture(
+        lambda a, b: a[0] + b[0], engine="eager", **pair_paths(tmp_path)
+    ) as f:
         f(shared, shared)
     assert (tmp_path / "t.py").exists()
 
@@ -501,7 +581,9 @@ def test_torch_random_ops_are_served_with_torch_rng(tmp_path):
     does: a fresh mask per call, and eager's values under torch.manual_seed."""
     x = torch.randn(4, 64)
     with warnings.catch_warnings():
-        warnings.simplefilter("error", precompile_build.PythonStateWarning)  # torch's RNG: no warning
+        warnings.simplefilter(
+            "error", precompile_build.PythonStateWarning
+        )  # torch's RNG: no warning
         served = capture_and_load(tmp_path / "p", _random_ops, x)
     assert served.uses_kernels
     torch.manual_seed(7)
@@ -537,20 +619,28 @@ def test_python_random_in_the_function_is_refused_or_frozen_with_a_warning(tmp_p
         return x * float(draw())
 
     x = torch.ones(3)
-    with pytest.raises(CaptureError, match=r"(cannot trace this function in one graph.*line \d+, in fn|"
-                                           rf"the function drew from {rng} while it was captured).*"
-                                           r"options=\{\"guards\": \"recorded\"\}"):
+    with pytest.raises(
+        CaptureError,
+        match=r"(cannot trace this function in one graph.*line \d+, in fn|"
+        rf"the function drew from {rng} while it was captured).*"
+        r"options=\{\"guards\": \"recorded\"\}",
+    ):
         with precompile_build.capture(fn, engine="frozen", **pair_paths(tmp_path / "refused")) as f:
             f(x)
     assert not (tmp_path / "refused").exists()
-    with pytest.warns(precompile_build.PythonStateWarning,
-                      match=rf"target 't': the function drew from {rng} while it was captured; "
-                            r"Python code runs once, at capture, and never when the pair is served") as rec:
-        with precompile_build.capture(fn, engine="frozen", options={"guards": "recorded"},
-                                      **pair_paths(tmp_path)) as f:  # (here: the warning names
+    with pytest.warns(
+        precompile_build.PythonStateWarning,
+        match=rf"target 't': the function drew from {rng} while it was captured; "
+        r"Python code runs once, at capture, and never when the pair is served",
+    ) as rec:
+        with precompile_build.capture(
+            fn, engine="frozen", options={"guards": "recorded"}, **pair_paths(tmp_path)
+        ) as f:  # (here: the warning names
             f(x)  # the with-block's line, in this file)
     served = load_pair_at(tmp_path)
-    assert [w.filename for w in rec if isinstance(w.message, precompile_build.PythonStateWarning)] == [__file__]
+    assert [
+        w.filename for w in rec if isinstance(w.message, precompile_build.PythonStateWarning)
+    ] == [__file__]
     a, b = served(x), served(x)
     assert torch.equal(a, b)  # frozen: what the warning says
     if rng == "random":
@@ -564,19 +654,26 @@ def _scaled_softmax(x):
 
 
 def _branches(x):
-    return torch.cond(x.sum() > 0, lambda t: torch.softmax(t * 3, dim=-1), lambda t: t.cos() + 1, (x,))
+    return torch.cond(
+        x.sum() > 0, lambda t: torch.softmax(t * 3, dim=-1), lambda t: t.cos() + 1, (x,)
+    )
 
 
-@pytest.mark.parametrize("fn, device, user, tuned_at_compile", [
-    (_scaled_softmax, "cpu", None, True),  # left as standalone_compile sets it
-    (_scaled_softmax, "cuda", None, False),  # autotuned in the first run
-    (_branches, "cuda", None, True),  # a branch the first run does not launch
-    (_scaled_softmax, "cpu", False, False),
-    (_scaled_softmax, "cuda", True, True),
-    (_branches, "cuda", False, False),
-], ids=["cpu", "cuda", "cuda_cond", "user_off", "user_on", "user_off_cond"])
-def test_cuda_kernels_autotune_in_the_first_run_not_at_compile_time(tmp_path, monkeypatch, torch_config, fn, device,
-                                                                    user, tuned_at_compile):
+@pytest.mark.parametrize(
+    "fn, device, user, tuned_at_compile",
+    [
+        (_scaled_softmax, "cpu", None, True),  # left as standalone_compile sets it
+        (_scaled_softmax, "cuda", None, False),  # autotuned in the first run
+        (_branches, "cuda", None, True),  # a branch the first run does not launch
+        (_scaled_softmax, "cpu", False, False),
+        (_scaled_softmax, "cuda", True, True),
+        (_branches, "cuda", False, False),
+    ],
+    ids=["cpu", "cuda", "cuda_cond", "user_off", "user_on", "user_off_cond"],
+)
+def test_cuda_kernels_autotune_in_the_first_run_not_at_compile_time(
+    tmp_path, monkeypatch, torch_config, fn, device, user, tuned_at_compile
+):
     """standalone_compile turns on Inductor's ``triton.autotune_at_compile_time`` (the
     code generation waits for every kernel, then defines them again to tune them). A
     CUDA capture compiles with it off, as torch.compile does (its first run
@@ -604,7 +701,9 @@ def test_cuda_kernels_autotune_in_the_first_run_not_at_compile_time(tmp_path, mo
     monkeypatch.setattr(GraphLowering, "codegen", spy)
     options = None if user is None else {"inductor": {"triton.autotune_at_compile_time": user}}
     x = torch.randn(8, 33)
-    with precompile_build.capture(fn, engine="frozen", options=options, **pair_paths(tmp_path)) as f:
+    with precompile_build.capture(
+        fn, engine="frozen", options=options, **pair_paths(tmp_path)
+    ) as f:
         f(x)
     assert seen and set(seen) == {tuned_at_compile}, seen
     served = load_pair_at(tmp_path)
@@ -627,9 +726,15 @@ def test_graphs_that_branch_are_found_at_any_depth():
         return torch.cond(x.sum() > 0, lambda t: count_up(t)[1], lambda t: t - 1, (x,))
 
     x = torch.randn(4)
-    graphs = {name: torch.export.export(_Wrap(fn), (x,)).graph_module
-              for name, fn in (("plain", _scaled_softmax), ("while", count_up), ("nested", nested))}
-    assert {name: _branches(gm) for name, gm in graphs.items()} == {"plain": False, "while": True, "nested": True}
+    graphs = {
+        name: torch.export.export(_Wrap(fn), (x,)).graph_module
+        for name, fn in (("plain", _scaled_softmax), ("while", count_up), ("nested", nested))
+    }
+    assert {name: _branches(gm) for name, gm in graphs.items()} == {
+        "plain": False,
+        "while": True,
+        "nested": True,
+    }
     # a graph whose own nodes do not branch, calling one that does (the cond's branch with the while_loop)
     root = torch.nn.Module()
     root.sub = next(m for m in graphs["nested"].children() if _branches(m))
@@ -645,8 +750,11 @@ def test_a_kernel_the_example_never_launched_is_refused_saying_why():
     from precompile_build.engines.triton_freeze import freeze_triton_kernel
 
     autotuner = type("A", (), {"launchers": [object(), object()]})()
-    with pytest.raises(CaptureError, match=r"triton_poi_fused_cos_0.*2 launchers after the example run.*"
-                                           r"torch.cond or while_loop branch.*engine='torch' or engine='eager'"):
+    with pytest.raises(
+        CaptureError,
+        match=r"triton_poi_fused_cos_0.*2 launchers after the example run.*"
+        r"torch.cond or while_loop branch.*engine='torch' or engine='eager'",
+    ):
         freeze_triton_kernel("triton_poi_fused_cos_0", autotuner, "t")
 
 
@@ -659,9 +767,15 @@ def test_the_compile_workers_start_on_a_torch_without_maybe_warm_pool(monkeypatc
 
     calls = []
     monkeypatch.delattr(async_compile, "maybe_warm_pool", raising=False)
-    monkeypatch.setattr(async_compile.AsyncCompile, "warm_pool", classmethod(lambda cls: calls.append("warm_pool")))
-    monkeypatch.setattr(async_compile.AsyncCompile, "wakeup", classmethod(lambda cls: calls.append("wakeup")),
-                        raising=False)
+    monkeypatch.setattr(
+        async_compile.AsyncCompile, "warm_pool", classmethod(lambda cls: calls.append("warm_pool"))
+    )
+    monkeypatch.setattr(
+        async_compile.AsyncCompile,
+        "wakeup",
+        classmethod(lambda cls: calls.append("wakeup")),
+        raising=False,
+    )
     start_compile_workers()
     assert calls == ["warm_pool", "wakeup"]
 

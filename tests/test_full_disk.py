@@ -35,9 +35,12 @@ def test_a_failed_capture_on_a_full_temp_dir_says_so(tmp_path, monkeypatch):
         build(make_project(tmp_path, target_toml(mode="raise")), monkeypatch)
     first = str(e.value).splitlines()[0]
     assert first.startswith("Capture of target 'double' failed: exited with status 1"), first
-    assert ("; no space left: the file system of the build's temp dir " in first
-            and "has 0 bytes free (the script's files and its log could not be written); free space there, "
-            "or point TMPDIR at a file system with room" in first), first
+    assert (
+        "; no space left: the file system of the build's temp dir " in first
+        and "has 0 bytes free (the script's files and its log could not be written); free space there, "
+        "or point TMPDIR at a file system with room"
+        in first
+    ), first
 
 
 @pytest.mark.usefixtures("build_env")

@@ -38,63 +38,160 @@ from precompile_runtime import envelope, manifest
 from precompile_runtime.envelope import Envelope
 from precompile_runtime.errors import IntegrityError, ManifestError
 
-FUZZ = settings(max_examples=200, deadline=None, derandomize=True, database=None,
-                suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
-                                       HealthCheck.filter_too_much])
+FUZZ = settings(
+    max_examples=200,
+    deadline=None,
+    derandomize=True,
+    database=None,
+    suppress_health_check=[
+        HealthCheck.too_slow,
+        HealthCheck.data_too_large,
+        HealthCheck.filter_too_much,
+    ],
+)
 
 # ----------------------------------------------------------------------------- config
 
 # the valid keys as the parser knows them today (new keys are fuzzed as they land)
 VALID_TOP = sorted(set(settings_mod.TOP_KEYS) | {"package", "targets", "torch-pin"})
-VALID_TARGET = sorted(set(settings_mod.TARGET_KEYS) | {"script", "args", "device", "timeout",
-                                                     "env", "required"})
+VALID_TARGET = sorted(
+    set(settings_mod.TARGET_KEYS) | {"script", "args", "device", "timeout", "env", "required"}
+)
 OVERRIDE_KEYS = sorted(getattr(settings_mod, "OVERRIDES", {"skip": 0, "targets": 0}))
-NEAR_MISS = ["scirpt", "Script", "script ", " script", "scrip", "scripts", "script\x00",
-             "torch_pin", "torchpin", "Targets", "target", "pakage", "pacakge", "devices",
-             "timeout_s", "enviroment", "requried", "arg", "targets.a", "ѕcript",  # Cyrillic s
-             "", " ", "\n", "package.name", "tool.precompile"]
-TARGET_NAMES = ["a", "forward", "train_step", "_x", "ünï", "my-target", "1st", "a b",
-                "class", "a.b", "", "x" * 300, "\x00"]
-PATH_TRICKS = ["capture/pair.py", "./capture/pair.py", "capture/../capture/pair.py",
-               "capture//pair.py", "../x", "../proj/capture/pair.py", "/abs", "/etc/passwd",
-               "//etc/passwd", "a/../../b", "capture/../../outside.py", "~/x.py",
-               "capture/pair.py/", "capture\\pair.py", "capture/out_link.py",
-               "capture/loop_link.py", "capture", ".", "..", "", " ", "capture/pаir.py",
-               "capture/pair.py\x00.txt", "\x00", "a" * 255, "a" * 256, "a/" * 3000,
-               "é" * 200, "capture/" + "b" * 5000 + ".py", "\udcff", "capture/pair.py\n"]
-VALUES = ["cpu", "cuda", "auto", "gpu", "CPU", "exact", "minor", "none", "simplepkg",
-          "other", "true", "1", "yes", "-1", "1e9", "nan", "inf"]
+NEAR_MISS = [
+    "scirpt",
+    "Script",
+    "script ",
+    " script",
+    "scrip",
+    "scripts",
+    "script\x00",
+    "torch_pin",
+    "torchpin",
+    "Targets",
+    "target",
+    "pakage",
+    "pacakge",
+    "devices",
+    "timeout_s",
+    "enviroment",
+    "requried",
+    "arg",
+    "targets.a",
+    "ѕcript",  # Cyrillic s
+    "",
+    " ",
+    "\n",
+    "package.name",
+    "tool.precompile",
+]
+TARGET_NAMES = [
+    "a",
+    "forward",
+    "train_step",
+    "_x",
+    "ünï",
+    "my-target",
+    "1st",
+    "a b",
+    "class",
+    "a.b",
+    "",
+    "x" * 300,
+    "\x00",
+]
+PATH_TRICKS = [
+    "capture/pair.py",
+    "./capture/pair.py",
+    "capture/../capture/pair.py",
+    "capture//pair.py",
+    "../x",
+    "../proj/capture/pair.py",
+    "/abs",
+    "/etc/passwd",
+    "//etc/passwd",
+    "a/../../b",
+    "capture/../../outside.py",
+    "~/x.py",
+    "capture/pair.py/",
+    "capture\\pair.py",
+    "capture/out_link.py",
+    "capture/loop_link.py",
+    "capture",
+    ".",
+    "..",
+    "",
+    " ",
+    "capture/pаir.py",
+    "capture/pair.py\x00.txt",
+    "\x00",
+    "a" * 255,
+    "a" * 256,
+    "a/" * 3000,
+    "é" * 200,
+    "capture/" + "b" * 5000 + ".py",
+    "\udcff",
+    "capture/pair.py\n",
+]
+VALUES = [
+    "cpu",
+    "cuda",
+    "auto",
+    "gpu",
+    "CPU",
+    "exact",
+    "minor",
+    "none",
+    "simplepkg",
+    "other",
+    "true",
+    "1",
+    "yes",
+    "-1",
+    "1e9",
+    "nan",
+    "inf",
+]
 
 
 def _leaf():
     return st.one_of(
         st.booleans(),
         st.integers(),
-        st.integers(min_value=-(2 ** 64), max_value=2 ** 64),
+        st.integers(min_value=-(2**64), max_value=2**64),
         st.floats(allow_nan=True, allow_infinity=True),
         st.text(max_size=20),
         st.text(alphabet=st.characters(codec="utf-8"), min_size=200, max_size=3000),
         st.sampled_from(PATH_TRICKS + VALUES),
-        st.datetimes(), st.dates(), st.times(),  # TOML has date-time values too
+        st.datetimes(),
+        st.dates(),
+        st.times(),  # TOML has date-time values too
     )
 
 
-_KEYS = st.one_of(st.sampled_from(VALID_TOP + VALID_TARGET + NEAR_MISS + TARGET_NAMES),
-                  st.text(max_size=12))
-_TREE = st.recursive(_leaf(), lambda c: st.one_of(st.lists(c, max_size=4),
-                                                   st.dictionaries(_KEYS, c, max_size=5)),
-                     max_leaves=20)
+_KEYS = st.one_of(
+    st.sampled_from(VALID_TOP + VALID_TARGET + NEAR_MISS + TARGET_NAMES), st.text(max_size=12)
+)
+_TREE = st.recursive(
+    _leaf(),
+    lambda c: st.one_of(st.lists(c, max_size=4), st.dictionaries(_KEYS, c, max_size=5)),
+    max_leaves=20,
+)
 
 
 def _valid_target():
-    return st.fixed_dictionaries({"script": st.just("capture/pair.py")}, optional={
-        "args": st.lists(st.text(max_size=6), max_size=3),
-        "device": st.sampled_from(DEVICES),
-        "timeout": st.one_of(st.integers(1, 10 ** 6), st.floats(0.001, 1e9)),
-        "env": st.dictionaries(st.text("ABCXYZ_", min_size=1, max_size=5), st.text(max_size=6),
-                               max_size=3),
-        "required": st.booleans(),
-    })
+    return st.fixed_dictionaries(
+        {"script": st.just("capture/pair.py")},
+        optional={
+            "args": st.lists(st.text(max_size=6), max_size=3),
+            "device": st.sampled_from(DEVICES),
+            "timeout": st.one_of(st.integers(1, 10**6), st.floats(0.001, 1e9)),
+            "env": st.dictionaries(
+                st.text("ABCXYZ_", min_size=1, max_size=5), st.text(max_size=6), max_size=3
+            ),
+            "required": st.booleans(),
+        },
+    )
 
 
 @st.composite
@@ -102,8 +199,14 @@ def _mutated_table(draw):
     """A valid table, then 1-4 mutations at random places: replace a value (any type,
     path tricks included), rename a key to a near miss or to random text, delete a key,
     add a key."""
-    names = draw(st.lists(st.sampled_from(["a", "forward", "train_step", "_x", "ünï"]),
-                          min_size=1, max_size=3, unique=True))
+    names = draw(
+        st.lists(
+            st.sampled_from(["a", "forward", "train_step", "_x", "ünï"]),
+            min_size=1,
+            max_size=3,
+            unique=True,
+        )
+    )
     table = {"targets": {n: draw(_valid_target()) for n in names}}
     if draw(st.booleans()):
         table["package"] = "simplepkg"
@@ -134,17 +237,33 @@ def _mutated_table(draw):
 
 
 _OVERRIDES = st.dictionaries(
-    st.one_of(st.sampled_from([f"precompile.{k}" for k in OVERRIDE_KEYS] + [
-        "precompile.", "precompile.skipp", "precompile.Skip", "--build-option", "other"]),
-        st.text(max_size=10)),
-    st.one_of(st.text(max_size=12), st.lists(st.text(max_size=5), max_size=3), st.booleans(),
-              st.none(), st.integers(), st.sampled_from(["a", "a,b", " , ", "forward"])),
-    max_size=3)
+    st.one_of(
+        st.sampled_from(
+            [f"precompile.{k}" for k in OVERRIDE_KEYS]
+            + ["precompile.", "precompile.skipp", "precompile.Skip", "--build-option", "other"]
+        ),
+        st.text(max_size=10),
+    ),
+    st.one_of(
+        st.text(max_size=12),
+        st.lists(st.text(max_size=5), max_size=3),
+        st.booleans(),
+        st.none(),
+        st.integers(),
+        st.sampled_from(["a", "a,b", " , ", "forward"]),
+    ),
+    max_size=3,
+)
 _ENVIRON = st.dictionaries(
-    st.sampled_from(sorted(set(getattr(settings_mod, "OVERRIDES", {}).values())
-                           | {"PRECOMPILE_SKIP", "PRECOMPILE_TARGETS", "PRECOMPILE_OTHER"})),
+    st.sampled_from(
+        sorted(
+            set(getattr(settings_mod, "OVERRIDES", {}).values())
+            | {"PRECOMPILE_SKIP", "PRECOMPILE_TARGETS", "PRECOMPILE_OTHER"}
+        )
+    ),
     st.one_of(st.text(max_size=10), st.sampled_from(["1", "0", "true", "a", "forward,a"])),
-    max_size=3)
+    max_size=3,
+)
 
 
 @pytest.fixture(scope="module")
@@ -188,13 +307,15 @@ def _check_config(root: Path, table, cs, environ) -> None:
 def _not_executable(t) -> bool:
     """Known bug K4: args/env that subprocess.Popen refuses are accepted by settings."""
     return any("\x00" in a for a in t.args) or any(
-        "\x00" in k or "\x00" in v or "=" in k or not k for k, v in t.env.items())
+        "\x00" in k or "\x00" in v or "=" in k or not k for k, v in t.env.items()
+    )
 
 
 @FUZZ
 @given(table=_TREE, cs=_OVERRIDES, environ=_ENVIRON)
-@example(table={"targets": {"a": {"script": "capture/pair.py", "timeout": 10 ** 400}}},
-         cs={}, environ={})
+@example(
+    table={"targets": {"a": {"script": "capture/pair.py", "timeout": 10**400}}}, cs={}, environ={}
+)
 @example(table={"targets": {"a": {"script": "a/" * 3000}}}, cs={}, environ={})
 @example(table=[], cs={}, environ={})
 @example(table="x", cs={}, environ={})
@@ -209,10 +330,26 @@ def test_config_mutated_valid_tables_only_config_error(project, table, cs, envir
 
 
 @FUZZ
-@given(name=st.sampled_from(TARGET_NAMES), script=st.sampled_from(PATH_TRICKS),
-       package=st.one_of(st.none(), st.sampled_from(["simplepkg", "other", "capture",
-                                                     "../simplepkg", "simplepkg/", "p" * 300,
-                                                     "", "\x00", "os.path"])))
+@given(
+    name=st.sampled_from(TARGET_NAMES),
+    script=st.sampled_from(PATH_TRICKS),
+    package=st.one_of(
+        st.none(),
+        st.sampled_from(
+            [
+                "simplepkg",
+                "other",
+                "capture",
+                "../simplepkg",
+                "simplepkg/",
+                "p" * 300,
+                "",
+                "\x00",
+                "os.path",
+            ]
+        ),
+    ),
+)
 def test_config_path_tricks(project, name, script, package):
     table = {"targets": {name: {"script": script}}}
     if package is not None:
@@ -231,15 +368,20 @@ def test_config_path_tricks(project, name, script, package):
 
 # Regression tests of bugs the fuzzer found in settings.py (K1-K5, fixed).
 
+
 def test_k1_nul_in_script(project):
     with pytest.raises(ConfigError, match="script"):
         settings_from_table(project, {"targets": {"a": {"script": "capture/\x00.py"}}})
 
 
-@pytest.mark.parametrize("table", [
-    {"targets": {"a": {"script": "a" * 300}}},
-    {"package": "p" * 300, "targets": {"a": {"script": "capture/pair.py"}}},
-], ids=["script", "package"])
+@pytest.mark.parametrize(
+    "table",
+    [
+        {"targets": {"a": {"script": "a" * 300}}},
+        {"package": "p" * 300, "targets": {"a": {"script": "capture/pair.py"}}},
+    ],
+    ids=["script", "package"],
+)
 def test_k2_name_too_long(project, table):
     with pytest.raises(ConfigError):
         settings_from_table(project, table)
@@ -247,17 +389,19 @@ def test_k2_name_too_long(project, table):
 
 def test_k3_huge_timeout(project):
     with pytest.raises(ConfigError, match="timeout"):
-        settings_from_table(project, {"targets": {"a": {"script": "capture/pair.py",
-                                                        "timeout": 10 ** 400}}})
+        settings_from_table(
+            project, {"targets": {"a": {"script": "capture/pair.py", "timeout": 10**400}}}
+        )
 
 
-@pytest.mark.parametrize("target", [
-    {"args": ["a\x00b"]}, {"env": {"A=B": "1"}}, {"env": {"A": "x\x00"}}],
-    ids=["nul-arg", "eq-in-env-name", "nul-env-value"])
+@pytest.mark.parametrize(
+    "target",
+    [{"args": ["a\x00b"]}, {"env": {"A=B": "1"}}, {"env": {"A": "x\x00"}}],
+    ids=["nul-arg", "eq-in-env-name", "nul-env-value"],
+)
 def test_k4_unexecutable_args_env(project, target):
     with pytest.raises(ConfigError):
-        settings_from_table(project, {"targets": {"a": {"script": "capture/pair.py",
-                                                        **target}}})
+        settings_from_table(project, {"targets": {"a": {"script": "capture/pair.py", **target}}})
 
 
 def test_k5_symlink_loop(project):
@@ -271,32 +415,79 @@ HEX = "0123456789abcdef"
 
 
 def _variant(name: str) -> dict:
-    return {"id": "3f2a9c0d11aa", "engine": "frozen", "device": "cpu",
-            "fingerprint": {"torch": "2.13.0+cpu", "device_type": "cpu", "cuda": None},
-            "code_hash": "a" * 64,
-            "files": {"source": {"path": f"{name}.py", "size": 12, "sha256": "b" * 64},
-                      "cache": {"path": f"{name}.cache", "size": 34, "sha256": "c" * 64}},
-            "captured_at": "2023-11-14T22:13:20Z", "capture_seconds": 1.5}
+    return {
+        "id": "3f2a9c0d11aa",
+        "engine": "frozen",
+        "device": "cpu",
+        "fingerprint": {"torch": "2.13.0+cpu", "device_type": "cpu", "cuda": None},
+        "code_hash": "a" * 64,
+        "files": {
+            "source": {"path": f"{name}.py", "size": 12, "sha256": "b" * 64},
+            "cache": {"path": f"{name}.cache", "size": 34, "sha256": "c" * 64},
+        },
+        "captured_at": "2023-11-14T22:13:20Z",
+        "capture_seconds": 1.5,
+    }
 
 
 VALID_MANIFEST = {
-    "format": manifest.FORMAT, "version": manifest.VERSION, "package": "pkg",
+    "format": manifest.FORMAT,
+    "version": manifest.VERSION,
+    "package": "pkg",
     "targets": {
-        "forward": {"required": True, "status": "ok", "reason": None,
-                    "variants": [_variant("forward")]},
+        "forward": {
+            "required": True,
+            "status": "ok",
+            "reason": None,
+            "variants": [_variant("forward")],
+        },
         "train": {"required": False, "status": "failed", "reason": "boom", "variants": []},
-        "both": {"required": True, "status": "ok", "reason": None,
-                 "variants": [_variant("both"), dict(_variant("both2"), engine="eager")]},
+        "both": {
+            "required": True,
+            "status": "ok",
+            "reason": None,
+            "variants": [_variant("both"), dict(_variant("both2"), engine="eager")],
+        },
     },
 }
-TRAVERSAL = ["../x.cache", "../../etc/passwd", "/etc/passwd", "sub/x.cache", "sub\\x.cache",
-             "..", ".", "", " x", ".hidden", "x/../y", "C:\\x", "x\x00y", "~x", "x\n",
-             "..x", "x..", "é.py", "\u202ex.py", "x" * 5000, "//x", "x/"]
-_JSON = st.recursive(st.one_of(st.none(), st.booleans(), st.integers(), st.floats(),
-                               st.text(max_size=10), st.sampled_from(TRAVERSAL)),
-                     lambda c: st.one_of(st.lists(c, max_size=3),
-                                         st.dictionaries(st.text(max_size=6), c, max_size=3)),
-                     max_leaves=8)
+TRAVERSAL = [
+    "../x.cache",
+    "../../etc/passwd",
+    "/etc/passwd",
+    "sub/x.cache",
+    "sub\\x.cache",
+    "..",
+    ".",
+    "",
+    " x",
+    ".hidden",
+    "x/../y",
+    "C:\\x",
+    "x\x00y",
+    "~x",
+    "x\n",
+    "..x",
+    "x..",
+    "é.py",
+    "\u202ex.py",
+    "x" * 5000,
+    "//x",
+    "x/",
+]
+_JSON = st.recursive(
+    st.one_of(
+        st.none(),
+        st.booleans(),
+        st.integers(),
+        st.floats(),
+        st.text(max_size=10),
+        st.sampled_from(TRAVERSAL),
+    ),
+    lambda c: st.one_of(
+        st.lists(c, max_size=3), st.dictionaries(st.text(max_size=6), c, max_size=3)
+    ),
+    max_leaves=8,
+)
 
 
 def _paths(doc, prefix=()):
@@ -336,12 +527,17 @@ def _mutated_manifest(draw):
                 key = "path"
             parent[key] = draw(st.sampled_from(TRAVERSAL))
         elif op == "version":
-            doc["version"] = draw(st.one_of(st.integers(), st.sampled_from(
-                [manifest.VERSION + 1, 2 ** 70, True, "1", 1.0, None, -1, 0])))
+            doc["version"] = draw(
+                st.one_of(
+                    st.integers(),
+                    st.sampled_from([manifest.VERSION + 1, 2**70, True, "1", 1.0, None, -1, 0]),
+                )
+            )
         else:
             parent[key] = draw(st.text(HEX + "ABCDEFxyz", min_size=0, max_size=70))
-    raw = json.dumps(doc, ensure_ascii=draw(st.booleans()),
-                     indent=draw(st.sampled_from([None, 2]))).encode()
+    raw = json.dumps(
+        doc, ensure_ascii=draw(st.booleans()), indent=draw(st.sampled_from([None, 2]))
+    ).encode()
     return raw
 
 
@@ -386,8 +582,7 @@ def test_manifest_arbitrary_bytes_only_manifest_error(data):
 @given(text=_JSON)
 def test_manifest_arbitrary_json_only_manifest_error(text):
     _check_manifest(json.dumps(text).encode())
-    _check_manifest(json.dumps({"format": manifest.FORMAT, "version": 1,
-                                "targets": text}).encode())
+    _check_manifest(json.dumps({"format": manifest.FORMAT, "version": 1, "targets": text}).encode())
 
 
 @FUZZ
@@ -417,15 +612,26 @@ def test_r1_manifest_deep_nesting():
 
 # --------------------------------------------------------------------------- envelope
 
-FP = {"torch": "2.13.0+cpu", "cuda": None, "hip": None, "triton": None, "python": "3.11",
-      "platform": "linux-x86_64", "device_type": "cpu", "compute_capability": None,
-      "gpu_name": None}
+FP = {
+    "torch": "2.13.0+cpu",
+    "cuda": None,
+    "hip": None,
+    "triton": None,
+    "python": "3.11",
+    "platform": "linux-x86_64",
+    "device_type": "cpu",
+    "compute_capability": None,
+    "gpu_name": None,
+}
 SOURCE = b"PRECOMPILE_METADATA = {}\ndef load(kernel_dir):\n    return None\n"
 ENVELOPES = {
-    "frozen": Envelope(engine="frozen", code_hash=hashlib.sha256(SOURCE).hexdigest(),
-                       fingerprint=FP, meta={"kernels": [{"file": "cpp/k.so", "n": 3}]},
-                       blobs={"cpp/k.so": b"\x7fELF" + bytes(range(64)), "b.cubin": b"\0" * 9,
-                              "empty": b""}),
+    "frozen": Envelope(
+        engine="frozen",
+        code_hash=hashlib.sha256(SOURCE).hexdigest(),
+        fingerprint=FP,
+        meta={"kernels": [{"file": "cpp/k.so", "n": 3}]},
+        blobs={"cpp/k.so": b"\x7fELF" + bytes(range(64)), "b.cubin": b"\0" * 9, "empty": b""},
+    ),
     "eager": Envelope(engine="eager", code_hash="0" * 64, fingerprint=FP, meta={}, blobs={}),
 }
 
@@ -543,15 +749,32 @@ def test_envelope_random_multi_byte_corruption(kind, data):
     _refused_or_visible(orig, bytes(raw), ENVELOPES[kind])
 
 
-_HEADERS = st.fixed_dictionaries({
-    "format": st.sampled_from([envelope.FORMAT, "other", ""]),
-    "version": st.one_of(st.integers(-3, 3), st.sampled_from([True, None, "1", 1.5, 2 ** 70])),
-}, optional={
-    "engine": _JSON, "code_hash": _JSON, "fingerprint": _JSON, "meta": _JSON,
-    "blobs": st.one_of(_JSON, st.lists(st.fixed_dictionaries({}, optional={
-        "name": _JSON, "size": st.one_of(st.integers(-5, 50), _JSON),
-        "sha256": st.one_of(st.text(HEX, min_size=64, max_size=64), _JSON)}), max_size=3)),
-})
+_HEADERS = st.fixed_dictionaries(
+    {
+        "format": st.sampled_from([envelope.FORMAT, "other", ""]),
+        "version": st.one_of(st.integers(-3, 3), st.sampled_from([True, None, "1", 1.5, 2**70])),
+    },
+    optional={
+        "engine": _JSON,
+        "code_hash": _JSON,
+        "fingerprint": _JSON,
+        "meta": _JSON,
+        "blobs": st.one_of(
+            _JSON,
+            st.lists(
+                st.fixed_dictionaries(
+                    {},
+                    optional={
+                        "name": _JSON,
+                        "size": st.one_of(st.integers(-5, 50), _JSON),
+                        "sha256": st.one_of(st.text(HEX, min_size=64, max_size=64), _JSON),
+                    },
+                ),
+                max_size=3,
+            ),
+        ),
+    },
+)
 
 
 @FUZZ
@@ -569,9 +792,17 @@ def test_envelope_arbitrary_bytes_only_integrity_error(data):
 
 @FUZZ
 @given(header=_HEADERS, body=st.binary(max_size=60))
-@example(header={"format": envelope.FORMAT, "version": 1, "engine": "eager",
-                 "code_hash": "0", "fingerprint": {},
-                 "blobs": [{"name": "a", "size": float("inf"), "sha256": "0" * 64}]}, body=b"")
+@example(
+    header={
+        "format": envelope.FORMAT,
+        "version": 1,
+        "engine": "eager",
+        "code_hash": "0",
+        "fingerprint": {},
+        "blobs": [{"name": "a", "size": float("inf"), "sha256": "0" * 64}],
+    },
+    body=b"",
+)
 def test_envelope_arbitrary_headers_only_integrity_error(header, body):
     raw = json.dumps(header).encode()
     got = _load_or_integrity_error(envelope.MAGIC + struct.pack("<I", len(raw)) + raw + body)
@@ -582,9 +813,16 @@ def test_envelope_arbitrary_headers_only_integrity_error(header, body):
 
 
 def test_r2_envelope_infinite_size():
-    raw = json.dumps({"format": envelope.FORMAT, "version": 1, "engine": "eager",
-                      "code_hash": "0", "fingerprint": {},
-                      "blobs": [{"name": "a", "size": 1e400, "sha256": "0" * 64}]}).encode()
+    raw = json.dumps(
+        {
+            "format": envelope.FORMAT,
+            "version": 1,
+            "engine": "eager",
+            "code_hash": "0",
+            "fingerprint": {},
+            "blobs": [{"name": "a", "size": 1e400, "sha256": "0" * 64}],
+        }
+    ).encode()
     with pytest.raises(IntegrityError):
         envelope.loads(envelope.MAGIC + struct.pack("<I", len(raw)) + raw)
 

@@ -105,11 +105,19 @@ def test_peft_adapter_state_on_cuda_with_graphs(tmp_path):
     from precompile_runtime.errors import CallError
 
     torch.manual_seed(0)
-    cfg = transformers.LlamaConfig(vocab_size=256, hidden_size=128, intermediate_size=256,
-                                   num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                                   max_position_embeddings=64)
-    model = get_peft_model(transformers.LlamaForCausalLM(cfg).cuda().eval(),
-                           LoraConfig(r=4, target_modules=["q_proj", "v_proj"], init_lora_weights=False)).eval()
+    cfg = transformers.LlamaConfig(
+        vocab_size=256,
+        hidden_size=128,
+        intermediate_size=256,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+    )
+    model = get_peft_model(
+        transformers.LlamaForCausalLM(cfg).cuda().eval(),
+        LoraConfig(r=4, target_modules=["q_proj", "v_proj"], init_lora_weights=False),
+    ).eval()
     ids = torch.randint(0, 256, (1, 16), device="cuda")
 
     def logits(m, ids):
@@ -129,7 +137,9 @@ def test_peft_adapter_state_on_cuda_with_graphs(tmp_path):
         torch.testing.assert_close(served(model, ids), want, rtol=2e-3, atol=2e-3)
 
 
-GAIN = 2.0  # a module-level value read in a helper method (the guards of capturing/dynamo_guards.py)
+GAIN = (
+    2.0  # a module-level value read in a helper method (the guards of capturing/dynamo_guards.py)
+)
 
 
 def test_the_guards_catch_state_the_recorder_did_not_see_on_cuda_with_graphs(tmp_path):
@@ -212,6 +222,9 @@ def test_the_guards_catch_state_the_recorder_did_not_see_on_cuda_with_graphs(tmp
     finally:
         GAIN = 2.0
     models[0].act = nn.ReLU().cuda()
-    with pytest.raises(CallError, match=r"model.act was a torch.nn.modules.activation.GELU at capture, now a "
-                                        r"torch.nn.modules.activation.ReLU"):
+    with pytest.raises(
+        CallError,
+        match=r"model.act was a torch.nn.modules.activation.GELU at capture, now a "
+        r"torch.nn.modules.activation.ReLU",
+    ):
         served(models[0], x)

@@ -32,7 +32,11 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 def make_mlp(device="cuda"):
     nn = torch.nn
     torch.manual_seed(0)
-    return nn.Sequential(nn.Linear(32, 64), nn.GELU(), nn.LayerNorm(64), nn.Linear(64, 16)).to(device).eval()
+    return (
+        nn.Sequential(nn.Linear(32, 64), nn.GELU(), nn.LayerNorm(64), nn.Linear(64, 16))
+        .to(device)
+        .eval()
+    )
 
 
 def forward(model, x):
@@ -73,7 +77,9 @@ def test_replays_equal_eager_and_record_once(mlp_pair):
         x = torch.randn(4, 32, device="cuda")
         with torch.no_grad():
             _eq(fn(m, x), m(x))
-    assert fn._graphs.recorded == 1  # call 1 warms up, call 2 is timed, call 3 records, the rest replay
+    assert (
+        fn._graphs.recorded == 1
+    )  # call 1 warms up, call 2 is timed, call 3 records, the rest replay
     assert fn._graphs.plain == 0  # launch-bound: worth its graph
 
 
@@ -225,11 +231,20 @@ def test_recording_compiles_nothing(mlp_pair, tmp_path_factory):
     script = tmp_path_factory.mktemp("serve") / "serve.py"
     script.write_text(SERVE)
     empty = tmp_path_factory.mktemp("caches")
-    env = dict(os.environ, PRECOMPILE_NO_COMPILE="1", TORCHINDUCTOR_CACHE_DIR=str(empty / "ind"),
-               TRITON_CACHE_DIR=str(empty / "tri"),
-               PYTHONPATH=os.pathsep.join([REPO, os.path.join(REPO, "runtime")]))
-    out = subprocess.run([sys.executable, str(script), str(tmp), os.path.join(REPO, "tests")],
-                         capture_output=True, text=True, env=env, timeout=300)
+    env = dict(
+        os.environ,
+        PRECOMPILE_NO_COMPILE="1",
+        TORCHINDUCTOR_CACHE_DIR=str(empty / "ind"),
+        TRITON_CACHE_DIR=str(empty / "tri"),
+        PYTHONPATH=os.pathsep.join([REPO, os.path.join(REPO, "runtime")]),
+    )
+    out = subprocess.run(
+        [sys.executable, str(script), str(tmp), os.path.join(REPO, "tests")],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     r = json.loads(out.stdout.strip().splitlines()[-1])
     assert max(r["errs"]) < 2e-3 and r["recorded"] == 1
@@ -238,6 +253,7 @@ def test_recording_compiles_nothing(mlp_pair, tmp_path_factory):
 
 
 # ---- other tensors, failed recordings, threads (the server's ways of calling) ------
+
 
 def _eager(m, x):
     with torch.no_grad():
@@ -383,7 +399,9 @@ def test_three_caches_interleaved_match_eager(tmp_path):
         return (cache.sum(0) * x).tanh()
 
     cache0 = torch.zeros(16, 32, device="cuda")
-    _capture(tmp_path, step, cache0, torch.tensor([0], device="cuda"), torch.randn(1, 32, device="cuda"))
+    _capture(
+        tmp_path, step, cache0, torch.tensor([0], device="cuda"), torch.randn(1, 32, device="cuda")
+    )
     fn = _load(tmp_path)
     caches = [torch.zeros(16, 32, device="cuda") for _ in range(3)]
     refs = [c.clone() for c in caches]

@@ -13,7 +13,10 @@ from _pairs import capture_and_load, pair_paths  # noqa: E402
 from precompile_build import CaptureError, capture  # noqa: E402
 from precompile_runtime import CallError, no_compilation  # noqa: E402
 
-pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA"),
+]
 
 
 def _boxes(n, gen, scores=None):
@@ -24,7 +27,9 @@ def _boxes(n, gen, scores=None):
 
 def _same(got, want):
     return len(got) == len(want) and all(
-        g.shape == w.shape and g.device == w.device and torch.allclose(g, w) for g, w in zip(got, want))
+        g.shape == w.shape and g.device == w.device and torch.allclose(g, w)
+        for g, w in zip(got, want)
+    )
 
 
 def test_nms_on_cuda_serves_every_count(tmp_path):
@@ -59,8 +64,11 @@ def test_a_boolean_mask_on_cuda_serves_every_count(tmp_path):
     art = capture_and_load(tmp_path / "p", fn, torch.randn(4, 33, device="cuda"))
     assert art.uses_kernels
     with no_compilation():
-        for x in (torch.randn(4, 33, device="cuda"), -torch.ones(4, 33, device="cuda"),
-                  torch.ones(4, 33, device="cuda")):
+        for x in (
+            torch.randn(4, 33, device="cuda"),
+            -torch.ones(4, 33, device="cuda"),
+            torch.ones(4, 33, device="cuda"),
+        ):
             assert _same(art(x), fn(x))
 
 
@@ -68,8 +76,13 @@ def test_cuda_graphs_option_is_refused_for_data_dependent_sizes(tmp_path):
     def fn(x):
         return x[x > 0] * 2
 
-    with pytest.raises(CaptureError, match=r"cuda-graphs = true replays the sizes a CUDA graph recorded, and this "
-                       r"function sizes tensors by their values .*drop the option"), \
-            capture(fn, engine="frozen", options={"cuda_graphs": True}, **pair_paths(tmp_path)) as f:
+    with (
+        pytest.raises(
+            CaptureError,
+            match=r"cuda-graphs = true replays the sizes a CUDA graph recorded, and this "
+            r"function sizes tensors by their values .*drop the option",
+        ),
+        capture(fn, engine="frozen", options={"cuda_graphs": True}, **pair_paths(tmp_path)) as f,
+    ):
         f(torch.randn(64, device="cuda"))
     assert not (tmp_path / "t.py").exists()

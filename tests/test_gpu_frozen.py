@@ -42,10 +42,17 @@ if triton is not None:
     def add_kernel(x_ptr, y_ptr, out_ptr, n, BLOCK: tl.constexpr):
         offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
         mask = offs < n
-        tl.store(out_ptr + offs, tl.load(x_ptr + offs, mask=mask) + tl.load(y_ptr + offs, mask=mask), mask=mask)
+        tl.store(
+            out_ptr + offs,
+            tl.load(x_ptr + offs, mask=mask) + tl.load(y_ptr + offs, mask=mask),
+            mask=mask,
+        )
 
     @triton.autotune(
-        configs=[triton.Config({"BLOCK": 128}, num_warps=4), triton.Config({"BLOCK": 512}, num_warps=8)],
+        configs=[
+            triton.Config({"BLOCK": 128}, num_warps=4),
+            triton.Config({"BLOCK": 512}, num_warps=8),
+        ],
         key=["n"],
     )
     @triton.jit
@@ -66,7 +73,9 @@ def user_add(x, y):
 def user_axpy(x, y):
     out = torch.empty_like(x)
     n = x.numel()
-    torch.library.wrap_triton(axpy_kernel)[lambda meta: (triton.cdiv(n, meta["BLOCK"]),)](x, y, out, n, 0.5)
+    torch.library.wrap_triton(axpy_kernel)[lambda meta: (triton.cdiv(n, meta["BLOCK"]),)](
+        x, y, out, n, 0.5
+    )
     return out.relu()
 
 
@@ -200,7 +209,9 @@ def _capture(tmp_path, name, fn, *args):
     import precompile_build
 
     source, cache = tmp_path / f"{name}.py", tmp_path / f"{name}.cache"
-    with precompile_build.capture(fn, artifact_path=source, cache_path=cache, engine="frozen", target=name) as f:
+    with precompile_build.capture(
+        fn, artifact_path=source, cache_path=cache, engine="frozen", target=name
+    ) as f:
         f(*args)
     text = source.read_text()
     meta = _metadata(text)
@@ -208,7 +219,10 @@ def _capture(tmp_path, name, fn, *args):
     assert "triton" in kinds, f"{name}: no Triton kernel was frozen ({kinds})"
     for k in meta["kernels"]:
         if k["kind"] == "triton":
-            assert k["launcher"].startswith("def launcher(") and "runner(grid_0, grid_1, grid_2, stream" in k["launcher"]
+            assert (
+                k["launcher"].startswith("def launcher(")
+                and "runner(grid_0, grid_1, grid_2, stream" in k["launcher"]
+            )
     assert "import triton" not in text
     return source, cache
 
@@ -217,7 +231,10 @@ def _metadata(text):
     import ast
 
     for node in ast.parse(text).body:
-        if isinstance(node, ast.Assign) and getattr(node.targets[0], "id", "") == "PRECOMPILE_METADATA":
+        if (
+            isinstance(node, ast.Assign)
+            and getattr(node.targets[0], "id", "") == "PRECOMPILE_METADATA"
+        ):
             return ast.literal_eval(node.value)
     raise AssertionError("no PRECOMPILE_METADATA")
 
@@ -227,19 +244,32 @@ def _serve(tmp_path, case, source, cache, data):
     data_path = tmp_path / f"{case}-data.pt"
     torch.save(data, data_path)
     devices = [f"cuda:{i}" for i in range(min(torch.cuda.device_count(), 2))]
-    spec = {"source": str(source), "cache": str(cache), "data": str(data_path), "case": case, "devices": devices}
+    spec = {
+        "source": str(source),
+        "cache": str(cache),
+        "data": str(data_path),
+        "case": case,
+        "devices": devices,
+    }
     env = dict(os.environ)
     for var in ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR"):
         d = tmp_path / f"empty-{var.lower()}"
         d.mkdir(exist_ok=True)
         env[var] = str(d)
     env["PRECOMPILE_NO_COMPILE"] = "1"
-    env["PYTHONPATH"] = os.pathsep.join([REPO, os.path.join(REPO, "runtime"), env.get("PYTHONPATH", "")])
-    proc = subprocess.run([sys.executable, "-c", _CHILD, json.dumps(spec)], env=env,
-                          capture_output=True, text=True, timeout=300)
+    env["PYTHONPATH"] = os.pathsep.join(
+        [REPO, os.path.join(REPO, "runtime"), env.get("PYTHONPATH", "")]
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", _CHILD, json.dumps(spec)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, f"child failed:\n{proc.stdout}\n{proc.stderr}"
     line = [ln for ln in proc.stdout.splitlines() if ln.startswith("REPORT ")][-1]
-    report = json.loads(line[len("REPORT "):])
+    report = json.loads(line[len("REPORT ") :])
     print(case, json.dumps(report))
     assert report["uses_kernels"]
     assert report["forbidden_loaded"] == [], report["forbidden_loaded"]
@@ -262,8 +292,13 @@ def test_forward_mlp(tmp_path, dtype):
         want = model(x)
     state = {k: v.float().cpu() for k, v in model.state_dict().items()}
     tol = 1e-4 if dt == torch.float32 else 8e-2
-    _serve(tmp_path, "forward", source, cache,
-           {"state": state, "dtype": dt, "x": x.cpu(), "out": want.cpu(), "tol": tol})
+    _serve(
+        tmp_path,
+        "forward",
+        source,
+        cache,
+        {"state": state, "dtype": dt, "x": x.cpu(), "out": want.cpu(), "tol": tol},
+    )
 
 
 def test_train_step(tmp_path):
@@ -276,9 +311,20 @@ def test_train_step(tmp_path):
     ref.load_state_dict(state)
     loss = train_step(ref, x)
     grads = {n: p.grad.cpu() for n, p in ref.named_parameters()}
-    _serve(tmp_path, "train", source, cache,
-           {"state": state, "dtype": torch.float32, "x": x.cpu(), "out": loss.detach().cpu(),
-            "grads": grads, "tol": 1e-4})
+    _serve(
+        tmp_path,
+        "train",
+        source,
+        cache,
+        {
+            "state": state,
+            "dtype": torch.float32,
+            "x": x.cpu(),
+            "out": loss.detach().cpu(),
+            "grads": grads,
+            "tol": 1e-4,
+        },
+    )
 
 
 @needs_triton
@@ -316,7 +362,13 @@ def test_kernels_compile_in_inductors_worker_pool(tmp_path, monkeypatch, user_ke
     with config.patch({"fx_graph_cache": False}):
         source, cache = _capture(tmp_path, f"pool_{user_kernel}", fn, x, y)
     assert bool(calls) == user_kernel, len(calls)
-    _serve(tmp_path, "user", source, cache, {"args": [x.cpu(), y.cpu()], "out": fn(x, y).cpu(), "tol": 1e-5})
+    _serve(
+        tmp_path,
+        "user",
+        source,
+        cache,
+        {"args": [x.cpu(), y.cpu()], "out": fn(x, y).cpu(), "tol": 1e-5},
+    )
 
 
 _FRESH_POOL_CHILD = textwrap.dedent("""
@@ -350,15 +402,31 @@ def test_a_fresh_process_compiles_in_the_worker_pool(tmp_path):
     does: they are up when the kernels compile, so none compiles in the capturing
     process (Inductor compiles a kernel in-process, one at a time, while its pool has
     not answered)."""
-    env = dict(os.environ, TORCHINDUCTOR_COMPILE_THREADS="2", TORCHINDUCTOR_FX_GRAPH_CACHE="0",
-               TORCHINDUCTOR_CACHE_DIR=str(tmp_path / "inductor"), TRITON_CACHE_DIR=str(tmp_path / "triton"))
-    env["PYTHONPATH"] = os.pathsep.join([REPO, os.path.join(REPO, "runtime"), env.get("PYTHONPATH", "")])
-    proc = subprocess.run([sys.executable, "-c", _FRESH_POOL_CHILD, str(tmp_path / "fresh")], env=env,
-                          capture_output=True, text=True, timeout=300)
+    env = dict(
+        os.environ,
+        TORCHINDUCTOR_COMPILE_THREADS="2",
+        TORCHINDUCTOR_FX_GRAPH_CACHE="0",
+        TORCHINDUCTOR_CACHE_DIR=str(tmp_path / "inductor"),
+        TRITON_CACHE_DIR=str(tmp_path / "triton"),
+    )
+    env["PYTHONPATH"] = os.pathsep.join(
+        [REPO, os.path.join(REPO, "runtime"), env.get("PYTHONPATH", "")]
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", _FRESH_POOL_CHILD, str(tmp_path / "fresh")],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, f"child failed:\n{proc.stdout}\n{proc.stderr}"
-    calls, woken = json.loads([ln for ln in proc.stdout.splitlines() if ln.startswith("CALLS ")][-1][6:])
+    calls, woken = json.loads(
+        [ln for ln in proc.stdout.splitlines() if ln.startswith("CALLS ")][-1][6:]
+    )
     assert woken, "the workers were not asked to start before the trace ran the function"
-    assert calls == 0, f"{calls} kernel(s) compiled in the capturing process, not in the worker pool"
+    assert calls == 0, (
+        f"{calls} kernel(s) compiled in the capturing process, not in the worker pool"
+    )
 
 
 @needs_triton
@@ -369,10 +437,19 @@ def test_user_triton_kernel(tmp_path, fn):
     source, cache = _capture(tmp_path, fn.__name__, fn, x, y)
     want = fn(x, y)
     if fn is user_axpy:  # the frozen launch is the config autotuning picked
-        entry = [k for k in _metadata(source.read_text())["kernels"] if k["kind"] == "triton" and "axpy" in k["function"]]
+        entry = [
+            k
+            for k in _metadata(source.read_text())["kernels"]
+            if k["kind"] == "triton" and "axpy" in k["function"]
+        ]
         assert len(entry) == 1 and "BLOCK" in entry[0]["config"], entry
-    _serve(tmp_path, "user", source, cache,
-           {"args": [x.cpu(), y.cpu()], "out": want.cpu(), "tol": 1e-5})
+    _serve(
+        tmp_path,
+        "user",
+        source,
+        cache,
+        {"args": [x.cpu(), y.cpu()], "out": want.cpu(), "tol": 1e-5},
+    )
 
 
 def attention(x, w):
@@ -388,19 +465,34 @@ def test_dynamic_batch_and_sequence(tmp_path, dtype):
 
     dt = getattr(torch, dtype)
     torch.manual_seed(0)
-    x, w = torch.randn(3, 40, 64, device="cuda", dtype=dt), torch.randn(64, 64, device="cuda", dtype=dt) / 8
+    x, w = (
+        torch.randn(3, 40, 64, device="cuda", dtype=dt),
+        torch.randn(64, 64, device="cuda", dtype=dt) / 8,
+    )
     mark_dynamic(x, 0, min=2, max=16)
     mark_dynamic(x, 1, min=2, max=256)
     source, cache = _capture(tmp_path, f"attention_{dtype}", attention, x, w)
-    assert sorted(_metadata(source.read_text())["dynamic"]["symbols"].values()) == [[2, 16], [2, 256]]
+    assert sorted(_metadata(source.read_text())["dynamic"]["symbols"].values()) == [
+        [2, 16],
+        [2, 256],
+    ]
     calls = []
     for B, T in [(2, 2), (3, 40), (16, 256), (5, 97)]:
         xi = torch.randn(B, T, 64, device="cuda", dtype=dt)
         calls.append({"args": [xi.cpu(), w.cpu()], "out": attention(xi, w).cpu()})
-    refuse = [[torch.randn(17, 8, 64, dtype=dt), w.cpu()], [torch.randn(2, 257, 64, dtype=dt), w.cpu()],
-              [torch.randn(1, 8, 64, dtype=dt), w.cpu()], [torch.randn(2, 8, 32, dtype=dt), w.cpu()]]
-    _serve(tmp_path, "calls", source, cache,
-           {"calls": calls, "refuse": refuse, "tol": 1e-4 if dt == torch.float32 else 8e-2})
+    refuse = [
+        [torch.randn(17, 8, 64, dtype=dt), w.cpu()],
+        [torch.randn(2, 257, 64, dtype=dt), w.cpu()],
+        [torch.randn(1, 8, 64, dtype=dt), w.cpu()],
+        [torch.randn(2, 8, 32, dtype=dt), w.cpu()],
+    ]
+    _serve(
+        tmp_path,
+        "calls",
+        source,
+        cache,
+        {"calls": calls, "refuse": refuse, "tol": 1e-4 if dt == torch.float32 else 8e-2},
+    )
 
 
 def test_dynamic_batch_train_step(tmp_path):
@@ -418,8 +510,16 @@ def test_dynamic_batch_train_step(tmp_path):
         ref.load_state_dict(state)
         xi = torch.randn(n, 32, device="cuda")
         loss = train_step(ref, xi)
-        sizes.append((xi.cpu(), loss.detach().cpu(), {k: p.grad.cpu() for k, p in ref.named_parameters()}))
-    _serve(tmp_path, "train", source, cache, {"state": state, "dtype": torch.float32, "sizes": sizes, "tol": 1e-4})
+        sizes.append(
+            (xi.cpu(), loss.detach().cpu(), {k: p.grad.cpu() for k, p in ref.named_parameters()})
+        )
+    _serve(
+        tmp_path,
+        "train",
+        source,
+        cache,
+        {"state": state, "dtype": torch.float32, "sizes": sizes, "tol": 1e-4},
+    )
 
 
 def random_ops(x):
@@ -471,7 +571,9 @@ def test_autotuning_times_every_config_on_gpu_clones(tmp_path, monkeypatch, torc
     # no headroom under the peak: Inductor's own policy copies every written argument
     for mod in (torch.cuda, getattr(torch, "accelerator", None)):
         if mod is not None and hasattr(mod, "max_memory_allocated"):
-            monkeypatch.setattr(mod, "max_memory_allocated", lambda *a, _m=mod: _m.memory_allocated(*a))
+            monkeypatch.setattr(
+                mod, "max_memory_allocated", lambda *a, _m=mod: _m.memory_allocated(*a)
+            )
     timed = []  # per timed call of an in-place kernel: (Inductor's policy applies, args restored from CPU)
     clone = th.CachingAutotuner.maybe_clone_args
 
@@ -504,14 +606,23 @@ def _tuning_spies(monkeypatch, torch_config, saved_configs=False):
         torch_config(config, autotune_local_cache=False)
     scripts, timed, compiled = [], [], []
     script = PythonWrapperCodegen.generate_and_run_autotune_block
-    monkeypatch.setattr(PythonWrapperCodegen, "generate_and_run_autotune_block",
-                        lambda self: scripts.append(1) or script(self))
+    monkeypatch.setattr(
+        PythonWrapperCodegen,
+        "generate_and_run_autotune_block",
+        lambda self: scripts.append(1) or script(self),
+    )
     bench = th.CachingAutotuner.benchmark_all_configs
-    monkeypatch.setattr(th.CachingAutotuner, "benchmark_all_configs",
-                        lambda self, *a, **k: timed.append(bool(compiled)) or bench(self, *a, **k))
+    monkeypatch.setattr(
+        th.CachingAutotuner,
+        "benchmark_all_configs",
+        lambda self, *a, **k: timed.append(bool(compiled)) or bench(self, *a, **k),
+    )
     standalone = torch._inductor.standalone_compile  # frozen.py looks it up when it compiles
-    monkeypatch.setattr(torch._inductor, "standalone_compile",
-                        lambda *a, **k: (standalone(*a, **k), compiled.append(1))[0])
+    monkeypatch.setattr(
+        torch._inductor,
+        "standalone_compile",
+        lambda *a, **k: (standalone(*a, **k), compiled.append(1))[0],
+    )
     return scripts, timed
 
 
@@ -522,20 +633,32 @@ def test_kernels_compile_once_and_autotune_in_the_first_run(tmp_path, monkeypatc
     defines each a second time): the configs are timed in the capture's first run,
     as under torch.compile, and the pair serves like eager."""
     scripts, timed = _tuning_spies(monkeypatch, torch_config)
-    x = torch.randn(513, 2049, device="cuda")  # a reduction with several configs to time on the H200
+    x = torch.randn(
+        513, 2049, device="cuda"
+    )  # a reduction with several configs to time on the H200
     fn = lambda a: torch.softmax(a * 3, dim=-1) + a.sum(0)  # noqa: E731
     source, cache = _capture(tmp_path, "first_run_tuning", fn, x)
     assert scripts == [], "the compile ran a tuning script (autotune_at_compile_time)"
     assert timed and all(timed), timed  # configs were timed, and only after the compile
-    _serve(tmp_path, "first_run_tuning", source, cache, {"args": [x.cpu()], "out": fn(x).cpu(), "tol": 1e-5})
+    _serve(
+        tmp_path,
+        "first_run_tuning",
+        source,
+        cache,
+        {"args": [x.cpu()], "out": fn(x).cpu(), "tol": 1e-5},
+    )
 
 
 def _branches(a):
-    return torch.cond(a.sum() > 0, lambda t: torch.softmax(t * 3, dim=-1), lambda t: t.cos() + 1, (a,))
+    return torch.cond(
+        a.sum() > 0, lambda t: torch.softmax(t * 3, dim=-1), lambda t: t.cos() + 1, (a,)
+    )
 
 
 @needs_triton
-def test_a_branch_the_first_run_does_not_take_is_tuned_at_compile_time(tmp_path, monkeypatch, torch_config):
+def test_a_branch_the_first_run_does_not_take_is_tuned_at_compile_time(
+    tmp_path, monkeypatch, torch_config
+):
     """A graph that branches (torch.cond) keeps standalone_compile's compile-time
     tuning: the first run launches one branch, and a kernel it never launched would
     keep every config, which cannot be frozen; the tuning script's choice reaches the
@@ -548,7 +671,13 @@ def test_a_branch_the_first_run_does_not_take_is_tuned_at_compile_time(tmp_path,
         source, cache = _capture(tmp_path, "cond_tuning", _branches, x)
     assert scripts, "no compile-time tuning script ran for a graph that branches"
     for case, a in (("taken", x), ("other", -x)):
-        _serve(tmp_path, f"cond_{case}", source, cache, {"args": [a.cpu()], "out": _branches(a).cpu(), "tol": 1e-5})
+        _serve(
+            tmp_path,
+            f"cond_{case}",
+            source,
+            cache,
+            {"args": [a.cpu()], "out": _branches(a).cpu(), "tol": 1e-5},
+        )
 
 
 def test_unfreezable_kernel_is_a_capture_error():

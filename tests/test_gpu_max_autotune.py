@@ -28,7 +28,9 @@ from test_gpu_frozen import _metadata, _serve
 HAVE_CUDA = torch is not None and torch.cuda.is_available()
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not HAVE_CUDA, reason="needs CUDA")]
 
-BF16_TOL = 1e-1  # |frozen - eager| <= tol + tol * |eager| (bf16: Inductor fuses where eager rounds per op)
+BF16_TOL = (
+    1e-1  # |frozen - eager| <= tol + tol * |eager| (bf16: Inductor fuses where eager rounds per op)
+)
 
 
 def block(x, ln_w, ln_b, w_qkv, b_qkv, w_o, b_o, w_1, b_1, w_2, b_2):
@@ -48,9 +50,19 @@ def block_args(B, T, D, dtype=torch.bfloat16 if torch else None):
     def w(*shape):
         return (torch.randn(*shape, device="cuda") / shape[-1] ** 0.5).to(dtype)
 
-    return [torch.randn(B, T, D, device="cuda", dtype=dtype), torch.ones(D, device="cuda", dtype=dtype),
-            torch.zeros(D, device="cuda", dtype=dtype), w(3 * D, D), w(3 * D), w(D, D), w(D),
-            w(4 * D, D), w(4 * D), w(D, 4 * D), w(D)]
+    return [
+        torch.randn(B, T, D, device="cuda", dtype=dtype),
+        torch.ones(D, device="cuda", dtype=dtype),
+        torch.zeros(D, device="cuda", dtype=dtype),
+        w(3 * D, D),
+        w(3 * D),
+        w(D, D),
+        w(D),
+        w(4 * D, D),
+        w(4 * D),
+        w(D, 4 * D),
+        w(D),
+    ]
 
 
 def capture(tmp_path, name, fn, args, **options):
@@ -59,24 +71,32 @@ def capture(tmp_path, name, fn, args, **options):
     import precompile_build
 
     source, cache = tmp_path / f"{name}.py", tmp_path / f"{name}.cache"
-    with precompile_build.capture(fn, artifact_path=source, cache_path=cache, engine="frozen", target=name,
-                                  options=options) as f:
+    with precompile_build.capture(
+        fn, artifact_path=source, cache_path=cache, engine="frozen", target=name, options=options
+    ) as f:
         f(*args)
     with torch.no_grad():
         want = fn(*args)
     text = source.read_text()
-    wrapper = text[text.index("def _make_call("):text.index("    return call\n")]
+    wrapper = text[text.index("def _make_call(") : text.index("    return call\n")]
     assert "torch._inductor" not in wrapper and "async_compile" not in wrapper
     return source, cache, _metadata(text), want
 
 
 def serve(tmp_path, name, source, cache, args, want, tol=BF16_TOL):
-    return _serve(tmp_path, "args", source, cache,
-                  {"args": [a.cpu() for a in args], "out": want.cpu(), "tol": tol})
+    return _serve(
+        tmp_path,
+        "args",
+        source,
+        cache,
+        {"args": [a.cpu() for a in args], "out": want.cpu(), "tol": tol},
+    )
 
 
 def templates(meta):
-    return [k for k in meta["kernels"] if k["kind"] == "triton" and k["name"].startswith("triton_tem")]
+    return [
+        k for k in meta["kernels"] if k["kind"] == "triton" and k["name"].startswith("triton_tem")
+    ]
 
 
 def test_a_gpt_block_under_max_autotune_is_served_without_the_compiler(tmp_path):
@@ -93,13 +113,23 @@ def test_triton_templates_freeze_with_their_tuned_configs_and_replay_in_cuda_gra
     """Only Triton template choices left: every matrix product is a template kernel
     (its grid passed as launcher arguments), served, in CUDA graphs too."""
     args = block_args(4, 128, 256)
-    source, cache, meta, want = capture(tmp_path, "tem", block, args, mode="max-autotune", cuda_graphs=True,
-                                        inductor={"test_configs.autotune_choice_name_regex": "^triton_"})
+    source, cache, meta, want = capture(
+        tmp_path,
+        "tem",
+        block,
+        args,
+        mode="max-autotune",
+        cuda_graphs=True,
+        inductor={"test_configs.autotune_choice_name_regex": "^triton_"},
+    )
     tem = templates(meta)
     assert len(tem) >= 4, [k["name"] for k in meta["kernels"]]  # qkv, out, fc1, fc2
     for k in tem:
         assert "_grid_0" in k["launcher"] and k["config"], k
-    assert meta["cuda_graphs"] is True and "extern_kernels." not in source.read_text().split("def call(")[-1]
+    assert (
+        meta["cuda_graphs"] is True
+        and "extern_kernels." not in source.read_text().split("def call(")[-1]
+    )
     serve(tmp_path, "tem", source, cache, args, want)
 
 
@@ -107,9 +137,15 @@ def test_templates_with_cuda_archs_reuse_the_build_gpus_choices(tmp_path):
     """`cuda-archs`: the template configs tuned here are compiled for the other GPUs
     (or the architecture is left out, with its reason); this GPU serves its own."""
     args = block_args(2, 64, 128)
-    source, cache, meta, want = capture(tmp_path, "tem_archs", block, args, mode="max-autotune",
-                                        cuda_archs=["8.0", "9.0"],
-                                        inductor={"test_configs.autotune_choice_name_regex": "^triton_"})
+    source, cache, meta, want = capture(
+        tmp_path,
+        "tem_archs",
+        block,
+        args,
+        mode="max-autotune",
+        cuda_archs=["8.0", "9.0"],
+        inductor={"test_configs.autotune_choice_name_regex": "^triton_"},
+    )
     report = meta["cuda_archs"]
     print("cuda_archs:", report)
     assert templates(meta)
@@ -128,11 +164,19 @@ def addmm_relu(x, w, b):
 def test_bias_addmm_is_a_plain_torch_call(tmp_path):
     """The choice the issue's capture failed on, on CUDA: copied into the source half."""
     torch.manual_seed(0)
-    args = [torch.randn(64, 256, device="cuda", dtype=torch.bfloat16),
-            torch.randn(128, 256, device="cuda", dtype=torch.bfloat16) / 16,
-            torch.randn(128, device="cuda", dtype=torch.bfloat16)]
-    source, cache, meta, want = capture(tmp_path, "bias_addmm", addmm_relu, args, mode="max-autotune",
-                                        inductor={"test_configs.autotune_choice_name_regex": "bias_addmm"})
+    args = [
+        torch.randn(64, 256, device="cuda", dtype=torch.bfloat16),
+        torch.randn(128, 256, device="cuda", dtype=torch.bfloat16) / 16,
+        torch.randn(128, device="cuda", dtype=torch.bfloat16),
+    ]
+    source, cache, meta, want = capture(
+        tmp_path,
+        "bias_addmm",
+        addmm_relu,
+        args,
+        mode="max-autotune",
+        inductor={"test_configs.autotune_choice_name_regex": "bias_addmm"},
+    )
     text = source.read_text()
     assert "extern_kernels.bias_addmm(" in text and "def _extern_bias_addmm(" in text
     serve(tmp_path, "bias_addmm", source, cache, args, want)
@@ -146,11 +190,22 @@ def test_convolutions_as_templates(tmp_path):
     """A 3x3 convolution as Inductor's Triton conv template, a 1x1 one (channels-last:
     Inductor makes it a matrix product) as its mm template."""
     torch.manual_seed(0)
-    x = torch.randn(2, 32, 16, 16, device="cuda", dtype=torch.bfloat16).to(memory_format=torch.channels_last)
-    args = [x, torch.randn(64, 32, 3, 3, device="cuda", dtype=torch.bfloat16) / 17,
-            torch.randn(32, 64, 1, 1, device="cuda", dtype=torch.bfloat16) / 8]
-    source, cache, meta, want = capture(tmp_path, "conv", convs, args, mode="max-autotune",
-                                        inductor={"test_configs.autotune_choice_name_regex": "^triton_"})
+    x = torch.randn(2, 32, 16, 16, device="cuda", dtype=torch.bfloat16).to(
+        memory_format=torch.channels_last
+    )
+    args = [
+        x,
+        torch.randn(64, 32, 3, 3, device="cuda", dtype=torch.bfloat16) / 17,
+        torch.randn(32, 64, 1, 1, device="cuda", dtype=torch.bfloat16) / 8,
+    ]
+    source, cache, meta, want = capture(
+        tmp_path,
+        "conv",
+        convs,
+        args,
+        mode="max-autotune",
+        inductor={"test_configs.autotune_choice_name_regex": "^triton_"},
+    )
     print("kernels:", [k["name"] for k in meta["kernels"]])
     assert len(templates(meta)) >= 2
     serve(tmp_path, "conv", source, cache, args, want)
@@ -162,7 +217,9 @@ def test_flex_attention_template(tmp_path):
     from torch.nn.attention.flex_attention import flex_attention
 
     def attend(q, k, v):
-        return flex_attention(q, k, v, score_mod=lambda s, b, h, qi, kv: torch.where(qi >= kv, s, -float("inf")))
+        return flex_attention(
+            q, k, v, score_mod=lambda s, b, h, qi, kv: torch.where(qi >= kv, s, -float("inf"))
+        )
 
     torch.manual_seed(0)
     args = [torch.randn(2, 4, 256, 64, device="cuda", dtype=torch.bfloat16) for _ in range(3)]

@@ -38,9 +38,16 @@ def _capture(tmp_path, model, x, monkeypatch):
 
     stats = tmp_path / "stats.json"
     monkeypatch.setenv("PRECOMPILE_STATS_PATH", str(stats))
-    with torch.no_grad(), precompile_build.capture(lambda m, x: m(x), engine="frozen", target="t",
-                                                   artifact_path=tmp_path / "t.py",
-                                                   cache_path=tmp_path / "t.cache") as f:
+    with (
+        torch.no_grad(),
+        precompile_build.capture(
+            lambda m, x: m(x),
+            engine="frozen",
+            target="t",
+            artifact_path=tmp_path / "t.py",
+            cache_path=tmp_path / "t.cache",
+        ) as f,
+    ):
         f(model, x)
     meta = read_source_metadata((tmp_path / "t.py").read_bytes(), what="pair")
     return json.loads(stats.read_text()), meta["validation"]
@@ -52,8 +59,16 @@ def test_a_cuda_capture_peaks_within_1_5x_of_its_eager_call(tmp_path, monkeypatc
     peaks, validation = _capture(tmp_path, model, x, monkeypatch)
     assert validation["reference"] == "float64" and not validation.get("spilled_to_cpu")
     steps = {k: v for k, v in peaks.items() if k.endswith("_gpu_bytes") and k != "eager_gpu_bytes"}
-    assert {"trace_gpu_bytes", "compile_gpu_bytes", "first_run_gpu_bytes", "validate_reference_gpu_bytes"} <= set(steps)
-    assert max(steps.values()) <= peaks["gpu_bytes"] and peaks["eager_call_gpu_bytes"] == peaks["eager_gpu_bytes"]
+    assert {
+        "trace_gpu_bytes",
+        "compile_gpu_bytes",
+        "first_run_gpu_bytes",
+        "validate_reference_gpu_bytes",
+    } <= set(steps)
+    assert (
+        max(steps.values()) <= peaks["gpu_bytes"]
+        and peaks["eager_call_gpu_bytes"] == peaks["eager_gpu_bytes"]
+    )
     ratio = peaks["gpu_bytes"] / peaks["eager_gpu_bytes"]
     assert ratio <= 1.5, (steps, peaks["eager_gpu_bytes"], ratio)
 
@@ -64,7 +79,9 @@ def test_a_capped_capture_still_validates_in_fp64(tmp_path, monkeypatch):
     torch.cuda.synchronize()
     torch.cuda.empty_cache()  # the cap counts what the allocator holds
     total = torch.cuda.get_device_properties(0).total_memory
-    cap = torch.cuda.memory_allocated() + (1536 << 20)  # the model's call fits, a wide weight does not
+    cap = torch.cuda.memory_allocated() + (
+        1536 << 20
+    )  # the model's call fits, a wide weight does not
     torch.cuda.set_per_process_memory_fraction(cap / total)
     try:
         peaks, validation = _capture(tmp_path, model, x, monkeypatch)

@@ -105,7 +105,10 @@ def mlp(tmp_path):
     import precompile_build
 
     m, x = _mlp(), torch.randn(512, 1024, device="cuda")
-    with torch.no_grad(), precompile_build.capture(forward, engine="frozen", **pair_paths(tmp_path)) as f:
+    with (
+        torch.no_grad(),
+        precompile_build.capture(forward, engine="frozen", **pair_paths(tmp_path)) as f,
+    ):
         f(m, x)
     fn = load_pair(tmp_path / "t.py", tmp_path / "t.cache").with_cuda_graphs(compute_bound="graph")
     with torch.no_grad():

@@ -45,8 +45,11 @@ def test_a_no_grad_capture_called_with_grad_is_refused_naming_the_mode(tmp_path,
     torch.manual_seed(0)
     m, x = nn.Linear(4, 4), torch.randn(3, 4)
     f = _capture(tmp_path, apply, m, x, engine=engine, grad=False)
-    with pytest.raises(CallError, match=r"called with grad enabled and parameter/buffer m.weight requiring "
-                       r"grad, but captured under torch.no_grad\(\).*Call it under torch.no_grad\(\)"):
+    with pytest.raises(
+        CallError,
+        match=r"called with grad enabled and parameter/buffer m.weight requiring "
+        r"grad, but captured under torch.no_grad\(\).*Call it under torch.no_grad\(\)",
+    ):
         (f(m, x).sum() + (m(x) ** 2).sum()).backward()
     assert m.weight.grad is None  # refused before anything ran
     for ctx in (torch.no_grad, torch.inference_mode):
@@ -94,8 +97,11 @@ def in_inference(m, x):
         return m(x) + 1
 
 
-@pytest.mark.parametrize("fn", [self_contained, decorated, set_off, in_inference],
-                         ids=["with-no_grad", "decorated", "set_grad_enabled", "inference_mode"])
+@pytest.mark.parametrize(
+    "fn",
+    [self_contained, decorated, set_off, in_inference],
+    ids=["with-no_grad", "decorated", "set_grad_enabled", "inference_mode"],
+)
 def test_a_function_that_turns_grad_off_itself_is_served_in_any_mode(tmp_path, fn):
     """The example project's `with torch.no_grad():` forward, and its siblings (a
     `@torch.no_grad()` function, `torch.set_grad_enabled(False)`, `torch.inference_mode()`):
@@ -135,7 +141,9 @@ def test_a_called_layers_no_grad_does_not_make_the_function_self_contained(tmp_p
     f = _capture(tmp_path, apply, m, x, grad=False)
     assert f.metadata["ambient"].get("grad_off") is True
     assert apply(m, x).requires_grad  # eager's result carries the gradient of fc
-    with pytest.raises(CallError, match="called with grad enabled and parameter/buffer m.fc.weight"):
+    with pytest.raises(
+        CallError, match="called with grad enabled and parameter/buffer m.fc.weight"
+    ):
         f(m, x)
     with torch.no_grad():
         torch.testing.assert_close(f(m, x), m(x))
@@ -144,6 +152,7 @@ def test_a_called_layers_no_grad_does_not_make_the_function_self_contained(tmp_p
 def test_torch_helpers_that_turn_grad_off_do_not_count(tmp_path):
     """A torch helper decorated with no_grad (nn.init) inside the body is not the
     body turning grad off: the capture under no_grad is still checked."""
+
     def init_then_apply(m, x, w):
         nn.init.ones_(w)
         return m(x) * w
@@ -199,8 +208,14 @@ def test_a_cuda_capture_without_deterministic_algorithms_is_refused_under_them(t
     before = torch.are_deterministic_algorithms_enabled()
     torch.use_deterministic_algorithms(True)
     try:
-        with torch.no_grad(), pytest.raises(CallError, match=r"called with torch.use_deterministic_algorithms"
-                                            r"\(True\), but captured without it"):
+        with (
+            torch.no_grad(),
+            pytest.raises(
+                CallError,
+                match=r"called with torch.use_deterministic_algorithms"
+                r"\(True\), but captured without it",
+            ),
+        ):
             f(m, x)
     finally:
         torch.use_deterministic_algorithms(before)

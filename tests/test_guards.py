@@ -49,7 +49,9 @@ class Net(torch.nn.Module):
     def __init__(self):
         super().__init__()
         self.lin = torch.nn.Linear(4, 4)
-        self.cfg = types.SimpleNamespace(temp=0.5, inner=types.SimpleNamespace(mult=2.0), gains=[1.0, 1.5])
+        self.cfg = types.SimpleNamespace(
+            temp=0.5, inner=types.SimpleNamespace(mult=2.0), gains=[1.0, 1.5]
+        )
         self.post = make_post(2.0)
         self.mode = Mode.PLAIN
         self.dtype = torch.float32
@@ -89,45 +91,78 @@ def call(m, x):
 
 def _serve(tmp_path, fn, *args, name="t", **kw):
     paths = {"artifact_path": tmp_path / f"{name}.py", "cache_path": tmp_path / f"{name}.cache"}
-    with precompile_build.capture(fn, engine=kw.pop("engine", "eager"), target=name, **paths, **kw) as f:
+    with precompile_build.capture(
+        fn, engine=kw.pop("engine", "eager"), target=name, **paths, **kw
+    ) as f:
         f(*args)
     return load_pair(paths["artifact_path"], paths["cache_path"])
 
 
 def _changes():
     """(what the change is, a function that makes it on (model, module globals))."""
+
     def setg(name, v):
         return lambda m: globals().__setitem__(name, v)
 
     return [
         ("a global read in a helper method", setg("GAIN", 3.0)),
         ("a global dict read in a helper method", lambda m: OFFSET.__setitem__("x", 2.0)),
-        ("an imported module's attribute read in a property", lambda m: setattr(helpers, "FACTOR", 2.0)),
+        (
+            "an imported module's attribute read in a property",
+            lambda m: setattr(helpers, "FACTOR", 2.0),
+        ),
         ("another class's constant", lambda m: setattr(Consts, "K", 4.0)),
         ("a SimpleNamespace config's field", lambda m: setattr(m.cfg, "temp", 0.7)),
         ("a config two attributes deep", lambda m: setattr(m.cfg.inner, "mult", 3.0)),
         ("a list in a config grown in place", lambda m: m.cfg.gains.append(2.0)),
         ("an item of a list in a config replaced", lambda m: m.cfg.gains.__setitem__(1, 3.0)),
-        ("an OrderedDict the trace iterates reordered in place", lambda m: m.steps.move_to_end("a")),
+        (
+            "an OrderedDict the trace iterates reordered in place",
+            lambda m: m.steps.move_to_end("a"),
+        ),
         ("a class attribute read as type(self).SCALE", lambda m: setattr(Net, "SCALE", 2.5)),
         ("a closure's cell", lambda m: setattr(m, "post", make_post(3.0))),
         ("an Enum", lambda m: setattr(m, "mode", Mode.SHIFTED)),
         ("a torch.dtype", lambda m: setattr(m, "dtype", torch.float64)),
         ("a numpy scalar", lambda m: setattr(m, "np_scale", np.float64(3.0))),
-        ("an attribute absent at capture, read with getattr's default",
-         lambda m: setattr(m, "_override", 2.0)),
+        (
+            "an attribute absent at capture, read with getattr's default",
+            lambda m: setattr(m, "_override", 2.0),
+        ),
         ("an attribute absent at capture, read with hasattr", lambda m: setattr(m, "shift", 1.0)),
         ("a module kept in a plain list", lambda m: setattr(m.acts[0], "negative_slope", 0.5)),
-        ("a module in a plain list replaced by one of the same class",
-         lambda m: m.acts.__setitem__(0, torch.nn.LeakyReLU(0.6))),
-        ("a config replaced by another of the same type", lambda m: setattr(m, "cfg", types.SimpleNamespace(
-            temp=0.9, inner=types.SimpleNamespace(mult=2.0), gains=[1.0, 1.5]))),
-        ("a config replaced through __dict__", lambda m: m.__dict__.__setitem__("cfg", types.SimpleNamespace(
-            temp=0.5, inner=types.SimpleNamespace(mult=4.0), gains=[1.0, 1.5]))),
+        (
+            "a module in a plain list replaced by one of the same class",
+            lambda m: m.acts.__setitem__(0, torch.nn.LeakyReLU(0.6)),
+        ),
+        (
+            "a config replaced by another of the same type",
+            lambda m: setattr(
+                m,
+                "cfg",
+                types.SimpleNamespace(
+                    temp=0.9, inner=types.SimpleNamespace(mult=2.0), gains=[1.0, 1.5]
+                ),
+            ),
+        ),
+        (
+            "a config replaced through __dict__",
+            lambda m: m.__dict__.__setitem__(
+                "cfg",
+                types.SimpleNamespace(
+                    temp=0.5, inner=types.SimpleNamespace(mult=4.0), gains=[1.0, 1.5]
+                ),
+            ),
+        ),
         ("a module-level module's setting", lambda m: setattr(SLOPE_MODULE, "negative_slope", 0.3)),
-        ("an attribute written through __dict__", lambda m: m.cfg.__dict__.__setitem__("temp", 0.9)),
-        ("a module's attribute written through object.__setattr__",
-         lambda m: object.__setattr__(m, "np_scale", np.float64(5.0))),
+        (
+            "an attribute written through __dict__",
+            lambda m: m.cfg.__dict__.__setitem__("temp", 0.9),
+        ),
+        (
+            "a module's attribute written through object.__setattr__",
+            lambda m: object.__setattr__(m, "np_scale", np.float64(5.0)),
+        ),
         ("a submodule of another class", lambda m: setattr(m, "act", torch.nn.ReLU())),
         ("the instance's forward replaced", lambda m: setattr(m, "forward", lambda x: x)),
     ]
@@ -194,14 +229,24 @@ def test_a_module_replaced_by_another_class_says_so(tmp_path):
     f = _serve(tmp_path, call, m, x)
     f(m, x)
     m.act = torch.nn.ReLU()
-    with pytest.raises(CallError, match=r"m\.act was a torch\.nn\.modules\.activation\.GELU at capture, "
-                                        r"now a torch\.nn\.modules\.activation\.ReLU"):
+    with pytest.raises(
+        CallError,
+        match=r"m\.act was a torch\.nn\.modules\.activation\.GELU at capture, "
+        r"now a torch\.nn\.modules\.activation\.ReLU",
+    ):
         f(m, x)
 
 
-@pytest.mark.parametrize("new", [lambda w: w.t(), lambda w: torch.randn(4, 8)[:, ::2],
-                                 lambda w: w.double(), lambda w: torch.randn(4, 5)],
-                         ids=["transposed", "strided", "float64", "another-shape"])
+@pytest.mark.parametrize(
+    "new",
+    [
+        lambda w: w.t(),
+        lambda w: torch.randn(4, 8)[:, ::2],
+        lambda w: w.double(),
+        lambda w: torch.randn(4, 5),
+    ],
+    ids=["transposed", "strided", "float64", "another-shape"],
+)
 def test_a_parameter_replaced_through_data_after_a_served_call_is_served_or_named(tmp_path, new):
     """``p.data = ...`` moves no state epoch: the kernels may meet another stride, dtype
     or shape. The call serves eager's result or raises CallError naming the parameter,
@@ -218,13 +263,17 @@ def test_a_parameter_replaced_through_data_after_a_served_call_is_served_or_name
     torch.testing.assert_close(got, m(x))
 
 
-@pytest.mark.parametrize("read", [
-    lambda x: x / float(abs(x.numpy()).max()),
-    lambda x: x * torch.tensor(x.tolist()).abs().max(),
-    lambda x: x / float(np.asarray(x).std()),
-    lambda x: x / float(x.abs().max()),
-    lambda x: x * x.sum().item(),
-], ids=["numpy", "tolist", "asarray", "float", "item"])
+@pytest.mark.parametrize(
+    "read",
+    [
+        lambda x: x / float(abs(x.numpy()).max()),
+        lambda x: x * torch.tensor(x.tolist()).abs().max(),
+        lambda x: x / float(np.asarray(x).std()),
+        lambda x: x / float(x.abs().max()),
+        lambda x: x * x.sum().item(),
+    ],
+    ids=["numpy", "tolist", "asarray", "float", "item"],
+)
 @pytest.mark.parametrize("tracer", ["make_fx", "auto"])
 def test_no_tracer_freezes_a_value_read_from_a_tensor(tmp_path, read, tracer):
     x = torch.randn(3, 4)
@@ -243,7 +292,9 @@ def test_a_graph_break_refuses_the_capture_and_names_the_way_out(tmp_path):
         return m(x)
 
     m, x = torch.nn.Linear(3, 3), torch.randn(2, 3)
-    with pytest.raises(CaptureError, match=r"cannot trace this function in one graph.*guards.*recorded"):
+    with pytest.raises(
+        CaptureError, match=r"cannot trace this function in one graph.*guards.*recorded"
+    ):
         _serve(tmp_path, chatty, m, x)
     f = _serve(tmp_path, chatty, m, x, name="u", options={"guards": "recorded"})
     torch.testing.assert_close(f(m, x), m(x))
@@ -278,7 +329,9 @@ def test_a_training_step_whose_forward_breaks_the_graph_is_checked_by_the_record
         p.grad = None
     torch.testing.assert_close(f(m, x), train_step(ref, x))
     torch.testing.assert_close(m.weight.grad, ref.weight.grad)
-    with pytest.raises(CaptureError, match=r"cannot trace this function in one graph.*guards.*recorded"):
+    with pytest.raises(
+        CaptureError, match=r"cannot trace this function in one graph.*guards.*recorded"
+    ):
         _serve(tmp_path, forward, m, x, name="fwd")
 
 
@@ -313,6 +366,7 @@ def test_a_counter_the_function_changes_is_state_not_an_assumption(tmp_path):
 def test_a_guard_a_pair_cannot_check_refuses_the_capture(tmp_path):
     """A numpy array the model holds: Dynamo passes it to its graph as an input; a pair
     has the example's values built in and cannot check them cheaply: refused."""
+
     class Table(torch.nn.Module):
         def __init__(self):
             super().__init__()
@@ -322,8 +376,11 @@ def test_a_guard_a_pair_cannot_check_refuses_the_capture(tmp_path):
             return x * torch.from_numpy(self.table).float()
 
     m, x = Table(), torch.randn(3)
-    with pytest.raises(CaptureError, match=r"the trace relies on m\.table .*numpy ndarray whose values the graph "
-                                           r"holds; pass it as a tensor argument"):
+    with pytest.raises(
+        CaptureError,
+        match=r"the trace relies on m\.table .*numpy ndarray whose values the graph "
+        r"holds; pass it as a tensor argument",
+    ):
         _serve(tmp_path, call, m, x)
     assert list(tmp_path.iterdir()) == []  # nothing written
 
@@ -366,6 +423,7 @@ def test_a_dataclass_config_and_a_partial_are_checked(tmp_path):
 def test_a_module_captured_as_the_function_keeps_its_own_state_as_constants(tmp_path):
     """``capture(model)``: the model is the pair's (as a closure's values are); its
     state is not an argument, so a call checks nothing of it and serves the capture's."""
+
     class Scaled(torch.nn.Module):
         def __init__(self):
             super().__init__()
@@ -385,6 +443,7 @@ def test_a_module_captured_as_the_function_keeps_its_own_state_as_constants(tmp_
 def test_a_decorated_function_is_checked_through_its_arguments(tmp_path):
     """A decorated function (``@torch.no_grad()``): Dynamo's frame is the decorator's
     wrapper, its guards start from ``args``/``kwargs``: served equal, a change named."""
+
     class Cfgd(torch.nn.Module):
         def __init__(self):
             super().__init__()
@@ -434,9 +493,12 @@ class _Derived(_Base):
         return x * type(self).SCALE + type(self).OFFSET
 
 
-@pytest.mark.parametrize("dynamo_guards_them", [True, False], ids=["this torch", "a torch that does not"])
-def test_a_class_attribute_own_or_inherited_is_checked_after_a_served_call(tmp_path, monkeypatch,
-                                                                             dynamo_guards_them):
+@pytest.mark.parametrize(
+    "dynamo_guards_them", [True, False], ids=["this torch", "a torch that does not"]
+)
+def test_a_class_attribute_own_or_inherited_is_checked_after_a_served_call(
+    tmp_path, monkeypatch, dynamo_guards_them
+):
     """A class attribute read as ``type(self).X``, defined on the class or a base, is
     checked; the dict versions of the classes of the MRO up to the one defining it stand
     for it between full checks (a base's value changed, or the class shadowing it). torch
@@ -456,20 +518,27 @@ def test_a_class_attribute_own_or_inherited_is_checked_after_a_served_call(tmp_p
         old = getattr(cls, name)
         setattr(cls, name, value)
         try:
-            with pytest.raises(CallError, match=rf"type\(m\)\.{name} was {old} at capture, now {value}"):
+            with pytest.raises(
+                CallError, match=rf"type\(m\)\.{name} was {old} at capture, now {value}"
+            ):
                 f(m, x)
         finally:
             setattr(cls, name, old)
         torch.testing.assert_close(f(m, x), m(x))
     _Derived.OFFSET = 2.0  # shadowing the base's, after served calls
     try:
-        with pytest.raises(CallError, match=r"type\(m\)\.OFFSET \(inherited from _Base\): _Derived's own OFFSET "
-                                            r"was False at capture, now True"):
+        with pytest.raises(
+            CallError,
+            match=r"type\(m\)\.OFFSET \(inherited from _Base\): _Derived's own OFFSET "
+            r"was False at capture, now True",
+        ):
             f(m, x)
     finally:
         del _Derived.OFFSET
     torch.testing.assert_close(f(m, x), m(x))
-    assert not [c for c in f.__call__.__globals__["_GUARDS"]["checks"] if c[4] and "OFFSET" in c[2]]  # none per call
+    assert not [
+        c for c in f.__call__.__globals__["_GUARDS"]["checks"] if c[4] and "OFFSET" in c[2]
+    ]  # none per call
 
 
 def test_this_torch_guards_class_attributes_or_the_probe_says_it_does_not():
@@ -502,8 +571,12 @@ class _State:
 
 
 # (the capture takes an argument apart through torch's pytree: its tensors are the leaves)
-torch.utils._pytree.register_pytree_node(_State, lambda st: ([st.bias], None), lambda v, _: _State(bias=v[0]),
-                                         serialized_type_name="test_guards._State")
+torch.utils._pytree.register_pytree_node(
+    _State,
+    lambda st: ([st.bias], None),
+    lambda v, _: _State(bias=v[0]),
+    serialized_type_name="test_guards._State",
+)
 
 
 def step(m, x, state):
@@ -515,6 +588,7 @@ def step(m, x, state):
 
 def _state_changes():
     """(what changes, a function that takes the served state and gives the next call's)."""
+
     def put(obj, name, value):
         obj.__dict__[name] = value
         return None
@@ -523,7 +597,10 @@ def _state_changes():
         ("another state object", lambda st: _State(shift=1.5)),
         ("a field set on the same object", lambda st: setattr(st, "shift", 2.5)),
         ("a field written through __dict__", lambda st: put(st, "shift", 3.5)),
-        ("a list item replaced by another object", lambda st: st.layers.__setitem__(0, _Layer(5.0))),
+        (
+            "a list item replaced by another object",
+            lambda st: st.layers.__setitem__(0, _Layer(5.0)),
+        ),
         ("a list item's field written", lambda st: setattr(st.layers[1], "scale", 7.0)),
         ("a list item's class changed", lambda st: setattr(st.layers[1], "__class__", _OtherLayer)),
         ("the list grown", lambda st: st.layers.append(_Layer(4.0))),
@@ -549,7 +626,9 @@ def test_a_non_module_argument_changed_after_a_served_call_is_checked(tmp_path, 
         except CallError as e:
             assert "at capture" in str(e), str(e)
             return
-        torch.testing.assert_close(got, step(m, x, new), msg=f"{what}: served for the captured state")
+        torch.testing.assert_close(
+            got, step(m, x, new), msg=f"{what}: served for the captured state"
+        )
 
 
 def test_a_non_module_arguments_fields_run_no_per_call_check(tmp_path):
@@ -560,8 +639,11 @@ def test_a_non_module_arguments_fields_run_no_per_call_check(tmp_path):
     ns = f.__call__.__globals__
     per_call = [c[2] for c in ns["_G_CHECKS"] if c[4]]
     assert per_call == ["state.layers"], per_call
-    assert ns["_GUARDS"]["by_identity"] == ["(state).__dict__", "(state.layers[0]).__dict__",
-                                            "(state.layers[1]).__dict__"]
+    assert ns["_GUARDS"]["by_identity"] == [
+        "(state).__dict__",
+        "(state.layers[0]).__dict__",
+        "(state.layers[1]).__dict__",
+    ]
     calls = []
     full, call = ns["_guards_full"], ns["_guards_call"]
     ns["_guards_full"] = lambda *a, **k: calls.append("full") or full(*a, **k)
@@ -629,18 +711,26 @@ class _Request(_BaseRequest):
         self.bias = torch.ones(4) if bias is None else bias
 
 
-torch.utils._pytree.register_pytree_node(_Request, lambda r: ([r.bias], None), lambda v, _: _Request(v[0]),
-                                         serialized_type_name="test_guards._Request")
+torch.utils._pytree.register_pytree_node(
+    _Request,
+    lambda r: ([r.bias], None),
+    lambda v, _: _Request(v[0]),
+    serialized_type_name="test_guards._Request",
+)
 
 
 def offset_step(m, x, request):
     return m(x) + request.bias * request.OFF
 
 
-@pytest.mark.parametrize("shadow", [lambda: setattr(_Request, "OFF", 2.0),
-                                    lambda: setattr(_BaseRequest, "OFF", 3.0)],
-                         ids=["the subclass shadows it", "the base changes it"])
-def test_an_argument_classs_inherited_attribute_shadowed_after_a_served_call_is_seen(tmp_path, shadow):
+@pytest.mark.parametrize(
+    "shadow",
+    [lambda: setattr(_Request, "OFF", 2.0), lambda: setattr(_BaseRequest, "OFF", 3.0)],
+    ids=["the subclass shadows it", "the base changes it"],
+)
+def test_an_argument_classs_inherited_attribute_shadowed_after_a_served_call_is_seen(
+    tmp_path, shadow
+):
     """A class attribute a base of an argument's class defines (Dynamo reads it through
     ``type(r).__mro__[1].__dict__``): the subclass that starts to define its own is
     seen, as the base's value changing is (each by a class dict's version)."""

@@ -46,13 +46,15 @@ from precompile_runtime import (
 )
 
 # A host with AVX512 and VNNI, without AMX (the flags line of a real /proc/cpuinfo).
-AVX512_HOST = ("fpu vme de pse tsc msr pae mce cx8 apic sep mtrr pge mca cmov pat pse36 clflush "
-               "mmx fxsr sse sse2 ht syscall nx pdpe1gb rdtscp lm constant_tsc nopl xtopology "
-               "pni pclmulqdq ssse3 fma cx16 pcid sse4_1 sse4_2 x2apic movbe popcnt aes xsave "
-               "avx f16c rdrand hypervisor lahf_lm abm 3dnowprefetch bmi1 avx2 smep bmi2 erms "
-               "invpcid avx512f avx512dq rdseed adx smap clflushopt clwb avx512cd sha_ni "
-               "avx512bw avx512vl xsaveopt xsavec xgetbv1 xsaves avx512_bf16 avx512vbmi umip "
-               "avx512_vbmi2 gfni vaes vpclmulqdq avx512_vnni avx512_bitalg avx512_vpopcntdq")
+AVX512_HOST = (
+    "fpu vme de pse tsc msr pae mce cx8 apic sep mtrr pge mca cmov pat pse36 clflush "
+    "mmx fxsr sse sse2 ht syscall nx pdpe1gb rdtscp lm constant_tsc nopl xtopology "
+    "pni pclmulqdq ssse3 fma cx16 pcid sse4_1 sse4_2 x2apic movbe popcnt aes xsave "
+    "avx f16c rdrand hypervisor lahf_lm abm 3dnowprefetch bmi1 avx2 smep bmi2 erms "
+    "invpcid avx512f avx512dq rdseed adx smap clflushopt clwb avx512cd sha_ni "
+    "avx512bw avx512vl xsaveopt xsavec xgetbv1 xsaves avx512_bf16 avx512vbmi umip "
+    "avx512_vbmi2 gfni vaes vpclmulqdq avx512_vnni avx512_bitalg avx512_vpopcntdq"
+)
 AMX_HOST = AVX512_HOST + " amx_bf16 amx_tile amx_int8"
 AVX2_HOST = " ".join(f for f in AVX512_HOST.split() if not f.startswith("avx512"))
 
@@ -70,20 +72,29 @@ def fake_cpu(monkeypatch, tmp_path, flags: str) -> None:
 # ------------------------------------------------------------------ CPU ISA
 
 
-@pytest.mark.parametrize("isa, flags, missing", [
-    ("avx512 avx512_vnni x86-64-v4", AVX512_HOST, None),
-    ("avx512 avx512_vnni amx_tile", AVX512_HOST, "amx_tile, amx_bf16, amx_int8"),
-    ("avx512 avx512_vnni amx_tile", AMX_HOST, None),
-    ("avx512 avx512_vnni x86-64-v4", AVX2_HOST, "avx512f, avx512dq, avx512vl, avx512bw, avx512_vnni, avx512cd"),
-    ("avx512", AVX2_HOST, "avx512f, avx512dq, avx512vl, avx512bw"),  # older records: one word
-    ("avx2 x86-64-v3", AVX2_HOST, None),
-    ("avx512 avx512_bf16 x86-64-v4", AVX512_HOST, None),
-    ("INVALID_VEC_ISA x86-64", "fpu", None),
-    ("", "", None),
-])
+@pytest.mark.parametrize(
+    "isa, flags, missing",
+    [
+        ("avx512 avx512_vnni x86-64-v4", AVX512_HOST, None),
+        ("avx512 avx512_vnni amx_tile", AVX512_HOST, "amx_tile, amx_bf16, amx_int8"),
+        ("avx512 avx512_vnni amx_tile", AMX_HOST, None),
+        (
+            "avx512 avx512_vnni x86-64-v4",
+            AVX2_HOST,
+            "avx512f, avx512dq, avx512vl, avx512bw, avx512_vnni, avx512cd",
+        ),
+        ("avx512", AVX2_HOST, "avx512f, avx512dq, avx512vl, avx512bw"),  # older records: one word
+        ("avx2 x86-64-v3", AVX2_HOST, None),
+        ("avx512 avx512_bf16 x86-64-v4", AVX512_HOST, None),
+        ("INVALID_VEC_ISA x86-64", "fpu", None),
+        ("", "", None),
+    ],
+)
 def test_isa_requirement_against_cpu_flags(isa, flags, missing):
     got = fingerprint.isa_mismatch(isa, set(flags.split()))
-    assert got == (None if missing is None else f"cpu_isa: built for {isa!r}, this CPU lacks {missing}")
+    assert got == (
+        None if missing is None else f"cpu_isa: built for {isa!r}, this CPU lacks {missing}"
+    )
 
 
 def test_unreadable_cpu_flags_fail_a_requirement():
@@ -92,19 +103,26 @@ def test_unreadable_cpu_flags_fail_a_requirement():
     assert "not a list of CPU features" in fingerprint.isa_mismatch(512, set(AVX512_HOST.split()))
 
 
-@pytest.mark.parametrize("isa, host, lacks", [
-    # the issue's edit of an installed manifest, on a host without AMX
-    ("avx512 avx512_vnni amx_tile", AVX512_HOST, "amx_tile"),
-    # AVX512 kernels on a host without AVX512 (a copy of /proc/cpuinfo without them)
-    ("avx512 avx512_vnni x86-64-v4", AVX2_HOST, "avx512f"),
-])
-def test_kernels_for_a_cpu_feature_the_host_lacks_never_load(isa, host, lacks, tmp_path, monkeypatch):
+@pytest.mark.parametrize(
+    "isa, host, lacks",
+    [
+        # the issue's edit of an installed manifest, on a host without AMX
+        ("avx512 avx512_vnni amx_tile", AVX512_HOST, "amx_tile"),
+        # AVX512 kernels on a host without AVX512 (a copy of /proc/cpuinfo without them)
+        ("avx512 avx512_vnni x86-64-v4", AVX2_HOST, "avx512f"),
+    ],
+)
+def test_kernels_for_a_cpu_feature_the_host_lacks_never_load(
+    isa, host, lacks, tmp_path, monkeypatch
+):
     from precompile_build.wheels.inspect_cmd import format_report, inspect_report
 
     p = on_path(monkeypatch, make_package(tmp_path, {"fwd": [{"cpu_isa": isa}]}))
     fake_cpu(monkeypatch, tmp_path, host)
     monkeypatch.setenv("PRECOMPILE_STRICT", "1")
-    with pytest.raises(HostMismatchError, match=f"cpu_isa: built for {isa!r}, this CPU lacks {lacks}"):
+    with pytest.raises(
+        HostMismatchError, match=f"cpu_isa: built for {isa!r}, this CPU lacks {lacks}"
+    ):
         load_packaged("fwd", package=p.name)
     assert p.execs() == 0 and not (tmp_path / "kcache").exists()  # no kernel was mapped
     text = format_report(inspect_report(str(p.data)))
@@ -129,7 +147,8 @@ def test_a_real_cpuinfo_without_avx512_refuses_avx512_kernels(tmp_path):
     p = make_package(tmp_path, {"fwd": [{"cpu_isa": "avx512 avx512_vnni x86-64-v4"}]})
     fake = tmp_path / "cpuinfo"
     fake.write_text(f"processor\t: 0\nflags\t\t: {AVX2_HOST}\n\n")
-    (tmp_path / "load.py").write_text(textwrap.dedent(f"""
+    (tmp_path / "load.py").write_text(
+        textwrap.dedent(f"""
         import sys
         sys.path[:0] = [{str(p.root)!r}, {RUNTIME!r}]
         import precompile_runtime as pr
@@ -138,11 +157,22 @@ def test_a_real_cpuinfo_without_avx512_refuses_avx512_kernels(tmp_path):
             print("LOADED")
         except pr.HostMismatchError as e:
             print("REFUSED", e)
-        """))
+        """)
+    )
     env = {k: v for k, v in os.environ.items() if k != fingerprint.CPUINFO_ENV}
     env["PRECOMPILE_CACHE_DIR"] = str(tmp_path / "kcache")
-    proc = subprocess.run(["unshare", "-m", "sh", "-c", f"mount --bind {fake} /proc/cpuinfo && "
-                           f"{sys.executable} {tmp_path / 'load.py'}"], capture_output=True, text=True, env=env)
+    proc = subprocess.run(
+        [
+            "unshare",
+            "-m",
+            "sh",
+            "-c",
+            f"mount --bind {fake} /proc/cpuinfo && {sys.executable} {tmp_path / 'load.py'}",
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+    )
     if proc.returncode != 0 and "mount:" in proc.stderr:
         pytest.skip(f"cannot bind-mount here: {proc.stderr.strip()}")
     assert proc.returncode == 0, proc.stderr
@@ -153,7 +183,9 @@ def test_a_real_cpuinfo_without_avx512_refuses_avx512_kernels(tmp_path):
 def test_kernels_load_where_the_cpu_has_every_feature(tmp_path, monkeypatch):
     from precompile_build.wheels.inspect_cmd import format_report, inspect_report
 
-    p = on_path(monkeypatch, make_package(tmp_path, {"fwd": [{"cpu_isa": "avx512 avx512_vnni amx_tile"}]}))
+    p = on_path(
+        monkeypatch, make_package(tmp_path, {"fwd": [{"cpu_isa": "avx512 avx512_vnni amx_tile"}]})
+    )
     fake_cpu(monkeypatch, tmp_path, AMX_HOST)
     assert "this host: matches" in format_report(inspect_report(str(p.data)))
     with warnings.catch_warnings():
@@ -185,7 +217,8 @@ def fingerprint_sha(data: bytes) -> str:
 UNMAPPABLE = make_source(Path("/dev/null"), "fwd").replace(
     b"    with open(os.path.join(kernel_dir",
     b"    raise ImportError(os.path.join(kernel_dir, 'sub', 'k.so') + ': failed to map segment '\n"
-    b"                      'from shared object')\n    with open(os.path.join(kernel_dir")
+    b"                      'from shared object')\n    with open(os.path.join(kernel_dir",
+)
 
 
 def test_noexec_kernel_dir_is_a_mismatch_with_advice(tmp_path, monkeypatch):
@@ -225,7 +258,7 @@ def _extension_module() -> str | None:
     return None
 
 
-REAL_SO_SOURCE = '''\
+REAL_SO_SOURCE = """\
 PRECOMPILE_METADATA = {"format": "precompile-build.source", "version": 1, "engine": "frozen",
                        "target": "fwd", "device": "cpu",
                        "calling_convention": {"args": [], "kwargs": []}}
@@ -240,7 +273,7 @@ def load(kernel_dir):
     spec = importlib.util.spec_from_file_location(name, path)
     spec.loader.exec_module(importlib.util.module_from_spec(spec))
     return lambda: "kernels"
-'''
+"""
 
 
 def test_real_noexec_mount(tmp_path):
@@ -258,7 +291,8 @@ def test_real_noexec_mount(tmp_path):
     doc = p.manifest()
     doc["targets"]["fwd"]["variants"][0].update(
         files={"source": file_entry("fwd.py", source), "cache": file_entry("fwd.cache", cache)},
-        code_hash=fingerprint_sha(source))
+        code_hash=fingerprint_sha(source),
+    )
     p.write_manifest(doc)
     mnt = tmp_path / "mnt"
     mnt.mkdir()
@@ -275,13 +309,16 @@ def test_real_noexec_mount(tmp_path):
     (tmp_path / "load.py").write_text(code)
 
     def run(mount_opts: str, mode: str) -> str:
-        script = (f"mount -t tmpfs -o {mount_opts} none {mnt} && "
-                  f"PRECOMPILE_CACHE_DIR={mnt}/cache {sys.executable} {tmp_path / 'load.py'} {mode}")
+        script = (
+            f"mount -t tmpfs -o {mount_opts} none {mnt} && "
+            f"PRECOMPILE_CACHE_DIR={mnt}/cache {sys.executable} {tmp_path / 'load.py'} {mode}"
+        )
         proc = subprocess.run(["unshare", "-m", "sh", "-c", script], capture_output=True, text=True)
         if "mount:" in proc.stderr and proc.returncode != 0:
             pytest.skip(f"cannot mount a tmpfs here: {proc.stderr.strip()}")
         assert proc.returncode == 0, proc.stderr
         return proc.stdout
+
     assert "LOADED kernels" in run("exec", "strict")  # the control: the same kernels load
     out = run("noexec", "strict")
     assert "ERROR CacheDirNotExecutableError" in out and "failed to map segment" in out, out
@@ -324,7 +361,10 @@ def test_a_load_racing_a_reinstall_says_retry(how, tmp_path, monkeypatch):
         load_packaged("fwd", package=p.name)
     msg = str(ei.value)
     assert isinstance(ei.value, IntegrityError)
-    assert f"package {p.name!r}, target 'fwd': the installed files changed while they were being loaded" in msg
+    assert (
+        f"package {p.name!r}, target 'fwd': the installed files changed while they were being loaded"
+        in msg
+    )
     assert "Retry once the installation has finished" in msg
     assert "rebuild" not in msg and "reinstall the package" not in msg
     assert p.execs() == 0
@@ -383,9 +423,17 @@ def test_what_was_seen_keeps_the_finding_not_the_context_or_advice():
     from precompile_runtime.errors import ManifestError
 
     ctx = "package 'pkg', target 'fwd'"
-    whole = ManifestError(f"{ctx}: _precompiled/manifest.json: manifest format version 99; upgrade "
-                          "precompile-runtime")  # the manifest reader's one text
-    assert loader._what_was_seen(ctx, whole) == "_precompiled/manifest.json: manifest format version 99"
-    fields = IntegrityError("sha256 check failed", context=ctx, where="_precompiled/fwd.py",
-                            advice="reinstall the package")
+    whole = ManifestError(
+        f"{ctx}: _precompiled/manifest.json: manifest format version 99; upgrade precompile-runtime"
+    )  # the manifest reader's one text
+    assert (
+        loader._what_was_seen(ctx, whole)
+        == "_precompiled/manifest.json: manifest format version 99"
+    )
+    fields = IntegrityError(
+        "sha256 check failed",
+        context=ctx,
+        where="_precompiled/fwd.py",
+        advice="reinstall the package",
+    )
     assert loader._what_was_seen(ctx, fields) == "_precompiled/fwd.py: sha256 check failed"

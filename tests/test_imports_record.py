@@ -18,7 +18,8 @@ def _dist(site: Path, name: str, version: str, top: str, egg: bool = False) -> N
     info = site / (f"{name}.egg-info" if egg else f"{name}-{version}.dist-info")
     info.mkdir(parents=True)
     (info / ("PKG-INFO" if egg else "METADATA")).write_text(
-        f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n")
+        f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n"
+    )
     (info / "top_level.txt").write_text(f"{top}\n")
 
 
@@ -34,8 +35,10 @@ def _project(tmp: Path) -> tuple[Path, dict]:
     """A project root with its egg-info, its package, a helper beside the script."""
     root = tmp / "proj"
     _dist(root, "mypkg", "0.1.0", "mypkg", egg=True)
-    modules = {"mypkg": _module(root / "mypkg" / "__init__.py", "X = 1\n"),
-               "helpers": _module(root / "capture" / "helpers.py", "OFFSET = 0\n")}
+    modules = {
+        "mypkg": _module(root / "mypkg" / "__init__.py", "X = 1\n"),
+        "helpers": _module(root / "capture" / "helpers.py", "OFFSET = 0\n"),
+    }
     return root, modules
 
 
@@ -69,8 +72,10 @@ def test_a_library_is_looked_up_where_the_capture_found_it(tmp_path, monkeypatch
     _dist(site, "libdep", "2.0", "libdep")
     _dist(vendor, "libdep", "1.0", "libdep")
     _dist(vendor, "onlyvendored", "3.0", "onlyvendored")
-    mods = {"libdep": _module(site / "libdep" / "__init__.py"),
-            "onlyvendored": _module(vendor / "onlyvendored" / "__init__.py")}
+    mods = {
+        "libdep": _module(site / "libdep" / "__init__.py"),
+        "onlyvendored": _module(vendor / "onlyvendored" / "__init__.py"),
+    }
     base = list(sys.path)
     monkeypatch.setattr(sys, "path", [str(site), *base, str(vendor)])
     rec = imported.record(mods)
@@ -87,9 +92,11 @@ def test_the_interpreter_s_start_up_hooks_are_not_recorded(tmp_path):
     """pip's isolated build environment imports a sitecustomize.py of its own from a
     new temp folder each build: no input of the capture (was: `…/sitecustomize.py
     changed` on every rebuild under `pip wheel`)."""
-    mods = {"sitecustomize": _module(tmp_path / "pip-build-env" / "sitecustomize.py"),
-            "usercustomize": _module(tmp_path / "user" / "usercustomize.py"),
-            "other": _module(tmp_path / "lib" / "other.py")}
+    mods = {
+        "sitecustomize": _module(tmp_path / "pip-build-env" / "sitecustomize.py"),
+        "usercustomize": _module(tmp_path / "user" / "usercustomize.py"),
+        "other": _module(tmp_path / "lib" / "other.py"),
+    }
     assert list(imported.record(mods)["files"]) == [str((tmp_path / "lib" / "other.py").resolve())]
 
 
@@ -100,10 +107,13 @@ def test_an_editable_install_is_recorded_by_its_files(tmp_path, monkeypatch):
     site, src = tmp_path / "site", tmp_path / "lib-src"
     _dist(site, "devlib", "0.1", "devlib")
     (site / "devlib-0.1.dist-info" / "direct_url.json").write_text(
-        '{"url": "file:///lib-src", "dir_info": {"editable": true}}')
+        '{"url": "file:///lib-src", "dir_info": {"editable": true}}'
+    )
     _dist(site, "plainlib", "1.0", "plainlib")
-    mods = {"devlib": _module(src / "devlib" / "__init__.py", "A = 1\n"),
-            "plainlib": _module(site / "plainlib" / "__init__.py")}
+    mods = {
+        "devlib": _module(src / "devlib" / "__init__.py", "A = 1\n"),
+        "plainlib": _module(site / "plainlib" / "__init__.py"),
+    }
     monkeypatch.syspath_prepend(str(site))
     rec = imported.record(mods)
     assert "devlib" not in rec["distributions"] and rec["distributions"]["plainlib"] == "1.0"

@@ -30,8 +30,12 @@ def _whole(eager, frozen, ref):
     mask = torch.isfinite(eager) & torch.isfinite(ref)
     r, e, f = ref[mask], eager[mask].double(), frozen[mask].double()
     denom = max(float(r.square().mean().sqrt()), float(e.square().mean().sqrt()))
-    return (float((e - r).square().mean().sqrt()) / denom, float((f - r).square().mean().sqrt()) / denom,
-            float((f - e).abs().max()), float(r.abs().max()))
+    return (
+        float((e - r).square().mean().sqrt()) / denom,
+        float((f - r).square().mean().sqrt()) / denom,
+        float((f - e).abs().max()),
+        float(r.abs().max()),
+    )
 
 
 def test_pieces_give_the_numbers_of_the_whole_value(monkeypatch):
@@ -53,11 +57,21 @@ def test_the_eager_call_comparison_by_pieces(monkeypatch):
     whole = numerics.judge_against_eager_call(eager, frozen, ref, verdict)
     monkeypatch.setattr(numerics, "CHUNK", 100)
     pieces = numerics.judge_against_eager_call(eager, frozen, ref, verdict)
-    assert all(math.isclose(a, b, rel_tol=1e-9) for a, b in zip(whole[:3], pieces[:3])) and whole[3] == pieces[3]
+    assert (
+        all(math.isclose(a, b, rel_tol=1e-9) for a, b in zip(whole[:3], pieces[:3]))
+        and whole[3] == pieces[3]
+    )
     mask = torch.isfinite(eager) & torch.isfinite(ref)
     d = frozen[mask].double() - eager[mask].double()
-    assert math.isclose(pieces[0], float(d.square().mean().sqrt()) / max(
-        float(ref[mask].square().mean().sqrt()), float(eager[mask].double().square().mean().sqrt())), rel_tol=1e-9)
+    assert math.isclose(
+        pieces[0],
+        float(d.square().mean().sqrt())
+        / max(
+            float(ref[mask].square().mean().sqrt()),
+            float(eager[mask].double().square().mean().sqrt()),
+        ),
+        rel_tol=1e-9,
+    )
 
 
 class _LargestWide(TorchDispatchMode):
@@ -69,12 +83,18 @@ class _LargestWide(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
-        given = {a.untyped_storage().data_ptr() for a in torch.utils._pytree.tree_leaves((args, kwargs))
-                 if isinstance(a, torch.Tensor)}
+        given = {
+            a.untyped_storage().data_ptr()
+            for a in torch.utils._pytree.tree_leaves((args, kwargs))
+            if isinstance(a, torch.Tensor)
+        }
         for t in out if isinstance(out, (tuple, list)) else (out,):
             # new memory only: a view of an input is no temporary
-            if (isinstance(t, torch.Tensor) and t.dtype == torch.float64
-                    and t.untyped_storage().data_ptr() not in given):
+            if (
+                isinstance(t, torch.Tensor)
+                and t.dtype == torch.float64
+                and t.untyped_storage().data_ptr() not in given
+            ):
                 self.most = max(self.most, t.numel())
         return out
 
@@ -93,4 +113,6 @@ def test_no_fp64_temporary_is_larger_than_a_piece(monkeypatch, layout):
         v = numerics.judge(eager, frozen, ref)
         numerics.judge_against_eager_call(eager, frozen, ref, v)
     assert 0 < seen.most <= 1000, seen.most
-    assert math.isclose(v.frozen_error, want.frozen_error, rel_tol=1e-9) and v.max_abs == want.max_abs
+    assert (
+        math.isclose(v.frozen_error, want.frozen_error, rel_tol=1e-9) and v.max_abs == want.max_abs
+    )

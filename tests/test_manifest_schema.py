@@ -24,12 +24,15 @@ def test_the_documented_example_is_a_manifest():
     check_type(example, manifest.Manifest)
 
 
-@pytest.mark.parametrize("change", [
-    lambda d: d["targets"]["forward"].update(status="skipped"),
-    lambda d: d["targets"]["forward"]["variants"][0].update(engine="inductor"),
-    lambda d: d["targets"]["forward"]["variants"][0].pop("files"),
-    lambda d: d.update(editable={"package_dir": "/src"}),  # without its digest
-])
+@pytest.mark.parametrize(
+    "change",
+    [
+        lambda d: d["targets"]["forward"].update(status="skipped"),
+        lambda d: d["targets"]["forward"]["variants"][0].update(engine="inductor"),
+        lambda d: d["targets"]["forward"]["variants"][0].pop("files"),
+        lambda d: d.update(editable={"package_dir": "/src"}),  # without its digest
+    ],
+)
 def test_the_schema_refuses_what_it_does_not_describe(change):
     doc = _example()
     change(doc)
@@ -49,14 +52,27 @@ def test_what_the_build_writes_is_a_manifest(tmp_path, monkeypatch):
     src, cache = tmp_path / "fwd.py", tmp_path / "fwd.cache"
     src.write_bytes(b"PRECOMPILE_METADATA = {}\n")
     cache.write_bytes(b"cache")
-    info = PairInfo("eager", hashlib.sha256(src.read_bytes()).hexdigest(), {"device_type": "cpu"}, "cpu", {})
-    results = [CaptureResult("fwd", "ok", True, "cpu", info=info, source_path=src, cache_path=cache, seconds=1.25),
-               CaptureResult("opt", "failed", False, "cpu", reason="exited with status 3")]
+    info = PairInfo(
+        "eager", hashlib.sha256(src.read_bytes()).hexdigest(), {"device_type": "cpu"}, "cpu", {}
+    )
+    results = [
+        CaptureResult(
+            "fwd", "ok", True, "cpu", info=info, source_path=src, cache_path=cache, seconds=1.25
+        ),
+        CaptureResult("opt", "failed", False, "cpu", reason="exited with status 3"),
+    ]
     files = assemble("pkg", results)
     doc = json.loads(files[MANIFEST_NAME])
     check_type(doc, manifest.Manifest)
-    assert doc["targets"]["opt"] == {"required": False, "status": "failed", "reason": "exited with status 3",
-                                     "variants": []}
+    assert doc["targets"]["opt"] == {
+        "required": False,
+        "status": "failed",
+        "reason": "exited with status 3",
+        "variants": [],
+    }
     editable = json.loads(mark_editable(files, tmp_path, "0" * 64)[MANIFEST_NAME])
     check_type(editable, manifest.Manifest)
-    assert editable["editable"] == {"package_dir": str(tmp_path.resolve()), "package_sha256": "0" * 64}
+    assert editable["editable"] == {
+        "package_dir": str(tmp_path.resolve()),
+        "package_sha256": "0" * 64,
+    }

@@ -31,7 +31,7 @@ torch = pytest.importorskip("torch")
 REPO = Path(__file__).resolve().parents[1]
 
 # The functions captured here and by the fixture capture script (both exec this text).
-MODELS = '''
+MODELS = """
 import torch
 
 def linear_relu(m, x):
@@ -47,11 +47,11 @@ def example(name):
     if name == "linear_relu":
         return linear_relu, (torch.nn.Linear(32, 16).requires_grad_(False), torch.randn(8, 32))
     return bmm_scaled, (torch.randn(2, 8, 16), torch.randn(2, 16, 8))
-'''
+"""
 
 # The serving process: loads the pair as the runtime does once its checks passed (blobs
 # unpacked, source exec'd, load(kernel_dir)), with the serving guard on.
-SERVE = '''
+SERVE = """
 import json, os, sys, tempfile
 import torch
 import precompile_runtime  # the serving guard: PRECOMPILE_NO_COMPILE=1
@@ -76,29 +76,44 @@ print("RESULT" + json.dumps({
     "max_err": max(float((g - want).abs().max()) for g in got),
     "compiler_modules": sorted(m for m in sys.modules if m.startswith(("torch._inductor", "torch._dynamo", "triton"))),
 }))
-'''
+"""
 
 
 def serve(source: Path, cache: Path, name: str, tmp_path: Path) -> dict:
     """Load the pair in a fresh process (empty compiler caches, serving guard on) and
     call it on ``name``'s example; its report."""
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO), str(REPO / "runtime")]),
-               PRECOMPILE_NO_COMPILE="1", TORCHINDUCTOR_CACHE_DIR=str(tmp_path / "serve-inductor"))
+    env = dict(
+        os.environ,
+        PYTHONPATH=os.pathsep.join([str(REPO), str(REPO / "runtime")]),
+        PRECOMPILE_NO_COMPILE="1",
+        TORCHINDUCTOR_CACHE_DIR=str(tmp_path / "serve-inductor"),
+    )
     spec = {"source": str(source), "cache": str(cache), "models": MODELS, "name": name}
-    proc = subprocess.run([sys.executable, "-c", SERVE, json.dumps(spec)], env=env,
-                          capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "-c", SERVE, json.dumps(spec)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
-    return json.loads(next(ln for ln in proc.stdout.splitlines()[::-1] if ln.startswith("RESULT"))[6:])
+    return json.loads(
+        next(ln for ln in proc.stdout.splitlines()[::-1] if ln.startswith("RESULT"))[6:]
+    )
 
 
 def metadata(source: Path) -> dict:
     for node in ast.parse(source.read_text()).body:
-        if isinstance(node, ast.Assign) and getattr(node.targets[0], "id", "") == "PRECOMPILE_METADATA":
+        if (
+            isinstance(node, ast.Assign)
+            and getattr(node.targets[0], "id", "") == "PRECOMPILE_METADATA"
+        ):
             return ast.literal_eval(node.value)
     raise AssertionError("no PRECOMPILE_METADATA")
 
 
 # ---- the `mode` key: parsed, refused where invalid, passed to the capture ----------
+
 
 def _settings(tmp_path, table, cs=None, environ=None):
     (tmp_path / "pkg").mkdir(exist_ok=True)
@@ -111,14 +126,19 @@ def test_mode_key_is_resolved_like_cuda_archs(tmp_path):
     from precompile_build.builder.capture_cache import key_components
     from precompile_build.builder.script import script_env
 
-    targets = {"a": {"script": "cap.py", "mode": "max-autotune"}, "b": {"script": "cap.py"},
-               "c": {"script": "cap.py", "mode": "default"}}
+    targets = {
+        "a": {"script": "cap.py", "mode": "max-autotune"},
+        "b": {"script": "cap.py"},
+        "c": {"script": "cap.py", "mode": "default"},
+    }
     s = _settings(tmp_path, {"targets": targets})
     assert [s.targets[n].mode for n in "abc"] == ["max-autotune", "default", "default"]
     s = _settings(tmp_path, {"mode": "max-autotune", "targets": targets})  # the project's default
     assert [s.targets[n].mode for n in "abc"] == ["max-autotune", "max-autotune", "default"]
-    for cs, environ in (({"precompile.mode": "default"}, None), ({"precompile.mode": "max-autotune"},
-                        {"PRECOMPILE_MODE": "default"})):  # the override wins; the environment over -C
+    for cs, environ in (
+        ({"precompile.mode": "default"}, None),
+        ({"precompile.mode": "max-autotune"}, {"PRECOMPILE_MODE": "default"}),
+    ):  # the override wins; the environment over -C
         s = _settings(tmp_path, {"targets": targets}, cs, environ)
         assert {t.mode for t in s.targets.values()} == {"default"}
     s = _settings(tmp_path, {"targets": targets}, {"precompile.mode": " max-autotune "})
@@ -136,19 +156,42 @@ def test_mode_key_is_resolved_like_cuda_archs(tmp_path):
     assert keys == ["max-autotune", "default"]  # another mode is another capture
 
 
-@pytest.mark.parametrize("table, cs, environ, where", [
-    ({"targets": {"a": {"script": "cap.py", "mode": "max_autotune"}}}, None, None,
-     r"`tool.precompile.targets.a.mode` must be one of 'default', 'max-autotune', not 'max_autotune' "
-     r"\(did you mean 'max-autotune'\?\)"),
-    ({"mode": "reduce-overhead", "targets": {"a": {"script": "cap.py"}}}, None, None,
-     r"`tool.precompile.mode` must be one of 'default', 'max-autotune', not 'reduce-overhead'"),
-    ({"targets": {"a": {"script": "cap.py", "mode": True}}}, None, None,
-     r"`tool.precompile.targets.a.mode` must be one of 'default', 'max-autotune', not True"),
-    ({"targets": {"a": {"script": "cap.py"}}}, {"precompile.mode": "fast"}, None,
-     r"Failed to read config setting `precompile.mode`: it must be one of 'default', 'max-autotune', not 'fast'"),
-    ({"targets": {"a": {"script": "cap.py"}}}, None, {"PRECOMPILE_MODE": "max-autotun"},
-     r"environment variable PRECOMPILE_MODE: it must be one of .* \(did you mean 'max-autotune'\?\)"),
-])
+@pytest.mark.parametrize(
+    "table, cs, environ, where",
+    [
+        (
+            {"targets": {"a": {"script": "cap.py", "mode": "max_autotune"}}},
+            None,
+            None,
+            r"`tool.precompile.targets.a.mode` must be one of 'default', 'max-autotune', not 'max_autotune' "
+            r"\(did you mean 'max-autotune'\?\)",
+        ),
+        (
+            {"mode": "reduce-overhead", "targets": {"a": {"script": "cap.py"}}},
+            None,
+            None,
+            r"`tool.precompile.mode` must be one of 'default', 'max-autotune', not 'reduce-overhead'",
+        ),
+        (
+            {"targets": {"a": {"script": "cap.py", "mode": True}}},
+            None,
+            None,
+            r"`tool.precompile.targets.a.mode` must be one of 'default', 'max-autotune', not True",
+        ),
+        (
+            {"targets": {"a": {"script": "cap.py"}}},
+            {"precompile.mode": "fast"},
+            None,
+            r"Failed to read config setting `precompile.mode`: it must be one of 'default', 'max-autotune', not 'fast'",
+        ),
+        (
+            {"targets": {"a": {"script": "cap.py"}}},
+            None,
+            {"PRECOMPILE_MODE": "max-autotun"},
+            r"environment variable PRECOMPILE_MODE: it must be one of .* \(did you mean 'max-autotune'\?\)",
+        ),
+    ],
+)
 def test_an_invalid_mode_is_refused_naming_the_key(tmp_path, table, cs, environ, where):
     with pytest.raises(ConfigError, match=where):
         _settings(tmp_path, table, cs, environ)
@@ -158,22 +201,39 @@ def test_capture_options_mode(monkeypatch):
     from precompile_build.config.capture_options import CaptureOptions
     from precompile_build.errors import CaptureError
 
-    with pytest.raises(ValueError, match=r"options\['mode'\] = 'max-autotune-no-cudagraphs' .*: use "
-                                         r"'default' or 'max-autotune'; did you mean 'max-autotune'\?"):
+    with pytest.raises(
+        ValueError,
+        match=r"options\['mode'\] = 'max-autotune-no-cudagraphs' .*: use "
+        r"'default' or 'max-autotune'; did you mean 'max-autotune'\?",
+    ):
         CaptureOptions.parse(target="t", options={"mode": "max-autotune-no-cudagraphs"})
     monkeypatch.delenv("PRECOMPILE_ENGINE", raising=False)
     monkeypatch.setenv("PRECOMPILE_MODE", "max-autotune")  # the target's key, from the build
-    assert CaptureOptions.parse(target="t").for_call("cpu") == ("frozen", {"mode": "max-autotune", "tracer": "auto"})
+    assert CaptureOptions.parse(target="t").for_call("cpu") == (
+        "frozen",
+        {"mode": "max-autotune", "tracer": "auto"},
+    )
     # the call's own mode wins over the target's; "default" is no option at all
-    assert CaptureOptions.parse(target="t", options={"mode": "default"}).for_call("cpu") == ("frozen", {"tracer": "auto"})
-    with pytest.raises(CaptureError, match=r"options 'mode' apply to the frozen engine only.*the target's "
-                                           r"`mode` \(PRECOMPILE_MODE\)"):
+    assert CaptureOptions.parse(target="t", options={"mode": "default"}).for_call("cpu") == (
+        "frozen",
+        {"tracer": "auto"},
+    )
+    with pytest.raises(
+        CaptureError,
+        match=r"options 'mode' apply to the frozen engine only.*the target's "
+        r"`mode` \(PRECOMPILE_MODE\)",
+    ):
         CaptureOptions.parse(target="t", engine="torch").for_call("cpu")
-    with pytest.raises(CaptureError, match=r"options 'mode' apply to the frozen engine's kernels, but this "
-                                           r"capture uses engine 'eager'"):
+    with pytest.raises(
+        CaptureError,
+        match=r"options 'mode' apply to the frozen engine's kernels, but this "
+        r"capture uses engine 'eager'",
+    ):
         CaptureOptions.parse(target="t", engine="eager").for_call("cpu")
     monkeypatch.setenv("PRECOMPILE_MODE", "turbo")
-    with pytest.raises(ValueError, match=r"options\['mode'\] = 'turbo' \(or the target's `mode`, PRECOMPILE_MODE\)"):
+    with pytest.raises(
+        ValueError, match=r"options\['mode'\] = 'turbo' \(or the target's `mode`, PRECOMPILE_MODE\)"
+    ):
         CaptureOptions.parse(target="t").for_call("cpu")
     monkeypatch.setenv("PRECOMPILE_MODE", "default")
     assert CaptureOptions.parse(target="t").for_call("cpu") == ("frozen", {"tracer": "auto"})
@@ -197,12 +257,18 @@ def test_the_mode_reaches_inductor_and_the_breakdown(tmp_path, monkeypatch):
     monkeypatch.setattr(torch._inductor, "standalone_compile", spy)
     monkeypatch.setenv("PRECOMPILE_MODE", "max-autotune")
     monkeypatch.setenv(capture_stats.STATS_ENV, str(tmp_path / "stats.json"))
-    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))  # autotuned here, not cached
+    monkeypatch.setenv(
+        "TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor")
+    )  # autotuned here, not cached
     exec_ns: dict = {}
     exec(MODELS, exec_ns)
     fn, args = exec_ns["example"]("linear_relu")
-    with precompile_build.capture(fn, artifact_path=tmp_path / "t.py", cache_path=tmp_path / "t.cache",
-                                  options={"inductor": {"test_configs.autotune_choice_name_regex": "^(bias_)?addmm$"}}) as f:
+    with precompile_build.capture(
+        fn,
+        artifact_path=tmp_path / "t.py",
+        cache_path=tmp_path / "t.cache",
+        options={"inductor": {"test_configs.autotune_choice_name_regex": "^(bias_)?addmm$"}},
+    ) as f:
         f(*args)
     assert seen == [(True, True)]
     stats = json.loads((tmp_path / "stats.json").read_text())
@@ -263,18 +329,25 @@ def test_no_new_compiled_graph_names_the_fallback_and_the_fallback_serves(tmp_pa
     exec(MODELS, ns)
     fn, args = ns["example"]("linear_relu")
     src, cache = tmp_path / "t.py", tmp_path / "t.cache"
-    with pytest.raises(CompilerFailed, match=r"loaded no new compiled graph.*set `fallback = \"eager\"` in its "
-                                             r"\[tool\.precompile\.targets\.t\] table"):
-        with precompile_build.capture(fn, artifact_path=src, cache_path=cache, engine="frozen", target="t") as f:
+    with pytest.raises(
+        CompilerFailed,
+        match=r"loaded no new compiled graph.*set `fallback = \"eager\"` in its "
+        r"\[tool\.precompile\.targets\.t\] table",
+    ):
+        with precompile_build.capture(
+            fn, artifact_path=src, cache_path=cache, engine="frozen", target="t"
+        ) as f:
             f(*args)
     assert not src.exists() and not cache.exists()
-    with precompile_build.capture(fn, artifact_path=src, cache_path=cache, engine="frozen", target="t",
-                                  fallback="eager") as f:
+    with precompile_build.capture(
+        fn, artifact_path=src, cache_path=cache, engine="frozen", target="t", fallback="eager"
+    ) as f:
         f(*args)
     assert metadata(src)["engine"] == "eager"
 
 
 # ---- an extern choice bound as a plain torch call ----------------------------------
+
 
 def test_an_extern_choice_is_a_plain_torch_call_served_without_the_compiler(tmp_path):
     """Inductor's `bias_addmm` (a Python function of torch/_inductor/kernel/mm.py) is
@@ -285,14 +358,21 @@ def test_an_extern_choice_is_a_plain_torch_call_served_without_the_compiler(tmp_
     exec(MODELS, ns)
     fn, args = ns["example"]("linear_relu")
     src, cache = tmp_path / "t.py", tmp_path / "t.cache"
-    with precompile_build.capture(fn, artifact_path=src, cache_path=cache, engine="frozen",
-                                  options={"mode": "max-autotune",  # bias_addmm, the only choice left
-                                           "inductor": {"test_configs.autotune_choice_name_regex": "bias_addmm"}}) as f:
+    with precompile_build.capture(
+        fn,
+        artifact_path=src,
+        cache_path=cache,
+        engine="frozen",
+        options={
+            "mode": "max-autotune",  # bias_addmm, the only choice left
+            "inductor": {"test_configs.autotune_choice_name_regex": "bias_addmm"},
+        },
+    ) as f:
         f(*args)
     text = src.read_text()
     assert "extern_kernels.bias_addmm(" in text and "def _extern_bias_addmm(" in text
     assert "bias_addmm = staticmethod(_extern_bias_addmm)" in text
-    wrapper = text[text.index("def _make_call("):text.index("    return call\n")]
+    wrapper = text[text.index("def _make_call(") : text.index("    return call\n")]
     assert "torch._inductor" not in wrapper and "select_algorithm" not in wrapper
     r = serve(src, cache, "linear_relu", tmp_path)
     assert r["uses_kernels"] and r["compiler_modules"] == []
@@ -306,9 +386,16 @@ def test_extern_bindings_and_what_cannot_be_bound():
     from precompile_build.engines import extern_calls
 
     assert extern_calls.bind("mm", extern_kernels.mm).expr == "torch.mm"
-    assert extern_calls.bind("mm_dtype", torch.mm).expr == "torch.mm"  # another name, the same function
-    assert extern_calls.bind("_mm_plus_mm", torch.ops.inductor._mm_plus_mm).expr == "torch.ops.inductor._mm_plus_mm"
-    assert extern_calls.bind("addmm_out", torch.ops.aten.addmm.out).expr == "torch.ops.aten.addmm.out"
+    assert (
+        extern_calls.bind("mm_dtype", torch.mm).expr == "torch.mm"
+    )  # another name, the same function
+    assert (
+        extern_calls.bind("_mm_plus_mm", torch.ops.inductor._mm_plus_mm).expr
+        == "torch.ops.inductor._mm_plus_mm"
+    )
+    assert (
+        extern_calls.bind("addmm_out", torch.ops.aten.addmm.out).expr == "torch.ops.aten.addmm.out"
+    )
     code = extern_calls.bind("bias_addmm", extern_kernels.bias_addmm).code
     copied: dict = {"torch": torch}
     exec(code, copied)  # runs on torch alone
@@ -336,23 +423,32 @@ def test_extern_bindings_and_what_cannot_be_bound():
     def default_not_literal(x, *, out, alpha=torch.float32):
         return x
 
-    cases = {reads_a_module_global: "reads 'SCALE' of its module",
-             reads_an_unknown_name: "reads 'UNDEFINED', which is neither a module global nor a builtin",
-             a_closure: "is a closure", default_not_literal: "has a default that is not a literal",
-             print: "is neither a torch function nor a Python function over torch"}
+    cases = {
+        reads_a_module_global: "reads 'SCALE' of its module",
+        reads_an_unknown_name: "reads 'UNDEFINED', which is neither a module global nor a builtin",
+        a_closure: "is a closure",
+        default_not_literal: "has a default that is not a literal",
+        print: "is neither a torch function nor a Python function over torch",
+    }
     for impl, why in cases.items():
         assert why in (extern_calls.problem("k", impl) or ""), impl
-    with pytest.raises(Exception, match="cannot bind without the compiler stack .*reads 'SCALE' of its module"):
+    with pytest.raises(
+        Exception, match="cannot bind without the compiler stack .*reads 'SCALE' of its module"
+    ):
         import ast as _ast
 
         extern_kernels.precompile_test_kernel = reads_a_module_global
         try:
-            extern_calls.namespace(_ast.parse("extern_kernels.precompile_test_kernel(x, out=y)"), "t")
+            extern_calls.namespace(
+                _ast.parse("extern_kernels.precompile_test_kernel(x, out=y)"), "t"
+            )
         finally:
             del extern_kernels.precompile_test_kernel
 
 
-SCALE = 2.0  # a module global of this test file: not torch, so a function reading it cannot be copied
+SCALE = (
+    2.0  # a module global of this test file: not torch, so a function reading it cannot be copied
+)
 
 
 # ---- a choice that cannot be frozen: the best-timed one that can, in the build line ----
@@ -381,16 +477,20 @@ with precompile_build.capture(fn) as f:
 '''
 
 
-def test_an_unfreezable_fastest_choice_gives_way_to_the_best_timed_one_that_can(tmp_path, monkeypatch, capfd,
-                                                                                  build_env):
+def test_an_unfreezable_fastest_choice_gives_way_to_the_best_timed_one_that_can(
+    tmp_path, monkeypatch, capfd, build_env
+):
     """The build goes on with the C++ BMM template (compiled into the pair's kernels);
     the build line says what was replaced, the breakdown the autotuning seconds; served
     equal to eager with no compiler module."""
     from precompile_build.builder import runner
     from precompile_build.config.settings import load_settings
 
-    root = make_project(tmp_path, '[tool.precompile.targets.bmm]\nscript = "capture/bmm.py"\n'
-                                  'device = "cpu"\nmode = "max-autotune"\ntimeout = 600\n')
+    root = make_project(
+        tmp_path,
+        '[tool.precompile.targets.bmm]\nscript = "capture/bmm.py"\n'
+        'device = "cpu"\nmode = "max-autotune"\ntimeout = 600\n',
+    )
     (root / "capture" / "bmm.py").write_text(CAPTURE_SCRIPT)
     (root / "capture" / "models.py").write_text(MODELS)
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
@@ -398,10 +498,17 @@ def test_an_unfreezable_fastest_choice_gives_way_to_the_best_timed_one_that_can(
     assert r.status == "ok", r.reason
     err = capfd.readouterr().err
     line = next(ln for ln in err.splitlines() if "precompile: bmm: max-autotune: " in ln)
-    assert re.search(r"max-autotune: bmm: bmm\b.* \(1e-06 ms\) cannot be frozen \(forced by the test\); "
-                     r"froze cpp_\w+.* \([0-9.e-]+ ms, [0-9.]+x its time\)", line), line
+    assert re.search(
+        r"max-autotune: bmm: bmm\b.* \(1e-06 ms\) cannot be frozen \(forced by the test\); "
+        r"froze cpp_\w+.* \([0-9.e-]+ ms, [0-9.]+x its time\)",
+        line,
+    ), line
     assert "autotuning" in next(ln for ln in err.splitlines() if "precompile: bmm: ok on cpu" in ln)
-    assert 0 < r.capture_breakdown["autotune"] <= r.capture_breakdown["compile"] + r.capture_breakdown["first_run"]
+    assert (
+        0
+        < r.capture_breakdown["autotune"]
+        <= r.capture_breakdown["compile"] + r.capture_breakdown["first_run"]
+    )
     text = r.source_path.read_text()
     assert "extern_kernels" not in text  # the template, not aten's bmm
     kernels = metadata(r.source_path)["kernels"]

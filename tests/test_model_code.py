@@ -45,7 +45,9 @@ def _set_column(x):
 
 
 @pytest.mark.parametrize("engine", ["frozen", "eager"])
-@pytest.mark.parametrize("fn", [_add_literal, _set_column], ids=["tensor-literal", "setitem-scalar"])
+@pytest.mark.parametrize(
+    "fn", [_add_literal, _set_column], ids=["tensor-literal", "setitem-scalar"]
+)
 def test_tensor_constants_made_by_the_function_are_served(tmp_path, fn, engine):
     x = torch.randn(2, 3)
     want, loaded = _capture_and_load(tmp_path, fn, x, engine=engine)
@@ -84,13 +86,21 @@ def test_closed_over_tensors_are_still_refused(tmp_path):
         def forward(self, x):
             return x * self.scale
 
-    deep = torch.nn.Sequential(torch.nn.Sequential(torch.nn.Sequential(torch.nn.Sequential(Scaled()))))
-    cases = [(lambda x: x + w, "closure variable 'w'"), (lambda x: x + GLOBAL_W, "global 'GLOBAL_W'"),
-             (Scaled(), r"Scaled\.scale"), (lambda m, x: m(x), r"Sequential\.0\.0\.0\.0\.scale")]
+    deep = torch.nn.Sequential(
+        torch.nn.Sequential(torch.nn.Sequential(torch.nn.Sequential(Scaled())))
+    )
+    cases = [
+        (lambda x: x + w, "closure variable 'w'"),
+        (lambda x: x + GLOBAL_W, "global 'GLOBAL_W'"),
+        (Scaled(), r"Scaled\.scale"),
+        (lambda m, x: m(x), r"Sequential\.0\.0\.0\.0\.scale"),
+    ]
     for i, (fn, where) in enumerate(cases):
         (tmp_path / str(i)).mkdir()
         with pytest.raises(CaptureError, match=rf"not an input \({where}.*register_buffer"):
-            _capture_and_load(tmp_path / str(i), fn, *((deep,) if i == 3 else ()), torch.randn(2, 3))
+            _capture_and_load(
+                tmp_path / str(i), fn, *((deep,) if i == 3 else ()), torch.randn(2, 3)
+            )
         assert not list((tmp_path / str(i)).iterdir())  # nothing written
 
 
@@ -101,8 +111,11 @@ def test_a_tensor_written_in_place_that_is_not_an_input_is_refused(tmp_path):
         hidden[0][0][0][0][0][0].add_(1)
         return x + 1
 
-    with pytest.raises(CaptureError, match=r"writes in place to a tensor that is not an input "
-                                           r"\(_tensor_constant0\).*register_buffer"):
+    with pytest.raises(
+        CaptureError,
+        match=r"writes in place to a tensor that is not an input "
+        r"\(_tensor_constant0\).*register_buffer",
+    ):
         _capture_and_load(tmp_path, bump, torch.randn(3), engine="eager")
 
 
@@ -121,8 +134,11 @@ def test_a_tensor_made_inside_a_cond_branch_is_refused(tmp_path):
     def fn(x):
         return torch.cond(x.sum() > 0, lambda x: x + torch.tensor(2.0), lambda x: x.cos(), (x,))
 
-    with pytest.raises(CaptureError, match=r"the branch/body true_graph_0 of a control-flow operator "
-                                           r"reads the tensor _tensor_constant0 .* pass it in the operands"):
+    with pytest.raises(
+        CaptureError,
+        match=r"the branch/body true_graph_0 of a control-flow operator "
+        r"reads the tensor _tensor_constant0 .* pass it in the operands",
+    ):
         _capture_and_load(tmp_path, fn, torch.ones(2, 3), engine="eager")
 
 
@@ -189,15 +205,23 @@ def _copy_of(model, **settings):
 
 
 @pytest.mark.parametrize("engine", ["frozen", "eager"])
-@pytest.mark.parametrize("settings, named", [
-    # an attribute the trace read is named by the assumed-state check (assumed_state.py)
-    ({"heads": 4}, r"m: heads was 2 at capture, now 4"),
-    ({"eps": 1e-3}, r"eps was 1e-05 at capture, now 0.001"),  # also the LayerNorm's own eps
-    # a function is no plain value: the settings check names it
-    ({"act": torch.nn.functional.relu}, r"m has other settings than the captured model "
-                                        r"\(captured '[^']*act=\S*gelu"),
-])
-def test_a_model_with_other_settings_and_the_same_parameters_is_refused(tmp_path, engine, settings, named):
+@pytest.mark.parametrize(
+    "settings, named",
+    [
+        # an attribute the trace read is named by the assumed-state check (assumed_state.py)
+        ({"heads": 4}, r"m: heads was 2 at capture, now 4"),
+        ({"eps": 1e-3}, r"eps was 1e-05 at capture, now 0.001"),  # also the LayerNorm's own eps
+        # a function is no plain value: the settings check names it
+        (
+            {"act": torch.nn.functional.relu},
+            r"m has other settings than the captured model "
+            r"\(captured '[^']*act=\S*gelu",
+        ),
+    ],
+)
+def test_a_model_with_other_settings_and_the_same_parameters_is_refused(
+    tmp_path, engine, settings, named
+):
     """Equal parameters, another config: the frozen code has the captured settings
     built in, so the call is refused (naming the first difference), not served wrong."""
     from precompile_runtime import CallError

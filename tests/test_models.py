@@ -17,7 +17,9 @@ from pathlib import Path
 import pytest
 
 torch = pytest.importorskip("torch")
-pytest.importorskip("transformers", reason="the model matrix needs transformers (scripts/test.sh installs it)")
+pytest.importorskip(
+    "transformers", reason="the model matrix needs transformers (scripts/test.sh installs it)"
+)
 pytest.importorskip("timm", reason="the model matrix needs timm (scripts/test.sh installs it)")
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -35,18 +37,33 @@ TOL = 1e-4 if DEVICE == "cpu" else 1e-3
 def served(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("models")
     _, site, build_log = build_and_install(ZOO, tmp)
-    run_env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(site), str(ROOT / "runtime")]),
-                   HOME=str(tmp / "home"), TORCHINDUCTOR_CACHE_DIR=str(tmp / "inductor"),
-                   TRITON_CACHE_DIR=str(tmp / "triton"), PRECOMPILE_CACHE_DIR=str(tmp / "kernels"),
-                   PRECOMPILE_NO_COMPILE="1")
+    run_env = dict(
+        os.environ,
+        PYTHONPATH=os.pathsep.join([str(site), str(ROOT / "runtime")]),
+        HOME=str(tmp / "home"),
+        TORCHINDUCTOR_CACHE_DIR=str(tmp / "inductor"),
+        TRITON_CACHE_DIR=str(tmp / "triton"),
+        PRECOMPILE_CACHE_DIR=str(tmp / "kernels"),
+        PRECOMPILE_NO_COMPILE="1",
+    )
     # run from tmp: a script's own folder comes first on sys.path, and the source tree's
     # modelzoo (no _precompiled/) must not shadow the installed one
     shutil.copy(ZOO / "serve_check.py", tmp / "serve_check.py")
-    serve = subprocess.run([sys.executable, str(tmp / "serve_check.py"), DEVICE, *modelzoo.CASES],
-                           env=run_env, capture_output=True, text=True, cwd=tmp)
+    serve = subprocess.run(
+        [sys.executable, str(tmp / "serve_check.py"), DEVICE, *modelzoo.CASES],
+        env=run_env,
+        capture_output=True,
+        text=True,
+        cwd=tmp,
+    )
     assert serve.returncode == 0, serve.stderr[-6000:]
-    decode = subprocess.run([sys.executable, str(tmp / "serve_check.py"), DEVICE, "--decode"],
-                            env=run_env, capture_output=True, text=True, cwd=tmp)
+    decode = subprocess.run(
+        [sys.executable, str(tmp / "serve_check.py"), DEVICE, "--decode"],
+        env=run_env,
+        capture_output=True,
+        text=True,
+        cwd=tmp,
+    )
     assert decode.returncode == 0, decode.stderr[-6000:]
     results = json.loads(serve.stdout.strip().splitlines()[-1])
     results["decoding"] = json.loads(decode.stdout.strip().splitlines()[-1])

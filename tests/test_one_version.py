@@ -42,10 +42,14 @@ def test_an_upgrade_in_place_is_refused_not_mixed(tmp_path, monkeypatch):
     assert a() == ("kernels", BLOB)
     _upgrade(p, "b", b"v2")
     for target in ("b", "a"):  # never loaded / loaded before the upgrade
-        with pytest.raises(PackageChangedError, match=(
+        with pytest.raises(
+            PackageChangedError,
+            match=(
                 rf"package '{p.name}': its installed precompiled files changed since this process "
                 r"loaded from them \(manifest sha256 \w{16}…, now \w{16}…, at .*manifest.json: an "
-                r"upgrade or reinstall in place.*Restart the process to serve the new version")):
+                r"upgrade or reinstall in place.*Restart the process to serve the new version"
+            ),
+        ):
             load_packaged(target, package=p.name)
     assert a() == ("kernels", BLOB)  # what was loaded keeps serving the version it came from
     assert issubclass(PackageChangedError, IntegrityError)

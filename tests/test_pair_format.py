@@ -36,21 +36,33 @@ def _with_source(p: FakePkg, source: bytes, engine: str = "frozen") -> None:
     doc = p.manifest()
     variant = doc["targets"]["fwd"]["variants"][0]
     variant["code_hash"] = envelope.sha256_hex(source)
-    variant["files"] = {"source": file_entry("fwd.py", source), "cache": file_entry("fwd.cache", cache)}
+    variant["files"] = {
+        "source": file_entry("fwd.py", source),
+        "cache": file_entry("fwd.cache", cache),
+    }
     p.write_manifest(doc)
 
 
-@pytest.mark.parametrize("version, shown, advice", [
-    ("2", "2", "upgrade precompile-runtime (pip install -U precompile-runtime) to load it"),
-    ("0", "0", "rebuild the wheel with a current precompile-build"),
-    ('"1"', "'1'", "rebuild the wheel with a current precompile-build"),
-])
+@pytest.mark.parametrize(
+    "version, shown, advice",
+    [
+        ("2", "2", "upgrade precompile-runtime (pip install -U precompile-runtime) to load it"),
+        ("0", "0", "rebuild the wheel with a current precompile-build"),
+        ('"1"', "'1'", "rebuild the wheel with a current precompile-build"),
+    ],
+)
 @pytest.mark.parametrize("fallback", [False, True])
-def test_a_pair_of_another_format_version_is_refused(tmp_path, monkeypatch, version, shown, advice, fallback):
+def test_a_pair_of_another_format_version_is_refused(
+    tmp_path, monkeypatch, version, shown, advice, fallback
+):
     """A source half of a format version this runtime does not read never serves: not
     its kernels, nor (on a host it was not built for) its fallback."""
-    p = on_path(monkeypatch, make_package(tmp_path, {"fwd": [{"torch": "0.0.1"}]} if fallback else None))
-    _with_source(p, make_source(p.marker, "fwd").replace(b'"version": 1', f'"version": {version}'.encode()))
+    p = on_path(
+        monkeypatch, make_package(tmp_path, {"fwd": [{"torch": "0.0.1"}]} if fallback else None)
+    )
+    _with_source(
+        p, make_source(p.marker, "fwd").replace(b'"version": 1', f'"version": {version}'.encode())
+    )
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", HostMismatchWarning)
         with pytest.raises(PairFormatError) as e:
@@ -58,15 +70,19 @@ def test_a_pair_of_another_format_version_is_refused(tmp_path, monkeypatch, vers
     assert str(e.value) == (
         f"package {p.name!r}, target 'fwd': _precompiled/fwd.py: the pair is of format version "
         f"{shown}, and precompile-runtime "
-        f"{precompile_runtime.__version__} reads version 1; {advice}")
+        f"{precompile_runtime.__version__} reads version 1; {advice}"
+    )
 
 
 def test_a_source_of_another_format_is_refused(tmp_path, monkeypatch):
     p = on_path(monkeypatch, make_package(tmp_path))
     _with_source(p, make_source(p.marker, "fwd").replace(b'"precompile-build.source"', b'"other"'))
-    with pytest.raises(PairFormatError, match=r"_precompiled/fwd.py: not a precompile-build source "
-                       r"half \(PRECOMPILE_METADATA format 'other', not 'precompile-build.source'\); "
-                       "rebuild the wheel"):
+    with pytest.raises(
+        PairFormatError,
+        match=r"_precompiled/fwd.py: not a precompile-build source "
+        r"half \(PRECOMPILE_METADATA format 'other', not 'precompile-build.source'\); "
+        "rebuild the wheel",
+    ):
         load_packaged("fwd", package=p.name)
 
 
@@ -79,10 +95,16 @@ def test_what_codegen_writes_is_what_the_runtime_reads():
     from precompile_build.engines import codegen
     from precompile_runtime import pair_format
 
-    text = codegen.render({"engine": "eager", "target": "fwd", "device": "cpu"},
-                          "def _graph(self):\n    return ()\n\n\n_GRAPH_SELF = None\n", None)
-    literal = next(n.value for n in ast.parse(text).body if isinstance(n, ast.Assign)
-                   and getattr(n.targets[0], "id", "") == "PRECOMPILE_METADATA")
+    text = codegen.render(
+        {"engine": "eager", "target": "fwd", "device": "cpu"},
+        "def _graph(self):\n    return ()\n\n\n_GRAPH_SELF = None\n",
+        None,
+    )
+    literal = next(
+        n.value
+        for n in ast.parse(text).body
+        if isinstance(n, ast.Assign) and getattr(n.targets[0], "id", "") == "PRECOMPILE_METADATA"
+    )
     meta = ast.literal_eval(literal)
     assert pair_format.version_problem(meta) is None
     pair_format.check_version(meta, where="fwd.py")
@@ -102,7 +124,9 @@ def test_one_version_rule_for_the_build_and_the_runtime(version):
         pair_format.check_version(meta, where="fwd.py")
     assert (e.value.where, e.value.finding) == ("fwd.py", finding)
     source = f"PRECOMPILE_METADATA = {meta!r}\n".encode()
-    with pytest.raises(CaptureError, match=re.escape(f"Failed to validate pair source: {finding}: ")):
+    with pytest.raises(
+        CaptureError, match=re.escape(f"Failed to validate pair source: {finding}: ")
+    ):
         read_source_metadata(source, what="pair source")
 
 

@@ -40,11 +40,26 @@ def _installed(tmp_path, monkeypatch):
     (data / "scale.py").write_bytes(source)
     (data / "scale.cache").write_bytes(cache)
     fp = envelope.loads(cache).fingerprint
-    variant = {"id": fingerprint.variant_id(fp), "engine": "eager", "device": "cpu", "fingerprint": fp,
-               "code_hash": envelope.sha256_hex(source), "captured_at": "2026-12-05T12:00:00Z",
-               "files": {"source": file_entry("scale.py", source), "cache": file_entry("scale.cache", cache)}}
-    doc = {"format": manifest.FORMAT, "version": manifest.VERSION, "package": name,
-           "targets": {"scale": {"required": True, "status": "ok", "reason": None, "variants": [variant]}}}
+    variant = {
+        "id": fingerprint.variant_id(fp),
+        "engine": "eager",
+        "device": "cpu",
+        "fingerprint": fp,
+        "code_hash": envelope.sha256_hex(source),
+        "captured_at": "2026-12-05T12:00:00Z",
+        "files": {
+            "source": file_entry("scale.py", source),
+            "cache": file_entry("scale.cache", cache),
+        },
+    }
+    doc = {
+        "format": manifest.FORMAT,
+        "version": manifest.VERSION,
+        "package": name,
+        "targets": {
+            "scale": {"required": True, "status": "ok", "reason": None, "variants": [variant]}
+        },
+    }
     (data / "manifest.json").write_bytes(manifest.dumps(doc))
     monkeypatch.syspath_prepend(str(tmp_path / "site"))
     return name, m, x

@@ -24,7 +24,10 @@ def test_without_a_terminal_a_status_line_comes_less_and_less_often(tmp_path, mo
         p.finished("t")
     lines = [ln for ln in out.getvalue().splitlines() if "running" in ln]
     assert 1 <= len(lines) <= 6, lines  # due at 0.1, 0.2, 0.4, 0.8, 1.6 s
-    assert all(ln.startswith("precompile: t on cpu: running ") and ln.endswith("| compiling") for ln in lines)
+    assert all(
+        ln.startswith("precompile: t on cpu: running ") and ln.endswith("| compiling")
+        for ln in lines
+    )
 
 
 @pytest.mark.usefixtures("build_env")
@@ -35,24 +38,37 @@ def test_the_wheels_files_are_listed_once_then_what_the_build_added(tmp_path, mo
     out, err = capfd.readouterr()
     assert (out + err).count("adding 'simplepkg/__init__.py'") <= 1
     assert "adding 'simplepkg/_precompiled/" not in out + err
-    assert (f"precompile: wrote {whl.name}: the wheel setuptools.build_meta built, plus "
-            "simplepkg/_precompiled/ (4 files), Requires-Dist precompile-runtime") in err
+    assert (
+        f"precompile: wrote {whl.name}: the wheel setuptools.build_meta built, plus "
+        "simplepkg/_precompiled/ (4 files), Requires-Dist precompile-runtime"
+    ) in err
 
 
 @pytest.mark.usefixtures("build_env")
-def test_the_wrote_line_gives_the_requirements_as_the_metadata_has_them(tmp_path, monkeypatch, capfd):
+def test_the_wrote_line_gives_the_requirements_as_the_metadata_has_them(
+    tmp_path, monkeypatch, capfd
+):
     """The line said `Requires-Dist precompile-runtime>=0.3, torch==X` where the library's
     own bare `precompile-runtime` was kept and its `torch>=1.13` merged with the pin."""
     from _build_helpers import metadata_lines
 
     root = make_project(tmp_path)
     py = root / "pyproject.toml"
-    py.write_text(py.read_text().replace('requires-python = ">=3.9"\n', 'requires-python = ">=3.9"\n'
-                                         'dependencies = ["precompile-runtime", "torch>=1.13"]\n', 1))
+    py.write_text(
+        py.read_text().replace(
+            'requires-python = ">=3.9"\n',
+            'requires-python = ">=3.9"\ndependencies = ["precompile-runtime", "torch>=1.13"]\n',
+            1,
+        )
+    )
     whl = build(root, monkeypatch)
     err = capfd.readouterr().err
     written = metadata_lines(whl, "Requires-Dist")
-    assert written[0] == "precompile-runtime" and written[1].startswith("torch") and ">=1.13" in written[1]
+    assert (
+        written[0] == "precompile-runtime"
+        and written[1].startswith("torch")
+        and ">=1.13" in written[1]
+    )
     assert f"(4 files), Requires-Dist {', '.join(written)}\n" in err, err[-1500:]
 
 
@@ -63,7 +79,8 @@ def test_the_summary_says_what_its_seconds_count():
     assert text.splitlines()[-1] == (
         "precompile: seconds: each target's whole time in this build (its wait for a device slot, the "
         "capture cache and the pair's checks included); a target's `ok ... in N s` line gives its "
-        "capture script's run alone")
+        "capture script's run alone"
+    )
 
 
 @pytest.mark.usefixtures("build_env")
@@ -72,10 +89,21 @@ def test_capture_targets_names_the_flag_not_a_config_setting(tmp_path, capsys):
     from precompile_build.cli import main
 
     root = make_project(tmp_path)
-    assert main(["capture", "--project", str(root), "--targets", "doubel", "--out", str(tmp_path / "o")]) == 2
+    assert (
+        main(
+            ["capture", "--project", str(root), "--targets", "doubel", "--out", str(tmp_path / "o")]
+        )
+        == 2
+    )
     assert capsys.readouterr().err.strip() == (
-        "error: Failed to read --targets: no target 'doubel' in `tool.precompile.targets`; did you mean 'double'?")
-    assert main(["capture", "--project", str(root), "--targets", "double", "--out", str(tmp_path / "o")]) == 0
+        "error: Failed to read --targets: no target 'doubel' in `tool.precompile.targets`; did you mean 'double'?"
+    )
+    assert (
+        main(
+            ["capture", "--project", str(root), "--targets", "double", "--out", str(tmp_path / "o")]
+        )
+        == 0
+    )
     assert (tmp_path / "o" / "manifest.json").is_file()
 
 
@@ -88,7 +116,11 @@ def test_a_config_error_reaches_the_frontend_with_one_frame_of_ours(tmp_path, mo
     from precompile_build.errors import ConfigError
 
     root = make_project(tmp_path, '[tool.precompile.targets.double]\nscirpt = "capture/pair.py"\n')
-    with pytest.raises(ConfigError, match="did you mean `tool.precompile.targets.double.script`") as e:
+    with pytest.raises(
+        ConfigError, match="did you mean `tool.precompile.targets.double.script`"
+    ) as e:
         build(root, monkeypatch)
-    ours = [f for f in traceback.extract_tb(e.value.__traceback__) if "precompile_build" in f.filename]
+    ours = [
+        f for f in traceback.extract_tb(e.value.__traceback__) if "precompile_build" in f.filename
+    ]
     assert [(f.filename.rsplit("/", 1)[-1], f.name) for f in ours] == [("backend.py", "run")]

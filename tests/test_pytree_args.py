@@ -43,7 +43,9 @@ class Plain:  # not registered: a result dataclass is registered by the capture
 
 def _capture(tmp_path, fn, *args, name="t", engine="eager", kwargs=None, **kw):
     src, cache = tmp_path / f"{name}.py", tmp_path / f"{name}.cache"
-    with precompile_build.capture(fn, artifact_path=src, cache_path=cache, target=name, engine=engine, **kw) as f:
+    with precompile_build.capture(
+        fn, artifact_path=src, cache_path=cache, target=name, engine=engine, **kw
+    ) as f:
         f(*args, **(kwargs or {}))
     return load_pair(src, cache)
 
@@ -87,25 +89,44 @@ def test_every_pytree_type_goes_in_and_comes_back_as_itself(tmp_path, engine):
 def test_calls_of_another_structure_name_the_path(tmp_path):
     f = _capture(tmp_path, structured, *_args(), kwargs={"extra": 4})
     x, opts = _args()
-    with pytest.raises(CallError, match=r"argument 'x'\['a'\]: expected a list of 1 item\(s\), got a tuple"):
+    with pytest.raises(
+        CallError, match=r"argument 'x'\['a'\]: expected a list of 1 item\(s\), got a tuple"
+    ):
         f({"a": (x["a"][0],)}, opts, extra=4)
-    with pytest.raises(CallError, match=r"argument 'x': expected a dict with keys \['a'\], got a dict with keys \['b'\]"):
+    with pytest.raises(
+        CallError,
+        match=r"argument 'x': expected a dict with keys \['a'\], got a dict with keys \['b'\]",
+    ):
         f({"b": x["a"]}, opts, extra=4)
-    for leaf, got in ((None, "None"), (3, "an int"), (x["a"][0], "a Tensor")):  # a leaf named by its type
-        with pytest.raises(CallError, match=rf"argument 'x': expected a dict with keys \['a'\], got {got};"):
+    for leaf, got in (
+        (None, "None"),
+        (3, "an int"),
+        (x["a"][0], "a Tensor"),
+    ):  # a leaf named by its type
+        with pytest.raises(
+            CallError, match=rf"argument 'x': expected a dict with keys \['a'\], got {got};"
+        ):
             f(leaf, opts, extra=4)
-    with pytest.raises(CallError, match=r"keyword argument 'extra': the capture specialised on 4, got 5"):
+    with pytest.raises(
+        CallError, match=r"keyword argument 'extra': the capture specialised on 4, got 5"
+    ):
         f(x, opts, extra=5)
-    with pytest.raises(CallError, match=r"argument 'opts'.scale: the capture specialised on 2.0, got 3.0"):
+    with pytest.raises(
+        CallError, match=r"argument 'opts'.scale: the capture specialised on 2.0, got 3.0"
+    ):
         f(x, Registered(opts.value, 3.0), extra=4)
     with pytest.raises(CallError, match=r"argument 'x'\['a'\]\[0\]: dtype torch.float64"):
         f({"a": [x["a"][0].double()]}, opts, extra=4)
-    with pytest.raises(CallError, match=r"called with 2 positional argument\(s\) and keyword\(s\) \[\]"):
+    with pytest.raises(
+        CallError, match=r"called with 2 positional argument\(s\) and keyword\(s\) \[\]"
+    ):
         f(x, opts)
 
 
 def test_keywords_in_another_order_are_the_same_call(tmp_path):
-    f = _capture(tmp_path, lambda x, *, a, b: x * a + b, torch.ones(2), kwargs={"a": torch.ones(2), "b": 2.0})
+    f = _capture(
+        tmp_path, lambda x, *, a, b: x * a + b, torch.ones(2), kwargs={"a": torch.ones(2), "b": 2.0}
+    )
     torch.testing.assert_close(f(torch.ones(2), b=2.0, a=torch.ones(2) * 3), torch.full((2,), 5.0))
 
 
@@ -114,14 +135,19 @@ class Holder:
 
 
 def test_an_unregistered_object_argument_says_what_to_do(tmp_path):
-    with pytest.raises(CaptureError, match=r"target 't': argument 'o' is a Holder, which the capture cannot "
-                       r"take apart.*Register Holder with torch.utils._pytree"):
+    with pytest.raises(
+        CaptureError,
+        match=r"target 't': argument 'o' is a Holder, which the capture cannot "
+        r"take apart.*Register Holder with torch.utils._pytree",
+    ):
         _capture(tmp_path, lambda x, o: x, torch.randn(3), Holder())
     assert not (tmp_path / "t.py").exists()
 
 
 def test_an_unregistered_object_result_says_what_to_do(tmp_path):
-    with pytest.raises(CaptureError, match=r"the result's part result\[1\] is a Holder; .*register_pytree_node"):
+    with pytest.raises(
+        CaptureError, match=r"the result's part result\[1\] is a Holder; .*register_pytree_node"
+    ):
         _capture(tmp_path, lambda x: (x, Holder()), torch.randn(3))
 
 
@@ -219,8 +245,12 @@ class Named:
         self.t, self.k = t, k
 
 
-pytree.register_pytree_node(Named, lambda o: ([o.t], o.k), lambda v, k: Named(v[0], k),
-                            serialized_type_name="tests.test_pytree_args.Named")
+pytree.register_pytree_node(
+    Named,
+    lambda o: ([o.t], o.k),
+    lambda v, k: Named(v[0], k),
+    serialized_type_name="tests.test_pytree_args.Named",
+)
 
 
 def test_a_class_registered_with_a_serialized_name_goes_in_and_out(tmp_path):
@@ -228,11 +258,16 @@ def test_a_class_registered_with_a_serialized_name_goes_in_and_out(tmp_path):
     got = f(Named(torch.ones(2) * 2, 3))
     assert type(got) is Named and got.k == 4
     torch.testing.assert_close(got.t, torch.full((2,), 6.0))
-    with pytest.raises(CallError, match=r"argument 'n': a Named of another kind: captured 3, got 4"):
+    with pytest.raises(
+        CallError, match=r"argument 'n': a Named of another kind: captured 3, got 4"
+    ):
         f(Named(torch.ones(2), 4))
 
 
 def test_a_class_registered_without_a_serialized_name_is_refused(tmp_path):
-    with pytest.raises(CaptureError, match=r"an argument holds a Unnamed, registered with torch.utils._pytree "
-                       r"without a serialized_type_name.*serialized_type_name='test_pytree_args.Unnamed'"):
+    with pytest.raises(
+        CaptureError,
+        match=r"an argument holds a Unnamed, registered with torch.utils._pytree "
+        r"without a serialized_type_name.*serialized_type_name='test_pytree_args.Unnamed'",
+    ):
         _capture(tmp_path, lambda u: u.t * 2, Unnamed(torch.ones(2)))

@@ -161,8 +161,23 @@ def _sdist(tmp: Path, dist: str, module: str, version: str) -> Path:
     installed = pytest.importorskip(module)
     if installed.__version__ != version:
         pytest.skip(f"{dist} {installed.__version__} installed, the recipe is for {version}")
-    got = subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-binary", ":all:", "--no-deps",
-                          f"{dist}=={version}", "-d", str(tmp)], capture_output=True, text=True)
+    got = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "download",
+            "-q",
+            "--no-binary",
+            ":all:",
+            "--no-deps",
+            f"{dist}=={version}",
+            "-d",
+            str(tmp),
+        ],
+        capture_output=True,
+        text=True,
+    )
     if got.returncode != 0:
         pytest.skip(f"{dist}'s sdist cannot be downloaded here: {got.stderr[-300:]}")
     with tarfile.open(next(tmp.glob("*.tar.gz"))) as tf:
@@ -173,12 +188,30 @@ def _sdist(tmp: Path, dist: str, module: str, version: str) -> Path:
 def _build(src: Path, tmp_path: Path) -> tuple[Path, dict]:
     """The wheel ``python -m build --no-isolation`` makes of ``src`` with this
     repository's backend and runtime importable, and the environment it ran with."""
-    env = {k: v for k, v in os.environ.items() if k not in ("PRECOMPILE_ENGINE", "PRECOMPILE_TRACER")}
-    env.update(PYTHONPATH=os.pathsep.join([str(REPO), str(REPO / "runtime")]),
-               TORCHINDUCTOR_CACHE_DIR=str(tmp_path / "inductor"))
-    build = subprocess.run([sys.executable, "-m", "build", "--no-isolation", "--skip-dependency-check", "--wheel",
-                            "--outdir", str(tmp_path / "dist"), str(src)], env=env, capture_output=True, text=True,
-                           timeout=1200)
+    env = {
+        k: v for k, v in os.environ.items() if k not in ("PRECOMPILE_ENGINE", "PRECOMPILE_TRACER")
+    }
+    env.update(
+        PYTHONPATH=os.pathsep.join([str(REPO), str(REPO / "runtime")]),
+        TORCHINDUCTOR_CACHE_DIR=str(tmp_path / "inductor"),
+    )
+    build = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "build",
+            "--no-isolation",
+            "--skip-dependency-check",
+            "--wheel",
+            "--outdir",
+            str(tmp_path / "dist"),
+            str(src),
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=1200,
+    )
     assert build.returncode == 0, build.stdout[-4000:] + build.stderr[-4000:]
     (whl,) = (tmp_path / "dist").glob("*.whl")
     return whl, env
@@ -188,15 +221,25 @@ def _requires(whl: Path) -> list[str]:
     """The wheel's ``Requires-Dist`` values."""
     zf = zipfile.ZipFile(whl)
     meta = zf.read(next(n for n in zf.namelist() if n.endswith(".dist-info/METADATA"))).decode()
-    return [line.split(":", 1)[1].strip() for line in meta.splitlines() if line.startswith("Requires-Dist:")]
+    return [
+        line.split(":", 1)[1].strip()
+        for line in meta.splitlines()
+        if line.startswith("Requires-Dist:")
+    ]
 
 
 def _assert_pinned(requires: list[str], own: tuple[str, ...]) -> None:
     """precompile-runtime once, one torch pin of this torch's release, the library's own
     requirements kept."""
     assert len([r for r in requires if r.startswith("precompile-runtime")]) == 1, requires
-    torch_pins = [r for r in requires if r.replace(" ", "").startswith(("torch=", "torch>", "torch<", "torch~"))]
-    assert len(torch_pins) == 1 and torch.__version__.split("+")[0].rsplit(".", 1)[0] in torch_pins[0], requires
+    torch_pins = [
+        r
+        for r in requires
+        if r.replace(" ", "").startswith(("torch=", "torch>", "torch<", "torch~"))
+    ]
+    assert (
+        len(torch_pins) == 1 and torch.__version__.split("+")[0].rsplit(".", 1)[0] in torch_pins[0]
+    ), requires
     assert all(any(r.startswith(o) for r in requires) for o in own), requires
 
 
@@ -207,22 +250,63 @@ def _install_and_serve(tmp_path: Path, whl: Path, env: dict, deps: list[str], se
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
     vpy = venv / "bin" / "python"
-    site = subprocess.run([str(vpy), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-                          check=True, capture_output=True, text=True).stdout.strip()
+    site = subprocess.run(
+        [str(vpy), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout.strip()
     links = dist_links(tmp_path / "links", deps)
     Path(site, "links.pth").write_text(f"{links}\n")
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w",
-                    str(tmp_path / "rt"), str(REPO / "runtime")], check=True, capture_output=True)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "-q",
+            "--no-deps",
+            "--no-build-isolation",
+            "-w",
+            str(tmp_path / "rt"),
+            str(REPO / "runtime"),
+        ],
+        check=True,
+        capture_output=True,
+    )
     plain = {k: v for k, v in env.items() if k != "PYTHONPATH"}
-    subprocess.run([sys.executable, "-m", "pip", "--python", str(vpy), "install", "-q", "--no-deps", "--no-index",
-                    str(whl), *map(str, (tmp_path / "rt").glob("*.whl"))], check=True, capture_output=True, env=plain)
-    served = subprocess.run([str(vpy), "-c", serve], cwd=tmp_path, capture_output=True, text=True,
-                            env=dict(plain, PRECOMPILE_NO_COMPILE="1", PRECOMPILE_CACHE_DIR=str(tmp_path / "kcache")))
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "--python",
+            str(vpy),
+            "install",
+            "-q",
+            "--no-deps",
+            "--no-index",
+            str(whl),
+            *map(str, (tmp_path / "rt").glob("*.whl")),
+        ],
+        check=True,
+        capture_output=True,
+        env=plain,
+    )
+    served = subprocess.run(
+        [str(vpy), "-c", serve],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        env=dict(plain, PRECOMPILE_NO_COMPILE="1", PRECOMPILE_CACHE_DIR=str(tmp_path / "kcache")),
+    )
     assert served.returncode == 0, served.stdout[-3000:] + served.stderr[-3000:]
     return served.stdout
 
 
-def _add_targets(src: Path, backend: str, last_dependency: str, toml: str, captures: dict[str, str]) -> None:
+def _add_targets(
+    src: Path, backend: str, last_dependency: str, toml: str, captures: dict[str, str]
+) -> None:
     """Step 1-3 of docs/existing-library.md on an unpacked sdist: the build backend
     wrapped, precompile-runtime added after ``last_dependency`` in
     ``project.dependencies``, the ``[tool.precompile]`` table ``toml`` and the capture
@@ -230,7 +314,9 @@ def _add_targets(src: Path, backend: str, last_dependency: str, toml: str, captu
     py = src / "pyproject.toml"
     text = py.read_text()
     was, dep = f'build-backend = "{backend}"', f"    {last_dependency},\n]"
-    assert text.count(was) == 1 and text.count(dep) == 1, "the recipe's edits are for another version"
+    assert text.count(was) == 1 and text.count(dep) == 1, (
+        "the recipe's edits are for another version"
+    )
     text = text.replace(was, 'build-backend = "precompile_build.backend"')
     text = text.replace(dep, f'    {last_dependency},\n    "precompile-runtime",\n]')
     py.write_text(text + toml)
@@ -246,10 +332,14 @@ def test_timm_from_its_own_sdist_builds_and_serves_its_api_through_the_pair(tmp_
     _add_targets(src, "pdm.backend", '"safetensors"', _TOML, {"test_vit.py": _CAPTURE})
     vit = src / "timm" / "models" / "vision_transformer.py"
     code = vit.read_text()
-    code = code.replace("from torch.jit import Final\n", "from torch.jit import Final\n" + _ROUTING, 1)
-    method = ("    def forward(\n            self,\n            x: torch.Tensor,\n"
-              "            attn_mask: Optional[torch.Tensor] = None,\n            is_causal: bool = False,\n"
-              "    ) -> torch.Tensor:\n        x = self.forward_features(x, attn_mask=attn_mask, is_causal=is_causal)\n")
+    code = code.replace(
+        "from torch.jit import Final\n", "from torch.jit import Final\n" + _ROUTING, 1
+    )
+    method = (
+        "    def forward(\n            self,\n            x: torch.Tensor,\n"
+        "            attn_mask: Optional[torch.Tensor] = None,\n            is_causal: bool = False,\n"
+        "    ) -> torch.Tensor:\n        x = self.forward_features(x, attn_mask=attn_mask, is_causal=is_causal)\n"
+    )
     assert code.count(method) == 1  # VisionTransformer.forward
     code = code.replace(method, '    @packaged("test_vit", package="timm")\n' + method)
     vit.write_text(code)
@@ -257,13 +347,26 @@ def test_timm_from_its_own_sdist_builds_and_serves_its_api_through_the_pair(tmp_
     whl, env = _build(src, tmp_path)
     names = zipfile.ZipFile(whl).namelist()
     assert sorted(n for n in names if "_precompiled" in n) == sorted(
-        f"timm/_precompiled/{n}" for n in ("manifest.json", "test_vit.cache", "test_vit.py",
-                                           f"test_vit.{sys.implementation.cache_tag}.pyc"))
-    assert len([n for n in names if n.startswith(("timm/data/_info/", "timm/models/_pruned/"))]) >= 25  # pdm's data
+        f"timm/_precompiled/{n}"
+        for n in (
+            "manifest.json",
+            "test_vit.cache",
+            "test_vit.py",
+            f"test_vit.{sys.implementation.cache_tag}.pyc",
+        )
+    )
+    assert (
+        len([n for n in names if n.startswith(("timm/data/_info/", "timm/models/_pruned/"))]) >= 25
+    )  # pdm's data
     assert "-none-any" not in whl.name
     _assert_pinned(_requires(whl), ("pyyaml", "huggingface_hub", "safetensors"))
-    out = _install_and_serve(tmp_path, whl, env, ["torch", "torchvision", "pyyaml", "huggingface_hub", "safetensors"],
-                             _SERVE)
+    out = _install_and_serve(
+        tmp_path,
+        whl,
+        env,
+        ["torch", "torchvision", "pyyaml", "huggingface_hub", "safetensors"],
+        _SERVE,
+    )
     # 1 served: the pair loaded (packaged loads it strictly; a load that failed would
     # have warned and served none), 2 by timm's code; no compiler module at load
     assert out.split()[-4:] == ["route", "1", "2", "[]"], out
@@ -274,28 +377,55 @@ def test_sentence_transformers_from_its_own_sdist_serves_encode_through_the_pair
     sdist given a target, its ``encode()`` served by the pair through the modules' pass
     the recipe routes (a copy of the features dict: the modules add keys to it)."""
     src = _sdist(tmp_path / "sdist", "sentence-transformers", "sentence_transformers", ST_VERSION)
-    _add_targets(src, "setuptools.build_meta", '"tqdm>=4.0.0"', _ST_TOML,
-                 {"tiny.py": _ST_TINY, "tiny_encode.py": _ST_CAPTURE})
+    _add_targets(
+        src,
+        "setuptools.build_meta",
+        '"tqdm>=4.0.0"',
+        _ST_TOML,
+        {"tiny.py": _ST_TINY, "tiny_encode.py": _ST_CAPTURE},
+    )
     model_py = src / "sentence_transformers" / "sentence_transformer" / "model.py"
     code = model_py.read_text()
     head = "from .model_card import SentenceTransformerModelCardData\n"
     assert code.count(head) == 1 and code.count("    def is_singular_input(") == 1
     code = code.replace(head, head + _ROUTING, 1)
-    code = code.replace("    def is_singular_input(", _ST_ROUTE.lstrip("\n") + "    def is_singular_input(", 1)
+    code = code.replace(
+        "    def is_singular_input(", _ST_ROUTE.lstrip("\n") + "    def is_singular_input(", 1
+    )
     model_py.write_text(code)
 
     whl, env = _build(src, tmp_path)
     names = zipfile.ZipFile(whl).namelist()
     assert sorted(n for n in names if "_precompiled" in n) == sorted(
-        f"sentence_transformers/_precompiled/{n}" for n in (
-            "manifest.json", "tiny_encode.cache", "tiny_encode.py", f"tiny_encode.{sys.implementation.cache_tag}.pyc"))
+        f"sentence_transformers/_precompiled/{n}"
+        for n in (
+            "manifest.json",
+            "tiny_encode.cache",
+            "tiny_encode.py",
+            f"tiny_encode.{sys.implementation.cache_tag}.pyc",
+        )
+    )
     assert any(n.endswith("model_card_template.md") for n in names)  # setuptools' package data
     assert not any(n.startswith("captures/") for n in names)
     assert "-none-any" not in whl.name
     _assert_pinned(_requires(whl), ("transformers", "tokenizers", "scikit-learn"))
-    out = _install_and_serve(tmp_path, whl, env, ["torch", "transformers", "tokenizers", "huggingface_hub", "numpy",
-                                                  "scikit-learn", "scipy", "typing_extensions", "tqdm"],
-                             _ST_SERVE.replace("sys.argv[1]", repr(str(src / "captures"))))
+    out = _install_and_serve(
+        tmp_path,
+        whl,
+        env,
+        [
+            "torch",
+            "transformers",
+            "tokenizers",
+            "huggingface_hub",
+            "numpy",
+            "scikit-learn",
+            "scipy",
+            "typing_extensions",
+            "tqdm",
+        ],
+        _ST_SERVE.replace("sys.argv[1]", repr(str(src / "captures"))),
+    )
     # encode() of the captured shape served by the pair, the longer sentence by the
     # library's code (another sequence length: the pair's check declines it quietly)
     assert out.split()[-4:] == ["route", "1", "1", "[]"], out

@@ -30,14 +30,18 @@ def heads_last(x: torch.Tensor) -> torch.Tensor:
     """``x * 2`` of a (B, H, L, D) tensor, written in (B, L, H, D) memory in bf16/fp16
     (as CUDA's flash attention writes its output), contiguous in other dtypes."""
     out = x * 2
-    return out.transpose(1, 2).contiguous().transpose(1, 2) if _narrow(x.dtype) else out.contiguous()
+    return (
+        out.transpose(1, 2).contiguous().transpose(1, 2) if _narrow(x.dtype) else out.contiguous()
+    )
 
 
 @heads_last.register_fake
 def _(x):
     b, h, n, d = x.shape
     if _narrow(x.dtype):
-        return torch.empty_strided(x.shape, (n * h * d, d, h * d, 1), dtype=x.dtype, device=x.device)
+        return torch.empty_strided(
+            x.shape, (n * h * d, d, h * d, 1), dtype=x.dtype, device=x.device
+        )
     return torch.empty(x.shape, dtype=x.dtype, device=x.device)
 
 
@@ -79,8 +83,10 @@ class _Patches(torch.nn.Module):
         return y.permute(0, 2, 3, 1).reshape(y.shape[0], -1)  # flattened NHWC: a view
 
 
-_CASES = {"attention output after its transpose": (_Attention, (2, 6, 32)),
-          "channels-last convolution output": (_Patches, (2, 3, 5, 5))}
+_CASES = {
+    "attention output after its transpose": (_Attention, (2, 6, 32)),
+    "channels-last convolution output": (_Patches, (2, 3, 5, 5)),
+}
 
 
 @pytest.mark.parametrize("case", sorted(_CASES))
@@ -90,15 +96,24 @@ def test_a_view_valid_only_in_the_narrow_kernels_layout_runs_in_fp64(case):
     model = model_cls().to(torch.bfloat16)
     x = torch.randn(shape).to(torch.bfloat16)
     traced = trace_call(lambda m, x: m(x), (model, x), {}, target="t")
-    assert any(n.target is torch.ops.aten.view.default for n in traced.graph_module.graph.nodes
-               if n.op == "call_function")
+    assert any(
+        n.target is torch.ops.aten.view.default
+        for n in traced.graph_module.graph.nodes
+        if n.op == "call_function"
+    )
     (ref,), _, info = reference.reference_run(traced.graph_module, traced.example_inputs, "cpu")
     assert ref.dtype == torch.float64 and info["reference"] == "float64"
     wide = model_cls()
     wide.load_state_dict({k: v.double() for k, v in model.state_dict().items()})
     torch.testing.assert_close(ref, wide.double()(x.double()), rtol=1e-12, atol=1e-12)
-    case = validate.compare(lambda args: list(traced.graph_module(*args)), traced, traced.example_inputs,
-                              "the example inputs", "t", {})
+    case = validate.compare(
+        lambda args: list(traced.graph_module(*args)),
+        traced,
+        traced.example_inputs,
+        "the example inputs",
+        "t",
+        {},
+    )
     assert case["reference"] == "float64"
 
 
@@ -108,8 +123,13 @@ def test_the_frozen_engine_captures_the_view(tmp_path, case):
     torch.manual_seed(0)
     model = model_cls().to(torch.bfloat16)
     x = torch.randn(shape).to(torch.bfloat16)
-    with precompile_build.capture(lambda m, x: m(x), engine="frozen", target="t",
-                                  artifact_path=tmp_path / "t.py", cache_path=tmp_path / "t.cache") as f:
+    with precompile_build.capture(
+        lambda m, x: m(x),
+        engine="frozen",
+        target="t",
+        artifact_path=tmp_path / "t.py",
+        cache_path=tmp_path / "t.cache",
+    ) as f:
         got = f(model, x)
     from precompile_build.builder.pairs import read_source_metadata
 
@@ -140,12 +160,16 @@ def test_parameters_are_widened_one_op_at_a_time():
 
     torch.Tensor.to = counting_to
     try:
-        (ref,), inputs_after, _ = reference.reference_run(traced.graph_module, traced.example_inputs, "cpu")
+        (ref,), inputs_after, _ = reference.reference_run(
+            traced.graph_module, traced.example_inputs, "cpu"
+        )
     finally:
         torch.Tensor.to = to
     assert most[0] == 1  # six weights widened, one at a time
-    assert all(a.data_ptr() == b.data_ptr() and a.dtype == torch.bfloat16  # not copied
-               for a, b in zip(inputs_after, traced.example_inputs))
+    assert all(
+        a.data_ptr() == b.data_ptr() and a.dtype == torch.bfloat16  # not copied
+        for a, b in zip(inputs_after, traced.example_inputs)
+    )
     want = x.double()
     for layer in model:
         want = torch.nn.functional.linear(want, layer.weight.double(), layer.bias.double())
@@ -185,9 +209,14 @@ def test_frozen_code_that_writes_a_shared_weight_is_refused():
         args[0].view(-1)[3] += 1  # m.0.weight
         return outs
 
-    with pytest.raises(CaptureError, match=r"target 't': the frozen kernels wrote to parameter/buffer "
-                                           r"m.0.weight after the call, which the traced graph leaves alone"):
-        validate.compare(writes_a_weight, traced, traced.example_inputs, "the example inputs", "t", {})
+    with pytest.raises(
+        CaptureError,
+        match=r"target 't': the frozen kernels wrote to parameter/buffer "
+        r"m.0.weight after the call, which the traced graph leaves alone",
+    ):
+        validate.compare(
+            writes_a_weight, traced, traced.example_inputs, "the example inputs", "t", {}
+        )
 
 
 def test_where_no_reference_fits_the_values_are_checked_against_the_graph(monkeypatch):
@@ -195,19 +224,26 @@ def test_where_no_reference_fits_the_values_are_checked_against_the_graph(monkey
 
     def out_of_memory(*args, **kwargs):
         raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 4.00 GiB")
+
     monkeypatch.setattr(reference, "reference_run", out_of_memory)
     graph = lambda args: list(traced.graph_module(*args))  # noqa: E731
     case = validate.compare(graph, traced, traced.example_inputs, "the example inputs", "t", {})
-    assert case["reference"] == "none" and case["checked"].startswith("no wider-dtype reference fits in memory")
+    assert case["reference"] == "none" and case["checked"].startswith(
+        "no wider-dtype reference fits in memory"
+    )
     assert case["worst"] == {"value": "output 0", "max_abs_diff": 0.0}
 
     def off(args):
         outs = graph(args)
         outs[0] = outs[0] + 1
         return outs
-    with pytest.raises(CaptureError, match=r"value 0 \(output 0\) differs from the traced graph on the example "
-                                           r"inputs beyond its dtype's tolerance \(max \|frozen - graph\| 1; no "
-                                           r"wider-dtype reference fits in memory\)"):
+
+    with pytest.raises(
+        CaptureError,
+        match=r"value 0 \(output 0\) differs from the traced graph on the example "
+        r"inputs beyond its dtype's tolerance \(max \|frozen - graph\| 1; no "
+        r"wider-dtype reference fits in memory\)",
+    ):
         validate.compare(off, traced, traced.example_inputs, "the example inputs", "t", {})
 
 
@@ -221,8 +257,11 @@ def test_where_no_reference_fits_inputs_written_in_place_are_checked_too(monkeyp
         return cache.sum(0)
 
     traced = trace_call(step, (torch.zeros(4, 8), torch.randn(4, 8)), {}, target="t")
-    monkeypatch.setattr(reference, "reference_run",
-                        lambda *a, **k: (_ for _ in ()).throw(torch.OutOfMemoryError("CUDA out of memory")))
+    monkeypatch.setattr(
+        reference,
+        "reference_run",
+        lambda *a, **k: (_ for _ in ()).throw(torch.OutOfMemoryError("CUDA out of memory")),
+    )
 
     def wrong_cache(args):
         outs = list(traced.graph_module(*args))
@@ -230,8 +269,15 @@ def test_where_no_reference_fits_inputs_written_in_place_are_checked_too(monkeyp
         return outs
 
     graph = lambda args: list(traced.graph_module(*args))  # noqa: E731
-    assert validate.compare(graph, traced, traced.example_inputs, "the example inputs", "t", {})["reference"] == "none"
-    with pytest.raises(CaptureError, match=r"\(tensor argument 0 after the call\) differs from the traced graph"):
+    assert (
+        validate.compare(graph, traced, traced.example_inputs, "the example inputs", "t", {})[
+            "reference"
+        ]
+        == "none"
+    )
+    with pytest.raises(
+        CaptureError, match=r"\(tensor argument 0 after the call\) differs from the traced graph"
+    ):
         validate.compare(wrong_cache, traced, traced.example_inputs, "the example inputs", "t", {})
 
 
@@ -241,13 +287,18 @@ def test_an_op_out_of_cuda_memory_moves_the_rest_of_the_reference_to_the_cpu(mon
     model, x, traced = _linear_stack()
     run, failed = reference._Reference._run, []
     aten = torch.ops.aten
-    products = {aten.linear.default, aten.addmm.default, aten.mm.default}  # a linear in either ATen IR
+    products = {
+        aten.linear.default,
+        aten.addmm.default,
+        aten.mm.default,
+    }  # a linear in either ATen IR
 
     def first_fails(self, node, target, args, kwargs):
         if not failed and not self.spilled and target in products:
             failed.append(node.name)
             raise torch.OutOfMemoryError("CUDA out of memory")
         return run(self, node, target, args, kwargs)
+
     monkeypatch.setattr(reference._Reference, "_run", first_fails)
     monkeypatch.setattr(reference._Reference, "_on_cuda", staticmethod(lambda args, kwargs: True))
     (ref,), _, info = reference.reference_run(traced.graph_module, traced.example_inputs, "cpu")
@@ -258,7 +309,9 @@ def test_an_op_out_of_cuda_memory_moves_the_rest_of_the_reference_to_the_cpu(mon
     torch.testing.assert_close(ref, want, rtol=1e-12, atol=1e-12)
 
 
-@pytest.mark.parametrize("where", ["_widen", "_restrided"], ids=["widening a weight", "restriding a result"])
+@pytest.mark.parametrize(
+    "where", ["_widen", "_restrided"], ids=["widening a weight", "restriding a result"]
+)
 def test_out_of_cuda_memory_around_an_op_moves_the_reference_to_the_cpu(monkeypatch, where):
     # the GPU case: a cap below one wide weight fails in the widening, before the op
     # runs (or in the copy that gives a result the narrow run's strides, after it);
@@ -271,6 +324,7 @@ def test_out_of_cuda_memory_around_an_op_moves_the_reference_to_the_cpu(monkeypa
             failed.append(tuple(t.shape))
             raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
         return real(t, arg)
+
     monkeypatch.setattr(reference, where, fails_once)
     monkeypatch.setattr(reference._Reference, "_on_cuda", staticmethod(lambda args, kwargs: True))
     (ref,), _, info = reference.reference_run(traced.graph_module, traced.example_inputs, "cpu")
@@ -281,13 +335,17 @@ def test_out_of_cuda_memory_around_an_op_moves_the_reference_to_the_cpu(monkeypa
     torch.testing.assert_close(ref, want, rtol=1e-12, atol=1e-12)
 
 
-@pytest.mark.parametrize("tracer,shape", [("export", (4, 64)), ("export", (2, 3, 64)), ("make_fx", (4, 64)),
-                                          ("make_fx", (2, 3, 64))])
+@pytest.mark.parametrize(
+    "tracer,shape",
+    [("export", (4, 64)), ("export", (2, 3, 64)), ("make_fx", (4, 64)), ("make_fx", (2, 3, 64))],
+)
 def test_a_large_weight_is_widened_by_blocks_of_columns(monkeypatch, tracer, shape):
     # linear (export), addmm / mm (make_fx, 2-d and 3-d inputs): past BLOCK_BYTES a
     # weight is never wide whole, and the product is the same fp64 product
     torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(64, 96), torch.nn.Linear(96, 64, bias=False)).to(torch.bfloat16)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 96), torch.nn.Linear(96, 64, bias=False)).to(
+        torch.bfloat16
+    )
     x = torch.randn(*shape).to(torch.bfloat16)
     traced = trace_call(lambda m, x: m(x), (model, x), {}, target="t", tracer=tracer)
     (whole,), _, _ = reference.reference_run(traced.graph_module, traced.example_inputs, "cpu")
@@ -296,24 +354,35 @@ def test_a_large_weight_is_widened_by_blocks_of_columns(monkeypatch, tracer, sha
 
     def counting_to(self, *args, **kwargs):
         out = to(self, *args, **kwargs)
-        if out is not self and out.dtype == torch.float64 and self.dim() == 2 and self.numel() >= 16 * 64:
+        if (
+            out is not self
+            and out.dtype == torch.float64
+            and self.dim() == 2
+            and self.numel() >= 16 * 64
+        ):
             largest[0] = max(largest[0], out.numel())
         return out
+
     monkeypatch.setattr(torch.Tensor, "to", counting_to)
     (blocks,), _, _ = reference.reference_run(traced.graph_module, traced.example_inputs, "cpu")
     monkeypatch.setattr(torch.Tensor, "to", to)
-    assert 0 < largest[0] <= 16 * 96  # a block of 16 (or 10) columns/rows, never a whole 96 x 64 weight
+    assert (
+        0 < largest[0] <= 16 * 96
+    )  # a block of 16 (or 10) columns/rows, never a whole 96 x 64 weight
     torch.testing.assert_close(blocks, whole, rtol=1e-12, atol=1e-12)
     want = torch.nn.functional.linear(x.double(), model[0].weight.double(), model[0].bias.double())
-    torch.testing.assert_close(blocks, torch.nn.functional.linear(want, model[1].weight.double()),
-                               rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(
+        blocks, torch.nn.functional.linear(want, model[1].weight.double()), rtol=1e-12, atol=1e-12
+    )
 
 
 @pytest.mark.parametrize("tracer", ["export", "make_fx"])
 def test_an_embedding_gathers_from_the_narrow_table(monkeypatch, tracer):
     # the rows are gathered, then widened: the same values, never a wide table
     torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Embedding(100, 16), torch.nn.Linear(16, 8)).to(torch.bfloat16)
+    model = torch.nn.Sequential(torch.nn.Embedding(100, 16), torch.nn.Linear(16, 8)).to(
+        torch.bfloat16
+    )
     ids = torch.tensor([[3, 7, 99], [0, 3, 5]])
     traced = trace_call(lambda m, i: m(i), (model, ids), {}, target="t", tracer=tracer)
     assert any("embedding" in str(n.target) for n in traced.graph_module.graph.nodes)
@@ -324,9 +393,12 @@ def test_an_embedding_gathers_from_the_narrow_table(monkeypatch, tracer):
         if out is not self and out.dtype == torch.float64:
             largest[0] = max(largest[0], out.numel())
         return out
+
     monkeypatch.setattr(torch.Tensor, "to", counting_to)
     (ref,), _, info = reference.reference_run(traced.graph_module, traced.example_inputs, "cpu")
     monkeypatch.setattr(torch.Tensor, "to", to)
     assert largest[0] < 100 * 16 and info["reference"] == "float64"
-    want = torch.nn.functional.linear(model[0].weight.double()[ids], model[1].weight.double(), model[1].bias.double())
+    want = torch.nn.functional.linear(
+        model[0].weight.double()[ids], model[1].weight.double(), model[1].bias.double()
+    )
     torch.testing.assert_close(ref, want, rtol=1e-12, atol=1e-12)

@@ -67,7 +67,9 @@ def test_a_parameter_and_a_dict_holding_an_input_come_back_as_themselves(tmp_pat
     for _ in range(2):
         x = torch.randn(2, 4)
         out = art(m, x)
-        assert out["x"] is x and out["w"] is m[0].weight and torch.allclose(out["y"], m(x), atol=1e-6)
+        assert (
+            out["x"] is x and out["w"] is m[0].weight and torch.allclose(out["y"], m(x), atol=1e-6)
+        )
 
 
 def test_a_model_output_holding_an_input_comes_back_as_itself(tmp_path):
@@ -85,7 +87,7 @@ def test_a_model_output_holding_an_input_comes_back_as_itself(tmp_path):
         assert torch.allclose(out.last_hidden_state, m(x), atol=1e-6)
 
 
-_OUTPUT_MODULE = '''
+_OUTPUT_MODULE = """
 from dataclasses import dataclass
 from typing import Optional
 
@@ -97,7 +99,7 @@ from transformers.utils import ModelOutput
 class TinyOutput(ModelOutput):
     logits: Optional[torch.Tensor] = None
     extra: Optional[torch.Tensor] = None
-'''
+"""
 
 
 def test_a_model_output_class_first_imported_inside_the_call(tmp_path, monkeypatch):
@@ -121,7 +123,9 @@ def test_a_model_output_class_first_imported_inside_the_call(tmp_path, monkeypat
         x = torch.randn(2, 4)
         out = art(m, x)
         assert type(out).__name__ == "TinyOutput" and out.extra is None
-        assert torch.allclose(out.logits, m(x), atol=1e-6) and fn(m, x).logits is not None  # eager again
+        assert (
+            torch.allclose(out.logits, m(x), atol=1e-6) and fn(m, x).logits is not None
+        )  # eager again
     finally:
         sys.modules.pop("pcb_tiny_outputs", None)
 
@@ -148,7 +152,9 @@ def test_base_model_output_first_imported_inside_the_call_in_a_fresh_process(tmp
         assert torch.equal(out.last_hidden_state, fn(x).last_hidden_state)
         print("served")
     """)
-    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=600
+    )
     assert proc.returncode == 0 and proc.stdout.strip().endswith("served"), proc.stderr[-3000:]
 
 
@@ -164,26 +170,56 @@ def test_keys_added_to_a_dict_argument_are_named():
         features.update({"token_embeddings": emb, "sentence_embedding": emb.mean(0)})
         return features
 
-    with pytest.raises(CaptureError, match=r"changes the structure of its arguments \(argument 'features': added "
-                       r"the key\(s\) 'token_embeddings', 'sentence_embedding'\).*passes the function a copy"), \
-            precompile_build.capture(forward, engine="frozen", artifact_path="/nonexistent/t.py",
-                                     cache_path="/nonexistent/t.cache") as f:
+    with (
+        pytest.raises(
+            CaptureError,
+            match=r"changes the structure of its arguments \(argument 'features': added "
+            r"the key\(s\) 'token_embeddings', 'sentence_embedding'\).*passes the function a copy",
+        ),
+        precompile_build.capture(
+            forward,
+            engine="frozen",
+            artifact_path="/nonexistent/t.py",
+            cache_path="/nonexistent/t.cache",
+        ) as f,
+    ):
         f(lin, {"input_ids": torch.randn(3, 4)})
 
 
-@pytest.mark.parametrize("fn, args, where", [
-    (lambda features: features.pop("mask") * features["x"], ({"x": torch.randn(3), "mask": torch.ones(3)},),
-     r"argument 'features': removed the key\(s\) 'mask'"),
-    (lambda xs: xs.append(xs[0] * 2) or xs[-1], ([torch.randn(3)],), r"argument 'xs' had 1 item\(s\), now 2"),
-    (lambda batch: batch["inner"].update(y=batch["inner"]["x"] + 1) or batch["inner"]["y"],
-     ({"inner": {"x": torch.randn(3)}},), r"argument 'batch'\['inner'\]: added the key\(s\) 'y'"),
-])
+@pytest.mark.parametrize(
+    "fn, args, where",
+    [
+        (
+            lambda features: features.pop("mask") * features["x"],
+            ({"x": torch.randn(3), "mask": torch.ones(3)},),
+            r"argument 'features': removed the key\(s\) 'mask'",
+        ),
+        (
+            lambda xs: xs.append(xs[0] * 2) or xs[-1],
+            ([torch.randn(3)],),
+            r"argument 'xs' had 1 item\(s\), now 2",
+        ),
+        (
+            lambda batch: batch["inner"].update(y=batch["inner"]["x"] + 1) or batch["inner"]["y"],
+            ({"inner": {"x": torch.randn(3)}},),
+            r"argument 'batch'\['inner'\]: added the key\(s\) 'y'",
+        ),
+    ],
+)
 def test_a_key_removed_an_item_appended_and_a_nested_dict_are_named(fn, args, where):
     import precompile_build
 
-    with pytest.raises(CaptureError, match=r"changes the structure of its arguments \(" + where + r"\)"), \
-            precompile_build.capture(fn, engine="frozen", artifact_path="/nonexistent/t.py",
-                                     cache_path="/nonexistent/t.cache") as f:
+    with (
+        pytest.raises(
+            CaptureError, match=r"changes the structure of its arguments \(" + where + r"\)"
+        ),
+        precompile_build.capture(
+            fn,
+            engine="frozen",
+            artifact_path="/nonexistent/t.py",
+            cache_path="/nonexistent/t.cache",
+        ) as f,
+    ):
         f(*args)
 
 
@@ -199,24 +235,48 @@ def test_sentence_transformers_forward_is_refused_naming_its_dict_and_a_copy_ser
     words = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "hello", "world", "a", "cat", "sat"]
     (tmp_path / "tiny").mkdir()
     (tmp_path / "tiny" / "vocab.txt").write_text("\n".join(words) + "\n")
-    BertTokenizerFast(vocab_file=str(tmp_path / "tiny" / "vocab.txt")).save_pretrained(tmp_path / "tiny")
+    BertTokenizerFast(vocab_file=str(tmp_path / "tiny" / "vocab.txt")).save_pretrained(
+        tmp_path / "tiny"
+    )
     torch.manual_seed(0)
-    BertModel(BertConfig(vocab_size=len(words), hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
-                         intermediate_size=32)).save_pretrained(tmp_path / "tiny")
+    BertModel(
+        BertConfig(
+            vocab_size=len(words),
+            hidden_size=16,
+            num_hidden_layers=1,
+            num_attention_heads=2,
+            intermediate_size=32,
+        )
+    ).save_pretrained(tmp_path / "tiny")
     from sentence_transformers import models
+
     st = sentence_transformers.SentenceTransformer(
-        modules=[models.Transformer(str(tmp_path / "tiny")), models.Pooling(16)], device="cpu").eval()
-    features = {k: v for k, v in st.tokenize(["hello world", "a cat sat"]).items() if isinstance(v, torch.Tensor)}
+        modules=[models.Transformer(str(tmp_path / "tiny")), models.Pooling(16)], device="cpu"
+    ).eval()
+    features = {
+        k: v
+        for k, v in st.tokenize(["hello world", "a cat sat"]).items()
+        if isinstance(v, torch.Tensor)
+    }
     (tmp_path / "p").mkdir()
-    with pytest.raises(CaptureError, match=r"\(argument 'input': added the key\(s\) 'token_embeddings', "
-                       r"'sentence_embedding'\)"), \
-            torch.no_grad(), precompile_build.capture(st.forward, engine="frozen", **pair_paths(tmp_path / "p")) as f:
+    with (
+        pytest.raises(
+            CaptureError,
+            match=r"\(argument 'input': added the key\(s\) 'token_embeddings', "
+            r"'sentence_embedding'\)",
+        ),
+        torch.no_grad(),
+        precompile_build.capture(st.forward, engine="frozen", **pair_paths(tmp_path / "p")) as f,
+    ):
         f(dict(features))
 
     def encode(model, features):
         return model(dict(features))
 
-    with torch.no_grad(), precompile_build.capture(encode, engine="frozen", **pair_paths(tmp_path / "p")) as f:
+    with (
+        torch.no_grad(),
+        precompile_build.capture(encode, engine="frozen", **pair_paths(tmp_path / "p")) as f,
+    ):
         f(st, dict(features))
     art = load_pair_at(tmp_path / "p")
     with torch.no_grad():

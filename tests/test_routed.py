@@ -32,8 +32,11 @@ def test_no_target_for_this_host_runs_the_own_python_with_one_warning(pkg, monke
     def fwd(x):
         return x + 1
 
-    with pytest.warns(RoutedFallbackWarning, match=r"fwd \(packaged target 'nosuch' of 'pcbfake_.*'\) runs its own "
-                                                   r"Python on this host: .*nosuch"):
+    with pytest.warns(
+        RoutedFallbackWarning,
+        match=r"fwd \(packaged target 'nosuch' of 'pcbfake_.*'\) runs its own "
+        r"Python on this host: .*nosuch",
+    ):
         assert fwd(1) == 2
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # once

@@ -35,20 +35,28 @@ def _code(monkeypatch, path, source, filename="x", shipped=None):
     return code, "compiled" if compiled else "pyc"
 
 
-@pytest.mark.parametrize("mode", [py_compile.PycInvalidationMode.TIMESTAMP,
-                                  py_compile.PycInvalidationMode.CHECKED_HASH,
-                                  py_compile.PycInvalidationMode.UNCHECKED_HASH])
+@pytest.mark.parametrize(
+    "mode",
+    [
+        py_compile.PycInvalidationMode.TIMESTAMP,
+        py_compile.PycInvalidationMode.CHECKED_HASH,
+        py_compile.PycInvalidationMode.UNCHECKED_HASH,
+    ],
+)
 def test_valid_bytecode_is_used(tmp_path, monkeypatch, mode):
     path = _half(tmp_path, mode)
     code, origin = _code(monkeypatch, path, SOURCE, "pkg/_precompiled/f.py")
-    assert origin == "pyc" and code.co_filename == "pkg/_precompiled/f.py"  # the pair's name, not pip's path
+    assert (
+        origin == "pyc" and code.co_filename == "pkg/_precompiled/f.py"
+    )  # the pair's name, not pip's path
     ns = {}
     exec(code, ns)
     assert ns["load"](None) == 42
 
 
-@pytest.mark.parametrize("mode", [py_compile.PycInvalidationMode.TIMESTAMP,
-                                  py_compile.PycInvalidationMode.CHECKED_HASH])
+@pytest.mark.parametrize(
+    "mode", [py_compile.PycInvalidationMode.TIMESTAMP, py_compile.PycInvalidationMode.CHECKED_HASH]
+)
 def test_bytecode_of_other_bytes_is_not_used(tmp_path, monkeypatch, mode):
     # the file was replaced after the loader read (and verified) its bytes: same size,
     # same mtime, so a timestamp pyc alone would pass
@@ -84,8 +92,12 @@ def test_a_damaged_pyc_falls_back_to_compiling(tmp_path, monkeypatch, damage):
     path = _half(tmp_path)
     pyc = importlib.util.cache_from_source(str(path))
     data = open(pyc, "rb").read()
-    data = {"truncated": data[:20], "other magic": b"\0\0\r\n" + data[4:],
-            "garbage": data[:16] + b"\xff" * 40, "unknown flags": data[:4] + b"\x04\0\0\0" + data[8:]}[damage]
+    data = {
+        "truncated": data[:20],
+        "other magic": b"\0\0\r\n" + data[4:],
+        "garbage": data[:16] + b"\xff" * 40,
+        "unknown flags": data[:4] + b"\x04\0\0\0" + data[8:],
+    }[damage]
     with open(pyc, "wb") as f:
         f.write(data)
     os.utime(path, (os.stat(path).st_atime, os.stat(path).st_mtime))
@@ -103,6 +115,7 @@ def test_no_file_or_no_pyc_compiles(tmp_path, monkeypatch):
 
 # ------------------------------------------------- bytecode the build ships beside the source
 
+
 def _shipped(tmp_path, source=SOURCE):
     """f.py and the pyc the build ships beside it (wheels/bytecode.py), no __pycache__:
     as an installer that does not byte-compile leaves them."""
@@ -119,7 +132,9 @@ def _shipped(tmp_path, source=SOURCE):
 
 def test_shipped_bytecode_serves_an_install_that_did_not_byte_compile(tmp_path, monkeypatch):
     path, pyc = _shipped(tmp_path)
-    assert _code(monkeypatch, path, SOURCE)[1] == "compiled"  # not passed (not in the manifest): not read
+    assert (
+        _code(monkeypatch, path, SOURCE)[1] == "compiled"
+    )  # not passed (not in the manifest): not read
     code, origin = _code(monkeypatch, path, SOURCE, "pkg/_precompiled/f.py", pyc.read_bytes())
     assert origin == "pyc" and code.co_filename == "pkg/_precompiled/f.py"
     ns = {}
@@ -141,7 +156,12 @@ def test_a_shipped_pyc_that_is_not_hash_based_or_is_corrupt_is_not_used(tmp_path
     path, pyc = _shipped(tmp_path)
     good = pyc.read_bytes()
     # a timestamp pyc at the shipped name: not what the build writes, and nothing ties it to these bytes
-    py_compile.compile(str(path), cfile=str(pyc), doraise=True, invalidation_mode=py_compile.PycInvalidationMode.TIMESTAMP)
+    py_compile.compile(
+        str(path),
+        cfile=str(pyc),
+        doraise=True,
+        invalidation_mode=py_compile.PycInvalidationMode.TIMESTAMP,
+    )
     assert _code(monkeypatch, path, SOURCE, shipped=pyc.read_bytes())[1] == "compiled"
     bad = good[:16] + good[16:40]  # truncated: the header still says these bytes
     assert _code(monkeypatch, path, SOURCE, shipped=bad)[1] == "compiled"
@@ -162,7 +182,8 @@ def test_shipped_bytecode_is_reproducible_and_checked_hash():
     sources = {"a.py": SOURCE, "b.py": b"import torch\nX = {'k': (1, 2.5, None)}\n"}
     first, again = shipped_bytecode(sources), shipped_bytecode(sources)
     assert first == again and sorted(first) == sorted(
-        os.path.basename(_bytecode.shipped_path(n)) for n in sources)
+        os.path.basename(_bytecode.shipped_path(n)) for n in sources
+    )
     for name, data in first.items():
         assert int.from_bytes(data[4:8], "little") == 0b11  # checked hash (PEP 552)
         assert data[8:16] == importlib.util.source_hash(sources[name.split(".")[0] + ".py"])
@@ -180,6 +201,7 @@ def test_a_source_half_that_does_not_compile_fails_the_build_with_its_error():
 
 # ------------------------------------- the shipped pyc is covered by the manifest (issue 57 item 4)
 
+
 def _package_with_shipped_pyc(tmp_path, monkeypatch, listed=True):
     """A fake installed package whose source half has the pyc the build ships beside it,
     listed in the manifest (its ``bytecode`` entry) or not (a wheel of an older build)."""
@@ -195,7 +217,9 @@ def _package_with_shipped_pyc(tmp_path, monkeypatch, listed=True):
     (p.data / name).write_bytes(data)
     if listed:
         doc = p.manifest()
-        doc["targets"]["fwd"]["variants"][0]["bytecode"] = {sys.implementation.cache_tag: file_entry(name, data)}
+        doc["targets"]["fwd"]["variants"][0]["bytecode"] = {
+            sys.implementation.cache_tag: file_entry(name, data)
+        }
         p.write_manifest(doc)
     return p, p.data / name
 
@@ -205,27 +229,37 @@ def _swap_code_object(pyc, marker):
     the code object for one that writes ``marker`` and serves something else."""
     import marshal
 
-    evil = compile(f"open({str(marker)!r}, 'w').write('ran')\ndef load(kernel_dir):\n    return lambda: 'evil'\n",
-                   "fwd.py", "exec")
+    evil = compile(
+        f"open({str(marker)!r}, 'w').write('ran')\ndef load(kernel_dir):\n    return lambda: 'evil'\n",
+        "fwd.py",
+        "exec",
+    )
     good = pyc.read_bytes()
     pyc.write_bytes(good[:16] + marshal.dumps(evil))
 
 
 @pytest.mark.usefixtures("runtime_env")
-def test_a_listed_shipped_pyc_serves_and_one_with_a_swapped_code_object_is_refused(tmp_path, monkeypatch):
+def test_a_listed_shipped_pyc_serves_and_one_with_a_swapped_code_object_is_refused(
+    tmp_path, monkeypatch
+):
     from precompile_runtime import IntegrityError, load_packaged
 
     p, pyc = _package_with_shipped_pyc(tmp_path, monkeypatch)
     compiled = []
-    monkeypatch.setattr(_bytecode, "compile", lambda *a, **k: compiled.append(1) or compile(*a, **k), raising=False)
+    monkeypatch.setattr(
+        _bytecode, "compile", lambda *a, **k: compiled.append(1) or compile(*a, **k), raising=False
+    )
     assert load_packaged("fwd", package=p.name)()[0] == "kernels"
     assert compiled == []  # the shipped pyc served: no compile
 
     q, pyc = _package_with_shipped_pyc(tmp_path / "q", monkeypatch)
     marker = tmp_path / "evil-ran"
     _swap_code_object(pyc, marker)
-    with pytest.raises(IntegrityError, match=rf"package '{q.name}', target 'fwd': _precompiled/{pyc.name}: "
-                       r"sha256 check failed: the manifest says \d+ bytes with sha256 \w+, the file has"):
+    with pytest.raises(
+        IntegrityError,
+        match=rf"package '{q.name}', target 'fwd': _precompiled/{pyc.name}: "
+        r"sha256 check failed: the manifest says \d+ bytes with sha256 \w+, the file has",
+    ):
         load_packaged("fwd", package=q.name)
     assert not marker.exists() and q.execs() == 0  # nothing of it ran
 

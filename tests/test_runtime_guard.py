@@ -22,7 +22,9 @@ def _run(code: str, tmp_path: Path, **env: str) -> str:
     script.write_text(f"import sys\nsys.path.insert(0, {RUNTIME!r})\n" + textwrap.dedent(code))
     full = {k: v for k, v in os.environ.items() if k != "PRECOMPILE_NO_COMPILE"}
     full.update(env)
-    res = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=full, timeout=300)
+    res = subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, env=full, timeout=300
+    )
     assert res.returncode == 0, res.stderr
     return res.stdout
 
@@ -118,7 +120,9 @@ def test_triton_compile_patched_on_import(tmp_path):
     (fake / "compiler").mkdir(parents=True)
     (fake / "__init__.py").write_text("from .compiler import compile\n")
     (fake / "compiler" / "__init__.py").write_text("from .compiler import compile\n")
-    (fake / "compiler" / "compiler.py").write_text("def compile(src, target=None):\n    return 'cubin'\n")
+    (fake / "compiler" / "compiler.py").write_text(
+        "def compile(src, target=None):\n    return 'cubin'\n"
+    )
     out = _run(
         f"""
         sys.path.insert(0, {str(fake.parent)!r})

@@ -70,7 +70,9 @@ def _tamper_swap_source(p):
 def _tamper_swap_source_and_manifest(p):
     # a consistent manifest edit: only the code_hash binding can tell
     doc = p.manifest()
-    doc["targets"]["fwd"]["variants"][0]["files"]["source"] = doc["targets"]["other"]["variants"][0]["files"]["source"]
+    doc["targets"]["fwd"]["variants"][0]["files"]["source"] = doc["targets"]["other"]["variants"][
+        0
+    ]["files"]["source"]
     p.write_manifest(doc)
     return IntegrityError, ["other.py", "code_hash check failed"]
 
@@ -177,9 +179,13 @@ def test_each_file_is_hashed_once(pkg, monkeypatch):
     every blob: the blobs' own sha256s are not computed again."""
     hashed = []
     real = envelope.sha256_hex
-    monkeypatch.setattr(envelope, "sha256_hex", lambda data: hashed.append(bytes(data)) or real(data))
+    monkeypatch.setattr(
+        envelope, "sha256_hex", lambda data: hashed.append(bytes(data)) or real(data)
+    )
     assert load_packaged("fwd", package=pkg.name)() == ("kernels", BLOB)
-    assert sorted(hashed) == sorted([(pkg.data / "fwd.py").read_bytes(), (pkg.data / "fwd.cache").read_bytes()])
+    assert sorted(hashed) == sorted(
+        [(pkg.data / "fwd.py").read_bytes(), (pkg.data / "fwd.cache").read_bytes()]
+    )
 
 
 def test_read_only_package_dir(pkg, tmp_path):
@@ -206,7 +212,9 @@ def test_a_writable_package_without_bytecode_is_not_written_either(pkg, monkeypa
     # writes inside the installed package)
     monkeypatch.setattr(sys, "dont_write_bytecode", False)
     monkeypatch.setattr(sys, "pycache_prefix", None)
-    before = {q: q.read_bytes() for q in pkg.data.rglob("*")}  # the package's own __init__ is import's
+    before = {
+        q: q.read_bytes() for q in pkg.data.rglob("*")
+    }  # the package's own __init__ is import's
     assert load_packaged("fwd", package=pkg.name)() == ("kernels", BLOB)
     assert {q: q.read_bytes() for q in pkg.data.rglob("*")} == before and pkg.execs() == 1
 
@@ -282,7 +290,12 @@ def test_processes_racing_on_empty_cache(pkg, tmp_path):
     env = dict(os.environ, PRECOMPILE_CACHE_DIR=str(tmp_path / "kcache"))
     start = time.time() + 2.0
     procs = [
-        subprocess.Popen([sys.executable, str(script), str(start)], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        subprocess.Popen(
+            [sys.executable, str(script), str(start)],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+        )
         for _ in range(4)
     ]
     outs = [p.communicate(timeout=120) for p in procs]

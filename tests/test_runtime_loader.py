@@ -87,7 +87,9 @@ def test_each_field_mismatch_warns_and_falls_back(field, tmp_path, monkeypatch):
 def test_warning_names_every_variant_and_field(tmp_path, monkeypatch):
     p = on_path(
         monkeypatch,
-        make_package(tmp_path, {"fwd": [{"torch": "9.9", "python": "2.7"}, {"compute_capability": "9.0"}]}),
+        make_package(
+            tmp_path, {"fwd": [{"torch": "9.9", "python": "2.7"}, {"compute_capability": "9.0"}]}
+        ),
     )
     with pytest.warns(HostMismatchWarning) as rec:
         load_packaged("fwd", package=p.name)
@@ -123,7 +125,9 @@ def _record_function(p: FakePkg, target: str, function: dict) -> None:
     env.meta = dict(env.meta, function=function)
     cache.write_bytes(envelope.dumps(env))
     doc = p.manifest()
-    doc["targets"][target]["variants"][0]["files"]["cache"] = file_entry(f"{target}.cache", cache.read_bytes())
+    doc["targets"][target]["variants"][0]["files"]["cache"] = file_entry(
+        f"{target}.cache", cache.read_bytes()
+    )
     doc["editable"] = {"package_dir": str(p.dir), "package_sha256": "0" * 64}  # not its digest now
     p.write_manifest(doc)
 
@@ -133,13 +137,26 @@ def test_a_stale_editable_install_serves_the_current_code_and_refuses_strict(tmp
     (by the name the capture recorded) serves, never the old pair; that answer, cached
     by a non-strict load, is not handed to a later strict caller, who gets the
     StaleArtifactError that a first strict load would have raised."""
-    p = on_path(monkeypatch, make_package(tmp_path, extra_files={
-        "ops.py": "class Steps:\n    @staticmethod\n    def fwd():\n        return 'current code'\n"}))
+    p = on_path(
+        monkeypatch,
+        make_package(
+            tmp_path,
+            extra_files={
+                "ops.py": "class Steps:\n    @staticmethod\n    def fwd():\n        return 'current code'\n"
+            },
+        ),
+    )
     _record_function(p, "fwd", {"module": f"{p.name}.ops", "qualname": "Steps.fwd"})
-    with pytest.warns(StaleArtifactWarning, match=rf"changed since the editable build .*calling the "
-                      rf"current {p.name}.ops.Steps.fwd eagerly instead"):
+    with pytest.warns(
+        StaleArtifactWarning,
+        match=rf"changed since the editable build .*calling the "
+        rf"current {p.name}.ops.Steps.fwd eagerly instead",
+    ):
         assert load_packaged("fwd", package=p.name)() == "current code"
-    with pytest.raises(StaleArtifactError, match=r"changed since the editable build .* Strict mode \(strict=True or PRECOMPILE_STRICT=1\): no fallback"):
+    with pytest.raises(
+        StaleArtifactError,
+        match=r"changed since the editable build .* Strict mode \(strict=True or PRECOMPILE_STRICT=1\): no fallback",
+    ):
         load_packaged("fwd", package=p.name, strict=True)
     assert p.execs() == 0  # the stale pair's source never ran
 
@@ -199,7 +216,10 @@ def test_torch_engine_delegates_to_torch_pairs(tmp_path, monkeypatch):
     import precompile_runtime
 
     monkeypatch.setattr(precompile_runtime, "torch_pairs", fake, raising=False)
-    p = on_path(monkeypatch, make_package(tmp_path, {"fwd": [{}], "bwd": [{"torch": "0.1"}]}, engine="torch"))
+    p = on_path(
+        monkeypatch,
+        make_package(tmp_path, {"fwd": [{}], "bwd": [{"torch": "0.1"}]}, engine="torch"),
+    )
     assert load_packaged("fwd", package=p.name) == ("torch-pair", False)
     assert calls[0][0] == (p.data / "fwd.py").read_bytes()
     assert calls[0][1] == (p.data / "fwd.cache").read_bytes()
@@ -221,7 +241,12 @@ def test_eager_engine_loads_without_kernel_dir(tmp_path, monkeypatch):
 def test_unknown_target_names_what_exists(tmp_path, monkeypatch):
     p = on_path(monkeypatch, make_package(tmp_path, {"fwd": [{}], "train": [{}]}))
     doc = p.manifest()
-    doc["targets"]["gpu"] = {"required": False, "status": "failed", "reason": "no CUDA", "variants": []}
+    doc["targets"]["gpu"] = {
+        "required": False,
+        "status": "failed",
+        "reason": "no CUDA",
+        "variants": [],
+    }
     p.write_manifest(doc)
     with pytest.raises(TargetNotFoundError) as ei:
         load_packaged("nope", package=p.name)
@@ -236,10 +261,12 @@ def test_package_without_data(tmp_path, monkeypatch):
     shutil.rmtree(p.data)
     with pytest.raises(TargetNotFoundError, match="no _precompiled/manifest.json") as ei:
         load_packaged("fwd", package=p.name)
-    assert f"in {p.dir} (is this the installed package? a source checkout on sys.path shadows it)" in str(ei.value)
+    assert (
+        f"in {p.dir} (is this the installed package? a source checkout on sys.path shadows it)"
+        in str(ei.value)
+    )
     with pytest.raises(TargetNotFoundError, match="cannot be imported"):
         load_packaged("fwd", package="pcb_no_such_package_xyz")
-
 
 
 # --------------------------------------------------------------- package default
@@ -271,7 +298,9 @@ def test_main_script_without_package_is_an_error(tmp_path):
             print("ERR", e)
         """
     )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True
+    ).stdout
     assert out.startswith("ERR") and "package=" in out
 
 
@@ -282,7 +311,9 @@ def test_import_does_not_import_torch():
     )
     for extra in ({}, {"PRECOMPILE_NO_COMPILE": "1"}):
         env = dict(os.environ, **extra)
-        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, env=env)
+        out = subprocess.run(
+            [sys.executable, "-c", code], capture_output=True, text=True, check=True, env=env
+        )
         assert out.stdout.split() == ["False", __import__("precompile_runtime").__version__]
 
 
@@ -315,7 +346,9 @@ def test_env_flag_other_values_are_an_error(var, pkg, monkeypatch):
     from precompile_runtime import LoadOptionError, PrecompileLoadError
 
     monkeypatch.setenv(var, "enabled")
-    with pytest.raises(LoadOptionError, match=f"{var}='enabled' is not a boolean: use 1, true, yes or on") as e:
+    with pytest.raises(
+        LoadOptionError, match=f"{var}='enabled' is not a boolean: use 1, true, yes or on"
+    ) as e:
         load_packaged("fwd", package=pkg.name)
     assert isinstance(e.value, PrecompileLoadError) and isinstance(e.value, ValueError)
     assert pkg.execs() == 0
@@ -324,18 +357,37 @@ def test_env_flag_other_values_are_an_error(var, pkg, monkeypatch):
 def test_guard_env_accepts_true_spellings(monkeypatch):
     from precompile_runtime import guard_active
 
-    for value, on in (("yes", True), ("On", True), ("TRUE", True), ("1", True),
-                      ("no", False), ("0", False), ("", False)):
+    for value, on in (
+        ("yes", True),
+        ("On", True),
+        ("TRUE", True),
+        ("1", True),
+        ("no", False),
+        ("0", False),
+        ("", False),
+    ):
         monkeypatch.setenv("PRECOMPILE_NO_COMPILE", value)
         assert guard_active() is on, value
 
 
-@pytest.mark.parametrize("option, value", [("strict", "false"), ("strict", 1), ("strict", "yes"),
-                                           ("cuda_graphs", 1), ("cuda_graphs", 0), ("cuda_graphs", "yes")])
+@pytest.mark.parametrize(
+    "option, value",
+    [
+        ("strict", "false"),
+        ("strict", 1),
+        ("strict", "yes"),
+        ("cuda_graphs", 1),
+        ("cuda_graphs", 0),
+        ("cuda_graphs", "yes"),
+    ],
+)
 def test_strict_and_cuda_graphs_take_bools_only(option, value, pkg):
     from precompile_runtime import LoadOptionError
 
-    with pytest.raises(LoadOptionError, match=rf"{option}={value!r}\): use None, True or False \({option} takes a bool; this is {type(value).__name__}\)"):
+    with pytest.raises(
+        LoadOptionError,
+        match=rf"{option}={value!r}\): use None, True or False \({option} takes a bool; this is {type(value).__name__}\)",
+    ):
         load_packaged("fwd", package=pkg.name, **{option: value})
     assert pkg.execs() == 0
 

@@ -64,10 +64,16 @@ def test_types_as_text():
     """TypedDicts by name (each reached one defined once), unions and Literals sorted, so
     that their order is no change; inherited keys keep whether they are required."""
     assert schema_snapshot.schema(_Root) == {
-        "_Root": {"required": {"inner": "Optional[_Inner]", "kinds": 'list[Literal["x", "y"]]'},
-                  "optional": {"bare": "list", "either": "Union[int, str]",
-                               "table": "dict[str, list[_Inner]]"}},
-        "_Inner": {"required": {"a": "int"}, "optional": {}}}
+        "_Root": {
+            "required": {"inner": "Optional[_Inner]", "kinds": 'list[Literal["x", "y"]]'},
+            "optional": {
+                "bare": "list",
+                "either": "Union[int, str]",
+                "table": "dict[str, list[_Inner]]",
+            },
+        },
+        "_Inner": {"required": {"a": "int"}, "optional": {}},
+    }
 
 
 def _pair(snap: dict[str, Any]) -> dict[str, Any]:
@@ -88,23 +94,46 @@ def _rename_type(snap: dict[str, Any], old: str, new: str) -> None:
 
 
 INCOMPATIBLE = {
-    "a required key removed": (lambda s: _types(s)["PairMetadata"]["required"].pop("tracer"),
-                               "PairMetadata.tracer (required, Literal"),
-    "a key renamed": (lambda s: _types(s)["TensorSpec"]["required"].update(
-        strides=_types(s)["TensorSpec"]["required"].pop("stride")), "TensorSpec.stride (required"),
-    "an optional key removed": (lambda s: _types(s)["PairMetadata"]["optional"].pop("guards"),
-                                "PairMetadata.guards (optional, dict[str, Any]) removed"),
-    "a key retyped": (lambda s: _types(s)["ConstantSpec"]["required"].update(shape="list[str]"),
-                      "ConstantSpec.shape retyped: list[int] -> list[str]"),
-    "a Literal widened": (lambda s: _types(s)["PairMetadata"]["required"].update(
-        engine='Literal["eager", "frozen", "new"]'), "PairMetadata.engine retyped"),
-    "an optional key made required": (lambda s: _types(s)["PairMetadata"]["required"].update(
-        guards=_types(s)["PairMetadata"]["optional"].pop("guards")),
-        "PairMetadata.guards was optional, is required"),
-    "a required key made optional": (lambda s: _types(s)["Dynamic"]["optional"].update(
-        guards=_types(s)["Dynamic"]["required"].pop("guards")), "Dynamic.guards was required, is optional"),
-    "a required key added": (lambda s: _types(s)["Kernel"]["required"].update(arch="str"),
-                             "Kernel.arch (required, str) added"),
+    "a required key removed": (
+        lambda s: _types(s)["PairMetadata"]["required"].pop("tracer"),
+        "PairMetadata.tracer (required, Literal",
+    ),
+    "a key renamed": (
+        lambda s: _types(s)["TensorSpec"]["required"].update(
+            strides=_types(s)["TensorSpec"]["required"].pop("stride")
+        ),
+        "TensorSpec.stride (required",
+    ),
+    "an optional key removed": (
+        lambda s: _types(s)["PairMetadata"]["optional"].pop("guards"),
+        "PairMetadata.guards (optional, dict[str, Any]) removed",
+    ),
+    "a key retyped": (
+        lambda s: _types(s)["ConstantSpec"]["required"].update(shape="list[str]"),
+        "ConstantSpec.shape retyped: list[int] -> list[str]",
+    ),
+    "a Literal widened": (
+        lambda s: _types(s)["PairMetadata"]["required"].update(
+            engine='Literal["eager", "frozen", "new"]'
+        ),
+        "PairMetadata.engine retyped",
+    ),
+    "an optional key made required": (
+        lambda s: _types(s)["PairMetadata"]["required"].update(
+            guards=_types(s)["PairMetadata"]["optional"].pop("guards")
+        ),
+        "PairMetadata.guards was optional, is required",
+    ),
+    "a required key made optional": (
+        lambda s: _types(s)["Dynamic"]["optional"].update(
+            guards=_types(s)["Dynamic"]["required"].pop("guards")
+        ),
+        "Dynamic.guards was required, is optional",
+    ),
+    "a required key added": (
+        lambda s: _types(s)["Kernel"]["required"].update(arch="str"),
+        "Kernel.arch (required, str) added",
+    ),
     "the format renamed": (lambda s: _pair(s).update(format="other"), "the format name changed"),
 }
 
@@ -128,13 +157,18 @@ def test_an_incompatible_change_needs_a_new_version(change):
 
 
 COMPATIBLE = {
-    "an optional key added": (lambda s: _types(s)["PairMetadata"]["optional"].update(extra="list[str]"),
-                              "PairMetadata.extra (optional, list[str]) added"),
+    "an optional key added": (
+        lambda s: _types(s)["PairMetadata"]["optional"].update(extra="list[str]"),
+        "PairMetadata.extra (optional, list[str]) added",
+    ),
     "an optional key of a nested TypedDict added": (
         lambda s: _types(s)["TensorSpec"]["optional"].update(memory_format="str"),
-        "TensorSpec.memory_format (optional, str) added"),
-    "a TypedDict renamed, its keys unchanged": (lambda s: _rename_type(s, "TensorSpec", "TensorInfo"),
-                                                "TypedDict TensorSpec renamed TensorInfo, its keys unchanged"),
+        "TensorSpec.memory_format (optional, str) added",
+    ),
+    "a TypedDict renamed, its keys unchanged": (
+        lambda s: _rename_type(s, "TensorSpec", "TensorInfo"),
+        "TypedDict TensorSpec renamed TensorInfo, its keys unchanged",
+    ),
 }
 
 
@@ -158,7 +192,8 @@ def test_a_version_never_goes_down():
     old["formats"]["manifest"]["version"] += 1
     assert problems(old, new) == [
         f"manifest: VERSION went down, {manifest.VERSION + 1} -> {manifest.VERSION} "
-        "(runtime/precompile_runtime/manifest.py)"]
+        "(runtime/precompile_runtime/manifest.py)"
+    ]
 
 
 def test_the_command_writes_checks_and_refuses(tmp_path, capsys):
@@ -175,7 +210,10 @@ def test_the_command_writes_checks_and_refuses(tmp_path, capsys):
     path.write_text(schema_snapshot.dumps(older))
     assert schema_snapshot.main([str(path), "--check"]) == 1
     assert schema_snapshot.main([str(path)]) == 0
-    assert "pair_metadata: PairMetadata.guards (optional, dict[str, Any]) added" in capsys.readouterr().out
+    assert (
+        "pair_metadata: PairMetadata.guards (optional, dict[str, Any]) added"
+        in capsys.readouterr().out
+    )
     assert json.loads(path.read_text()) == schema_snapshot.snapshot()
 
     _types(older)["PairMetadata"]["optional"]["gone"] = "str"  # the tree removed it
@@ -189,6 +227,10 @@ def test_the_command_writes_checks_and_refuses(tmp_path, capsys):
 def test_a_bare_generic_and_its_any_spelling_are_one_schema():
     """``list`` and ``list[Any]`` (what ``mypy --strict`` asks for) are the same type:
     spelling one as the other is no change, while a real argument is."""
-    assert schema_snapshot.type_text(list[list[Any]], {}) == schema_snapshot.type_text(list[list], {}) == "list[list]"
+    assert (
+        schema_snapshot.type_text(list[list[Any]], {})
+        == schema_snapshot.type_text(list[list], {})
+        == "list[list]"
+    )
     assert schema_snapshot.type_text(dict[str, list[Any]], {}) == "dict[str, list]"
     assert schema_snapshot.type_text(list[list[int]], {}) == "list[list[int]]"

@@ -100,7 +100,10 @@ def test_sixteen_clients_and_two_reloads_get_eager_s_answers(served):
         assert not _close(refs[0][x], refs[1][x]) and not _close(refs[1][x], refs[2][x])
     models = Models(build_model(seed=0))
     done, lock = [0], threading.Lock()
-    marks = {N_CLIENTS * N_REQUESTS // 3: threading.Event(), 2 * N_CLIENTS * N_REQUESTS // 3: threading.Event()}
+    marks = {
+        N_CLIENTS * N_REQUESTS // 3: threading.Event(),
+        2 * N_CLIENTS * N_REQUESTS // 3: threading.Event(),
+    }
     results: dict[int, list] = {c: [] for c in range(N_CLIENTS)}
     errors: list = []
 
@@ -122,7 +125,9 @@ def test_sixteen_clients_and_two_reloads_get_eager_s_answers(served):
 
     def reloader(url: str) -> None:
         conn = _connect(url)
-        for (_mark, event), (version, assign) in zip(sorted(marks.items()), ((1, False), (2, True))):
+        for (_mark, event), (version, assign) in zip(
+            sorted(marks.items()), ((1, False), (2, True))
+        ):
             event.wait(120)
             status, reply = _post(conn, "/reload", {"path": str(files[version]), "assign": assign})
             if (status, reply) != (200, {"version": version}):
@@ -167,7 +172,9 @@ def test_a_reload_never_writes_into_a_model_a_request_holds(served, assign):
     assert all(torch.equal(before[k], v) for k, v in held.model.state_dict().items())
     shared = [new.model.state_dict()[k].data_ptr() == state[k].data_ptr() for k in state]
     assert all(shared) if assign else not any(shared)
-    assert _close(fn(held.model, inputs[0]), refs[0][0]) and _close(fn(new.model, inputs[0]), refs[1][0])
+    assert _close(fn(held.model, inputs[0]), refs[0][0]) and _close(
+        fn(new.model, inputs[0]), refs[1][0]
+    )
     with pytest.raises(RuntimeError, match="Missing key"):
         models.reload({k: v for k, v in state.items() if not k.startswith("norm_f")}, assign=assign)
     assert models.current() is new
@@ -186,7 +193,9 @@ def test_bad_inputs_get_a_clear_4xx_and_the_server_goes_on(served):
     fn, inputs, _, refs = served
     flaky = threading.Event()
 
-    def forward(model, ids):  # the loaded function, made to run out of memory once (this test's input)
+    def forward(
+        model, ids
+    ):  # the loaded function, made to run out of memory once (this test's input)
         if flaky.is_set() and torch.equal(ids, inputs[0]):
             flaky.clear()
             raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
@@ -208,22 +217,28 @@ def test_bad_inputs_get_a_clear_4xx_and_the_server_goes_on(served):
         for t in threads:
             t.start()
         conn = _connect(url)
-        cases = [({"ids": torch.cat([x, x[:, :1]], 1).tolist()}, 422, "CallError", "shape"),
-                 ({"ids": x.tolist(), "dtype": "int32"}, 422, "CallError", "int32"),
-                 ({"ids": x.tolist(), "dtype": "float32"}, 422, "CallError", "float32"),
-                 ({"ids": x.tolist(), "dtype": "int8"}, 422, "ValueError", "one of int64"),
-                 ({"ids": [[1, 2], [3]]}, 422, "ValueError", ""),
-                 ({"ids": x.tolist(), "_oom": True}, 503, "OutOfMemoryError", "out of memory")]
+        cases = [
+            ({"ids": torch.cat([x, x[:, :1]], 1).tolist()}, 422, "CallError", "shape"),
+            ({"ids": x.tolist(), "dtype": "int32"}, 422, "CallError", "int32"),
+            ({"ids": x.tolist(), "dtype": "float32"}, 422, "CallError", "float32"),
+            ({"ids": x.tolist(), "dtype": "int8"}, 422, "ValueError", "one of int64"),
+            ({"ids": [[1, 2], [3]]}, 422, "ValueError", ""),
+            ({"ids": x.tolist(), "_oom": True}, 503, "OutOfMemoryError", "out of memory"),
+        ]
         for body, want, kind, words in cases:
             if body.pop("_oom", False):
                 flaky.set()
             status, reply = _post(conn, "/forward", body)
             assert status == want and reply["detail"]["error"] == kind, reply
             assert words in reply["detail"]["message"], reply
-            status, reply = _post(conn, "/forward", {"ids": x.tolist()})  # and the next one is served
+            status, reply = _post(
+                conn, "/forward", {"ids": x.tolist()}
+            )  # and the next one is served
             assert status == 200 and _close(_logits(reply), refs[0][0])
-        for body, kind in (({"path": str(_truncated(served).with_name("missing.pt"))}, "FileNotFoundError"),
-                           ({"path": str(_truncated(served))}, "RuntimeError")):
+        for body, kind in (
+            ({"path": str(_truncated(served).with_name("missing.pt"))}, "FileNotFoundError"),
+            ({"path": str(_truncated(served))}, "RuntimeError"),
+        ):
             status, reply = _post(conn, "/reload", body)  # nothing swapped: still version 0
             assert status == 422 and reply["detail"]["error"] == kind, reply
             assert reply["detail"]["message"].endswith("still serving version 0"), reply
@@ -276,12 +291,23 @@ def test_a_call_that_runs_out_of_memory_leaves_the_function_usable(tmp_path):
 
     import precompile_build
 
-    with precompile_build.capture(lambda x: torch.relu(x @ x.T) + 1, engine="frozen",
-                                  **pair_paths(tmp_path)) as f:
+    with precompile_build.capture(
+        lambda x: torch.relu(x @ x.T) + 1, engine="frozen", **pair_paths(tmp_path)
+    ) as f:
         f(torch.randn(4096, 64))
-    proc = subprocess.run([sys.executable, "-c", textwrap.dedent(_OOM_CHILD), str(REPO / "tests"),
-                           str(tmp_path / "t.py"), str(tmp_path / "t.cache")],
-                          capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            textwrap.dedent(_OOM_CHILD),
+            str(REPO / "tests"),
+            str(tmp_path / "t.py"),
+            str(tmp_path / "t.cache"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     out = proc.stdout.splitlines()
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     assert out[-2].startswith("raised RuntimeError") and "alloc" in out[-2], out

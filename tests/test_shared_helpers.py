@@ -11,14 +11,21 @@ from precompile_build.wheels.rewrite import insert_requires, requirement_of, req
 
 def test_metadata_requirements_are_read_with_packaging():
     assert str(requirement_of("Requires-Dist: torch==2.13.0; sys_platform == 'linux'")) == (
-        'torch==2.13.0; sys_platform == "linux"')
+        'torch==2.13.0; sys_platform == "linux"'
+    )
     assert requirement_of("Requires-Python: >=3.9") is None
     assert requirement_of("Requires-Dist: not a requirement !!") is None
     assert requires_project("Requires-Dist: Torch[opt]>=2", "torch")
-    assert not requires_project("Requires-Dist: torchvision==0.29", "torch")  # (the old prefix split)
+    assert not requires_project(
+        "Requires-Dist: torchvision==0.29", "torch"
+    )  # (the old prefix split)
     lines = ["Name: p", "Requires-Dist: a", "Summary: s"]
-    assert insert_requires(lines, ["Requires-Dist: b"]) == ["Name: p", "Requires-Dist: a", "Requires-Dist: b",
-                                                            "Summary: s"]
+    assert insert_requires(lines, ["Requires-Dist: b"]) == [
+        "Name: p",
+        "Requires-Dist: a",
+        "Requires-Dist: b",
+        "Summary: s",
+    ]
     assert insert_requires(["Name: p"], ["Requires-Dist: b"]) == ["Name: p", "Requires-Dist: b"]
 
 
@@ -28,8 +35,16 @@ def test_one_walk_of_a_models_tensors_and_submodules():
     a = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.BatchNorm1d(2), torch.nn.Linear(2, 2))
     a[2].weight = a[0].weight  # tied: lifted once
     names, tensors = module_settings.module_tensors([a])
-    assert names == ["m0.0.weight", "m0.0.bias", "m0.1.weight", "m0.1.bias", "m0.2.bias",
-                     "m0.1.running_mean", "m0.1.running_var", "m0.1.num_batches_tracked"]
+    assert names == [
+        "m0.0.weight",
+        "m0.0.bias",
+        "m0.1.weight",
+        "m0.1.bias",
+        "m0.2.bias",
+        "m0.1.running_mean",
+        "m0.1.running_var",
+        "m0.1.num_batches_tracked",
+    ]
     assert len({id(t) for t in tensors}) == len(tensors)
     assert module_settings.submodules(a) == [a, a[0], a[1], a[2]]
 

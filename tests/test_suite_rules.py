@@ -15,7 +15,9 @@ import pytest
 def _this_suites_conftest():
     """tests/conftest.py as a module of its own: a run that also collects
     example_project/tests has another module named ``conftest`` in sys.modules."""
-    spec = importlib.util.spec_from_file_location("tests_conftest", Path(__file__).with_name("conftest.py"))
+    spec = importlib.util.spec_from_file_location(
+        "tests_conftest", Path(__file__).with_name("conftest.py")
+    )
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
@@ -25,14 +27,17 @@ def _this_suites_conftest():
 conftest = _this_suites_conftest()
 
 
-@pytest.mark.parametrize("args, frontend", [
-    ([sys.executable, "-m", "build", "--wheel"], "build"),
-    ([sys.executable, "-m", "pip", "install", "x"], "pip"),
-    (["/usr/bin/uv", "pip", "install", "x"], "uv"),
-    ("python3 -m venv /tmp/v", "venv"),
-    ([sys.executable, "-c", "print('pip')"], None),
-    ([sys.executable, "capture/build.py", "build"], None),
-])
+@pytest.mark.parametrize(
+    "args, frontend",
+    [
+        ([sys.executable, "-m", "build", "--wheel"], "build"),
+        ([sys.executable, "-m", "pip", "install", "x"], "pip"),
+        (["/usr/bin/uv", "pip", "install", "x"], "uv"),
+        ("python3 -m venv /tmp/v", "venv"),
+        ([sys.executable, "-c", "print('pip')"], None),
+        ([sys.executable, "capture/build.py", "build"], None),
+    ],
+)
 def test_what_counts_as_a_frontend(args, frontend):
     assert conftest._frontend(args) == frontend
 
@@ -45,7 +50,10 @@ def test_a_frontend_in_an_unmarked_test_fails_it():
 
 @pytest.mark.slow
 def test_a_frontend_in_a_slow_test_runs():
-    assert subprocess.run([sys.executable, "-m", "pip", "--version"], capture_output=True).returncode == 0
+    assert (
+        subprocess.run([sys.executable, "-m", "pip", "--version"], capture_output=True).returncode
+        == 0
+    )
 
 
 class _Item:
@@ -53,7 +61,11 @@ class _Item:
         self.fspath, self._reasons = path, reasons
 
     def iter_markers(self, name):
-        return [pytest.mark.skipif(True, reason=r).mark for r in self._reasons] if name == "skipif" else []
+        return (
+            [pytest.mark.skipif(True, reason=r).mark for r in self._reasons]
+            if name == "skipif"
+            else []
+        )
 
 
 def test_what_needs_the_gpu_mark():
@@ -70,7 +82,9 @@ def test_torch_config_modules_are_not_monkeypatched(monkeypatch, torch_config):
     before = config.fx_graph_cache
     torch_config(config, fx_graph_cache=not before)
     assert config.fx_graph_cache is (not before)
-    monkeypatch.setattr(sys, "dont_write_bytecode", sys.dont_write_bytecode)  # other objects: as pytest's
+    monkeypatch.setattr(
+        sys, "dont_write_bytecode", sys.dont_write_bytecode
+    )  # other objects: as pytest's
 
 
 def test_every_heavy_entry_names_a_test_function():
@@ -84,32 +98,52 @@ def test_every_heavy_entry_names_a_test_function():
     missing = []
     for name in read():
         path, *scopes = name.split("::")
-        body = ast.parse((root / path).read_text(encoding="utf-8")).body if (root / path).is_file() else []
+        body = (
+            ast.parse((root / path).read_text(encoding="utf-8")).body
+            if (root / path).is_file()
+            else []
+        )
         for scope in scopes:
-            node = next((n for n in body if isinstance(n, (ast.FunctionDef, ast.ClassDef)) and n.name == scope), None)
+            node = next(
+                (
+                    n
+                    for n in body
+                    if isinstance(n, (ast.FunctionDef, ast.ClassDef)) and n.name == scope
+                ),
+                None,
+            )
             body = node.body if isinstance(node, ast.ClassDef) else []
             if node is None:
                 missing.append(name)
                 break
-    assert missing == [], "tests/heavy.txt names tests that do not exist (tests/_heavy.py: re-measure)"
+    assert missing == [], (
+        "tests/heavy.txt names tests that do not exist (tests/_heavy.py: re-measure)"
+    )
 
 
 def test_a_durations_report_gives_each_function_its_slowest_case():
     from _heavy import measured, render
 
-    report = "\n".join([
-        "============================== slowest durations ===============================",
-        "3.50s call     tests/test_a.py::test_x[1]",
-        "0.60s setup    tests/test_a.py::test_x[2]",
-        "0.50s call     tests/test_a.py::test_x[2]",
-        "0.90s call     tests/test_a.py::TestC::test_y",
-        "0.20s teardown tests/test_a.py::TestC::test_y",
-        "0.30s call     tests/test_b.py::test_z",
-    ])
-    assert measured(report) == {"tests/test_a.py::test_x": 3.5, "tests/test_a.py::TestC::test_y": 1.1,
-                                "tests/test_b.py::test_z": 0.3}
-    assert render(report).splitlines()[1:] == ["    1.1  tests/test_a.py::TestC::test_y",
-                                               "    3.5  tests/test_a.py::test_x"]
+    report = "\n".join(
+        [
+            "============================== slowest durations ===============================",
+            "3.50s call     tests/test_a.py::test_x[1]",
+            "0.60s setup    tests/test_a.py::test_x[2]",
+            "0.50s call     tests/test_a.py::test_x[2]",
+            "0.90s call     tests/test_a.py::TestC::test_y",
+            "0.20s teardown tests/test_a.py::TestC::test_y",
+            "0.30s call     tests/test_b.py::test_z",
+        ]
+    )
+    assert measured(report) == {
+        "tests/test_a.py::test_x": 3.5,
+        "tests/test_a.py::TestC::test_y": 1.1,
+        "tests/test_b.py::test_z": 0.3,
+    }
+    assert render(report).splitlines()[1:] == [
+        "    1.1  tests/test_a.py::TestC::test_y",
+        "    3.5  tests/test_a.py::test_x",
+    ]
 
 
 class _Collected:
@@ -129,7 +163,10 @@ class _Collected:
 def test_the_listed_heavy_functions_are_marked(pytestconfig, monkeypatch):
     """Every case of a function in tests/heavy.txt carries the heavy mark (the conftest)."""
     monkeypatch.setitem(conftest._HEAVY, "tests/test_x.py::test_y", 1.0)
-    items = [_Collected("tests/test_x.py::test_y[a]"), _Collected("tests/test_x.py::test_y[b]"),
-             _Collected("tests/test_x.py::test_z")]
+    items = [
+        _Collected("tests/test_x.py::test_y[a]"),
+        _Collected("tests/test_x.py::test_y[b]"),
+        _Collected("tests/test_x.py::test_z"),
+    ]
     conftest.pytest_collection_modifyitems(pytestconfig, items)
     assert [[m.name for m in item.marks] for item in items] == [["heavy"], ["heavy"], []]

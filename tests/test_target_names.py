@@ -18,45 +18,76 @@ def _settings(tmp_path, *names):
     (tmp_path / "pkg").mkdir(exist_ok=True)
     (tmp_path / "pkg" / "__init__.py").write_text("")
     (tmp_path / "cap.py").write_text("")
-    return settings_from_table(tmp_path, {"package": "pkg", "targets": {n: {"script": "cap.py"} for n in names}})
+    return settings_from_table(
+        tmp_path, {"package": "pkg", "targets": {n: {"script": "cap.py"} for n in names}}
+    )
 
 
-@pytest.mark.parametrize("name, says", [
-    ("tä", "must be ASCII (letters a-z and A-Z, digits, underscores): its files are named after it"),
-    ("ünïcode_ok_in_python", "must be ASCII"),
-    ("a" * 241, f"is 241 characters long; use at most {target_names.MAX_LENGTH}"),
-    ("__init__", "is a dunder name, which Python gives a meaning (`__init__.py` would make `_precompiled/` "
-                 "an importable package); use a plain name"),
-    ("__main__", "is a dunder name"),
-    ("con", "is a Windows device name"),
-    ("NUL", "is a Windows device name"),
-    ("com1", "is a Windows device name"),
-    ("my-target", "must be a Python identifier (letters, digits, underscores; not starting with a digit)"),
-    ("1st", "must be a Python identifier"),
-    ("", "must be a Python identifier"),
-])
+@pytest.mark.parametrize(
+    "name, says",
+    [
+        (
+            "tä",
+            "must be ASCII (letters a-z and A-Z, digits, underscores): its files are named after it",
+        ),
+        ("ünïcode_ok_in_python", "must be ASCII"),
+        ("a" * 241, f"is 241 characters long; use at most {target_names.MAX_LENGTH}"),
+        (
+            "__init__",
+            "is a dunder name, which Python gives a meaning (`__init__.py` would make `_precompiled/` "
+            "an importable package); use a plain name",
+        ),
+        ("__main__", "is a dunder name"),
+        ("con", "is a Windows device name"),
+        ("NUL", "is a Windows device name"),
+        ("com1", "is a Windows device name"),
+        (
+            "my-target",
+            "must be a Python identifier (letters, digits, underscores; not starting with a digit)",
+        ),
+        ("1st", "must be a Python identifier"),
+        ("", "must be a Python identifier"),
+    ],
+)
 def test_a_name_no_file_system_takes_is_refused_naming_the_rule(tmp_path, name, says):
     with pytest.raises(ConfigError) as e:
         _settings(tmp_path, "fine", name)
-    assert str(e.value).startswith(f"Failed to validate `tool.precompile` in pyproject.toml: target name "
-                                   f"{name!r} in `tool.precompile.targets.{name}` {says}"), str(e.value)
+    assert str(e.value).startswith(
+        f"Failed to validate `tool.precompile` in pyproject.toml: target name "
+        f"{name!r} in `tool.precompile.targets.{name}` {says}"
+    ), str(e.value)
 
 
 def test_names_that_differ_only_in_case_are_refused(tmp_path):
-    with pytest.raises(ConfigError, match=r"target names 'Forward' and 'forward' in `tool.precompile.targets` "
-                       r"differ only in case: their files would be one on a file system that ignores case"):
+    with pytest.raises(
+        ConfigError,
+        match=r"target names 'Forward' and 'forward' in `tool.precompile.targets` "
+        r"differ only in case: their files would be one on a file system that ignores case",
+    ):
         _settings(tmp_path, "Forward", "forward")
 
 
 def test_valid_names(tmp_path):
-    names = ("forward", "a" * target_names.MAX_LENGTH, "_private", "train_step2", "console", "con_1", "Com10")
+    names = (
+        "forward",
+        "a" * target_names.MAX_LENGTH,
+        "_private",
+        "train_step2",
+        "console",
+        "con_1",
+        "Com10",
+    )
     assert list(_settings(tmp_path, *names).targets) == list(names)
 
 
 def test_the_name_is_refused_before_any_capture_runs(tmp_path, monkeypatch):
     marker = tmp_path / "ran"
-    root = make_project(tmp_path, target_toml("a") + f'env = {{ FIXTURE_MARK = "{marker}" }}\n'
-                        + '[tool.precompile.targets."tä"]\nscript = "capture/pair.py"\n')
+    root = make_project(
+        tmp_path,
+        target_toml("a")
+        + f'env = {{ FIXTURE_MARK = "{marker}" }}\n'
+        + '[tool.precompile.targets."tä"]\nscript = "capture/pair.py"\n',
+    )
     with pytest.raises(ConfigError, match="target name 'tä' .* must be ASCII"):
         build(root, monkeypatch)
     assert not marker.exists()

@@ -14,10 +14,22 @@ from precompile_build.templates import source_names
 
 TEMPLATE_DIR = Path(source_names.__file__).parent
 # every file of the folder is copied into source halves, but its __init__ and the stand-ins
-TEMPLATES = sorted(p.name for p in TEMPLATE_DIR.glob("*.py") if p.name not in ("__init__.py", "source_names.py"))
+TEMPLATES = sorted(
+    p.name for p in TEMPLATE_DIR.glob("*.py") if p.name not in ("__init__.py", "source_names.py")
+)
 # the templates that read names of the other blocks (the others read none)
-WITH_STAND_INS = ["assumed_state.py", "call_args.py", "cuda_graphs.py", "distributed.py", "driver.py", "grad_modes.py", "guards.py",
-                  "kernel_loader.py", "op_libraries.py", "triton_launcher.py"]
+WITH_STAND_INS = [
+    "assumed_state.py",
+    "call_args.py",
+    "cuda_graphs.py",
+    "distributed.py",
+    "driver.py",
+    "grad_modes.py",
+    "guards.py",
+    "kernel_loader.py",
+    "op_libraries.py",
+    "triton_launcher.py",
+]
 
 
 def _stand_in_names(text: str) -> list[str]:
@@ -35,7 +47,9 @@ def test_the_folder_holds_the_templates_codegen_copies():
 
     render = inspect.getsource(codegen)
     assert [n for n in TEMPLATES if f'_template("{n}")' not in render] == []
-    assert [n for n in TEMPLATES if _stand_in_names((TEMPLATE_DIR / n).read_text(encoding="utf-8"))] == WITH_STAND_INS
+    assert [
+        n for n in TEMPLATES if _stand_in_names((TEMPLATE_DIR / n).read_text(encoding="utf-8"))
+    ] == WITH_STAND_INS
 
 
 @pytest.mark.parametrize("name", TEMPLATES)
@@ -47,7 +61,7 @@ def test_the_copy_drops_the_stand_ins_and_keeps_the_rest(name):
         assert "# stand-ins:" not in text and copied == text
         return
     start, end = text.index("# stand-ins:"), text.index("# end stand-ins\n")
-    rest = text[end + len("# end stand-ins\n"):]
+    rest = text[end + len("# end stand-ins\n") :]
     assert copied == text[:start] + (rest[1:] if rest.startswith("\n") else rest)
 
 

@@ -50,8 +50,12 @@ def test_what_torchs_same_accepts_the_judge_accepts():
     where gradients are below 1); the judge keeps ``same``'s default 1e-4 there, so
     that a wrong kernel is still refused (test_a_broken_kernel_is_still_refused...)."""
     same = pytest.importorskip("torch._dynamo.utils").same
-    cases = [((1152,), torch.float32), ((200,), torch.float32), ((4, 16, 1, 1), torch.float32),
-             ((64, 64), torch.bfloat16)]
+    cases = [
+        ((1152,), torch.float32),
+        ((200,), torch.float32),
+        ((4, 16, 1, 1), torch.float32),
+        ((64, 64), torch.bfloat16),
+    ]
     checked = 0
     for shape, dtype in cases:
         g = torch.Generator().manual_seed(3)
@@ -68,8 +72,12 @@ def test_what_torchs_same_accepts_the_judge_accepts():
                     continue  # same()'s first step at the suite's tol: not taken (docstring)
                 # bf16: the judge's floor is at least one rounding of the result (bf16's
                 # unit roundoff, 3.9e-3), above torch's 1e-4: it may accept more there
-                assert ours == torch_ok if dtype == torch.float32 else ours >= torch_ok, \
-                    (shape, dtype, training, factor)
+                assert ours == torch_ok if dtype == torch.float32 else ours >= torch_ok, (
+                    shape,
+                    dtype,
+                    training,
+                    factor,
+                )
                 checked += 1
     assert checked >= 20
 

@@ -84,7 +84,12 @@ def eager_pair():
     model = nn.Linear(8, 8)
     x = torch.randn(3, 8)
     src, cache = torch_engine.capture_pair(
-        lambda m, x: m(x) * 2, (model, x), {}, target="double", device="cpu", options={"backend": "eager"}
+        lambda m, x: m(x) * 2,
+        (model, x),
+        {},
+        target="double",
+        device="cpu",
+        options={"backend": "eager"},
     )
     return model, x, src, cache
 
@@ -133,7 +138,10 @@ def test_call_mismatch_is_a_call_error_with_torchs_error_as_cause(inference_pair
 
     model, x, src, cache = inference_pair
     fn = torch_pairs.load_torch_pair(src, cache, fallback=False, where="pkg: target 'forward'")
-    with torch.no_grad(), pytest.raises(CallError, match=r"^pkg: target 'forward': the call does not match") as ei:
+    with (
+        torch.no_grad(),
+        pytest.raises(CallError, match=r"^pkg: target 'forward': the call does not match") as ei,
+    ):
         fn(model, torch.randn(3, 8))
     assert type(ei.value.__cause__).__name__ == "PrecompileError"
     assert str(ei.value.__cause__) in str(ei.value)
@@ -160,12 +168,24 @@ def test_serving_guard_refuses_the_cpu_compile_at_load(inference_pair, tmp_path)
             print("LOADED")
     """)
     ind = tmp_path / "inductor"
-    env = dict(os.environ, PRECOMPILE_NO_COMPILE="yes", TORCHINDUCTOR_CACHE_DIR=str(ind),
-               PYTHONPATH=os.pathsep.join([REPO, os.path.join(REPO, "runtime")]))
-    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
+    env = dict(
+        os.environ,
+        PRECOMPILE_NO_COMPILE="yes",
+        TORCHINDUCTOR_CACHE_DIR=str(ind),
+        PYTHONPATH=os.pathsep.join([REPO, os.path.join(REPO, "runtime")]),
+    )
+    res = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300
+    )
     assert res.returncode == 0, res.stderr
-    assert "REFUSED pkg: target 'forward': torch.compiler.precompile.load tried to compile" in res.stdout
-    assert "CPU pairs compile their C++ kernels at load" in res.stdout and "frozen engine" in res.stdout
+    assert (
+        "REFUSED pkg: target 'forward': torch.compiler.precompile.load tried to compile"
+        in res.stdout
+    )
+    assert (
+        "CPU pairs compile their C++ kernels at load" in res.stdout
+        and "frozen engine" in res.stdout
+    )
     assert not list(ind.rglob("*.so"))
 
 
@@ -226,7 +246,9 @@ def test_a_guard_on_a_marked_dim_is_a_capture_error():
     x = torch.randn(4, 8)
     mark_unbacked(x, 0)
     with pytest.raises(CaptureError, match=r"target 'bn_dyn'.*torch refused it"):
-        torch_engine.capture_pair(_infer, (_tiny(), x), {}, target="bn_dyn", device="cpu", options={})
+        torch_engine.capture_pair(
+            _infer, (_tiny(), x), {}, target="bn_dyn", device="cpu", options={}
+        )
 
 
 @needs_precompile
@@ -235,7 +257,9 @@ def test_inspect_refuses_a_flipped_byte_and_a_swapped_source(inference_pair, eag
     # a byte of the compiled artifact inside the cache
     bad = bytearray(cache)
     bad[len(cache) // 2] ^= 0x01
-    with pytest.raises(CaptureError, match="Failed to validate the torch pair: the cache is not torch"):
+    with pytest.raises(
+        CaptureError, match="Failed to validate the torch pair: the cache is not torch"
+    ):
         torch_engine.inspect_torch_pair(src, bytes(bad))
     with pytest.raises(IntegrityError, match="pkg: target 'forward'"):
         torch_pairs.load_torch_pair(src, bytes(bad), fallback=False, where="pkg: target 'forward'")
@@ -279,7 +303,12 @@ def test_closed_over_tensor_is_a_capture_error_naming_the_target():
 
     with pytest.raises(CaptureError) as ei:
         torch_engine.capture_pair(
-            fn, (model, torch.randn(2, 8)), {}, target="leaky", device="cpu", options={"backend": "eager"}
+            fn,
+            (model, torch.randn(2, 8)),
+            {},
+            target="leaky",
+            device="cpu",
+            options={"backend": "eager"},
         )
     msg = str(ei.value)
     assert "'leaky'" in msg and "torch refused it" in msg
@@ -305,20 +334,34 @@ def test_kwargs_are_refused_on_the_callable_api():
 def test_bad_options_and_device_mismatch(eager_pair):
     model, x, _, _ = eager_pair
     with pytest.raises(CaptureError, match="backend='tvm'"):
-        torch_engine.capture_pair(lambda m, x: m(x), (model, x), {}, target="t", device="cpu",
-                                  options={"backend": "tvm"})
+        torch_engine.capture_pair(
+            lambda m, x: m(x), (model, x), {}, target="t", device="cpu", options={"backend": "tvm"}
+        )
     with pytest.raises(CaptureError, match="unknown torch engine option"):
-        torch_engine.capture_pair(lambda m, x: m(x), (model, x), {}, target="t", device="cpu",
-                                  options={"mode": "max-autotune"})
+        torch_engine.capture_pair(
+            lambda m, x: m(x),
+            (model, x),
+            {},
+            target="t",
+            device="cpu",
+            options={"mode": "max-autotune"},
+        )
     with pytest.raises(CaptureError, match="device is 'cuda'"):
-        torch_engine.capture_pair(lambda m, x: m(x) * 2, (model, x), {}, target="t", device="cuda",
-                                  options={"backend": "eager"})
+        torch_engine.capture_pair(
+            lambda m, x: m(x) * 2,
+            (model, x),
+            {},
+            target="t",
+            device="cuda",
+            options={"backend": "eager"},
+        )
 
 
 @needs_precompile
 def test_pair_written_by_a_script_with_torchs_api_validates(tmp_path):
     script = tmp_path / "capture_direct.py"
-    script.write_text(textwrap.dedent("""
+    script.write_text(
+        textwrap.dedent("""
         import os, torch
         m = torch.nn.Linear(8, 8)
         code, cache = torch.compiler.precompile(lambda m, x: m(x), m, torch.randn(2, 8),
@@ -327,9 +370,14 @@ def test_pair_written_by_a_script_with_torchs_api_validates(tmp_path):
             f.write(code)
         with open(os.environ["PRECOMPILE_CACHE_PATH"], "wb") as f:
             f.write(cache)
-    """))
-    env = dict(os.environ, PRECOMPILE_ARTIFACT_PATH=str(tmp_path / "direct.py"),
-               PRECOMPILE_CACHE_PATH=str(tmp_path / "direct.cache"), PRECOMPILE_TARGET="direct")
+    """)
+    )
+    env = dict(
+        os.environ,
+        PRECOMPILE_ARTIFACT_PATH=str(tmp_path / "direct.py"),
+        PRECOMPILE_CACHE_PATH=str(tmp_path / "direct.cache"),
+        PRECOMPILE_TARGET="direct",
+    )
     subprocess.run([sys.executable, str(script)], check=True, env=env, capture_output=True)
     src, cache = (tmp_path / "direct.py").read_bytes(), (tmp_path / "direct.cache").read_bytes()
     assert torch_engine.is_torch_cache(cache)
@@ -387,9 +435,17 @@ class _FakeCapture:
             return False
         code = _FAKE_SOURCE.format(backend=self.backend, tracer=self.tracer.name)
         buf = io.BytesIO()
-        torch.save({"format": "torch.compiler.precompile", "version": 2, "backend": self.backend,
-                    "tracer": self.tracer.name, "code_hash": hashlib.sha256(code.encode()).hexdigest(),
-                    "artifact": b"kernels"}, buf)
+        torch.save(
+            {
+                "format": "torch.compiler.precompile",
+                "version": 2,
+                "backend": self.backend,
+                "tracer": self.tracer.name,
+                "code_hash": hashlib.sha256(code.encode()).hexdigest(),
+                "artifact": b"kernels",
+            },
+            buf,
+        )
         with open(self.paths[0], "w", encoding="utf-8") as f:
             f.write(code)
         with open(self.paths[1], "wb") as f:
@@ -409,7 +465,9 @@ class _FakeNewerPrecompile:
         self.DynamoTracer = lambda: _FakeTracer("dynamo")
 
     def capture(self, fn, /, *, artifact_path, cache_path, tracer=None, backend="inductor"):
-        return _FakeCapture(self, fn, artifact_path, cache_path, backend, tracer or self.MakeFxTracer())
+        return _FakeCapture(
+            self, fn, artifact_path, cache_path, backend, tracer or self.MakeFxTracer()
+        )
 
     def load(self, artifact_path, cache_path):
         with open(artifact_path, encoding="utf-8") as f:
@@ -435,7 +493,11 @@ def test_newer_api_is_detected_and_capture_writes_through_temp_files(fake_newer)
     assert torch_engine.api_generation() == torch_engine.API_CAPTURE
     x = torch.ones(3)
     src, cache = torch_engine.capture_pair(
-        lambda x, *, scale: x * 2 * scale, (x,), {"scale": 3.0}, target="fwd", device="cpu",
+        lambda x, *, scale: x * 2 * scale,
+        (x,),
+        {"scale": 3.0},
+        target="fwd",
+        device="cpu",
         options={"backend": "eager", "tracer": "dynamo"},
     )
     (cap,) = fake_newer.captures
@@ -452,7 +514,12 @@ def test_newer_api_is_detected_and_capture_writes_through_temp_files(fake_newer)
 
 def test_newer_api_fallback_drops_the_artifact_of_make_fx_pairs(fake_newer):
     src, cache = torch_engine.capture_pair(
-        lambda x: x * 2, (torch.ones(2),), {}, target="fwd", device="cpu", options={"backend": "eager"}
+        lambda x: x * 2,
+        (torch.ones(2),),
+        {},
+        target="fwd",
+        device="cpu",
+        options={"backend": "eager"},
     )
     fn = torch_pairs.load_torch_pair(src, cache, fallback=True, where="w")
     torch.testing.assert_close(fn(torch.ones(2)), torch.full((2,), 2.0))
@@ -463,7 +530,9 @@ def test_newer_api_fallback_drops_the_artifact_of_make_fx_pairs(fake_newer):
 def test_newer_api_refusal_is_a_capture_error_naming_the_target(fake_newer):
     fake_newer.refuse = "fn closes over a tensor; register it as a buffer"
     with pytest.raises(CaptureError, match=r"'enc'.*torch refused it.*register it as a buffer"):
-        torch_engine.capture_pair(lambda x: x, (torch.ones(2),), {}, target="enc", device="cpu", options={})
+        torch_engine.capture_pair(
+            lambda x: x, (torch.ones(2),), {}, target="enc", device="cpu", options={}
+        )
     assert not os.path.exists(fake_newer.captures[-1].paths[0])
 
 
@@ -476,7 +545,9 @@ def test_newer_api_load_error_is_wrapped(fake_newer):
         raise fake_newer.PrecompileError("cannot serve this artifact")
 
     fake_newer.load = broken
-    with pytest.raises(PrecompileLoadError, match=r"^pkg: target 'fwd': torch.compiler.precompile.load failed"):
+    with pytest.raises(
+        PrecompileLoadError, match=r"^pkg: target 'fwd': torch.compiler.precompile.load failed"
+    ):
         torch_pairs.load_torch_pair(src, cache, fallback=False, where="pkg: target 'fwd'")
 
 
@@ -484,7 +555,9 @@ def test_no_precompile_is_a_clear_error(monkeypatch):
     monkeypatch.setattr(torch.compiler, "precompile", None, raising=False)
     assert not torch_engine.available()
     with pytest.raises(CaptureError, match="has no torch.compiler.precompile"):
-        torch_engine.capture_pair(lambda x: x, (torch.ones(1),), {}, target="t", device="cpu", options={})
+        torch_engine.capture_pair(
+            lambda x: x, (torch.ones(1),), {}, target="t", device="cpu", options={}
+        )
     with pytest.raises(PrecompileLoadError, match="no torch.compiler.precompile.load"):
         torch_pairs.load_torch_pair(b"BACKEND = 'eager'\n", b"x", fallback=True, where="w")
 
@@ -514,9 +587,13 @@ def test_newer_api_load_refuses_a_temp_folder_others_can_swap(fake_newer, tmp_pa
     with pytest.raises(PrecompileLoadError) as ei:
         torch_pairs.load_torch_pair(src, cache, fallback=False, where="pkg: target 'fwd'")
     msg = str(ei.value)
-    assert msg.startswith("pkg: target 'fwd': cannot hand the verified pair to torch: the private temp directory")
+    assert msg.startswith(
+        "pkg: target 'fwd': cannot hand the verified pair to torch: the private temp directory"
+    )
     assert "without the sticky bit" in msg and "set TMPDIR to a directory only you can write" in msg
     assert fake_newer.loads == [] and os.listdir(open_tmp) == []
     monkeypatch.setattr(tempfile, "tempdir", None)
-    torch.testing.assert_close(torch_pairs.load_torch_pair(src, cache, fallback=False, where="w")(torch.ones(2)),
-                               torch.full((2,), 2.0))
+    torch.testing.assert_close(
+        torch_pairs.load_torch_pair(src, cache, fallback=False, where="w")(torch.ones(2)),
+        torch.full((2,), 2.0),
+    )

@@ -23,7 +23,9 @@ TARGETS = {"real": ["llama_forward", "llama_decode"], "fake": ["llama_decode"]}
 
 @pytest.mark.usefixtures("build_env")
 def test_a_tensor_parallel_llama_serves_every_rank(tmp_path, monkeypatch):
-    wheels = built_both_ways(tmp_path, monkeypatch, *(",".join(TARGETS[m]) for m in ("real", "fake")))
+    wheels = built_both_ways(
+        tmp_path, monkeypatch, *(",".join(TARGETS[m]) for m in ("real", "fake"))
+    )
     for mode, wheel in wheels.items():
         targets = manifest_of(wheel)["targets"]
         for name in TARGETS[mode]:
@@ -31,7 +33,9 @@ def test_a_tensor_parallel_llama_serves_every_rank(tmp_path, monkeypatch):
             assert variant["engine"] == "frozen"
             assert variant["distributed"]["validated"] is (mode == "real")
             assert variant["distributed"]["ranks_captured"] == (2 if mode == "real" else 1)
-        results = torchrun(unpack(wheel, tmp_path / f"site-{mode}"), tmp_path / f"served-{mode}", TARGETS[mode])
+        results = torchrun(
+            unpack(wheel, tmp_path / f"site-{mode}"), tmp_path / f"served-{mode}", TARGETS[mode]
+        )
         for rank, r in enumerate(results):
             if "llama_forward" in TARGETS[mode]:
                 forward = r["llama_forward"]
@@ -39,8 +43,14 @@ def test_a_tensor_parallel_llama_serves_every_rank(tmp_path, monkeypatch):
                 assert forward["max_diff"] <= 1e-5, (mode, rank, r)
             decode = r["llama_decode"]
             assert decode["kernels"] and decode["step_max_diff"] <= 1e-5, (mode, rank, r)
-            assert decode["tokens"] == decode["eager_tokens"] and len(decode["tokens"]) == 16, (mode, rank, r)
-        assert results[0]["llama_decode"]["tokens"] == results[1]["llama_decode"]["tokens"]  # one model
+            assert decode["tokens"] == decode["eager_tokens"] and len(decode["tokens"]) == 16, (
+                mode,
+                rank,
+                r,
+            )
+        assert (
+            results[0]["llama_decode"]["tokens"] == results[1]["llama_decode"]["tokens"]
+        )  # one model
         check_refusals(results, TARGETS[mode])
     one = torchrun(tmp_path / "site-real", tmp_path / "one", TARGETS["real"], nproc=1)[0]
     check_world_of_one(one, TARGETS["real"])

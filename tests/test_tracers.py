@@ -53,7 +53,7 @@ def _tracer_of(src) -> str:
 
     text = src.read_text()
     start = text.index("PRECOMPILE_METADATA = ") + len("PRECOMPILE_METADATA = ")
-    meta = ast.literal_eval(text[start:text.index("\n# ----", start)])
+    meta = ast.literal_eval(text[start : text.index("\n# ----", start)])
     return meta["tracer"]
 
 
@@ -79,9 +79,13 @@ def test_export_failure_names_tracer_line_and_advice(tmp_path):
     msg = str(info.value)
     assert msg.startswith("target 't': tracing failed on a data-dependent branch (at "), msg
     assert "test_tracers.py:" in msg and "if x.sum() > 0" in msg, msg  # the line that broke it
-    assert "torch.compiler.is_compiling()" in msg and "torch.where or torch.cond" in msg, msg  # what to try
+    assert "torch.compiler.is_compiling()" in msg and "torch.where or torch.cond" in msg, (
+        msg
+    )  # what to try
     assert "a tracer that ran on the example's values would freeze its path" in msg, msg
-    assert "make_fx" not in msg.split("The tracers said")[0], msg  # it would freeze the path: not advised
+    assert "make_fx" not in msg.split("The tracers said")[0], (
+        msg
+    )  # it would freeze the path: not advised
     # our advice before torch's errors (a message cut short still has it); torch's hint
     # for make_fx callers ("set tracing_mode='symbolic' in your make_fx call") is dropped
     assert msg.index("torch.where") < msg.index("The tracers said: export: "), msg
@@ -98,16 +102,24 @@ def test_auto_falls_back_to_make_fx_with_a_warning(tmp_path):
     """Where export fails on something else than a data-dependent decision (which it
     refuses: tests/test_assumed_state.py), make_fx traces the real tensors."""
     x = torch.randn(3, 4).abs()
-    with pytest.warns(UserWarning, match=r"torch.export failed .*traced with make_fx, which specialises") as rec:
-        src, cache = _capture(tmp_path, pointer_check, x, engine="eager",
-                              options={"guards": "recorded"})  # (Dynamo cannot trace it either)
+    with pytest.warns(
+        UserWarning, match=r"torch.export failed .*traced with make_fx, which specialises"
+    ) as rec:
+        src, cache = _capture(
+            tmp_path, pointer_check, x, engine="eager", options={"guards": "recorded"}
+        )  # (Dynamo cannot trace it either)
     assert _tracer_of(src) == "make_fx"
-    assert {(w.filename, linecache.getline(w.filename, w.lineno).strip())  # the user's line
-            for w in rec if "traced with make_fx" in str(w.message)} == {(__file__, "f(*args)")}
+    assert {
+        (w.filename, linecache.getline(w.filename, w.lineno).strip())  # the user's line
+        for w in rec
+        if "traced with make_fx" in str(w.message)
+    } == {(__file__, "f(*args)")}
     torch.testing.assert_close(load_pair(src, cache)(x), pointer_check(x))
 
 
-@pytest.mark.parametrize("engine,tracer", [("frozen", "auto"), ("frozen", "make_fx"), ("eager", "export")])
+@pytest.mark.parametrize(
+    "engine,tracer", [("frozen", "auto"), ("frozen", "make_fx"), ("eager", "export")]
+)
 def test_an_error_filter_is_for_the_users_code_not_torchs(tmp_path, engine, tracer):
     """Under `-W error` (pytest's `filterwarnings = error`) torch's own warnings inside
     export and Inductor are shown, not raised: raised, they failed the trace ("torch.export
@@ -166,8 +178,12 @@ def test_training_step_is_traced_with_make_fx(tmp_path):
 
 def test_unknown_tracer_is_refused(tmp_path):
     with pytest.raises(ValueError, match=r"tracer='dynamo' is not one of 'auto', 'export'"):
-        precompile_build.capture(branchy, artifact_path=tmp_path / "a.py", cache_path=tmp_path / "a.cache",
-                                 tracer="dynamo")
+        precompile_build.capture(
+            branchy,
+            artifact_path=tmp_path / "a.py",
+            cache_path=tmp_path / "a.cache",
+            tracer="dynamo",
+        )
 
 
 def test_env_selects_the_tracer(tmp_path, monkeypatch):
@@ -183,9 +199,15 @@ def test_target_tracer_key_is_validated_and_reaches_the_script(tmp_path):
     (tmp_path / "pkg").mkdir()
     (tmp_path / "pkg" / "__init__.py").write_text("")
     (tmp_path / "cap.py").write_text("")
-    with pytest.raises(ConfigError, match=r"`tool.precompile.targets.a.tracer` must be one of 'auto'"):
-        settings_from_table(tmp_path, {"package": "pkg", "targets": {"a": {"script": "cap.py", "tracer": "fx"}}})
-    s = settings_from_table(tmp_path, {"package": "pkg", "targets": {"a": {"script": "cap.py", "tracer": "make_fx"}}})
+    with pytest.raises(
+        ConfigError, match=r"`tool.precompile.targets.a.tracer` must be one of 'auto'"
+    ):
+        settings_from_table(
+            tmp_path, {"package": "pkg", "targets": {"a": {"script": "cap.py", "tracer": "fx"}}}
+        )
+    s = settings_from_table(
+        tmp_path, {"package": "pkg", "targets": {"a": {"script": "cap.py", "tracer": "make_fx"}}}
+    )
     from precompile_build.builder.script import script_env
 
     env = script_env(s, s.targets["a"], "cpu", tmp_path / "a.py", tmp_path / "a.cache", None)
@@ -245,12 +267,19 @@ def test_a_branch_hidden_from_the_trace_is_refused_by_the_eager_call(tmp_path, e
     src, cache = _capture(tmp_path, guarded_branch, -x, name="u", engine=engine)
     torch.testing.assert_close(load_pair(src, cache)(-x), guarded_branch(-x))
     # 'warn' writes it and says so (not "pass options={'eager_check': 'warn'}")
-    with pytest.warns(UserWarning, match=r"written anyway \(options=\{'eager_check': 'refuse'\} refuses\)") as rec:
-        _capture(tmp_path, guarded_branch, x, name="w", engine=engine, options={"eager_check": "warn"})
+    with pytest.warns(
+        UserWarning, match=r"written anyway \(options=\{'eager_check': 'refuse'\} refuses\)"
+    ) as rec:
+        _capture(
+            tmp_path, guarded_branch, x, name="w", engine=engine, options={"eager_check": "warn"}
+        )
     assert (tmp_path / "w.py").exists()
     # attributed to the user's line (the f(*args) in _capture), not to the engine's code
-    assert {(w.filename, linecache.getline(w.filename, w.lineno).strip())
-            for w in rec if "written anyway" in str(w.message)} == {(__file__, "f(*args)")}
+    assert {
+        (w.filename, linecache.getline(w.filename, w.lineno).strip())
+        for w in rec
+        if "written anyway" in str(w.message)
+    } == {(__file__, "f(*args)")}
 
 
 def structure_by_path(x):
@@ -278,13 +307,19 @@ def test_another_structure_from_the_eager_call_is_refused(tmp_path, engine):
     compared values); 'warn' writes it with a warning. A returned Python number whose
     value differs between trace and call (a counter) is the same structure."""
     x = torch.randn(3, 4)
-    with pytest.raises(CaptureError, match=r"target 't': the eager call returned \(Tensor, Tensor\) where "
-                       r"the traced graph returns Tensor: eager took another code path than the trace"):
+    with pytest.raises(
+        CaptureError,
+        match=r"target 't': the eager call returned \(Tensor, Tensor\) where "
+        r"the traced graph returns Tensor: eager took another code path than the trace",
+    ):
         _capture(tmp_path, structure_by_path, x, engine=engine)
     assert not (tmp_path / "t.py").exists()
-    with pytest.warns(UserWarning, match=r"returned \(Tensor, Tensor\) where the traced graph returns Tensor"):
-        src, cache = _capture(tmp_path, structure_by_path, x, name="w", engine=engine,
-                              options={"eager_check": "warn"})
+    with pytest.warns(
+        UserWarning, match=r"returned \(Tensor, Tensor\) where the traced graph returns Tensor"
+    ):
+        src, cache = _capture(
+            tmp_path, structure_by_path, x, name="w", engine=engine, options={"eager_check": "warn"}
+        )
     torch.testing.assert_close(load_pair(src, cache)(x), x * 2)
     m = CountingDoubler()
     src, cache = _capture(tmp_path, lambda m, x: m(x), m, x, name="c", engine=engine)
@@ -301,10 +336,16 @@ def one_tuple_or_list(x):
 
 
 @pytest.mark.parametrize("engine", ["eager", "frozen"])
-@pytest.mark.parametrize("fn, match", [
-    (one_more_at_the_end, r"returned \(Tensor, Tensor, .*\.\.\. where the traced graph returns \(Tensor, .*\.\.\."),
-    (one_tuple_or_list, r"returned \[Tensor\] where the traced graph returns \(Tensor,\)"),
-])
+@pytest.mark.parametrize(
+    "fn, match",
+    [
+        (
+            one_more_at_the_end,
+            r"returned \(Tensor, Tensor, .*\.\.\. where the traced graph returns \(Tensor, .*\.\.\.",
+        ),
+        (one_tuple_or_list, r"returned \[Tensor\] where the traced graph returns \(Tensor,\)"),
+    ],
+)
 def test_structures_are_compared_whole(tmp_path, engine, fn, match):
     """Structures are compared in full (a long result differing at its end was accepted
     when the comparison used the shortened text); a one-element tuple reads (Tensor,)."""
@@ -312,25 +353,47 @@ def test_structures_are_compared_whole(tmp_path, engine, fn, match):
         _capture(tmp_path, fn, torch.ones(2), engine=engine)
 
 
-@pytest.mark.parametrize("kw, env, match", [
-    ({"engine": "torch", "tracer": "make_fx"}, {},
-     r"tracer='make_fx' applies to the frozen and eager engines only, but this capture uses engine "
-     r"'torch', which would ignore it. Pass engine='frozen'"),
-    ({"engine": "torch", "fallback": "eager"}, {},
-     r"fallback='eager' applies to the frozen engine only, but this capture uses engine 'torch', "),
-    ({}, {"PRECOMPILE_ENGINE": "torch", "PRECOMPILE_FALLBACK": "eager", "PRECOMPILE_TRACER": "export"},
-     r"tracer='export' applies to the frozen and eager engines only; fallback='eager' applies to "
-     r"the frozen engine only, but this capture uses engine 'torch' \(from PRECOMPILE_ENGINE\)"),
-])
-def test_tracer_and_fallback_are_refused_with_the_torch_engine(tmp_path, monkeypatch, kw, env, match):
+@pytest.mark.parametrize(
+    "kw, env, match",
+    [
+        (
+            {"engine": "torch", "tracer": "make_fx"},
+            {},
+            r"tracer='make_fx' applies to the frozen and eager engines only, but this capture uses engine "
+            r"'torch', which would ignore it. Pass engine='frozen'",
+        ),
+        (
+            {"engine": "torch", "fallback": "eager"},
+            {},
+            r"fallback='eager' applies to the frozen engine only, but this capture uses engine 'torch', ",
+        ),
+        (
+            {},
+            {
+                "PRECOMPILE_ENGINE": "torch",
+                "PRECOMPILE_FALLBACK": "eager",
+                "PRECOMPILE_TRACER": "export",
+            },
+            r"tracer='export' applies to the frozen and eager engines only; fallback='eager' applies to "
+            r"the frozen engine only, but this capture uses engine 'torch' \(from PRECOMPILE_ENGINE\)",
+        ),
+    ],
+)
+def test_tracer_and_fallback_are_refused_with_the_torch_engine(
+    tmp_path, monkeypatch, kw, env, match
+):
     """The torch engine traces with torch's own tracers and has no fallback: a `tracer`
     or `fallback` given for it is refused before the function runs, not ignored."""
     for k, v in env.items():
         monkeypatch.setenv(k, v)
     ran = []
     with pytest.raises(CaptureError, match=r"target 't': " + match):
-        with precompile_build.capture(lambda x: ran.append(x) or x * 2, artifact_path=tmp_path / "t.py",
-                                      cache_path=tmp_path / "t.cache", **kw) as f:
+        with precompile_build.capture(
+            lambda x: ran.append(x) or x * 2,
+            artifact_path=tmp_path / "t.py",
+            cache_path=tmp_path / "t.cache",
+            **kw,
+        ) as f:
             f(torch.ones(2))
     assert ran == [] and not (tmp_path / "t.py").exists()
 
@@ -345,34 +408,66 @@ def test_options_tracer_and_tracer_must_agree(tmp_path, monkeypatch):
     for kw, env in (({"tracer": "export"}, {}), ({}, {"PRECOMPILE_TRACER": "export"})):
         for k, v in env.items():
             monkeypatch.setenv(k, v)
-        with pytest.raises(ValueError, match=r"target 't': options\['tracer'\] = 'make_fx' and "
-                           r"tracer='export' \(from the call, the target's `tracer` key or "
-                           r"PRECOMPILE_TRACER\) disagree"):
-            precompile_build.capture(fn, artifact_path=tmp_path / "t.py", cache_path=tmp_path / "t.cache",
-                                     options={"tracer": "make_fx"}, **kw)
+        with pytest.raises(
+            ValueError,
+            match=r"target 't': options\['tracer'\] = 'make_fx' and "
+            r"tracer='export' \(from the call, the target's `tracer` key or "
+            r"PRECOMPILE_TRACER\) disagree",
+        ):
+            precompile_build.capture(
+                fn,
+                artifact_path=tmp_path / "t.py",
+                cache_path=tmp_path / "t.cache",
+                options={"tracer": "make_fx"},
+                **kw,
+            )
         monkeypatch.delenv("PRECOMPILE_TRACER", raising=False)
     assert ran == []
-    src, _ = _capture(tmp_path, lambda x: x * 2, torch.ones(2), engine="frozen", options={"tracer": "make_fx"})
+    src, _ = _capture(
+        tmp_path, lambda x: x * 2, torch.ones(2), engine="frozen", options={"tracer": "make_fx"}
+    )
     assert _tracer_of(src) == "make_fx"  # auto would have exported
-    with pytest.raises(ValueError, match=r"target 'v': options\['tracer'\] = 'dynamo' is not a tracer of "
-                                         r"the eager engine: use one of 'auto', .*'dynamo' are the torch "
-                                         r"engine's, with engine='torch'"):
-        _capture(tmp_path, fn, torch.ones(2), name="v", engine="eager", options={"tracer": "dynamo"})
+    with pytest.raises(
+        ValueError,
+        match=r"target 'v': options\['tracer'\] = 'dynamo' is not a tracer of "
+        r"the eager engine: use one of 'auto', .*'dynamo' are the torch "
+        r"engine's, with engine='torch'",
+    ):
+        _capture(
+            tmp_path, fn, torch.ones(2), name="v", engine="eager", options={"tracer": "dynamo"}
+        )
     assert ran == []
     # an empty option is no choice: tracer= decides
-    src, _ = _capture(tmp_path, lambda x: x * 2, torch.ones(2), name="e", engine="eager", tracer="make_fx",
-                      options={"tracer": ""})
+    src, _ = _capture(
+        tmp_path,
+        lambda x: x * 2,
+        torch.ones(2),
+        name="e",
+        engine="eager",
+        tracer="make_fx",
+        options={"tracer": ""},
+    )
     assert _tracer_of(src) == "make_fx"
-    src, _ = _capture(tmp_path, lambda x: x * 2, torch.ones(2), name="u", engine="frozen",
-                      tracer="make_fx", options={"tracer": "make_fx"})
+    src, _ = _capture(
+        tmp_path,
+        lambda x: x * 2,
+        torch.ones(2),
+        name="u",
+        engine="frozen",
+        tracer="make_fx",
+        options={"tracer": "make_fx"},
+    )
     assert _tracer_of(src) == "make_fx"
 
 
-@pytest.mark.parametrize("kw, env, why", [
-    ({"engine": "eager"}, {}, ""),
-    ({"backend": "eager"}, {}, " (backend='eager')"),
-    ({}, {"PRECOMPILE_ENGINE": "eager"}, " (from PRECOMPILE_ENGINE)"),
-])
+@pytest.mark.parametrize(
+    "kw, env, why",
+    [
+        ({"engine": "eager"}, {}, ""),
+        ({"backend": "eager"}, {}, " (backend='eager')"),
+        ({}, {"PRECOMPILE_ENGINE": "eager"}, " (from PRECOMPILE_ENGINE)"),
+    ],
+)
 def test_kernel_options_are_refused_with_the_eager_engine(tmp_path, monkeypatch, kw, env, why):
     """The eager engine has no kernels: options about them (inductor, validation_multiple)
     are refused before the function runs, as the torch engine refuses what it would
@@ -381,18 +476,30 @@ def test_kernel_options_are_refused_with_the_eager_engine(tmp_path, monkeypatch,
         monkeypatch.setenv(k, v)
     ran = []
     fn = lambda x: ran.append(x) or x * 2  # noqa: E731
-    with pytest.raises(CaptureError, match=r"target 't': options 'inductor', 'validation_multiple' apply to "
-                                           r"the frozen engine's kernels, but this capture uses engine "
-                                           rf"'eager'{re.escape(why)}, which has none"):
-        _capture(tmp_path, fn, torch.ones(2), options={"inductor": {}, "validation_multiple": 10}, **kw)
+    with pytest.raises(
+        CaptureError,
+        match=r"target 't': options 'inductor', 'validation_multiple' apply to "
+        r"the frozen engine's kernels, but this capture uses engine "
+        rf"'eager'{re.escape(why)}, which has none",
+    ):
+        _capture(
+            tmp_path, fn, torch.ones(2), options={"inductor": {}, "validation_multiple": 10}, **kw
+        )
     assert ran == [] and not (tmp_path / "t.py").exists()
     src, _ = _capture(tmp_path, fn, torch.ones(2), name="k", options={"eager_check": "warn"}, **kw)
     assert src.exists()
 
 
-@pytest.mark.parametrize("kw", [{"tracer": "make_fx"}, {"fallback": "eager"},
-                                {"options": {"validation_multiple": 10}},
-                                {"options": {"eager_check": "warn"}}, {"options": {"inductor": {}}}])
+@pytest.mark.parametrize(
+    "kw",
+    [
+        {"tracer": "make_fx"},
+        {"fallback": "eager"},
+        {"options": {"validation_multiple": 10}},
+        {"options": {"eager_check": "warn"}},
+        {"options": {"inductor": {}}},
+    ],
+)
 def test_tracer_or_fallback_make_auto_pick_the_frozen_engine(tmp_path, monkeypatch, kw):
     """engine="auto" would pick torch for a CUDA capture where torch has
     torch.compiler.precompile; a target that sets the frozen engine's settings gets
@@ -400,13 +507,17 @@ def test_tracer_or_fallback_make_auto_pick_the_frozen_engine(tmp_path, monkeypat
     from precompile_build.config import capture_options
 
     asked, real = [], capture_options.resolve_engine
-    monkeypatch.setattr(capture_options, "resolve_engine", lambda e, d: asked.append(e) or real(e, d))
+    monkeypatch.setattr(
+        capture_options, "resolve_engine", lambda e, d: asked.append(e) or real(e, d)
+    )
     src, cache = _capture(tmp_path, lambda x: x * 2, torch.ones(2), **kw)
     assert asked == ["frozen"]
     torch.testing.assert_close(load_pair(src, cache)(torch.ones(2)), torch.full((2,), 2.0))
 
 
-@pytest.mark.parametrize("change", [{"num_attention_heads": 4}, {"hidden_act": "relu"}, {"layer_norm_eps": 1e-3}])
+@pytest.mark.parametrize(
+    "change", [{"num_attention_heads": 4}, {"hidden_act": "relu"}, {"layer_norm_eps": 1e-3}]
+)
 def test_a_library_model_of_another_config_is_refused(tmp_path, change):
     """A transformers BertModel with the captured parameters but another config (heads,
     activation, eps: a new user's trial found these served silently wrong) is refused
@@ -415,10 +526,18 @@ def test_a_library_model_of_another_config_is_refused(tmp_path, change):
     from precompile_runtime import CallError
 
     def bert(**kw):
-        cfg = dict(vocab_size=64, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
-                   intermediate_size=64, max_position_embeddings=32)
+        cfg = dict(
+            vocab_size=64,
+            hidden_size=32,
+            num_hidden_layers=1,
+            num_attention_heads=2,
+            intermediate_size=64,
+            max_position_embeddings=32,
+        )
         torch.manual_seed(0)
-        return transformers.BertModel(transformers.BertConfig(**{**cfg, **kw}), add_pooling_layer=False).eval()
+        return transformers.BertModel(
+            transformers.BertConfig(**{**cfg, **kw}), add_pooling_layer=False
+        ).eval()
 
     def embed(model, ids):
         return model(input_ids=ids).last_hidden_state.mean(1)
@@ -435,25 +554,39 @@ def test_a_library_model_of_another_config_is_refused(tmp_path, change):
     # heads and eps are read by the trace: the assumed-state check names the attribute
     # (model.encoder.layer.0.attention.self: num_attention_heads was 2 ..., now 4); the
     # activation is a function, which the settings check names
-    with pytest.raises(CallError, match=r"model has other settings than the captured model|"
-                                        r"was (a )?\S+ at capture, now (a )?\S+"):
+    with pytest.raises(
+        CallError,
+        match=r"model has other settings than the captured model|"
+        r"was (a )?\S+ at capture, now (a )?\S+",
+    ):
         loaded(other, ids)
 
 
-@pytest.mark.parametrize("options, keys", [
-    ({"validation_multiple": 10}, "'validation_multiple'"),
-    ({"eager_check": "warn", "inductor": {}}, "'eager_check', 'inductor'"),
-])
+@pytest.mark.parametrize(
+    "options, keys",
+    [
+        ({"validation_multiple": 10}, "'validation_multiple'"),
+        ({"eager_check": "warn", "inductor": {}}, "'eager_check', 'inductor'"),
+    ],
+)
 def test_frozen_engine_options_are_refused_with_the_torch_engine(tmp_path, options, keys):
     """The frozen engine's options (docs/capture-contract.md's validation_multiple / eager_check for
     deep bf16 models) are refused for engine='torch' before the function runs, instead
     of torch's "unknown torch engine option(s)" after it; auto picks frozen for them."""
     ran = []
-    with pytest.raises(CaptureError, match=rf"target 't': options {keys} apply to the frozen engine "
-                       r"only, but this capture uses engine 'torch', which would ignore it. Pass "
-                       r"engine='frozen' .*drop the setting \(the keys of the capture's options=\)"):
-        with precompile_build.capture(lambda x: ran.append(x) or x * 2, artifact_path=tmp_path / "t.py",
-                                      cache_path=tmp_path / "t.cache", engine="torch", options=options) as f:
+    with pytest.raises(
+        CaptureError,
+        match=rf"target 't': options {keys} apply to the frozen engine "
+        r"only, but this capture uses engine 'torch', which would ignore it. Pass "
+        r"engine='frozen' .*drop the setting \(the keys of the capture's options=\)",
+    ):
+        with precompile_build.capture(
+            lambda x: ran.append(x) or x * 2,
+            artifact_path=tmp_path / "t.py",
+            cache_path=tmp_path / "t.cache",
+            engine="torch",
+            options=options,
+        ) as f:
             f(torch.ones(2))
     assert ran == [] and not (tmp_path / "t.py").exists()
 
@@ -461,7 +594,14 @@ def test_frozen_engine_options_are_refused_with_the_torch_engine(tmp_path, optio
 def test_backend_option_points_to_the_backend_argument(tmp_path):
     """options={'backend': ...} is not an option (the torch engine's own message no
     longer lists it as one): the message names capture()'s backend= argument."""
-    with pytest.raises(ValueError, match=r"options\['backend'\] = 'eager': the backend is capture\(\)'s "
-                       r"own argument, not an option; pass backend='inductor' \(default\) or 'eager'"):
-        precompile_build.capture(lambda x: x, artifact_path=tmp_path / "a.py", cache_path=tmp_path / "a.cache",
-                                 options={"backend": "eager"})
+    with pytest.raises(
+        ValueError,
+        match=r"options\['backend'\] = 'eager': the backend is capture\(\)'s "
+        r"own argument, not an option; pass backend='inductor' \(default\) or 'eager'",
+    ):
+        precompile_build.capture(
+            lambda x: x,
+            artifact_path=tmp_path / "a.py",
+            cache_path=tmp_path / "a.cache",
+            options={"backend": "eager"},
+        )

@@ -49,7 +49,9 @@ def _flipping(monkeypatch, row: int, to):
             "    for t in list(outs) + held:\n"
             "        if t is not None and t.dtype not in (torch.bool, torch.float32) and t.dim() and t.shape[0] == 8:\n"
             f"            t.view(8, -1)[{row}] = _to(t.view(8, -1)[{row}])\n"
-            "    return outs\n")
+            "    return outs\n"
+        )
+
     monkeypatch.setattr(frozen, "_rewrite_wrapper", flipping)
 
 
@@ -79,13 +81,19 @@ def test_the_examples_tie_within_eager_rounding_and_the_clear_row_does_not(tie):
     top = ref[TIED_ROW].topk(2)
     assert set(top.indices.tolist()) == {0, 1}
     assert (float(top.values[0] - top.values[1]) == 0) == (tie == "exact")
-    assert abs(float(ref[TIED_ROW, 1] - ref[TIED_ROW, 0])) <= 2 * 3 * noise  # ties.py's rule, fp32, 128 values
+    assert (
+        abs(float(ref[TIED_ROW, 1] - ref[TIED_ROW, 0])) <= 2 * 3 * noise
+    )  # ties.py's rule, fp32, 128 values
     top2 = ref[CLEAR_ROW].topk(2).values
-    assert float(top2[0] - top2[1]) > 1000 * 2 * 3 * float((eager[CLEAR_ROW] - ref[CLEAR_ROW]).square().mean().sqrt())
+    assert float(top2[0] - top2[1]) > 1000 * 2 * 3 * float(
+        (eager[CLEAR_ROW] - ref[CLEAR_ROW]).square().mean().sqrt()
+    )
 
 
-@pytest.mark.parametrize(("fn", "tie"), [(greedy_into_buffer, "exact"), (greedy_into_buffer, "ulp"),
-                                        (greedy_max_indices, "ulp")])
+@pytest.mark.parametrize(
+    ("fn", "tie"),
+    [(greedy_into_buffer, "exact"), (greedy_into_buffer, "ulp"), (greedy_max_indices, "ulp")],
+)
 def test_a_pick_flipped_between_tied_candidates_is_accepted(tmp_path, monkeypatch, fn, tie):
     x, w = _weights(tie)
     _flipping(monkeypatch, TIED_ROW, "lambda t: 1 - t")  # 0 <-> 1, the tied pair
@@ -106,8 +114,11 @@ def test_a_pick_changed_where_one_candidate_is_clearly_best_is_refused(tmp_path,
     x, w = _weights()
     _flipping(monkeypatch, CLEAR_ROW, "lambda t: (t + 1) % 16")  # 7 -> 8: a loser
     args = (x, w, torch.zeros(8, 1, dtype=torch.int64)) if fn is greedy_into_buffer else (x, w)
-    with pytest.raises(CaptureError, match=r"differs from the traced graph on the example inputs; "
-                                           r"error beyond the allowed multiple"):
+    with pytest.raises(
+        CaptureError,
+        match=r"differs from the traced graph on the example inputs; "
+        r"error beyond the allowed multiple",
+    ):
         _capture(tmp_path, fn, *args)
     assert not list(tmp_path.iterdir())
 
@@ -139,20 +150,32 @@ def _mask():
 # what the review of ties.py found accepted (or crashing) and must be refused: a row
 # with an infinite value (its rounding was NaN), values overwritten after the pick,
 # a tie of exactly computed values (eager's first index), an index cast to int8
-@pytest.mark.parametrize(("fn", "make_args", "to"), [
-    (_masked, lambda x, w: (x, w, _mask()), "lambda t: t + 2"),
-    (_overwritten, lambda x, w: (torch.randn(8, VOCAB, generator=torch.Generator().manual_seed(1)),),
-     "lambda t: (t + 1) % 16"),
-    (_first_positive, lambda x, w: (x[:, :VOCAB].abs() * torch.tensor([-1.0, 1.0]).repeat(VOCAB // 2),),
-     "lambda t: t + 2"),
-    (_narrowed, lambda x, w: (x, w), "lambda t: 1 - t"),
-], ids=["inf-in-row", "overwritten-after-pick", "exact-values", "int8-index"])
+@pytest.mark.parametrize(
+    ("fn", "make_args", "to"),
+    [
+        (_masked, lambda x, w: (x, w, _mask()), "lambda t: t + 2"),
+        (
+            _overwritten,
+            lambda x, w: (torch.randn(8, VOCAB, generator=torch.Generator().manual_seed(1)),),
+            "lambda t: (t + 1) % 16",
+        ),
+        (
+            _first_positive,
+            lambda x, w: (x[:, :VOCAB].abs() * torch.tensor([-1.0, 1.0]).repeat(VOCAB // 2),),
+            "lambda t: t + 2",
+        ),
+        (_narrowed, lambda x, w: (x, w), "lambda t: 1 - t"),
+    ],
+    ids=["inf-in-row", "overwritten-after-pick", "exact-values", "int8-index"],
+)
 def test_flips_no_rounding_explains_are_refused(tmp_path, monkeypatch, fn, make_args, to):
     x, w = _weights()
     _flipping(monkeypatch, TIED_ROW, to)
     # a pick the module follows: the message says what differs (not that the frozen
     # engine lacks something); the int8 index is no such pick and keeps the general rule
-    said = "" if fn is _narrowed else "1 of its picks are neither eager's nor the reference's, and .*"
+    said = (
+        "" if fn is _narrowed else "1 of its picks are neither eager's nor the reference's, and .*"
+    )
     with pytest.raises(CaptureError, match=f"error beyond the allowed multiple.*{said}"):
         _capture(tmp_path, fn, *make_args(x, w))
     assert not list(tmp_path.iterdir())
@@ -170,10 +193,14 @@ def _int8_round_trip(x, w):
 # the second review's: an error every candidate shares cannot reorder them (it was
 # counted at each candidate), and an index that went through int8 is no longer the
 # index it was (300 wraps to 44), so not even a tie flip through one is followed
-@pytest.mark.parametrize(("fn", "extra", "flip"), [(_offset, (torch.tensor([3.0]),), "second"),
-                                                  (_int8_round_trip, (), "tie")],
-                         ids=["shared-offset", "int8-round-trip"])
-def test_flips_through_a_shared_error_or_a_narrow_cast_are_refused(tmp_path, monkeypatch, fn, extra, flip):
+@pytest.mark.parametrize(
+    ("fn", "extra", "flip"),
+    [(_offset, (torch.tensor([3.0]),), "second"), (_int8_round_trip, (), "tie")],
+    ids=["shared-offset", "int8-round-trip"],
+)
+def test_flips_through_a_shared_error_or_a_narrow_cast_are_refused(
+    tmp_path, monkeypatch, fn, extra, flip
+):
     x, w = _weights()
     if flip == "second":
         second = int((x.double() @ w.double())[0].topk(2).indices[1])
@@ -188,7 +215,10 @@ def test_flips_through_a_shared_error_or_a_narrow_cast_are_refused(tmp_path, mon
 def test_a_true_tie_beside_a_masked_logit_is_still_accepted(tmp_path, monkeypatch):
     x, w = _weights()
     _flipping(monkeypatch, TIED_ROW, "lambda t: 1 - t")
-    assert _capture(tmp_path, _masked, x, w, _mask())["cases"][0]["worst"]["accepted_by"] == "near ties"
+    assert (
+        _capture(tmp_path, _masked, x, w, _mask())["cases"][0]["worst"]["accepted_by"]
+        == "near ties"
+    )
 
 
 def test_an_index_that_is_not_a_pick_is_still_compared_exactly(tmp_path, monkeypatch):
@@ -247,7 +277,10 @@ def test_eagers_own_flip_allows_no_other_wrong_pick():
     eager = ref.clone()
     eager[TIED_ROW] = 1 - eager[TIED_ROW]
     assert ties.judge_pick(gm, 1, 2, [x, w], set(), "cpu", eager, eager.clone(), ref) == {
-        "accepted": True, "pick": "argmax", "flips": 0}
+        "accepted": True,
+        "pick": "argmax",
+        "flips": 0,
+    }
     wrong = eager.clone()
     wrong[CLEAR_ROW] = (wrong[CLEAR_ROW] + 1) % VOCAB
     verdict = ties.judge_pick(gm, 1, 2, [x, w], set(), "cpu", eager, wrong, ref)

@@ -19,8 +19,10 @@ from tinylm import steps
 
 device = os.environ.get("PRECOMPILE_DEVICE", "cuda")
 if not torch.cuda.is_available() or not device.startswith("cuda"):
-    sys.exit(f"triton_rmsnorm needs a CUDA device (PRECOMPILE_DEVICE={device!r}, "
-             f"torch.cuda.is_available()={torch.cuda.is_available()})")
+    sys.exit(
+        f"triton_rmsnorm needs a CUDA device (PRECOMPILE_DEVICE={device!r}, "
+        f"torch.cuda.is_available()={torch.cuda.is_available()})"
+    )
 model = tinylm.build_model(seed=0, device=device)
 ids, _ = tinylm.example_batch(device)
 

@@ -154,7 +154,9 @@ EAGER = {"forward": steps.forward, "train_step": steps.train_step}
 
 def test_demo_passes_when_artifacts_match_eager(host_matches):
     lines = []
-    rc = demo.run_demo(_manifest("forward", "train_step"), EAGER.__getitem__, cuda=False, out=lines.append)
+    rc = demo.run_demo(
+        _manifest("forward", "train_step"), EAGER.__getitem__, cuda=False, out=lines.append
+    )
     assert rc == 0, lines
     assert lines[0].startswith("forward") and "engine=eager" in lines[0] and lines[0].endswith("ok")
     assert lines[1].startswith("train_step") and lines[1].endswith("ok")
@@ -174,7 +176,9 @@ def test_demo_fails_when_cuda_target_was_left_out_on_a_cuda_host(host_matches):
     lines = []
     rc = demo.run_demo(m, EAGER.__getitem__, cuda=True, out=lines.append)
     assert rc == 1
-    assert any("triton_rmsnorm" in line and "MISSING" in line and "no CUDA" in line for line in lines)
+    assert any(
+        "triton_rmsnorm" in line and "MISSING" in line and "no CUDA" in line for line in lines
+    )
 
 
 def test_demo_fails_on_mismatch(host_matches):
@@ -185,7 +189,9 @@ def test_demo_fails_on_mismatch(host_matches):
 
     loads = {**EAGER, "train_step": wrong_train_step}
     lines = []
-    rc = demo.run_demo(_manifest("forward", "train_step"), loads.__getitem__, cuda=False, out=lines.append)
+    rc = demo.run_demo(
+        _manifest("forward", "train_step"), loads.__getitem__, cuda=False, out=lines.append
+    )
     assert rc == 1
     assert "MISMATCH" in lines[1] and any("tok_emb.weight.grad" in line for line in lines)
 
@@ -201,7 +207,11 @@ def test_demo_reports_load_errors(host_matches):
 
 def test_demo_skips_cuda_only_variants_without_cuda(host_matches):
     lines = []
-    rc = demo.run_demo(_manifest("forward", "train_step", device="cuda"), EAGER.__getitem__,
-                       cuda=False, out=lines.append)
+    rc = demo.run_demo(
+        _manifest("forward", "train_step", device="cuda"),
+        EAGER.__getitem__,
+        cuda=False,
+        out=lines.append,
+    )
     assert rc == 0
     assert "skip: built for cuda only" in lines[0]

@@ -98,16 +98,16 @@ def _mismatches(variant: dict[str, Any]) -> list[str]:
     return fingerprint.mismatches(variant["fingerprint"], host)
 
 
-def choose_variant(
-    variants: list[dict[str, Any]], cuda: bool
-) -> tuple[dict[str, Any] | None, str]:
+def choose_variant(variants: list[dict[str, Any]], cuda: bool) -> tuple[dict[str, Any] | None, str]:
     """The variant this host will use, and a note.
 
     Returns ``(variant, "")`` for a variant matching this host, ``(variant,
     "fallback: ...")`` when the device can run here but no fingerprint matches
     (load_packaged then warns and falls back), ``(None, reason)`` when none can run.
     """
-    runnable = [v for v in variants if v.get("device") == "cpu" or (cuda and v.get("device") == "cuda")]
+    runnable = [
+        v for v in variants if v.get("device") == "cpu" or (cuda and v.get("device") == "cuda")
+    ]
     if not runnable:
         devices = sorted({str(v.get("device")) for v in variants})
         return None, f"built for {', '.join(devices)} only and this host has no CUDA"
@@ -126,8 +126,10 @@ def _compare(pairs: Compared, device: str) -> tuple[float, list[str]]:
             bad.append(f"{label}: artifact returned {type(got).__name__}, expected a tensor")
             continue
         if got.shape != want.shape or got.dtype != want.dtype:
-            bad.append(f"{label}: artifact gave {tuple(got.shape)} {got.dtype}, "
-                       f"eager {tuple(want.shape)} {want.dtype}")
+            bad.append(
+                f"{label}: artifact gave {tuple(got.shape)} {got.dtype}, "
+                f"eager {tuple(want.shape)} {want.dtype}"
+            )
             continue
         got, want = got.detach().float().cpu(), want.detach().float().cpu()
         err = (got - want).abs().max().item() if got.numel() else 0.0
@@ -154,9 +156,15 @@ def run_demo(
             out(f"{name:<16} skip: needs CUDA, this host has none")
             continue
         if entry is None or entry.get("status", "ok") != "ok" or not entry.get("variants"):
-            why = "not in the manifest" if entry is None else (
-                f"left out at build time ({entry.get('reason') or 'no variants'})"
-                if entry.get("status", "ok") != "ok" else "has no variants")
+            why = (
+                "not in the manifest"
+                if entry is None
+                else (
+                    f"left out at build time ({entry.get('reason') or 'no variants'})"
+                    if entry.get("status", "ok") != "ok"
+                    else "has no variants"
+                )
+            )
             out(f"{name:<16} MISSING: this host can run it but it is {why}")
             failed += 1
             continue
@@ -177,23 +185,32 @@ def run_demo(
             continue
         ran += 1
         status = "ok" if not bad else "MISMATCH"
-        out(f"{name:<16} engine={engine:<8} device={device:<4} max_abs_err={err:.2e} "
-            f"load={load_s:.3f}s {status}")
+        out(
+            f"{name:<16} engine={engine:<8} device={device:<4} max_abs_err={err:.2e} "
+            f"load={load_s:.3f}s {status}"
+        )
         for line in ([note] if note else []) + bad:
             out(f"    {line}")
         failed += bool(bad)
         matched += not bad
     for name in sorted(set(targets) - set(CHECKS)):
         out(f"{name:<16} skip: tinylm.demo has no eager check for this target")
-    out(f"tinylm.demo: {matched} of {ran} loaded targets match eager"
-        + (f"; {failed} failed" if failed else ""))
+    out(
+        f"tinylm.demo: {matched} of {ran} loaded targets match eager"
+        + (f"; {failed} failed" if failed else "")
+    )
     return 1 if failed else 0
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m tinylm.demo", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--strict", action="store_true",
-                        help="refuse fallbacks: load_packaged(strict=True) (also PRECOMPILE_STRICT=1)")
+    parser = argparse.ArgumentParser(
+        prog="python -m tinylm.demo", description=__doc__.split("\n\n")[0]
+    )
+    parser.add_argument(
+        "--strict",
+        action="store_true",
+        help="refuse fallbacks: load_packaged(strict=True) (also PRECOMPILE_STRICT=1)",
+    )
     args = parser.parse_args(argv)
     try:
         from precompile_runtime import load_packaged
@@ -202,9 +219,11 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     manifest = read_manifest()
     if manifest is None:
-        print(f"tinylm.demo: {PACKAGE}/_precompiled/manifest.json not found: this tinylm "
-              "was not built with precompile_build.backend (or captures were skipped)",
-              file=sys.stderr)
+        print(
+            f"tinylm.demo: {PACKAGE}/_precompiled/manifest.json not found: this tinylm "
+            "was not built with precompile_build.backend (or captures were skipped)",
+            file=sys.stderr,
+        )
         return 2
     strict = True if args.strict else None
     return run_demo(manifest, lambda name: load_packaged(name, package=PACKAGE, strict=strict))

@@ -42,9 +42,7 @@ class TinyLMConfig:
 
     def __post_init__(self) -> None:
         if self.d_model % self.n_heads:
-            raise ValueError(
-                f"d_model={self.d_model} is not divisible by n_heads={self.n_heads}"
-            )
+            raise ValueError(f"d_model={self.d_model} is not divisible by n_heads={self.n_heads}")
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -139,7 +137,11 @@ class TinyLM(nn.Module):
             if name.endswith(("norm_attn.weight", "norm_mlp.weight", "norm_f.weight")):
                 p.fill_(1.0)
                 continue
-            std = resid_std if name.endswith(("attn.proj.weight", "mlp.down.weight")) else cfg.init_std
+            std = (
+                resid_std
+                if name.endswith(("attn.proj.weight", "mlp.down.weight"))
+                else cfg.init_std
+            )
             p.copy_(torch.randn(p.shape, generator=generator, dtype=torch.float32) * std)
 
 

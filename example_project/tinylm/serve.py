@@ -62,7 +62,9 @@ class Models:
             ``assign=True`` one that builds on the meta device).
     """
 
-    def __init__(self, model: torch.nn.Module, build: Optional[Callable[[], torch.nn.Module]] = None):
+    def __init__(
+        self, model: torch.nn.Module, build: Optional[Callable[[], torch.nn.Module]] = None
+    ):
         self._snapshot = Snapshot(0, model)
         self._build = build
         self._reloading = threading.Lock()
@@ -102,8 +104,11 @@ def _tensor_reply(t: torch.Tensor) -> dict[str, Any]:
 
     t = t.detach().to("cpu").contiguous()
     raw = ctypes.string_at(t.data_ptr(), t.numel() * t.element_size()) if t.numel() else b""
-    return {"shape": list(t.shape), "dtype": str(t.dtype).removeprefix("torch."),
-            "logits": base64.b64encode(raw).decode()}
+    return {
+        "shape": list(t.shape),
+        "dtype": str(t.dtype).removeprefix("torch."),
+        "logits": base64.b64encode(raw).decode(),
+    }
 
 
 class ForwardRequest(BaseModel):
@@ -138,8 +143,13 @@ def create_app(forward: Callable[..., torch.Tensor], models: Models, *, device: 
     @app.post("/forward")
     def run_forward(req: ForwardRequest) -> dict[str, Any]:  # a sync endpoint: FastAPI's threads
         if req.dtype not in DTYPES:
-            raise HTTPException(422, {"error": "ValueError",
-                                      "message": f"dtype {req.dtype!r}: one of {', '.join(DTYPES)}"})
+            raise HTTPException(
+                422,
+                {
+                    "error": "ValueError",
+                    "message": f"dtype {req.dtype!r}: one of {', '.join(DTYPES)}",
+                },
+            )
         try:
             ids = torch.tensor(req.ids, dtype=DTYPES[req.dtype], device=device)
         except (ValueError, TypeError, RuntimeError) as e:  # ragged rows
@@ -159,8 +169,14 @@ def create_app(forward: Callable[..., torch.Tensor], models: Models, *, device: 
             state = torch.load(req.path, map_location=device, weights_only=True)
             return {"version": models.reload(state, assign=req.assign).version}
         except Exception as e:  # no file, not a state dict, keys or shapes that do not fit
-            raise HTTPException(422, {"error": type(e).__name__, "message": f"reload from {req.path} failed: "
-                                      f"{e}; still serving version {models.current().version}"}) from None
+            raise HTTPException(
+                422,
+                {
+                    "error": type(e).__name__,
+                    "message": f"reload from {req.path} failed: "
+                    f"{e}; still serving version {models.current().version}",
+                },
+            ) from None
 
     @app.get("/health")
     def health() -> dict[str, Any]:
@@ -170,14 +186,17 @@ def create_app(forward: Callable[..., torch.Tensor], models: Models, *, device: 
 
 
 @contextlib.contextmanager
-def running(app: Any, host: str = "127.0.0.1", port: int = 0, timeout: float = 30.0) -> Iterator[str]:
+def running(
+    app: Any, host: str = "127.0.0.1", port: int = 0, timeout: float = 30.0
+) -> Iterator[str]:
     """Run ``app`` on uvicorn in a background thread; yields its base URL
     (``http://127.0.0.1:PORT``; port 0: a free one) and stops it on exit. Raises
     RuntimeError when it has not started within ``timeout`` seconds."""
     import uvicorn
 
-    server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning",
-                                           access_log=False))
+    server = uvicorn.Server(
+        uvicorn.Config(app, host=host, port=port, log_level="warning", access_log=False)
+    )
     thread = threading.Thread(target=server.run, name="uvicorn", daemon=True)
     thread.start()
     deadline = time.monotonic() + timeout
@@ -207,8 +226,11 @@ def main(argv: Optional[list[str]] = None) -> None:
     p.add_argument("--device", default="cpu")
     a = p.parse_args(argv)
     models = Models(build_model(seed=0, device=a.device))
-    uvicorn.run(create_app(load_packaged("forward", package="tinylm"), models, device=a.device),
-                host=a.host, port=a.port)
+    uvicorn.run(
+        create_app(load_packaged("forward", package="tinylm"), models, device=a.device),
+        host=a.host,
+        port=a.port,
+    )
 
 
 if __name__ == "__main__":

@@ -9,8 +9,9 @@ from typing import Any, Optional
 FIELDS = ("compiled_for", "tuned_on", "validated_on", "left_out", "replaced", "native_elsewhere")
 
 
-def variant_fields(fingerprint: Mapping[str, Any], meta: Optional[Mapping[str, Any]],
-                   engine: str) -> dict[str, Any]:
+def variant_fields(
+    fingerprint: Mapping[str, Any], meta: Optional[Mapping[str, Any]], engine: str
+) -> dict[str, Any]:
     """The manifest fields of a frozen CUDA variant: ``compiled_for`` (compute
     capabilities it has kernels for), ``tuned_on`` (the GPU whose autotuning chose the
     configs), ``validated_on`` (the GPUs its kernels ran on at capture: the build GPU
@@ -39,8 +40,10 @@ def build_line(meta: Optional[Mapping[str, Any]]) -> str:
         return ""
     extra = [f"tuned and validated on {rep.get('tuned_on')}"]
     extra += [f"left out {a}: {why}" for a, why in sorted((rep.get("left_out") or {}).items())]
-    extra += [f"config replaced for {a}: {', '.join(sorted(ks))}"
-              for a, ks in sorted((rep.get("replaced") or {}).items())]
+    extra += [
+        f"config replaced for {a}: {', '.join(sorted(ks))}"
+        for a, ks in sorted((rep.get("replaced") or {}).items())
+    ]
     return f"; compiled for sm {' '.join(rep.get('compiled_for') or [])} ({'; '.join(extra)})"
 
 
@@ -48,16 +51,24 @@ def inspect_lines(variant: Mapping[str, Any]) -> list[str]:
     """`inspect`'s lines for a variant's architecture fields (none for CPU variants)."""
     if not variant.get("compiled_for"):
         return []
-    lines = [f"    compiled for sm {' '.join(map(str, variant['compiled_for']))}; tuned on "
-             f"{variant.get('tuned_on')}; validated (run) on {' '.join(map(str, variant.get('validated_on') or []))}"]
+    lines = [
+        f"    compiled for sm {' '.join(map(str, variant['compiled_for']))}; tuned on "
+        f"{variant.get('tuned_on')}; validated (run) on {' '.join(map(str, variant.get('validated_on') or []))}"
+    ]
     binaries = (variant.get("fingerprint") or {}).get("cuda_binaries")
     if binaries:
         lines.append(f"    binaries: {binaries}")
-    lines += [f"    left out {a}: {why}" for a, why in sorted((variant.get("left_out") or {}).items())]
+    lines += [
+        f"    left out {a}: {why}" for a, why in sorted((variant.get("left_out") or {}).items())
+    ]
     for a, ks in sorted((variant.get("replaced") or {}).items()):
-        lines += [f"    config replaced for {a}, kernel {k}: {why}" for k, why in sorted(ks.items())]
-    lines += [f"    {a}: variant {vid} was built natively on it and is preferred there"
-              for a, vid in sorted((variant.get("native_elsewhere") or {}).items())]
+        lines += [
+            f"    config replaced for {a}, kernel {k}: {why}" for k, why in sorted(ks.items())
+        ]
+    lines += [
+        f"    {a}: variant {vid} was built natively on it and is preferred there"
+        for a, vid in sorted((variant.get("native_elsewhere") or {}).items())
+    ]
     return lines
 
 
@@ -81,8 +92,11 @@ def mark_native_builds(doc: dict[str, Any]) -> None:
                     continue
                 for o in variants:
                     ofp = o.get("fingerprint") or {}
-                    if (o is not v and o.get("tuned_on") == arch
-                            and all(ofp.get(k) == fp.get(k) for k in _SAME_HOST)):
+                    if (
+                        o is not v
+                        and o.get("tuned_on") == arch
+                        and all(ofp.get(k) == fp.get(k) for k in _SAME_HOST)
+                    ):
                         native[arch] = o["id"]
                         break
             if native:

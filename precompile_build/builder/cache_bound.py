@@ -125,8 +125,10 @@ def bound(root: Path, max_bytes: Optional[int], keep: Iterable[str]) -> str:
         if lock is not None:
             _remove(root, key, lock, entry=False)
     count = len(found) - removed
-    line = (f"precompile: capture cache {root}: {human_size(total)} in {count} "
-            f"entr{'y' if count == 1 else 'ies'}")
+    line = (
+        f"precompile: capture cache {root}: {human_size(total)} in {count} "
+        f"entr{'y' if count == 1 else 'ies'}"
+    )
     bits = [f"at most {human_size(max_bytes)}" if max_bytes is not None else "no size bound"]
     if removed:
         bits.append(f"removed {removed} least recently used, {human_size(freed)}")

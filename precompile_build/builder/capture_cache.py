@@ -48,9 +48,11 @@ ENTRY_FORMAT = "precompile-build.capture-cache"
 ENTRY_VERSION = 3  # 2: entries record what the capture imported; 3: in its import context
 ENTRY_JSON = "entry.json"
 TAG_NAME = "CACHEDIR.TAG"
-_TAG = (b"Signature: 8a477f597d28d172789f06886806bc55\n"
-        b"# This directory is a precompile-build capture cache; "
-        b"`python -m precompile_build clean` removes it.\n")
+_TAG = (
+    b"Signature: 8a477f597d28d172789f06886806bc55\n"
+    b"# This directory is a precompile-build capture cache; "
+    b"`python -m precompile_build clean` removes it.\n"
+)
 
 
 def cache_root(settings: Settings) -> Path:
@@ -106,13 +108,22 @@ def _memo_key(devices: tuple) -> str:
         try:
             gpus = subprocess.run(
                 ["nvidia-smi", "--query-gpu=uuid,name,compute_cap", "--format=csv,noheader"],
-                capture_output=True, text=True, timeout=30).stdout
+                capture_output=True,
+                text=True,
+                timeout=30,
+            ).stdout
         except (OSError, subprocess.SubprocessError):
             gpus = "no nvidia-smi"
-    parts = [sys.executable, sys.version, list(devices), os.environ.get("CUDA_VISIBLE_DEVICES"),
-             [version(d) for d in ("torch", "triton", "pytorch-triton")], gpus,
-             sha256_file(Path(fingerprint.__file__)),
-             sha256_file(Path(program_path("host_fingerprints")))]
+    parts = [
+        sys.executable,
+        sys.version,
+        list(devices),
+        os.environ.get("CUDA_VISIBLE_DEVICES"),
+        [version(d) for d in ("torch", "triton", "pytorch-triton")],
+        gpus,
+        sha256_file(Path(fingerprint.__file__)),
+        sha256_file(Path(program_path("host_fingerprints"))),
+    ]
     return hashlib.sha256(json.dumps(parts).encode()).hexdigest()
 
 
@@ -155,8 +166,13 @@ def host_fingerprints(devices: Iterable[str], memo_dir: Optional[Path] = None) -
         env = dict(os.environ)
         if own not in sys.path:
             env["PYTHONPATH"] = os.pathsep.join(p for p in (own, env.get("PYTHONPATH", "")) if p)
-        proc = subprocess.run([sys.executable, program_path("host_fingerprints"), *devices], env=env,
-                              capture_output=True, text=True, timeout=300)
+        proc = subprocess.run(
+            [sys.executable, program_path("host_fingerprints"), *devices],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
         if proc.returncode != 0:
             last = (proc.stderr.strip().splitlines() or ["no output"])[-1]
             raise CaptureError(f"Failed to compute the host fingerprint: {last}")
@@ -164,8 +180,9 @@ def host_fingerprints(devices: Iterable[str], memo_dir: Optional[Path] = None) -
         if not lines:
             raise CaptureError("Failed to compute the host fingerprint: the probe printed nothing")
         raw = json.loads(lines[-1])
-        _fp_memo[memo] = {d: sorted({json.dumps(fp, sort_keys=True) for fp in fps})
-                          for d, fps in raw.items()}
+        _fp_memo[memo] = {
+            d: sorted({json.dumps(fp, sort_keys=True) for fp in fps}) for d, fps in raw.items()
+        }
         if disk is not None:
             try:
                 disk.parent.mkdir(parents=True, exist_ok=True)
@@ -179,8 +196,9 @@ def host_fingerprints(devices: Iterable[str], memo_dir: Optional[Path] = None) -
 CAPTURE_ENV = (capture_env.ENGINE, capture_env.TRACER)
 
 
-def key_components(settings: Settings, target: TargetSettings, device: str,
-                   fingerprint: Any, package_sha256: str) -> dict[str, Any]:
+def key_components(
+    settings: Settings, target: TargetSettings, device: str, fingerprint: Any, package_sha256: str
+) -> dict[str, Any]:
     """Everything a capture's output depends on, as a JSON-able dict.
 
     ``timeout`` and ``required`` are left out (they change no artifact). The
@@ -201,17 +219,26 @@ def key_components(settings: Settings, target: TargetSettings, device: str,
     from .._version import __version__
 
     return {
-        "format": ENTRY_FORMAT, "version": ENTRY_VERSION,
-        "precompile_build": __version__, "precompile_runtime": precompile_runtime.__version__,
+        "format": ENTRY_FORMAT,
+        "version": ENTRY_VERSION,
+        "precompile_build": __version__,
+        "precompile_runtime": precompile_runtime.__version__,
         # the engines write their own code into every pair: a changed engine recaptures
         "tool_code_sha256": _tool_code_sha256(),
         "script_sha256": sha256_file(target.script),
         "package_sha256": package_sha256,
-        "target": {"name": target.name, "script": target.script_rel,
-                   "args": list(target.args), "device": device,
-                   "env": dict(sorted(target.env.items())), "fallback": target.fallback,
-                   "tracer": target.tracer, "cuda_graphs": target.cuda_graphs,
-                   "cuda_archs": list(target.cuda_archs), "mode": target.mode},
+        "target": {
+            "name": target.name,
+            "script": target.script_rel,
+            "args": list(target.args),
+            "device": device,
+            "env": dict(sorted(target.env.items())),
+            "fallback": target.fallback,
+            "tracer": target.tracer,
+            "cuda_graphs": target.cuda_graphs,
+            "cuda_archs": list(target.cuda_archs),
+            "mode": target.mode,
+        },
         "cache_env": {n: os.environ.get(n) for n in sorted({*target.cache_env, *CAPTURE_ENV})},
         "fingerprint": fingerprint,
         "cpu_flags": hashlib.sha256(" ".join(sorted(cpu_flags())).encode()).hexdigest(),
@@ -279,7 +306,8 @@ def check_root(root: Path) -> None:
             f"the capture cache directory {root} is not used: {found[0]}; whoever can change "
             f"it can put code into every wheel built from it. To use it: {found[1]}; or set "
             "`cache-dir` (PRECOMPILE_BUILD_CACHE_DIR) to a directory only you can write "
-            "(docs/security.md)")
+            "(docs/security.md)"
+        )
 
 
 def _ensure_root(root: Path) -> None:
@@ -314,8 +342,13 @@ class Lookup(NamedTuple):
         return f"{self.miss}: {self.detail}" if self.miss and self.detail else self.miss or ""
 
 
-def fetch(root: Path, key: str, name: str, dest: Path,
-          changes: Optional[Callable[[dict], list[str]]] = None) -> Lookup:
+def fetch(
+    root: Path,
+    key: str,
+    name: str,
+    dest: Path,
+    changes: Optional[Callable[[dict], list[str]]] = None,
+) -> Lookup:
     """Copy entry ``key`` of target ``name`` to ``dest/NAME.{py,cache}`` and verify it.
 
     Call with :func:`lock` held; ``dest`` is a directory only this call writes (it
@@ -346,16 +379,20 @@ def fetch(root: Path, key: str, name: str, dest: Path,
         changed = (changes or imported.changes)(meta["imports"])
         if changed:  # the capture imported other code than is installed now: capture again
             shutil.rmtree(dest, ignore_errors=True)
-            shown = ", ".join(changed[:3]) + (f" and {len(changed) - 3} more" if len(changed) > 3 else "")
+            shown = ", ".join(changed[:3]) + (
+                f" and {len(changed) - 3} more" if len(changed) > 3 else ""
+            )
             return Lookup(None, "imports changed", shown)
         for role, suffix in (("source", ".py"), ("cache", ".cache")):
             copy = dest / f"{name}{suffix}"
             shutil.copyfile(entry_dir / f"{name}{suffix}", copy)
             got, want = _file_meta(copy), meta["files"][role]
             if got != {"size": want["size"], "sha256": want["sha256"]}:
-                raise ValueError(f"{copy.name}: size/sha256 {got['size']}/"
-                                 f"{got['sha256'][:12]} != recorded {want['size']}/"
-                                 f"{want['sha256'][:12]}")
+                raise ValueError(
+                    f"{copy.name}: size/sha256 {got['size']}/"
+                    f"{got['sha256'][:12]} != recorded {want['size']}/"
+                    f"{want['sha256'][:12]}"
+                )
         meta["info"] = inspect_pair(dest / f"{name}.py", dest / f"{name}.cache")
     except (OSError, ValueError, KeyError, TypeError, AttributeError, CaptureError) as e:
         shutil.rmtree(dest, ignore_errors=True)
@@ -370,7 +407,12 @@ def _entry_problem(entry_dir: Path, name: str) -> Optional[str]:
     None. Written by this user, its files' sha256s are then checked (:func:`fetch`)."""
     from precompile_runtime._safe_path import leaf_problem
 
-    for path in (entry_dir, entry_dir / ENTRY_JSON, entry_dir / f"{name}.py", entry_dir / f"{name}.cache"):
+    for path in (
+        entry_dir,
+        entry_dir / ENTRY_JSON,
+        entry_dir / f"{name}.py",
+        entry_dir / f"{name}.cache",
+    ):
         try:
             found = leaf_problem(str(path), os.lstat(path))
         except FileNotFoundError:
@@ -380,10 +422,21 @@ def _entry_problem(entry_dir: Path, name: str) -> Optional[str]:
     return None
 
 
-def store(root: Path, key: str, name: str, source: Path, cache: Path, info: PairInfo,
-          *, seconds: float, capture_device: Any, components: Mapping[str, Any],
-          project_root: Optional[Path] = None, package: Optional[str] = None,
-          package_files: Optional[Mapping[str, str]] = None) -> None:
+def store(
+    root: Path,
+    key: str,
+    name: str,
+    source: Path,
+    cache: Path,
+    info: PairInfo,
+    *,
+    seconds: float,
+    capture_device: Any,
+    components: Mapping[str, Any],
+    project_root: Optional[Path] = None,
+    package: Optional[str] = None,
+    package_files: Optional[Mapping[str, str]] = None,
+) -> None:
     """Write entry ``key`` atomically (temp dir beside it, then rename; no fsync:
     :func:`fetch` checks every file's sha256, so an entry torn by a crash is
     recaptured, never used).
@@ -407,15 +460,26 @@ def store(root: Path, key: str, name: str, source: Path, cache: Path, info: Pair
             dst = tmp / src.name
             shutil.copyfile(src, dst)
             files[role] = {"path": src.name, **_file_meta(dst)}
-        imports = (imported.read_record(imported.record_path(source))
-                   or imported.environment_record(root=str(project_root) if project_root else None))
-        meta = {"format": ENTRY_FORMAT, "version": ENTRY_VERSION, "key": key,
-                "target": name, "engine": info.engine, "device": info.device, "imports": imports,
-                "capture_seconds": round(seconds, 3), "capture_device": capture_device,
-                "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-                "created_ns": time.time_ns(), "package": package,
-                "package_files": dict(package_files or {}),
-                "files": files, "components": components}
+        imports = imported.read_record(imported.record_path(source)) or imported.environment_record(
+            root=str(project_root) if project_root else None
+        )
+        meta = {
+            "format": ENTRY_FORMAT,
+            "version": ENTRY_VERSION,
+            "key": key,
+            "target": name,
+            "engine": info.engine,
+            "device": info.device,
+            "imports": imports,
+            "capture_seconds": round(seconds, 3),
+            "capture_device": capture_device,
+            "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "created_ns": time.time_ns(),
+            "package": package,
+            "package_files": dict(package_files or {}),
+            "files": files,
+            "components": components,
+        }
         (tmp / ENTRY_JSON).write_text(json.dumps(meta, indent=2, sort_keys=True), encoding="utf-8")
         if (root / key).exists():
             discard(root / key)
@@ -426,17 +490,26 @@ def store(root: Path, key: str, name: str, source: Path, cache: Path, info: Pair
 
 
 _COMPONENT_NAMES = {
-    "script_sha256": "the script", "package_sha256": "the package's files",
-    "target": "the target's", "cache_env": "the cache-env variables",
-    "fingerprint": "the host fingerprint", "cpu_flags": "the CPU flags",
-    "tool_code_sha256": "precompile-build's code", "precompile_build": "precompile-build's version",
-    "precompile_runtime": "precompile-runtime's version", "format": "the entry format",
+    "script_sha256": "the script",
+    "package_sha256": "the package's files",
+    "target": "the target's",
+    "cache_env": "the cache-env variables",
+    "fingerprint": "the host fingerprint",
+    "cpu_flags": "the CPU flags",
+    "tool_code_sha256": "precompile-build's code",
+    "precompile_build": "precompile-build's version",
+    "precompile_runtime": "precompile-runtime's version",
+    "format": "the entry format",
     "version": "the entry format",
 }
 
 
-def what_changed(root: Path, components: Mapping[str, Any], package: Optional[str] = None,
-                 package_files: Optional[Mapping[str, str]] = None) -> Optional[str]:
+def what_changed(
+    root: Path,
+    components: Mapping[str, Any],
+    package: Optional[str] = None,
+    package_files: Optional[Mapping[str, str]] = None,
+) -> Optional[str]:
     """What differs between ``components`` and the newest entry in ``root`` of the same
     target (name, script, device) of package ``package``: ``"the script
     capture/pair.py"``, ``"the package's files (simplepkg/helpers.py changed)"``,
@@ -454,8 +527,12 @@ def what_changed(root: Path, components: Mapping[str, Any], package: Optional[st
         try:
             meta = json.loads((d / ENTRY_JSON).read_text(encoding="utf-8"))
             old_target = meta["components"]["target"]
-            if (old_target["name"], old_target["script"], old_target["device"], meta.get("package")) != \
-                    (target.get("name"), target.get("script"), target.get("device"), package):
+            if (
+                old_target["name"],
+                old_target["script"],
+                old_target["device"],
+                meta.get("package"),
+            ) != (target.get("name"), target.get("script"), target.get("device"), package):
                 continue
         except (OSError, ValueError, KeyError, TypeError):
             continue
@@ -465,33 +542,55 @@ def what_changed(root: Path, components: Mapping[str, Any], package: Optional[st
         return None
     old = best["components"]
     parts = []
-    for k in sorted(set(old) | set(components), key=lambda k: list(_COMPONENT_NAMES).index(k)
-                    if k in _COMPONENT_NAMES else len(_COMPONENT_NAMES)):
+    for k in sorted(
+        set(old) | set(components),
+        key=lambda k: (
+            list(_COMPONENT_NAMES).index(k) if k in _COMPONENT_NAMES else len(_COMPONENT_NAMES)
+        ),
+    ):
         if old.get(k) == components.get(k):
             continue
         what = _COMPONENT_NAMES.get(k, k)
         if k == "script_sha256":
             what += f" {target.get('script')}"
-        elif k == "package_sha256" and isinstance(best.get("package_files"), dict) and package_files is not None:
+        elif (
+            k == "package_sha256"
+            and isinstance(best.get("package_files"), dict)
+            and package_files is not None
+        ):
             was, now = best["package_files"], package_files
             pre = f"{package}/" if package else ""
-            files = ([f"{pre}{f} changed" for f in sorted(now) if f in was and was[f] != now[f]]
-                     + [f"{pre}{f} added" for f in sorted(now) if f not in was]
-                     + [f"{pre}{f} removed" for f in sorted(was) if f not in now])
+            files = (
+                [f"{pre}{f} changed" for f in sorted(now) if f in was and was[f] != now[f]]
+                + [f"{pre}{f} added" for f in sorted(now) if f not in was]
+                + [f"{pre}{f} removed" for f in sorted(was) if f not in now]
+            )
             if files:
-                what += " (" + ", ".join(files[:3]) + (f" and {len(files) - 3} more" if len(files) > 3 else "") + ")"
+                what += (
+                    " ("
+                    + ", ".join(files[:3])
+                    + (f" and {len(files) - 3} more" if len(files) > 3 else "")
+                    + ")"
+                )
         elif k == "target" and isinstance(old.get(k), dict):
             keys = sorted(n for n in set(old[k]) | set(target) if old[k].get(n) != target.get(n))
             what += " " + ", ".join(keys)
         elif k == "cache_env" and isinstance(old.get(k), dict):
             now_env = components.get(k) or {}
-            what += " (" + ", ".join(sorted(n for n in set(old[k]) | set(now_env)
-                                            if old[k].get(n) != now_env.get(n))) + ")"
+            what += (
+                " ("
+                + ", ".join(
+                    sorted(n for n in set(old[k]) | set(now_env) if old[k].get(n) != now_env.get(n))
+                )
+                + ")"
+            )
         if what not in parts:
             parts.append(what)
     if not parts:
         return None
-    return f"changed since the last capture (key {str(best.get('key', '?'))[:12]}…): " + ", ".join(parts)
+    return f"changed since the last capture (key {str(best.get('key', '?'))[:12]}…): " + ", ".join(
+        parts
+    )
 
 
 def discard(entry_dir: Path) -> None:

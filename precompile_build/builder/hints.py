@@ -21,10 +21,12 @@ def missing_module(error: Optional[str]) -> Optional[str]:
     if m is None:
         return None
     name = m.group(1)
-    return (f"`{name}` is not installed where the build runs: an isolated build (`python -m "
-            "build`, `pip wheel .`, `pip install .`) installs only `build-system.requires` "
-            f"of pyproject.toml, so add {name}'s distribution there (pinned to the version "
-            "the artifacts are for), or build with --no-isolation where it is installed")
+    return (
+        f"`{name}` is not installed where the build runs: an isolated build (`python -m "
+        "build`, `pip wheel .`, `pip install .`) installs only `build-system.requires` "
+        f"of pyproject.toml, so add {name}'s distribution there (pinned to the version "
+        "the artifacts are for), or build with --no-isolation where it is installed"
+    )
 
 
 def shadowing_files(script: Path) -> list[str]:
@@ -55,9 +57,11 @@ def shadowing(script: Path) -> Optional[str]:
         return None
     names = ", ".join(f"{script.parent.name}/{f}" for f in files)
     modules = ", ".join(f"`{Path(f).stem}`" for f in files)
-    return (f"{names} is named like the module {modules}: the script's folder comes first "
-            "on its sys.path, so `import` of that name (by the script or by a library it "
-            "imports, torch included) finds this file instead; rename it")
+    return (
+        f"{names} is named like the module {modules}: the script's folder comes first "
+        "on its sys.path, so `import` of that name (by the script or by a library it "
+        "imports, torch included) finds this file instead; rename it"
+    )
 
 
 def hints(error: Optional[str], script: Path) -> str:

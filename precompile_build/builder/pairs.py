@@ -46,9 +46,12 @@ def read_source_metadata(source: bytes, *, what: str) -> dict[str, Any]:
     except (SyntaxError, ValueError) as e:
         raise CaptureError(f"Failed to validate {what}: not valid Python ({e})") from None
     for node in tree.body:
-        if (isinstance(node, ast.Assign) and len(node.targets) == 1
-                and isinstance(node.targets[0], ast.Name)
-                and node.targets[0].id == "PRECOMPILE_METADATA"):
+        if (
+            isinstance(node, ast.Assign)
+            and len(node.targets) == 1
+            and isinstance(node.targets[0], ast.Name)
+            and node.targets[0].id == "PRECOMPILE_METADATA"
+        ):
             try:
                 meta = ast.literal_eval(node.value)
             except ValueError:
@@ -57,12 +60,15 @@ def read_source_metadata(source: bytes, *, what: str) -> dict[str, Any]:
                 break
             problem = version_problem(meta)  # the runtime's rule: what it would refuse to load
             if problem is not None:
-                raise CaptureError(f"Failed to validate {what}: {problem[0]}: the capture "
-                                   "script imported another precompile-build or precompile-runtime "
-                                   "than the build's; run it with the build's Python")
+                raise CaptureError(
+                    f"Failed to validate {what}: {problem[0]}: the capture "
+                    "script imported another precompile-build or precompile-runtime "
+                    "than the build's; run it with the build's Python"
+                )
             return meta
-    raise CaptureError(f"Failed to validate {what}: no top-level `PRECOMPILE_METADATA = "
-                       "{...}` dict literal")
+    raise CaptureError(
+        f"Failed to validate {what}: no top-level `PRECOMPILE_METADATA = {{...}}` dict literal"
+    )
 
 
 def inspect_pair_bytes(source: bytes, cache: bytes, *, what: str = "pair") -> PairInfo:
@@ -74,17 +80,23 @@ def inspect_pair_bytes(source: bytes, cache: bytes, *, what: str = "pair") -> Pa
     except PrecompileLoadError as e:
         raise CaptureError(f"Failed to validate {what}: {e}") from None
     if env.engine not in OUR_ENGINES:
-        raise CaptureError(f"Failed to validate {what}: cache engine {env.engine!r} "
-                           f"is not one of {', '.join(OUR_ENGINES)}")
+        raise CaptureError(
+            f"Failed to validate {what}: cache engine {env.engine!r} "
+            f"is not one of {', '.join(OUR_ENGINES)}"
+        )
     meta = read_source_metadata(source, what=f"{what} source")
     actual = hashlib.sha256(source).hexdigest()
     if env.code_hash != actual:
-        raise CaptureError(f"Failed to validate {what}: code_hash mismatch: the cache "
-                           f"records {env.code_hash[:16]}..., the source hashes to "
-                           f"{actual[:16]}...; both halves must come from one capture")
+        raise CaptureError(
+            f"Failed to validate {what}: code_hash mismatch: the cache "
+            f"records {env.code_hash[:16]}..., the source hashes to "
+            f"{actual[:16]}...; both halves must come from one capture"
+        )
     if meta.get("engine") != env.engine:
-        raise CaptureError(f"Failed to validate {what}: source says engine "
-                           f"{meta.get('engine')!r}, cache says {env.engine!r}")
+        raise CaptureError(
+            f"Failed to validate {what}: source says engine "
+            f"{meta.get('engine')!r}, cache says {env.engine!r}"
+        )
     device = meta.get("device") or env.fingerprint.get("device_type") or "cpu"
     return PairInfo(env.engine, actual, dict(env.fingerprint), str(device), meta)
 
@@ -93,26 +105,33 @@ def _inspect_torch(source: bytes, cache: bytes, what: str) -> PairInfo:
     try:
         from ..engines.torch_engine import inspect_torch_pair
     except ImportError:
-        raise CaptureError(f"Failed to validate {what}: the cache is not a recognised "
-                           "pair format (no precompile-build envelope, and the torch "
-                           "engine is not available to read torch's)") from None
+        raise CaptureError(
+            f"Failed to validate {what}: the cache is not a recognised "
+            "pair format (no precompile-build envelope, and the torch "
+            "engine is not available to read torch's)"
+        ) from None
     try:
         info = inspect_torch_pair(source, cache)
     except CaptureError:
         raise
     except Exception as e:  # a torch-format parse error
-        raise CaptureError(f"Failed to validate {what}: not a recognised pair format "
-                           f"({type(e).__name__}: {e})") from None
+        raise CaptureError(
+            f"Failed to validate {what}: not a recognised pair format ({type(e).__name__}: {e})"
+        ) from None
     if isinstance(info, PairInfo):
         return info
-    return PairInfo(engine=info.get("engine", "torch"), code_hash=info["code_hash"],
-                    fingerprint=dict(info["fingerprint"]),
-                    device=info.get("device") or info["fingerprint"].get("device_type", "cpu"),
-                    meta=dict(info.get("meta") or {}))
+    return PairInfo(
+        engine=info.get("engine", "torch"),
+        code_hash=info["code_hash"],
+        fingerprint=dict(info["fingerprint"]),
+        device=info.get("device") or info["fingerprint"].get("device_type", "cpu"),
+        meta=dict(info.get("meta") or {}),
+    )
 
 
-def inspect_pair(source_path: str | os.PathLike[str],
-                 cache_path: str | os.PathLike[str]) -> PairInfo:
+def inspect_pair(
+    source_path: str | os.PathLike[str], cache_path: str | os.PathLike[str]
+) -> PairInfo:
     """Validate the pair at ``source_path`` / ``cache_path`` and describe it.
 
     Our engines: the cache is an envelope whose code_hash must equal the sha256 of

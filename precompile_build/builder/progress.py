@@ -47,7 +47,7 @@ def last_log_line(path: Path) -> str:
         return ""
     line = lines[-1].strip()
     if lines[-1][:1].isspace():  # an indented line continues the block above it
-        for back in lines[-1:-_WARNING_LINES - 1:-1]:
+        for back in lines[-1 : -_WARNING_LINES - 1 : -1]:
             m = _WARNING.match(back)
             if m:
                 line = f"{m[1]}: {m[2].strip()}"
@@ -79,8 +79,10 @@ class Progress:
     def __init__(self, stream: Optional[IO[str]] = None, live: Optional[bool] = None):
         self._stream = stream or sys.stderr
         if live is None:
-            live = (getattr(self._stream, "isatty", lambda: False)()
-                    and os.environ.get("TERM") != "dumb")
+            live = (
+                getattr(self._stream, "isatty", lambda: False)()
+                and os.environ.get("TERM") != "dumb"
+            )
         self.live = live
         self._lock = threading.Lock()
         self._running: dict[str, tuple[float, str, Path]] = {}
@@ -90,8 +92,7 @@ class Progress:
         self._thread: Optional[threading.Thread] = None
 
     def __enter__(self) -> Progress:
-        self._thread = threading.Thread(target=self._tick, daemon=True,
-                                        name="precompile-progress")
+        self._thread = threading.Thread(target=self._tick, daemon=True, name="precompile-progress")
         self._thread.start()
         return self
 
@@ -133,8 +134,10 @@ class Progress:
             elif min_age is None or age < min_age:
                 continue
             tail = last_log_line(log)
-            out.append(f"precompile: {name} on {where}: running {age:.0f} s"
-                       + (f" | {tail}" if tail else ""))
+            out.append(
+                f"precompile: {name} on {where}: running {age:.0f} s"
+                + (f" | {tail}" if tail else "")
+            )
         return out
 
     def _clear(self) -> None:
@@ -177,11 +180,22 @@ def summary(rows: Sequence[tuple]) -> str:
     from ..process.stats import short
 
     head = ("target", "device", "result", "seconds", "bytes", "peak host/GPU")
-    cells = [head] + [(t, d, r, "-" if s is None else f"{s:.1f}", "-" if b is None else human_size(b),
-                       short(rest[0] if rest else None, human_size)) for t, d, r, s, b, *rest in rows]
+    cells = [head] + [
+        (
+            t,
+            d,
+            r,
+            "-" if s is None else f"{s:.1f}",
+            "-" if b is None else human_size(b),
+            short(rest[0] if rest else None, human_size),
+        )
+        for t, d, r, s, b, *rest in rows
+    ]
     widths = [max(len(c[i]) for c in cells) for i in range(6)]
     fmt = "".join(f"  {{:{align}{w}}}" for align, w in zip("<<<>>>", widths))
-    note = ("precompile: seconds: each target's whole time in this build (its wait for a device "
-            "slot, the capture cache and the pair's checks included); a target's `ok ... in N s` "
-            "line gives its capture script's run alone")
+    note = (
+        "precompile: seconds: each target's whole time in this build (its wait for a device "
+        "slot, the capture cache and the pair's checks included); a target's `ok ... in N s` "
+        "line gives its capture script's run alone"
+    )
     return "\n".join(["precompile: summary"] + [fmt.format(*c).rstrip() for c in cells] + [note])

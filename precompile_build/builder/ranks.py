@@ -44,7 +44,9 @@ class WorldPlan:
         return self.size if self.mode == "real" else 1
 
 
-def plan(target: TargetSettings, device: str, distributed: str, gpus: int) -> tuple[Optional[WorldPlan], Optional[str]]:
+def plan(
+    target: TargetSettings, device: str, distributed: str, gpus: int
+) -> tuple[Optional[WorldPlan], Optional[str]]:
     """The plan for ``target`` on ``device``, or why it cannot run.
 
     Args:
@@ -64,13 +66,19 @@ def plan(target: TargetSettings, device: str, distributed: str, gpus: int) -> tu
     enough = device == "cpu" or gpus >= n
     if distributed == "real":
         if not enough:
-            return None, (f"distributed = real runs each of the {n} ranks on its own GPU and this build host "
-                          f"has {gpus}; build on a host with {n} GPUs, or set `-C precompile.distributed=fake` "
-                          "to capture rank 0 alone (compile-only)")
+            return None, (
+                f"distributed = real runs each of the {n} ranks on its own GPU and this build host "
+                f"has {gpus}; build on a host with {n} GPUs, or set `-C precompile.distributed=fake` "
+                "to capture rank 0 alone (compile-only)"
+            )
         return WorldPlan(n, "real", target.mesh, "distributed = real"), None
     if enough:
-        return WorldPlan(n, "real", target.mesh, "gloo on the CPU" if device == "cpu" else f"{n} GPUs"), None
-    return WorldPlan(n, "fake", target.mesh, f"distributed = auto: {gpus} GPU(s) for {n} ranks"), None
+        return WorldPlan(
+            n, "real", target.mesh, "gloo on the CPU" if device == "cpu" else f"{n} GPUs"
+        ), None
+    return WorldPlan(
+        n, "fake", target.mesh, f"distributed = auto: {gpus} GPU(s) for {n} ranks"
+    ), None
 
 
 def free_port() -> int:
@@ -85,9 +93,16 @@ def rank_env(env: Mapping[str, str], world: WorldPlan, rank: int, port: int) -> 
     LOCAL_WORLD_SIZE, GROUP_RANK, MASTER_ADDR, MASTER_PORT; OMP_NUM_THREADS split between
     the processes unless set) and the build's :data:`MODE_ENV` / :data:`WORLD_ENV`."""
     out = dict(env)
-    out.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world.size),
-               LOCAL_WORLD_SIZE=str(world.size), GROUP_RANK="0", ROLE_RANK=str(rank),
-               MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    out.update(
+        RANK=str(rank),
+        LOCAL_RANK=str(rank),
+        WORLD_SIZE=str(world.size),
+        LOCAL_WORLD_SIZE=str(world.size),
+        GROUP_RANK="0",
+        ROLE_RANK=str(rank),
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+    )
     out[MODE_ENV], out[WORLD_ENV] = world.mode, str(world.size)
     if "OMP_NUM_THREADS" not in env:  # as torchrun: the ranks share the cores
         out["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // world.processes))
@@ -105,9 +120,11 @@ def world_problem(meta: Mapping[str, Any], world: WorldPlan) -> Optional[str]:
     if not rec:
         return None
     if rec.get("world_size") != world.size:
-        return (f"the script's process group has {rec.get('world_size')} rank(s) and the target declares "
-                f"world-size = {world.size}; call dist.init_process_group() without world_size= or rank= "
-                "(the build sets RANK and WORLD_SIZE as torchrun does)")
+        return (
+            f"the script's process group has {rec.get('world_size')} rank(s) and the target declares "
+            f"world-size = {world.size}; call dist.init_process_group() without world_size= or rank= "
+            "(the build sets RANK and WORLD_SIZE as torchrun does)"
+        )
     mesh = rec.get("mesh")
     if world.mesh and mesh:
         declared = dict(world.mesh)
@@ -119,9 +136,11 @@ def world_problem(meta: Mapping[str, Any], world: WorldPlan) -> Optional[str]:
             fits = mesh["shape"] == list(declared.values())
             got = " x ".join(map(str, mesh["shape"]))
         if not fits:
-            return (f"the model is sharded over a DeviceMesh of {got} and the target declares mesh = "
-                    f"{mesh_text(world.mesh)}; make init_device_mesh's shape and mesh_dim_names the "
-                    "declared mesh, or change `mesh`")
+            return (
+                f"the model is sharded over a DeviceMesh of {got} and the target declares mesh = "
+                f"{mesh_text(world.mesh)}; make init_device_mesh's shape and mesh_dim_names the "
+                "declared mesh, or change `mesh`"
+            )
     return None
 
 
@@ -136,11 +155,14 @@ def _without_metadata(source: bytes) -> bytes:
     tree = ast.parse(source)
     lines = source.splitlines(keepends=True)
     for node in tree.body:
-        if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "PRECOMPILE_METADATA"
-                                                for t in node.targets):
-            source = b"".join(lines[:node.lineno - 1] + lines[node.end_lineno or node.lineno:])
+        if isinstance(node, ast.Assign) and any(
+            isinstance(t, ast.Name) and t.id == "PRECOMPILE_METADATA" for t in node.targets
+        ):
+            source = b"".join(lines[: node.lineno - 1] + lines[node.end_lineno or node.lineno :])
             break
-    return _ORDINAL.sub(lambda m: (m.group(1) or m.group(3)) + b"0" + (m.group(2) or m.group(4)), source)
+    return _ORDINAL.sub(
+        lambda m: (m.group(1) or m.group(3)) + b"0" + (m.group(2) or m.group(4)), source
+    )
 
 
 # what may differ between the ranks' pairs: the numbers each rank's validation measured,
@@ -148,8 +170,9 @@ def _without_metadata(source: bytes) -> bytes:
 _PER_RANK = ("validation",)
 
 
-def rank_difference(rank0: tuple[bytes, Mapping[str, Any]], other: tuple[bytes, Mapping[str, Any]],
-                    rank: int) -> Optional[str]:
+def rank_difference(
+    rank0: tuple[bytes, Mapping[str, Any]], other: tuple[bytes, Mapping[str, Any]], rank: int
+) -> Optional[str]:
     """Why rank 0's pair would not serve ``rank`` (whose pair is ``other``), or None.
 
     Args:
@@ -169,17 +192,23 @@ def rank_difference(rank0: tuple[bytes, Mapping[str, Any]], other: tuple[bytes, 
             for i, (a, b) in enumerate(zip(meta0[key], meta.get(key) or [])):
                 if a != b:
                     what = names[i] if names and i < len(names) else f"{key} #{i}"
-                    detail = f" ({what}: {a.get('shape')} on rank 0, {b.get('shape')} on rank {rank})"
+                    detail = (
+                        f" ({what}: {a.get('shape')} on rank 0, {b.get('shape')} on rank {rank})"
+                    )
                     break
-        return (f"rank {rank}'s capture differs from rank 0's in `{key}`{detail}, so rank 0's pair would "
-                f"compute something else on rank {rank}. One pair serves every rank when each rank's "
-                "shards have one shape (dimensions divisible by the world size) and the captured "
-                "function does not read its rank (dist.get_rank() inside it is frozen in at capture)")
+        return (
+            f"rank {rank}'s capture differs from rank 0's in `{key}`{detail}, so rank 0's pair would "
+            f"compute something else on rank {rank}. One pair serves every rank when each rank's "
+            "shards have one shape (dimensions divisible by the world size) and the captured "
+            "function does not read its rank (dist.get_rank() inside it is frozen in at capture)"
+        )
     if _without_metadata(src0) != _without_metadata(src):
-        return (f"rank {rank}'s captured code differs from rank 0's, so rank 0's pair would compute "
-                f"something else on rank {rank}: the captured function takes another path on that rank "
-                "(a branch on dist.get_rank(), or a value read from it); keep rank-dependent choices "
-                "outside the captured function")
+        return (
+            f"rank {rank}'s captured code differs from rank 0's, so rank 0's pair would compute "
+            f"something else on rank {rank}: the captured function takes another path on that rank "
+            "(a branch on dist.get_rank(), or a value read from it); keep rank-dependent choices "
+            "outside the captured function"
+        )
     return None
 
 
@@ -194,9 +223,14 @@ def record(world: WorldPlan, meta: Mapping[str, Any]) -> dict[str, Any]:
     """
     rec = meta.get("collectives") or {}
     skipped = bool((meta.get("validation") or {}).get("skipped"))
-    return {"world_size": world.size, "mesh": rec.get("mesh"), "mode": world.mode,
-            "backend": rec.get("backend"), "ranks_captured": world.processes,
-            "validated": world.mode == "real" and not skipped}
+    return {
+        "world_size": world.size,
+        "mesh": rec.get("mesh"),
+        "mode": world.mode,
+        "backend": rec.get("backend"),
+        "ranks_captured": world.processes,
+        "validated": world.mode == "real" and not skipped,
+    }
 
 
 def describe(entry: Mapping[str, Any]) -> str:
@@ -205,12 +239,21 @@ def describe(entry: Mapping[str, Any]) -> str:
     shape = ""
     if (mesh.get("shape") and len(mesh["shape"]) > 1) or mesh.get("dim_names"):
         names = mesh.get("dim_names") or [str(i) for i in range(len(mesh.get("shape") or []))]
-        shape = " (mesh " + " x ".join(f"{k}={v}" for k, v in zip(names, mesh.get("shape") or [])) + ")"
+        shape = (
+            " (mesh " + " x ".join(f"{k}={v}" for k, v in zip(names, mesh.get("shape") or [])) + ")"
+        )
     head = f"world size {entry.get('world_size')}{shape}: rank 0's pair serves every rank"
     if entry.get("mode") == "fake":
-        return (head + "; rank 0 captured alone under the fake process-group backend: compile-only, "
-                f"not validated at world size {entry.get('world_size')}")
+        return (
+            head + "; rank 0 captured alone under the fake process-group backend: compile-only, "
+            f"not validated at world size {entry.get('world_size')}"
+        )
     backend = entry.get("backend") or "?"
     if entry.get("validated"):
-        return head + f"; captured on all {entry.get('ranks_captured')} ranks ({backend}), each validated"
-    return head + f"; captured on all {entry.get('ranks_captured')} ranks ({backend}), not validated"
+        return (
+            head
+            + f"; captured on all {entry.get('ranks_captured')} ranks ({backend}), each validated"
+        )
+    return (
+        head + f"; captured on all {entry.get('ranks_captured')} ranks ({backend}), not validated"
+    )

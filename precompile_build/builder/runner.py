@@ -45,8 +45,16 @@ from .script import (
 )
 from .slots import Slots
 
-__all__ = ["CaptureResult", "CaptureWarning", "artifacts_for", "cuda_available", "gpu_ids",
-           "require_torch", "resolve_device", "run_captures"]
+__all__ = [
+    "CaptureResult",
+    "CaptureWarning",
+    "artifacts_for",
+    "cuda_available",
+    "gpu_ids",
+    "require_torch",
+    "resolve_device",
+    "run_captures",
+]
 
 
 class CaptureWarning(UserWarning):
@@ -170,10 +178,12 @@ def _index(gpu: Optional[str]) -> Optional[Union[int, str]]:
 def _sizes(r: CaptureResult) -> str:
     assert r.source_path is not None and r.cache_path is not None and r.info is not None
     fallback = (r.info.meta.get("fallback") or {}).get("reason")
-    return (f"{r.info.engine}" + (f" (fallback: {fallback})" if fallback else "")
-            + f"; source {human_size(r.source_path.stat().st_size)}, "
-            f"cache {human_size(r.cache_path.stat().st_size)}"
-            + arch_report.build_line(r.info.meta))  # `cuda-archs`: what was left out and why
+    return (
+        f"{r.info.engine}"
+        + (f" (fallback: {fallback})" if fallback else "")
+        + f"; source {human_size(r.source_path.stat().st_size)}, "
+        f"cache {human_size(r.cache_path.stat().st_size)}" + arch_report.build_line(r.info.meta)
+    )  # `cuda-archs`: what was left out and why
 
 
 class _Cancelled(Exception):
@@ -232,10 +242,12 @@ def _plan_cache(b: _Build, devices: set) -> None:
 def _run_one(b: _Build, target: TargetSettings, device: Optional[str]) -> CaptureResult:
     required = target.required or b.settings.strict
     if device is None:
-        reason = "needs CUDA (device = \"cuda\") but this build host has no CUDA GPU"
+        reason = 'needs CUDA (device = "cuda") but this build host has no CUDA GPU'
         if required:
-            reason += ("; build on a GPU host, or set `required = false` to leave it "
-                       "out of wheels built elsewhere")
+            reason += (
+                "; build on a GPU host, or set `required = false` to leave it "
+                "out of wheels built elsewhere"
+            )
         return _fail_or_skip(b, target, required, "cuda", reason, None, 0.0)
     start = time.monotonic()
     world, problem = ranks.plan(target, device, b.settings.distributed, len(b.gpus))
@@ -246,9 +258,14 @@ def _run_one(b: _Build, target: TargetSettings, device: Optional[str]) -> Captur
     root = b.cache_root
     try:
         components = capture_cache.key_components(
-            b.settings, target, device, b.fingerprints[device], b.package_sha256)
+            b.settings, target, device, b.fingerprints[device], b.package_sha256
+        )
         if world is not None:  # how the ranks ran changes what the wheel records
-            components["world"] = {"size": world.size, "mesh": [list(d) for d in world.mesh], "mode": world.mode}
+            components["world"] = {
+                "size": world.size,
+                "mesh": [list(d) for d in world.mesh],
+                "mode": world.mode,
+            }
         key = capture_cache.cache_key(components)
         b.used_keys.add(key)
         lock = capture_cache.lock(root, key)
@@ -258,29 +275,47 @@ def _run_one(b: _Build, target: TargetSettings, device: Optional[str]) -> Captur
         return _capture(b, target, device, f"cache unavailable: {e}", None, start, world)
     try:
         found = capture_cache.fetch(  # the imports record: checked where the capture ran
-            root, key, target.name, b.work / "reused" / target.name,
-            changes=lambda recorded: imports_changes(b.settings, target, device, recorded))
+            root,
+            key,
+            target.name,
+            b.work / "reused" / target.name,
+            changes=lambda recorded: imports_changes(b.settings, target, device, recorded),
+        )
         if found.meta is not None:
             cache_bound.used(root, key)  # least recently used entries go first
             return _reused(b, target, device, key, found.meta, start, world)
         why = found.why
         if found.miss == "no entry":  # say what changed since the target's last capture, if any
-            why = capture_cache.what_changed(root, components, b.settings.package,
-                                             b.package_files) or why
+            why = (
+                capture_cache.what_changed(root, components, b.settings.package, b.package_files)
+                or why
+            )
         if found.miss == "entry corrupt":
-            b.progress.say(f"precompile: {target.name}: discarded cache entry {key[:12]}…: {found.detail}")
+            b.progress.say(
+                f"precompile: {target.name}: discarded cache entry {key[:12]}…: {found.detail}"
+            )
         result = _capture(b, target, device, why, key, start, world)
         if result.status == "ok":
             try:
-                capture_cache.store(root, key, target.name, result.source_path,  # type: ignore
-                                    result.cache_path, result.info,  # type: ignore[arg-type]
-                                    seconds=result.capture_seconds or 0.0,
-                                    capture_device=result.device_index,
-                                    components=components, project_root=b.settings.root,
-                                    package=b.settings.package, package_files=b.package_files)
+                capture_cache.store(
+                    root,
+                    key,
+                    target.name,
+                    result.source_path,  # type: ignore[arg-type]
+                    result.cache_path,  # type: ignore[arg-type]
+                    result.info,  # type: ignore[arg-type]
+                    seconds=result.capture_seconds or 0.0,
+                    capture_device=result.device_index,
+                    components=components,
+                    project_root=b.settings.root,
+                    package=b.settings.package,
+                    package_files=b.package_files,
+                )
             except OSError as e:
-                b.progress.say(f"precompile: {target.name}: could not write the capture "
-                               f"cache entry in {root}: {e}")
+                b.progress.say(
+                    f"precompile: {target.name}: could not write the capture "
+                    f"cache entry in {root}: {e}"
+                )
         return result
     finally:
         lock.release()
@@ -297,30 +332,55 @@ def _acquire(b: _Build, target: TargetSettings, lock: Any) -> bool:
             return True
         except filelock.Timeout:
             if not told:
-                b.progress.say(f"precompile: {target.name}: waiting for another build "
-                               f"capturing the same inputs (lock {lock.lock_file})")
+                b.progress.say(
+                    f"precompile: {target.name}: waiting for another build "
+                    f"capturing the same inputs (lock {lock.lock_file})"
+                )
                 told = True
     return False
 
 
-def _reused(b: _Build, target: TargetSettings, device: str, key: str, meta: dict,
-            start: float, world: Optional[ranks.WorldPlan] = None) -> CaptureResult:
+def _reused(
+    b: _Build,
+    target: TargetSettings,
+    device: str,
+    key: str,
+    meta: dict,
+    start: float,
+    world: Optional[ranks.WorldPlan] = None,
+) -> CaptureResult:
     reused = b.work / "reused" / target.name
-    r = CaptureResult(target.name, "ok", target.required, device,
-                      seconds=time.monotonic() - start,
-                      source_path=reused / f"{target.name}.py",
-                      cache_path=reused / f"{target.name}.cache",
-                      info=meta["info"], device_index=meta.get("capture_device"),
-                      origin="reused", cache_key=key,
-                      capture_seconds=meta.get("capture_seconds"),
-                      distributed=ranks.record(world, meta["info"].meta) if world is not None else None)
-    b.progress.say(f"precompile: {target.name}: ok on {device} in {r.seconds:.1f} s "
-                   f"({_sizes(r)}), reused (key {key[:12]}…)")
+    r = CaptureResult(
+        target.name,
+        "ok",
+        target.required,
+        device,
+        seconds=time.monotonic() - start,
+        source_path=reused / f"{target.name}.py",
+        cache_path=reused / f"{target.name}.cache",
+        info=meta["info"],
+        device_index=meta.get("capture_device"),
+        origin="reused",
+        cache_key=key,
+        capture_seconds=meta.get("capture_seconds"),
+        distributed=ranks.record(world, meta["info"].meta) if world is not None else None,
+    )
+    b.progress.say(
+        f"precompile: {target.name}: ok on {device} in {r.seconds:.1f} s "
+        f"({_sizes(r)}), reused (key {key[:12]}…)"
+    )
     return r
 
 
-def _capture(b: _Build, target: TargetSettings, device: str, why: str,
-             key: Optional[str], start: float, world: Optional[ranks.WorldPlan] = None) -> CaptureResult:
+def _capture(
+    b: _Build,
+    target: TargetSettings,
+    device: str,
+    why: str,
+    key: Optional[str],
+    start: float,
+    world: Optional[ranks.WorldPlan] = None,
+) -> CaptureResult:
     """Run the script in a device slot (a world's real ranks on the CUDA: a GPU each)
     and validate its pair (and the other ranks')."""
     required = target.required or b.settings.strict
@@ -332,8 +392,9 @@ def _capture(b: _Build, target: TargetSettings, device: str, why: str,
     run_start = time.monotonic()
     info = None
     try:
-        reason, src, cache, log_path, (peaks, breakdown) = run_script(b.settings, target, device, gpu, b.work,
-                                                         b.verbose, b.abort, world)
+        reason, src, cache, log_path, (peaks, breakdown) = run_script(
+            b.settings, target, device, gpu, b.work, b.verbose, b.abort, world
+        )
         if reason is not None and reason != CANCELLED:
             error = error_line(log_path)  # the script's exception: CaptureError: ...
             if error:
@@ -353,31 +414,59 @@ def _capture(b: _Build, target: TargetSettings, device: str, why: str,
         raise _Cancelled(target.name, started=True)
     if reason is not None:
         return _fail_or_skip(b, target, required, where, reason, log_path, seconds)
-    r = CaptureResult(target.name, "ok", target.required, device,
-                      seconds=time.monotonic() - start, source_path=src, cache_path=cache,
-                      info=info, device_index=_index(gpu), origin="captured", why=why,
-                      cache_key=key, capture_seconds=seconds, peak_memory=peaks,
-                      capture_breakdown=breakdown,
-                      distributed=ranks.record(world, info.meta) if world is not None and info else None)
-    measured = "".join(f"; {m}" for m in (capture_stats.describe_breakdown(breakdown),
-                                          capture_stats.describe(peaks, human_size)) if m)
-    b.progress.say(f"precompile: {target.name}: ok on {where} in {seconds:.1f} s "
-                   f"({_sizes(r)}{measured}), captured (why: {why})")
+    r = CaptureResult(
+        target.name,
+        "ok",
+        target.required,
+        device,
+        seconds=time.monotonic() - start,
+        source_path=src,
+        cache_path=cache,
+        info=info,
+        device_index=_index(gpu),
+        origin="captured",
+        why=why,
+        cache_key=key,
+        capture_seconds=seconds,
+        peak_memory=peaks,
+        capture_breakdown=breakdown,
+        distributed=ranks.record(world, info.meta) if world is not None and info else None,
+    )
+    measured = "".join(
+        f"; {m}"
+        for m in (
+            capture_stats.describe_breakdown(breakdown),
+            capture_stats.describe(peaks, human_size),
+        )
+        if m
+    )
+    b.progress.say(
+        f"precompile: {target.name}: ok on {where} in {seconds:.1f} s "
+        f"({_sizes(r)}{measured}), captured (why: {why})"
+    )
     for line in _capture_warnings(log_path):  # the log is in a temp dir: say them here
         b.progress.say(f"precompile: {target.name}: warning: {line}")
-    if log_path is not None:  # max-autotune's fastest choices that could not be frozen (engines/autotune.py)
+    if (
+        log_path is not None
+    ):  # max-autotune's fastest choices that could not be frozen (engines/autotune.py)
         for line in capture_stats.replaced_choices(stats_file(log_path)):
             b.progress.say(f"precompile: {target.name}: max-autotune: {line}")
     if r.distributed is not None:
-        b.progress.say(f"precompile: {target.name}: {ranks.describe(r.distributed)} ({world.why})"  # type: ignore
-                       + ("" if (info.meta.get("collectives") if info else None) else
-                          "; note: the captured call has no DTensor parameter and runs no collective, "
-                          "so the pair does not depend on the world"))
+        b.progress.say(
+            f"precompile: {target.name}: {ranks.describe(r.distributed)} ({world.why})"  # type: ignore
+            + (
+                ""
+                if (info.meta.get("collectives") if info else None)
+                else "; note: the captured call has no DTensor parameter and runs no collective, "
+                "so the pair does not depend on the world"
+            )
+        )
     return r
 
 
-def _check_world(b: _Build, target: TargetSettings, world: ranks.WorldPlan, src: Path,
-                 info: Optional[PairInfo]) -> Optional[str]:
+def _check_world(
+    b: _Build, target: TargetSettings, world: ranks.WorldPlan, src: Path, info: Optional[PairInfo]
+) -> Optional[str]:
     """Rank 0's pair was captured in the declared world, and (real) every other
     rank's pair computes what it does; returns the failure reason, or None."""
     assert info is not None
@@ -391,7 +480,9 @@ def _check_world(b: _Build, target: TargetSettings, world: ranks.WorldPlan, src:
         if reason is not None:
             return f"rank {rank} {reason}"
         data = r_src.read_bytes()
-        reason = ranks.rank_difference(rank0, (data, read_source_metadata(data, what=str(r_src))), rank)
+        reason = ranks.rank_difference(
+            rank0, (data, read_source_metadata(data, what=str(r_src))), rank
+        )
         if reason is not None:
             return reason
     return None
@@ -405,25 +496,46 @@ def _capture_warnings(log_path: Optional[Path]) -> list[str]:
         text = Path(log_path).read_text(encoding="utf-8", errors="replace") if log_path else ""
     except OSError:
         return []
-    found = [ln.split(f"{cat}: ", 1)[1].strip() for ln in text.splitlines()
-             for cat in ("PythonStateWarning", "TracerFallbackWarning") if f"{cat}: " in ln]
+    found = [
+        ln.split(f"{cat}: ", 1)[1].strip()
+        for ln in text.splitlines()
+        for cat in ("PythonStateWarning", "TracerFallbackWarning")
+        if f"{cat}: " in ln
+    ]
     return list(dict.fromkeys(found))
 
 
-def _fail_or_skip(b: _Build, target: TargetSettings, required: bool, device: str,
-                  reason: str, log_path: Optional[Path], seconds: float) -> CaptureResult:
+def _fail_or_skip(
+    b: _Build,
+    target: TargetSettings,
+    required: bool,
+    device: str,
+    reason: str,
+    log_path: Optional[Path],
+    seconds: float,
+) -> CaptureResult:
     if required:
         tail = ""
         if log_path is not None:
             kept: Optional[Path] = _keep_log(log_path, target.name)
-            tail = (f"\nlast {LOG_TAIL_LINES} lines of its log (whole log: {kept}):\n"
-                    + log_tail(log_path))
+            tail = f"\nlast {LOG_TAIL_LINES} lines of its log (whole log: {kept}):\n" + log_tail(
+                log_path
+            )
         raise ScriptFailed(reason, target=target.name, log_tail=tail, seconds=seconds)
     kept = _keep_log(log_path, target.name) if log_path is not None else None
-    b.progress.say(f"precompile: {target.name}: left out ({reason}"
-                   + (f"; whole log: {kept})" if kept else ")"))
-    return CaptureResult(target.name, "failed", False, device.split(":")[0], seconds=seconds,
-                         reason=reason, log_path=kept)
+    b.progress.say(
+        f"precompile: {target.name}: left out ({reason}"
+        + (f"; whole log: {kept})" if kept else ")")
+    )
+    return CaptureResult(
+        target.name,
+        "failed",
+        False,
+        device.split(":")[0],
+        seconds=seconds,
+        reason=reason,
+        log_path=kept,
+    )
 
 
 def _keep_log(log_path: Path, name: str) -> Path:
@@ -454,9 +566,10 @@ def require_torch() -> None:
             "Failed to run the captures: torch is not installed where the build runs "
             f"({sys.executable}), and the capture scripts need it. Add torch to "
             "`build-system.requires` in pyproject.toml, pinned to the torch the artifacts "
-            "are for (e.g. \"torch==2.13.0\"; an unpinned one takes the newest release), or "
+            'are for (e.g. "torch==2.13.0"; an unpinned one takes the newest release), or '
             "install torch into this environment and build without isolation "
-            "(`python -m build --no-isolation`, `pip wheel --no-build-isolation .`)")
+            "(`python -m build --no-isolation`, `pip wheel --no-build-isolation .`)"
+        )
 
 
 def artifacts_for(results: Any) -> Optional[str]:
@@ -481,15 +594,22 @@ def artifacts_for(results: Any) -> Optional[str]:
         seen.setdefault(r.device, desc)
     if not seen:
         return None
-    parts = ([next(iter(seen.values()))] if len(set(seen.values())) == 1
-             else [f"{d}: {v}" for d, v in sorted(seen.items())])
-    return ("precompile: the artifacts are for " + "; ".join(parts)
-            + " (another torch: pin it in `build-system.requires`, or build with "
-            "--no-isolation where it is installed)")
+    parts = (
+        [next(iter(seen.values()))]
+        if len(set(seen.values())) == 1
+        else [f"{d}: {v}" for d, v in sorted(seen.items())]
+    )
+    return (
+        "precompile: the artifacts are for "
+        + "; ".join(parts)
+        + " (another torch: pin it in `build-system.requires`, or build with "
+        "--no-isolation where it is installed)"
+    )
 
 
-def run_captures(settings: Settings, work: Path,
-                 *, verbose: Optional[bool] = None) -> list[CaptureResult]:
+def run_captures(
+    settings: Settings, work: Path, *, verbose: Optional[bool] = None
+) -> list[CaptureResult]:
     """Run every selected target, independent ones at the same time.
 
     Args:
@@ -519,10 +639,10 @@ def run_captures(settings: Settings, work: Path,
         b = _Build(settings, work, verbose, Slots(settings.jobs, gpus), progress, gpus)
         targets = {n: _for_device(settings.targets[n], devices[n], progress) for n in names}
         _plan_cache(b, {d for d in devices.values() if d})
-        with ThreadPoolExecutor(max_workers=max(1, len(names)),
-                                thread_name_prefix="precompile-capture") as pool:
-            futures = {n: pool.submit(_run_one, b, targets[n], devices[n])
-                       for n in names}
+        with ThreadPoolExecutor(
+            max_workers=max(1, len(names)), thread_name_prefix="precompile-capture"
+        ) as pool:
+            futures = {n: pool.submit(_run_one, b, targets[n], devices[n]) for n in names}
             try:
                 pending = set(futures.values())
                 while pending:
@@ -541,7 +661,9 @@ def run_captures(settings: Settings, work: Path,
             except OSError as e:
                 progress.say(f"precompile: capture cache {b.cache_root} not bounded: {e}")
         line = artifacts_for(o for o in outcomes.values() if isinstance(o, CaptureResult))
-        if line and not any(isinstance(o, BaseException) for o in outcomes.values()):  # a failed build has none
+        if line and not any(
+            isinstance(o, BaseException) for o in outcomes.values()
+        ):  # a failed build has none
             progress.say(line)
     for n in names:
         if isinstance(outcomes[n], BaseException) and not isinstance(outcomes[n], _Cancelled):
@@ -549,36 +671,62 @@ def run_captures(settings: Settings, work: Path,
     results = cast("list[CaptureResult]", [outcomes[n] for n in names])  # the failures raised above
     for r in results:
         if r.status != "ok":  # warned here, in the calling thread
-            warnings.warn(f"optional target {r.name!r} left out of the wheel: {r.reason}"
-                          + (f" (whole log: {r.log_path})" if r.log_path else ""),
-                          CaptureWarning, stacklevel=2)
+            warnings.warn(
+                f"optional target {r.name!r} left out of the wheel: {r.reason}"
+                + (f" (whole log: {r.log_path})" if r.log_path else ""),
+                CaptureWarning,
+                stacklevel=2,
+            )
     return results
 
 
-def _for_device(target: TargetSettings, device: Optional[str],
-                progress: Progress) -> TargetSettings:
+def _for_device(
+    target: TargetSettings, device: Optional[str], progress: Progress
+) -> TargetSettings:
     """The target as captured on ``device``: `cuda-graphs` does not apply to a CPU
     capture (a `device = "auto"` target on a build host without CUDA, as in a CPU
     build of a project also built on a GPU host), so it is dropped with a note,
     before anything runs, and the pair records nothing of it."""
     if target.cuda_graphs and device == "cpu":
-        progress.say(f"precompile: {target.name}: cuda-graphs = true does not apply to a "
-                     "CPU capture (device = \"auto\" on a build host without CUDA): "
-                     "captured without it; a CUDA build host's variant keeps it")
+        progress.say(
+            f"precompile: {target.name}: cuda-graphs = true does not apply to a "
+            'CPU capture (device = "auto" on a build host without CUDA): '
+            "captured without it; a CUDA build host's variant keeps it"
+        )
         return dataclasses.replace(target, cuda_graphs=False)
     return target
 
 
 def _row(name: str, device: Optional[str], out: Any) -> tuple:
     if isinstance(out, _Cancelled):
-        return (name, device or "-", "cancelled" if out.started else "not started", None, None, None)
+        return (
+            name,
+            device or "-",
+            "cancelled" if out.started else "not started",
+            None,
+            None,
+            None,
+        )
     if isinstance(out, BaseException):
-        return (name, device or "-", "failed", out.seconds if isinstance(out, ScriptFailed) else None, None, None)
+        return (
+            name,
+            device or "-",
+            "failed",
+            out.seconds if isinstance(out, ScriptFailed) else None,
+            None,
+            None,
+        )
     where = out.device
     if out.device == "cuda" and out.device_index is not None:
         where = f"cuda:{out.device_index}"
     size = None
     if out.status == "ok":
         size = out.source_path.stat().st_size + out.cache_path.stat().st_size
-    return (name, where, out.origin if out.status == "ok" else "left out",
-            out.seconds, size, out.peak_memory)
+    return (
+        name,
+        where,
+        out.origin if out.status == "ok" else "left out",
+        out.seconds,
+        size,
+        out.peak_memory,
+    )

@@ -50,8 +50,10 @@ def log_tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:
             text = f.read().decode("utf-8", "replace")
     except OSError:
         return "(no log)"
-    out = [ln if len(ln) <= _LINE_CAP else ln[:_LINE_CAP] + " [...]"
-           for ln in text.splitlines()[-lines:]]
+    out = [
+        ln if len(ln) <= _LINE_CAP else ln[:_LINE_CAP] + " [...]"
+        for ln in text.splitlines()[-lines:]
+    ]
     return "\n".join(out) or "(empty log)"
 
 
@@ -115,7 +117,9 @@ def _pump(stream: IO[bytes], log: IO[bytes], echo: Optional[str]) -> None:
             try:
                 log.write(chunk)
                 log.flush()  # the live progress line reads the log's last line
-            except OSError:  # a full disk: the pipe is still drained (the script would block on it);
+            except (
+                OSError
+            ):  # a full disk: the pipe is still drained (the script would block on it);
                 writing = False  # the failure's reason says why (_no_space)
         if echo is not None:
             *lines, partial = (partial + chunk).split(b"\n")
@@ -137,8 +141,14 @@ def _exit_reason(rc: int) -> str:
     return f"exited with status {rc}"
 
 
-def script_env(settings: Settings, target: TargetSettings, device: str,
-               src: Path, cache: Path, gpu: Optional[str]) -> dict[str, str]:
+def script_env(
+    settings: Settings,
+    target: TargetSettings,
+    device: str,
+    src: Path,
+    cache: Path,
+    gpu: Optional[str],
+) -> dict[str, str]:
     """The script's environment: ours, the target's `env`, the PRECOMPILE_* paths and
     device, the project root and package folder for the imports record,
     ``CUDA_VISIBLE_DEVICES`` (``""`` for cpu, ``gpu`` for cuda when given)."""
@@ -147,10 +157,16 @@ def script_env(settings: Settings, target: TargetSettings, device: str,
     # The script imports the library being built: put its source root first.
     base = str(settings.package_dir.parent)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (base, env.get("PYTHONPATH")) if p)
-    env.update({capture_env.TARGET: target.name, capture_env.ARTIFACT_PATH: str(src),
-                capture_env.CACHE_PATH: str(cache), capture_env.DEVICE: device,
-                capture_env.FALLBACK: target.fallback,
-                capture_env.IMPORTS_PATH: str(imported.record_path(src))})
+    env.update(
+        {
+            capture_env.TARGET: target.name,
+            capture_env.ARTIFACT_PATH: str(src),
+            capture_env.CACHE_PATH: str(cache),
+            capture_env.DEVICE: device,
+            capture_env.FALLBACK: target.fallback,
+            capture_env.IMPORTS_PATH: str(imported.record_path(src)),
+        }
+    )
     # what the imports record takes as the project's own (process/imported.py)
     env[capture_env.PROJECT_ROOT] = str(settings.root)
     env[capture_env.PACKAGE_DIR] = str(settings.package_dir)
@@ -162,7 +178,9 @@ def script_env(settings: Settings, target: TargetSettings, device: str,
         env[capture_env.CUDA_ARCHS] = ",".join(target.cuda_archs)
     else:
         env.pop(capture_env.CUDA_ARCHS, None)
-    if target.mode != "default":  # config/capture_options.py reads it: the capture's options["mode"]
+    if (
+        target.mode != "default"
+    ):  # config/capture_options.py reads it: the capture's options["mode"]
         env[capture_env.MODE] = target.mode
     else:
         env.pop(capture_env.MODE, None)
@@ -216,9 +234,16 @@ def _wait_once(proc: subprocess.Popen, timeout: float) -> int:
         time.sleep(min(0.05, max(0.0, end - time.monotonic())))
 
 
-def run_script(settings: Settings, target: TargetSettings, device: str, gpu: Optional[str],
-               work: Path, verbose: bool, abort: threading.Event, world: Optional[WorldPlan] = None,
-               ) -> tuple[Optional[str], Path, Path, Path, tuple[Optional[dict], Optional[dict]]]:
+def run_script(
+    settings: Settings,
+    target: TargetSettings,
+    device: str,
+    gpu: Optional[str],
+    work: Path,
+    verbose: bool,
+    abort: threading.Event,
+    world: Optional[WorldPlan] = None,
+) -> tuple[Optional[str], Path, Path, Path, tuple[Optional[dict], Optional[dict]]]:
     """Run one target's script (see the module docstring).
 
     Args:
@@ -252,11 +277,23 @@ def run_script(settings: Settings, target: TargetSettings, device: str, gpu: Opt
     stats = stats_file(log_path)  # GPU peaks, seconds per step (process/stats.py)
     stats.unlink(missing_ok=True)
     env[capture_stats.STATS_ENV] = str(stats)
-    env[capture_env.CAPTURE_ID] = uuid.uuid4().hex  # what the script starts inherits it (leftovers.py)
-    env[capture_stats.STARTED_ENV] = repr(time.time())  # + the script's pid (programs/run_script.py): capture_began
+    env[capture_env.CAPTURE_ID] = (
+        uuid.uuid4().hex
+    )  # what the script starts inherits it (leftovers.py)
+    env[capture_stats.STARTED_ENV] = repr(
+        time.time()
+    )  # + the script's pid (programs/run_script.py): capture_began
     for attempt in range(2):
-        reason, failed, procs = _run_ranks(settings, target, work, env, log_path, verbose, abort, world)
-        if attempt or world is None or world.processes == 1 or reason is None or reason == CANCELLED:
+        reason, failed, procs = _run_ranks(
+            settings, target, work, env, log_path, verbose, abort, world
+        )
+        if (
+            attempt
+            or world is None
+            or world.processes == 1
+            or reason is None
+            or reason == CANCELLED
+        ):
             break
         # MASTER_PORT was free when chosen and taken before rank 0 bound it (another
         # process on this host): a new port, once
@@ -264,14 +301,28 @@ def run_script(settings: Settings, target: TargetSettings, device: str, gpu: Opt
             break
     if failed:
         reason, log_path = f"rank {failed} {reason}", procs[failed][2]
-    return reason, src, cache, log_path, capture_stats.read(stats, getattr(procs[0][0], "peak_rss_bytes", None))
+    return (
+        reason,
+        src,
+        cache,
+        log_path,
+        capture_stats.read(stats, getattr(procs[0][0], "peak_rss_bytes", None)),
+    )
 
 
 _PORT_TAKEN = "EADDRINUSE"  # c10d's TCPStore, when the MASTER_PORT is in use
 
 
-def _run_ranks(settings: Settings, target: TargetSettings, work: Path, env: dict, log_path: Path, verbose: bool,
-               abort: threading.Event, world: Optional[WorldPlan]) -> tuple[Optional[str], int, list]:
+def _run_ranks(
+    settings: Settings,
+    target: TargetSettings,
+    work: Path,
+    env: dict,
+    log_path: Path,
+    verbose: bool,
+    abort: threading.Event,
+    world: Optional[WorldPlan],
+) -> tuple[Optional[str], int, list]:
     """Start the script once per rank of ``world`` (once when None) and wait for all:
     ``(reason, index of the rank that failed first, [(process, pump, log path)])``."""
     port = ranks.free_port() if world is not None else 0
@@ -285,8 +336,13 @@ def _run_ranks(settings: Settings, target: TargetSettings, work: Path, env: dict
                 r_src, r_cache = rank_pair(work, target, rank)
                 r_src.parent.mkdir(parents=True, exist_ok=True)
                 r_log = log_path.with_name(f"{target.name}.rank{rank}.log")
-                r_env.update({capture_env.ARTIFACT_PATH: str(r_src), capture_env.CACHE_PATH: str(r_cache),
-                              capture_env.IMPORTS_PATH: str(imported.record_path(r_src))})
+                r_env.update(
+                    {
+                        capture_env.ARTIFACT_PATH: str(r_src),
+                        capture_env.CACHE_PATH: str(r_cache),
+                        capture_env.IMPORTS_PATH: str(imported.record_path(r_src)),
+                    }
+                )
                 r_env.pop(capture_stats.STATS_ENV, None)  # the report is rank 0's
                 echo = f"{target.name} rank {rank}" if verbose else None
             procs.append(_start(settings, target, r_env, r_log, echo))
@@ -325,9 +381,11 @@ def _no_space(work: Path) -> Optional[str]:
         return None
     if free >= _LOW_SPACE:
         return None
-    return (f"no space left: the file system of the build's temp dir {work} has {free} bytes free "
-            "(the script's files and its log could not be written); free space there, or point TMPDIR "
-            "at a file system with room")
+    return (
+        f"no space left: the file system of the build's temp dir {work} has {free} bytes free "
+        "(the script's files and its log could not be written); free space there, or point TMPDIR "
+        "at a file system with room"
+    )
 
 
 def rank_pair(work: Path, target: TargetSettings, rank: int) -> tuple[Path, Path]:
@@ -336,17 +394,30 @@ def rank_pair(work: Path, target: TargetSettings, rank: int) -> tuple[Path, Path
     return out / f"{target.name}.py", out / f"{target.name}.cache"
 
 
-def _start(settings: Settings, target: TargetSettings, env: dict, log_path: Path,
-           echo: Optional[str]) -> tuple[subprocess.Popen, threading.Thread, Path]:
+def _start(
+    settings: Settings, target: TargetSettings, env: dict, log_path: Path, echo: Optional[str]
+) -> tuple[subprocess.Popen, threading.Thread, Path]:
     """Start the script (its own session) with its output pumped to ``log_path``."""
     result_file(log_path).unlink(missing_ok=True)
-    cmd = [sys.executable, program_path("run_script"), str(os.getpid()), str(result_file(log_path)), str(target.script),
-           *target.args]
+    cmd = [
+        sys.executable,
+        program_path("run_script"),
+        str(os.getpid()),
+        str(result_file(log_path)),
+        str(target.script),
+        *target.args,
+    ]
     log = open(log_path, "wb")
     try:
-        proc = subprocess.Popen(cmd, cwd=settings.root, env=env, stdin=subprocess.DEVNULL,
-                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                start_new_session=True)
+        proc = subprocess.Popen(
+            cmd,
+            cwd=settings.root,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
     except BaseException:
         log.close()
         raise
@@ -363,7 +434,9 @@ def _start(settings: Settings, target: TargetSettings, env: dict, log_path: Path
     return proc, thread, log_path
 
 
-def wait_all(procs: list[subprocess.Popen], timeout: float, abort: threading.Event) -> tuple[Optional[str], int]:
+def wait_all(
+    procs: list[subprocess.Popen], timeout: float, abort: threading.Event
+) -> tuple[Optional[str], int]:
     """:func:`wait` for several processes (the ranks of a world): returns ``(reason,
     index)`` of the first to fail (its reason; the others are killed: they would wait
     for it in a collective), or ``(None, 0)`` when all exit 0."""
@@ -393,7 +466,11 @@ def wait_all(procs: list[subprocess.Popen], timeout: float, abort: threading.Eve
             if abort.is_set() or time.monotonic() >= deadline:
                 for proc in procs:
                     _kill_group(proc)
-                return (CANCELLED if abort.is_set() else f"timed out after {timeout:g} s (process groups killed)"), 0
+                return (
+                    CANCELLED
+                    if abort.is_set()
+                    else f"timed out after {timeout:g} s (process groups killed)"
+                ), 0
     except BaseException:
         for proc in procs:
             _kill_group(proc)
@@ -401,8 +478,9 @@ def wait_all(procs: list[subprocess.Popen], timeout: float, abort: threading.Eve
     return None, 0
 
 
-def imports_changes(settings: Settings, target: TargetSettings, device: str,
-                    recorded: dict) -> list[str]:
+def imports_changes(
+    settings: Settings, target: TargetSettings, device: str, recorded: dict
+) -> list[str]:
     """What changed since a capture of ``target`` recorded ``recorded`` (its imports:
     :mod:`~precompile_build.process.imported`), asked in a process started as the
     capture would be now (this interpreter, :func:`script_env`, the project root as
@@ -411,11 +489,22 @@ def imports_changes(settings: Settings, target: TargetSettings, device: str,
     list; a process that fails or prints no answer counts as a change (its last line),
     so the target is captured again."""
     env = script_env(settings, target, device, Path(os.devnull), Path(os.devnull), None)
-    request = {"module": imported.__file__, "script_dir": str(target.script.parent),
-               "root": str(settings.root), "record": recorded}
+    request = {
+        "module": imported.__file__,
+        "script_dir": str(target.script.parent),
+        "root": str(settings.root),
+        "record": recorded,
+    }
     try:
-        proc = subprocess.run([sys.executable, program_path("check_imports")], input=json.dumps(request),
-                              cwd=settings.root, env=env, capture_output=True, text=True, timeout=120)
+        proc = subprocess.run(
+            [sys.executable, program_path("check_imports")],
+            input=json.dumps(request),
+            cwd=settings.root,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         answer = json.loads((proc.stdout.strip().splitlines() or ["null"])[-1])
     except (OSError, subprocess.SubprocessError, ValueError) as e:
         return [f"the imports could not be checked ({type(e).__name__}: {e})"]
@@ -435,8 +524,10 @@ def check_pair(src: Path, cache: Path) -> tuple[Optional[str], Optional[PairInfo
     """(failure reason, None) or (None, PairInfo) for what a script that exited 0 wrote."""
     have = [p.name for p in (src, cache) if p.is_file()]
     if not have:
-        return ("exited 0 but wrote neither half of the pair; did the script run a "
-                f"capture with {capture_env.ARTIFACT_PATH} / {capture_env.CACHE_PATH}?"), None
+        return (
+            "exited 0 but wrote neither half of the pair; did the script run a "
+            f"capture with {capture_env.ARTIFACT_PATH} / {capture_env.CACHE_PATH}?"
+        ), None
     if len(have) == 1:
         missing = cache.name if have[0] == src.name else src.name
         return f"wrote only {have[0]}, not {missing}: half a pair is unusable", None

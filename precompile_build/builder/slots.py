@@ -35,7 +35,9 @@ class Slots:
         self._cpu = cpu_limit(jobs)
         self._gpus: list[Optional[str]] = list(gpus) or [None]
 
-    def acquire(self, device: str, abort: threading.Event, count: int = 1) -> tuple[bool, Optional[str]]:
+    def acquire(
+        self, device: str, abort: threading.Event, count: int = 1
+    ) -> tuple[bool, Optional[str]]:
         """Wait for a slot for a capture on ``device`` (``"cpu"`` or ``"cuda"``).
 
         Args:

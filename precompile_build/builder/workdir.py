@@ -21,7 +21,9 @@ from pathlib import Path
 
 PREFIX = "precompile-build-"
 OUT_PREFIX = ".precompile-tmp-"
-_LEGACY_AGE = 86400.0  # seconds: an output temp dir named without its pid, older than this, is a leftover
+_LEGACY_AGE = (
+    86400.0  # seconds: an output temp dir named without its pid, older than this, is a leftover
+)
 
 
 def _alive(pid: int) -> bool:
@@ -48,7 +50,7 @@ def sweep_stale(parent: str | os.PathLike[str] | None = None, prefix: str = PREF
     removed = []
     base = Path(parent or tempfile.gettempdir())
     for d in base.glob(prefix + "*"):
-        pid, dash, _ = d.name[len(prefix):].partition("-")
+        pid, dash, _ = d.name[len(prefix) :].partition("-")
         if pid.isdigit() and dash:
             stale = int(pid) != os.getpid() and not _alive(int(pid))
         else:  # an output temp dir of an older version (mkdtemp's random name: no pid)

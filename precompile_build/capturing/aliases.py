@@ -25,9 +25,20 @@ import types
 from dataclasses import dataclass
 from typing import Any
 
-_SKIP = frozenset({"_parameters", "_buffers", "_modules", "_non_persistent_buffers_set",
-                   "_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_state_dict_hooks",
-                   "_load_state_dict_pre_hooks", "_load_state_dict_post_hooks"})
+_SKIP = frozenset(
+    {
+        "_parameters",
+        "_buffers",
+        "_modules",
+        "_non_persistent_buffers_set",
+        "_forward_hooks",
+        "_forward_pre_hooks",
+        "_backward_hooks",
+        "_state_dict_hooks",
+        "_load_state_dict_pre_hooks",
+        "_load_state_dict_post_hooks",
+    }
+)
 
 
 @dataclass
@@ -43,7 +54,9 @@ class Alias:
     view: tuple | None
 
 
-def find_aliases(modules: list, sources: list, *, max_depth: int = 6, max_objects: int = 20000) -> list[Alias]:
+def find_aliases(
+    modules: list, sources: list, *, max_depth: int = 6, max_objects: int = 20000
+) -> list[Alias]:
     """The plain references to ``sources`` (the flat inputs: lifted parameters/buffers,
     then the tensor arguments) reachable from the nn.Modules ``modules`` through their
     non-registered attributes, ``max_depth`` steps into lists, dicts and objects."""
@@ -83,8 +96,21 @@ def find_aliases(modules: list, sources: list, *, max_depth: int = 6, max_object
                 if alias is not None:
                     found.append(Alias(obj, key, attr, *alias))
             elif depth < max_depth and not isinstance(
-                    v, (torch.nn.Module, types.ModuleType, type, types.FunctionType, types.MethodType,
-                        str, bytes, int, float, bool, type(None))):
+                v,
+                (
+                    torch.nn.Module,
+                    types.ModuleType,
+                    type,
+                    types.FunctionType,
+                    types.MethodType,
+                    str,
+                    bytes,
+                    int,
+                    float,
+                    bool,
+                    type(None),
+                ),
+            ):
                 todo.append((v, depth + 1))
     return found
 

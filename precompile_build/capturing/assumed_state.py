@@ -56,8 +56,12 @@ def _internals() -> frozenset[str]:
 
     # nn.Module's own bookkeeping (parameters, hooks, the train flag, its class-level
     # flags) and dunder names
-    flags = {k for k, v in vars(torch.nn.Module).items() if state_value(v) is not None}  # dump_patches, ...
-    return frozenset(vars(torch.nn.Module())) | frozenset(flags) | {"__dict__", "__class__", "forward"}
+    flags = {
+        k for k, v in vars(torch.nn.Module).items() if state_value(v) is not None
+    }  # dump_patches, ...
+    return (
+        frozenset(vars(torch.nn.Module())) | frozenset(flags) | {"__dict__", "__class__", "forward"}
+    )
 
 
 def _class_value(cls: type, name: str) -> Any:
@@ -80,8 +84,11 @@ def _walk(module) -> Iterator[tuple[str, Any]]:
     while stack:
         path, m = stack.pop()
         yield path, m
-        stack.extend((f"{path}.{k}" if path else k, c) for k, c in reversed(list(m._modules.items()))
-                     if c is not None)
+        stack.extend(
+            (f"{path}.{k}" if path else k, c)
+            for k, c in reversed(list(m._modules.items()))
+            if c is not None
+        )
 
 
 def _hook_holders(module) -> Iterator[tuple[str, Any]]:
@@ -96,7 +103,9 @@ def _hook_holders(module) -> Iterator[tuple[str, Any]]:
     for _kind, attr in HOOK_KINDS:
         for k, hook in enumerate((module.__dict__.get(attr) or {}).values()):
             holder = hook.__self__ if isinstance(hook, types.MethodType) else hook
-            if isinstance(holder, (types.FunctionType, types.BuiltinFunctionType, type, torch.nn.Module)):
+            if isinstance(
+                holder, (types.FunctionType, types.BuiltinFunctionType, type, torch.nn.Module)
+            ):
                 continue
             if isinstance(getattr(holder, "__dict__", None), dict):
                 yield f"{attr}[{k}]", holder
@@ -107,8 +116,12 @@ def _plain_object(v: Any) -> bool:
     import torch
 
     d = getattr(v, "__dict__", None)
-    return (isinstance(d, dict) and not isinstance(v, (type, torch.nn.Module, torch.Tensor))
-            and not callable(v) and type(v).__module__ not in ("builtins", "types"))
+    return (
+        isinstance(d, dict)
+        and not isinstance(v, (type, torch.nn.Module, torch.Tensor))
+        and not callable(v)
+        and type(v).__module__ not in ("builtins", "types")
+    )
 
 
 class Recorder:
@@ -126,7 +139,9 @@ class Recorder:
                     continue
                 self.where[id(sub)] = (i, path, ())
                 self.objects.append(sub)
-                held = [(k, v) for k, v in vars(sub).items() if k not in self.skip and _plain_object(v)]
+                held = [
+                    (k, v) for k, v in vars(sub).items() if k not in self.skip and _plain_object(v)
+                ]
                 for k, v in held + list(_hook_holders(sub)):
                     if id(v) not in self.where:
                         self.where[id(v)] = (i, path, (k,))
@@ -142,7 +157,9 @@ class Recorder:
         if name in attrs:
             return
         d = object.__getattribute__(obj, "__dict__")
-        if d.get(name, _NOT_SET) is not value and (name in d or _class_value(type(obj), name) is not value):
+        if d.get(name, _NOT_SET) is not value and (
+            name in d or _class_value(type(obj), name) is not value
+        ):
             return  # a property's result, or what __getattr__ made
 
         enc = state_value(value)
@@ -244,12 +261,16 @@ def global_values(fn: Callable, args: tuple, kwargs: dict) -> dict[tuple[str, st
     return out
 
 
-def metadata(rec: Recorder, hooks: dict, globals_before: dict, fn: Callable, args: tuple,
-             kwargs: dict) -> AssumedState:
+def metadata(
+    rec: Recorder, hooks: dict, globals_before: dict, fn: Callable, args: tuple, kwargs: dict
+) -> AssumedState:
     """``PRECOMPILE_METADATA["assumed"]``: the reads of ``rec``, the ``hooks`` the call
     found and the module-level values of ``globals_before`` that the call left as they
     were (see the module docstring)."""
     now = global_values(fn, args, kwargs)
-    kept = [[m, n, enc[0], enc[1]] for (m, n), enc in sorted(globals_before.items())
-            if list(now.get((m, n), ())) == list(enc)]
+    kept = [
+        [m, n, enc[0], enc[1]]
+        for (m, n), enc in sorted(globals_before.items())
+        if list(now.get((m, n), ())) == list(enc)
+    ]
     return {"reads": rec.entries(), "hooks": hooks, "globals": kept}

@@ -78,8 +78,10 @@ def raised_in_backward(exc: BaseException) -> bool:
     e: BaseException | None = exc
     while e is not None and id(e) not in seen:
         seen.add(id(e))
-        if any(os.path.abspath(f.filename).startswith(autograd) and f.name in ("backward", "grad")
-               for f in traceback.extract_tb(e.__traceback__)):
+        if any(
+            os.path.abspath(f.filename).startswith(autograd) and f.name in ("backward", "grad")
+            for f in traceback.extract_tb(e.__traceback__)
+        ):
             return True
         e = e.__cause__ or e.__context__
     return False
@@ -127,19 +129,31 @@ def _one_pass_export() -> Callable | None:
     import importlib
 
     try:
-        _export, override, split = (getattr(importlib.import_module(m), name) for m, name in _ENTRY_POINTS)
+        _export, override, split = (
+            getattr(importlib.import_module(m), name) for m, name in _ENTRY_POINTS
+        )
         params = inspect.signature(_export).parameters
-        needed = [p for p in inspect.signature(override).parameters.values() if p.default is inspect.Parameter.empty]
+        needed = [
+            p
+            for p in inspect.signature(override).parameters.values()
+            if p.default is inspect.Parameter.empty
+        ]
         split_params = inspect.signature(split).parameters
     except (ImportError, AttributeError, TypeError, ValueError):
         return None
-    if not {"dynamic_shapes", "strict", "pre_dispatch"} <= params.keys() or len(needed) != 1 or len(split_params) != 1:
+    if (
+        not {"dynamic_shapes", "strict", "pre_dispatch"} <= params.keys()
+        or len(needed) != 1
+        or len(split_params) != 1
+    ):
         return None
 
     def one_pass(module, args, dynamic_shapes, strict):
         kept_whole, _ = split({})  # what run_decompositions({}) keeps
         with override(kept_whole):
-            return _export(module, args, dynamic_shapes=dynamic_shapes, strict=strict, pre_dispatch=False)
+            return _export(
+                module, args, dynamic_shapes=dynamic_shapes, strict=strict, pre_dispatch=False
+            )
 
     return one_pass
 
@@ -193,10 +207,17 @@ def flat_graph(ep, target: str):
             user_inputs[spec.arg.name] = node
             continue
         if spec.kind not in (InputKind.CONSTANT_TENSOR, InputKind.CUSTOM_OBJ):
-            raise CaptureError(f"torch.export lifted an input of kind {spec.kind.name} "
-                               f"({spec.target}); use tracer='make_fx'", target=target)
+            raise CaptureError(
+                f"torch.export lifted an input of kind {spec.kind.name} "
+                f"({spec.target}); use tracer='make_fx'",
+                target=target,
+            )
         kind = "tensor" if spec.kind == InputKind.CONSTANT_TENSOR else "obj"
-        attr = f"_tensor_constant{counts[kind]}" if kind == "tensor" else f"_torchbind_obj{counts[kind]}"
+        attr = (
+            f"_tensor_constant{counts[kind]}"
+            if kind == "tensor"
+            else f"_torchbind_obj{counts[kind]}"
+        )
         counts[kind] += 1
         setattr(gm, attr, ep.constants[spec.target])
         with graph.inserting_before(node):
@@ -213,8 +234,10 @@ def flat_graph(ep, target: str):
             with graph.inserting_before(output):
                 graph.call_function(torch.ops.aten.copy_.default, (user_inputs[spec.target], value))
         else:
-            raise CaptureError(f"torch.export returned an output of kind {spec.kind.name}; "
-                               "use tracer='make_fx'", target=target)
+            raise CaptureError(
+                f"torch.export returned an output of kind {spec.kind.name}; use tracer='make_fx'",
+                target=target,
+            )
     output.args = (tuple(results),)
     for node in list(graph.nodes):  # a returned one stays: the result is not the input it read
         if node.target is torch.ops.aten.detach.default and output not in node.users:

@@ -35,18 +35,28 @@ def dynamo_guards_them(collect: Callable[[Callable, tuple, dict], list]) -> bool
     import torch
 
     entries = collect(_probe_fn, (torch.ones(1),), {})
-    return any(e.name.endswith("_Probe'].K") or e.name.endswith("_Probe.K") for e in entries
-               if e.guard_type in guard_sources.VALUE_KINDS)
+    return any(
+        e.name.endswith("_Probe'].K") or e.name.endswith("_Probe.K")
+        for e in entries
+        if e.guard_type in guard_sources.VALUE_KINDS
+    )
 
 
 def _user_class(cls: type) -> bool:
     module = getattr(cls, "__module__", "") or ""
-    return cls is not object and module not in ("builtins", "types", "abc", "enum", "typing") \
+    return (
+        cls is not object
+        and module not in ("builtins", "types", "abc", "enum", "typing")
         and module.split(".")[0] not in ("torch", "functools", "collections")
+    )
 
 
-def checks(found: list[list], namespace: dict, roots: guard_sources.Roots,
-           collect: Callable[[Callable, tuple, dict], list]) -> list[list]:
+def checks(
+    found: list[list],
+    namespace: dict,
+    roots: guard_sources.Roots,
+    collect: Callable[[Callable, tuple, dict], list],
+) -> list[list]:
     """The checks (dynamo_guards.py's shape: label, "eq", expression, value, per call,
     where, cover) of the plain attributes of the user classes that ``found`` checks by
     class (``class``) or reaches as an instance's class (``type``); none where Dynamo
@@ -58,7 +68,9 @@ def checks(found: list[list], namespace: dict, roots: guard_sources.Roots,
     for label, kind, expr, _expected, _per_call, where, _cover in found:
         if kind not in ("class", "type"):
             continue
-        cls_expr, cls_label = (expr, label) if kind == "class" else (f"type({expr})", f"type({label})")
+        cls_expr, cls_label = (
+            (expr, label) if kind == "class" else (f"type({expr})", f"type({label})")
+        )
         try:
             cls: Any = guard_sources.evaluate(cls_expr, namespace, roots)
         except Exception:  # noqa: BLE001 - a path that no longer resolves: nothing to add
@@ -76,12 +88,18 @@ def checks(found: list[list], namespace: dict, roots: guard_sources.Roots,
         for name in names:
             value = getattr(cls, name)
             if literal_type(value) is not None:
-                out += through_class_dicts(f"{cls_label}.{name}", "eq", cls_expr, cls, name, value, where) or []
+                out += (
+                    through_class_dicts(
+                        f"{cls_label}.{name}", "eq", cls_expr, cls, name, value, where
+                    )
+                    or []
+                )
     return out
 
 
-def through_class_dicts(label: str, kind: str, cls_expr: str, cls: type, name: str, expected: Any,
-                        where: str) -> list[list] | None:
+def through_class_dicts(
+    label: str, kind: str, cls_expr: str, cls: type, name: str, expected: Any, where: str
+) -> list[list] | None:
     """The checks of the class attribute ``cls.name`` (``cls_expr`` evaluates to ``cls``),
     each covered by a class's dict version, so that none runs per call: the value on
     the class whose own dict defines it (``cls.__mro__[k]``), and for each class before
@@ -93,17 +111,38 @@ def through_class_dicts(label: str, kind: str, cls_expr: str, cls: type, name: s
     if k is None or vars(mro[k])[name] is not getattr(cls, name):
         return None
     if k == 0:
-        return [[label, kind, f"{cls_expr}.{name}", expected, False, where, f"_g_type_dict({cls_expr})"]]
-    out = [[label, kind, f"{cls_expr}.__mro__[{k}].{name}", expected, False, where,
-            f"_g_type_dict({cls_expr}.__mro__[{k}])"]]
+        return [
+            [label, kind, f"{cls_expr}.{name}", expected, False, where, f"_g_type_dict({cls_expr})"]
+        ]
+    out = [
+        [
+            label,
+            kind,
+            f"{cls_expr}.__mro__[{k}].{name}",
+            expected,
+            False,
+            where,
+            f"_g_type_dict({cls_expr}.__mro__[{k}])",
+        ]
+    ]
     for j in range(k):  # (no class before the definer may shadow it)
-        out.append([f"{label} (inherited from {mro[k].__qualname__}): {mro[j].__qualname__}'s own {name}", "eq",
-                    f"({name!r} in {cls_expr}.__mro__[{j}].__dict__)", False, False, where,
-                    f"_g_type_dict({cls_expr}.__mro__[{j}])"])
+        out.append(
+            [
+                f"{label} (inherited from {mro[k].__qualname__}): {mro[j].__qualname__}'s own {name}",
+                "eq",
+                f"({name!r} in {cls_expr}.__mro__[{j}].__dict__)",
+                False,
+                False,
+                where,
+                f"_g_type_dict({cls_expr}.__mro__[{j}])",
+            ]
+        )
     return out
 
 
-def inherited_per_call(checks: list[list], namespace: dict, roots: guard_sources.Roots) -> list[list]:
+def inherited_per_call(
+    checks: list[list], namespace: dict, roots: guard_sources.Roots
+) -> list[list]:
     """``checks`` with each per-call check of an inherited class attribute (Dynamo's
     ``type(m).X`` where a base defines ``X``) replaced by :func:`through_class_dicts`'s."""
     out: list[list] = []
@@ -146,22 +185,38 @@ def shadowing(checks: list[list], namespace: dict, roots: guard_sources.Roots) -
             for j in range(k):
                 if name in vars(cls.__mro__[j]):
                     break  # (not what the trace resolved: leave it to the checks it has)
-                out.append([f"{label} (defined on {cls.__mro__[k].__qualname__}): "
-                            f"{cls.__mro__[j].__qualname__}'s own {name}", "eq",
-                            f"({name!r} in {cls_expr}.__mro__[{j}].__dict__)", False, False, where,
-                            f"_g_type_dict({cls_expr}.__mro__[{j}])"])
+                out.append(
+                    [
+                        f"{label} (defined on {cls.__mro__[k].__qualname__}): "
+                        f"{cls.__mro__[j].__qualname__}'s own {name}",
+                        "eq",
+                        f"({name!r} in {cls_expr}.__mro__[{j}].__dict__)",
+                        False,
+                        False,
+                        where,
+                        f"_g_type_dict({cls_expr}.__mro__[{j}])",
+                    ]
+                )
     return out
 
 
 def _mro_item(node: ast.AST) -> tuple[str, int, str] | None:
     """``(class expression, k, name)`` of ``CLS.__mro__[k].__dict__['name']``, else None."""
-    if not (isinstance(node, ast.Subscript) and isinstance(node.slice, ast.Constant)
-            and isinstance(node.slice.value, str) and isinstance(node.value, ast.Attribute)
-            and node.value.attr == "__dict__"):
+    if not (
+        isinstance(node, ast.Subscript)
+        and isinstance(node.slice, ast.Constant)
+        and isinstance(node.slice.value, str)
+        and isinstance(node.value, ast.Attribute)
+        and node.value.attr == "__dict__"
+    ):
         return None
     mro = node.value.value
-    if not (isinstance(mro, ast.Subscript) and isinstance(mro.slice, ast.Constant)
-            and isinstance(mro.slice.value, int) and isinstance(mro.value, ast.Attribute)
-            and mro.value.attr == "__mro__"):
+    if not (
+        isinstance(mro, ast.Subscript)
+        and isinstance(mro.slice, ast.Constant)
+        and isinstance(mro.slice.value, int)
+        and isinstance(mro.value, ast.Attribute)
+        and mro.value.attr == "__mro__"
+    ):
         return None
     return ast.unparse(mro.value.value), mro.slice.value, node.slice.value

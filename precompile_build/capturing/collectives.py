@@ -46,8 +46,11 @@ def _group_args(node) -> list[tuple[int, str]]:
         return []
     if target.namespace not in _NAMESPACES:
         return []
-    return [(i, node.args[i]) for i, a in enumerate(target._schema.arguments)
-            if a.name == "group_name" and i < len(node.args) and isinstance(node.args[i], str)]
+    return [
+        (i, node.args[i])
+        for i, a in enumerate(target._schema.arguments)
+        if a.name == "group_name" and i < len(node.args) and isinstance(node.args[i], str)
+    ]
 
 
 def group_ranks(pg, *, name: str, target: str) -> list[int]:
@@ -73,7 +76,9 @@ def group_ranks(pg, *, name: str, target: str) -> list[int]:
             "torch.distributed does not list among its groups (destroyed, or made without "
             "dist.new_group / dist.init_process_group), so the pair cannot record its ranks. "
             "Create the group with dist.new_group(ranks) on every rank, keep it alive during "
-            "the capture, and pass it (or the default world group) to the collective", target=target)
+            "the capture, and pass it (or the default world group) to the collective",
+            target=target,
+        )
     return sorted(mapping, key=mapping.__getitem__)
 
 
@@ -93,8 +98,11 @@ def _mesh_dims(mesh) -> dict[str, str]:
     out = {}
     for dim in range(mesh.ndim):
         pg = mesh.get_group(dim)
-        out[c10d._get_process_group_name(pg) if hasattr(c10d, "_get_process_group_name")
-            else pg.group_name] = mesh_dim_label(mesh, dim)
+        out[
+            c10d._get_process_group_name(pg)
+            if hasattr(c10d, "_get_process_group_name")
+            else pg.group_name
+        ] = mesh_dim_label(mesh, dim)
     return out
 
 
@@ -133,7 +141,7 @@ def canonical_groups(gm, target: str, meshes: Iterable[Any] = ()) -> Collectives
         for node in mod.graph.nodes:
             for i, name in _group_args(node):
                 if name.startswith(PREFIX):
-                    groups[name] = [int(r) for r in name[len(PREFIX):].split(",")]
+                    groups[name] = [int(r) for r in name[len(PREFIX) :].split(",")]
                     continue
                 if name.startswith(MESH_PREFIX):
                     canonical = name
@@ -141,12 +149,17 @@ def canonical_groups(gm, target: str, meshes: Iterable[Any] = ()) -> Collectives
                     try:
                         pg = c10d._resolve_process_group(name)  # type: ignore[arg-type]  # (GroupName: a str)
                     except Exception as e:
-                        raise CaptureError("a collective names the process group "
-                                           f"{name!r}, which this process cannot resolve ({e})", target=target) from e
+                        raise CaptureError(
+                            "a collective names the process group "
+                            f"{name!r}, which this process cannot resolve ({e})",
+                            target=target,
+                        ) from e
                     if name in by_dim:
                         canonical = by_dim[name]
                     else:
-                        canonical = PREFIX + ",".join(map(str, group_ranks(pg, name=name, target=target)))
+                        canonical = PREFIX + ",".join(
+                            map(str, group_ranks(pg, name=name, target=target))
+                        )
                     _register(canonical, pg)
                     args = list(node.args)
                     args[i] = canonical
@@ -155,7 +168,7 @@ def canonical_groups(gm, target: str, meshes: Iterable[Any] = ()) -> Collectives
                 if canonical.startswith(MESH_PREFIX):
                     mesh_groups[canonical] = list(by_dim.values()).index(canonical)
                 else:
-                    groups[canonical] = [int(r) for r in canonical[len(PREFIX):].split(",")]
+                    groups[canonical] = [int(r) for r in canonical[len(PREFIX) :].split(",")]
         if changed:
             mod.recompile()
     if not groups and not mesh_groups and mesh is None:
@@ -199,7 +212,9 @@ def refuse_data_parallel(fn, modules: Iterable[Any], target: str) -> None:
     try:
         from torch.distributed import fsdp
 
-        wrappers += tuple(getattr(fsdp, n) for n in ("FullyShardedDataParallel", "FSDPModule") if hasattr(fsdp, n))
+        wrappers += tuple(
+            getattr(fsdp, n) for n in ("FullyShardedDataParallel", "FSDPModule") if hasattr(fsdp, n)
+        )
     except ImportError:  # pragma: no cover - torch without fsdp
         pass
     candidates = [*modules, fn, getattr(fn, "__self__", None)]
@@ -222,5 +237,6 @@ def refuse_data_parallel(fn, modules: Iterable[Any], target: str) -> None:
                     "would not average gradients across ranks). Capture the inner module's step "
                     "(pass `wrapped.module`) and average the gradients outside the loaded function "
                     "(dist.all_reduce(p.grad) / world size per parameter), or average them inside "
-                    "with functional collectives (funcol.all_reduce(p.grad, 'avg', group))", target=target
+                    "with functional collectives (funcol.all_reduce(p.grad, 'avg', group))",
+                    target=target,
                 )

@@ -42,8 +42,11 @@ def _graph_ops(graph_module) -> list:
             continue
         for node in gm.graph.nodes:
             op = node.target
-            if node.op == "call_function" and isinstance(op, torch._ops.OpOverload) \
-                    and op.namespace not in _TORCH_OWN:
+            if (
+                node.op == "call_function"
+                and isinstance(op, torch._ops.OpOverload)
+                and op.namespace not in _TORCH_OWN
+            ):
                 ops[op._schema.name] = op
     return [ops[k] for k in sorted(ops)]
 
@@ -61,8 +64,11 @@ def _package_of(path: str, files: dict[str, str]) -> str | None:
     """The imported top-level package whose folder holds ``path`` (a loaded .so)."""
     real = os.path.realpath(path)
     for file, name in files.items():
-        if os.path.basename(file) == "__init__.py" and "." not in name \
-                and real.startswith(os.path.dirname(file) + os.sep):
+        if (
+            os.path.basename(file) == "__init__.py"
+            and "." not in name
+            and real.startswith(os.path.dirname(file) + os.sep)
+        ):
             return name
     return None
 
@@ -97,8 +103,11 @@ def defining_modules(qualname: str, files: dict[str, str] | None = None) -> list
             found.append(name)
     if found:
         return found
-    libraries = [p for p in (_package_of(p, files) for p in sorted(getattr(torch.ops, "loaded_libraries", ())))
-                 if p and p != "torch"]
+    libraries = [
+        p
+        for p in (_package_of(p, files) for p in sorted(getattr(torch.ops, "loaded_libraries", ())))
+        if p and p != "torch"
+    ]
     return [ns] if ns in libraries else []
 
 

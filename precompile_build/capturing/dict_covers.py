@@ -18,8 +18,9 @@ from typing import Any
 from . import guard_sources
 
 
-def covering_dict(check: str, expr: str, value: Any, base: Any, namespace: dict,
-                   roots: guard_sources.Roots) -> tuple[str, bool] | None:
+def covering_dict(
+    check: str, expr: str, value: Any, base: Any, namespace: dict, roots: guard_sources.Roots
+) -> tuple[str, bool] | None:
     """The dict whose version (``torch._C._dynamo.guards.dict_version``: any write moves
     it, ``obj.__dict__[k] = v`` and ``object.__setattr__`` too) tells that the checked
     value cannot have changed, as ``(expression, by_identity)``, or None (the check runs
@@ -41,32 +42,51 @@ def covering_dict(check: str, expr: str, value: Any, base: Any, namespace: dict,
     expression again and compares the dict's identity and version, and the class of the
     object it belongs to, which therefore also covers a ``type`` check of that object."""
     found = _holder(check, expr, value, namespace, roots)
-    if found is None and check == "type" and type(getattr(value, "__dict__", None)) is dict \
-            and not isinstance(value, type):
-        return f"({expr}).__dict__", True  # reached through a list or an argument: its class compared per call
+    if (
+        found is None
+        and check == "type"
+        and type(getattr(value, "__dict__", None)) is dict
+        and not isinstance(value, type)
+    ):
+        return (
+            f"({expr}).__dict__",
+            True,
+        )  # reached through a list or an argument: its class compared per call
     return found
 
 
-def _holder(check: str, expr: str, value: Any, namespace: dict, roots: guard_sources.Roots) -> tuple[str, bool] | None:
+def _holder(
+    check: str, expr: str, value: Any, namespace: dict, roots: guard_sources.Roots
+) -> tuple[str, bool] | None:
     import collections
 
     import torch
 
     plain = (dict, collections.OrderedDict)
     node = ast.parse(expr, mode="eval").body
-    if check in ("len", "keys", "contains", "empty") and type(value) not in (*plain, tuple) \
-            and type(value).__name__ != "mappingproxy":
+    if (
+        check in ("len", "keys", "contains", "empty")
+        and type(value) not in (*plain, tuple)
+        and type(value).__name__ != "mappingproxy"
+    ):
         return None  # a list's or a set's contents move no version
     if check == "keys" and isinstance(value, collections.OrderedDict):
         return None  # (move_to_end reorders it and moves no version)
     if check in ("len", "keys", "contains", "empty") and type(value) in plain:
         holder: str | None = expr
-    elif check in ("len", "keys", "contains", "empty") and type(value).__name__ == "mappingproxy" \
-            and isinstance(node, ast.Attribute) and node.attr == "__dict__":
+    elif (
+        check in ("len", "keys", "contains", "empty")
+        and type(value).__name__ == "mappingproxy"
+        and isinstance(node, ast.Attribute)
+        and node.attr == "__dict__"
+    ):
         holder = f"_g_type_dict({ast.unparse(node.value)})"  # a class's own names (type(m).__mro__[1].__dict__)
     elif check in ("absent", "hasattr"):
-        holder = f"({expr}).__dict__" if isinstance(getattr(value, "__dict__", None), dict) \
-            and not isinstance(value, type) else None
+        holder = (
+            f"({expr}).__dict__"
+            if isinstance(getattr(value, "__dict__", None), dict) and not isinstance(value, type)
+            else None
+        )
     else:
         holder = None
     by_identity = False
@@ -76,7 +96,10 @@ def _holder(check: str, expr: str, value: Any, namespace: dict, roots: guard_sou
             n = n.args[0]
             continue
         if isinstance(n, ast.Call) and generic_getattr(n):  # object.__getattribute__(x, 'a'): x.a
-            parent, attr = n.args[0], getattr(n.args[1], "value", "")  # (past x's class's own __getattribute__)
+            parent, attr = (
+                n.args[0],
+                getattr(n.args[1], "value", ""),
+            )  # (past x's class's own __getattribute__)
             try:
                 p = guard_sources.evaluate(ast.unparse(parent), namespace, roots)
             except Exception:  # noqa: BLE001 - a part that is no value of its own
@@ -101,14 +124,33 @@ def _holder(check: str, expr: str, value: Any, namespace: dict, roots: guard_sou
             holder = f"_g_type_dict({ast.unparse(parent)})"
         elif isinstance(n, ast.Subscript) and type(p) in plain:
             holder = ast.unparse(parent)
-        elif isinstance(n, ast.Subscript) and type(p).__name__ == "mappingproxy" and isinstance(parent, ast.Attribute):
+        elif (
+            isinstance(n, ast.Subscript)
+            and type(p).__name__ == "mappingproxy"
+            and isinstance(parent, ast.Attribute)
+        ):
             holder = f"_g_type_dict({ast.unparse(parent.value)})"
-        elif isinstance(n, ast.Attribute) and isinstance(getattr(p, "__dict__", None), dict) \
-                and n.attr in p.__dict__:
+        elif (
+            isinstance(n, ast.Attribute)
+            and isinstance(getattr(p, "__dict__", None), dict)
+            and n.attr in p.__dict__
+        ):
             holder = f"({ast.unparse(parent)}).__dict__"
-        elif isinstance(p, (tuple, types.CellType, types.FunctionType, types.MethodType, types.CodeType)) \
-                or isinstance(n, ast.Attribute) and n.attr in ("__defaults__", "__closure__", "__code__",
-                                                               "__kwdefaults__", "cell_contents", "fget"):
+        elif (
+            isinstance(
+                p, (tuple, types.CellType, types.FunctionType, types.MethodType, types.CodeType)
+            )
+            or isinstance(n, ast.Attribute)
+            and n.attr
+            in (
+                "__defaults__",
+                "__closure__",
+                "__code__",
+                "__kwdefaults__",
+                "cell_contents",
+                "fget",
+            )
+        ):
             n = parent  # a function's internals: held where the function is (rebound in place: not
             # seen until the next full check, docs/assumed_state.md; per call they cost 40 checks a decode step)
         else:
@@ -116,19 +158,33 @@ def _holder(check: str, expr: str, value: Any, namespace: dict, roots: guard_sou
     if holder.startswith("_g_type_dict("):
         return holder, False  # a class: protected by the type check of whatever reached it
     for part in ast.walk(ast.parse(holder, mode="eval").body):  # a list on the way: by identity
-        if isinstance(part, ast.Subscript) and not (isinstance(part.value, ast.Name) and part.value.id == "_R"):
+        if isinstance(part, ast.Subscript) and not (
+            isinstance(part.value, ast.Name) and part.value.id == "_R"
+        ):
             try:  # (an item replaced in one moves no version)
                 container = guard_sources.evaluate(ast.unparse(part.value), namespace, roots)
             except Exception:  # noqa: BLE001 - unresolvable: per call
                 return None
-            if type(container) not in (*plain, tuple) and type(container).__name__ != "mappingproxy" \
-                    and not isinstance(container, types.ModuleType):
+            if (
+                type(container) not in (*plain, tuple)
+                and type(container).__name__ != "mappingproxy"
+                and not isinstance(container, types.ModuleType)
+            ):
                 by_identity = True
     root = ast.parse(holder, mode="eval").body
     while isinstance(root, (ast.Attribute, ast.Subscript, ast.Call)):
-        root = root.value if not isinstance(root, ast.Call) \
-            else root.args[0] if len(root.args) == 1 or generic_getattr(root) else root.func
-    if isinstance(root, ast.Name) and root.id != "_R" and not isinstance(namespace.get(root.id), torch.nn.Module):
+        root = (
+            root.value
+            if not isinstance(root, ast.Call)
+            else root.args[0]
+            if len(root.args) == 1 or generic_getattr(root)
+            else root.func
+        )
+    if (
+        isinstance(root, ast.Name)
+        and root.id != "_R"
+        and not isinstance(namespace.get(root.id), torch.nn.Module)
+    ):
         by_identity = True  # another argument: maybe another object next call
     return holder, by_identity
 
@@ -136,8 +192,13 @@ def _holder(check: str, expr: str, value: Any, namespace: dict, roots: guard_sou
 def generic_getattr(node: ast.AST) -> bool:
     """Whether ``node`` is ``object.__getattribute__(x, 'name')`` (how Dynamo reads an
     attribute past a class's own ``__getattribute__``, a transformers config's)."""
-    return isinstance(node, ast.Call) and ast.unparse(node.func) == "object.__getattribute__" \
-        and len(node.args) == 2 and isinstance(node.args[1], ast.Constant) and isinstance(node.args[1].value, str)
+    return (
+        isinstance(node, ast.Call)
+        and ast.unparse(node.func) == "object.__getattribute__"
+        and len(node.args) == 2
+        and isinstance(node.args[1], ast.Constant)
+        and isinstance(node.args[1].value, str)
+    )
 
 
 def keep_dict_covers(checks: list, namespace: dict, roots: guard_sources.Roots) -> None:
@@ -150,8 +211,16 @@ def keep_dict_covers(checks: list, namespace: dict, roots: guard_sources.Roots) 
             continue
         if c[6] not in ok:
             try:
-                d = eval(c[6], {"__builtins__": __builtins__, "_R": guard_sources.resolver(roots.records)(),  # noqa: S307
-                                "_g_type_dict": _g_type_dict, **guard_sources.helpers()}, namespace)
+                d = eval(
+                    c[6],
+                    {
+                        "__builtins__": __builtins__,
+                        "_R": guard_sources.resolver(roots.records)(),  # noqa: S307
+                        "_g_type_dict": _g_type_dict,
+                        **guard_sources.helpers(),
+                    },
+                    namespace,
+                )
                 ok[c[6]] = type(d).__name__ in ("dict", "OrderedDict")
             except Exception:  # noqa: BLE001 - a path that does not resolve: per call
                 ok[c[6]] = False

@@ -43,8 +43,12 @@ class Lifted:
     def record(self) -> dict:
         """What the pair keeps: ``{"index", "mesh": {"shape", "dim_names"},
         "placements": [str], "shape": global shape}``."""
-        return {"index": self.index, "mesh": mesh_record(self.mesh),
-                "placements": [repr(p) for p in self.placements], "shape": list(self.shape)}
+        return {
+            "index": self.index,
+            "mesh": mesh_record(self.mesh),
+            "placements": [repr(p) for p in self.placements],
+            "shape": list(self.shape),
+        }
 
 
 def _dtensor_type():
@@ -76,7 +80,9 @@ def lift(params: list) -> tuple[list, list[Lifted]]:
     out, lifted = [], []
     for i, t in enumerate(params):
         if is_dtensor(t):
-            lifted.append(Lifted(i, t.device_mesh, tuple(t.placements), tuple(t.shape), tuple(t.stride())))
+            lifted.append(
+                Lifted(i, t.device_mesh, tuple(t.placements), tuple(t.shape), tuple(t.stride()))
+            )
             out.append(t._local_tensor)
         else:
             out.append(t)
@@ -93,8 +99,14 @@ def wrap(leaves: list, lifted: list[Lifted]) -> list:
 
     out = list(leaves)
     for d in lifted:
-        out[d.index] = DTensor.from_local(out[d.index], d.mesh, d.placements, run_check=False,
-                                          shape=torch.Size(d.shape), stride=d.stride)
+        out[d.index] = DTensor.from_local(
+            out[d.index],
+            d.mesh,
+            d.placements,
+            run_check=False,
+            shape=torch.Size(d.shape),
+            stride=d.stride,
+        )
     return out
 
 
@@ -107,7 +119,8 @@ def refuse_dtensor_arguments(user_tensors: list, paths: list, target: str) -> No
                 f"{path} is a DTensor; a captured call takes plain tensors (the pair holds no "
                 "mesh). Pass its local tensor (`.to_local()`) or the replicated input, and let "
                 "the parallelize_module plan's input_layouts make the DTensor inside the model",
-                target=target)
+                target=target,
+            )
 
 
 def refuse_backward(grad_indices: list, lifted: list[Lifted], names: list, target: str) -> None:
@@ -119,7 +132,9 @@ def refuse_backward(grad_indices: list, lifted: list[Lifted], names: list, targe
             f"the function runs a backward through the DTensor parameter {names[hit[0]]}; a "
             "tensor-parallel capture serves inference (the loaded step would not give the "
             "DTensors' .grad their shards' gradients). Capture the forward (under torch.no_grad() "
-            "or without loss.backward()), or the step without parallelize_module", target=target)
+            "or without loss.backward()), or the step without parallelize_module",
+            target=target,
+        )
 
 
 def refuse_dtensor_result(outs: list, target: str) -> None:
@@ -128,4 +143,6 @@ def refuse_dtensor_result(outs: list, target: str) -> None:
         raise CaptureError(
             "the function returns a DTensor; a captured call returns plain tensors. Return "
             "`.to_local()` (this rank's shard) or `.full_tensor()`, or set use_local_output=True "
-            "in the parallelize_module plan of the last layer", target=target)
+            "in the parallelize_module plan of the last layer",
+            target=target,
+        )

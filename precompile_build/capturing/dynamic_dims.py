@@ -62,10 +62,15 @@ def marked_dims(t) -> dict[int, tuple[int, int | None]]:
     marks: dict[int, tuple[int, int | None]] = {}
     ranges = {r.dim: (r.min, r.max) for r in getattr(t, "_dynamo_dynamic_range", ())}
     ranges.update(getattr(t, "_dynamo_unbacked_bounds", {}) or {})
-    dims = set(getattr(t, "_dynamo_dynamic_indices", ())) | set(getattr(t, "_dynamo_unbacked_indices", ()))
+    dims = set(getattr(t, "_dynamo_dynamic_indices", ())) | set(
+        getattr(t, "_dynamo_unbacked_indices", ())
+    )
     for d in sorted(dims):
         lo, hi = ranges.get(d, (None, None))
-        marks[d % max(t.dim(), 1)] = (DEFAULT_MIN if lo is None else int(lo), None if hi is None else int(hi))
+        marks[d % max(t.dim(), 1)] = (
+            DEFAULT_MIN if lo is None else int(lo),
+            None if hi is None else int(hi),
+        )
     return marks
 
 
@@ -77,24 +82,31 @@ def check_marks(t, marks: dict, path: str, target: str) -> None:
     for d, (lo, hi) in marks.items():
         size = t.shape[d]
         if lo < 0:
-            raise CaptureError(f"{path} dim {d} is marked with min={lo}; sizes start at 0", target=target)
+            raise CaptureError(
+                f"{path} dim {d} is marked with min={lo}; sizes start at 0", target=target
+            )
         if hi is not None and hi < lo:
-            raise CaptureError(f"{path} dim {d} is marked with the empty range {_fmt(lo, hi)}", target=target)
+            raise CaptureError(
+                f"{path} dim {d} is marked with the empty range {_fmt(lo, hi)}", target=target
+            )
         if hi == lo:
             raise CaptureError(
                 f"{path} dim {d} is marked dynamic with the one-size range "
-                f"{_fmt(lo, hi)}: that is a static size; drop the mark, or widen the range", target=target
+                f"{_fmt(lo, hi)}: that is a static size; drop the mark, or widen the range",
+                target=target,
             )
         if memory_layout(t) != "dense":
             raise CaptureError(
                 f"{path} has dims marked dynamic but is a view with gaps "
                 f"(shape {list(t.shape)}, stride {list(t.stride())}), whose strides do not follow "
-                "from its sizes; pass a dense example (.contiguous()) and dense tensors at call time", target=target
+                "from its sizes; pass a dense example (.contiguous()) and dense tensors at call time",
+                target=target,
             )
         if size < lo or (hi is not None and size > hi):
             raise CaptureError(
                 f"{path} dim {d} is marked dynamic in {_fmt(lo, hi)} but the "
-                f"example has size {size}; pass an example inside the range", target=target
+                f"example has size {size}; pass an example inside the range",
+                target=target,
             )
 
 
@@ -121,16 +133,23 @@ def fake_inputs(example: list, n_params: int, marks: list, paths: list, target: 
         if dims:
             check_marks(t, dims, paths[i - n_params], target)
         ctx: Any = StatelessSymbolicContext(
-            dynamic_sizes=[DimDynamic.DYNAMIC if d in dims else DimDynamic.STATIC for d in range(t.dim())],
+            dynamic_sizes=[
+                DimDynamic.DYNAMIC if d in dims else DimDynamic.STATIC for d in range(t.dim())
+            ],
             constraint_sizes=[
                 StrictMinMaxConstraint(
-                    vr=ValueRanges(dims[d][0], int_oo if dims[d][1] is None else dims[d][1]), warn_only=False
-                ) if d in dims else None
+                    vr=ValueRanges(dims[d][0], int_oo if dims[d][1] is None else dims[d][1]),
+                    warn_only=False,
+                )
+                if d in dims
+                else None
                 for d in range(t.dim())
             ],
         )
         fakes.append(mode.from_tensor(t, source=LocalSource(f"input{i}"), symbolic_context=ctx))
-    return fakes, SymbolicTrace(shape_env=shape_env, inputs=fakes, fakes=fakes[n_params:], marks=marks, paths=paths)
+    return fakes, SymbolicTrace(
+        shape_env=shape_env, inputs=fakes, fakes=fakes[n_params:], marks=marks, paths=paths
+    )
 
 
 def size_oblivious():
@@ -162,7 +181,9 @@ def compile_context(graph_module):
     from torch._functorch._aot_autograd import graph_compile
 
     if hasattr(graph_compile, "_apply_tensorify_python_scalars"):
-        stack.enter_context(mock.patch.object(graph_compile, "_apply_tensorify_python_scalars", lambda gm: None))
+        stack.enter_context(
+            mock.patch.object(graph_compile, "_apply_tensorify_python_scalars", lambda gm: None)
+        )
     stack.enter_context(config.patch({"fx_graph_cache": False, "fx_graph_remote_cache": False}))
     stack.enter_context(torch._functorch.config.patch(enable_autograd_cache=False))
     # without the caches standalone_compile warns that it cannot save its own
@@ -199,7 +220,11 @@ def finish(sym: SymbolicTrace, target: str) -> tuple[Dynamic, list[dict[str, lis
     env, pexpr = sym.shape_env, _printer()
 
     def resolved(v):
-        return env.simplify(sympy.sympify(v.node.expr)) if isinstance(v, torch.SymInt) else sympy.Integer(v)
+        return (
+            env.simplify(sympy.sympify(v.node.expr))
+            if isinstance(v, torch.SymInt)
+            else sympy.Integer(v)
+        )
 
     symbols: dict[str, list] = {}
     where: dict[str, str] = {}  # symbol -> "argument 'x' dim 0", for messages
@@ -218,34 +243,51 @@ def finish(sym: SymbolicTrace, target: str) -> tuple[Dynamic, list[dict[str, lis
                     f"{path} dim {d} is marked dynamic but the captured code "
                     f"specialised it to {int(expr)} (a Python branch on the size, a fixed-size "
                     "view, or a constant-sized partner tensor); make that code size-agnostic, or "
-                    "drop the mark to capture this size only", target=target
+                    "drop the mark to capture this size only",
+                    target=target,
                 )
             if not isinstance(expr, sympy.Symbol):
                 raise CaptureError(
                     f"{path} dim {d} is marked dynamic but the captured code "
-                    f"ties it to another marked dim as {pexpr(expr)}; mark only the independent dim", target=target
+                    f"ties it to another marked dim as {pexpr(expr)}; mark only the independent dim",
+                    target=target,
                 )
             name = str(expr)
             vr = env.var_to_range[expr]
             got_lo = int(vr.lower)
-            got_hi = int(vr.upper) if vr.upper.is_integer and vr.upper.is_finite is not False \
-                and vr.upper not in (int_oo, sympy.oo) else None
+            got_hi = (
+                int(vr.upper)
+                if vr.upper.is_integer
+                and vr.upper.is_finite is not False
+                and vr.upper not in (int_oo, sympy.oo)
+                else None
+            )
             if got_lo > lo or (got_hi is not None and (hi is None or got_hi < hi)):
                 fix_hi = hi if got_hi is None else got_hi if hi is None else min(hi, got_hi)
                 size_one = lo <= 1 and got_lo == 2
-                why = (" (its strides or kernels differ at size 1, e.g. a reshape after a transpose;"
-                       " serve size 1 from a target captured at that size)") if size_one else ""
+                why = (
+                    (
+                        " (its strides or kernels differ at size 1, e.g. a reshape after a transpose;"
+                        " serve size 1 from a target captured at that size)"
+                    )
+                    if size_one
+                    else ""
+                )
                 advice = "mark it with that range"
                 if size_one and fix_hi != hi:
                     # the compiler's guards for size 1 can cap the range too (a Conv2d batch
                     # marked [1, 64] holds for [2, 15] here, [2, 64] marked from 2): raise
                     # the lower bound first and keep the declared upper one
-                    fix_hi, advice = hi, "mark it from 2 (an upper bound may come from allowing size 1)"
+                    fix_hi, advice = (
+                        hi,
+                        "mark it from 2 (an upper bound may come from allowing size 1)",
+                    )
                 raise CaptureError(
                     f"{path} dim {d} is marked dynamic in {_fmt(lo, hi)} but the "
                     f"captured code only holds for {_fmt(got_lo, got_hi)}{why}; {advice} "
                     f"(torch._dynamo.mark_dynamic(t, {d}, min={got_lo}, max={fix_hi})) or make the code "
-                    "size-agnostic", target=target
+                    "size-agnostic",
+                    target=target,
                 )
             symbols[name] = [max(lo, got_lo), hi]
             where.setdefault(name, f"{path} dim {d}")
@@ -266,7 +308,8 @@ def finish(sym: SymbolicTrace, target: str) -> tuple[Dynamic, list[dict[str, lis
             raise CaptureError(
                 f"the captured code relies on {pexpr(cond)}, over sizes that "
                 f"are not marked dims ({', '.join(sorted(unknown))}); this engine serves only "
-                "conditions over marked dims: capture with engine='torch' or drop the marks", target=target
+                "conditions over marked dims: capture with engine='torch' or drop the marks",
+                target=target,
             )
         text = pexpr(cond)
         if text not in guards:
@@ -295,11 +338,14 @@ def _check_guard_keeps_range(guard: str, symbols: dict, where: dict, target: str
         raise CaptureError(
             f"{where[name]} is marked dynamic in {_fmt(lo, hi)} but the "
             f"captured code relies on {shown} (sizes {bad[:4]} break it): "
-            "make the code size-agnostic, or capture the sizes you need as separate targets", target=target
+            "make the code size-agnostic, or capture the sizes you need as separate targets",
+            target=target,
         )
 
 
-def example_sizes(dynamic: Dynamic, shapes: Sequence[Mapping[str, Any]], example_user: list) -> list[dict[str, int]]:
+def example_sizes(
+    dynamic: Dynamic, shapes: Sequence[Mapping[str, Any]], example_user: list
+) -> list[dict[str, int]]:
     """Symbol assignments to validate a pair with besides the example: the lower
     bound of every range and the example size plus one (within range), each kept
     only when it satisfies the guards."""
@@ -311,7 +357,11 @@ def example_sizes(dynamic: Dynamic, shapes: Sequence[Mapping[str, Any]], example
     out = []
     for pick in (lambda lo, hi, n: lo, lambda lo, hi, n: n + 1 if hi is None or n < hi else n - 1):
         sizes = {s: max(lo, pick(lo, hi, current[s])) for s, (lo, hi) in dynamic["symbols"].items()}
-        if sizes != current and sizes not in out and all(eval_expr(g, sizes) for g in dynamic["guards"]):
+        if (
+            sizes != current
+            and sizes not in out
+            and all(eval_expr(g, sizes) for g in dynamic["guards"])
+        ):
             out.append(sizes)
     return out
 
@@ -353,8 +403,13 @@ def resized(t, spec: Mapping[str, Any], sizes: dict[str, int]):
         if n > have:
             reps = [1] * data.dim()
             reps[d] = -(-n // max(have, 1))
-            data = data.repeat(*reps) if have else torch.zeros(
-                [*data.shape[:d], n, *data.shape[d + 1:]], dtype=data.dtype, device=data.device)
+            data = (
+                data.repeat(*reps)
+                if have
+                else torch.zeros(
+                    [*data.shape[:d], n, *data.shape[d + 1 :]], dtype=data.dtype, device=data.device
+                )
+            )
         data = data.narrow(d, 0, n)
     out = torch.empty_strided(shape, stride, dtype=t.dtype, device=t.device)
     return out.copy_(data)

@@ -71,7 +71,12 @@ LEFT_TO_OTHERS = {
 
 _LENGTH = {"SEQUENCE_LENGTH", "LIST_LENGTH", "TUPLE_ITERATOR_LEN", "LENGTH_CHECK"}
 _KEYS = {"DICT_KEYS_MATCH", "DICT_KEYS", "MAPPING_KEYS_CHECK"}
-_CONTAINS = {"DICT_CONTAINS": True, "SET_CONTAINS": True, "DICT_NOT_CONTAINS": False, "SET_NOT_CONTAINS": False}
+_CONTAINS = {
+    "DICT_CONTAINS": True,
+    "SET_CONTAINS": True,
+    "DICT_NOT_CONTAINS": False,
+    "SET_NOT_CONTAINS": False,
+}
 
 
 class _Collected(Exception):
@@ -90,7 +95,7 @@ def _user_line(guard) -> str:
         return ""
     roots = [os.path.join(os.path.abspath(p), "") for p in sys.path if p]
     root = max((r for r in roots if filename.startswith(r)), key=len, default="")
-    return f"{filename[len(root):]}:{lineno}"
+    return f"{filename[len(root) :]}:{lineno}"
 
 
 def collect(fn: Callable, args: tuple, kwargs: dict) -> list:
@@ -113,10 +118,10 @@ def collect(fn: Callable, args: tuple, kwargs: dict) -> list:
     def backend(gm, _example):
         return gm.forward
 
-    compiled = torch.compile(fn, backend=backend, fullgraph=True,
-                             options={"guard_filter_fn": keep})
-    patch = torch._dynamo.config.patch(capture_scalar_outputs=True, capture_dynamic_output_shape_ops=True,
-                                       suppress_errors=False)
+    compiled = torch.compile(fn, backend=backend, fullgraph=True, options={"guard_filter_fn": keep})
+    patch = torch._dynamo.config.patch(
+        capture_scalar_outputs=True, capture_dynamic_output_shape_ops=True, suppress_errors=False
+    )
     try:
         with patch, _quiet_dynamo():
             compiled(*args, **kwargs)
@@ -156,7 +161,9 @@ def _check_for(kind: str, value: Any, guard, attr: str | None = None) -> tuple[s
     import torch
 
     kw = getattr(guard.create_fn, "keywords", None) or {}
-    if kind in guard_sources.VALUE_KINDS or (kind in ("ID_MATCH",) and (value is None or type(value) is bool)):
+    if kind in guard_sources.VALUE_KINDS or (
+        kind in ("ID_MATCH",) and (value is None or type(value) is bool)
+    ):
         if isinstance(value, enum.Enum):
             return "enum", [*_class_id(type(value)), value.name]
         if isinstance(value, torch.dtype):
@@ -168,20 +175,31 @@ def _check_for(kind: str, value: Any, guard, attr: str | None = None) -> tuple[s
         if isinstance(value, (set, frozenset)) and all(literal_type(x) is not None for x in value):
             return "set", [type(value).__name__, sorted(value, key=repr)]
         if literal_type(value) is None:
-            raise ValueError(f"its value is a {type(value).__qualname__}, which a pair cannot record")
+            raise ValueError(
+                f"its value is a {type(value).__qualname__}, which a pair cannot record"
+            )
         return "eq", value
     if kind == "NUMPY_VALUE":
         import numpy as np
 
         if isinstance(value, np.generic) and literal_type(value.item()) is not None:
             return "npscalar", [type(value).__name__, value.item()]
-        raise ValueError(f"it is a numpy {type(value).__name__} whose values the graph holds; pass it "
-                         "as a tensor argument")
+        raise ValueError(
+            f"it is a numpy {type(value).__name__} whose values the graph holds; pass it "
+            "as a tensor argument"
+        )
     if kind == "NOT_NONE_MATCH":
         return "notnone", None
     if kind == "TYPE_MATCH":
         return "type", _class_id(type(value))
-    if kind in ("CLASS_MATCH", "ID_MATCH", "MODULE_MATCH", "NN_MODULE", "CLOSURE_MATCH", "FUNCTION_MATCH"):
+    if kind in (
+        "CLASS_MATCH",
+        "ID_MATCH",
+        "MODULE_MATCH",
+        "NN_MODULE",
+        "CLOSURE_MATCH",
+        "FUNCTION_MATCH",
+    ):
         if isinstance(value, types.ModuleType):
             return "module", value.__name__
         if isinstance(value, type):
@@ -200,8 +218,10 @@ def _check_for(kind: str, value: Any, guard, attr: str | None = None) -> tuple[s
             return "type", _class_id(type(value))
         if code_of(value)[0] is not None:  # a user Triton kernel (triton.jit, triton.autotune)
             return "code", code_fingerprint(value)
-        raise ValueError(f"it relies on the identity of a {type(value).__qualname__}, which cannot be "
-                         "compared across processes")
+        raise ValueError(
+            f"it relies on the identity of a {type(value).__qualname__}, which cannot be "
+            "compared across processes"
+        )
     if kind == "HASATTR":
         if attr is None:
             raise ValueError("its attribute name could not be read from the guard")
@@ -219,7 +239,10 @@ def _check_for(kind: str, value: Any, guard, attr: str | None = None) -> tuple[s
         key = kw.get("key")
         if literal_type(key) is None:
             raise ValueError(f"its key is a {type(key).__qualname__}, which a pair cannot record")
-        return "contains", [key, _CONTAINS[kind] != bool(kw.get("invert"))]  # (torch <= 2.12: invert=)
+        return "contains", [
+            key,
+            _CONTAINS[kind] != bool(kw.get("invert")),
+        ]  # (torch <= 2.12: invert=)
     if kind == "EMPTY_NN_MODULE_HOOKS_DICT":
         return "empty", None
     raise ValueError(f"a {kind} guard has no check a pair can run")
@@ -236,8 +259,12 @@ def _epoch_covered(check: str, value: Any, base: Any, expr: str) -> bool:
     if check == "empty":
         return True
     last = re.search(r"\.(\w+)$", expr)
-    if isinstance(base, torch.nn.Module) and last and last.group(1) in guard_sources.module_internals() \
-            and check in ("type", "len", "keys", "contains"):
+    if (
+        isinstance(base, torch.nn.Module)
+        and last
+        and last.group(1) in guard_sources.module_internals()
+        and check in ("type", "len", "keys", "contains")
+    ):
         return True
     if check in ("type", "class") and isinstance(value, torch.nn.Module):
         return True
@@ -250,9 +277,12 @@ def _epoch_covered(check: str, value: Any, base: Any, expr: str) -> bool:
 
 def warn_recorder_only_for_backward(target: str | None) -> None:
     """Say that a training step's Python state is checked by the recorder alone."""
-    warn_at_caller("the function runs a backward, which torch.compile(fullgraph=True) does not "
-                   "trace: the Python state it read is checked by the recorder only (the "
-                   "attributes, hooks and globals of docs/assumed_state.md)", target=target)
+    warn_at_caller(
+        "the function runs a backward, which torch.compile(fullgraph=True) does not "
+        "trace: the Python state it read is checked by the recorder only (the "
+        "attributes, hooks and globals of docs/assumed_state.md)",
+        target=target,
+    )
 
 
 def guard_checks(fn: Callable, args: tuple, kwargs: dict, *, target: str) -> dict | None:
@@ -274,11 +304,22 @@ def guard_checks(fn: Callable, args: tuple, kwargs: dict, *, target: str) -> dic
     try:
         params_text, params = _signature(fn, target)
     except (ValueError, TypeError):  # a builtin (torch.relu): no Python code, no Python state read
-        return {"params": "*args, **kwargs", "wrapper": True, "roots": [], "checks": [], "watched": [],
-                "by_identity": [], "left": {}}
+        return {
+            "params": "*args, **kwargs",
+            "wrapper": True,
+            "roots": [],
+            "checks": [],
+            "watched": [],
+            "by_identity": [],
+            "left": {},
+        }
     free = set(getattr(getattr(inspect.unwrap(fn), "__code__", None), "co_freevars", ()))
-    if isinstance(fn, types.MethodType) or (not isinstance(fn, types.FunctionType) and hasattr(fn, "forward")):
-        free.add("self")  # a bound method's or a module's own state: the pair's constant, as a closure
+    if isinstance(fn, types.MethodType) or (
+        not isinstance(fn, types.FunctionType) and hasattr(fn, "forward")
+    ):
+        free.add(
+            "self"
+        )  # a bound method's or a module's own state: the pair's constant, as a closure
     fn_globals = guard_sources.globals_of(fn)
     names = set(fn_globals)  # Dynamo installs names of its own there while it traces
     try:
@@ -287,24 +328,36 @@ def guard_checks(fn: Callable, args: tuple, kwargs: dict, *, target: str) -> dic
     except Exception as e:  # noqa: BLE001 - Dynamo's refusal, named in the message
         first = str(e).split("\n")[0]
         if not _has_guard_filter():
-            warn_at_caller("this torch has no guard_filter_fn (torch.compile's guards cannot be read): "
-                           "the Python state the call read is checked by the recorder only "
-                           "(docs/assumed_state.md)", target=target)
+            warn_at_caller(
+                "this torch has no guard_filter_fn (torch.compile's guards cannot be read): "
+                "the Python state the call read is checked by the recorder only "
+                "(docs/assumed_state.md)",
+                target=target,
+            )
             return None
-        if "backward" in first or "autograd" in first:  # a training step: Dynamo's graph has no backward
+        if (
+            "backward" in first or "autograd" in first
+        ):  # a training step: Dynamo's graph has no backward
             warn_recorder_only_for_backward(target)
             return None
         raise CaptureError(
             "torch.compile(fullgraph=True) cannot trace this function in one graph, so the Python "
             f"values the trace read cannot all be checked per call: {_first_line(e)}. Make the "
             "function traceable in one graph (the message names the line), or pass "
-            "options={\"guards\": \"recorded\"} to check only what the recorder sees "
-            "(docs/assumed_state.md)", target=target) from None
+            'options={"guards": "recorded"} to check only what the recorder sees '
+            "(docs/assumed_state.md)",
+            target=target,
+        ) from None
     roots = guard_sources.Roots(fn_globals, names)
     namespace = _namespace(fn, args, kwargs)
     wrapper = bool(_frame_locals(entries) - params - free)
-    if wrapper:  # Dynamo's frame is a wrapper's (fn, *args, **kwargs): a decorated function, a module's
-        params_text, params = "*args, **kwargs", {"args", "kwargs"}  # decorated forward; the callable
+    if (
+        wrapper
+    ):  # Dynamo's frame is a wrapper's (fn, *args, **kwargs): a decorated function, a module's
+        params_text, params = (
+            "*args, **kwargs",
+            {"args", "kwargs"},
+        )  # decorated forward; the callable
         free |= {"fn", "self", "func"}  # itself is the pair's constant
         namespace = _namespace(fn, args, kwargs, wrapper=True)
     checks: list[list] = []
@@ -316,14 +369,19 @@ def guard_checks(fn: Callable, args: tuple, kwargs: dict, *, target: str) -> dic
         kind = entry.guard_type
         name = entry.name
         if kind == "TENSOR_MATCH" and name.startswith("___from_numpy(") and name.endswith(")"):
-            kind, name = "NUMPY_VALUE", name[len("___from_numpy("):-1]  # Dynamo's graph input, our constant
+            kind, name = (
+                "NUMPY_VALUE",
+                name[len("___from_numpy(") : -1],
+            )  # Dynamo's graph input, our constant
         if kind in LEFT_TO_OTHERS or not name:
             left[kind] = left.get(kind, 0) + 1
             continue
         where = _user_line(entry.orig_guard)
         kw = getattr(entry.orig_guard.create_fn, "keywords", None) or {}
         attr = kw.get("attr")
-        if kind == "HASATTR" and attr is None:  # torch <= 2.12 names the attribute itself: base.attr
+        if (
+            kind == "HASATTR" and attr is None
+        ):  # torch <= 2.12 names the attribute itself: base.attr
             split = re.match(r"^(.*)[.]([A-Za-z0-9_]+)$", name)
             if split:
                 name, attr = split.group(1, 2)
@@ -333,7 +391,9 @@ def guard_checks(fn: Callable, args: tuple, kwargs: dict, *, target: str) -> dic
                 continue
             expr, label = rewritten
             value = guard_sources.evaluate(expr, namespace, roots)
-            if guard_sources.through_torch(expr, namespace, roots) or guard_sources.module_bookkeeping(expr, namespace, roots, kind):
+            if guard_sources.through_torch(
+                expr, namespace, roots
+            ) or guard_sources.module_bookkeeping(expr, namespace, roots, kind):
                 left["torch's own classes"] = left.get("torch's own classes", 0) + 1
                 continue
             check, expected = _check_for(kind, value, entry.orig_guard, attr)
@@ -341,7 +401,9 @@ def guard_checks(fn: Callable, args: tuple, kwargs: dict, *, target: str) -> dic
             raise CaptureError(
                 f"the trace relies on {name} ({kind}{', read at ' + where if where else ''}), and "
                 f"{err}. Pass it as an argument, or make it a plain value (bool, int, float, str, "
-                "None, a tuple of them, a torch.dtype), then capture again", target=target) from None
+                "None, a tuple of them, a torch.dtype), then capture again",
+                target=target,
+            ) from None
         key = (check, expr, repr(expected))
         if key in seen:
             continue
@@ -354,25 +416,41 @@ def guard_checks(fn: Callable, args: tuple, kwargs: dict, *, target: str) -> dic
             watched.add("__class__")
         base = guard_sources.base_of(expr, namespace, roots)
         epoch = _epoch_covered(check, value, base, expr)
-        found = None if epoch else dict_covers.covering_dict(check, expr, value, base, namespace, roots)
+        found = (
+            None if epoch else dict_covers.covering_dict(check, expr, value, base, namespace, roots)
+        )
         cover = found[0] if found else None
         if found and found[1]:
             by_identity.add(found[0])
         checks.append([label, check, expr, expected, not epoch and cover is None, where, cover])
     known = {(c[1], c[2]) for c in checks}
-    checks += [c for c in class_attributes.checks(checks, namespace, roots, collect) if (c[1], c[2]) not in known]
+    checks += [
+        c
+        for c in class_attributes.checks(checks, namespace, roots, collect)
+        if (c[1], c[2]) not in known
+    ]
     checks = class_attributes.inherited_per_call(checks, namespace, roots)
     known = {(c[1], c[2]) for c in checks}
-    checks += [c for c in class_attributes.shadowing(checks, namespace, roots) if (c[1], c[2]) not in known]
+    checks += [
+        c for c in class_attributes.shadowing(checks, namespace, roots) if (c[1], c[2]) not in known
+    ]
     dict_covers.keep_dict_covers(checks, namespace, roots)
     failed = failing(checks, namespace, roots)
     if failed:
-        raise CaptureError(f"a guard does not hold on the capture's own state: {failed[0]} (a bug: "
-                           "please report it)", target=target)
-    return {"params": params_text, "wrapper": wrapper, "roots": roots.records, "checks": checks,
-            "watched": sorted(watched),
-            "by_identity": sorted({c[6] for c in checks if c[6] in by_identity}),
-            "left": dict(sorted(left.items()))}
+        raise CaptureError(
+            f"a guard does not hold on the capture's own state: {failed[0]} (a bug: "
+            "please report it)",
+            target=target,
+        )
+    return {
+        "params": params_text,
+        "wrapper": wrapper,
+        "roots": roots.records,
+        "checks": checks,
+        "watched": sorted(watched),
+        "by_identity": sorted({c[6] for c in checks if c[6] in by_identity}),
+        "left": dict(sorted(left.items())),
+    }
 
 
 def kept_after(record: dict, fn: Callable, args: tuple, kwargs: dict) -> dict:
@@ -381,8 +459,11 @@ def kept_after(record: dict, fn: Callable, args: tuple, kwargs: dict) -> dict:
     namespace = _namespace(fn, args, kwargs, wrapper=record.get("wrapper", False))
     roots = guard_sources.resolver(record["roots"])
     out = [c for c in record["checks"] if not _fails(c, namespace, roots)]
-    return {**record, "checks": out,
-            "by_identity": [e for e in record.get("by_identity", ()) if any(c[6] == e for c in out)]}
+    return {
+        **record,
+        "checks": out,
+        "by_identity": [e for e in record.get("by_identity", ()) if any(c[6] == e for c in out)],
+    }
 
 
 def failing(checks: list, namespace: dict, roots) -> list[str]:
@@ -395,7 +476,11 @@ def _fails(check: list, namespace: dict, resolver) -> bool:
     from ..templates.guard_values import holds
 
     try:
-        value = eval(check[2], {"__builtins__": __builtins__, "_R": resolver(), **guard_sources.helpers()}, namespace)  # noqa: S307
+        value = eval(
+            check[2],
+            {"__builtins__": __builtins__, "_R": resolver(), **guard_sources.helpers()},
+            namespace,
+        )  # noqa: S307
     except Exception:  # noqa: BLE001 - a path that no longer resolves fails the check
         return True
     return not holds(check[1], value, check[3])
@@ -410,11 +495,20 @@ def _frame_locals(entries: list) -> set[str]:
         except SyntaxError:
             continue
         for n in ast.walk(tree):
-            if isinstance(n, ast.Subscript) and isinstance(n.value, ast.Name) and n.value.id == "L" \
-                    and isinstance(n.slice, ast.Constant) and isinstance(n.slice.value, str):
+            if (
+                isinstance(n, ast.Subscript)
+                and isinstance(n.value, ast.Name)
+                and n.value.id == "L"
+                and isinstance(n.slice, ast.Constant)
+                and isinstance(n.slice.value, str)
+            ):
                 out.add(n.slice.value)
-            elif isinstance(n, ast.Name) and n.id not in ("G", "L") and not n.id.startswith("__") \
-                    and n.id not in guard_sources.BUILTINS:
+            elif (
+                isinstance(n, ast.Name)
+                and n.id not in ("G", "L")
+                and not n.id.startswith("__")
+                and n.id not in guard_sources.BUILTINS
+            ):
                 out.add(n.id)
     return out
 
@@ -480,7 +574,8 @@ def _signature(fn: Callable, target: str) -> tuple[str, set[str]]:
             text += "=" + (repr(p.default) if literal_type(p.default) is not None else "_NODEFAULT")
         parts.append(text)
         if p.kind is p.POSITIONAL_ONLY and not any(
-                q.kind is q.POSITIONAL_ONLY for q in list(sig.parameters.values())[len(parts):]):
+            q.kind is q.POSITIONAL_ONLY for q in list(sig.parameters.values())[len(parts) :]
+        ):
             parts.append("/")
     return ", ".join(parts), names
 

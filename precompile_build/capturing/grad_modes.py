@@ -48,8 +48,10 @@ def _turned_off_by(own: Any, torch_dir: str) -> bool:
     """Whether the grad-mode call being made (from torch's grad_mode.py machinery) comes
     from the captured function's own code ``own``: a statement of its body, or the
     ``@torch.no_grad()`` on it."""
-    machinery = (os.path.join(torch_dir, "autograd", "grad_mode.py"),
-                 os.path.join(torch_dir, "utils", "_contextlib.py"))
+    machinery = (
+        os.path.join(torch_dir, "autograd", "grad_mode.py"),
+        os.path.join(torch_dir, "utils", "_contextlib.py"),
+    )
     frame: FrameType | None = sys._getframe(2)
     while frame is not None:
         name = os.path.abspath(frame.f_code.co_filename)

@@ -48,7 +48,9 @@ def _attr(gm, target: str):
     return obj
 
 
-def reachable_tensors(roots: Iterable[Any], *, max_depth: int = 4, max_objects: int = 20000) -> dict[int, str]:
+def reachable_tensors(
+    roots: Iterable[Any], *, max_depth: int = 4, max_objects: int = 20000
+) -> dict[int, str]:
     """``{id(tensor): where}`` for the tensors reachable from ``roots`` (the captured
     function and its nn.Module arguments): closure cells, defaults, the globals its
     code names, a bound method's ``self``, functools.partial arguments, instance
@@ -64,7 +66,9 @@ def reachable_tensors(roots: Iterable[Any], *, max_depth: int = 4, max_objects: 
     todo = [(r, getattr(r, "__qualname__", type(r).__name__), 0) for r in roots]
     while todo and len(seen) < max_objects:
         obj, where, depth = todo.pop()
-        if id(obj) in seen or isinstance(obj, (types.ModuleType, type, str, bytes, int, float, bool)):
+        if id(obj) in seen or isinstance(
+            obj, (types.ModuleType, type, str, bytes, int, float, bool)
+        ):
             continue
         seen.add(id(obj))
         if isinstance(obj, torch.Tensor):
@@ -92,11 +96,16 @@ def reachable_tensors(roots: Iterable[Any], *, max_depth: int = 4, max_objects: 
             g = getattr(func, "__globals__", {})
             children += [(g[n], f"global {n!r}") for n in sorted(names) if n in g]
             children += [(d, f"a default of {where}") for d in (func.__defaults__ or ())]
-            children += [(d, f"a default of {where}") for d in (getattr(func, "__kwdefaults__", None) or {}).values()]
+            children += [
+                (d, f"a default of {where}")
+                for d in (getattr(func, "__kwdefaults__", None) or {}).values()
+            ]
             if hasattr(func, "__wrapped__"):
                 children.append((func.__wrapped__, where))
         elif isinstance(obj, functools.partial):
-            children += [(obj.func, where)] + [(a, f"an argument of {where}") for a in (*obj.args, *obj.keywords.values())]
+            children += [(obj.func, where)] + [
+                (a, f"an argument of {where}") for a in (*obj.args, *obj.keywords.values())
+            ]
         elif isinstance(obj, dict):
             children += [(v, f"{where}[{k!r}]") for k, v in obj.items()]
         elif isinstance(obj, (list, tuple, set, frozenset)):
@@ -105,13 +114,19 @@ def reachable_tensors(roots: Iterable[Any], *, max_depth: int = 4, max_objects: 
             attrs = getattr(obj, "__dict__", None)
             if isinstance(attrs, dict):
                 modules = isinstance(obj, torch.nn.Module)
-                children += [(v, f"{where}.{k}") for k, v in attrs.items() if not (modules and k == "_modules")]
+                children += [
+                    (v, f"{where}.{k}")
+                    for k, v in attrs.items()
+                    if not (modules and k == "_modules")
+                ]
             if callable(obj) and not isinstance(obj, torch.nn.Module):
                 children.append((type(obj).__call__, where))
             if isinstance(obj, torch.nn.Module):
                 children.append((type(obj).forward, f"{type(obj).__name__}.forward"))
                 # submodules at this depth: a deep model's plain tensor attributes count too
-                todo.extend((m, f"{where}.{n}", depth) for n, m in obj._modules.items() if m is not None)
+                todo.extend(
+                    (m, f"{where}.{n}", depth) for n, m in obj._modules.items() if m is not None
+                )
         todo.extend((c, w, depth + 1) for c, w in children)
     return found
 
@@ -135,11 +150,13 @@ def _script_object_error(target: str, name: str, value) -> CaptureError:
             f"dist.all_reduce(t), which passes a ProcessGroup object ({name}); use the functional "
             "collectives instead: `import torch.distributed._functional_collectives as funcol; "
             "t = funcol.all_reduce(t, 'sum', group=list_of_ranks)` (they return the result; see "
-            "docs/capture-contract.md, torch.distributed)", target=target
+            "docs/capture-contract.md, torch.distributed)",
+            target=target,
         )
     return CaptureError(
         f"the function uses the TorchScript object {name} ({qualname}); "
-        "a pair cannot carry it: pass tensors, or capture with a function that does not use it", target=target
+        "a pair cannot carry it: pass tensors, or capture with a function that does not use it",
+        target=target,
     )
 
 
@@ -179,25 +196,32 @@ def check_graph_attrs(gm, target: str, *, roots: Iterable[Any] = (), symbolic=No
         if not isinstance(value, torch.Tensor):
             raise CaptureError(
                 f"the traced graph reads {node.target}, a "
-                f"{type(value).__name__} the pair cannot carry; pass it as an argument", target=target
+                f"{type(value).__name__} the pair cannot carry; pass it as an argument",
+                target=target,
             )
-        made_here = node.users and all(getattr(getattr(u.target, "_schema", None), "name", None) in _LIFT_FRESH
-                                       for u in node.users)
+        made_here = node.users and all(
+            getattr(getattr(u.target, "_schema", None), "name", None) in _LIFT_FRESH
+            for u in node.users
+        )
         if not made_here:
             if user is None:
                 user = reachable_tensors(roots)
-            if any(sharing.writes(u, node) for u in node.users):  # a trace-made constant is copied first
+            if any(
+                sharing.writes(u, node) for u in node.users
+            ):  # a trace-made constant is copied first
                 raise CaptureError(
                     "the function writes in place to a tensor that is not an "
                     f"input ({user.get(id(value), node.target)}); the pair cannot update your object. "
-                    "Register it on the module (register_buffer) or pass it as an argument", target=target
+                    "Register it on the module (register_buffer) or pass it as an argument",
+                    target=target,
                 )
             if id(value) in user:
                 raise CaptureError(
                     "the function reads a tensor that is not an input "
                     f"({user[id(value)]}, traced as {node.target}): a closed-over tensor or an "
                     "attribute that is not a registered parameter/buffer. Register it on the "
-                    "module (register_buffer) or pass it as an argument", target=target
+                    "module (register_buffer) or pass it as an argument",
+                    target=target,
                 )
         constants.append(value.detach())
         nodes.append(node)
@@ -226,7 +250,8 @@ def _check_subgraphs(gm, target: str) -> None:
                     f"the branch/body {name} of a control-flow operator "
                     f"reads the tensor {node.target} that is not one of its operands (a tensor "
                     "made or closed over inside the branch); create it outside and pass it in "
-                    "the operands tuple", target=target
+                    "the operands tuple",
+                    target=target,
                 )
 
 
@@ -237,7 +262,11 @@ def _lift(gm, nodes: list) -> None:
     last = placeholders[-1] if placeholders else None
     new = []
     for node in nodes:
-        with (graph.inserting_after(last) if last is not None else graph.inserting_before(next(iter(graph.nodes)))):
+        with (
+            graph.inserting_after(last)
+            if last is not None
+            else graph.inserting_before(next(iter(graph.nodes)))
+        ):
             last = graph.placeholder(node.target.replace(".", "_"))
         last.meta.update(node.meta)
         new.append(last)
@@ -273,21 +302,31 @@ def constant_specs(constants: list) -> list[ConstantSpec]:
     for t in constants:
         flat = t.detach().to("cpu").clone().contiguous()
         data = bytes(flat.reshape(-1).view(torch.uint8).tolist()) if flat.numel() else b""
-        out.append({"dtype": str(t.dtype), "shape": list(t.shape), "device_type": t.device.type,
-                    "data": base64.b64encode(data).decode("ascii")})
+        out.append(
+            {
+                "dtype": str(t.dtype),
+                "shape": list(t.shape),
+                "device_type": t.device.type,
+                "data": base64.b64encode(data).decode("ascii"),
+            }
+        )
     return out
 
 
 def _fake_constants(fake_inputs: list, constants: list) -> list:
     """``constants`` as fake tensors of the fake mode of ``fake_inputs`` (a symbolic
     trace compiles against fakes)."""
-    mode = next((getattr(t, "fake_mode", None) for t in fake_inputs if getattr(t, "fake_mode", None)), None)
+    mode = next(
+        (getattr(t, "fake_mode", None) for t in fake_inputs if getattr(t, "fake_mode", None)), None
+    )
     if mode is None:
         return list(constants)
     return [mode.from_tensor(c, static_shapes=True) for c in constants]
 
 
-def reassigned_buffers(modules: list, names: list[str], leaves: list, target: str) -> list[tuple[int, Any]]:
+def reassigned_buffers(
+    modules: list, names: list[str], leaves: list, target: str
+) -> list[tuple[int, Any]]:
     """``[(index, new tensor)]`` for each lifted buffer (``names[index]``, ``m{i}.path``)
     that the call reassigned (``self.steps = self.steps + 1``): the tensor in its
     module's ``_buffers`` is no longer ``leaves[index]``, the one the trace put there.
@@ -310,12 +349,20 @@ def reassigned_buffers(modules: list, names: list[str], leaves: list, target: st
         if new is leaf:
             continue
         if not isinstance(new, torch.Tensor) or new.shape != leaf.shape or new.dtype != leaf.dtype:
-            got = "None" if new is None else (f"shape {list(new.shape)}, dtype {new.dtype}"
-                                              if isinstance(new, torch.Tensor) else type(new).__name__)
+            got = (
+                "None"
+                if new is None
+                else (
+                    f"shape {list(new.shape)}, dtype {new.dtype}"
+                    if isinstance(new, torch.Tensor)
+                    else type(new).__name__
+                )
+            )
             raise CaptureError(
                 f"the call reassigns buffer {local!r} with a value of {got}; "
                 f"it was shape {list(leaf.shape)}, dtype {leaf.dtype}. The loaded function copies "
-                "a reassigned buffer's new value into the buffer, so keep its shape and dtype", target=target
+                "a reassigned buffer's new value into the buffer, so keep its shape and dtype",
+                target=target,
             )
         out.append((index, new))
     return out

@@ -20,14 +20,24 @@ import re
 import types
 from typing import Any, Callable
 
-VALUE_KINDS = {"CONSTANT_MATCH", "EQUALS_MATCH", "BOOL_MATCH", "NONE_MATCH", "CONSTANT_SUBCLASS_MATCH",
-               "DICT_VERSION"}
+VALUE_KINDS = {
+    "CONSTANT_MATCH",
+    "EQUALS_MATCH",
+    "BOOL_MATCH",
+    "NONE_MATCH",
+    "CONSTANT_SUBCLASS_MATCH",
+    "DICT_VERSION",
+}
 """The guard kinds that compare a value (dynamo_guards.py's "eq" checks)."""
 
-_HELPERS = {"___odict_getitem": "_g_odict_getitem", "___dataclass_fields": "_g_dataclass_fields",
-            "___namedtuple_fields": "_g_namedtuple_fields"}
+_HELPERS = {
+    "___odict_getitem": "_g_odict_getitem",
+    "___dataclass_fields": "_g_dataclass_fields",
+    "___namedtuple_fields": "_g_namedtuple_fields",
+}
 BUILTINS = {"type", "dict", "list", "len", "getattr", "tuple", "id", "str", "int", "object"}
 _TORCH_ROOT = re.compile(r"^__import_torch(_dot_|$)")
+
 
 class Roots:
     """The roots the checks' expressions start from: Dynamo's ``G['X']`` (a global of
@@ -66,7 +76,7 @@ class Roots:
         if name.startswith("__import_"):
             if _TORCH_ROOT.match(name):
                 return None
-            mod = name[len("__import_"):].replace("_dot_", ".")
+            mod = name[len("__import_") :].replace("_dot_", ".")
             return f"_R[{self._root(['module', mod], mod)}]"
         value = self.fn_globals.get(name)
         if isinstance(value, types.ModuleType):
@@ -77,13 +87,20 @@ class Roots:
             return f"_R[{self._root(['module', self.module], self.module)}].{name}"
         owner = getattr(value, "__module__", None)
         qual = getattr(value, "__qualname__", None)
-        if isinstance(value, (type, types.FunctionType)) and isinstance(owner, str) and owner != "__main__" \
-                and isinstance(qual, str) and "<locals>" not in qual:
+        if (
+            isinstance(value, (type, types.FunctionType))
+            and isinstance(owner, str)
+            and owner != "__main__"
+            and isinstance(qual, str)
+            and "<locals>" not in qual
+        ):
             return f"_R[{self._root(['qualname', owner, qual], owner + '.' + qual)}]"
         return None  # the capture script's own value: the pair's constant
 
 
-def rewrite(name: str, roots: Roots, params: set[str], free: frozenset[str] | set[str] = frozenset()) -> tuple[str, str] | None:
+def rewrite(
+    name: str, roots: Roots, params: set[str], free: frozenset[str] | set[str] = frozenset()
+) -> tuple[str, str] | None:
     """``(expression over _R and the parameters, label)`` for Dynamo's source name
     ``name``, or None where it starts from the pair's constants or torch's modules.
     Raises ValueError where it names something a pair cannot reach."""
@@ -94,8 +111,12 @@ def rewrite(name: str, roots: Roots, params: set[str], free: frozenset[str] | se
         def visit_Subscript(self, node):  # noqa: N802 - ast's name
             nonlocal dropped
             base = node.value
-            if isinstance(base, ast.Name) and base.id in ("G", "L") and isinstance(node.slice, ast.Constant) \
-                    and isinstance(node.slice.value, str):
+            if (
+                isinstance(base, ast.Name)
+                and base.id in ("G", "L")
+                and isinstance(node.slice, ast.Constant)
+                and isinstance(node.slice.value, str)
+            ):
                 key = node.slice.value
                 if base.id == "L":
                     if key not in params:
@@ -111,27 +132,47 @@ def rewrite(name: str, roots: Roots, params: set[str], free: frozenset[str] | se
         def visit_Call(self, node):  # noqa: N802
             nonlocal dropped
             f = node.func
-            if isinstance(f, ast.Name) and f.id == "dict" and len(node.args) == 1 and not node.keywords \
-                    and isinstance(node.args[0], ast.Attribute) and node.args[0].attr == "__dict__":
-                return self.visit(node.args[0])  # a class's __dict__ read in place, not copied per call
-            if isinstance(f, ast.Name) and f.id == "__import__" and len(node.args) == 1 \
-                    and isinstance(node.args[0], ast.Constant) and isinstance(node.args[0].value, str):
+            if (
+                isinstance(f, ast.Name)
+                and f.id == "dict"
+                and len(node.args) == 1
+                and not node.keywords
+                and isinstance(node.args[0], ast.Attribute)
+                and node.args[0].attr == "__dict__"
+            ):
+                return self.visit(
+                    node.args[0]
+                )  # a class's __dict__ read in place, not copied per call
+            if (
+                isinstance(f, ast.Name)
+                and f.id == "__import__"
+                and len(node.args) == 1
+                and isinstance(node.args[0], ast.Constant)
+                and isinstance(node.args[0].value, str)
+            ):
                 mod = node.args[0].value
                 if mod == "torch" or mod.startswith("torch."):
                     dropped = True
                     return node
-                return ast.copy_location(ast.parse(f"_R[{roots._root(['module', mod], mod)}]", mode="eval").body,
-                                         node)
+                return ast.copy_location(
+                    ast.parse(f"_R[{roots._root(['module', mod], mod)}]", mode="eval").body, node
+                )
             return self.generic_visit(node)
 
         def visit_Name(self, node):  # noqa: N802
             nonlocal dropped
-            if node.id in free and node.id not in params:  # the function's closure: the pair's constant
+            if (
+                node.id in free and node.id not in params
+            ):  # the function's closure: the pair's constant
                 dropped = True
                 return node
             if node.id in _HELPERS:
                 return ast.copy_location(ast.Name(id=_HELPERS[node.id], ctx=ast.Load()), node)
-            if node.id not in params and node.id not in BUILTINS and node.id not in ("G", "L", "_R"):
+            if (
+                node.id not in params
+                and node.id not in BUILTINS
+                and node.id not in ("G", "L", "_R")
+            ):
                 raise ValueError(f"the name {node.id!r} is no parameter of the function")
             return node
 
@@ -147,7 +188,10 @@ _MODULE_DICTS = re.compile(r"\._(?:modules|parameters|buffers)\[(['\"])([^'\"]+)
 
 def readable(label: str) -> str:
     """``m._modules['layers']._modules['0']`` as ``m.layers[0]``: the model's own names."""
-    return _MODULE_DICTS.sub(lambda m: f"[{m.group(2)}]" if m.group(2).isdigit() else f".{m.group(2)}", label)
+    return _MODULE_DICTS.sub(
+        lambda m: f"[{m.group(2)}]" if m.group(2).isdigit() else f".{m.group(2)}", label
+    )
+
 
 def helpers() -> dict:
     from ..templates import guard_values
@@ -195,20 +239,31 @@ def through_torch(expr: str, namespace: dict, roots: Roots) -> bool:
             v = evaluate(ast.unparse(node), namespace, roots)
         except Exception:  # noqa: BLE001 - a part that is no value of its own
             continue
-        name = v.__name__ if isinstance(v, types.ModuleType) else v.__module__ if isinstance(v, type) else ""
+        name = (
+            v.__name__
+            if isinstance(v, types.ModuleType)
+            else v.__module__
+            if isinstance(v, type)
+            else ""
+        )
         if name == "torch" or name.startswith("torch."):
             return True
     return False
 
 
 def evaluate(expr: str, namespace: dict, roots: Roots) -> Any:
-    return eval(expr, {"__builtins__": __builtins__, "_R": resolver(roots.records)(), **helpers()}, namespace)  # noqa: S307
+    return eval(
+        expr,
+        {"__builtins__": __builtins__, "_R": resolver(roots.records)(), **helpers()},
+        namespace,
+    )  # noqa: S307
 
 
 def resolver(records: list) -> Callable[[], list]:
     from ..templates.guard_values import resolve_roots
 
     return lambda: resolve_roots(records)
+
 
 def globals_of(fn: Callable) -> dict:
     """The globals Dynamo's ``G[...]`` names: those of the function's code (a module's

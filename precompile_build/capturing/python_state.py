@@ -49,7 +49,9 @@ def _library_dirs() -> tuple[str, ...]:
     if _library_roots is None:
         paths = sysconfig.get_paths()
         roots = {paths[k] for k in ("stdlib", "platstdlib", "purelib", "platlib") if k in paths}
-        roots |= {p for p in sys.path if p.rstrip(os.sep).endswith(("site-packages", "dist-packages"))}
+        roots |= {
+            p for p in sys.path if p.rstrip(os.sep).endswith(("site-packages", "dist-packages"))
+        }
         torch = sys.modules.get("torch")
         if torch is not None and getattr(torch, "__file__", None):
             roots.add(os.path.dirname(os.path.dirname(str(torch.__file__))))
@@ -60,8 +62,11 @@ def _library_dirs() -> tuple[str, ...]:
 
 
 def _user_file(path: Any) -> bool:
-    return (isinstance(path, str) and not path.startswith("<")
-            and not os.path.realpath(path).startswith(_library_dirs()))
+    return (
+        isinstance(path, str)
+        and not path.startswith("<")
+        and not os.path.realpath(path).startswith(_library_dirs())
+    )
 
 
 def _user_function(f: Any) -> bool:
@@ -92,13 +97,27 @@ def _skipped(v: Any) -> bool:
     own inputs)."""
     import torch
 
-    return isinstance(v, (types.ModuleType, types.FunctionType, types.BuiltinFunctionType,
-                          types.MethodType, type, torch.Tensor, torch.nn.Module))
+    return isinstance(
+        v,
+        (
+            types.ModuleType,
+            types.FunctionType,
+            types.BuiltinFunctionType,
+            types.MethodType,
+            type,
+            torch.Tensor,
+            torch.nn.Module,
+        ),
+    )
 
 
 def _plain(v: Any) -> bool:
-    return (hasattr(v, "__dict__") and isinstance(getattr(v, "__dict__", None), dict)
-            and not _skipped(v) and _user_class(type(v)))
+    return (
+        hasattr(v, "__dict__")
+        and isinstance(getattr(v, "__dict__", None), dict)
+        and not _skipped(v)
+        and _user_class(type(v))
+    )
 
 
 def _codes(code: types.CodeType) -> Iterator[types.CodeType]:
@@ -135,11 +154,15 @@ def reached(fn: Callable, args: tuple, kwargs: dict) -> list[types.FunctionType]
     from ..templates.state_values import HOOK_KINDS
 
     start = [_callee(fn)]
-    hook_dicts = [getattr(torch.nn.modules.module, f"_global{attr}", None) or {} for _, attr in HOOK_KINDS]
+    hook_dicts = [
+        getattr(torch.nn.modules.module, f"_global{attr}", None) or {} for _, attr in HOOK_KINDS
+    ]
     for a in (*args, *kwargs.values()):
         if isinstance(a, torch.nn.Module):
             start += [type(m).forward for m in a.modules() if _user_class(type(m))]
-            hook_dicts += [m.__dict__.get(attr) or {} for m in a.modules() for _, attr in HOOK_KINDS]
+            hook_dicts += [
+                m.__dict__.get(attr) or {} for m in a.modules() for _, attr in HOOK_KINDS
+            ]
     start += [_callee(h) for d in hook_dicts for h in d.values()]
     seen: dict[int, types.FunctionType] = {}
     queue = collections.deque(f for f in start if isinstance(f, types.FunctionType))
@@ -185,7 +208,11 @@ def _record(out: dict, key: tuple, what: str, v: Any) -> None:
         if not _user_class(type(v)):
             return
         internal = _module_internals()
-        items = {k: x for k, x in vars(v).items() if k not in internal and not isinstance(x, torch.Tensor)}
+        items = {
+            k: x
+            for k, x in vars(v).items()
+            if k not in internal and not isinstance(x, torch.Tensor)
+        }
     else:
         out[key] = (what, _token(v))
         if not _plain(v):
@@ -244,7 +271,9 @@ def _snapshot(fn: Callable, args: tuple, kwargs: dict) -> dict:
         label, v = (f"argument {i}", a) if i < len(args) else (f"argument {a[0]}=", a[1])
         if isinstance(v, torch.nn.Module):
             for name, m in v.named_modules():
-                _record(out, ("arg", i, name), f"the module {name or type(m).__name__} ({label})", m)
+                _record(
+                    out, ("arg", i, name), f"the module {name or type(m).__name__} ({label})", m
+                )
         elif isinstance(v, _CONTAINERS) or _plain(v):
             _record(out, ("arg", i), f"the {type(v).__name__} passed as {label}", v)
     out["functions"] = functions
@@ -252,8 +281,12 @@ def _snapshot(fn: Callable, args: tuple, kwargs: dict) -> dict:
 
 
 def _stored_globals(code: types.CodeType) -> set:
-    return {i.argval for c in _codes(code) for i in dis.get_instructions(c)
-            if i.opname in ("STORE_GLOBAL", "DELETE_GLOBAL")}
+    return {
+        i.argval
+        for c in _codes(code)
+        for i in dis.get_instructions(c)
+        if i.opname in ("STORE_GLOBAL", "DELETE_GLOBAL")
+    }
 
 
 def _line_of(functions: list, key: tuple) -> str:

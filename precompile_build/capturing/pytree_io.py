@@ -29,8 +29,15 @@ from ..errors import CaptureError
 
 _LITERALS = (int, float, bool, str, type(None))
 DATACLASSES: set = set()  # result dataclasses registered with pytree here (the driver does too)
-_BUILTIN_TYPES = ("builtins.tuple", "builtins.list", "builtins.dict", "collections.OrderedDict",
-                  "collections.defaultdict", "collections.deque", "collections.namedtuple")
+_BUILTIN_TYPES = (
+    "builtins.tuple",
+    "builtins.list",
+    "builtins.dict",
+    "collections.OrderedDict",
+    "collections.defaultdict",
+    "collections.deque",
+    "collections.namedtuple",
+)
 
 
 def children(spec) -> list:
@@ -55,19 +62,27 @@ def arg_paths(args: tuple, kwargs: dict, arg_names: list[str]) -> list[tuple[str
     """
     from torch.utils import _pytree as pytree
 
-    tops = [(f"argument {arg_names[i]!r}" if arg_names else f"args[{i}]", a) for i, a in enumerate(args)]
+    tops = [
+        (f"argument {arg_names[i]!r}" if arg_names else f"args[{i}]", a) for i, a in enumerate(args)
+    ]
     tops += [(f"keyword argument {k!r}", v) for k, v in kwargs.items()]
     out = []
     for label, value in tops:
         try:
-            out += [(label + pytree.keystr(kp), v) for kp, v in pytree.tree_flatten_with_path(value)[0]]
+            out += [
+                (label + pytree.keystr(kp), v) for kp, v in pytree.tree_flatten_with_path(value)[0]
+            ]
             continue
         except ValueError:  # no flatten_with_keys_fn (positions, below), or a refused value
             pass
         try:
             out += [(f"{label} (leaf {i})", v) for i, v in enumerate(pytree.tree_leaves(value))]
-        except ValueError as e:  # _pytree_types.NotReady (of this module or of a loaded pair's copy)
-            raise CaptureError(f"{label} is {e}" if type(e).__name__ == "NotReady" else f"{label}: {e}") from None
+        except (
+            ValueError
+        ) as e:  # _pytree_types.NotReady (of this module or of a loaded pair's copy)
+            raise CaptureError(
+                f"{label} is {e}" if type(e).__name__ == "NotReady" else f"{label}: {e}"
+            ) from None
     return out
 
 
@@ -79,15 +94,22 @@ def _result_path(kp) -> str:
 
 def _register_hint(value) -> str:
     tp = type(value)
-    return (f"register {tp.__name__} with torch.utils._pytree (register_dataclass({tp.__name__}, "
-            f"serialized_type_name={qualname(tp).replace(':', '.')!r}) for a dataclass, "
-            "register_pytree_node(...) for another class)")
+    return (
+        f"register {tp.__name__} with torch.utils._pytree (register_dataclass({tp.__name__}, "
+        f"serialized_type_name={qualname(tp).replace(':', '.')!r}) for a dataclass, "
+        "register_pytree_node(...) for another class)"
+    )
 
 
 # transformers' caches a served call cannot follow: their tensors grow by reassignment
 # (the dynamic and quantized ones) or their position is a Python int (sliding-window layers)
-_UNSERVABLE_CACHES = ("DynamicCache", "DynamicLayer", "QuantizedCache", "SlidingWindowCache",
-                      "StaticSlidingWindowLayer")
+_UNSERVABLE_CACHES = (
+    "DynamicCache",
+    "DynamicLayer",
+    "QuantizedCache",
+    "SlidingWindowCache",
+    "StaticSlidingWindowLayer",
+)
 
 
 def _transformers_cache(value, kinds=("Cache", "CacheLayerMixin")) -> bool:
@@ -102,8 +124,10 @@ def _an(name: str) -> str:
     return f"an {name}" if name[:1].lower() in "aeiou" else f"a {name}"
 
 
-_STATIC_CACHE = ("a transformers StaticCache allocated before the call "
-                 "(cache.early_initialization(batch_size, num_kv_heads, head_dim, dtype, device))")
+_STATIC_CACHE = (
+    "a transformers StaticCache allocated before the call "
+    "(cache.early_initialization(batch_size, num_kv_heads, head_dim, dtype, device))"
+)
 
 
 def flatten_inputs(args: tuple, kwargs: dict, arg_names: list[str]):
@@ -165,7 +189,10 @@ def _registered_by_its_library(tp) -> bool:
     from torch.utils import _pytree as pytree
 
     generic = sys.modules.get("transformers.utils.generic")
-    base, register = getattr(generic, "ModelOutput", None), getattr(generic, "_register_model_output_pytree_node", None)
+    base, register = (
+        getattr(generic, "ModelOutput", None),
+        getattr(generic, "_register_model_output_pytree_node", None),
+    )
     if base is None or register is None or not issubclass(tp, base):
         return False
     flag = getattr(tc, "_is_compiling_flag", None)
@@ -269,7 +296,7 @@ def leaf_types(leaves: list) -> list[str]:
 
 def short(text: str, limit: int = 200) -> str:
     """``text``, cut to ``limit`` characters for a message."""
-    return text if len(text) <= limit else text[:limit - 3] + "..."
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def dump_spec(spec, what: str) -> tuple[str, list[list[str]]]:
@@ -319,14 +346,21 @@ def dump_spec(spec, what: str) -> tuple[str, list[list[str]]]:
                 "serialized_type_name, so the pair cannot record it: register it with "
                 f"serialized_type_name={qualname(tp).replace(':', '.')!r}"
             )
-        kind = ("cache" if pytree_types.registered_here(tp) else "dataclass" if tp in DATACLASSES
-                else "registered")
+        kind = (
+            "cache"
+            if pytree_types.registered_here(tp)
+            else "dataclass"
+            if tp in DATACLASSES
+            else "registered"
+        )
         types.append([kind, qualname(tp), name])
     try:
         text = pytree.treespec_dumps(spec)
     except (NotImplementedError, TypeError) as e:
-        raise CaptureError(f"{what}: torch's pytree cannot record its structure ({e}); register "
-                           "its classes with a serialized_type_name and a JSON context") from None
+        raise CaptureError(
+            f"{what}: torch's pytree cannot record its structure ({e}); register "
+            "its classes with a serialized_type_name and a JSON context"
+        ) from None
     return text, sorted(types)
 
 
@@ -340,7 +374,9 @@ def result_leaves(leaves: list, flat_inputs: list) -> tuple[list, list]:
     tensors: list[Any] = []
     for v in leaves:
         if isinstance(v, torch.Tensor):
-            j = next((j for j, t in enumerate(flat_inputs) if t is v), None)  # `is`: Dynamo follows it
+            j = next(
+                (j for j, t in enumerate(flat_inputs) if t is v), None
+            )  # `is`: Dynamo follows it
             if j is not None:
                 kinds.append(["input", j])
             else:
@@ -388,13 +424,16 @@ def _structure_change(want, got, path: str, in_object: bool = False) -> tuple[st
         added = [k for k in got.context if k not in want.context]
         removed = [k for k in want.context if k not in got.context]
         parts = ([f"added the key(s) {', '.join(map(repr, added))}"] if added else []) + (
-            [f"removed the key(s) {', '.join(map(repr, removed))}"] if removed else [])
+            [f"removed the key(s) {', '.join(map(repr, removed))}"] if removed else []
+        )
         return f"{path}: " + (" and ".join(parts) or "its keys in another order"), plain
     if want.num_children != got.num_children:
         return f"{path} had {want.num_children} item(s), now {got.num_children}", plain
     if want.context != got.context:
-        return short(f"{path}: {_node_text(want)} whose context changed ({want.context!r} -> {got.context!r})",
-                     300), False
+        return short(
+            f"{path}: {_node_text(want)} whose context changed ({want.context!r} -> {got.context!r})",
+            300,
+        ), False
     inside = in_object or want.type not in (*_DICTS, list, tuple)
     for key, w, g in zip(_child_keys(want), children(want), children(got)):
         found = _structure_change(w, g, path + key, inside)
@@ -405,10 +444,15 @@ def _structure_change(want, got, path: str, in_object: bool = False) -> tuple[st
 
 def _where_changed(spec, after, arg_names) -> tuple[str, bool]:
     (w_pos, w_kw), (g_pos, g_kw) = children(spec), children(after)
-    labels = [f"argument {arg_names[i]!r}" if i < len(arg_names) else f"args[{i}]"
-              for i in range(w_pos.num_children)]
+    labels = [
+        f"argument {arg_names[i]!r}" if i < len(arg_names) else f"args[{i}]"
+        for i in range(w_pos.num_children)
+    ]
     pairs = list(zip(labels, children(w_pos), children(g_pos)))
-    pairs += [(f"keyword argument {k!r}", w, g) for k, w, g in zip(w_kw.context, children(w_kw), children(g_kw))]
+    pairs += [
+        (f"keyword argument {k!r}", w, g)
+        for k, w, g in zip(w_kw.context, children(w_kw), children(g_kw))
+    ]
     for label, w, g in pairs:
         found = _structure_change(w, g, label)
         if found:
@@ -416,8 +460,15 @@ def _where_changed(spec, after, arg_names) -> tuple[str, bool]:
     return "the arguments", False  # pragma: no cover - (a call cannot change its own arity)
 
 
-def changed_argument(args: tuple, kwargs: dict, spec, tensors: Sequence[Any], kinds: list, paths: list,
-                     arg_names: list[str] | tuple = ()) -> str | None:
+def changed_argument(
+    args: tuple,
+    kwargs: dict,
+    spec,
+    tensors: Sequence[Any],
+    kinds: list,
+    paths: list,
+    arg_names: list[str] | tuple = (),
+) -> str | None:
     """What the traced call changed in its arguments' structure (None: nothing): an
     attribute of a registered object reassigned (DynamicCache's ``keys = cat(...)``), a
     Python number in one changed, keys added to a dict argument
@@ -430,16 +481,23 @@ def changed_argument(args: tuple, kwargs: dict, spec, tensors: Sequence[Any], ki
     leaves, after = pytree.tree_flatten((tuple(args), dict(kwargs)))
     if after != spec:
         where, plain = _where_changed(spec, after, list(arg_names))
-        advice = ("return the new values instead, or capture a wrapper that passes the function a "
-                  "copy (`lambda features: model(dict(features))`; list(...) for a list)" if plain else
-                  "write into the argument's tensors in place instead (a transformers StaticCache, "
-                  "not a DynamicCache, whose tensors grow)")
-        return (f"the function changes the structure of its arguments ({where}), which a served "
-                f"call would not do: {advice}")
+        advice = (
+            "return the new values instead, or capture a wrapper that passes the function a "
+            "copy (`lambda features: model(dict(features))`; list(...) for a list)"
+            if plain
+            else "write into the argument's tensors in place instead (a transformers StaticCache, "
+            "not a DynamicCache, whose tensors grow)"
+        )
+        return (
+            f"the function changes the structure of its arguments ({where}), which a served "
+            f"call would not do: {advice}"
+        )
     it = iter(tensors)
     for v, k, path in zip(leaves, kinds, paths):
         if k[0] == "tensor" and v is not next(it):
-            return (f"the function replaces {path} with a new tensor (an attribute reassigned, as "
-                    "DynamicCache does), which a served call would not do: write into it in place "
-                    "(a transformers StaticCache), or return the new value")
+            return (
+                f"the function replaces {path} with a new tensor (an attribute reassigned, as "
+                "DynamicCache does), which a served call would not do: write into it in place "
+                "(a transformers StaticCache), or return the new value"
+            )
     return None

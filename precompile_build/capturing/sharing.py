@@ -15,8 +15,15 @@ import operator
 
 # ops that write their running-stat arguments without an alias annotation in their
 # schema (`native_batch_norm(Tensor? running_mean, ...)` updates it in training)
-_HIDDEN_WRITERS = ("native_batch_norm", "_native_batch_norm_legit", "batch_norm", "cudnn_batch_norm",
-                   "miopen_batch_norm", "_batch_norm_impl_index", "_batch_norm_with_update")
+_HIDDEN_WRITERS = (
+    "native_batch_norm",
+    "_native_batch_norm_legit",
+    "batch_norm",
+    "cudnn_batch_norm",
+    "miopen_batch_norm",
+    "_batch_norm_impl_index",
+    "_batch_norm_with_update",
+)
 
 
 def example_input(t, shared_storage: bool = False):
@@ -115,8 +122,10 @@ def own_written(example: list, sources: list, written) -> list:
     each shared input in ``written``: the call that runs next may write the caller's."""
     from .layouts import example_clone
 
-    return [example_clone(t) if i in written and _storage_key(t) == _storage_key(sources[i]) else t
-            for i, t in enumerate(example)]
+    return [
+        example_clone(t) if i in written and _storage_key(t) == _storage_key(sources[i]) else t
+        for i, t in enumerate(example)
+    ]
 
 
 def run_inputs(inputs: list, written) -> list:

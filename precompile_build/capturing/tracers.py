@@ -82,9 +82,19 @@ def compiling_state():
             setattr(tc, f, v)
 
 
-def trace(flat_fn: Callable, example: list, *, n_params: int, marks: list, paths: list,
-          target: str, tracer: str, ran_backward: Callable[[], bool], sharded: bool = False,
-          watching: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext) -> Traced:
+def trace(
+    flat_fn: Callable,
+    example: list,
+    *,
+    n_params: int,
+    marks: list,
+    paths: list,
+    target: str,
+    tracer: str,
+    ran_backward: Callable[[], bool],
+    sharded: bool = False,
+    watching: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext,
+) -> Traced:
     """Trace ``flat_fn(*example)`` with ``tracer`` (see the module docstring).
 
     Args:
@@ -111,6 +121,7 @@ def trace(flat_fn: Callable, example: list, *, n_params: int, marks: list, paths
         CaptureError: the trace failed; the message names the tracer(s), the error,
             the line of user or library code that raised it, and what to try.
     """
+
     def make_fx():
         with watching():
             return _make_fx(flat_fn, example, n_params, marks, paths, target, fake=sharded)
@@ -121,7 +132,9 @@ def trace(flat_fn: Callable, example: list, *, n_params: int, marks: list, paths
         raise CaptureError(
             f"the model has DTensor parameters (sharded with parallelize_module), which tracer={tracer!r} "
             "cannot trace (torch.export refuses the DTensors the capture makes from their shards); use "
-            "tracer='auto' or 'make_fx' (`tracer` in the target)", target=target)
+            "tracer='auto' or 'make_fx' (`tracer` in the target)",
+            target=target,
+        )
     strict = tracer == "export-strict"
     name = "export-strict" if strict else "export"
     try:
@@ -129,15 +142,20 @@ def trace(flat_fn: Callable, example: list, *, n_params: int, marks: list, paths
     except CaptureError:
         raise
     except Exception as e:
-        if aten_export.raised_in_backward(e):  # a training step, which make_fx traces (see ran_backward below)
+        if aten_export.raised_in_backward(
+            e
+        ):  # a training step, which make_fx traces (see ran_backward below)
             if tracer != "auto":
                 raise _backward_refused(tracer, target) from e
             return _with_message(make_fx, "make_fx", target)
         if tracer != "auto":
             raise _failure(target, [(name, e)]) from e
-        if _is_data_dependent(e):  # strict export may keep it symbolic; make_fx would freeze its path
-            strict_traced = _strict_for_data_dependent(e, lambda: _export(flat_fn, example, n_params, marks, paths,
-                                                                          target, True, watching))
+        if _is_data_dependent(
+            e
+        ):  # strict export may keep it symbolic; make_fx would freeze its path
+            strict_traced = _strict_for_data_dependent(
+                e, lambda: _export(flat_fn, example, n_params, marks, paths, target, True, watching)
+            )
             if strict_traced is not None:
                 return strict_traced
             raise _failure(target, [(name, e)]) from e
@@ -150,10 +168,14 @@ def trace(flat_fn: Callable, example: list, *, n_params: int, marks: list, paths
         if ran_backward():  # a training step export could not finish: make_fx's job anyway
             return traced
         where = _culprit(e)
-        warn_at_caller(f"torch.export failed ({_first_line(e)}"
-                       + (f" at {where}" if where else "") + "); traced with make_fx, which "
-                       "specialises data-dependent branches to the example's path", TracerFallbackWarning,
-                       target=target)
+        warn_at_caller(
+            f"torch.export failed ({_first_line(e)}"
+            + (f" at {where}" if where else "")
+            + "); traced with make_fx, which "
+            "specialises data-dependent branches to the example's path",
+            TracerFallbackWarning,
+            target=target,
+        )
         return traced
     if ran_backward():
         if tracer != "auto":
@@ -180,7 +202,9 @@ def _backward_refused(tracer: str, target: str) -> CaptureError:
     return CaptureError(
         "the function runs a backward (loss.backward()), which "
         f"tracer={tracer!r} does not capture; use tracer='make_fx' or 'auto' (the default), "
-        "which trace forward and backward together", target=target)
+        "which trace forward and backward together",
+        target=target,
+    )
 
 
 def _with_message(run: Callable[[], Traced], name: str, target: str) -> Traced:
@@ -228,10 +252,13 @@ def _values_refused(target: str):
         def read(self, *args, **kwargs):
             raise CaptureError(
                 f"the function reads a tensor's values into Python (x.{name}()"
-                + (f" at {where}" if (where := _user_frame()) else "") + "); make_fx would build "
+                + (f" at {where}" if (where := _user_frame()) else "")
+                + "); make_fx would build "
                 "the example's values into the graph for every input. Keep the computation in "
                 "torch (x.abs().max() instead of abs(x.numpy()).max()), or make the function "
-                "traceable by torch.export (tracer='export' says why it is not)", target=target)
+                "traceable by torch.export (tracer='export' says why it is not)",
+                target=target,
+            )
 
         return read
 
@@ -256,8 +283,11 @@ def _user_frame() -> str:
 
     import torch
 
-    skip = (os.path.dirname(torch.__file__), os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
-            os.path.dirname(contextlib.__file__))
+    skip = (
+        os.path.dirname(torch.__file__),
+        os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+        os.path.dirname(contextlib.__file__),
+    )
     frame: Any = sys._getframe(2)
     while frame is not None:
         if not frame.f_code.co_filename.startswith(skip):
@@ -276,11 +306,15 @@ def _data_dependent_ops(gm) -> list[str]:
         if n.op != "call_function" or not isinstance(n.target, torch._ops.OpOverload):
             continue
         tags = n.target.tags
-        if torch.Tag.dynamic_output_shape not in tags and torch.Tag.data_dependent_output not in tags:
+        if (
+            torch.Tag.dynamic_output_shape not in tags
+            and torch.Tag.data_dependent_output not in tags
+        ):
             continue
         if n.target is torch.ops.aten.index.Tensor and not any(
-                getattr(getattr(i, "meta", {}).get("val"), "dtype", None) in (torch.bool, torch.uint8)
-                for i in (n.args[1] if len(n.args) > 1 else ())):
+            getattr(getattr(i, "meta", {}).get("val"), "dtype", None) in (torch.bool, torch.uint8)
+            for i in (n.args[1] if len(n.args) > 1 else ())
+        ):
             continue  # integer indices: the output has the index's size
         out.append(str(n.target))
     return out
@@ -307,25 +341,35 @@ def _refuse_frozen_decisions(flat_fn, example, target: str) -> None:
         raise _frozen_decision(target, e) from e
     for n in probe.graph.nodes:
         v = n.meta.get("val")
-        if isinstance(v, (torch.SymInt, torch.SymFloat, torch.SymBool)) and n.users and free_unbacked_symbols(v):
+        if (
+            isinstance(v, (torch.SymInt, torch.SymFloat, torch.SymBool))
+            and n.users
+            and free_unbacked_symbols(v)
+        ):
             where = n.meta.get("stack_trace", "").strip().splitlines()
             raise CaptureError(
                 "tracer 'make_fx' would freeze a size computed from the data: the function passes "
                 f"it on ({n.name} -> {', '.join(u.name for u in n.users)}"
-                + (f", at {where[-2].strip()}" if len(where) >= 2 else "") + "), and a real-tensor "
+                + (f", at {where[-2].strip()}" if len(where) >= 2 else "")
+                + "), and a real-tensor "
                 "trace has the example's value built in. Use the export tracer (the default), "
-                "which keeps it symbolic", target=target)
+                "which keeps it symbolic",
+                target=target,
+            )
 
 
 def _frozen_decision(target: str, e: BaseException) -> CaptureError:
     where = _culprit(e)
     return CaptureError(
         "tracer 'make_fx' would freeze a data-dependent decision"
-        + (f" (at {where})" if where else "") + ": the line decides on a size or value computed "
+        + (f" (at {where})" if where else "")
+        + ": the line decides on a size or value computed "
         "from the data, and a real-tensor trace takes the example's path for every input. "
         "Compute both paths with torch.where, or choose with torch.cond; a check that only "
         "eager needs can be skipped under `if not torch.compiler.is_compiling():`. "
-        f"(The check's trace said: {_first_line(e)})", target=target)
+        f"(The check's trace said: {_first_line(e)})",
+        target=target,
+    )
 
 
 def _is_data_dependent(e: BaseException) -> bool:
@@ -334,8 +378,11 @@ def _is_data_dependent(e: BaseException) -> bool:
     cur: BaseException | None = e
     while cur is not None and id(cur) not in seen:
         seen.add(id(cur))
-        if ("GuardOnDataDependent" in type(cur).__name__ or "data-dependent" in str(cur)
-                or "_local_scalar_dense" in str(cur)):
+        if (
+            "GuardOnDataDependent" in type(cur).__name__
+            or "data-dependent" in str(cur)
+            or "_local_scalar_dense" in str(cur)
+        ):
             return True
         cur = cur.__cause__ or cur.__context__
     return False
@@ -350,13 +397,17 @@ def _export(flat_fn, example, n_params, marks, paths, target, strict: bool, watc
         if dims:
             dynamic_dims.check_marks(t, dims, path, target)
     shapes = [None] * n_params + [
-        {d: Dim.AUTO(min=lo, max=hi) for d, (lo, hi) in dims.items()} if dims else None for dims in marks
+        {d: Dim.AUTO(min=lo, max=hi) for d, (lo, hi) in dims.items()} if dims else None
+        for dims in marks
     ]
     inputs = tuple(example)  # non-strict export runs on fake copies of them: nothing is written
-    with (dynamic_dims.size_oblivious() if any(marks) else contextlib.nullcontext()), \
-            (contextlib.nullcontext() if strict else watching()):
-        ep = aten_export.aten_program(flat_fn, inputs, dynamic_shapes=(tuple(shapes),) if any(marks) else None,
-                                      strict=strict)
+    with (
+        dynamic_dims.size_oblivious() if any(marks) else contextlib.nullcontext(),
+        contextlib.nullcontext() if strict else watching(),
+    ):
+        ep = aten_export.aten_program(
+            flat_fn, inputs, dynamic_shapes=(tuple(shapes),) if any(marks) else None, strict=strict
+        )
     if strict:  # TorchDynamo does not replay the flat function's Python side effects
         # (the recorded calling convention): run it once more, eagerly, for them
         with watching():
@@ -365,13 +416,26 @@ def _export(flat_fn, example, n_params, marks, paths, target, strict: bool, watc
     symbolic = None
     if any(marks):
         placeholders = [n.meta["val"] for n in gm.graph.nodes if n.op == "placeholder"]
-        shape_env = next((s.node.shape_env for v in placeholders for s in v.shape if isinstance(s, torch.SymInt)), None)
+        shape_env = next(
+            (
+                s.node.shape_env
+                for v in placeholders
+                for s in v.shape
+                if isinstance(s, torch.SymInt)
+            ),
+            None,
+        )
         if shape_env is None:  # every marked dim specialised: finish() says which
             from torch.fx.experimental.symbolic_shapes import ShapeEnv
 
             shape_env = ShapeEnv()
-        symbolic = dynamic_dims.SymbolicTrace(shape_env=shape_env, inputs=placeholders,
-                                              fakes=placeholders[n_params:], marks=marks, paths=paths)
+        symbolic = dynamic_dims.SymbolicTrace(
+            shape_env=shape_env,
+            inputs=placeholders,
+            fakes=placeholders[n_params:],
+            marks=marks,
+            paths=paths,
+        )
     return Traced(gm, symbolic, "export-strict" if strict else "export")
 
 
@@ -388,8 +452,11 @@ def _culprit(exc: BaseException) -> str:
 
     if _OWN_DIRS is None:
         here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-        _OWN_DIRS = (os.path.dirname(os.path.abspath(torch.__file__)) + os.sep, here + os.sep,
-                     sysconfig.get_paths()["stdlib"] + os.sep)
+        _OWN_DIRS = (
+            os.path.dirname(os.path.abspath(torch.__file__)) + os.sep,
+            here + os.sep,
+            sysconfig.get_paths()["stdlib"] + os.sep,
+        )
     frames: list[traceback.FrameSummary] = []
     seen = set()
     e: BaseException | None = exc
@@ -408,7 +475,8 @@ def _culprit(exc: BaseException) -> str:
 # arguments this package sets), and noise in the first line of its errors
 _TORCH_HINTS = re.compile(
     r"\s*It may be possible to trace this with dynamic shapes; try setting tracing_mode='symbolic' "
-    r"in your make_fx call\.|\s*\(Size-like symbols: [^)]*\)|\s*\(unhinted: [^()]*(\([^()]*\)[^()]*)*\)")
+    r"in your make_fx call\.|\s*\(Size-like symbols: [^)]*\)|\s*\(unhinted: [^()]*(\([^()]*\)[^()]*)*\)"
+)
 
 
 def _first_line(e: BaseException) -> str:
@@ -417,8 +485,10 @@ def _first_line(e: BaseException) -> str:
     return f"{type(e).__name__}: {line}"[:400]
 
 
-_ANOTHER_TRACER = ("try another tracer (`tracer = \"export-strict\"` or \"make_fx\" in the target, "
-                   "or tracer= in precompile_build.capture)")
+_ANOTHER_TRACER = (
+    'try another tracer (`tracer = "export-strict"` or "make_fx" in the target, '
+    "or tracer= in precompile_build.capture)"
+)
 
 
 def _failure(target: str, failures: list[tuple[str, BaseException]]) -> CaptureError:
@@ -437,11 +507,19 @@ def _failure(target: str, failures: list[tuple[str, BaseException]]) -> CaptureE
             "`if not torch.compiler.is_compiling():`; for a real choice on values use "
             "torch.where or torch.cond (a tracer that ran on the example's values would freeze "
             f"its path for every input). The tracers said: {errors}"
-            + (f" (at {'; '.join(wheres)})" if len(wheres) > 1 else ""), target=target)
+            + (f" (at {'; '.join(wheres)})" if len(wheres) > 1 else ""),
+            target=target,
+        )
     one_line = len(wheres) == 1 and len(failures) > 1  # the same line broke every tracer: once
     parts = []
     for name, e in failures:
         where = "" if one_line else _culprit(e)
         parts.append(f"{name}: {_first_line(e)}" + (f" (at {where})" if where else ""))
-    return CaptureError("tracing failed with " + "; ".join(parts)
-                        + (f" (at {wheres[0]})" if one_line else "") + ". " + _ANOTHER_TRACER, target=target)
+    return CaptureError(
+        "tracing failed with "
+        + "; ".join(parts)
+        + (f" (at {wheres[0]})" if one_line else "")
+        + ". "
+        + _ANOTHER_TRACER,
+        target=target,
+    )

@@ -69,7 +69,10 @@ class TracedCall:
     metadata: CallConvention  # the engine adds `engine` and `kernels` (codegen.pair_metadata)
     symbolic: Any = None  # dynamic_dims.SymbolicTrace when dims are marked dynamic
     sources: Any = None  # the caller's own flat tensors (params, then arguments), not clones
-    outline: tuple = ("", "")  # the result's structure (pytree_io.outline), for the eager-call check
+    outline: tuple = (
+        "",
+        "",
+    )  # the result's structure (pytree_io.outline), for the eager-call check
     tensor_labels: list = field(default_factory=list)  # param_names as messages say them
 
     def finish_dynamic(self, target: str) -> None:
@@ -121,7 +124,10 @@ def _reparametrize(modules, names, tensors):
             yield
             return
         # tie_weights: a tied tensor is one input, seen under every name it has
-        with stateless._reparametrize_module(modules[i], per_module[i], tie_weights=True), nested(i + 1):
+        with (
+            stateless._reparametrize_module(modules[i], per_module[i], tie_weights=True),
+            nested(i + 1),
+        ):
             yield
 
     return nested(0)
@@ -134,8 +140,15 @@ def _named_tensor(module, name: str):
     return module._parameters[leaf] if leaf in module._parameters else module._buffers[leaf]
 
 
-def trace_call(fn: Callable, args: tuple, kwargs: dict, *, target: str, tracer: str | None = None,
-               guards: str = "dynamo") -> TracedCall:
+def trace_call(
+    fn: Callable,
+    args: tuple,
+    kwargs: dict,
+    *,
+    target: str,
+    tracer: str | None = None,
+    guards: str = "dynamo",
+) -> TracedCall:
     """Trace ``fn(*args, **kwargs)`` into a flat ATen graph.
 
     Args:
@@ -191,7 +204,10 @@ def trace_call(fn: Callable, args: tuple, kwargs: dict, *, target: str, tracer: 
 
     def rebuild_args(flat_user):
         it, mods = iter(flat_user), iter(modules)
-        values = [next(mods) if k[0] == "module" else next(it) if k[0] == "tensor" else k[1] for k in in_kinds]
+        values = [
+            next(mods) if k[0] == "module" else next(it) if k[0] == "tensor" else k[1]
+            for k in in_kinds
+        ]
         return pytree.tree_unflatten(values, in_spec)
 
     def flat_fn(*flat):
@@ -200,18 +216,28 @@ def trace_call(fn: Callable, args: tuple, kwargs: dict, *, target: str, tracer: 
             # forward-only (a backward inside fails there), so the inputs serve as leaves
             leaves = list(flat[:n_params])
         else:
-            leaves = [t.detach().requires_grad_(True) if g else t for t, g in zip(flat[:n_params], wants_grad)]
+            leaves = [
+                t.detach().requires_grad_(True) if g else t
+                for t, g in zip(flat[:n_params], wants_grad)
+            ]
         call_args, call_kwargs = rebuild_args(flat[n_params:])
-        watched = (contextlib.nullcontext() if torch.compiler.is_dynamo_compiling()
-                   else grad_modes.watch_body(out_box, fn))  # the body's own no_grad (grad_modes.py)
-        with _reparametrize(modules, names, dtensors.wrap(leaves, lifted)), aliases.repointed(held, [*leaves, *flat[n_params:]]):
+        watched = (
+            contextlib.nullcontext()
+            if torch.compiler.is_dynamo_compiling()
+            else grad_modes.watch_body(out_box, fn)
+        )  # the body's own no_grad (grad_modes.py)
+        with (
+            _reparametrize(modules, names, dtensors.wrap(leaves, lifted)),
+            aliases.repointed(held, [*leaves, *flat[n_params:]]),
+        ):
             with watched:
                 result = fn(*call_args, **call_kwargs)
             reassigned = graph_attrs.reassigned_buffers(modules, names, leaves, target)
         out_box["reassigned"] = [i for i, _ in reassigned]
         if not torch.compiler.is_dynamo_compiling():
-            out_box["changed"] = pytree_io.changed_argument(call_args, call_kwargs, in_spec, flat[n_params:],
-                                                            in_kinds, leaf_paths, arg_names)
+            out_box["changed"] = pytree_io.changed_argument(
+                call_args, call_kwargs, in_spec, flat[n_params:], in_kinds, leaf_paths, arg_names
+            )
         res_leaves, out_box["spec"] = pytree_io.flatten_result(result)
         dtensors.refuse_dtensor_result(res_leaves, target)
         out_box["kinds"], outs = pytree_io.result_leaves(res_leaves, [*leaves, *flat[n_params:]])
@@ -225,15 +251,25 @@ def trace_call(fn: Callable, args: tuple, kwargs: dict, *, target: str, tracer: 
                 grad_indices.append(i)
         out_box["grad_indices"] = grad_indices
         out_box["num_user_outputs"] = len(outs)
-        return (*outs, *grads, *(new.detach().clone() if new._base is not None else new.detach() for _, new in reassigned))
+        return (
+            *outs,
+            *grads,
+            *(
+                new.detach().clone() if new._base is not None else new.detach()
+                for _, new in reassigned
+            ),
+        )
 
     # the caller's tensors where the trace may read them as they are; after the trace,
     # copies of those the graph may write (the real call runs next and writes them)
     example = sharing.example_inputs(params + user_tensors)
     marks = [dynamic_dims.marked_dims(t) for t in user_tensors]
     if any(dynamic_dims.marked_dims(p) for p in params):
-        warn_at_caller("a parameter/buffer is marked dynamic; parameters keep their captured sizes, "
-                       "the mark is ignored", target=target)
+        warn_at_caller(
+            "a parameter/buffer is marked dynamic; parameters keep their captured sizes, "
+            "the mark is ignored",
+            target=target,
+        )
     checked, refused = None, None  # the guards Dynamo builds for the call, before the trace runs it
     if guards == "dynamo" and not lifted and not dynamo_guards.in_process_group():
         try:
@@ -245,9 +281,18 @@ def trace_call(fn: Callable, args: tuple, kwargs: dict, *, target: str, tracer: 
     reads = assumed_state.Recorder(modules)  # the plain values the trace reads
     try:
         with unbacked.sizes_from_zero():  # a library's data-dependent sizes from 0 (unbacked.py)
-            traced = tracers.trace(flat_fn, example, n_params=n_params, marks=marks, paths=paths, target=target,
-                                   tracer=tracer, ran_backward=lambda: bool(out_box.get("grad_indices")),
-                                   watching=reads.watching, sharded=bool(lifted))
+            traced = tracers.trace(
+                flat_fn,
+                example,
+                n_params=n_params,
+                marks=marks,
+                paths=paths,
+                target=target,
+                tracer=tracer,
+                ran_backward=lambda: bool(out_box.get("grad_indices")),
+                watching=reads.watching,
+                sharded=bool(lifted),
+            )
     except CaptureError as e:
         if e.target is not None:
             raise
@@ -261,7 +306,9 @@ def trace_call(fn: Callable, args: tuple, kwargs: dict, *, target: str, tracer: 
     gm, symbolic = traced.graph_module, traced.symbolic
     if out_box.get("changed"):
         raise CaptureError(out_box["changed"], target=target)
-    labels = [p for p, k in zip(leaf_paths, in_kinds) if k[0] == "module"]  # (m<i>.path -> model.path)
+    labels = [
+        p for p, k in zip(leaf_paths, in_kinds) if k[0] == "module"
+    ]  # (m<i>.path -> model.path)
     tensor_labels = [_tensor_label(n, labels) for n in names]
     dtensors.refuse_backward(out_box["grad_indices"], lifted, tensor_labels, target)
     try:
@@ -275,15 +322,26 @@ def trace_call(fn: Callable, args: tuple, kwargs: dict, *, target: str, tracer: 
     state = [_changed(b, module_setting_items(m)) for b, m in zip(settings_before, modules)]
     metadata: CallConvention = {  # the engine adds engine and kernels (codegen.pair_metadata)
         "target": target,
-        "inputs": {"spec": in_text, "leaves": in_kinds, "types": in_types, "num_args": len(args),
-                   "kwarg_names": list(kwargs),  # the driver's fast path: each argument a leaf
-                   "positional_leaves": not kwargs and all(isinstance(a, (torch.Tensor, torch.nn.Module))
-                                                           for a in args)},
+        "inputs": {
+            "spec": in_text,
+            "leaves": in_kinds,
+            "types": in_types,
+            "num_args": len(args),
+            "kwarg_names": list(kwargs),  # the driver's fast path: each argument a leaf
+            "positional_leaves": not kwargs
+            and all(isinstance(a, (torch.Tensor, torch.nn.Module)) for a in args),
+        },
         "param_names": names,
         "params": [_tensor_spec(t, g) for t, g in zip(example, requires_grad)],
-        "tensor_inputs": [_tensor_spec(t, u.requires_grad) for t, u in zip(example[n_params:], user_tensors)],
-        "outputs": {"spec": out_text, "leaves": out_box["kinds"], "types": out_types,
-                    "single_tensor": out_box["spec"].is_leaf() and out_box["kinds"] == [["tensor", 0]]},
+        "tensor_inputs": [
+            _tensor_spec(t, u.requires_grad) for t, u in zip(example[n_params:], user_tensors)
+        ],
+        "outputs": {
+            "spec": out_text,
+            "leaves": out_box["kinds"],
+            "types": out_types,
+            "single_tensor": out_box["spec"].is_leaf() and out_box["kinds"] == [["tensor", 0]],
+        },
         "num_user_outputs": out_box["num_user_outputs"],
         "grad_param_indices": out_box["grad_indices"],
         "device": _device_of(params + user_tensors),
@@ -303,10 +361,18 @@ def trace_call(fn: Callable, args: tuple, kwargs: dict, *, target: str, tracer: 
     }
     if checked is not None:  # less the values the function itself changed
         metadata["guards"] = dynamo_guards.kept_after(checked, fn, args, kwargs)
-    return TracedCall(graph_module=gm, example_inputs=example + constants, metadata=metadata, symbolic=symbolic,
-                      sources=params + user_tensors, tensor_labels=tensor_labels,
-                      outline=pytree_io.outline(out_box["spec"], [
-                          type(k[1]).__name__ if k[0] == "const" else "Tensor" for k in out_box["kinds"]]))
+    return TracedCall(
+        graph_module=gm,
+        example_inputs=example + constants,
+        metadata=metadata,
+        symbolic=symbolic,
+        sources=params + user_tensors,
+        tensor_labels=tensor_labels,
+        outline=pytree_io.outline(
+            out_box["spec"],
+            [type(k[1]).__name__ if k[0] == "const" else "Tensor" for k in out_box["kinds"]],
+        ),
+    )
 
 
 def run_real_call(traced: TracedCall, real_call: Callable[[], Any]) -> dict:
@@ -330,8 +396,11 @@ def run_real_call(traced: TracedCall, real_call: Callable[[], Any]) -> dict:
 
     sources = traced.sources or []
     grad_at = traced.metadata["grad_param_indices"]
-    before = {i: (sources[i].grad.detach().clone() if sources[i].grad is not None else None)
-              for i in grad_at if i < len(sources)}
+    before = {
+        i: (sources[i].grad.detach().clone() if sources[i].grad is not None else None)
+        for i in grad_at
+        if i < len(sources)
+    }
     rng_before = python_rng_states()
     result = real_call()
     python_rng = python_rng_states() != rng_before  # drew a value the trace drew another of
@@ -341,17 +410,28 @@ def run_real_call(traced: TracedCall, real_call: Callable[[], Any]) -> dict:
     except CaptureError:
         leaves, got = [], ("", f"a {type(result).__name__}, which a capture cannot return")
     want = traced.outline
-    structure = (None if got[0] == want[0] else f"the eager call returned {pytree_io.short(got[1])} where "
-                 f"the traced graph returns {pytree_io.short(want[1])}")
+    structure = (
+        None
+        if got[0] == want[0]
+        else f"the eager call returned {pytree_io.short(got[1])} where "
+        f"the traced graph returns {pytree_io.short(want[1])}"
+    )
     kinds = traced.metadata["outputs"]["leaves"]
     outs = [v for v, k in zip(leaves, kinds) if k[0] == "tensor"] if structure is None else []
     grads = []
     for i in grad_at:
         g = sources[i].grad if i < len(sources) else None
-        grads.append(None if g is None else (g - before[i] if before.get(i) is not None else g).detach())
+        grads.append(
+            None if g is None else (g - before[i] if before.get(i) is not None else g).detach()
+        )
     inputs = {i: t.detach() for i, t in enumerate(sources)}  # references: those written are judged
-    return {"result": result, "outputs": [o.detach() for o in outs] + grads, "inputs": inputs,
-            "structure": structure, "python_rng": python_rng}
+    return {
+        "result": result,
+        "outputs": [o.detach() for o in outs] + grads,
+        "inputs": inputs,
+        "structure": structure,
+        "python_rng": python_rng,
+    }
 
 
 def _mutated_inputs(gm) -> list[int]:
@@ -400,8 +480,11 @@ def _uses_default_dtype(gm) -> bool:
         if n.op != "call_function" or not isinstance(n.target, torch._ops.OpOverload):
             continue
         args = n.target._schema.arguments
-        if (any(a.name == "dtype" for a in args) and n.kwargs.get("dtype") is None
-                and not any(isinstance(a.type, torch.TensorType) for a in args)):
+        if (
+            any(a.name == "dtype" for a in args)
+            and n.kwargs.get("dtype") is None
+            and not any(isinstance(a.type, torch.TensorType) for a in args)
+        ):
             return True
     return False
 

@@ -58,7 +58,7 @@ def symbols(graph_module) -> list[str]:
     found: set[str] = set()
     for gm in _graphs(graph_module):
         for node in gm.graph.nodes:
-            for sym in (node.meta.get("unbacked_bindings") or {}):
+            for sym in node.meta.get("unbacked_bindings") or {}:
                 found.add(str(sym))
     return sorted(found, key=lambda s: (len(s), s))
 
@@ -118,7 +118,9 @@ def explicit_slice_bounds(graph_module) -> int:
                 args[1] = node.kwargs.get("dim", 0)
             if all(args[i] is not None for i in defaults) and not node.kwargs:
                 continue
-            node.args = tuple(defaults[i] if i in defaults and args[i] is None else args[i] for i in range(5))
+            node.args = tuple(
+                defaults[i] if i in defaults and args[i] is None else args[i] for i in range(5)
+            )
             node.kwargs = {}
             touched = True
             changed += 1

@@ -37,8 +37,10 @@ def check_tracer(tracer: Optional[str]) -> str:
     """
     value = tracer or os.environ.get(capture_env.TRACER, "").strip() or "auto"
     if value not in TRACERS:
-        raise ValueError(f"tracer={value!r} is not one of {', '.join(map(repr, TRACERS))} "
-                         "(from the capture call, the target's `tracer` or PRECOMPILE_TRACER)")
+        raise ValueError(
+            f"tracer={value!r} is not one of {', '.join(map(repr, TRACERS))} "
+            "(from the capture call, the target's `tracer` or PRECOMPILE_TRACER)"
+        )
     return value
 
 

@@ -55,12 +55,18 @@ def parse_cuda_archs(value: Any, where: str) -> tuple[str, ...]:
     else:
         items = value
     if not isinstance(items, list):
-        raise invalid(where, f"must be an array of compute capabilities as strings "
-                             f"(e.g. [\"8.0\", \"9.0\"]), not {type_name(value)}")
+        raise invalid(
+            where,
+            f"must be an array of compute capabilities as strings "
+            f'(e.g. ["8.0", "9.0"]), not {type_name(value)}',
+        )
     bad = [v for v in items if not isinstance(v, str)]
     if bad:
-        raise invalid(where, f"must be an array of strings such as \"8.0\", not {bad[0]!r} "
-                             f"({type_name(bad[0])}): quote each compute capability")
+        raise invalid(
+            where,
+            f'must be an array of strings such as "8.0", not {bad[0]!r} '
+            f"({type_name(bad[0])}): quote each compute capability",
+        )
     out = []
     for item in items:
         text = item.strip()
@@ -70,7 +76,10 @@ def parse_cuda_archs(value: Any, where: str) -> tuple[str, ...]:
         if text not in CUDA_ARCHS:
             close = difflib.get_close_matches(text, CUDA_ARCHS, n=1)
             hint = f" (did you mean {close[0]!r}?)" if close else ""
-            raise invalid(where, f"has {item!r}{hint}, which is not a compute capability "
-                                 f"this build compiles for; use some of {', '.join(CUDA_ARCHS)}")
+            raise invalid(
+                where,
+                f"has {item!r}{hint}, which is not a compute capability "
+                f"this build compiles for; use some of {', '.join(CUDA_ARCHS)}",
+            )
         out.append(text)
     return tuple(sorted(set(out), key=lambda a: tuple(int(p) for p in a.split("."))))

@@ -29,5 +29,11 @@ def invalid(where: str, msg: str) -> ConfigError:
 
 def type_name(v: Any) -> str:
     """``"a boolean"``, ``"a string"``, ... for a TOML value, for messages."""
-    return {bool: "a boolean", str: "a string", int: "an integer", float: "a number",
-            list: "an array", dict: "a table"}.get(type(v), type(v).__name__)
+    return {
+        bool: "a boolean",
+        str: "a string",
+        int: "an integer",
+        float: "a number",
+        list: "an array",
+        dict: "a table",
+    }.get(type(v), type(v).__name__)

@@ -22,7 +22,9 @@ DISTRIBUTED = ("auto", "fake", "real")
 """Values of the `distributed` setting."""
 
 
-def parse_world(raw: Mapping[str, Any], key: str) -> tuple[Optional[int], tuple[tuple[str, int], ...]]:
+def parse_world(
+    raw: Mapping[str, Any], key: str
+) -> tuple[Optional[int], tuple[tuple[str, int], ...]]:
     """A target table's `world-size` and `mesh`.
 
     Args:
@@ -39,22 +41,37 @@ def parse_world(raw: Mapping[str, Any], key: str) -> tuple[Optional[int], tuple[
     """
     world = raw.get("world-size")
     if world is not None and (isinstance(world, bool) or not isinstance(world, int) or world < 1):
-        raise fail(f"`{key}.world-size` must be a positive integer (the number of ranks, as "
-                   f"torchrun's --nproc_per_node), not {world!r}")
+        raise fail(
+            f"`{key}.world-size` must be a positive integer (the number of ranks, as "
+            f"torchrun's --nproc_per_node), not {world!r}"
+        )
     mesh_raw = raw.get("mesh")
     mesh: tuple[tuple[str, int], ...] = ()
     if mesh_raw is not None:
-        if not isinstance(mesh_raw, dict) or not mesh_raw or not all(
-                isinstance(k, str) and k.isidentifier() and not isinstance(v, bool) and isinstance(v, int) and v >= 1
-                for k, v in mesh_raw.items()):
-            raise fail(f"`{key}.mesh` must be a table of the DeviceMesh's dimension names and sizes, "
-                       f"e.g. `mesh = {{ dp = 2, tp = 4 }}` (positive integers), not {mesh_raw!r}")
+        if (
+            not isinstance(mesh_raw, dict)
+            or not mesh_raw
+            or not all(
+                isinstance(k, str)
+                and k.isidentifier()
+                and not isinstance(v, bool)
+                and isinstance(v, int)
+                and v >= 1
+                for k, v in mesh_raw.items()
+            )
+        ):
+            raise fail(
+                f"`{key}.mesh` must be a table of the DeviceMesh's dimension names and sizes, "
+                f"e.g. `mesh = {{ dp = 2, tp = 4 }}` (positive integers), not {mesh_raw!r}"
+            )
         mesh = tuple(mesh_raw.items())
         product = math.prod(v for _, v in mesh)
         if world is not None and world != product:
-            raise fail(f"`{key}.world-size` = {world} but `{key}.mesh` = "
-                       f"{' x '.join(f'{k}={v}' for k, v in mesh)} makes {product} ranks; give one "
-                       "of them, or make them agree")
+            raise fail(
+                f"`{key}.world-size` = {world} but `{key}.mesh` = "
+                f"{' x '.join(f'{k}={v}' for k, v in mesh)} makes {product} ranks; give one "
+                "of them, or make them agree"
+            )
         world = product
     return world, mesh
 
@@ -71,8 +88,10 @@ def parse_distributed(table: Mapping[str, Any], overrides: Mapping[str, tuple[An
         value, where = overrides["distributed"]
         value = str(value).strip().lower()
     if value not in DISTRIBUTED:
-        msg = (f"must be one of {', '.join(map(repr, DISTRIBUTED))} (real: every rank with real "
-               f"collectives; fake: rank 0 alone, compile-only), not {value!r}")
+        msg = (
+            f"must be one of {', '.join(map(repr, DISTRIBUTED))} (real: every rank with real "
+            f"collectives; fake: rank 0 alone, compile-only), not {value!r}"
+        )
         raise invalid(where, msg)
     return value
 

@@ -39,8 +39,21 @@ TORCH_PINS = ("exact", "minor", "none")
 DEFAULT_TIMEOUT = 3600.0  # seconds
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 DEFAULT_CACHE_MAX_SIZE = 10 * 2**30  # bytes: `cache-max-size`'s default
-_NOT_PACKAGES = {"tests", "test", "testing", "docs", "doc", "examples", "example",
-                 "bench", "benchmarks", "build", "dist", "scripts", "capture"}
+_NOT_PACKAGES = {
+    "tests",
+    "test",
+    "testing",
+    "docs",
+    "doc",
+    "examples",
+    "example",
+    "bench",
+    "benchmarks",
+    "build",
+    "dist",
+    "scripts",
+    "capture",
+}
 
 
 @dataclass(frozen=True)
@@ -183,8 +196,11 @@ def _check_keys(table: Mapping[str, Any], allowed: tuple[str, ...], prefix: str)
     for key in table:
         if key not in allowed:
             close = difflib.get_close_matches(str(key), allowed, n=1)
-            hint = f"; did you mean `{prefix}.{close[0]}`?" if close else (
-                f"; valid keys: {', '.join(allowed)}")
+            hint = (
+                f"; did you mean `{prefix}.{close[0]}`?"
+                if close
+                else (f"; valid keys: {', '.join(allowed)}")
+            )
             raise fail(f"unknown key `{prefix}.{key}`{hint}")
 
 
@@ -209,8 +225,7 @@ def _precompile_table(doc: Mapping[str, Any]) -> dict[str, Any]:
     tool = doc.get("tool", {})
     table = tool.get("precompile") if isinstance(tool, dict) else None
     if table is None:
-        raise fail("the table is missing; add `[tool.precompile.targets.NAME]` "
-                   "with a `script`")
+        raise fail("the table is missing; add `[tool.precompile.targets.NAME]` with a `script`")
     if not isinstance(table, dict):
         raise fail(f"`{PREFIX}` must be a table, not {type_name(table)}")
     return table
@@ -250,8 +265,10 @@ def _parse_target(name: Any, raw: Any, root: Path) -> TargetSettings:
     except (OSError, RuntimeError) as e:  # name too long, symlink loop
         raise fail(f"`{key}.script` = {script_rel!r} is not a usable path ({e})") from None
     if not _inside(script, root):
-        raise fail(f"`{key}.script` = {script_rel!r} resolves to {script}, outside "
-                   f"the project root {root}; keep capture scripts inside the project")
+        raise fail(
+            f"`{key}.script` = {script_rel!r} resolves to {script}, outside "
+            f"the project root {root}; keep capture scripts inside the project"
+        )
     if not is_file:
         raise fail(f"`{key}.script` = {script_rel!r}: no such file {script}")
     args = raw.get("args", [])
@@ -259,32 +276,41 @@ def _parse_target(name: Any, raw: Any, root: Path) -> TargetSettings:
         raise fail(f"`{key}.args` must be an array of strings without NUL characters")
     device = raw.get("device", "auto")
     if device not in DEVICES:
-        raise fail(f"`{key}.device` must be one of {', '.join(map(repr, DEVICES))}, "
-                   f"not {device!r}")
+        raise fail(f"`{key}.device` must be one of {', '.join(map(repr, DEVICES))}, not {device!r}")
     timeout = raw.get("timeout", DEFAULT_TIMEOUT)
-    if (isinstance(timeout, bool) or not isinstance(timeout, (int, float))
-            or not _finite(timeout) or timeout <= 0):
-        raise fail(f"`{key}.timeout` must be a positive number of seconds, "
-                   f"not {timeout!r}")
+    if (
+        isinstance(timeout, bool)
+        or not isinstance(timeout, (int, float))
+        or not _finite(timeout)
+        or timeout <= 0
+    ):
+        raise fail(f"`{key}.timeout` must be a positive number of seconds, not {timeout!r}")
     env = raw.get("env", {})
     if not isinstance(env, dict) or not all(
-            isinstance(k, str) and _ENV_NAME.match(k) and isinstance(v, str) and "\0" not in v
-            for k, v in env.items()):
-        raise fail(f"`{key}.env` must be a table of strings whose keys are environment "
-                   "variable names (letters, digits, underscores) and whose values have "
-                   "no NUL characters")
+        isinstance(k, str) and _ENV_NAME.match(k) and isinstance(v, str) and "\0" not in v
+        for k, v in env.items()
+    ):
+        raise fail(
+            f"`{key}.env` must be a table of strings whose keys are environment "
+            "variable names (letters, digits, underscores) and whose values have "
+            "no NUL characters"
+        )
     required = raw.get("required", True)
     if not isinstance(required, bool):
         raise fail(f"`{key}.required` must be a boolean, not {type_name(required)}")
     cache_env = raw.get("cache-env", [])
     if not isinstance(cache_env, list) or not all(
-            isinstance(n, str) and _ENV_NAME.match(n) for n in cache_env):
-        raise fail(f"`{key}.cache-env` must be an array of environment variable names "
-                   "(letters, digits, underscores; not starting with a digit)")
+        isinstance(n, str) and _ENV_NAME.match(n) for n in cache_env
+    ):
+        raise fail(
+            f"`{key}.cache-env` must be an array of environment variable names "
+            "(letters, digits, underscores; not starting with a digit)"
+        )
     fallback = raw.get("fallback", "none")
     if fallback not in FALLBACKS:
-        raise fail(f"`{key}.fallback` must be one of {', '.join(map(repr, FALLBACKS))}, "
-                   f"not {fallback!r}")
+        raise fail(
+            f"`{key}.fallback` must be one of {', '.join(map(repr, FALLBACKS))}, not {fallback!r}"
+        )
     tracer = raw.get("tracer")
     if tracer is not None and tracer not in TRACERS:
         raise fail(f"`{key}.tracer` must be one of {', '.join(map(repr, TRACERS))}, not {tracer!r}")
@@ -292,21 +318,40 @@ def _parse_target(name: Any, raw: Any, root: Path) -> TargetSettings:
     if not isinstance(cuda_graphs, bool):
         raise fail(f"`{key}.cuda-graphs` must be a boolean, not {type_name(cuda_graphs)}")
     if cuda_graphs and device == "cpu":
-        raise fail(f"`{key}.cuda-graphs` = true replays CUDA graphs of CUDA kernels, but "
-                   f"`{key}.device` is \"cpu\": set `device` to \"auto\" (a CPU build "
-                   "host captures without the option, a CUDA one with it) or \"cuda\", or "
-                   "drop `cuda-graphs`")
+        raise fail(
+            f"`{key}.cuda-graphs` = true replays CUDA graphs of CUDA kernels, but "
+            f'`{key}.device` is "cpu": set `device` to "auto" (a CPU build '
+            'host captures without the option, a CUDA one with it) or "cuda", or '
+            "drop `cuda-graphs`"
+        )
     mode = parse_mode(raw["mode"], f"`{key}.mode`") if "mode" in raw else None
-    cuda_archs = parse_cuda_archs(raw["cuda-archs"], f"`{key}.cuda-archs`") if "cuda-archs" in raw else None
+    cuda_archs = (
+        parse_cuda_archs(raw["cuda-archs"], f"`{key}.cuda-archs`") if "cuda-archs" in raw else None
+    )
     world_size, mesh = parse_world(raw, key)
     if cuda_archs and device == "cpu":
-        raise fail(f"`{key}.cuda-archs` compiles CUDA kernels for other GPUs, but `{key}.device` "
-                   "is \"cpu\": set `device` to \"auto\" or \"cuda\", or drop `cuda-archs`")
-    return TargetSettings(name=name, script=script, script_rel=script_rel, args=tuple(args), device=device,
-                          timeout=float(timeout), env=dict(env), required=required,
-                          cache_env=tuple(dict.fromkeys(cache_env)), fallback=fallback, tracer=tracer,
-                          cuda_graphs=cuda_graphs, mode=mode, world_size=world_size, mesh=mesh,  # type: ignore[arg-type]  # None: not set here
-                          cuda_archs=cuda_archs)  # type: ignore[arg-type]  # None: not set here
+        raise fail(
+            f"`{key}.cuda-archs` compiles CUDA kernels for other GPUs, but `{key}.device` "
+            'is "cpu": set `device` to "auto" or "cuda", or drop `cuda-archs`'
+        )
+    return TargetSettings(
+        name=name,
+        script=script,
+        script_rel=script_rel,
+        args=tuple(args),
+        device=device,
+        timeout=float(timeout),
+        env=dict(env),
+        required=required,
+        cache_env=tuple(dict.fromkeys(cache_env)),
+        fallback=fallback,
+        tracer=tracer,
+        cuda_graphs=cuda_graphs,
+        mode=mode,  # type: ignore[arg-type]  # None: not set here
+        world_size=world_size,
+        mesh=mesh,
+        cuda_archs=cuda_archs,  # type: ignore[arg-type]  # None: not set here
+    )
 
 
 def find_package(root: Path, name: str | None) -> tuple[str, Path]:
@@ -324,25 +369,40 @@ def find_package(root: Path, name: str | None) -> tuple[str, Path]:
     bases = [root, root / "src"]
     if name is not None:
         if not isinstance(name, str) or not name.isidentifier():
-            raise fail(f"`{PREFIX}.package` must be an import package name, "
-                       f"not {name!r}")
+            raise fail(f"`{PREFIX}.package` must be an import package name, not {name!r}")
         for base in bases:
             try:
                 if (base / name / "__init__.py").is_file():
                     return name, base / name
             except OSError as e:  # name too long
                 raise fail(f"`{PREFIX}.package` = {name!r} is not a usable name ({e})") from None
-        raise fail(f"`{PREFIX}.package` = {name!r} is not in the distribution "
-                   f"(no {name}/__init__.py in {root} or {root / 'src'})")
-    found = sorted({(d.name, d) for base in bases if base.is_dir()
-                    for d in base.iterdir()
-                    if d.is_dir() and d.name.isidentifier() and d.name not in _NOT_PACKAGES
-                    and not d.name.startswith("_") and (d / "__init__.py").is_file()})
+        raise fail(
+            f"`{PREFIX}.package` = {name!r} is not in the distribution "
+            f"(no {name}/__init__.py in {root} or {root / 'src'})"
+        )
+    found = sorted(
+        {
+            (d.name, d)
+            for base in bases
+            if base.is_dir()
+            for d in base.iterdir()
+            if d.is_dir()
+            and d.name.isidentifier()
+            and d.name not in _NOT_PACKAGES
+            and not d.name.startswith("_")
+            and (d / "__init__.py").is_file()
+        }
+    )
     if len(found) != 1:
-        what = "no import package" if not found else (
-            "several import packages (" + ", ".join(n for n, _ in found) + ")")
-        raise fail(f"found {what} in {root} or {root / 'src'}; set "
-                   f"`{PREFIX}.package` to the one that receives `_precompiled/`")
+        what = (
+            "no import package"
+            if not found
+            else ("several import packages (" + ", ".join(n for n, _ in found) + ")")
+        )
+        raise fail(
+            f"found {what} in {root} or {root / 'src'}; set "
+            f"`{PREFIX}.package` to the one that receives `_precompiled/`"
+        )
     return found[0]
 
 
@@ -354,8 +414,10 @@ def _as_bool(value: Any, key: str) -> bool:
         return True
     if text in ("0", "false", "no", "off", ""):
         return False
-    raise ConfigError(f"Failed to read override {key}: {value!r} is not a boolean "
-                      "(use true/false, 1/0, yes/no, on/off)")
+    raise ConfigError(
+        f"Failed to read override {key}: {value!r} is not a boolean "
+        "(use true/false, 1/0, yes/no, on/off)"
+    )
 
 
 def default_cache_dir() -> Path:
@@ -366,8 +428,9 @@ def default_cache_dir() -> Path:
     return Path(platformdirs.user_cache_dir("precompile-build"))
 
 
-def _cache_dir(table: Mapping[str, Any], overrides: Mapping[str, tuple[Any, str]],
-               root: Path) -> Optional[Path]:
+def _cache_dir(
+    table: Mapping[str, Any], overrides: Mapping[str, tuple[Any, str]], root: Path
+) -> Optional[Path]:
     value, where = table.get("cache-dir"), f"`{PREFIX}.cache-dir`"
     if "cache-dir" in overrides:
         value, where = overrides["cache-dir"]
@@ -385,11 +448,23 @@ def resolve_cache_dir(value: str, base: Path) -> Path:
     return path if path.is_absolute() else base / path
 
 
-_SIZE_UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
-               "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
+_SIZE_UNITS = {
+    "": 1,
+    "b": 1,
+    "kb": 10**3,
+    "mb": 10**6,
+    "gb": 10**9,
+    "tb": 10**12,
+    "kib": 2**10,
+    "mib": 2**20,
+    "gib": 2**30,
+    "tib": 2**40,
+}
 
 
-def _cache_max_size(table: Mapping[str, Any], overrides: Mapping[str, tuple[Any, str]]) -> Optional[int]:
+def _cache_max_size(
+    table: Mapping[str, Any], overrides: Mapping[str, tuple[Any, str]]
+) -> Optional[int]:
     """`cache-max-size` in bytes (None: no bound)."""
     value, where = table.get("cache-max-size", DEFAULT_CACHE_MAX_SIZE), f"`{PREFIX}.cache-max-size`"
     if "cache-max-size" in overrides:
@@ -402,8 +477,11 @@ def _cache_max_size(table: Mapping[str, Any], overrides: Mapping[str, tuple[Any,
         if m and m.group(2) in _SIZE_UNITS:
             value = int(float(m.group(1)) * _SIZE_UNITS[m.group(2)])
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise invalid(where, "must be a size (\"10GiB\", \"512MB\", bytes as a positive integer) "
-                      f"or \"none\" (no bound), not {value!r}")
+        raise invalid(
+            where,
+            'must be a size ("10GiB", "512MB", bytes as a positive integer) '
+            f'or "none" (no bound), not {value!r}',
+        )
     return value
 
 
@@ -416,12 +494,15 @@ def _jobs(table: Mapping[str, Any], overrides: Mapping[str, tuple[Any, str]]) ->
     if isinstance(value, str) and value.strip() == "auto":
         return None
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise invalid(where, f"must be \"auto\" or a positive integer, not {value!r}")
+        raise invalid(where, f'must be "auto" or a positive integer, not {value!r}')
     return value
 
 
-def _resolve_cuda_archs(table: Mapping[str, Any], targets: dict[str, TargetSettings],
-                        overrides: Mapping[str, tuple[Any, str]]) -> dict[str, TargetSettings]:
+def _resolve_cuda_archs(
+    table: Mapping[str, Any],
+    targets: dict[str, TargetSettings],
+    overrides: Mapping[str, tuple[Any, str]],
+) -> dict[str, TargetSettings]:
     """Each target with its effective `cuda-archs`: the override (environment, then
     config settings) for every target, else the target's key, else the project's."""
     project: tuple[str, ...] = ()
@@ -433,15 +514,20 @@ def _resolve_cuda_archs(table: Mapping[str, Any], targets: dict[str, TargetSetti
         forced = parse_cuda_archs(str(value), where)
     out = {}
     for name, t in targets.items():
-        archs = forced if forced is not None else t.cuda_archs if t.cuda_archs is not None else project
+        archs = (
+            forced if forced is not None else t.cuda_archs if t.cuda_archs is not None else project
+        )
         if t.device == "cpu":  # the project's list is for its CUDA targets
             archs = () if forced is not None or t.cuda_archs is None else archs
         out[name] = dataclasses.replace(t, cuda_archs=tuple(archs))
     return out
 
 
-def _resolve_mode(table: Mapping[str, Any], targets: dict[str, TargetSettings],
-                  overrides: Mapping[str, tuple[Any, str]]) -> dict[str, TargetSettings]:
+def _resolve_mode(
+    table: Mapping[str, Any],
+    targets: dict[str, TargetSettings],
+    overrides: Mapping[str, tuple[Any, str]],
+) -> dict[str, TargetSettings]:
     """Each target with its effective `mode`: the override (environment, then config
     settings) for every target, else the target's key, else the project's, else
     ``"default"``."""
@@ -450,7 +536,10 @@ def _resolve_mode(table: Mapping[str, Any], targets: dict[str, TargetSettings],
     if "mode" in overrides:
         value, where = overrides["mode"]
         forced = parse_mode(str(value), where)
-    return {name: dataclasses.replace(t, mode=forced or t.mode or project) for name, t in targets.items()}
+    return {
+        name: dataclasses.replace(t, mode=forced or t.mode or project)
+        for name, t in targets.items()
+    }
 
 
 def _repeated(raw_key: str, key: str, values: list) -> Any:
@@ -468,12 +557,14 @@ def _repeated(raw_key: str, key: str, values: list) -> Any:
     if len({str(v) for v in values}) > 1:
         raise ConfigError(
             f"Failed to read config settings: `{raw_key}` was given {len(values)} times "
-            f"({', '.join(map(repr, values))}) but takes one value; pass it once")
+            f"({', '.join(map(repr, values))}) but takes one value; pass it once"
+        )
     return values[0]
 
 
-def collect_overrides(config_settings: Mapping[str, Any] | None,
-                      environ: Mapping[str, str] | None = None) -> dict[str, tuple[Any, str]]:
+def collect_overrides(
+    config_settings: Mapping[str, Any] | None, environ: Mapping[str, str] | None = None
+) -> dict[str, tuple[Any, str]]:
     """Overrides by key, each as ``(raw value, where it came from)``.
 
     Environment variables win over config settings. Config settings keys outside
@@ -489,13 +580,15 @@ def collect_overrides(config_settings: Mapping[str, Any] | None,
     for raw_key, value in (config_settings or {}).items():
         if not str(raw_key).startswith("precompile."):
             continue
-        key = str(raw_key)[len("precompile."):]
+        key = str(raw_key)[len("precompile.") :]
         if key not in OVERRIDES:
             close = difflib.get_close_matches(key, list(OVERRIDES), n=1)
-            hint = f"; did you mean `precompile.{close[0]}`?" if close else (
-                "; valid keys: " + ", ".join(f"precompile.{k}" for k in OVERRIDES))
-            raise ConfigError(f"Failed to read config settings: unknown key "
-                              f"`{raw_key}`{hint}")
+            hint = (
+                f"; did you mean `precompile.{close[0]}`?"
+                if close
+                else ("; valid keys: " + ", ".join(f"precompile.{k}" for k in OVERRIDES))
+            )
+            raise ConfigError(f"Failed to read config settings: unknown key `{raw_key}`{hint}")
         if isinstance(value, list):  # pip and build pass a repeated -C key as a list
             value = _repeated(str(raw_key), key, value)
         out[key] = (value, f"config setting `{raw_key}`")
@@ -506,8 +599,10 @@ def collect_overrides(config_settings: Mapping[str, Any] | None,
             by_source.setdefault("environment", set()).add(key)
     for source, keys in by_source.items():
         if {"skip", "targets"} <= keys and _as_bool(out["skip"][0], out["skip"][1]):
-            raise ConfigError(f"Failed to read overrides: conflicting {source}: "
-                              "`skip` is true and `targets` selects targets; set one")
+            raise ConfigError(
+                f"Failed to read overrides: conflicting {source}: "
+                "`skip` is true and `targets` selects targets; set one"
+            )
     return out
 
 
@@ -525,20 +620,24 @@ def select_targets(targets: Mapping[str, Any], value: str, where: str) -> tuple[
     """
     names = [n.strip() for n in value.split(",") if n.strip()]
     if not names:
-        raise ConfigError(f"Failed to read {where}: it selects no target; "
-                          f"use skip to build without captures")
+        raise ConfigError(
+            f"Failed to read {where}: it selects no target; use skip to build without captures"
+        )
     for n in names:
         if n not in targets:
             close = difflib.get_close_matches(n, list(targets), n=1)
             hint = f"; did you mean {close[0]!r}?" if close else ""
-            raise ConfigError(f"Failed to read {where}: no target {n!r} in "
-                              f"`{PREFIX}.targets`{hint}")
+            raise ConfigError(
+                f"Failed to read {where}: no target {n!r} in `{PREFIX}.targets`{hint}"
+            )
     return tuple(n for n in targets if n in names)
 
 
-def load_settings(root: str | os.PathLike[str],
-                  config_settings: Mapping[str, Any] | None = None,
-                  environ: Mapping[str, str] | None = None) -> Settings:
+def load_settings(
+    root: str | os.PathLike[str],
+    config_settings: Mapping[str, Any] | None = None,
+    environ: Mapping[str, str] | None = None,
+) -> Settings:
     """Read, validate and override the configuration of the project at ``root``.
 
     Args:
@@ -552,14 +651,19 @@ def load_settings(root: str | os.PathLike[str],
     """
     root = Path(root).resolve()
     doc = _read_toml(root)
-    return settings_from_table(root, _precompile_table(doc), config_settings, environ,
-                               project=doc.get("project"))
+    return settings_from_table(
+        root, _precompile_table(doc), config_settings, environ, project=doc.get("project")
+    )
 
 
-def settings_from_table(root: Path, table: Mapping[str, Any],
-                        config_settings: Mapping[str, Any] | None = None,
-                        environ: Mapping[str, str] | None = None, *,
-                        project: Any = None) -> Settings:
+def settings_from_table(
+    root: Path,
+    table: Mapping[str, Any],
+    config_settings: Mapping[str, Any] | None = None,
+    environ: Mapping[str, str] | None = None,
+    *,
+    project: Any = None,
+) -> Settings:
     """As :func:`load_settings`, from an already-parsed `[tool.precompile]` table
     (``root`` resolved) and `[project]` table (``project``: kept as
     :attr:`Settings.project`, None unless a dict). Raises ConfigError for anything
@@ -569,8 +673,7 @@ def settings_from_table(root: Path, table: Mapping[str, Any],
     _check_keys(table, TOP_KEYS, PREFIX)
     raw_targets = table.get("targets")
     if raw_targets is None:
-        raise fail(f"`{PREFIX}.targets` is missing; add `[{PREFIX}.targets.NAME]` "
-                   "with a `script`")
+        raise fail(f"`{PREFIX}.targets` is missing; add `[{PREFIX}.targets.NAME]` with a `script`")
     if not isinstance(raw_targets, dict):
         raise fail(f"`{PREFIX}.targets` must be a table, not {type_name(raw_targets)}")
     if not raw_targets:
@@ -578,8 +681,10 @@ def settings_from_table(root: Path, table: Mapping[str, Any],
     targets = {n: _parse_target(n, t, root) for n, t in raw_targets.items()}
     clash = target_names.case_clash(targets)
     if clash is not None:
-        raise fail(f"target names {clash[0]!r} and {clash[1]!r} in `{PREFIX}.targets` differ only in case: "
-                   "their files would be one on a file system that ignores case (macOS, Windows); rename one")
+        raise fail(
+            f"target names {clash[0]!r} and {clash[1]!r} in `{PREFIX}.targets` differ only in case: "
+            "their files would be one on a file system that ignores case (macOS, Windows); rename one"
+        )
     package, package_dir = find_package(root, table.get("package"))
     overrides = collect_overrides(config_settings, environ)
     torch_pin = table.get("torch-pin", "exact")
@@ -587,10 +692,11 @@ def settings_from_table(root: Path, table: Mapping[str, Any],
     if "torch-pin" in overrides:
         torch_pin, where = overrides["torch-pin"]
     if torch_pin not in TORCH_PINS:
-        raise fail(f"{where} must be one of {', '.join(map(repr, TORCH_PINS))}, "
-                   f"not {torch_pin!r}")
-    flags = {k: _as_bool(overrides[k][0], overrides[k][1]) if k in overrides else False
-             for k in ("skip", "strict", "verbose")}
+        raise fail(f"{where} must be one of {', '.join(map(repr, TORCH_PINS))}, not {torch_pin!r}")
+    flags = {
+        k: _as_bool(overrides[k][0], overrides[k][1]) if k in overrides else False
+        for k in ("skip", "strict", "verbose")
+    }
     cache = table.get("cache", True)
     if not isinstance(cache, bool):
         raise fail(f"`{PREFIX}.cache` must be a boolean, not {type_name(cache)}")
@@ -605,10 +711,22 @@ def settings_from_table(root: Path, table: Mapping[str, Any],
         value, where = overrides["targets"]
         selected = select_targets(targets, str(value), where)
     backend, backend_path = parse_backend(table, root)
-    return Settings(root=root, package=package, package_dir=package_dir, targets=targets, selected=selected,
-                    skip=flags["skip"], strict=flags["strict"], verbose=flags["verbose"], torch_pin=torch_pin,
-                    cache=cache, cache_dir=cache_dir, cache_max_size=cache_max_size, jobs=jobs,
-                    project=project if isinstance(project, dict) else None,
-                    distributed=parse_distributed(table, overrides),
-                    backend=backend, backend_path=backend_path)
-
+    return Settings(
+        root=root,
+        package=package,
+        package_dir=package_dir,
+        targets=targets,
+        selected=selected,
+        skip=flags["skip"],
+        strict=flags["strict"],
+        verbose=flags["verbose"],
+        torch_pin=torch_pin,
+        cache=cache,
+        cache_dir=cache_dir,
+        cache_max_size=cache_max_size,
+        jobs=jobs,
+        project=project if isinstance(project, dict) else None,
+        distributed=parse_distributed(table, overrides),
+        backend=backend,
+        backend_path=backend_path,
+    )

@@ -23,13 +23,22 @@ MAX_LENGTH = 64
 """Characters: the longest file a target gets (``NAME.<12-hex variant id>.cpython-3XX.pyc``
 in a merged wheel) stays far below every file system's 255."""
 
-RULE = (f"ASCII letters, digits and underscores, not starting with a digit, at most {MAX_LENGTH} "
-        "characters, not a dunder name such as `__init__`, not a Windows device name (`con`, "
-        "`nul`, `com1`, ...), and no two names that differ only in case")
+RULE = (
+    f"ASCII letters, digits and underscores, not starting with a digit, at most {MAX_LENGTH} "
+    "characters, not a dunder name such as `__init__`, not a Windows device name (`con`, "
+    "`nul`, `com1`, ...), and no two names that differ only in case"
+)
 """The rule in words (docs/settings.md, the errors)."""
 
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
-_DEVICES = {"con", "prn", "aux", "nul", *(f"com{i}" for i in range(10)), *(f"lpt{i}" for i in range(10))}
+_DEVICES = {
+    "con",
+    "prn",
+    "aux",
+    "nul",
+    *(f"com{i}" for i in range(10)),
+    *(f"lpt{i}" for i in range(10)),
+}
 
 
 def problem(name: Any) -> Optional[str]:
@@ -42,16 +51,24 @@ def problem(name: Any) -> Optional[str]:
         instead; None for a valid name.
     """
     if not isinstance(name, str) or (name.isascii() and not _NAME.match(name)):
-        return "must be a Python identifier (letters, digits, underscores; not starting with a digit)"
+        return (
+            "must be a Python identifier (letters, digits, underscores; not starting with a digit)"
+        )
     if not _NAME.match(name):
-        return ("must be ASCII (letters a-z and A-Z, digits, underscores): its files are named after it, "
-                "and not every file system and installer spells other characters the same")
+        return (
+            "must be ASCII (letters a-z and A-Z, digits, underscores): its files are named after it, "
+            "and not every file system and installer spells other characters the same"
+        )
     if len(name) > MAX_LENGTH:
-        return (f"is {len(name)} characters long; use at most {MAX_LENGTH} (its files, such as "
-                f"`NAME.<variant id>.cpython-3XX.pyc`, must fit every file system's name limit)")
+        return (
+            f"is {len(name)} characters long; use at most {MAX_LENGTH} (its files, such as "
+            f"`NAME.<variant id>.cpython-3XX.pyc`, must fit every file system's name limit)"
+        )
     if name.startswith("__") and name.endswith("__"):
-        return ("is a dunder name, which Python gives a meaning (`__init__.py` would make `_precompiled/` "
-                "an importable package); use a plain name")
+        return (
+            "is a dunder name, which Python gives a meaning (`__init__.py` would make `_precompiled/` "
+            "an importable package); use a plain name"
+        )
     if name.lower() in _DEVICES:
         return "is a Windows device name, which no file may have there; use another name"
     return None

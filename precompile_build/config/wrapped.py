@@ -24,14 +24,23 @@ def parse_backend(table: Mapping[str, Any], root: Path) -> tuple[str, tuple[Path
     """
     spec = table.get("backend", DEFAULT)
     module, colon, attrs = spec.partition(":") if isinstance(spec, str) else ("", "", "")
-    if (not isinstance(spec, str) or not all(p.isidentifier() for p in module.split("."))
-            or (colon and not all(p.isidentifier() for p in attrs.split(".")))):
-        raise fail(f"`{PREFIX}.backend` must be a PEP 517 backend object reference "
-                   f"(`module` or `module:object`, e.g. \"hatchling.build\"), not {spec!r}")
+    if (
+        not isinstance(spec, str)
+        or not all(p.isidentifier() for p in module.split("."))
+        or (colon and not all(p.isidentifier() for p in attrs.split(".")))
+    ):
+        raise fail(
+            f"`{PREFIX}.backend` must be a PEP 517 backend object reference "
+            f'(`module` or `module:object`, e.g. "hatchling.build"), not {spec!r}'
+        )
     raw = table.get("backend-path", [])
-    if not isinstance(raw, list) or not all(isinstance(p, str) and p and "\0" not in p for p in raw):
-        raise fail(f"`{PREFIX}.backend-path` must be an array of directory paths relative to "
-                   f"the project root, not {type_name(raw)} {raw!r}")
+    if not isinstance(raw, list) or not all(
+        isinstance(p, str) and p and "\0" not in p for p in raw
+    ):
+        raise fail(
+            f"`{PREFIX}.backend-path` must be an array of directory paths relative to "
+            f"the project root, not {type_name(raw)} {raw!r}"
+        )
     paths = []
     for p in raw:
         try:
@@ -39,7 +48,9 @@ def parse_backend(table: Mapping[str, Any], root: Path) -> tuple[str, tuple[Path
         except (OSError, RuntimeError) as e:
             raise fail(f"`{PREFIX}.backend-path` entry {p!r} is not a usable path ({e})") from None
         if path != root and root not in path.parents:
-            raise fail(f"`{PREFIX}.backend-path` entry {p!r} resolves to {path}, outside the "
-                       f"project root {root} (PEP 517 keeps an in-tree backend inside it)")
+            raise fail(
+                f"`{PREFIX}.backend-path` entry {p!r} resolves to {path}, outside the "
+                f"project root {root} (PEP 517 keeps an in-tree backend inside it)"
+            )
         paths.append(path)
     return spec, tuple(paths)

@@ -26,11 +26,14 @@ def get(engine: str):
     (already resolved); ValueError for any other name."""
     if engine == "frozen":
         from . import frozen
+
         return frozen
     if engine == "eager":
         from . import eager
+
         return eager
     if engine == "torch":
         from . import torch_engine
+
         return torch_engine
     raise ValueError(engine)  # pragma: no cover - resolve() rejects these

@@ -68,8 +68,10 @@ class Replacement:
     def line(self) -> str:
         """``addmm: bias_addmm (0.012 ms) cannot be frozen (...); froze triton_mm_4 (0.013 ms, 1.08x)``."""
         ratio = self.chosen_ms / self.fastest_ms if self.fastest_ms > 0 else float("inf")
-        return (f"{self.op}: {self.fastest} ({self.fastest_ms:.4g} ms) cannot be frozen ({self.why}); "
-                f"froze {self.chosen} ({self.chosen_ms:.4g} ms, {ratio:.2f}x its time)")
+        return (
+            f"{self.op}: {self.fastest} ({self.fastest_ms:.4g} ms) cannot be frozen ({self.why}); "
+            f"froze {self.chosen} ({self.chosen_ms:.4g} ms, {ratio:.2f}x its time)"
+        )
 
 
 @dataclass
@@ -114,7 +116,9 @@ def choice_problem(choice: Any) -> str | None:
     whose compile result this process does not hold (timed in a subprocess) counts
     as one that can: freezing it then says if it cannot."""
     while isinstance(getattr(choice, "__dict__", None), dict) and "_wrapped" in vars(choice):
-        choice = vars(choice)["_wrapped"]  # DataProcessorChoiceCallerWrapper (CPU GEMMs' weight packing)
+        choice = vars(choice)[
+            "_wrapped"
+        ]  # DataProcessorChoiceCallerWrapper (CPU GEMMs' weight packing)
     kind = type(choice).__name__
     bases = {c.__name__ for c in type(choice).__mro__}
     if "ExternKernelCaller" in bases:
@@ -132,8 +136,10 @@ def choice_problem(choice: Any) -> str | None:
         return _template_problem(choice)
     if bases & set(_PLAIN_CHOICES):
         return None
-    return (f"a {kind} kernel is compiled outside Triton and Inductor's C++ kernels, which are "
-            "what the frozen engine freezes")
+    return (
+        f"a {kind} kernel is compiled outside Triton and Inductor's C++ kernels, which are "
+        "what the frozen engine freezes"
+    )
 
 
 def _template_problem(choice: Any) -> str | None:
@@ -149,15 +155,19 @@ def _template_problem(choice: Any) -> str | None:
         module = PyCodeCache.modules_no_attr.get(path)
     except (ImportError, AttributeError):
         return None
-    kernel = getattr(module, getattr(bmreq, "kernel_name", ""), None) if module is not None else None
+    kernel = (
+        getattr(module, getattr(bmreq, "kernel_name", ""), None) if module is not None else None
+    )
     results = list(getattr(kernel, "compile_results", None) or [])
     meta = getattr(kernel, "triton_meta", None) or {}
     if not results or meta.get("device_type", "cuda") != "cuda":
         return None
     dynamic = [type(r).__name__ for r in results if type(r).__name__ != "StaticTritonCompileResult"]
     if dynamic:
-        return ("Inductor launches this template with Triton's own launcher, not torch's static CUDA "
-                "launcher (TMA descriptors, num_ctas > 1, launch attributes...)")
+        return (
+            "Inductor launches this template with Triton's own launcher, not torch's static CUDA "
+            "launcher (TMA descriptors, num_ctas > 1, launch attributes...)"
+        )
     return None
 
 
@@ -179,8 +189,14 @@ def _freezable(name: str, timings: Any, report: Report) -> Any:
     fastest = min(timings, key=timings.__getitem__)
     if problems[fastest] is not None:
         chosen = min(kept, key=kept.__getitem__)
-        r = Replacement(op=str(name), fastest=_describe(fastest), fastest_ms=float(timings[fastest]),
-                        why=str(problems[fastest]), chosen=_describe(chosen), chosen_ms=float(kept[chosen]))
+        r = Replacement(
+            op=str(name),
+            fastest=_describe(fastest),
+            fastest_ms=float(timings[fastest]),
+            why=str(problems[fastest]),
+            chosen=_describe(chosen),
+            chosen_ms=float(kept[chosen]),
+        )
         if r not in report.replaced:  # Inductor may ask for the timings again (benchmark fusion)
             report.replaced.append(r)
             log.warning("precompile_build: max-autotune: %s", r.line())
@@ -217,18 +233,24 @@ def tuning() -> Iterator[Report]:
                 timings = orig(self, name, *args, **kwargs)
             report.selections += 1
             return _freezable(name, timings, report)
+
         return do_autotuning
 
     def timed(orig):
         def method(self, *args, **kwargs):
             with clock.running():
                 return orig(self, *args, **kwargs)
+
         return method
 
     wrap(AlgorithmSelectorCache, "do_autotuning", selecting)
     for attr in ("benchmark_all_configs", "coordinate_descent_tuning"):
         wrap(th.CachingAutotuner, attr, timed)
-    patch = {"pipeline_max_autotune_gemm": False} if hasattr(config, "pipeline_max_autotune_gemm") else {}
+    patch = (
+        {"pipeline_max_autotune_gemm": False}
+        if hasattr(config, "pipeline_max_autotune_gemm")
+        else {}
+    )
     try:
         with config.patch(patch):
             yield report

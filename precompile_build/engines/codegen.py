@@ -73,8 +73,12 @@ def _subgraph_attrs(graph_module, prefix: str, classes: list[str]) -> list[str]:
         if isinstance(child, torch.fx.GraphModule):
             cls = f"{prefix}_{name}"
             attrs = _subgraph_attrs(child, cls, classes)
-            classes.append(f"class {cls}:\n" + "".join(f"    {a}\n" for a in attrs)
-                           + textwrap.indent(_forward_code(child), "    ") + "\n    __call__ = forward\n")
+            classes.append(
+                f"class {cls}:\n"
+                + "".join(f"    {a}\n" for a in attrs)
+                + textwrap.indent(_forward_code(child), "    ")
+                + "\n    __call__ = forward\n"
+            )
             lines.append(f"{name} = {cls}()")
     return lines
 
@@ -92,12 +96,19 @@ def graph_source(graph_module) -> str:
     return "\n\n".join(classes + [holder, "_GRAPH_SELF = _GraphSelf()", code]) + "\n"
 
 
-def pair_metadata(call: CallConvention, engine: SourceEngine, kernels: list[Kernel]) -> PairMetadata:
+def pair_metadata(
+    call: CallConvention, engine: SourceEngine, kernels: list[Kernel]
+) -> PairMetadata:
     """The pair's ``PRECOMPILE_METADATA``: the trace's ``call`` (copied), this pair
     format's ``format`` and ``version``, the ``engine`` and its ``kernels`` (``[]``:
     eager); the engine may add the optional keys of PairMetadata after."""
-    return {**call, "format": SOURCE_FORMAT, "version": SOURCE_VERSION, "engine": engine,
-            "kernels": kernels}
+    return {
+        **call,
+        "format": SOURCE_FORMAT,
+        "version": SOURCE_VERSION,
+        "engine": engine,
+        "kernels": kernels,
+    }
 
 
 def render(metadata: PairMetadata, graph_code: str, wrapper_code: str | None) -> str:
@@ -118,11 +129,16 @@ def render(metadata: PairMetadata, graph_code: str, wrapper_code: str | None) ->
         "# Do not edit: the cache half is bound to these exact bytes by its code_hash.\n"
         "# Runs on its own with torch alone: load(None) runs the captured ATen graph.\n",
         "import torch\n"
-        + ("from torch import device  # names used by generated graph code\n" if uses_device else "")
+        + (
+            "from torch import device  # names used by generated graph code\n"
+            if uses_device
+            else ""
+        )
         + "from math import inf, nan\n",
         "PRECOMPILE_METADATA = " + pprint.pformat(meta, width=100, sort_dicts=True) + "\n",
         "# ---- the captured ATen graph ----------------------------------------------------\n"
-        + graph_code + "\n",
+        + graph_code
+        + "\n",
     ]
     if wrapper_code is not None:
         parts.append(
@@ -131,7 +147,9 @@ def render(metadata: PairMetadata, graph_code: str, wrapper_code: str | None) ->
             "    return call\n"
         )
         parts.append(_template("kernel_loader.py"))
-    triton = wrapper_code is not None and any(k["kind"] == "triton" for k in metadata.get("kernels", []))
+    triton = wrapper_code is not None and any(
+        k["kind"] == "triton" for k in metadata.get("kernels", [])
+    )
     if triton:
         parts.append(triton_launcher_code())
     parts.append(_template("module_settings.py"))  # the driver checks models with it
@@ -149,11 +167,18 @@ def render(metadata: PairMetadata, graph_code: str, wrapper_code: str | None) ->
     graphs = wrapper_code is not None and metadata.get("device") == "cuda"
     if graphs:
         parts.append(_template("cuda_graphs.py"))  # CUDA graphs of the frozen kernels
-    absent = (["_make_call", "_load_kernels"] if wrapper_code is None  # eager: no kernels
-              else [] if triton else ["_TritonKernel"]) + ([] if graphs else ["_CudaGraphs"])
+    absent = (
+        ["_make_call", "_load_kernels"]
+        if wrapper_code is None  # eager: no kernels
+        else []
+        if triton
+        else ["_TritonKernel"]
+    ) + ([] if graphs else ["_CudaGraphs"])
     if absent:
-        parts.append("# ---- not in this pair: what the driver would call on the paths it does not take\n"
-                     + "".join(f"{n} = None\n" for n in absent))
+        parts.append(
+            "# ---- not in this pair: what the driver would call on the paths it does not take\n"
+            + "".join(f"{n} = None\n" for n in absent)
+        )
     return "\n\n".join(p.rstrip("\n") + "\n" for p in _without_repeated_imports(parts))
 
 
@@ -171,7 +196,7 @@ def guards_code(guards: dict | None) -> str:
     params = (guards or {}).get("params")
     params = params if params is not None else "*args, **kwargs"
     checks = (guards or {}).get("checks") or []
-    head = "# ---- the guards' checks, generated from PRECOMPILE_METADATA[\"guards\"] --------\n"
+    head = '# ---- the guards\' checks, generated from PRECOMPILE_METADATA["guards"] --------\n'
     out = [head + "_NODEFAULT = object()  # a default that is no literal: not bound by name\n"]
     for name, every in (("_guards_full", True), ("_guards_call", False)):
         lines = [f"def {name}(_R, {params}):" if params else f"def {name}(_R):"]
@@ -182,20 +207,36 @@ def guards_code(guards: dict | None) -> str:
             roots = sorted(set(re.findall(r"_R\[\d+\]", expr)))
             if roots:
                 cond = " or ".join(f"{r} is _G_ABSENT" for r in roots) + f" or ({cond})"
-            lines += ["    try:", f"        if not ({cond}):", f"            return {i}",
-                      "    except Exception:", f"        return {i}"]
+            lines += [
+                "    try:",
+                f"        if not ({cond}):",
+                f"            return {i}",
+                "    except Exception:",
+                f"        return {i}",
+            ]
         lines.append("    return -1")
         out.append("\n".join(lines) + "\n")
     by_identity = set((guards or {}).get("by_identity") or ())
     covers = list(dict.fromkeys(c[6] for c in checks if len(c) > 6 and c[6]))
-    lines = [f"def _guards_dicts(_R, {params}):" if params else "def _guards_dicts(_R):", "    out = []"]
+    lines = [
+        f"def _guards_dicts(_R, {params}):" if params else "def _guards_dicts(_R):",
+        "    out = []",
+    ]
     for expr in covers:
         if expr not in by_identity:
-            lines += ["    try:", f"        out.append({expr})", "    except Exception:", "        out.append(None)"]
+            lines += [
+                "    try:",
+                f"        out.append({expr})",
+                "    except Exception:",
+                "        out.append(None)",
+            ]
     out.append("\n".join(lines + ["    return out"]) + "\n")
     out.append(_watch_code(params, [e for e in covers if e in by_identity]))
-    out.append(f"def _guard_bind({params}):\n    return dict(locals())\n" if params
-               else "def _guard_bind():\n    return {}\n")
+    out.append(
+        f"def _guard_bind({params}):\n    return dict(locals())\n"
+        if params
+        else "def _guard_bind():\n    return {}\n"
+    )
     return "\n\n".join(out)
 
 
@@ -213,12 +254,19 @@ def _watch_code(params: str, covers: list[str]) -> str:
     for i, expr in enumerate(covers):
         node = ast.parse(expr, mode="eval").body
         if isinstance(node, ast.Attribute) and node.attr == "__dict__":
-            lines += [f"        _o{i} = {ast.unparse(node.value)}", f"        _d{i} = _o{i}.__dict__"]
+            lines += [
+                f"        _o{i} = {ast.unparse(node.value)}",
+                f"        _d{i} = _o{i}.__dict__",
+            ]
             parts.append(f"type(_o{i})")
         else:
             lines.append(f"        _d{i} = {expr}")
         parts += [f"id(_d{i})", f"_DICT_VERSION(_d{i})"]
-    lines += [f"        return ({', '.join(parts)},)", "    except Exception:", "        return None"]
+    lines += [
+        f"        return ({', '.join(parts)},)",
+        "    except Exception:",
+        "        return None",
+    ]
     return "\n".join(lines) + "\n"
 
 
@@ -230,6 +278,8 @@ def _without_repeated_imports(parts: list[str]) -> list[str]:
         repeated = [m.group(0) for m in _IMPORT_LINE.finditer(part) if m.group(0) in seen]
         seen.update(m.group(0) for m in _IMPORT_LINE.finditer(part))
         if repeated:
-            part = "".join(line for line in part.splitlines(keepends=True) if line.rstrip("\n") not in repeated)
+            part = "".join(
+                line for line in part.splitlines(keepends=True) if line.rstrip("\n") not in repeated
+            )
         out.append(part)
     return out

@@ -52,9 +52,17 @@ from ..errors import CaptureError
 # Most shared memory one block may use (the opt-in maximum, bytes): CUDA C
 # Programming Guide, "Technical Specifications per Compute Capability".
 SHARED_PER_BLOCK = {
-    "7.5": 64 * 1024, "8.0": 163 * 1024, "8.6": 99 * 1024, "8.7": 163 * 1024,
-    "8.9": 99 * 1024, "9.0": 227 * 1024, "10.0": 227 * 1024, "10.3": 227 * 1024,
-    "11.0": 227 * 1024, "12.0": 99 * 1024, "12.1": 99 * 1024,
+    "7.5": 64 * 1024,
+    "8.0": 163 * 1024,
+    "8.6": 99 * 1024,
+    "8.7": 163 * 1024,
+    "8.9": 99 * 1024,
+    "9.0": 227 * 1024,
+    "10.0": 227 * 1024,
+    "10.3": 227 * 1024,
+    "11.0": 227 * 1024,
+    "12.0": 99 * 1024,
+    "12.1": 99 * 1024,
 }
 TEST_CROSS_NATIVE_ENV = capture_env.TEST_CROSS_NATIVE
 """Test-only: ``1`` compiles the build GPU's architecture through the cross path
@@ -83,7 +91,11 @@ def shared_limit(arch: str, listed: tuple[str, ...]) -> tuple[int, list[str]]:
         major = arch.split(".")[0]
         same = sorted((a for a in listed if a.split(".")[0] == major), key=cc_int)
         for other in SHARED_PER_BLOCK:
-            if other.split(".")[0] == major and other not in listed and cc_int(other) > cc_int(arch):
+            if (
+                other.split(".")[0] == major
+                and other not in listed
+                and cc_int(other) > cc_int(arch)
+            ):
                 if max((a for a in same if cc_int(a) <= cc_int(other)), key=cc_int) == arch:
                     served.append(other)
     return min(SHARED_PER_BLOCK[a] for a in served), served
@@ -106,8 +118,10 @@ def requested(options: dict, target: str) -> tuple[str, ...]:
     if value is None or value == "" or value == []:
         return ()
     try:
-        return parse_cuda_archs(value if isinstance(value, list) else str(value),
-                                "the capture option cuda_archs (PRECOMPILE_CUDA_ARCHS)")
+        return parse_cuda_archs(
+            value if isinstance(value, list) else str(value),
+            "the capture option cuda_archs (PRECOMPILE_CUDA_ARCHS)",
+        )
     except ConfigError as e:
         raise CaptureError(f"{e}", target=target) from None
 
@@ -130,8 +144,13 @@ def recording() -> Iterator[None]:
         yield from _recording_hooks()
 
 
-_INDUCTOR_CACHES = ("fx_graph_cache", "fx_graph_remote_cache", "autotune_local_cache",
-                    "autotune_remote_cache", "bundled_autotune_remote_cache")
+_INDUCTOR_CACHES = (
+    "fx_graph_cache",
+    "fx_graph_remote_cache",
+    "autotune_local_cache",
+    "autotune_remote_cache",
+    "bundled_autotune_remote_cache",
+)
 
 
 def _recording_hooks() -> Iterator[None]:
@@ -191,15 +210,25 @@ def _from_compile_meta(autotuner, result) -> tuple[Any, dict, dict, dict, dict] 
     cm = getattr(result, "compile_meta", None)
     if not isinstance(cm, dict) or "signature" not in cm:
         return None
-    options = {"num_warps": cm["num_warps"], "num_stages": cm["num_stages"],
-               "debug": cm.get("debug", False), "sanitize_overflow": False}
+    options = {
+        "num_warps": cm["num_warps"],
+        "num_stages": cm["num_stages"],
+        "debug": cm.get("debug", False),
+        "sanitize_overflow": False,
+    }
     for key in ("enable_fp_fusion", "launch_pdl", "launch_cooperative_grid"):
         if key in cm:
             options[key] = cm[key]
     if cm.get("disable_ftz"):
         options["enable_reflect_ftz"] = False
     attrs = (cm.get("configs") or [{}])[0]
-    return autotuner.fn, dict(cm["signature"]), dict(cm.get("constants") or {}), dict(attrs or {}), options
+    return (
+        autotuner.fn,
+        dict(cm["signature"]),
+        dict(cm.get("constants") or {}),
+        dict(attrs or {}),
+        options,
+    )
 
 
 def _candidate(autotuner, launcher) -> dict | None:
@@ -229,9 +258,16 @@ def _candidate(autotuner, launcher) -> dict | None:
         module = inspect.getsourcefile(py) or py.__code__.co_filename
     except TypeError:
         return None
-    return {"module": module, "fn_name": fn.__name__, "signature": signature, "constants": constants,
-            "attrs": attrs, "options": dict(options), "config": str(getattr(launcher, "config", "")),
-            "launcher": code}
+    return {
+        "module": module,
+        "fn_name": fn.__name__,
+        "signature": signature,
+        "constants": constants,
+        "attrs": attrs,
+        "options": dict(options),
+        "config": str(getattr(launcher, "config", "")),
+        "launcher": code,
+    }
 
 
 def candidates(autotuner) -> list[dict]:
@@ -246,8 +282,11 @@ def candidates(autotuner) -> list[dict]:
     except TypeError:
         timings = {}
     # a config that failed on the build GPU (timed inf) is no candidate
-    others = sorted((t, i, la) for i, (la, t) in enumerate(timings.items())
-                    if la is not winner and not math.isinf(t))
+    others = sorted(
+        (t, i, la)
+        for i, (la, t) in enumerate(timings.items())
+        if la is not winner and not math.isinf(t)
+    )
     first = _candidate(autotuner, winner)
     if first is None:  # without the chosen config there is nothing to start from
         return []
@@ -279,15 +318,30 @@ def compile_jobs(jobs: list[dict], target: str) -> list[dict]:
         env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
         try:
             proc = subprocess.run(
-                [sys.executable, "-m", "precompile_build.engines.cross_compile", jobs_path, out_path],
-                env=env, capture_output=True, text=True, timeout=WORKER_TIMEOUT)
+                [
+                    sys.executable,
+                    "-m",
+                    "precompile_build.engines.cross_compile",
+                    jobs_path,
+                    out_path,
+                ],
+                env=env,
+                capture_output=True,
+                text=True,
+                timeout=WORKER_TIMEOUT,
+            )
         except subprocess.TimeoutExpired:
-            raise CaptureError("compiling the kernels for `cuda-archs` took "
-                               f"over {WORKER_TIMEOUT:.0f} s; list fewer architectures", target=target) from None
+            raise CaptureError(
+                "compiling the kernels for `cuda-archs` took "
+                f"over {WORKER_TIMEOUT:.0f} s; list fewer architectures",
+                target=target,
+            ) from None
         if proc.returncode != 0 or not os.path.exists(out_path):
             raise CaptureError(
                 "the compile-only Triton process for `cuda-archs` failed "
-                f"(exit status {proc.returncode}):\n{(proc.stdout + proc.stderr)[-3000:]}", target=target)
+                f"(exit status {proc.returncode}):\n{(proc.stdout + proc.stderr)[-3000:]}",
+                target=target,
+            )
         with open(out_path, "rb") as f:
             return pickle.load(f)
 
@@ -345,11 +399,11 @@ def _compat_attribute(data: bytes, attr: int):
     import struct
 
     try:
-        shoff, = struct.unpack_from("<Q", data, 0x28)
+        (shoff,) = struct.unpack_from("<Q", data, 0x28)
         shentsize, shnum, shstrndx = struct.unpack_from("<HHH", data, 0x3A)
 
         def header(i):  # -> (name offset, file offset, size)
-            name, = struct.unpack_from("<I", data, shoff + i * shentsize)
+            (name,) = struct.unpack_from("<I", data, shoff + i * shentsize)
             offset, size = struct.unpack_from("<QQ", data, shoff + i * shentsize + 0x18)
             if offset + size > len(data):
                 raise struct.error("section past the end of the file")
@@ -359,8 +413,8 @@ def _compat_attribute(data: bytes, attr: int):
         body = b""
         for i in range(shnum):
             name, offset, size = header(i)
-            if data[names + name: names + name + 11] == b".nv.compat\x00":
-                body = data[offset: offset + size]
+            if data[names + name : names + name + 11] == b".nv.compat\x00":
+                body = data[offset : offset + size]
     except struct.error as err:
         raise ValueError(f"not a readable ELF file: {err}") from None
     i = 0
@@ -378,34 +432,77 @@ def cubin_arch(data: bytes) -> int:
     return int(cubin_target(data)[3:].rstrip("a"))
 
 
-def _choice(entry: dict, arch: str, sm: str, binary: str, data: bytes, res: dict, cand: dict,
-            blobs: dict[str, bytes]) -> dict:
+def _choice(
+    entry: dict,
+    arch: str,
+    sm: str,
+    binary: str,
+    data: bytes,
+    res: dict,
+    cand: dict,
+    blobs: dict[str, bytes],
+) -> dict:
     if binary == "cubin" and cubin_target(data) != sm:  # never file a cubin under another target
-        raise CaptureError(f"Triton compiled {entry['name']!r} for {cubin_target(data)} when asked "
-                           f"for {sm}; report this (triton {_triton_version()})")
+        raise CaptureError(
+            f"Triton compiled {entry['name']!r} for {cubin_target(data)} when asked "
+            f"for {sm}; report this (triton {_triton_version()})"
+        )
     digest = hashlib.sha256(data).hexdigest()
     name = f"{binary}/{digest[:32]}.{binary}"
     blobs[name] = data
     base_tys = entry["arg_tys"][: len(entry["arg_tys"]) - entry["scratch"]]
-    choice = {"arch": arch, "sm": sm, "binary": binary, "file": name, "sha256": digest,
-              "shared": res["shared"], "num_warps": res["num_warps"], "scratch": res["scratch"],
-              "arg_tys": base_tys + "O" * res["scratch"], "function": res["function"],
-              "config": cand["config"], "launcher": cand["launcher"], "origin": "cross"}
+    choice = {
+        "arch": arch,
+        "sm": sm,
+        "binary": binary,
+        "file": name,
+        "sha256": digest,
+        "shared": res["shared"],
+        "num_warps": res["num_warps"],
+        "scratch": res["scratch"],
+        "arg_tys": base_tys + "O" * res["scratch"],
+        "function": res["function"],
+        "config": cand["config"],
+        "launcher": cand["launcher"],
+        "origin": "cross",
+    }
     if res["index"]:
-        choice["replaced"] = (f"{entry['config']} replaced by {cand['config']}, the next best of "
-                              f"the build GPU's autotuning that serves {sm} ("
-                              + "; ".join(res["rejected"]) + ")")
+        choice["replaced"] = (
+            f"{entry['config']} replaced by {cand['config']}, the next best of "
+            f"the build GPU's autotuning that serves {sm} (" + "; ".join(res["rejected"]) + ")"
+        )
     return choice
 
 
 def _native_choice(entry: Mapping[str, Any], build: str) -> dict:
-    keys = ("file", "sha256", "shared", "num_warps", "scratch", "arg_tys", "function", "config", "launcher")
-    return {"arch": build, "sm": sm_name(cc_int(build)), "binary": "cubin", "origin": "native",
-            **{k: entry[k] for k in keys}}
+    keys = (
+        "file",
+        "sha256",
+        "shared",
+        "num_warps",
+        "scratch",
+        "arg_tys",
+        "function",
+        "config",
+        "launcher",
+    )
+    return {
+        "arch": build,
+        "sm": sm_name(cc_int(build)),
+        "binary": "cubin",
+        "origin": "native",
+        **{k: entry[k] for k in keys},
+    }
 
 
-def cross_compile(kernels: list[Kernel], blobs: dict[str, bytes], cands: dict[str, list[dict]],
-                  archs: tuple[str, ...], build: str, target: str) -> dict:
+def cross_compile(
+    kernels: list[Kernel],
+    blobs: dict[str, bytes],
+    cands: dict[str, list[dict]],
+    archs: tuple[str, ...],
+    build: str,
+    target: str,
+) -> dict:
     """Add the other architectures' binaries to the frozen Triton kernels.
 
     Args:
@@ -430,8 +527,11 @@ def cross_compile(kernels: list[Kernel], blobs: dict[str, bytes], cands: dict[st
     below9 = [a for a in archs if cc_int(a) < 90]
     ptx_arch = min(below9, key=cc_int) if below9 else None
     # the PTX may be JIT-compiled on any later GPU without a cubin: sized for the smallest
-    ptx_limit = min(v for a, v in SHARED_PER_BLOCK.items() if ptx_arch and cc_int(a) >= cc_int(ptx_arch)) \
-        if ptx_arch else 0
+    ptx_limit = (
+        min(v for a, v in SHARED_PER_BLOCK.items() if ptx_arch and cc_int(a) >= cc_int(ptx_arch))
+        if ptx_arch
+        else 0
+    )
     listed = tuple(sorted({*archs, build}, key=cc_int))
     wanted = [a for a in archs if a != build or cross_native]
     jobs, where = [], []
@@ -441,17 +541,31 @@ def cross_compile(kernels: list[Kernel], blobs: dict[str, bytes], cands: dict[st
             raise CaptureError(
                 "its compile inputs were not recorded, so it cannot be compiled for `cuda-archs`; "
                 "capture in a fresh process, or drop `cuda-archs`",
-                target=target, where=f"Triton kernel {k['name']!r}")
+                target=target,
+                where=f"Triton kernel {k['name']!r}",
+            )
         todo = [(a, "cubin", *shared_limit(a, listed)) for a in wanted]
         if ptx_arch:
             todo.append((ptx_arch, "ptx", ptx_limit, []))
         for a, binary, limit, served in todo:
-            label = None if binary == "cubin" else \
-                f"the compute_{cc_int(a)} PTX (JIT-compiled on any later GPU without a cubin)"
-            jobs.append({"arch": a, "cc": cc_int(a), "shared_limit": limit, "serves": served,
-                         "want_ptx": binary == "ptx", "label": label,
-                         "candidates": [{x: c[x] for x in c if x not in ("launcher", "seconds")}
-                                        for c in cs]})
+            label = (
+                None
+                if binary == "cubin"
+                else f"the compute_{cc_int(a)} PTX (JIT-compiled on any later GPU without a cubin)"
+            )
+            jobs.append(
+                {
+                    "arch": a,
+                    "cc": cc_int(a),
+                    "shared_limit": limit,
+                    "serves": served,
+                    "want_ptx": binary == "ptx",
+                    "label": label,
+                    "candidates": [
+                        {x: c[x] for x in c if x not in ("launcher", "seconds")} for c in cs
+                    ],
+                }
+            )
             where.append((k, a, binary, cs))
     results = compile_jobs(jobs, target)
     left_out: dict[str, str] = {}
@@ -476,9 +590,25 @@ def cross_compile(kernels: list[Kernel], blobs: dict[str, bytes], cands: dict[st
             k["archs"].append(c)
             if "replaced" in c:
                 replaced.setdefault(key, {})[k["name"]] = c["replaced"]
-            if a == build and binary == "cubin":  # test switch: the cross-compiled cubin runs (and is validated)
-                k.update({x: c[x] for x in ("file", "sha256", "shared", "num_warps", "scratch",
-                                            "arg_tys", "function", "config", "launcher")})
+            if (
+                a == build and binary == "cubin"
+            ):  # test switch: the cross-compiled cubin runs (and is validated)
+                k.update(
+                    {
+                        x: c[x]
+                        for x in (
+                            "file",
+                            "sha256",
+                            "shared",
+                            "num_warps",
+                            "scratch",
+                            "arg_tys",
+                            "function",
+                            "config",
+                            "launcher",
+                        )
+                    }
+                )
     for k in triton_kernels:
         k["archs"].sort(key=lambda c: (cc_int(c["arch"]), c["binary"]))
     compiled = sorted({build, *(a for a in archs if a not in left_out)}, key=cc_int)
@@ -486,12 +616,24 @@ def cross_compile(kernels: list[Kernel], blobs: dict[str, bytes], cands: dict[st
         binaries = sorted({c["sm"] for k in triton_kernels for c in k["archs"]})
     else:  # extern calls only: nothing per architecture
         binaries = sorted(f"sm_{cc_int(a)}" for a in compiled)
-    return {"tuned_on": build, "validated_on": [build], "compiled_for": compiled,
-            "binaries": binaries, "left_out": left_out, "replaced": replaced}
+    return {
+        "tuned_on": build,
+        "validated_on": [build],
+        "compiled_for": compiled,
+        "binaries": binaries,
+        "left_out": left_out,
+        "replaced": replaced,
+    }
 
 
-def add_archs(metadata: PairMetadata, fingerprint: dict, module: Any, blobs: dict[str, bytes],
-              options: dict, target: str) -> None:
+def add_archs(
+    metadata: PairMetadata,
+    fingerprint: dict,
+    module: Any,
+    blobs: dict[str, bytes],
+    options: dict,
+    target: str,
+) -> None:
     """The frozen engine's step for `cuda-archs` (``options["cuda_archs"]``; nothing
     without it): compile ``metadata["kernels"]``' Triton kernels, the autotuners of
     Inductor's wrapper ``module``, for the other architectures (:func:`cross_compile`),
@@ -501,7 +643,10 @@ def add_archs(metadata: PairMetadata, fingerprint: dict, module: Any, blobs: dic
     if not archs:
         return
     kernels = metadata["kernels"]
-    cands = {k["name"]: candidates(getattr(module, k["name"])) for k in kernels if k["kind"] == "triton"}
-    metadata["cuda_archs"] = cross_compile(kernels, blobs, cands, archs,
-                                           fingerprint["compute_capability"], target)
+    cands = {
+        k["name"]: candidates(getattr(module, k["name"])) for k in kernels if k["kind"] == "triton"
+    }
+    metadata["cuda_archs"] = cross_compile(
+        kernels, blobs, cands, archs, fingerprint["compute_capability"], target
+    )
     fingerprint["cuda_binaries"] = " ".join(metadata["cuda_archs"]["binaries"])

@@ -33,7 +33,9 @@ def jit_function(module_path: str, fn_name: str):
     module = _modules.get(module_path)
     if module is None:
         _no_driver_probe()
-        spec = importlib.util.spec_from_file_location(f"_precompile_cross_{len(_modules)}", module_path)
+        spec = importlib.util.spec_from_file_location(
+            f"_precompile_cross_{len(_modules)}", module_path
+        )
         if spec is None or spec.loader is None:
             raise LookupError(f"cannot import {module_path}")
         module = importlib.util.module_from_spec(spec)
@@ -67,8 +69,10 @@ def _scratch(metadata) -> int:
     for attr in ("global_scratch_size", "profile_scratch_size"):
         if hasattr(metadata, attr):
             if getattr(metadata, attr) > 0:
-                raise ValueError(f"needs {attr.split('_')[0]} scratch memory, which torch's "
-                                 "static CUDA launcher does not provide")
+                raise ValueError(
+                    f"needs {attr.split('_')[0]} scratch memory, which torch's "
+                    "static CUDA launcher does not provide"
+                )
             n += 1
     return n
 
@@ -95,7 +99,9 @@ def compile_one(job: dict) -> dict:
         try:
             fn = jit_function(c["module"], c["fn_name"])
             src = ASTSource(fn, c["signature"], c["constants"], c["attrs"])
-            binary = triton.compile(src, target=GPUTarget("cuda", job["cc"], 32), options=dict(c["options"]))
+            binary = triton.compile(
+                src, target=GPUTarget("cuda", job["cc"], 32), options=dict(c["options"])
+            )
             md = binary.metadata
             scratch = _scratch(md)
         except Exception as e:  # noqa: BLE001 - the reason goes to the build line and manifest
@@ -104,17 +110,31 @@ def compile_one(job: dict) -> dict:
             continue
         if md.shared > job["shared_limit"]:
             also = [f"sm_{a.replace('.', '')}" for a in (job.get("serves") or [])[1:]]
-            what = job.get("label") or (f"the sm_{job['cc']} cubin"
-                                        + (f" (which also serves {', '.join(also)})" if also else ""))
-            rejected.append(f"config {c['config']}: needs {md.shared} bytes of shared memory per block, "
-                            f"{what} may use {job['shared_limit']}")
+            what = job.get("label") or (
+                f"the sm_{job['cc']} cubin"
+                + (f" (which also serves {', '.join(also)})" if also else "")
+            )
+            rejected.append(
+                f"config {c['config']}: needs {md.shared} bytes of shared memory per block, "
+                f"{what} may use {job['shared_limit']}"
+            )
             continue
         ptx = binary.asm.get("ptx")
-        sm = next((ln.split()[1] for ln in (ptx or "").splitlines() if ln.startswith(".target")),
-                  f"sm_{job['cc']}")
-        return {"index": i, "cubin": bytes(binary.asm["cubin"]), "ptx": ptx if job["want_ptx"] else None,
-                "sm": sm.rstrip(","), "shared": int(md.shared), "num_warps": int(md.num_warps),
-                "function": str(md.name), "scratch": scratch, "rejected": rejected}
+        sm = next(
+            (ln.split()[1] for ln in (ptx or "").splitlines() if ln.startswith(".target")),
+            f"sm_{job['cc']}",
+        )
+        return {
+            "index": i,
+            "cubin": bytes(binary.asm["cubin"]),
+            "ptx": ptx if job["want_ptx"] else None,
+            "sm": sm.rstrip(","),
+            "shared": int(md.shared),
+            "num_warps": int(md.num_warps),
+            "function": str(md.name),
+            "scratch": scratch,
+            "rejected": rejected,
+        }
     return {"error": "; ".join(rejected) or "no candidate configuration", "rejected": rejected}
 
 

@@ -22,8 +22,18 @@ JUDGES_EAGER_CALL = True  # api.py hands capture_pair the real call (real_call=)
 _TOLERANCE = {"torch.float16": 1e-2, "torch.bfloat16": 5e-2}
 
 
-def capture_pair(fn, args, kwargs, *, target: str, device: str, options: dict, real_call=None,
-                 traced: TracedCall | None = None, real: dict | None = None) -> tuple[bytes, bytes]:
+def capture_pair(
+    fn,
+    args,
+    kwargs,
+    *,
+    target: str,
+    device: str,
+    options: dict,
+    real_call=None,
+    traced: TracedCall | None = None,
+    real: dict | None = None,
+) -> tuple[bytes, bytes]:
     """Capture one call of ``fn`` as an eager pair.
 
     Args:
@@ -43,8 +53,14 @@ def capture_pair(fn, args, kwargs, *, target: str, device: str, options: dict, r
     from precompile_runtime.fingerprint import host_fingerprint
 
     if traced is None:
-        traced = trace_call(fn, args, kwargs, target=target, tracer=options.get("tracer"),
-                            guards=options.get("guards", "dynamo"))
+        traced = trace_call(
+            fn,
+            args,
+            kwargs,
+            target=target,
+            tracer=options.get("tracer"),
+            guards=options.get("guards", "dynamo"),
+        )
     traced.finish_dynamic(target)
     if real is None and real_call is not None:
         real = run_real_call(traced, real_call)
@@ -82,21 +98,34 @@ def _judge_by_eager_call(traced: TracedCall, real: dict, target: str, options: d
         numerics.warn_or_refuse(numerics.eager_structure_message(real["structure"]), mode, target)
         return
     with torch.no_grad():
-        got = traced.graph_module(*sharing.run_inputs(traced.example_inputs,
-                                                      sharing.written_inputs(traced.graph_module)))
+        got = traced.graph_module(
+            *sharing.run_inputs(traced.example_inputs, sharing.written_inputs(traced.graph_module))
+        )
     for i, (g, w) in enumerate(zip(got, real["outputs"])):
         if w is None:
             continue
         tol = _TOLERANCE.get(str(w.dtype), 1e-4)
-        same = g.shape == w.shape and g.dtype == w.dtype and (
-            torch.allclose(g.float(), w.float(), rtol=tol, atol=tol, equal_nan=True)
-            if w.is_floating_point() else torch.equal(g, w))
+        same = (
+            g.shape == w.shape
+            and g.dtype == w.dtype
+            and (
+                torch.allclose(g.float(), w.float(), rtol=tol, atol=tol, equal_nan=True)
+                if w.is_floating_point()
+                else torch.equal(g, w)
+            )
+        )
         if same:
             continue
-        diff = ((g.float() - w.float()).abs().max().item() if g.shape == w.shape else None)
-        msg = (f"the traced graph's value {i} differs from what the eager call "
-               f"returned at capture" + (f" (max abs difference {diff:.3g})" if diff is not None
-                                         else f" (shape {list(g.shape)} vs {list(w.shape)})")
-               + f": {numerics.EAGER_PATH}")
+        diff = (g.float() - w.float()).abs().max().item() if g.shape == w.shape else None
+        msg = (
+            f"the traced graph's value {i} differs from what the eager call "
+            f"returned at capture"
+            + (
+                f" (max abs difference {diff:.3g})"
+                if diff is not None
+                else f" (shape {list(g.shape)} vs {list(w.shape)})"
+            )
+            + f": {numerics.EAGER_PATH}"
+        )
         numerics.warn_or_refuse(msg, mode, target)
         return

@@ -77,7 +77,9 @@ def bind(name: str, impl: Any) -> Binding:
     if isinstance(impl, types.FunctionType):
         fn = f"_extern_{name}"
         return Binding(name, f"staticmethod({fn})", _copied_function(impl, fn))
-    raise Unbindable(f"{_describe(impl)} is neither a torch function nor a Python function over torch")
+    raise Unbindable(
+        f"{_describe(impl)} is neither a torch function nor a Python function over torch"
+    )
 
 
 def problem(name: str, impl: Any) -> str | None:
@@ -99,9 +101,15 @@ def namespace(tree: ast.Module, target: str) -> list[str]:
     """
     from torch._inductor.select_algorithm import extern_kernels
 
-    used = sorted({n.attr for n in ast.walk(tree)
-                   if isinstance(n, ast.Attribute) and isinstance(n.value, ast.Name)
-                   and n.value.id == "extern_kernels"})
+    used = sorted(
+        {
+            n.attr
+            for n in ast.walk(tree)
+            if isinstance(n, ast.Attribute)
+            and isinstance(n.value, ast.Name)
+            and n.value.id == "extern_kernels"
+        }
+    )
     bindings = []
     for attr in used:
         try:
@@ -110,12 +118,18 @@ def namespace(tree: ast.Module, target: str) -> list[str]:
             raise CaptureError(
                 f"Inductor chose the extern kernel {attr!r}, which the frozen engine cannot "
                 f"bind without the compiler stack ({e}); capture with engine='eager' or "
-                "report this kernel", target=target) from None
+                "report this kernel",
+                target=target,
+            ) from None
     if not bindings:
         return []
-    return ([b.code for b in bindings if b.code]
-            + ["class extern_kernels:  # Inductor's extern kernels as torch calls (engines/extern_calls.py)"]
-            + [f"    {b.name} = {b.expr}" for b in bindings])
+    return (
+        [b.code for b in bindings if b.code]
+        + [
+            "class extern_kernels:  # Inductor's extern kernels as torch calls (engines/extern_calls.py)"
+        ]
+        + [f"    {b.name} = {b.expr}" for b in bindings]
+    )
 
 
 def _describe(impl: Any) -> str:
@@ -146,15 +160,23 @@ def _operator(op: Any) -> str:
     Raises Unbindable for one that torch._inductor / torch._dynamo register."""
     import torch
 
-    qualified = op._qualified_op_name if hasattr(op, "_qualified_op_name") else op.name().split(".")[0]
+    qualified = (
+        op._qualified_op_name if hasattr(op, "_qualified_op_name") else op.name().split(".")[0]
+    )
     ns, _, opname = qualified.partition("::")
     overload = getattr(op, "_overloadname", None)
     try:
         dump = torch._C._dispatch_dump(qualified)
     except RuntimeError:
         dump = ""
-    where = next((ln.split("registered at", 1)[1].strip() for ln in dump.splitlines()
-                  if ln.startswith("debug:") and "registered at" in ln), "")
+    where = next(
+        (
+            ln.split("registered at", 1)[1].strip()
+            for ln in dump.splitlines()
+            if ln.startswith("debug:") and "registered at" in ln
+        ),
+        "",
+    )
     if any(part in where.replace("\\", "/") for part in ("/torch/_inductor/", "/torch/_dynamo/")):
         raise Unbindable(f"the operator {qualified} is registered by the compiler stack ({where})")
     path = f"torch.ops.{ns}.{opname}"
@@ -175,7 +197,9 @@ def _copied_function(fn: types.FunctionType, new_name: str) -> str:
             if not (global_name in _SAFE_GLOBALS and fn.__globals__[global_name] is torch):
                 raise Unbindable(f"{where} reads {global_name!r} of its module")
         elif not hasattr(builtins, global_name):
-            raise Unbindable(f"{where} reads {global_name!r}, which is neither a module global nor a builtin")
+            raise Unbindable(
+                f"{where} reads {global_name!r}, which is neither a module global nor a builtin"
+            )
     try:
         source = textwrap.dedent(inspect.getsource(fn))
     except (OSError, TypeError) as e:
@@ -189,17 +213,29 @@ def _copied_function(fn: types.FunctionType, new_name: str) -> str:
         try:
             ast.literal_eval(default)
         except ValueError:
-            raise Unbindable(f"{where} has a default that is not a literal ({ast.unparse(default)})") from None
+            raise Unbindable(
+                f"{where} has a default that is not a literal ({ast.unparse(default)})"
+            ) from None
     node.name = new_name
     node.returns = None
-    for arg in [*node.args.posonlyargs, *node.args.args, *node.args.kwonlyargs,
-                *filter(None, (node.args.vararg, node.args.kwarg))]:
+    for arg in [
+        *node.args.posonlyargs,
+        *node.args.args,
+        *node.args.kwonlyargs,
+        *filter(None, (node.args.vararg, node.args.kwarg)),
+    ]:
         arg.annotation = None
     body = node.body
     first = body[0] if body else None
-    if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant) and isinstance(first.value.value, str):
+    if (
+        isinstance(first, ast.Expr)
+        and isinstance(first.value, ast.Constant)
+        and isinstance(first.value.value, str)
+    ):
         node.body = body[1:] or [ast.Pass()]  # its docstring
-    origin = where.replace("torch._inductor.", "Inductor's ", 1)  # the text must not name the compiler
+    origin = where.replace(
+        "torch._inductor.", "Inductor's ", 1
+    )  # the text must not name the compiler
     code = f"# {origin}, copied (engines/extern_calls.py)\n" + ast.unparse(node)
     if any(m in code for m in _COMPILER):
         raise Unbindable(f"{where} names the compiler stack")
@@ -208,7 +244,9 @@ def _copied_function(fn: types.FunctionType, new_name: str) -> str:
 
 def _globals_read(code: types.CodeType) -> set[str]:
     """The global (or builtin) names ``code`` and the code nested in it load."""
-    names = {i.argval for i in dis.get_instructions(code) if i.opname in ("LOAD_GLOBAL", "LOAD_NAME")}
+    names = {
+        i.argval for i in dis.get_instructions(code) if i.opname in ("LOAD_GLOBAL", "LOAD_NAME")
+    }
     for const in code.co_consts:
         if isinstance(const, types.CodeType):
             names |= _globals_read(const)

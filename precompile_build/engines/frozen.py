@@ -58,8 +58,9 @@ JUDGES_EAGER_CALL = True
 """capture_pair takes ``real_call``: the frozen results are compared with the eager call's."""
 
 
-def capture_pair(fn, args, kwargs, *, target: str, device: str, options: dict,
-                 real_call=None) -> tuple[bytes, bytes]:
+def capture_pair(
+    fn, args, kwargs, *, target: str, device: str, options: dict, real_call=None
+) -> tuple[bytes, bytes]:
     """Capture one call of ``fn`` into a frozen pair.
 
     Args:
@@ -85,20 +86,30 @@ def _capture(fn, args, kwargs, target: str, device: str, options: dict, real_cal
 
         start_compile_workers()  # Inductor's compile workers start while the call is traced
     with timed("trace"):
-        traced = trace_call(fn, args, kwargs, target=target, tracer=options.get("tracer"),
-                            guards=options.get("guards", "dynamo"))
+        traced = trace_call(
+            fn,
+            args,
+            kwargs,
+            target=target,
+            tracer=options.get("tracer"),
+            guards=options.get("guards", "dynamo"),
+        )
     device = traced.metadata["device"]
     if options.get("cuda_graphs") and (device != "cuda" or traced.metadata["grad_param_indices"]):
         raise CaptureError(
             "cuda-graphs = true needs a CUDA inference target; this "
             f"one {'runs a backward' if device == 'cuda' else 'was captured on ' + device}: "
-            "drop the option", target=target)
+            "drop the option",
+            target=target,
+        )
     if options.get("cuda_graphs") and unbacked.symbols(traced.graph_module):
         raise CaptureError(
             "cuda-graphs = true replays the sizes a CUDA graph recorded, and this function sizes "
             "tensors by their values (nonzero, masked_select, x[mask], .item(), unique, nms: "
             f"{', '.join(unbacked.symbols(traced.graph_module))}); drop the option (the pair serves "
-            "every size without CUDA graphs)", target=target)
+            "every size without CUDA graphs)",
+            target=target,
+        )
     real = None
     if real_call is not None:
         with timed("eager_call"):
@@ -111,8 +122,11 @@ def _capture(fn, args, kwargs, target: str, device: str, options: dict, real_cal
         raise e.with_call(traced, real).with_traceback(e.__traceback__) from e.__cause__
     code_hash = hashlib.sha256(source).hexdigest()
     env = Envelope(
-        engine="frozen", code_hash=code_hash, fingerprint=fingerprint,
-        meta={"target": target, "kernels": len(blobs)}, blobs=blobs,
+        engine="frozen",
+        code_hash=code_hash,
+        fingerprint=fingerprint,
+        meta={"target": target, "kernels": len(blobs)},
+        blobs=blobs,
     )
     return source, dumps(env)
 
@@ -145,8 +159,13 @@ def _compile(traced: TracedCall, target: str, options: dict, real: dict | None =
     dynamic = traced.symbolic is not None
     data_dependent = unbacked.record(traced.graph_module, traced.metadata["num_user_outputs"])
     from_graph = dynamic or data_dependent is not None
-    inputs = (traced.symbolic.inputs if dynamic else unbacked.compile_inputs(traced.graph_module)
-              if from_graph else traced.example_inputs)
+    inputs = (
+        traced.symbolic.inputs
+        if dynamic
+        else unbacked.compile_inputs(traced.graph_module)
+        if from_graph
+        else traced.example_inputs
+    )
     on_cpu = traced.metadata["device"] == "cpu"
     cpu_isa, pin_march = _cpu_target() if on_cpu else (None, contextlib.nullcontext())
     # `mode = "max-autotune"` is torch.compile's mode of that name without Inductor's own
@@ -160,27 +179,48 @@ def _compile(traced: TracedCall, target: str, options: dict, real: dict | None =
         # inside (the in-process compile of cross_arch, its caches off) wins over them; the
         # user's triton.autotune_at_compile_time goes in again inside (_standalone_options),
         # where standalone_compile would set its own over it.
-        with torch._inductor.config.patch(user), torch_warnings_shown(), torch.no_grad(), \
-                recording(), keep(), _reproducible_kernels(), pin_march, _torch_rng(), unbacked.sizes_from_zero(), \
-                autotune.tuning() as tuned, \
-                (dynamic_dims.compile_context(traced.graph_module) if dynamic else contextlib.nullcontext()):
+        with (
+            torch._inductor.config.patch(user),
+            torch_warnings_shown(),
+            torch.no_grad(),
+            recording(),
+            keep(),
+            _reproducible_kernels(),
+            pin_march,
+            _torch_rng(),
+            unbacked.sizes_from_zero(),
+            autotune.tuning() as tuned,
+            (
+                dynamic_dims.compile_context(traced.graph_module)
+                if dynamic
+                else contextlib.nullcontext()
+            ),
+        ):
             if from_graph:
                 unbacked.show_fake_mode(traced.graph_module)  # (compile_context does it too)
                 unbacked.explicit_slice_bounds(traced.graph_module)
             with timed("compile"):
                 compiled = torch._inductor.standalone_compile(
-                    traced.graph_module, list(inputs),
+                    traced.graph_module,
+                    list(inputs),
                     dynamic_shapes="from_graph" if from_graph else "from_example_inputs",
-                    options=_standalone_options(traced.graph_module, traced.metadata["device"], user),
+                    options=_standalone_options(
+                        traced.graph_module, traced.metadata["device"], user
+                    ),
                 )
             with timed("first_run"):  # run once: loads every kernel and settles Triton autotuning
-                compiled(*sharing.run_inputs(traced.example_inputs, sharing.written_inputs(traced.graph_module)))
+                compiled(
+                    *sharing.run_inputs(
+                        traced.example_inputs, sharing.written_inputs(traced.graph_module)
+                    )
+                )
     except Exception as e:
         raise CompilerFailed(
             f"Inductor failed: {type(e).__name__}: {e}\nThe compiler failed "
             "on a call it traced correctly: an upstream torch bug, not your code. Capture this "
             "target with engine='eager' (no kernels), or set `fallback = \"eager\"` in its "
-            f"[tool.precompile.targets.{target}] table to fall back when this happens", target=target
+            f"[tool.precompile.targets.{target}] table to fall back when this happens",
+            target=target,
         ) from e
     record_tuning(tuned)  # its seconds, and the choices replaced, for the build line
     traced.finish_dynamic(target)  # after the compile: Inductor's guards count too
@@ -194,7 +234,9 @@ def _compile(traced: TracedCall, target: str, options: dict, real: dict | None =
         raise CompilerFailed(
             "Inductor loaded no new compiled graph for the trace (a torch bug, not your code): "
             "capture this target with engine='eager', or set `fallback = \"eager\"` in its "
-            f"[tool.precompile.targets.{target}] table", target=target)
+            f"[tool.precompile.targets.{target}] table",
+            target=target,
+        )
     module = wrappers[-1]
     with open(str(module.__file__), encoding="utf-8") as f:
         wrapper_src = f.read()
@@ -218,8 +260,11 @@ def _compile(traced: TracedCall, target: str, options: dict, real: dict | None =
     # the numbers go into the metadata literal; nothing that runs depends on it
     skipped = fake_reason()  # one rank alone under the fake process group: compile-only
     with timed("validate"):
-        metadata["validation"] = ({"skipped": skipped} if skipped
-                                  else validate(source, blobs, traced, target, options, real))
+        metadata["validation"] = (
+            {"skipped": skipped}
+            if skipped
+            else validate(source, blobs, traced, target, options, real)
+        )
     source = codegen.render(metadata, graph_code, wrapper_code)
     return source.encode("utf-8"), blobs, fingerprint
 
@@ -249,8 +294,9 @@ def mode_options(mode: str | None, target: str | None = None) -> dict:
     if mode in (None, "default"):
         return {}
     if mode not in MODES:
-        raise CaptureError(f"options['mode'] = {mode!r}: use one of {', '.join(map(repr, MODES))}",
-                           target=target)
+        raise CaptureError(
+            f"options['mode'] = {mode!r}: use one of {', '.join(map(repr, MODES))}", target=target
+        )
     from torch._inductor import list_mode_options
 
     return dict(list_mode_options(f"{mode}-no-cudagraphs"))
@@ -282,8 +328,11 @@ def _standalone_options(graph_module, device: str, user: dict) -> dict:
     name = "triton.autotune_at_compile_time"
     if name in user:
         return {"config_patches": {name: user[name]}}
-    if device != "cuda" or not hasattr(torch._inductor.config.triton, "autotune_at_compile_time") \
-            or _branches(graph_module):
+    if (
+        device != "cuda"
+        or not hasattr(torch._inductor.config.triton, "autotune_at_compile_time")
+        or _branches(graph_module)
+    ):
         return {}
     return {"config_patches": {name: False}}
 
@@ -292,9 +341,17 @@ def _branches(graph_module) -> bool:
     """Whether the graph, or a subgraph of it, calls ``torch.cond`` or ``while_loop``."""
     import torch
 
-    ops = {op for op in (getattr(torch.ops.higher_order, n, None) for n in ("cond", "while_loop")) if op is not None}
-    return any(node.op == "call_function" and node.target in ops
-               for gm in graph_module.modules() if isinstance(gm, torch.fx.GraphModule) for node in gm.graph.nodes)
+    ops = {
+        op
+        for op in (getattr(torch.ops.higher_order, n, None) for n in ("cond", "while_loop"))
+        if op is not None
+    }
+    return any(
+        node.op == "call_function" and node.target in ops
+        for gm in graph_module.modules()
+        if isinstance(gm, torch.fx.GraphModule)
+        for node in gm.graph.nodes
+    )
 
 
 def _reproducible_kernels():
@@ -311,8 +368,12 @@ def _reproducible_kernels():
 # default, -march=native, lets gcc use every instruction of the build host's CPU).
 _MARCH = {"avx512": "x86-64-v4", "avx2": "x86-64-v3"}
 # gcc -m flags whose /proc/cpuinfo name is not the flag with '-' as '_'
-_CPUINFO_NAME = {"avx512vnni": "avx512_vnni", "avx512bf16": "avx512_bf16",
-                 "avx512fp16": "avx512_fp16", "avx512vbmi2": "avx512_vbmi2"}
+_CPUINFO_NAME = {
+    "avx512vnni": "avx512_vnni",
+    "avx512bf16": "avx512_bf16",
+    "avx512fp16": "avx512_fp16",
+    "avx512vbmi2": "avx512_vbmi2",
+}
 
 
 def _cpu_target():
@@ -347,8 +408,11 @@ def _cpu_target():
     if platform.machine() not in ("x86_64", "AMD64"):
         return " ".join(words), contextlib.nullcontext()
     if not hasattr(config.cpp, "march"):  # older torch: -march=native
-        words += sorted(f for f in cpu_flags() - implied
-                        if f.startswith(("avx", "amx", "bmi", "fma", "f16c", "sse", "vaes", "gfni")))
+        words += sorted(
+            f
+            for f in cpu_flags() - implied
+            if f.startswith(("avx", "amx", "bmi", "fma", "f16c", "sse", "vaes", "gfni"))
+        )
         return " ".join(words), contextlib.nullcontext()
     level = next((_MARCH[w] for w in words if w in _MARCH), "x86-64")
     return " ".join([*words, level]), config.patch({"cpp.march": level})
@@ -372,8 +436,11 @@ def _freeze_kernels(module, names: list[str], target: str) -> tuple[list[Kernel]
             blob = f"cpp/{digest[:32]}.so"
             blobs[blob] = data
             kernels.append({"name": name, "kind": "cpp", "file": blob, "sha256": digest})
-        elif type(value).__name__ in ("CachingAutotuner", "TritonTemplateCaller", "StaticallyLaunchedCudaKernel") \
-                or hasattr(value, "launchers"):
+        elif type(value).__name__ in (
+            "CachingAutotuner",
+            "TritonTemplateCaller",
+            "StaticallyLaunchedCudaKernel",
+        ) or hasattr(value, "launchers"):
             from .triton_freeze import freeze_triton_kernel
 
             entry, files = freeze_triton_kernel(name, value, target)
@@ -387,17 +454,26 @@ def _is_compiler_import(node: ast.stmt) -> bool:
         mod = node.module or ""
         return mod.startswith(("torch._inductor", "torch._dynamo"))
     if isinstance(node, ast.Import):
-        return any(a.name.startswith(("torch._inductor", "torch._dynamo", "triton")) for a in node.names)
+        return any(
+            a.name.startswith(("torch._inductor", "torch._dynamo", "triton")) for a in node.names
+        )
     return False
 
 
 def _kernel_definition(node: ast.stmt) -> str | None:
     """`name = async_compile.<kind>(...)` -> name."""
-    if (isinstance(node, ast.Assign) and len(node.targets) == 1
-            and isinstance(node.targets[0], ast.Name) and isinstance(node.value, ast.Call)):
+    if (
+        isinstance(node, ast.Assign)
+        and len(node.targets) == 1
+        and isinstance(node.targets[0], ast.Name)
+        and isinstance(node.value, ast.Call)
+    ):
         func = node.value.func
-        if isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name) \
-                and func.value.id == "async_compile":
+        if (
+            isinstance(func, ast.Attribute)
+            and isinstance(func.value, ast.Name)
+            and func.value.id == "async_compile"
+        ):
             return node.targets[0].id
     return None
 
@@ -419,8 +495,8 @@ def _rewrite_wrapper(src: str, kernel_names: set[str], target: str) -> str:
         if name is not None:
             if name not in kernel_names:
                 raise CaptureError(
-                    f"kernel {name!r} of kind "
-                    f"{ast.unparse(node.value.func)} could not be frozen", target=target  # type: ignore[attr-defined]
+                    f"kernel {name!r} of kind {ast.unparse(node.value.func)} could not be frozen",  # type: ignore[attr-defined]
+                    target=target,
                 )
             body.append(f"{name} = _kernels[{name!r}]")
             defined.add(name)
@@ -438,19 +514,24 @@ def _rewrite_wrapper(src: str, kernel_names: set[str], target: str) -> str:
     externs = extern_calls.namespace(tree, target)
     code = "\n".join(shims + externs + body)
     plain = code.replace("torch._C._dynamo", "")
-    leftovers = [w for w in ("torch._inductor", "torch._dynamo.", "async_compile", "triton.") if w in plain]
+    leftovers = [
+        w for w in ("torch._inductor", "torch._dynamo.", "async_compile", "triton.") if w in plain
+    ]
     if leftovers:
         # the line itself says which Inductor feature wrote it (a user's option, a newer torch)
         line = next(ln.strip() for ln in plain.splitlines() if any(w in ln for w in leftovers))
         raise CaptureError(
             f"the generated wrapper still needs the compiler stack ({', '.join(leftovers)}), first at "
             f"`{line[:200]}`; the frozen engine cannot serve it. Turn off the Inductor option that "
-            "generates this line, or use engine='eager'", target=target
+            "generates this line, or use engine='eager'",
+            target=target,
         )
     return code
 
 
-_DEVICE_CALLS = re.compile(r"\b(torch\.cuda\._DeviceGuard|torch\.cuda\.set_device|get_raw_stream)\(\d+\)")
+_DEVICE_CALLS = re.compile(
+    r"\b(torch\.cuda\._DeviceGuard|torch\.cuda\.set_device|get_raw_stream)\(\d+\)"
+)
 
 
 def _device_independent(code: str) -> str:

@@ -36,8 +36,9 @@ def strip_kernel(data: bytes) -> bytes:
         with open(src, "wb") as f:
             f.write(data)
         try:
-            proc = subprocess.run([tool, "--strip-unneeded", "-o", dst, src],
-                                  capture_output=True, timeout=120)
+            proc = subprocess.run(
+                [tool, "--strip-unneeded", "-o", dst, src], capture_output=True, timeout=120
+            )
         except (OSError, subprocess.SubprocessError):
             return data
         if proc.returncode != 0 or not os.path.isfile(dst):

@@ -135,7 +135,7 @@ def capture_pair(
 
         raise CaptureError(
             f"{what} failed: torch {torch.__version__} has no torch.compiler.precompile; "
-            "use engine=\"frozen\" (or engine=\"auto\"), or build with a torch that has it"
+            'use engine="frozen" (or engine="auto"), or build with a torch that has it'
         )
     backend = options.pop("backend", "inductor")
     tracer = options.pop("tracer", None)
@@ -154,7 +154,9 @@ def capture_pair(
     if generation == API_CALLABLE:
         source, cache = _capture_callable(api, fn, args, kwargs, backend, tracer, what)
     else:
-        source, cache = _capture_with_capture_api(api, fn, args, kwargs, backend, tracer, what, target)
+        source, cache = _capture_with_capture_api(
+            api, fn, args, kwargs, backend, tracer, what, target
+        )
 
     try:
         info = inspect_torch_pair(source, cache, what=f"the pair torch wrote for target {target!r}")
@@ -180,7 +182,7 @@ def _explain(e: BaseException) -> str:
 
 _FIX_HINT = (
     "Change the capture script as torch's message says (see Note [precompile programming "
-    "model] in torch/_precompile.py), or build this target with engine=\"frozen\""
+    'model] in torch/_precompile.py), or build this target with engine="frozen"'
 )
 
 
@@ -206,7 +208,7 @@ def _capture_callable(api, fn, args, kwargs, backend, tracer, what):
     except NotImplementedError as e:
         raise CaptureError(
             f"{what} failed: this torch does not implement it: {_explain(e)}. "
-            "Use tracer=\"make_fx\" / backend=\"inductor\", or engine=\"frozen\""
+            'Use tracer="make_fx" / backend="inductor", or engine="frozen"'
         ) from e
     except Exception as e:  # PrecompileError and whatever else capture/lowering raises
         raise CaptureError(f"{what} failed: torch refused it: {_explain(e)}. {_FIX_HINT}") from e
@@ -241,16 +243,20 @@ def _capture_with_capture_api(api, fn, args, kwargs, backend, tracer, what, targ
         artifact_path = os.path.join(tmp, f"{target}.py")
         cache_path = os.path.join(tmp, f"{target}.cache")
         try:
-            with torch_warnings_shown(), \
-                    api.capture(fn, artifact_path=artifact_path, cache_path=cache_path, **kw) as cap:
+            with (
+                torch_warnings_shown(),
+                api.capture(fn, artifact_path=artifact_path, cache_path=cache_path, **kw) as cap,
+            ):
                 cap(*args, **kwargs)
         except NotImplementedError as e:
             raise CaptureError(
                 f"{what} failed: this torch does not implement it: {_explain(e)}. "
-                "Choose another tracer/backend, or engine=\"frozen\""
+                'Choose another tracer/backend, or engine="frozen"'
             ) from e
         except Exception as e:
-            raise CaptureError(f"{what} failed: torch refused it: {_explain(e)}. {_FIX_HINT}") from e
+            raise CaptureError(
+                f"{what} failed: torch refused it: {_explain(e)}. {_FIX_HINT}"
+            ) from e
         missing = [p for p in (artifact_path, cache_path) if not os.path.isfile(p)]
         if missing:
             raise CaptureError(
@@ -313,7 +319,9 @@ def read_source_metadata(source_bytes: bytes) -> dict[str, Any]:
         text = source_bytes.decode("utf-8")
         tree = ast.parse(text)
     except (UnicodeDecodeError, SyntaxError, ValueError) as e:
-        raise ValueError(f"the source is not valid UTF-8 Python ({type(e).__name__}: {e})") from None
+        raise ValueError(
+            f"the source is not valid UTF-8 Python ({type(e).__name__}: {e})"
+        ) from None
     found: dict[str, Any] = {}
     for node in tree.body:
         if (
@@ -425,5 +433,10 @@ def inspect_torch_pair(source_bytes: bytes, cache_bytes: bytes, *, what: str = "
         "artifact_size": len(artifact) if isinstance(artifact, (bytes, bytearray)) else 0,
     }
     # a plain dict: pairs.py (which imports this module lazily) makes it a PairInfo
-    return {"engine": "torch", "code_hash": code_hash, "fingerprint": fingerprint, "device": device,
-            "meta": info_meta}
+    return {
+        "engine": "torch",
+        "code_hash": code_hash,
+        "fingerprint": fingerprint,
+        "device": device,
+        "meta": info_meta,
+    }

@@ -104,8 +104,10 @@ def has_user_kernels(graph_module) -> bool:
     Inductor's compile workers get only ``use_static_cuda_launcher`` of this process's
     config, not ``static_launch_user_defined_triton_kernels``: such a graph compiles
     in this process (``recording(in_process=True)``)."""
-    return any(n.op == "call_function" and "triton_kernel_wrapper" in str(n.target)
-               for n in graph_module.graph.nodes)
+    return any(
+        n.op == "call_function" and "triton_kernel_wrapper" in str(n.target)
+        for n in graph_module.graph.nodes
+    )
 
 
 @contextlib.contextmanager
@@ -270,12 +272,16 @@ def _check_launcher_code(code: str, target: str, where: str) -> None:
     module = compile(code, f"<launcher of target {target!r}, {where}>", "exec")
     fn_codes = [c for c in module.co_consts if hasattr(c, "co_names")]
     if len(fn_codes) != 1 or not code.startswith("def launcher("):
-        raise CaptureError(f"unexpected launcher code from Inductor:\n{code}", target=target, where=where)
+        raise CaptureError(
+            f"unexpected launcher code from Inductor:\n{code}", target=target, where=where
+        )
     unknown = set(fn_codes[0].co_names) - {"runner"} - set(dir(builtins))
     if unknown:
         raise CaptureError(
             f"Inductor's launcher needs {sorted(unknown)}, which a frozen pair "
-            f"cannot provide; {_UNSUPPORTED_HINT}. Launcher:\n{code}", target=target, where=where
+            f"cannot provide; {_UNSUPPORTED_HINT}. Launcher:\n{code}",
+            target=target,
+            where=where,
         )
 
 
@@ -301,8 +307,11 @@ def freeze_triton_kernel(name: str, autotuner: Any, target: str) -> tuple[Kernel
 
     where = f"Triton kernel {name!r}"
     if torch.version.hip:
-        raise CaptureError(f"the frozen engine freezes CUDA cubins only (this is ROCm); {_UNSUPPORTED_HINT}",
-                           target=target, where=where)
+        raise CaptureError(
+            f"the frozen engine freezes CUDA cubins only (this is ROCm); {_UNSUPPORTED_HINT}",
+            target=target,
+            where=where,
+        )
     launchers = list(getattr(autotuner, "launchers", None) or [])
     if len(launchers) != 1:
         raise CaptureError(
@@ -310,7 +319,9 @@ def freeze_triton_kernel(name: str, autotuner: Any, target: str) -> tuple[Kernel
             "configuration was chosen (was the kernel launched by the example call? A "
             "torch.cond or while_loop branch the example does not run is tuned at compile "
             "time, which needs Inductor's autotune_local_cache on: not with cuda-archs); "
-            f"{_UNSUPPORTED_HINT}", target=target, where=where
+            f"{_UNSUPPORTED_HINT}",
+            target=target,
+            where=where,
         )
     launcher = launchers[0]
     code, result = getattr(launcher, _CODE, None), getattr(launcher, _RESULT, None)
@@ -318,7 +329,9 @@ def freeze_triton_kernel(name: str, autotuner: Any, target: str) -> tuple[Kernel
         raise CaptureError(
             "its launcher was built outside precompile_build's recording "
             "(Inductor reused a kernel compiled earlier in this process); capture in a "
-            f"fresh process, or {_UNSUPPORTED_HINT}", target=target, where=where
+            f"fresh process, or {_UNSUPPORTED_HINT}",
+            target=target,
+            where=where,
         )
     kernel = getattr(result, "kernel", None)
     if not isinstance(kernel, _static_kernel_class()):
@@ -328,17 +341,24 @@ def freeze_triton_kernel(name: str, autotuner: Any, target: str) -> tuple[Kernel
             "be served without Triton (typical causes: more kernel arguments than the "
             "static launcher takes, TMA descriptors, num_ctas > 1, global scratch "
             f"memory, launch attributes); {_UNSUPPORTED_HINT}. Inductor's reasons: "
-            + ("; ".join(dict.fromkeys(_bypass_reasons)) or "none logged"), target=target, where=where
+            + ("; ".join(dict.fromkeys(_bypass_reasons)) or "none logged"),
+            target=target,
+            where=where,
         )
     cubin = getattr(kernel, _CUBIN, None) or _triton_cache_cubin(result, kernel, launcher)
     if not cubin:
-        raise CaptureError(f"the cubin of {kernel.name!r} could not be read; {_UNSUPPORTED_HINT}",
-                           target=target, where=where)
+        raise CaptureError(
+            f"the cubin of {kernel.name!r} could not be read; {_UNSUPPORTED_HINT}",
+            target=target,
+            where=where,
+        )
     _check_launcher_code(code, target, where)
 
     # StaticallyLaunchedCudaKernel.run appends one None per scratch buffer Triton's
     # ABI declares (global, profile); the frozen runner does the same.
-    scratch = sum(bool(getattr(kernel, a, False)) for a in ("has_global_scratch", "has_profile_scratch"))
+    scratch = sum(
+        bool(getattr(kernel, a, False)) for a in ("has_global_scratch", "has_profile_scratch")
+    )
     digest = hashlib.sha256(cubin).hexdigest()
     entry: Kernel = {
         "name": name,

@@ -86,7 +86,11 @@ def _real(path: Optional[str]) -> Optional[str]:
 def _bases(root: Optional[str]) -> list[tuple[str, str]]:
     """What a path entry is kept relative to: longest first, so a venv inside the
     project root is the interpreter's, not the project's."""
-    bases = [("root", _real(root)), ("prefix", _real(sys.prefix)), ("base_prefix", _real(sys.base_prefix))]
+    bases = [
+        ("root", _real(root)),
+        ("prefix", _real(sys.prefix)),
+        ("base_prefix", _real(sys.base_prefix)),
+    ]
     return sorted(((k, v) for k, v in bases if v), key=lambda kv: -len(kv[1]))
 
 
@@ -111,7 +115,11 @@ def rebased_path(portable: Iterable[Any], root: Optional[str]) -> list[str]:
     bases = dict(_bases(root))
     out = []
     for item in portable:
-        if not (isinstance(item, (list, tuple)) and len(item) == 2 and all(isinstance(x, str) for x in item)):
+        if not (
+            isinstance(item, (list, tuple))
+            and len(item) == 2
+            and all(isinstance(x, str) for x in item)
+        ):
             continue
         kind, rel = item
         if kind == "abs":
@@ -142,8 +150,12 @@ def _project_own(location: Optional[str], root: Optional[str]) -> bool:
     return not any(_under(location, _real(p)) for p in (sys.prefix, sys.base_prefix))
 
 
-def record(modules: Optional[Mapping[str, Any]] = None, *, root: Optional[str] = None,
-           package_dir: Optional[str] = None) -> dict[str, Any]:
+def record(
+    modules: Optional[Mapping[str, Any]] = None,
+    *,
+    root: Optional[str] = None,
+    package_dir: Optional[str] = None,
+) -> dict[str, Any]:
     """The record of ``modules`` (default ``sys.modules``); see the module docstring.
 
     Args:
@@ -186,7 +198,11 @@ def record(modules: Optional[Mapping[str, Any]] = None, *, root: Optional[str] =
                 continue  # installed: its version stands for its files
             # an editable install (pip install -e ../lib): its code is edited in place with
             # no new version, so its files are recorded below, by content
-        if real is None or top in ("__main__", "__mp_main__", *_STARTUP_MODULES):  # the script: in the key
+        if real is None or top in (
+            "__main__",
+            "__mp_main__",
+            *_STARTUP_MODULES,
+        ):  # the script: in the key
             continue
         if real.startswith(skipped) or not os.path.isfile(real):
             continue
@@ -198,8 +214,12 @@ def record(modules: Optional[Mapping[str, Any]] = None, *, root: Optional[str] =
             project[os.path.relpath(real, root)] = digest
         else:
             files[real] = digest
-    return {"distributions": dict(sorted(dists.items())), "files": dict(sorted(files.items())),
-            "project_files": dict(sorted(project.items())), "path": portable_path(sys.path, root)}
+    return {
+        "distributions": dict(sorted(dists.items())),
+        "files": dict(sorted(files.items())),
+        "project_files": dict(sorted(project.items())),
+        "path": portable_path(sys.path, root),
+    }
 
 
 def _not_inputs() -> tuple[str, ...]:
@@ -211,10 +231,17 @@ def _not_inputs() -> tuple[str, ...]:
     dirs += [p for p in sys.path if p.rstrip(os.sep).endswith(("site-packages", "dist-packages"))]
     utils = sys.modules.get("torch._inductor.runtime.runtime_utils")
     try:
-        dirs.append(utils.cache_dir() if utils is not None else os.environ.get("TORCHINDUCTOR_CACHE_DIR", ""))
+        dirs.append(
+            utils.cache_dir()
+            if utils is not None
+            else os.environ.get("TORCHINDUCTOR_CACHE_DIR", "")
+        )
     except Exception:  # no cache dir: nothing of Inductor's was loaded from one
         pass
-    dirs += [os.environ.get("TRITON_CACHE_DIR", ""), os.path.join(os.path.expanduser("~"), ".triton")]
+    dirs += [
+        os.environ.get("TRITON_CACHE_DIR", ""),
+        os.path.join(os.path.expanduser("~"), ".triton"),
+    ]
     return tuple(os.path.realpath(d) + os.sep for d in dirs if d)
 
 
@@ -223,7 +250,11 @@ def _first_dist(dist: str, path: Optional[list[str]], root: Optional[str]) -> An
     first, the project's own left out; None when there is none."""
     from importlib import metadata
 
-    found = metadata.distributions(name=dist) if path is None else metadata.distributions(name=dist, path=path)
+    found = (
+        metadata.distributions(name=dist)
+        if path is None
+        else metadata.distributions(name=dist, path=path)
+    )
     return next((d for d in found if not _project_own(_dist_location(d), root)), None)
 
 
@@ -240,7 +271,11 @@ def _editable(dist: Any) -> bool:
         info = json.loads(dist.read_text("direct_url.json") or "null")
     except Exception:  # unreadable or not JSON: an ordinary install
         return False
-    return isinstance(info, dict) and isinstance(info.get("dir_info"), dict) and info["dir_info"].get("editable") is True
+    return (
+        isinstance(info, dict)
+        and isinstance(info.get("dir_info"), dict)
+        and info["dir_info"].get("editable") is True
+    )
 
 
 def _installed(path: Optional[list[str]], root: Optional[str]) -> dict[str, str]:
@@ -262,8 +297,13 @@ def environment_record(*, root: Optional[str] = None) -> dict[str, Any]:
     own left out: its package is keyed by content), for a capture that recorded
     nothing; with this process's ``sys.path`` as the record's ``path``."""
     root = _real(root) or _context()[0]
-    return {"distributions": dict(sorted(_installed(None, root).items())), "files": {},
-            "project_files": {}, "path": portable_path(sys.path, root), "environment": True}
+    return {
+        "distributions": dict(sorted(_installed(None, root).items())),
+        "files": {},
+        "project_files": {},
+        "path": portable_path(sys.path, root),
+        "environment": True,
+    }
 
 
 def record_path(source_path: Path) -> Path:
@@ -296,8 +336,11 @@ def read_record(path: Path) -> Optional[dict[str, Any]]:
     except (OSError, ValueError):
         return None
     keys = ("distributions", "files", "project_files")
-    if not isinstance(doc, dict) or not all(isinstance(doc.get(k), dict) for k in keys) \
-            or not isinstance(doc.get("path"), list):
+    if (
+        not isinstance(doc, dict)
+        or not all(isinstance(doc.get(k), dict) for k in keys)
+        or not isinstance(doc.get("path"), list)
+    ):
         return None
     return doc
 
@@ -316,7 +359,9 @@ def _merged_path(recorded: list[str], here: list[str]) -> list[str]:
     return out
 
 
-def changes(recorded: Mapping[str, Any], root: Optional[os.PathLike[str] | str] = None) -> list[str]:
+def changes(
+    recorded: Mapping[str, Any], root: Optional[os.PathLike[str] | str] = None
+) -> list[str]:
     """What differs now from ``recorded``, looked up on the record's ``path`` (rebased
     on project ``root``) merged with this process's ``sys.path`` (:func:`_merged_path`):
     ``"transformers 5.17.0 -> not installed"``, ``"fixturedep 1.0 -> 2.0"``,
@@ -328,15 +373,21 @@ def changes(recorded: Mapping[str, Any], root: Optional[os.PathLike[str] | str] 
     path = _merged_path(rebased_path(recorded.get("path") or [], real_root), sys.path)
     out = []
     if recorded.get("environment"):  # the whole environment: a new distribution counts too
-        out += [f"{d} not installed -> {v}" for d, v in _installed(path, real_root).items()
-                if d not in recorded.get("distributions", {})]
+        out += [
+            f"{d} not installed -> {v}"
+            for d, v in _installed(path, real_root).items()
+            if d not in recorded.get("distributions", {})
+        ]
     for dist, version in sorted(recorded.get("distributions", {}).items()):
         now = _version_on(dist, path, real_root)
         if now != version:
             out.append(f"{dist} {version} -> {now or 'not installed'}")
     files = [(p, p, d) for p, d in recorded.get("files", {}).items()]
     if real_root is not None:
-        files += [(rel, os.path.join(real_root, rel), d) for rel, d in recorded.get("project_files", {}).items()]
+        files += [
+            (rel, os.path.join(real_root, rel), d)
+            for rel, d in recorded.get("project_files", {}).items()
+        ]
     elif recorded.get("project_files"):
         out.append("the project's files (no project root to compare them in)")
     for shown, where, digest in sorted(files):

@@ -199,7 +199,9 @@ def cuda_peaks(device: str) -> Iterator[dict]:
     finally:
         _gpu = None
         gpu.fold()
-        box.update(gpu_bytes=gpu.total, eager_gpu_bytes=gpu.done.get("eager_call"), steps=dict(gpu.done))
+        box.update(
+            gpu_bytes=gpu.total, eager_gpu_bytes=gpu.done.get("eager_call"), steps=dict(gpu.done)
+        )
         record(gpu_bytes=gpu.total, eager_gpu_bytes=box["eager_gpu_bytes"])
 
 
@@ -224,11 +226,16 @@ def read(stats_path: Path, host_bytes: Optional[int]) -> tuple[Optional[dict], O
     for key in ("gpu_bytes", "eager_gpu_bytes"):
         if isinstance(stats.get(key), int):
             peaks[key] = stats[key]
-    steps = {s: stats[f"{s}_gpu_bytes"] for s in STEPS + VALIDATE_PARTS
-             if isinstance(stats.get(f"{s}_gpu_bytes"), int)}
+    steps = {
+        s: stats[f"{s}_gpu_bytes"]
+        for s in STEPS + VALIDATE_PARTS
+        if isinstance(stats.get(f"{s}_gpu_bytes"), int)
+    }
     if steps and "gpu_bytes" in peaks:
         peaks["gpu_steps"] = steps
-    breakdown = {s: float(stats[f"{s}_s"]) for s in STEPS if isinstance(stats.get(f"{s}_s"), (int, float))}
+    breakdown = {
+        s: float(stats[f"{s}_s"]) for s in STEPS if isinstance(stats.get(f"{s}_s"), (int, float))
+    }
     if breakdown and isinstance(stats.get("autotune_s"), (int, float)):
         breakdown["autotune"] = float(stats["autotune_s"])  # part of compile and first_run
     return peaks or None, breakdown or None
@@ -240,7 +247,9 @@ def describe_breakdown(breakdown: Optional[dict]) -> str:
     if not breakdown:
         return ""
     names = {"setup": "script setup"}
-    text = ", ".join(f"{names.get(s, s.replace('_', ' '))} {breakdown[s]:.1f} s" for s in STEPS if s in breakdown)
+    text = ", ".join(
+        f"{names.get(s, s.replace('_', ' '))} {breakdown[s]:.1f} s" for s in STEPS if s in breakdown
+    )
     if breakdown.get("autotune"):
         text += f" (autotuning {breakdown['autotune']:.1f} s of compile and first run)"
     return text
@@ -252,12 +261,17 @@ def peak_step(peaks: Optional[dict]) -> Optional[str]:
     steps)."""
     peaks = peaks or {}
     steps = peaks.get("gpu_steps") or {}
-    at_peak = [s for s in STEPS + VALIDATE_PARTS if s in steps and steps[s] >= peaks.get("gpu_bytes", 0)]
+    at_peak = [
+        s for s in STEPS + VALIDATE_PARTS if s in steps and steps[s] >= peaks.get("gpu_bytes", 0)
+    ]
     return at_peak[-1] if at_peak else None
 
 
-_STEP_NAMES = {"validate_graph": "validation's graph run", "validate_frozen": "validation's frozen run",
-               "validate_reference": "validation's reference"}
+_STEP_NAMES = {
+    "validate_graph": "validation's graph run",
+    "validate_frozen": "validation's frozen run",
+    "validate_reference": "validation's reference",
+}
 
 
 def describe(peaks: Optional[dict], human_size) -> str:
@@ -275,8 +289,10 @@ def describe(peaks: Optional[dict], human_size) -> str:
         if step:
             gpu += f" in {_STEP_NAMES.get(step, step.replace('_', ' '))}"
         if peaks.get("eager_gpu_bytes"):
-            gpu += (f" ({peaks['gpu_bytes'] / peaks['eager_gpu_bytes']:.2f}x eager's "
-                    f"{human_size(peaks['eager_gpu_bytes'])})")
+            gpu += (
+                f" ({peaks['gpu_bytes'] / peaks['eager_gpu_bytes']:.2f}x eager's "
+                f"{human_size(peaks['eager_gpu_bytes'])})"
+            )
         parts.append(gpu)
     return "peak " + ", ".join(parts)
 

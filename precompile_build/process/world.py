@@ -51,19 +51,39 @@ def use_fake_backend() -> None:
         return
 
     @functools.wraps(real)
-    def init_process_group(backend=None, init_method=None, timeout=None, world_size=-1, rank=-1,
-                           store=None, group_name="", pg_options=None, device_id=None, **kwargs):
+    def init_process_group(
+        backend=None,
+        init_method=None,
+        timeout=None,
+        world_size=-1,
+        rank=-1,
+        store=None,
+        group_name="",
+        pg_options=None,
+        device_id=None,
+        **kwargs,
+    ):
         rank = rank if rank >= 0 else int(os.environ.get("RANK", "0"))
         world_size = world_size if world_size >= 0 else int(os.environ.get("WORLD_SIZE", "1"))
         extra = {"timeout": timeout} if timeout is not None else {}
-        return real("fake", store=FakeStore(), rank=rank, world_size=world_size, group_name=group_name,
-                    **extra, **kwargs)
+        return real(
+            "fake",
+            store=FakeStore(),
+            rank=rank,
+            world_size=world_size,
+            group_name=group_name,
+            **extra,
+            **kwargs,
+        )
 
     init_process_group._precompile_fake = True  # type: ignore[attr-defined]
     # every module that bound the function by name (torch.distributed, its device_mesh)
     for module in list(sys.modules.values()):
-        if module is not None and getattr(module, "__name__", "").startswith("torch.distributed") \
-                and getattr(module, "init_process_group", None) is real:
+        if (
+            module is not None
+            and getattr(module, "__name__", "").startswith("torch.distributed")
+            and getattr(module, "init_process_group", None) is real
+        ):
             module.init_process_group = init_process_group  # type: ignore[attr-defined]
 
 
@@ -90,7 +110,8 @@ def fake_reason() -> Optional[str]:
     if backend is None or "fake" not in backend:
         return None
     dist = sys.modules["torch.distributed"]
-    return (f"captured as rank {dist.get_rank()} of {dist.get_world_size()} alone under the fake "
-            "process-group backend (its collectives return no data): compile-only, not validated "
-            "at this world size")
-
+    return (
+        f"captured as rank {dist.get_rank()} of {dist.get_world_size()} alone under the fake "
+        "process-group backend (its collectives return no data): compile-only, not validated "
+        "at this world size"
+    )

@@ -10,8 +10,13 @@ import sys
 
 def main() -> None:
     for source, pyc, name in json.loads(sys.argv[1]):
-        py_compile.compile(source, cfile=pyc, dfile=name, doraise=True,
-                           invalidation_mode=py_compile.PycInvalidationMode.CHECKED_HASH)
+        py_compile.compile(
+            source,
+            cfile=pyc,
+            dfile=name,
+            doraise=True,
+            invalidation_mode=py_compile.PycInvalidationMode.CHECKED_HASH,
+        )
 
 
 if __name__ == "__main__":

@@ -15,6 +15,7 @@ def main() -> None:
     for dev in sys.argv[1:]:
         if dev == "cuda":
             import torch
+
             n = torch.cuda.device_count() if torch.cuda.is_available() else 0
             out[dev] = [host_fingerprint("cuda", i) for i in range(n)] or [host_fingerprint("cuda")]
         else:

@@ -26,6 +26,7 @@ WORLD_ENV = "PRECOMPILE_WORLD"
 
 def _report(kind, value, tb, _shown=sys.excepthook):
     import json
+
     text = value.msg if isinstance(value, SyntaxError) and value.msg else str(value)
     line = (kind.__name__ + (": " + text if text else "")).strip().split("\n")[0].strip()
     try:
@@ -39,6 +40,7 @@ def _report(kind, value, tb, _shown=sys.excepthook):
 def _record() -> None:
     try:
         from precompile_build.process.imported import write_record
+
         write_record(environment=True)
     except Exception:  # the build keys the entry on its own view of the environment
         pass
@@ -49,6 +51,7 @@ def main() -> None:
     parent, _result, script = int(sys.argv[1]), sys.argv[2], os.path.abspath(sys.argv[3])
     if sys.platform.startswith("linux"):
         import ctypes
+
         ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
         if os.getppid() != parent:  # the build died before the request took effect
             sys.exit("precompile-build: the build that started this capture is gone")
@@ -59,6 +62,7 @@ def main() -> None:
     sys.path[0] = os.path.dirname(os.path.realpath(script))
     if os.environ.get(WORLD_ENV) == "fake":  # rank 0 alone: init_process_group() makes a fake group
         from precompile_build.process.world import use_fake_backend
+
         use_fake_backend()
     import runpy
 

@@ -37,8 +37,10 @@ if TYPE_CHECKING:
 # end stand-ins
 
 _ASSUMED: dict = dict(_META.get("assumed") or {})
-_READS = [(i, path, tuple(chain), [(a, state_decoded(k, v)) for a, k, v in attrs])
-          for i, path, chain, attrs in _ASSUMED.get("reads", ())]
+_READS = [
+    (i, path, tuple(chain), [(a, state_decoded(k, v)) for a, k, v in attrs])
+    for i, path, chain, attrs in _ASSUMED.get("reads", ())
+]
 _HOOKS = _ASSUMED.get("hooks") or {"modules": [], "global": []}
 _GLOBALS = [(m, n, state_decoded(k, v)) for m, n, k, v in _ASSUMED.get("globals", ())]
 _WATCHED = frozenset([a for _i, _p, _c, attrs in _READS for a, _v in attrs] + ["training"])
@@ -119,21 +121,31 @@ def _assumed_full(modules):
         for name in chain:
             obj = _step(obj, name)
         if obj is None:
-            raise CallError(f"target {target!r}: {where} is missing; the capture read its "
-                            f"attributes ({', '.join(a for a, _ in attrs)}). Pass a model of the "
-                            "captured structure")
+            raise CallError(
+                f"target {target!r}: {where} is missing; the capture read its "
+                f"attributes ({', '.join(a for a, _ in attrs)}). Pass a model of the "
+                "captured structure"
+            )
         d = obj.__dict__
         _watch_class(type(obj))
         for attr, want in attrs:
-            holder = d if attr in d else next((k.__dict__ for k in type(obj).__mro__ if attr in k.__dict__), d)
+            holder = (
+                d
+                if attr in d
+                else next((k.__dict__ for k in type(obj).__mro__ if attr in k.__dict__), d)
+            )
             got = holder.get(attr, _MISSING)
             if got is _MISSING or _differs(got, want):
-                diff = (" was set at capture, now unset" if got is _MISSING
-                        else _first_difference(want, got))
+                diff = (
+                    " was set at capture, now unset"
+                    if got is _MISSING
+                    else _first_difference(want, got)
+                )
                 raise CallError(
                     f"target {target!r}: {where}: {attr}{diff}. The pair was traced with the "
                     "captured value built in and would answer for it; set it back, or capture "
-                    "this state too (another target)")
+                    "this state too (another target)"
+                )
             if holder is not d or type(want) in (dict, list, set):  # no assignment tells
                 watch.append((holder, attr, want))
     _check_hooks(modules)
@@ -153,20 +165,28 @@ def _check_hooks(modules):
             for kind, _attr in HOOK_KINDS:
                 if (i, path, kind) in want and not m.__dict__.get(_attr):
                     _hook_error(target, i, path, kind, want[(i, path, kind)], [])
-            stack.extend((f"{path}.{k}" if path else k, c) for k, c in m._modules.items() if c is not None)
+            stack.extend(
+                (f"{path}.{k}" if path else k, c) for k, c in m._modules.items() if c is not None
+            )
     got = dict(global_hooks())
-    for kind, names in list(_HOOKS["global"]) + [(k, []) for k in got if k not in dict(_HOOKS["global"])]:
+    for kind, names in list(_HOOKS["global"]) + [
+        (k, []) for k in got if k not in dict(_HOOKS["global"])
+    ]:
         if got.get(kind, []) != names:
             _hook_error(target, None, "", kind, names, got.get(kind, []))
 
 
 def _hook_error(target, i, path, kind, want, got):
-    where = (f"torch's global {kind} hooks" if i is None else
-             f"the {kind} hooks of {'.'.join([_arg_label(i)] + ([path] if path else []))}")
+    where = (
+        f"torch's global {kind} hooks"
+        if i is None
+        else f"the {kind} hooks of {'.'.join([_arg_label(i)] + ([path] if path else []))}"
+    )
     raise CallError(
         f"target {target!r}: {where} were {want or 'none'} at capture, now {got or 'none'}; "
         "the graph ran the captured hooks (and no other): restore them, or capture again "
-        "with these hooks")
+        "with these hooks"
+    )
 
 
 def _check_globals():
@@ -179,10 +199,15 @@ def _check_globals():
         if got is _MISSING and m is None:
             continue  # the module is not imported here: nothing of it can have changed
         if got is _MISSING or _differs(got, want):
-            diff = " was set at capture, now unset" if got is _MISSING else _first_difference(want, got)
+            diff = (
+                " was set at capture, now unset"
+                if got is _MISSING
+                else _first_difference(want, got)
+            )
             raise CallError(
                 f"target {_META['target']!r}: the global {mod}.{name}{diff}. The pair has the "
-                "captured value built in; set it back, or capture again")
+                "captured value built in; set it back, or capture again"
+            )
 
 
 def _watch_class(cls):

@@ -87,7 +87,9 @@ def _leaf_paths(args, kwargs):
     paths = []
     for label, value in tops:
         try:
-            paths += [label + _pytree.keystr(kp) for kp, _ in _pytree.tree_flatten_with_path(value)[0]]
+            paths += [
+                label + _pytree.keystr(kp) for kp, _ in _pytree.tree_flatten_with_path(value)[0]
+            ]
         except ValueError:  # a class registered without a flatten_with_keys_fn: positions
             paths += [f"{label} (leaf {i})" for i in range(len(_pytree.tree_leaves(value)))]
     return paths
@@ -102,7 +104,12 @@ def _spec_problem(want, got, path, value):
     the spec of (a leaf is named by its type: ``got a DynamicCache``)."""
     if want == got:
         return None
-    if want.is_leaf() or got.is_leaf() or want.type is not got.type or want.num_children != got.num_children:
+    if (
+        want.is_leaf()
+        or got.is_leaf()
+        or want.type is not got.type
+        or want.num_children != got.num_children
+    ):
         return f"{path}: expected {_spec_text(want)}, got {_spec_text(got, value)}"
     if want.context != got.context:
         return f"{path}: {_context_difference(want, got)}"
@@ -132,10 +139,15 @@ def _context_difference(want, got):
     a registered object), as text."""
     w, g = want.context, got.context
     name = getattr(want.type, "__name__", str(want.type))
-    if isinstance(w, tuple) and len(w) == 2 and isinstance(w[1], tuple):  # pytree_types.py's attributes
+    if (
+        isinstance(w, tuple) and len(w) == 2 and isinstance(w[1], tuple)
+    ):  # pytree_types.py's attributes
         wd, gd = dict(w[1]), dict(g[1]) if isinstance(g, tuple) and len(g) == 2 else {}
-        diff = [f"{k} {gd.get(k)!r} (captured {wd.get(k)!r})" for k in sorted(wd.keys() | gd.keys())
-                if wd.get(k) != gd.get(k)]
+        diff = [
+            f"{k} {gd.get(k)!r} (captured {wd.get(k)!r})"
+            for k in sorted(wd.keys() | gd.keys())
+            if wd.get(k) != gd.get(k)
+        ]
         if diff:
             return f"a {name} with " + ", ".join(diff)
     if want.type in (dict, _collections.OrderedDict):
@@ -149,7 +161,13 @@ def _spec_text(spec, value=_UNNAMED):
         if value is _UNNAMED:
             return "a value (a tensor, model or constant)"
         name = type(value).__name__
-        return "None" if value is None else f"an {name}" if name[:1].lower() in "aeiou" else f"a {name}"
+        return (
+            "None"
+            if value is None
+            else f"an {name}"
+            if name[:1].lower() in "aeiou"
+            else f"a {name}"
+        )
     if spec.type is type(None):
         return "None"
     kind = getattr(spec.type, "__name__", str(spec.type))
@@ -189,8 +207,18 @@ _PLAIN_LEAVES = frozenset((torch.Tensor, torch.nn.Parameter, int, float, bool, s
 class _Node:
     """One node of the captured TreeSpec, as _walk checks it."""
 
-    __slots__ = ("kind", "type", "size", "keys", "get", "other_get", "other", "other_types", "kids",
-                 "leaves_only")
+    __slots__ = (
+        "kind",
+        "type",
+        "size",
+        "keys",
+        "get",
+        "other_get",
+        "other",
+        "other_types",
+        "kids",
+        "leaves_only",
+    )
     kind: int
     type: type
     size: int
@@ -228,7 +256,10 @@ def _node_plan(spec):
         node.kind = _NONE
     else:
         registered = _pytree.SUPPORTED_NODES.get(node.type)
-        if getattr(getattr(registered, "flatten_fn", None), "precompile_flatten", None) != "attrs-1":
+        if (
+            getattr(getattr(registered, "flatten_fn", None), "precompile_flatten", None)
+            != "attrs-1"
+        ):
             return None
         names, other = spec.context
         if not names:  # (nothing to take: tree_flatten is as quick)
@@ -318,14 +349,17 @@ def _flatten_call(args, kwargs):
     modules = [leaves[i] for i in _IN_MODULES]
     for i, m in zip(_IN_MODULES, modules):
         if not isinstance(m, torch.nn.Module):
-            raise CallError(f"target {_META['target']!r}, {_leaf_paths(args, kwargs)[i]}: expected an "
-                            f"nn.Module, got {type(m).__name__}")
+            raise CallError(
+                f"target {_META['target']!r}, {_leaf_paths(args, kwargs)[i]}: expected an "
+                f"nn.Module, got {type(m).__name__}"
+            )
     for i, c in _IN_CONSTS:
         v = leaves[i]
         if type(v) is not type(c) or v != c:
             raise CallError(
                 f"target {_META['target']!r}, {_leaf_paths(args, kwargs)[i]}: the capture "
-                f"specialised on {c!r}, got " + (f"a {type(v).__name__}" if isinstance(v, torch.Tensor) else repr(v))
+                f"specialised on {c!r}, got "
+                + (f"a {type(v).__name__}" if isinstance(v, torch.Tensor) else repr(v))
                 + "; capture again with this value"
             )
     return modules, [leaves[i] for i in _IN_TENSORS]
@@ -336,7 +370,9 @@ def _generic_leaves(args, kwargs, want):
     ``want``. Raises CallError naming the first difference."""
     try:
         leaves, spec = _pytree.tree_flatten((args, kwargs))
-    except ValueError as e:  # NotReady: a registered class refusing its value (pytree_types.py's, or
+    except (
+        ValueError
+    ) as e:  # NotReady: a registered class refusing its value (pytree_types.py's, or
         # the capture side's copy where this process captured too)
         if type(e).__name__ != "NotReady":
             raise
@@ -344,13 +380,21 @@ def _generic_leaves(args, kwargs, want):
     if spec != want:
         names = _META.get("arg_names") or []
         (w_pos, w_kw), (g_pos, g_kw) = _children(want), _children(spec)
-        pairs = [(f"argument {names[i]!r}" if names else f"args[{i}]", w, g, v)
-                 for i, (w, g, v) in enumerate(zip(_children(w_pos), _children(g_pos), args))]
-        pairs += [(f"keyword argument {k!r}", w, g, kwargs[k])
-                  for k, w, g in zip(_KW_NAMES, _children(w_kw), _children(g_kw))]
-        problem = next((_spec_problem(w, g, label, v) for label, w, g, v in pairs if w != g), "the arguments")
-        raise CallError(f"target {_META['target']!r}, {problem}; pass what was captured, or capture "
-                        "again with this structure")
+        pairs = [
+            (f"argument {names[i]!r}" if names else f"args[{i}]", w, g, v)
+            for i, (w, g, v) in enumerate(zip(_children(w_pos), _children(g_pos), args))
+        ]
+        pairs += [
+            (f"keyword argument {k!r}", w, g, kwargs[k])
+            for k, w, g in zip(_KW_NAMES, _children(w_kw), _children(g_kw))
+        ]
+        problem = next(
+            (_spec_problem(w, g, label, v) for label, w, g, v in pairs if w != g), "the arguments"
+        )
+        raise CallError(
+            f"target {_META['target']!r}, {problem}; pass what was captured, or capture "
+            "again with this structure"
+        )
     return leaves
 
 
@@ -433,15 +477,26 @@ def _check_no_aliases(params, flat, names):
     written_now = [flat[i] for i in _WRITTEN]
     offsets = list(map(_OFFSET, written_now))
     last = _LAST_VERDICT[0]
-    if (last is not None and last[0]() is params and last[4] == offsets and len(flat) == len(last[1])
-            and _PTRS_EQUAL(flat, last[1], last[2])):  # type: ignore[misc]  # (kept only where it is set)
+    if (
+        last is not None
+        and last[0]() is params
+        and last[4] == offsets
+        and len(flat) == len(last[1])
+        and _PTRS_EQUAL(flat, last[1], last[2])  # type: ignore[misc]  # (kept only where it is set)
+    ):
         verdict = last[3]
     else:
         key = (id(params), *map(_DATA_PTR, written_now), *offsets)
         verdict = _VERDICTS.get(key)
-        if verdict is None or verdict[0]() is not params or not (
-                _PTRS_EQUAL(params, verdict[1], verdict[2]) if _PTRS_EQUAL is not None
-                else list(map(_DATA_PTR, params)) == verdict[1]):
+        if (
+            verdict is None
+            or verdict[0]() is not params
+            or not (
+                _PTRS_EQUAL(params, verdict[1], verdict[2])
+                if _PTRS_EQUAL is not None
+                else list(map(_DATA_PTR, params)) == verdict[1]
+            )
+        ):
             _full_alias_check(params, flat, names, key)
             return
     written = verdict[3]
@@ -476,10 +531,18 @@ def _full_alias_check(params, flat, names, key):
     if not _UNWRITTEN:
         done = set(_WRITTEN)
         _UNWRITTEN.append([i for i in range(n, len(flat)) if i not in done])
-    _VERDICTS[key] = (_weakref.ref(params), list(map(_DATA_PTR, params)), list(range(n)),
-                      frozenset(ptrs[i] for i in _WRITTEN if ptrs[i] is not None))
+    _VERDICTS[key] = (
+        _weakref.ref(params),
+        list(map(_DATA_PTR, params)),
+        list(range(n)),
+        frozenset(ptrs[i] for i in _WRITTEN if ptrs[i] is not None),
+    )
     while len(_VERDICTS) > _VERDICTS_KEPT:
         try:
             del _VERDICTS[next(iter(_VERDICTS))]
-        except (KeyError, RuntimeError, StopIteration):  # another thread took it (or changed the dict)
+        except (
+            KeyError,
+            RuntimeError,
+            StopIteration,
+        ):  # another thread took it (or changed the dict)
             break

@@ -97,7 +97,8 @@ class _CudaGraphs:
         if _RUNS_BACKWARD:
             raise CallError(
                 f"target {_META['target']!r} runs a backward (a training step): CUDA graphs "
-                "serve inference targets only here; load it with cuda_graphs=False")
+                "serve inference targets only here; load it with cuda_graphs=False"
+            )
         self._run = run
         self._probe = compute_bound == "plain"
         self._copy = bool(copy_outputs)
@@ -127,7 +128,9 @@ class _CudaGraphs:
         self.recorded = 0  # graphs recorded so far (tests, benchmarks)
         self.plain = 0  # decisions "compute-bound: run without a graph" so far
         self.failed = 0  # recordings that failed (each warned once)
-        self.out_of_memory = 0  # recordings that ran out of GPU memory (retried at the size's next call)
+        self.out_of_memory = (
+            0  # recordings that ran out of GPU memory (retried at the size's next call)
+        )
         self.last_ratio = None  # GPU time / CPU time of the latest timed run decided on
 
     def __call__(self, flat, device):
@@ -141,7 +144,9 @@ class _CudaGraphs:
             return self._plain_run(flat)
         if self._static_idx is None:
             n_inputs = self._n + len(_META["tensor_inputs"])
-            self._static_idx = list(range(self._n)) + self._written_user + list(range(n_inputs, len(flat)))
+            self._static_idx = (
+                list(range(self._n)) + self._written_user + list(range(n_inputs, len(flat)))
+            )
         if self._freed:
             self._drop_freed()
         key = (device.index, *[flat[i].shape for i in self._key_idx])
@@ -206,7 +211,9 @@ class _CudaGraphs:
         if self._stream is None or raw != self._stream[0]:
             stream = self._stream_object()
             if self._stream is not None:
-                stream.wait_stream(self._stream[1])  # the last replay's buffers are still in use there
+                stream.wait_stream(
+                    self._stream[1]
+                )  # the last replay's buffers are still in use there
             self._stream = (raw, stream)
         if self._copied:
             torch._foreach_copy_(g.static_inputs, [flat[i] for i in self._copied])
@@ -279,7 +286,10 @@ class _CudaGraphs:
             "(the parameters, buffers or inputs written in place were at other addresses each "
             "time, e.g. a cache cloned per call); these sizes run the frozen kernels without a "
             "graph from now on. Pass the same tensors (write into one cache), or load it with "
-            "cuda_graphs=False", CudaGraphWarning, stacklevel=4)
+            "cuda_graphs=False",
+            CudaGraphWarning,
+            stacklevel=4,
+        )
         return True
 
     def _run_plainly(self, key):
@@ -309,8 +319,12 @@ class _CudaGraphs:
         g = _Graph()
         g.key = key
         try:
-            g.static_inputs = [torch.empty_strided(flat[i].shape, flat[i].stride(), dtype=flat[i].dtype,
-                                                   device=flat[i].device) for i in self._copied]
+            g.static_inputs = [
+                torch.empty_strided(
+                    flat[i].shape, flat[i].stride(), dtype=flat[i].dtype, device=flat[i].device
+                )
+                for i in self._copied
+            ]
             inputs = list(flat)
             for i, buf in zip(self._copied, g.static_inputs):
                 buf.copy_(flat[i])
@@ -332,13 +346,19 @@ class _CudaGraphs:
                 f"target {_META['target']!r}: recording a CUDA graph failed ({type(e).__name__}: "
                 f"{str(e).strip().splitlines()[0] if str(e).strip() else ''}); calls of these input "
                 "sizes run the frozen kernels without a graph (results unchanged). Load it with "
-                "cuda_graphs=False to silence this", CudaGraphWarning, stacklevel=4)
+                "cuda_graphs=False to silence this",
+                CudaGraphWarning,
+                stacklevel=4,
+            )
             return None
         # the model's own tensors (persistent objects): a graph of a freed model goes
         # at the next call; in-place user inputs (caches) may be fresh views per call,
         # so theirs are left to the least-recently-used bound
         freed = self._freed
-        g.refs = [_weakref.ref(flat[i], lambda _r, box=freed: box.append(1)) for i in range(self._n)]  # type: ignore[misc]
+        g.refs = [
+            _weakref.ref(flat[i], lambda _r, box=freed: box.append(1))  # type: ignore[misc]
+            for i in range(self._n)
+        ]
         return g
 
     def _capture(self, inputs):

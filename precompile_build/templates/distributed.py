@@ -28,10 +28,15 @@ def _check_world():
     want = _DIST["world_size"]
     got = dist.get_world_size() if dist.is_available() and dist.is_initialized() else None
     if got != want:
-        what = "runs collectives over" if _DIST["groups"] or _DIST.get("mesh_groups") else "is sharded for"
+        what = (
+            "runs collectives over"
+            if _DIST["groups"] or _DIST.get("mesh_groups")
+            else "is sharded for"
+        )
         raise CallError(
             f"target {_META['target']!r}: the captured function {what} a world of "
-            f"{want} process(es); this process is in " + ("no process group" if got is None else f"a world of {got}")
+            f"{want} process(es); this process is in "
+            + ("no process group" if got is None else f"a world of {got}")
             + f". Serve it with {want} processes (torchrun --nproc_per_node {want}) and call "
             "dist.init_process_group() before loading it, or capture again in this world"
             + (f" (`world-size = {got}`)" if got else "")
@@ -96,7 +101,8 @@ def _local_params(params, names):
                     f"target {_META['target']!r}: parameter/buffer {_param_label(n)} is a DTensor "
                     f"({', '.join(map(repr, t.placements))} over a {_mesh_text(t.device_mesh)}), but was a "
                     "plain tensor at capture; pass the model unsharded, as captured, or capture the "
-                    "sharded model")
+                    "sharded model"
+                )
             out.append(t)
             continue
         shown = f"{', '.join(want['placements'])} over a {_mesh_text(want['mesh'])}"
@@ -104,16 +110,22 @@ def _local_params(params, names):
             raise CallError(
                 f"target {_META['target']!r}: parameter/buffer {_param_label(n)} was a DTensor at capture "
                 f"({shown}) and is a plain tensor here; shard the model with the capture's "
-                "parallelize_module plan (after dist.init_process_group()) before the call")
-        got_mesh = {"shape": list(t.device_mesh.shape),
-                    "dim_names": list(t.device_mesh.mesh_dim_names) if t.device_mesh.mesh_dim_names else None}
+                "parallelize_module plan (after dist.init_process_group()) before the call"
+            )
+        got_mesh = {
+            "shape": list(t.device_mesh.shape),
+            "dim_names": list(t.device_mesh.mesh_dim_names)
+            if t.device_mesh.mesh_dim_names
+            else None,
+        }
         got = [repr(p) for p in t.placements]
         if got_mesh != want["mesh"] or got != want["placements"]:
             raise CallError(
                 f"target {_META['target']!r}: parameter/buffer {_param_label(n)} is sharded "
                 f"{', '.join(got)} over a {_mesh_text(got_mesh)}; the capture's was {shown}. "
                 "Shard it with the capture's mesh and parallelize_module plan, or capture again "
-                "with this one")
+                "with this one"
+            )
         out.append(t._local_tensor)
         mesh = mesh if mesh is not None else t.device_mesh
     return out, mesh
@@ -129,7 +141,8 @@ def _use_mesh(params):
         raise CallError(
             f"target {_META['target']!r}: the captured function runs collectives along the "
             "device mesh of its DTensor parameters, and this call passes no model sharded over "
-            "one; pass the model sharded with the capture's parallelize_module plan")
+            "one; pass the model sharded with the capture's parallelize_module plan"
+        )
     world = dist.group.WORLD
     if _MESH_NOW[0] is mesh and _MESH_NOW[1] is world:
         return

@@ -81,7 +81,11 @@ def _decode_constants(specs, device):
     for s in specs:
         dtype = getattr(torch, s["dtype"].rpartition(".")[2])
         data = bytearray(base64.b64decode(s["data"]))
-        t = torch.frombuffer(data, dtype=dtype).reshape(s["shape"]) if data else torch.empty(s["shape"], dtype=dtype)
+        t = (
+            torch.frombuffer(data, dtype=dtype).reshape(s["shape"])
+            if data
+            else torch.empty(s["shape"], dtype=dtype)
+        )
         out.append(t if s["device_type"] == "cpu" else t.to(device))
     return out
 
@@ -101,6 +105,8 @@ def _constants(device):
 
 
 _REASSIGNED = _META.get("reassigned_buffers") or ()  # buffers the call reassigns, by lifted index
+
+
 def _layout_hint(want, shape):
     """What to pass to get the captured strides ``want`` for ``shape``."""
     step = 1
@@ -121,7 +127,9 @@ def _same_strides(t, want):
 
 def _check_tensor(t, spec, what, check_shape=True):
     if not isinstance(t, torch.Tensor):
-        raise CallError(f"target {_META['target']!r}, {what}: expected a tensor, got {type(t).__name__}")
+        raise CallError(
+            f"target {_META['target']!r}, {what}: expected a tensor, got {type(t).__name__}"
+        )
     problems = []
     if str(t.dtype) != spec["dtype"]:
         problems.append(f"dtype {t.dtype} (captured {spec['dtype']})")
@@ -131,10 +139,13 @@ def _check_tensor(t, spec, what, check_shape=True):
     if check_shape and list(t.shape) != spec["shape"]:
         problems.append(f"shape {list(t.shape)} (captured {spec['shape']})")
     elif check_shape and _META["engine"] == "frozen" and not _same_strides(t, spec["stride"]):
-        problems.append(f"stride {list(t.stride())} (captured {spec['stride']}; {_layout_hint(spec['stride'], t.shape)})")
+        problems.append(
+            f"stride {list(t.stride())} (captured {spec['stride']}; {_layout_hint(spec['stride'], t.shape)})"
+        )
     if problems:
         raise CallError(
-            f"target {_META['target']!r}, {what}: " + "; ".join(problems)
+            f"target {_META['target']!r}, {what}: "
+            + "; ".join(problems)
             + ". Dtypes, devices and shapes (but for dims marked dynamic) are fixed at capture: "
             "pass what was captured, or capture again with these (torch._dynamo.mark_dynamic "
             "lets a dim vary)"
@@ -143,7 +154,14 @@ def _check_tensor(t, spec, what, check_shape=True):
 
 # ---- dynamic dims: symbols bound from the call's sizes, then ranges and guards ----
 _DYN = _META.get("dynamic")
-_EVAL_SCOPE = {"__builtins__": {}, "math": _math, "torch": torch, "max": max, "min": min, "abs": abs}
+_EVAL_SCOPE = {
+    "__builtins__": {},
+    "math": _math,
+    "torch": torch,
+    "max": max,
+    "min": min,
+    "abs": abs,
+}
 _CODE: dict = {}  # expression text -> code object
 
 
@@ -179,7 +197,8 @@ def _check_dynamic(leaves):
         _check_tensor(t, spec, path, check_shape=False)
         shape = spec["shape"]
         bad = t.dim() != len(shape) or any(
-            not isinstance(w, str) and g != w for g, w in zip(t.shape, shape))
+            not isinstance(w, str) and g != w for g, w in zip(t.shape, shape)
+        )
         for d, (g, w) in enumerate(zip(t.shape, shape)):
             if bad or not isinstance(w, str):
                 continue
@@ -267,12 +286,17 @@ def _check_settings(modules):
     would be served silently wrong."""
     state = _META.get("module_state") or []
     for i, (mod, want) in enumerate(zip(modules, _META.get("module_settings") or [])):
-        got = module_settings(mod, frozenset(state[i] if i < len(state) else ()))  # module_settings.py, copied in above
+        got = module_settings(
+            mod, frozenset(state[i] if i < len(state) else ())
+        )  # module_settings.py, copied in above
         if got == want:
             continue
         diff = next(((w, g) for w, g in zip(want, got) if w != g), None)
-        shown = (f"captured {diff[0]!r}, got {diff[1]!r}" if diff
-                 else f"captured {len(want)} submodules, got {len(got)}")
+        shown = (
+            f"captured {diff[0]!r}, got {diff[1]!r}"
+            if diff
+            else f"captured {len(want)} submodules, got {len(got)}"
+        )
         raise CallError(
             f"target {_META['target']!r}: {_arg_label(i)} has other settings than the "
             f"captured model ({shown}); the frozen code has the captured values built in "
@@ -287,11 +311,17 @@ def _full_params(modules):
     mesh = None
     if names != _META["param_names"]:
         want = _META["param_names"]
-        i = next((i for i, (g, w) in enumerate(zip(names, want)) if g != w), min(len(names), len(want)))
+        i = next(
+            (i for i, (g, w) in enumerate(zip(names, want)) if g != w), min(len(names), len(want))
+        )
 
         def shown(seq):
-            part = seq[i:i + 4]
-            return (str(part)[:-1] + (", ...]" if len(seq) > i + 4 else "]")) if part else "nothing more"
+            part = seq[i : i + 4]
+            return (
+                (str(part)[:-1] + (", ...]" if len(seq) > i + 4 else "]"))
+                if part
+                else "nothing more"
+            )
 
         raise CallError(
             f"target {_META['target']!r}: the model passed has {len(names)} parameters/buffers, "
@@ -328,8 +358,13 @@ def _cached_params(modules):
         _EPOCH = _state_epoch()
     epoch = _EPOCH[0]
     entry = _FAST.get(id(modules[0]))
-    if entry is not None and entry[1] == epoch and entry[0]() is modules[0] and (
-            len(modules) == 1 or [r() for r in entry[3]] == modules) and _assumed_same(entry[4], entry[5]):
+    if (
+        entry is not None
+        and entry[1] == epoch
+        and entry[0]() is modules[0]
+        and (len(modules) == 1 or [r() for r in entry[3]] == modules)
+        and _assumed_same(entry[4], entry[5])
+    ):
         return entry[2]
     hook_id = _HANDLES.next_id  # (assumed_state.py) read before the check, as the epoch
     params, watch = _full_params(modules)
@@ -344,7 +379,9 @@ def _cached_params(modules):
 # dispatch keys; part of torch._C, no import of torch._dynamo) built from the last
 # call that passed the full check; a call it rejects takes the full check, which
 # names the problem or rebuilds the guard.
-_TENSOR_GUARDS = getattr(getattr(getattr(torch._C, "_dynamo", None), "guards", None), "TensorGuards", None)
+_TENSOR_GUARDS = getattr(
+    getattr(getattr(torch._C, "_dynamo", None), "guards", None), "TensorGuards", None
+)
 _INPUT_GUARD = [None]
 
 
@@ -363,8 +400,10 @@ def _check_inputs(tensors, paths):
     if _TENSOR_GUARDS is not None and tensors:
         try:
             _INPUT_GUARD[0] = _TENSOR_GUARDS(
-                *tensors, dynamic_dims_sizes=[list(t.shape) for t in tensors],
-                dynamic_dims_strides=[list(t.stride()) for t in tensors])
+                *tensors,
+                dynamic_dims_sizes=[list(t.shape) for t in tensors],
+                dynamic_dims_strides=[list(t.stride()) for t in tensors],
+            )
         except Exception:  # pragma: no cover - an older/newer signature: keep the Python check
             _INPUT_GUARD[0] = None
 
@@ -372,7 +411,9 @@ def _check_inputs(tensors, paths):
 # ---- ambient state: what changes what eager computes, checked per call ------------
 _AMBIENT = _META.get("ambient") or {"autocast": {}}
 _ANY_AUTOCAST = getattr(torch._C, "_is_any_autocast_enabled", None)
-_DEFAULT_DTYPE = _AMBIENT.get("default_dtype")  # recorded where the graph creates tensors without a dtype
+_DEFAULT_DTYPE = _AMBIENT.get(
+    "default_dtype"
+)  # recorded where the graph creates tensors without a dtype
 _RUNS_BACKWARD = bool(_META.get("grad_param_indices"))
 
 
@@ -398,8 +439,12 @@ def _check_ambient():
                 f"{'to ' + got if got else 'off'}, but captured with it "
                 f"{'to ' + cap if cap else 'off'}: the frozen code has the capture's casts "
                 "built in and would silently return other dtypes than eager. Call it "
-                + ("inside the same torch.autocast(...)" if cap else "outside torch.autocast "
-                   "(torch.autocast(..., enabled=False) around the call)")
+                + (
+                    "inside the same torch.autocast(...)"
+                    if cap
+                    else "outside torch.autocast "
+                    "(torch.autocast(..., enabled=False) around the call)"
+                )
                 + ", or capture again under this autocast"
             )
     if _DEFAULT_DTYPE is not None and str(torch.get_default_dtype()) != _DEFAULT_DTYPE:
@@ -407,7 +452,8 @@ def _check_ambient():
             f"target {_META['target']!r}: called with the default dtype "
             f"{torch.get_default_dtype()}, but captured with {_DEFAULT_DTYPE}: the function "
             "creates tensors without a dtype, and the pair has the captured one built in. "
-            f"Call it with torch.set_default_dtype({_DEFAULT_DTYPE}), or capture again")
+            f"Call it with torch.set_default_dtype({_DEFAULT_DTYPE}), or capture again"
+        )
     if _RUNS_BACKWARD and not torch.is_grad_enabled():
         raise CallError(
             f"target {_META['target']!r}: called with grad disabled (torch.no_grad() or "
@@ -447,7 +493,9 @@ class CompiledArtifact:
         self._graphs = cuda_graphs
         self.cuda_graphs = cuda_graphs is not None
 
-    def with_cuda_graphs(self, enabled=True, *, copy_outputs=True, max_graphs=8, compute_bound="plain"):
+    def with_cuda_graphs(
+        self, enabled=True, *, copy_outputs=True, max_graphs=8, compute_bound="plain"
+    ):
         """A new callable on the same kernels, with CUDA graphs on or off.
 
         Args:
@@ -478,18 +526,26 @@ class CompiledArtifact:
         if not enabled:
             return CompiledArtifact(self._run, self.uses_kernels)
         if not self.uses_kernels:
-            raise CallError(f"target {_META['target']!r}: CUDA graphs replay frozen kernels; "
-                            "this load has none (a fallback or the eager engine)")
+            raise CallError(
+                f"target {_META['target']!r}: CUDA graphs replay frozen kernels; "
+                "this load has none (a fallback or the eager engine)"
+            )
         if _META.get("data_dependent"):  # (capturing/unbacked.py)
-            raise CallError(f"target {_META['target']!r}: CUDA graphs replay the sizes they recorded, and "
-                            "this target's code sizes tensors by their values (nonzero, masked_select, "
-                            "x[mask], .item(): " + ", ".join(_META["data_dependent"]["symbols"]) + "); load it "
-                            "without cuda_graphs (with_cuda_graphs(False))")
+            raise CallError(
+                f"target {_META['target']!r}: CUDA graphs replay the sizes they recorded, and "
+                "this target's code sizes tensors by their values (nonzero, masked_select, "
+                "x[mask], .item(): " + ", ".join(_META["data_dependent"]["symbols"]) + "); load it "
+                "without cuda_graphs (with_cuda_graphs(False))"
+            )
         if _META["device"] != "cuda":
-            raise CallError(f"target {_META['target']!r}: CUDA graphs need a CUDA target; "
-                            f"this one was captured on {_META['device']}: load it without "
-                            "cuda_graphs (with_cuda_graphs(False)), or capture it on a CUDA device")
-        return CompiledArtifact(self._run, True, _CudaGraphs(self._run, copy_outputs, max_graphs, compute_bound))
+            raise CallError(
+                f"target {_META['target']!r}: CUDA graphs need a CUDA target; "
+                f"this one was captured on {_META['device']}: load it without "
+                "cuda_graphs (with_cuda_graphs(False)), or capture it on a CUDA device"
+            )
+        return CompiledArtifact(
+            self._run, True, _CudaGraphs(self._run, copy_outputs, max_graphs, compute_bound)
+        )
 
     def __call__(self, *args, **kwargs):
         _check_ambient()
@@ -533,9 +589,17 @@ class CompiledArtifact:
             if cuda is None and _ON_CUDA:  # no CUDA input: the constants' device
                 cuda = next((t.device for t in flat if t.is_cuda), None)
         if _CHECK_ALIASES:  # (call_args.py)
-            _check_no_aliases(params, flat, lambda: [f"parameter/buffer {_param_label(n)}" for n in _META["param_names"]]
-                              + _tensor_paths(args, kwargs))
-        inputs = list(flat) if _OUT_INPUTS else flat  # returned as they are: the wrapper empties `flat`
+            _check_no_aliases(
+                params,
+                flat,
+                lambda: (
+                    [f"parameter/buffer {_param_label(n)}" for n in _META["param_names"]]
+                    + _tensor_paths(args, kwargs)
+                ),
+            )
+        inputs = (
+            list(flat) if _OUT_INPUTS else flat
+        )  # returned as they are: the wrapper empties `flat`
         grad = torch.is_grad_enabled()
         torch._C._set_grad_enabled(False)
         try:
@@ -563,7 +627,7 @@ class CompiledArtifact:
                     p.grad.add_(g)
         if _REASSIGNED:  # `self.steps = self.steps + 1`: the new value, into the caller's buffer
             with torch.no_grad():
-                for index, new in zip(_REASSIGNED, outs[_META["num_user_outputs"] + _N_GRADS:]):
+                for index, new in zip(_REASSIGNED, outs[_META["num_user_outputs"] + _N_GRADS :]):
                     params[index].copy_(new)
         if _SINGLE_OUT:
             return outs[0]

@@ -28,17 +28,23 @@ def _check_modes(params, tensors):
         names = _META["param_names"]
         for i, t in enumerate(params + tensors):
             if t.requires_grad:
-                what = f"parameter/buffer {_param_label(names[i])}" if i < len(params) else f"tensor input #{i - len(params)}"
+                what = (
+                    f"parameter/buffer {_param_label(names[i])}"
+                    if i < len(params)
+                    else f"tensor input #{i - len(params)}"
+                )
                 raise CallError(
                     f"target {_META['target']!r}: called with grad enabled and {what} requiring grad, "
                     "but captured under torch.no_grad() (or torch.inference_mode()): the pair returns "
                     "results without autograd history, so a backward through them would silently "
                     "leave gradients out. Call it under torch.no_grad() or torch.inference_mode(), "
                     "or turn grad off inside the captured function (with torch.no_grad(): in its "
-                    "body) and capture again")
+                    "body) and capture again"
+                )
     if _NOT_DETERMINISTIC and torch.are_deterministic_algorithms_enabled():
         raise CallError(
             f"target {_META['target']!r}: called with torch.use_deterministic_algorithms(True), but "
             "captured without it: the frozen kernels were chosen without that constraint and "
             "may not be deterministic. Call it with deterministic algorithms off, or capture "
-            "again under torch.use_deterministic_algorithms(True)")
+            "again under torch.use_deterministic_algorithms(True)"
+        )

@@ -29,8 +29,19 @@ def literal_type(v):
 def _code_parts(co, out):
     out.append(co.co_qualname if hasattr(co, "co_qualname") else co.co_name)
     out.append(co.co_code.hex())
-    out.append(repr((co.co_names, co.co_varnames, co.co_freevars, co.co_cellvars, co.co_argcount,
-                     co.co_kwonlyargcount, co.co_flags)))
+    out.append(
+        repr(
+            (
+                co.co_names,
+                co.co_varnames,
+                co.co_freevars,
+                co.co_cellvars,
+                co.co_argcount,
+                co.co_kwonlyargcount,
+                co.co_flags,
+            )
+        )
+    )
     for c in co.co_consts:
         if isinstance(c, _gtypes.CodeType):
             _code_parts(c, out)
@@ -158,14 +169,24 @@ def holds(kind, value, expected):
     if kind == "notnone":
         return value is not None
     if kind == "set":
-        return type(value).__name__ == expected[0] and len(value) == len(expected[1]) and all(
-            x in value for x in expected[1])
+        return (
+            type(value).__name__ == expected[0]
+            and len(value) == len(expected[1])
+            and all(x in value for x in expected[1])
+        )
     if kind == "npscalar":
-        return type(value).__name__ == expected[0] and hasattr(value, "item") and _same_value(value.item(), expected[1])
+        return (
+            type(value).__name__ == expected[0]
+            and hasattr(value, "item")
+            and _same_value(value.item(), expected[1])
+        )
     if kind in ("type", "class"):
         cls = type(value) if kind == "type" else value
-        return isinstance(cls, type) and cls.__qualname__ == expected[1] and (
-            expected[0] == "__main__" or cls.__module__ == expected[0])
+        return (
+            isinstance(cls, type)
+            and cls.__qualname__ == expected[1]
+            and (expected[0] == "__main__" or cls.__module__ == expected[0])
+        )
     if kind == "module":
         return isinstance(value, _gtypes.ModuleType) and value.__name__ == expected
     if kind == "enum":
@@ -173,8 +194,10 @@ def holds(kind, value, expected):
     if kind == "code":
         return _g_code_is(value, expected)
     if kind == "builtin":
-        return getattr(value, "__qualname__", None) == expected[1] and (
-            getattr(value, "__module__", None) or "") == expected[0]
+        return (
+            getattr(value, "__qualname__", None) == expected[1]
+            and (getattr(value, "__module__", None) or "") == expected[0]
+        )
     if kind == "hasattr":
         return hasattr(value, expected[0]) is expected[1]
     if kind == "absent":

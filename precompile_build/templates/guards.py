@@ -54,7 +54,9 @@ _G_WATCHES = bool(_GUARDS.get("by_identity"))
 _G_WATCH_KEEP = 16
 _G_SEEN: dict = {}
 _G_EPOCH: list = []
-_DICT_VERSION = getattr(getattr(getattr(torch._C, "_dynamo", None), "guards", None), "dict_version", None)
+_DICT_VERSION = getattr(
+    getattr(getattr(torch._C, "_dynamo", None), "guards", None), "dict_version", None
+)
 # `_guards_watch` compares dicts by id and version, which names one dict's state only while
 # versions are unique across dicts (CPython's global counter; a fresh dict takes the next)
 _VERSIONS_UNIQUE = _DICT_VERSION is not None and len({_DICT_VERSION({}) for _ in range(2)}) == 2
@@ -86,8 +88,12 @@ def _check_guards(args, kwargs, modules, full=False, kinds=None):
     now = (_G_EPOCH[0][0], _HANDLES.next_id)
     seen = _G_SEEN.get(key) if _DICT_VERSION is not None else None
     try:
-        full = full or seen is None or not _models_stand(seen, now, modules) \
+        full = (
+            full
+            or seen is None
+            or not _models_stand(seen, now, modules)
             or (_G_WATCHES and _guards_watch(roots, *args, **kwargs) not in seen[2])
+        )
         # (taken before the checks: a write while they run, from another thread, moves a
         # version, so the next call checks in full instead of trusting what was not seen)
         pre = _snapshot(roots, args, kwargs) if full and _DICT_VERSION is not None else None
@@ -133,9 +139,14 @@ def _remember(key, now, modules, pre):
 
 def _guard_error(i, roots, args, kwargs):
     label, kind, expr, want, _per_call, where = _G_CHECKS[i][:6]
-    names = {"_R": roots, "_g_code_is": _g_code_is, "_g_odict_getitem": _g_odict_getitem,
-             "_g_dataclass_fields": _g_dataclass_fields, "_g_namedtuple_fields": _g_namedtuple_fields,
-             "_g_holds": _g_holds}
+    names = {
+        "_R": roots,
+        "_g_code_is": _g_code_is,
+        "_g_odict_getitem": _g_odict_getitem,
+        "_g_dataclass_fields": _g_dataclass_fields,
+        "_g_namedtuple_fields": _g_namedtuple_fields,
+        "_g_holds": _g_holds,
+    }
     try:
         got = eval(expr, names, _guard_bind(*args, **kwargs))  # noqa: S307 - the pair's own expression
     except Exception as e:  # noqa: BLE001 - the path no longer resolves: say how
@@ -148,7 +159,8 @@ def _guard_error(i, roots, args, kwargs):
     read = f" (read at {where})" if where else ""
     raise CallError(
         f"target {_META['target']!r}: {what}{read}. The pair was traced with the captured state "
-        "built in and would answer for it; set it back, or capture this state too")
+        "built in and would answer for it; set it back, or capture this state too"
+    )
 
 
 def _class_name(cls):
@@ -168,18 +180,24 @@ def _guard_difference(label, kind, want, got):
     if kind in ("type", "class", "enum"):
         cls = got if kind == "class" else type(got)
         now = _class_name(cls) + (f".{got.name}" if kind == "enum" and hasattr(got, "name") else "")
-        return f"{label} was a {'.'.join(want)} at capture, now {'a ' if kind == 'type' else ''}{now}"
+        return (
+            f"{label} was a {'.'.join(want)} at capture, now {'a ' if kind == 'type' else ''}{now}"
+        )
     if kind == "code":
         name = getattr(getattr(got, "__func__", got), "__qualname__", type(got).__qualname__)
         return f"{label} is another function than at capture (now {name}, whose code differs)"
     if kind == "absent":
         return f"{label}.{want} was not set at capture, now it is"
     if kind == "hasattr":
-        return f"{label}.{want[0]} was {'present' if want[1] else 'absent'} at capture, now " \
-               f"{'absent' if want[1] else 'present'}"
+        return (
+            f"{label}.{want[0]} was {'present' if want[1] else 'absent'} at capture, now "
+            f"{'absent' if want[1] else 'present'}"
+        )
     if kind == "contains":
-        return f"{label} {'held' if want[1] else 'did not hold'} the key {want[0]!r} at capture, now it " \
-               f"{'does not' if want[1] else 'does'}"
+        return (
+            f"{label} {'held' if want[1] else 'did not hold'} the key {want[0]!r} at capture, now it "
+            f"{'does not' if want[1] else 'does'}"
+        )
     if kind == "empty":
         return f"{label} was empty at capture, now it holds {list(got.values()) if hasattr(got, 'values') else got!r}"
     if kind == "notnone":

@@ -20,7 +20,12 @@ try:  # the runtime's serving guard where it is installed: PRECOMPILE_NO_COMPILE
 except ImportError:  # without precompile-runtime: the variable alone
 
     def _serving_guard_on() -> bool:
-        return _os.environ.get("PRECOMPILE_NO_COMPILE", "").strip().lower() in ("1", "true", "yes", "on")
+        return _os.environ.get("PRECOMPILE_NO_COMPILE", "").strip().lower() in (
+            "1",
+            "true",
+            "yes",
+            "on",
+        )
 
 
 def _load_cpp_kernel(path, unique):

@@ -18,7 +18,11 @@ def _setting_text(v):
         return repr(int(v))
     if isinstance(v, _SETTING_TYPES):
         return repr(v)
-    if isinstance(v, (tuple, list)) and len(v) <= 16 and all(isinstance(x, _SETTING_TYPES) for x in v):
+    if (
+        isinstance(v, (tuple, list))
+        and len(v) <= 16
+        and all(isinstance(x, _SETTING_TYPES) for x in v)
+    ):
         return "(" + ", ".join(_setting_text(x) for x in v) + ")"
     if isinstance(v, (_types.FunctionType, _types.BuiltinFunctionType)):
         return f"{getattr(v, '__module__', '')}.{v.__qualname__}"
@@ -40,7 +44,11 @@ def module_setting_items(module):
                 if text is not None:
                     attrs[k] = text
         out.append((path or ".", f"{type(m).__module__}.{type(m).__qualname__}", attrs))
-        stack.extend((f"{path}.{k}" if path else k, c) for k, c in reversed(list(m._modules.items())) if c is not None)
+        stack.extend(
+            (f"{path}.{k}" if path else k, c)
+            for k, c in reversed(list(m._modules.items()))
+            if c is not None
+        )
     return out
 
 
@@ -56,8 +64,13 @@ def module_settings(module, state=()):
     Returns:
         a list of str, one per submodule.
     """
-    return [" ".join([f"{path}: {cls}"] + [f"{k}={t}" for k, t in attrs.items() if f"{path}:{k}" not in state])
-            for path, cls, attrs in module_setting_items(module)]
+    return [
+        " ".join(
+            [f"{path}: {cls}"]
+            + [f"{k}={t}" for k, t in attrs.items() if f"{path}:{k}" not in state]
+        )
+        for path, cls, attrs in module_setting_items(module)
+    ]
 
 
 def module_tensors(modules):

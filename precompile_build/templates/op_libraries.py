@@ -20,7 +20,9 @@ _OP_LIBRARIES = PRECOMPILE_METADATA.get("op_libraries") or {}
 
 def _has_op(qualname):
     ns, _, name = qualname.partition("::")
-    return hasattr(getattr(torch.ops, ns), name)  # (torch.ops.NS.NAME: an AttributeError when unknown)
+    return hasattr(
+        getattr(torch.ops, ns), name
+    )  # (torch.ops.NS.NAME: an AttributeError when unknown)
 
 
 def _import_op_libraries():
@@ -44,10 +46,12 @@ def _import_op_libraries():
                 ) from None
         missing = [q for q in entry["ops"] if not _has_op(q)]
         if missing:
-            where = ("the capture script defined them: define them in a module of your package, "
-                     "captured from there, or register them before loading"
-                     if "__main__" in entry["modules"] else
-                     f"import what registers them before loading (at capture: {', '.join(entry['modules'])})")
+            where = (
+                "the capture script defined them: define them in a module of your package, "
+                "captured from there, or register them before loading"
+                if "__main__" in entry["modules"]
+                else f"import what registers them before loading (at capture: {', '.join(entry['modules'])})"
+            )
             raise CallError(
                 f"target {target!r}: the captured graph calls {', '.join(missing)}, which this "
                 f"process has not registered; {where}"

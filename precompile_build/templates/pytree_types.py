@@ -34,7 +34,8 @@ def _pt_flatten(obj):
         raise NotReady(
             f"a {type(obj).__name__} that is not initialized (its tensors are made at the first "
             "update); allocate them first: cache.early_initialization(batch_size, num_kv_heads, "
-            "head_dim, dtype, device), or run one eager call with it")
+            "head_dim, dtype, device), or run one eager call with it"
+        )
     import torch
 
     children, values, other = [], [], []
@@ -87,7 +88,11 @@ def _pt_decode(v):
     import torch
 
     if isinstance(v, dict):
-        return getattr(torch, v["torch.dtype"]) if "torch.dtype" in v else torch.device(v["torch.device"])
+        return (
+            getattr(torch, v["torch.dtype"])
+            if "torch.dtype" in v
+            else torch.device(v["torch.device"])
+        )
     return v
 
 
@@ -114,9 +119,14 @@ def register_cache_types(names=CACHE_TYPES):
         if cls in pytree.SUPPORTED_NODES:
             continue
         pytree.register_pytree_node(
-            cls, _pt_flatten, _pt_unflattener(cls), serialized_type_name=name.replace(":", "."),
-            to_dumpable_context=_pt_dumps, from_dumpable_context=_pt_loads,
-            flatten_with_keys_fn=_pt_flatten_with_keys)
+            cls,
+            _pt_flatten,
+            _pt_unflattener(cls),
+            serialized_type_name=name.replace(":", "."),
+            to_dumpable_context=_pt_dumps,
+            from_dumpable_context=_pt_loads,
+            flatten_with_keys_fn=_pt_flatten_with_keys,
+        )
         _PT_REGISTERED.add(cls)
 
 

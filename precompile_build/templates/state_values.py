@@ -8,8 +8,12 @@ import math as _amath
 
 _STATE_SCALARS = (bool, int, float, str, type(None))
 _STATE_MAX_ITEMS = 64
-HOOK_KINDS = (("forward", "_forward_hooks"), ("forward_pre", "_forward_pre_hooks"),
-              ("backward", "_backward_hooks"), ("backward_pre", "_backward_pre_hooks"))
+HOOK_KINDS = (
+    ("forward", "_forward_hooks"),
+    ("forward_pre", "_forward_pre_hooks"),
+    ("backward", "_backward_hooks"),
+    ("backward_pre", "_backward_pre_hooks"),
+)
 
 
 def _state_scalar(v):

@@ -26,7 +26,6 @@ if TYPE_CHECKING:
 # end stand-ins
 
 
-
 class _TritonKernel:
     """One frozen Triton kernel; ``run(*args, stream=...)`` is the call Inductor's
     wrapper makes. The cubin is loaded lazily on each CUDA device it runs on."""
@@ -56,12 +55,14 @@ class _TritonKernel:
             raise CallError(
                 f"target {_META['target']!r}: the frozen CUDA kernel {e['name']!r} has no binary "
                 f"for cuda:{device} (compute capability {cc[0]}.{cc[1]}); it has "
-                f"{', '.join(c['sm'] for c in e['archs'])}: add \"{cc[0]}.{cc[1]}\" to `cuda-archs`")
+                f'{", ".join(c["sm"] for c in e["archs"])}: add "{cc[0]}.{cc[1]}" to `cuda-archs`'
+            )
         if chosen["binary"] == "ptx" and _serving_guard_on():  # the driver's JIT of PTX compiles
             raise CallError(
                 f"target {_META['target']!r}: the frozen CUDA kernel {e['name']!r} has only PTX "
                 f"({chosen['sm']}) for cuda:{device} (compute capability {cc[0]}.{cc[1]}), which "
-                "the driver compiles at load: refused under PRECOMPILE_NO_COMPILE=1")
+                "the driver compiles at load: refused under PRECOMPILE_NO_COMPILE=1"
+            )
         root = self._path[: len(self._path) - len(e["file"])]
         return chosen, _os.path.join(root, chosen["file"])
 
@@ -84,8 +85,9 @@ class _TritonKernel:
         scratch = (None,) * e["scratch"]  # Triton's scratch pointers, unused by Inductor
 
         def runner(grid_0, grid_1, grid_2, stream, *args):
-            launch(function, grid_0, grid_1, grid_2, num_warps, shared, arg_tys,
-                   args + scratch, stream)
+            launch(
+                function, grid_0, grid_1, grid_2, num_warps, shared, arg_tys, args + scratch, stream
+            )
 
         runner.loaded = loaded  # type: ignore[attr-defined]  # keeps the CUDA module handle with the launcher
         scope = {"runner": runner}

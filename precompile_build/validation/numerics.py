@@ -46,9 +46,24 @@ ELEMENTWISE_TOL = 1e-4
 # the band of the eager-call comparison (issue 18): up to `EAGER_WARN_BAND` times the
 # allowed difference it warns, beyond it refuses
 EAGER_WARN_BAND = 4.0
-_RANDOM_OPS = ("rand", "randn", "randint", "randperm", "bernoulli", "multinomial", "normal",
-               "uniform", "exponential", "geometric", "cauchy", "log_normal", "native_dropout",
-               "poisson", "random_", "rrelu")
+_RANDOM_OPS = (
+    "rand",
+    "randn",
+    "randint",
+    "randperm",
+    "bernoulli",
+    "multinomial",
+    "normal",
+    "uniform",
+    "exponential",
+    "geometric",
+    "cauchy",
+    "log_normal",
+    "native_dropout",
+    "poisson",
+    "random_",
+    "rrelu",
+)
 
 
 def sig(x: float) -> float:
@@ -114,26 +129,49 @@ class Verdict:
     def ratio(self) -> float:
         """frozen error / allowed (<= 1: accepted by the multiple; 0 or inf when
         nothing is allowed and the error is 0 or not)."""
-        return self.frozen_error / self.allowed if self.allowed > 0 else (0.0 if self.frozen_error == 0 else math.inf)
+        return (
+            self.frozen_error / self.allowed
+            if self.allowed > 0
+            else (0.0 if self.frozen_error == 0 else math.inf)
+        )
 
     def numbers(self) -> dict[str, Any]:
         """The numbers for ``PRECOMPILE_METADATA["validation"]`` and the manifest
         (JSON types; floats to 3 significant digits)."""
-        return {"eager_error": sig(self.eager_error), "frozen_error": sig(self.frozen_error),
-                "multiple": self.multiple, "floor": sig(self.floor), "max_abs_diff": sig(self.max_abs),
-                "max_abs_value": sig(self.scale),
-                "accepted_by": "elementwise" if self.elementwise else "near ties" if self.near_ties else "multiple",
-                **({"near_ties": {k: sig(x) if isinstance(x, float) else x for k, x in self.near_ties.items()
-                                 if k != "accepted"}}
-                   if self.near_ties else {})}
+        return {
+            "eager_error": sig(self.eager_error),
+            "frozen_error": sig(self.frozen_error),
+            "multiple": self.multiple,
+            "floor": sig(self.floor),
+            "max_abs_diff": sig(self.max_abs),
+            "max_abs_value": sig(self.scale),
+            "accepted_by": "elementwise"
+            if self.elementwise
+            else "near ties"
+            if self.near_ties
+            else "multiple",
+            **(
+                {
+                    "near_ties": {
+                        k: sig(x) if isinstance(x, float) else x
+                        for k, x in self.near_ties.items()
+                        if k != "accepted"
+                    }
+                }
+                if self.near_ties
+                else {}
+            ),
+        }
 
     def describe(self) -> str:
         """The numbers as a sentence for a message; ``{ref}`` in it is left for the
         caller to fill with the reference's name (``.format(ref="float64")``)."""
-        return (f"error vs the {{ref}} reference {self.frozen_error:.3g} (relative RMS), eager's "
-                f"{self.eager_error:.3g}, allowed {self.multiple:g} x eager + {self.floor:.3g} = "
-                f"{self.allowed:.3g}; max |frozen - eager| {self.max_abs:.3g} at values up to "
-                f"{self.scale:.3g}")
+        return (
+            f"error vs the {{ref}} reference {self.frozen_error:.3g} (relative RMS), eager's "
+            f"{self.eager_error:.3g}, allowed {self.multiple:g} x eager + {self.floor:.3g} = "
+            f"{self.allowed:.3g}; max |frozen - eager| {self.max_abs:.3g} at values up to "
+            f"{self.scale:.3g}"
+        )
 
 
 # torch._dynamo.utils.same(ref, res, fp64_ref) as the dynamo benchmark suites call it
@@ -208,9 +246,16 @@ def judge(eager, frozen, ref, *, training: bool = False) -> Verdict:
     import torch
 
     if frozen.shape != eager.shape or frozen.dtype != eager.dtype:
-        return Verdict(0.0, math.inf, 0.0, 0.0, math.inf, 0.0,
-                       problem=f"shape {list(frozen.shape)} {frozen.dtype}, the graph gives "
-                               f"{list(eager.shape)} {eager.dtype}")
+        return Verdict(
+            0.0,
+            math.inf,
+            0.0,
+            0.0,
+            math.inf,
+            0.0,
+            problem=f"shape {list(frozen.shape)} {frozen.dtype}, the graph gives "
+            f"{list(eager.shape)} {eager.dtype}",
+        )
     floating = eager.is_floating_point()
     ref = ref.to(eager.device)
     if not floating:
@@ -229,17 +274,39 @@ def judge(eager, frozen, ref, *, training: bool = False) -> Verdict:
         floor = floor_for(eager.dtype, training)
         eager_error = math.sqrt(st["a_err_sq"] / n) / denom if n else 0.0
         if st["new_bad"]:
-            return Verdict(eager_error, math.inf, mult, floor, math.inf, scale,
-                           problem=f"{st['new_bad']} NaN/inf element(s) where the graph's own result is finite")
-        v = Verdict(eager_error, math.sqrt(st["b_err_sq"] / n) / denom if n else 0.0, mult, floor,
-                    max_abs, scale)
+            return Verdict(
+                eager_error,
+                math.inf,
+                mult,
+                floor,
+                math.inf,
+                scale,
+                problem=f"{st['new_bad']} NaN/inf element(s) where the graph's own result is finite",
+            )
+        v = Verdict(
+            eager_error,
+            math.sqrt(st["b_err_sq"] / n) / denom if n else 0.0,
+            mult,
+            floor,
+            max_abs,
+            scale,
+        )
     else:
         floor = 0.0
         if eager.numel():
-            max_abs = float((frozen.to(torch.float64) - eager.to(torch.float64)).abs().max()) \
-                if eager.dtype != torch.bool else float((frozen != eager).any())
-        v = Verdict(_error(eager, ref, mask, denom), _error(frozen, ref, mask, denom), mult, floor,
-                    max_abs, scale)
+            max_abs = (
+                float((frozen.to(torch.float64) - eager.to(torch.float64)).abs().max())
+                if eager.dtype != torch.bool
+                else float((frozen != eager).any())
+            )
+        v = Verdict(
+            _error(eager, ref, mask, denom),
+            _error(frozen, ref, mask, denom),
+            mult,
+            floor,
+            max_abs,
+            scale,
+        )
     if v.frozen_error > v.allowed:
         v.problem = "error beyond the allowed multiple of eager's"
         if floating and _allclose(frozen, eager):
@@ -260,11 +327,11 @@ def _pieces(*tensors):
     if all(t.is_contiguous() for t in tensors) or tensors[0].dim() < 2:
         flat = [t.reshape(-1) for t in tensors]
         for i in range(0, flat[0].numel(), CHUNK):
-            yield [t[i:i + CHUNK] for t in flat]
+            yield [t[i : i + CHUNK] for t in flat]
         return
     rows = max(1, CHUNK // max(1, tensors[0][0].numel()))
     for i in range(0, tensors[0].shape[0], rows):
-        yield [t[i:i + rows].reshape(-1) for t in tensors]
+        yield [t[i : i + rows].reshape(-1) for t in tensors]
 
 
 def _stats(a, b, ref) -> dict:
@@ -303,8 +370,10 @@ def _allclose(a, b) -> bool:
     """``torch.allclose(a, b)`` at :data:`ELEMENTWISE_TOL`, NaNs equal, piece by piece."""
     import torch
 
-    return all(bool(torch.allclose(pa, pb, atol=ELEMENTWISE_TOL, rtol=ELEMENTWISE_TOL, equal_nan=True))
-               for pa, pb in _pieces(a, b))
+    return all(
+        bool(torch.allclose(pa, pb, atol=ELEMENTWISE_TOL, rtol=ELEMENTWISE_TOL, equal_nan=True))
+        for pa, pb in _pieces(a, b)
+    )
 
 
 def eager_check_mode(options: dict, target: str) -> str:
@@ -341,17 +410,23 @@ def warn_or_refuse(text: str, mode: str, target: str) -> None:
     from ..errors import CaptureError, warn_at_caller
 
     if mode == "warn":
-        warn_at_caller(text + "; written anyway (options={'eager_check': 'refuse'} refuses)", target=target)
+        warn_at_caller(
+            text + "; written anyway (options={'eager_check': 'refuse'} refuses)", target=target
+        )
         return
-    raise CaptureError(text + ", or pass options={'eager_check': 'warn'} to keep the graph's "
-                       "result; nothing written", target=target)
+    raise CaptureError(
+        text + ", or pass options={'eager_check': 'warn'} to keep the graph's "
+        "result; nothing written",
+        target=target,
+    )
 
 
 EAGER_PATH = (
     "eager took another code path than the trace (a branch on values skipped under "
     "torch.compiler.is_compiling(): use torch.where / torch.cond for a real choice; an inference "
     "fast path: nn.TransformerEncoder's zero-fills padded rows, turn it off with "
-    "torch.backends.mha.set_fastpath_enabled(False))")
+    "torch.backends.mha.set_fastpath_enabled(False))"
+)
 """What the eager-call checks (engines/eager.py, validation/validate.py) say when the real
 call and the traced graph disagree: why that happens and what to do."""
 
@@ -363,7 +438,9 @@ def eager_structure_message(structure: str) -> str:
     return f"{structure}: {EAGER_PATH}"
 
 
-def judge_against_eager_call(real, frozen, ref, graph_verdict: Verdict) -> tuple[float, float, float, bool]:
+def judge_against_eager_call(
+    real, frozen, ref, graph_verdict: Verdict
+) -> tuple[float, float, float, bool]:
     """The eager call's own output ``real`` vs ``frozen`` (issue 18): returns
     ``(difference, allowed, max_abs, elementwise_close)``; ``difference`` is the
     relative RMS of ``frozen - real`` (mismatch fraction for integers), ``allowed`` is
@@ -379,7 +456,9 @@ def judge_against_eager_call(real, frozen, ref, graph_verdict: Verdict) -> tuple
     if not real.is_floating_point():
         diff = float((real != frozen).double().mean()) if real.numel() else 0.0
         return diff, graph_verdict.allowed + graph_verdict.eager_error, float(diff > 0), diff == 0
-    nonfinite = sum(int((torch.isfinite(pr) != torch.isfinite(pf)).sum()) for pr, pf in _pieces(real, frozen))
+    nonfinite = sum(
+        int((torch.isfinite(pr) != torch.isfinite(pf)).sum()) for pr, pf in _pieces(real, frozen)
+    )
     if nonfinite:
         return math.inf, 0.0, math.inf, False
     # where real is finite so is frozen: the sums run over the elements finite in real and ref
@@ -394,4 +473,9 @@ def judge_against_eager_call(real, frozen, ref, graph_verdict: Verdict) -> tuple
         mask = torch.isfinite(pref) & torch.isfinite(pr)
         d_sq += float((pf[mask].to(torch.float64) - pr[mask].to(torch.float64)).square().sum())
     diff = math.sqrt(d_sq / n) / denom if n else 0.0
-    return diff, graph_verdict.allowed + graph_verdict.eager_error, st["max_abs"], _allclose(frozen, real)
+    return (
+        diff,
+        graph_verdict.allowed + graph_verdict.eager_error,
+        st["max_abs"],
+        _allclose(frozen, real),
+    )

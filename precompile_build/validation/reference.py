@@ -74,7 +74,8 @@ def _is_oom(e: BaseException) -> bool:
     import torch
 
     return isinstance(e, (torch.OutOfMemoryError, MemoryError)) or (
-        isinstance(e, RuntimeError) and "can't allocate memory" in str(e))  # CPU allocator
+        isinstance(e, RuntimeError) and "can't allocate memory" in str(e)
+    )  # CPU allocator
 
 
 def _concrete_layout(val):
@@ -198,8 +199,11 @@ class _Reference:
         import torch
         from torch.utils._pytree import tree_leaves
 
-        if not isinstance(target, torch._ops.OpOverload) or not target._schema.returns or any(
-                r.alias_info is None or r.alias_info.is_write for r in target._schema.returns):
+        if (
+            not isinstance(target, torch._ops.OpOverload)
+            or not target._schema.returns
+            or any(r.alias_info is None or r.alias_info.is_write for r in target._schema.returns)
+        ):
             return False
         tensors = [x for x in tree_leaves((args, kwargs)) if isinstance(x, torch.Tensor)]
         return bool(tensors) and all(self._is_narrow(x) for x in tensors)
@@ -217,13 +221,18 @@ class _Reference:
             return out
         while True:
             try:  # widening an argument or restriding the result may run out of memory too
-                keep = self._kept_narrow(target, args, kwargs)  # widened by blocks, or after a gather
+                keep = self._kept_narrow(
+                    target, args, kwargs
+                )  # widened by blocks, or after a gather
                 a = tuple(x if j == keep else tree_map(self._fetch, x) for j, x in enumerate(args))
                 k = tree_map(self._fetch, kwargs)
                 if self.spilled and "device" in k and str(k["device"]).startswith("cuda"):
                     k = dict(k, device="cpu")
-                out = self._gathered(target, args, a, k) if keep is not None and _gather_table(target) is not None \
+                out = (
+                    self._gathered(target, args, a, k)
+                    if keep is not None and _gather_table(target) is not None
                     else self._by_column_blocks(target, args, kwargs, a, k)
+                )
                 if out is None:
                     out = self._run(node, target, a, k)
                 return self._laid_out(node, target, out)
@@ -241,8 +250,13 @@ class _Reference:
         import torch
 
         at = _gather_table(target)
-        if at is not None and len(args) > at and isinstance(args[at], torch.Tensor) \
-                and args[at].is_floating_point() and self._is_narrow(args[at]):
+        if (
+            at is not None
+            and len(args) > at
+            and isinstance(args[at], torch.Tensor)
+            and args[at].is_floating_point()
+            and self._is_narrow(args[at])
+        ):
             return at
         return self._large_weight(target, args, kwargs)
 
@@ -254,7 +268,7 @@ class _Reference:
         table = args[at]
         if self.spilled and table.device.type == "cuda":
             table = table.to("cpu")  # where _fetch moved the indices
-        return _widen(target(*a[:at], table, *a[at + 1:], **k), self.dtype)
+        return _widen(target(*a[:at], table, *a[at + 1 :], **k), self.dtype)
 
     def _large_weight(self, target, args, kwargs):
         """The position of the weight of a matrix product (``mm``'s or ``addmm``'s right
@@ -267,7 +281,12 @@ class _Reference:
         if at is None or kwargs or len(args) <= at:
             return None
         w = args[at]
-        if not (isinstance(w, torch.Tensor) and w.dim() == 2 and w.is_floating_point() and self._is_narrow(w)):
+        if not (
+            isinstance(w, torch.Tensor)
+            and w.dim() == 2
+            and w.is_floating_point()
+            and self._is_narrow(w)
+        ):
             return None
         return at if w.numel() * self.dtype.itemsize > BLOCK_BYTES else None
 
@@ -294,11 +313,11 @@ class _Reference:
         if bias is not None:
             bias = bias.expand(out.shape)
         for j in range(0, n, step):  # addmm's beta and alpha are 1: no kwargs (_large_weight)
-            block = _widen(w[j:j + step] if linear else w[:, j:j + step], self.dtype)
+            block = _widen(w[j : j + step] if linear else w[:, j : j + step], self.dtype)
             part = torch.nn.functional.linear(x, block) if linear else torch.mm(x, block)
             if bias is not None:
-                part = part.add_(bias[..., j:j + step])
-            out[..., j:j + step] = part
+                part = part.add_(bias[..., j : j + step])
+            out[..., j : j + step] = part
             del block, part
         return out
 
@@ -309,7 +328,11 @@ class _Reference:
         if _returns_alias(target):
             return out
         val = node.meta.get("val")
-        if isinstance(out, (tuple, list)) and isinstance(val, (tuple, list)) and len(out) == len(val):
+        if (
+            isinstance(out, (tuple, list))
+            and isinstance(val, (tuple, list))
+            and len(out) == len(val)
+        ):
             return type(out)(_restrided(o, v) for o, v in zip(out, val))
         return _restrided(out, val)
 
@@ -318,8 +341,10 @@ class _Reference:
         import torch
         from torch.utils._pytree import tree_leaves
 
-        return any(isinstance(x, torch.Tensor) and x.device.type == "cuda"
-                   for x in tree_leaves((args, kwargs))) or "cuda" in str(kwargs.get("device", ""))
+        return any(
+            isinstance(x, torch.Tensor) and x.device.type == "cuda"
+            for x in tree_leaves((args, kwargs))
+        ) or "cuda" in str(kwargs.get("device", ""))
 
     def _run(self, node, target, args, kwargs):
         import torch
@@ -349,9 +374,13 @@ class _Reference:
         def fp32(x):
             return _widen(x, torch.float32)
 
-        tries = [lambda: (tree_map(fp32, args), tree_map(fp32, kwargs)),
-                 lambda: (tree_map(to_captured, args, map_arg(node.args, captured)),
-                          tree_map(to_captured, kwargs, map_arg(node.kwargs, captured)))]
+        tries = [
+            lambda: (tree_map(fp32, args), tree_map(fp32, kwargs)),
+            lambda: (
+                tree_map(to_captured, args, map_arg(node.args, captured)),
+                tree_map(to_captured, kwargs, map_arg(node.kwargs, captured)),
+            ),
+        ]
         for cast in tries:
             try:
                 a, k = cast()
@@ -365,7 +394,9 @@ class _Reference:
         return target(*args, **kwargs)  # raises: the graph itself fails here
 
 
-def reference_run(gm, inputs: list, device_type: str, dtype=None, written=None) -> tuple[list, list, dict]:
+def reference_run(
+    gm, inputs: list, device_type: str, dtype=None, written=None
+) -> tuple[list, list, dict]:
     """Run the graph in the reference dtype without changing ``inputs``.
 
     Args:
@@ -391,12 +422,21 @@ def reference_run(gm, inputs: list, device_type: str, dtype=None, written=None) 
 
     dtype = dtype or reference_dtype(device_type)
     written = written_inputs(gm) if written is None else set(written)
-    run_inputs = [(t.detach().to(dtype, copy=True) if t.is_floating_point() else t.detach().clone())
-                  if i in written else t.detach() for i, t in enumerate(inputs)]
-    ref = _Reference(gm, dtype, [t for i, t in enumerate(run_inputs) if i not in written], run_inputs)
+    run_inputs = [
+        (t.detach().to(dtype, copy=True) if t.is_floating_point() else t.detach().clone())
+        if i in written
+        else t.detach()
+        for i, t in enumerate(inputs)
+    ]
+    ref = _Reference(
+        gm, dtype, [t for i, t in enumerate(run_inputs) if i not in written], run_inputs
+    )
     with torch.no_grad():
         outs = ref.interp.run(*run_inputs)
-    info: dict[str, Any] = {"reference": str(dtype).replace("torch.", ""), "fallback_ops": sorted(ref.fallback_ops)}
+    info: dict[str, Any] = {
+        "reference": str(dtype).replace("torch.", ""),
+        "fallback_ops": sorted(ref.fallback_ops),
+    }
     if ref.spilled:
         info["spilled_to_cpu"] = True
     return list(outs), run_inputs, info

@@ -24,8 +24,21 @@ import operator
 from typing import Any, Optional
 
 # ops that hand their input's elements on in the same flat order
-_ORDER_KEEPING = {"view", "_unsafe_view", "reshape", "unsqueeze", "squeeze", "clone", "_to_copy",
-                  "alias", "detach", "contiguous", "flatten", "convert_element_type", "to"}
+_ORDER_KEEPING = {
+    "view",
+    "_unsafe_view",
+    "reshape",
+    "unsqueeze",
+    "squeeze",
+    "clone",
+    "_to_copy",
+    "alias",
+    "detach",
+    "contiguous",
+    "flatten",
+    "convert_element_type",
+    "to",
+}
 _PICKS = {"argmax": 1.0, "argmin": -1.0}  # the sign that makes the pick a maximum
 _PICKS_WITH_VALUES = {"max": 1.0, "min": -1.0}  # .dim overloads: (values, indices)
 
@@ -46,8 +59,14 @@ def _source_node(gm, value_index: int, n_out: int):
     k = value_index - n_out
     if k >= len(placeholders):
         return None
-    copies = [n for n in nodes if n.op == "call_function" and _name(n.target) == "copy_"
-              and n.args and n.args[0] is placeholders[k]]
+    copies = [
+        n
+        for n in nodes
+        if n.op == "call_function"
+        and _name(n.target) == "copy_"
+        and n.args
+        and n.args[0] is placeholders[k]
+    ]
     return copies[-1].args[1] if copies else None
 
 
@@ -61,8 +80,11 @@ def _pick(node) -> Optional[tuple[Any, Any, int, float]]:
             return (node, node.args[0], dim, _PICKS[name]) if dim is not None else None
         if node.target is operator.getitem and node.args[1] == 1:
             src = node.args[0]
-            if getattr(src, "op", None) == "call_function" and _name(src.target) in _PICKS_WITH_VALUES \
-                    and len(src.args) > 1:
+            if (
+                getattr(src, "op", None) == "call_function"
+                and _name(src.target) in _PICKS_WITH_VALUES
+                and len(src.args) > 1
+            ):
                 return src, src.args[0], src.args[1], _PICKS_WITH_VALUES[_name(src.target)]
             return None
         if name == "copy" and len(node.args) > 1:  # functional copy(self, src): src's values
@@ -101,8 +123,18 @@ def _values_graph(gm, node, pick):
     return torch.fx.GraphModule(gm, graph)
 
 
-def judge_pick(gm, value_index: int, n_out: int, inputs: list, written: set, device: str,
-               eager, frozen, ref, multiple: Optional[float] = None) -> Optional[dict]:
+def judge_pick(
+    gm,
+    value_index: int,
+    n_out: int,
+    inputs: list,
+    written: set,
+    device: str,
+    eager,
+    frozen,
+    ref,
+    multiple: Optional[float] = None,
+) -> Optional[dict]:
     """Judge an integer value that an argmax/argmin (or max/min indices) picks, element
     by element: each element must be eager's pick, the reference's, or a candidate that
     ties with the reference's within eager's rounding.
@@ -137,8 +169,12 @@ def judge_pick(gm, value_index: int, n_out: int, inputs: list, written: set, dev
     from .reference import reference_run
 
     pick = _pick(_source_node(gm, value_index, n_out))
-    if pick is None or not isinstance(pick[1], torch.fx.Node) or not isinstance(pick[2], int) \
-            or frozen.dtype not in (torch.int32, torch.int64):
+    if (
+        pick is None
+        or not isinstance(pick[1], torch.fx.Node)
+        or not isinstance(pick[2], int)
+        or frozen.dtype not in (torch.int32, torch.int64)
+    ):
         return None
     pick_node, values_node, dim, sign = pick
     name = "argmax" if sign > 0 else "argmin"
@@ -157,11 +193,19 @@ def judge_pick(gm, value_index: int, n_out: int, inputs: list, written: set, dev
             ref_vals = reference_run(sub, inputs, device, written=written)[0][0]
     except Exception:  # noqa: BLE001 - no measure of the rounding: refused
         return refused
-    if not eager_vals.is_floating_point() or eager_vals.shape != ref_vals.shape \
-            or eager_vals.numel() // eager_vals.shape[dim] != f.numel():
+    if (
+        not eager_vals.is_floating_point()
+        or eager_vals.shape != ref_vals.shape
+        or eager_vals.numel() // eager_vals.shape[dim] != f.numel()
+    ):
         return refused  # not one index per row: a path that moves elements
     rows_e = eager_vals.movedim(dim, -1).reshape(-1, eager_vals.shape[dim]).to(torch.float64)
-    rows_r = ref_vals.to(rows_e.device).movedim(dim, -1).reshape(-1, ref_vals.shape[dim]).to(torch.float64)
+    rows_r = (
+        ref_vals.to(rows_e.device)
+        .movedim(dim, -1)
+        .reshape(-1, ref_vals.shape[dim])
+        .to(torch.float64)
+    )
     differ = differ.to(rows_e.device)
     picked, best_at = f.to(rows_e.device)[differ], r.to(rows_e.device)[differ]
     if bool(((picked < 0) | (picked >= rows_e.shape[1])).any()):
@@ -181,5 +225,11 @@ def judge_pick(gm, value_index: int, n_out: int, inputs: list, written: set, dev
     rounded = ((e_best - r_best).abs() + (e_theirs - r_theirs).abs()) > 0
     ok = (gaps <= allowed) & ((allowed > 0) | ((gaps == 0) & rounded))
     ratio = torch.where(allowed > 0, gaps / allowed, torch.zeros_like(gaps))
-    return {"accepted": bool(ok.all()), "pick": name, "flips": int(differ.numel()), "multiple": multiple,
-            "max_gap": float(gaps.max()), "gap_of_allowed": float(ratio.max())}
+    return {
+        "accepted": bool(ok.all()),
+        "pick": name,
+        "flips": int(differ.numel()),
+        "multiple": multiple,
+        "max_gap": float(gaps.max()),
+        "gap_of_allowed": float(ratio.max()),
+    }

@@ -19,8 +19,14 @@ from ..process.stats import timed
 from . import ties
 
 
-def validate(source: str, blobs: dict[str, bytes], traced: TracedCall, target: str,
-              options: dict, real: dict | None = None) -> dict:
+def validate(
+    source: str,
+    blobs: dict[str, bytes],
+    traced: TracedCall,
+    target: str,
+    options: dict,
+    real: dict | None = None,
+) -> dict:
     """Run the source with its frozen kernels and judge it against an fp64 reference of
     the traced graph (numerics.py), on the example inputs and, for dynamic dims, at
     other sizes (dynamic_dims.example_sizes); on the example inputs also against the
@@ -45,11 +51,18 @@ def validate(source: str, blobs: dict[str, bytes], traced: TracedCall, target: s
         params, user = traced.example_inputs[:n_params], traced.example_inputs[n_params:]
         specs = traced.metadata["tensor_inputs"]
         for sizes in dynamic_dims.example_sizes(dynamic, specs, user):
-            inputs = (params + [dynamic_dims.resized(t, s, sizes) for t, s in zip(user, specs)]
-                      + user[len(specs):])  # the trace-made constants (graph_attrs.py)
-            cases.append(("sizes " + dynamic_dims.describe(sizes, specs, traced.symbolic.paths), inputs))
-    report: dict = {"rule": "frozen_error <= multiple * eager_error + floor (relative RMS vs the reference)",
-                    "cases": []}
+            inputs = (
+                params
+                + [dynamic_dims.resized(t, s, sizes) for t, s in zip(user, specs)]
+                + user[len(specs) :]
+            )  # the trace-made constants (graph_attrs.py)
+            cases.append(
+                ("sizes " + dynamic_dims.describe(sizes, specs, traced.symbolic.paths), inputs)
+            )
+    report: dict = {
+        "rule": "frozen_error <= multiple * eager_error + floor (relative RMS vs the reference)",
+        "cases": [],
+    }
     with tempfile.TemporaryDirectory(prefix="precompile-validate-") as kdir:
         for name, data in blobs.items():
             path = os.path.join(kdir, name)
@@ -60,8 +73,15 @@ def validate(source: str, blobs: dict[str, bytes], traced: TracedCall, target: s
         exec(compile(source, f"<{target}.py>", "exec"), namespace)
         call = namespace["_make_call"](namespace["_load_kernels"](kdir))
         for what, inputs in cases:
-            case = compare(call, traced, inputs, what, target, options,
-                            real if inputs is traced.example_inputs else None)
+            case = compare(
+                call,
+                traced,
+                inputs,
+                what,
+                target,
+                options,
+                real if inputs is traced.example_inputs else None,
+            )
             for key in ("reference", "fallback_ops"):
                 report[key] = case.pop(key)
             for key in ("checked", "spilled_to_cpu"):
@@ -74,17 +94,23 @@ def validate(source: str, blobs: dict[str, bytes], traced: TracedCall, target: s
 
 
 # what to change when the pair fails at other sizes than the example's
-_OTHER_SIZES = ("the compiled code does not hold at these sizes inside the declared ranges: "
-                "narrow the marks (min=, max=) to exclude them, or capture with engine='eager'")
+_OTHER_SIZES = (
+    "the compiled code does not hold at these sizes inside the declared ranges: "
+    "narrow the marks (min=, max=) to exclude them, or capture with engine='eager'"
+)
 _MAX_SUGGESTED = 100  # a larger multiple than this is never rounding: not offered
-_NUMERIC_FIX = ("if this is rounding you accept (a deep bf16/fp16 model), allow a larger multiple "
-                "with options={{'validation_multiple': {m:g}}}; else capture with engine='eager' "
-                "(the graph, no kernels) or engine='torch', and report the kernel")
+_NUMERIC_FIX = (
+    "if this is rounding you accept (a deep bf16/fp16 model), allow a larger multiple "
+    "with options={{'validation_multiple': {m:g}}}; else capture with engine='eager' "
+    "(the graph, no kernels) or engine='torch', and report the kernel"
+)
 
 
-_PICK_FIX = ("{n} of its picks are neither eager's nor the reference's, and {why}: the compiled code "
-             "picks something else. Capture with engine='eager' (the graph, no kernels) or "
-             "engine='torch', and report the kernel")
+_PICK_FIX = (
+    "{n} of its picks are neither eager's nor the reference's, and {why}: the compiled code "
+    "picks something else. Capture with engine='eager' (the graph, no kernels) or "
+    "engine='torch', and report the kernel"
+)
 
 
 _SEED = 20240607  # any fixed seed: both sides of a comparison start from it
@@ -101,8 +127,15 @@ def _labels(traced: TracedCall, n_values: int) -> list[str]:
     return labels
 
 
-def compare(call, traced: TracedCall, inputs: list, what: str, target: str,
-            options: dict, real: dict | None = None) -> dict:
+def compare(
+    call,
+    traced: TracedCall,
+    inputs: list,
+    what: str,
+    target: str,
+    options: dict,
+    real: dict | None = None,
+) -> dict:
     """Run the graph (own dtypes and fp64 reference) and the frozen wrapper on
     ``inputs`` (described by ``what``; clones of those the graph may write, the others
     shared and checked to come back unchanged); judge outputs, gradients and inputs
@@ -115,8 +148,14 @@ def compare(call, traced: TracedCall, inputs: list, what: str, target: str,
     from . import numerics
 
     example = inputs is traced.example_inputs
-    fix = ("this torch's Inductor output needs something the frozen engine does not "
-           "provide. Use engine='eager' (or 'torch')") if example else _OTHER_SIZES
+    fix = (
+        (
+            "this torch's Inductor output needs something the frozen engine does not "
+            "provide. Use engine='eager' (or 'torch')"
+        )
+        if example
+        else _OTHER_SIZES
+    )
     written = sharing.written_inputs(traced.graph_module)
     # the shared inputs: a digest now, another after the runs (no copy of the weights)
     digests = {i: sharing.checksum(t) for i, t in enumerate(inputs) if i not in written}
@@ -132,7 +171,8 @@ def compare(call, traced: TracedCall, inputs: list, what: str, target: str,
         except Exception as e:  # only at sizes other than the example's
             raise CaptureError(
                 f"the captured function itself fails at {what} "
-                f"({type(e).__name__}: {e}); declare ranges that exclude these sizes (min=, max=)", target=target
+                f"({type(e).__name__}: {e}); declare ranges that exclude these sizes (min=, max=)",
+                target=target,
             ) from e
         torch.manual_seed(_SEED)
         try:
@@ -140,13 +180,14 @@ def compare(call, traced: TracedCall, inputs: list, what: str, target: str,
                 got = call(list(b))
         except Exception as e:
             raise CaptureError(
-                f"the frozen wrapper failed on {what} "
-                f"({type(e).__name__}: {e}); {fix}", target=target
+                f"the frozen wrapper failed on {what} ({type(e).__name__}: {e}); {fix}",
+                target=target,
             ) from e
         if len(want) != len(got):
             raise CaptureError(
                 f"the frozen wrapper returns {len(got)} outputs, the graph "
-                f"{len(want)}; refusing to write a pair that computes something else", target=target
+                f"{len(want)}; refusing to write a pair that computes something else",
+                target=target,
             )
         labels = _labels(traced, len(want) + len(inputs))
         for i, d in digests.items():
@@ -155,18 +196,30 @@ def compare(call, traced: TracedCall, inputs: list, what: str, target: str,
                     f"the frozen kernels wrote to {labels[len(want) + i]}, which "
                     f"the traced graph leaves alone, on {what} (the run shares it with your model: "
                     f"this process's copy is changed); refusing to write a pair that computes "
-                    f"something else; {fix}", target=target)
+                    f"something else; {fix}",
+                    target=target,
+                )
         with timed("validate_reference"):
             ref_out, ref_in, info = _reference(traced, inputs, target, what, written)
     if ref_out is None:  # outputs and the inputs the graph writes (caches, running stats)
         idx = sorted(written)
-        return {**_without_reference(list(want) + [a[i] for i in idx], list(got) + [b[i] for i in idx],
-                                     labels[:len(want)] + [labels[len(want) + i] for i in idx],
-                                     target, what), **info}
+        return {
+            **_without_reference(
+                list(want) + [a[i] for i in idx],
+                list(got) + [b[i] for i in idx],
+                labels[: len(want)] + [labels[len(want) + i] for i in idx],
+                target,
+                what,
+            ),
+            **info,
+        }
     mutated = set(traced.metadata["mutated_inputs"])
     values = list(zip(want, got, ref_out)) + list(zip(a, b, ref_in))
-    ref_name = info["reference"] + (f" (ops without {info['reference']} kernels: "
-                                    f"{', '.join(info['fallback_ops'])})" if info["fallback_ops"] else "")
+    ref_name = info["reference"] + (
+        f" (ops without {info['reference']} kernels: {', '.join(info['fallback_ops'])})"
+        if info["fallback_ops"]
+        else ""
+    )
     multiple = options.get("validation_multiple")
     worst = None
     verdicts: list = []  # a numerics.Verdict per value, None for one not judged
@@ -174,14 +227,20 @@ def compare(call, traced: TracedCall, inputs: list, what: str, target: str,
         if i >= len(want) and i - len(want) not in written:
             verdicts.append(None)  # shared: the digests above found it unchanged
             continue
-        if i >= len(want) and i - len(want) not in mutated and torch.equal(w, inputs[i - len(want)]):
+        if (
+            i >= len(want)
+            and i - len(want) not in mutated
+            and torch.equal(w, inputs[i - len(want)])
+        ):
             # an input the graph leaves alone (one it writes through an op without an
             # alias annotation, e.g. native_batch_norm's running stats, is judged below)
             if not torch.equal(w, g):
                 raise CaptureError(
                     f"the frozen kernels wrote to {labels[i]}, which the traced "
                     f"graph leaves alone, on {what}; refusing to write a pair that computes "
-                    f"something else; {fix}", target=target)
+                    f"something else; {fix}",
+                    target=target,
+                )
             verdicts.append(None)
             continue
         v = numerics.judge(w, g, r, training=bool(traced.metadata["grad_param_indices"]))
@@ -189,13 +248,25 @@ def compare(call, traced: TracedCall, inputs: list, what: str, target: str,
             v.multiple = float(multiple)
             v.problem = None if v.frozen_error <= v.allowed else v.problem
         picked = None
-        if not w.is_floating_point() and (v.problem is None or v.problem.startswith("error beyond")) \
-                and v.frozen_error > 0:
+        if (
+            not w.is_floating_point()
+            and (v.problem is None or v.problem.startswith("error beyond"))
+            and v.frozen_error > 0
+        ):
             # a pick (a next token) is judged element by element, not by a mismatch
             # fraction: eager's, the reference's, or a tie within rounding (ties.py)
-            picked = ties.judge_pick(traced.graph_module, i, len(want), inputs, written,
-                                     traced.metadata["device"], w, g, r,
-                                     float(multiple) if multiple is not None else None)
+            picked = ties.judge_pick(
+                traced.graph_module,
+                i,
+                len(want),
+                inputs,
+                written,
+                traced.metadata["device"],
+                w,
+                g,
+                r,
+                float(multiple) if multiple is not None else None,
+            )
             if picked is not None and picked["accepted"]:
                 v.problem = None
                 v.floor = max(v.floor, v.frozen_error - v.multiple * v.eager_error)
@@ -207,31 +278,43 @@ def compare(call, traced: TracedCall, inputs: list, what: str, target: str,
             numbers = v.describe().format(ref=ref_name) if math.isfinite(v.frozen_error) else ""
             need = _suggest(v)
             if picked is not None:  # a multiple of a mismatch fraction says nothing of a pick
-                why = (f"their candidates do not tie within {picked['multiple']:g} x eager's rounding of "
-                       "their difference" if "multiple" in picked else
-                       "no rounding measures them (an infinite, exactly computed or random candidate)")
-                suggestion = _PICK_FIX.format(n=picked["flips"], why=why) if example else _OTHER_SIZES
+                why = (
+                    f"their candidates do not tie within {picked['multiple']:g} x eager's rounding of "
+                    "their difference"
+                    if "multiple" in picked
+                    else "no rounding measures them (an infinite, exactly computed or random candidate)"
+                )
+                suggestion = (
+                    _PICK_FIX.format(n=picked["flips"], why=why) if example else _OTHER_SIZES
+                )
             elif not math.isfinite(need):
                 suggestion = fix
             elif need <= _MAX_SUGGESTED:
                 suggestion = _NUMERIC_FIX.format(m=need)
             else:
-                suggestion = (f"that is {v.frozen_error / max(v.eager_error, 1e-300):.3g} x eager's error, far "
-                              "past rounding: the compiled code computes something else. Capture with "
-                              "engine='eager' (the graph, no kernels) or engine='torch', and report the kernel")
+                suggestion = (
+                    f"that is {v.frozen_error / max(v.eager_error, 1e-300):.3g} x eager's error, far "
+                    "past rounding: the compiled code computes something else. Capture with "
+                    "engine='eager' (the graph, no kernels) or engine='torch', and report the kernel"
+                )
             raise CaptureError(
                 f"the frozen kernels' value {i} ({labels[i]}) differs from the "
-                f"traced graph on {what}; {v.problem}" + (f": {numbers}" if numbers else "")
+                f"traced graph on {what}; {v.problem}"
+                + (f": {numbers}" if numbers else "")
                 + "; refusing to write a pair that computes something else"
-                + ("" if example else f"; {_OTHER_SIZES}") + ("" if not example else f"; {suggestion}"), target=target)
+                + ("" if example else f"; {_OTHER_SIZES}")
+                + ("" if not example else f"; {suggestion}"),
+                target=target,
+            )
         if worst is None or v.ratio > verdicts[worst].ratio:
             worst = i
     case: dict = {"case": what, "values": sum(v is not None for v in verdicts), **info}
     if worst is not None:
         case["worst"] = {"value": labels[worst], **verdicts[worst].numbers()}
     if real is not None:
-        case["eager_call"] = _against_eager_call(real, got, b, ref_out, ref_in, verdicts, labels,
-                                                 len(want), traced, target, options)
+        case["eager_call"] = _against_eager_call(
+            real, got, b, ref_out, ref_in, verdicts, labels, len(want), traced, target, options
+        )
     return case
 
 
@@ -248,20 +331,31 @@ def _reference(traced: TracedCall, inputs: list, target: str, what: str, written
     errors, memory = [], False
     for dtype in (None, torch.float32):
         try:
-            return reference.reference_run(traced.graph_module, inputs, traced.metadata["device"], dtype,
-                                           written=written)
+            return reference.reference_run(
+                traced.graph_module, inputs, traced.metadata["device"], dtype, written=written
+            )
         except Exception as e:  # the graph ran in its own dtypes: the widening broke it
             memory = memory or reference._is_oom(e)
             errors.append(f"{type(e).__name__}: {e}")
     if memory:
-        return None, None, {"reference": "none", "fallback_ops": [],
-                            "checked": "no wider-dtype reference fits in memory ("
-                                       + errors[-1][:200] + "): the values are checked elementwise "
-                                       "against the graph run in its own dtypes"}
+        return (
+            None,
+            None,
+            {
+                "reference": "none",
+                "fallback_ops": [],
+                "checked": "no wider-dtype reference fits in memory ("
+                + errors[-1][:200]
+                + "): the values are checked elementwise "
+                "against the graph run in its own dtypes",
+            },
+        )
     raise CaptureError(
         f"the traced graph does not run in a wider dtype on {what} "
         f"(fp64: {errors[0][:300]}; fp32: {errors[1][:300]}), so the frozen kernels cannot be "
-        "judged against a reference; capture with engine='eager' and report the op", target=target)
+        "judged against a reference; capture with engine='eager' and report the op",
+        target=target,
+    )
 
 
 # elementwise tolerances (rtol = atol) where no reference fits in memory: the graph
@@ -293,12 +387,18 @@ def _without_reference(want, got, labels, target: str, what: str) -> dict:
                 f"the frozen kernels' value {i} ({labels[i]}) differs from the "
                 f"traced graph on {what} beyond its dtype's tolerance (max |frozen - graph| "
                 f"{diff:.3g}; no wider-dtype reference fits in memory); refusing to write a pair "
-                "that computes something else; capture with engine='eager' and report the kernel", target=target)
+                "that computes something else; capture with engine='eager' and report the kernel",
+                target=target,
+            )
         if diff >= worst[0]:
             worst = (diff, labels[i])
     from .numerics import sig
 
-    return {"case": what, "values": len(want), "worst": {"value": worst[1], "max_abs_diff": sig(worst[0])}}
+    return {
+        "case": what,
+        "values": len(want),
+        "worst": {"value": worst[1], "max_abs_diff": sig(worst[0])},
+    }
 
 
 def _suggest(v) -> float:
@@ -311,8 +411,19 @@ def _suggest(v) -> float:
     return float(f"{need * 1.25:.2g}")
 
 
-def _against_eager_call(real: dict, got, b, ref_out, ref_in, verdicts, labels, n_out: int,
-                        traced: TracedCall, target: str, options: dict) -> dict:
+def _against_eager_call(
+    real: dict,
+    got,
+    b,
+    ref_out,
+    ref_in,
+    verdicts,
+    labels,
+    n_out: int,
+    traced: TracedCall,
+    target: str,
+    options: dict,
+) -> dict:
     """Issue 18: the frozen results vs the eager call's own results on the example
     inputs. Within the allowed difference: ok; up to numerics.EAGER_WARN_BAND times
     it: a warning; beyond: CaptureError (``options['eager_check']``: ``'warn'`` only
@@ -330,10 +441,16 @@ def _against_eager_call(real: dict, got, b, ref_out, ref_in, verdicts, labels, n
     if real.get("structure"):
         numerics.warn_or_refuse(numerics.eager_structure_message(real["structure"]), mode, target)
         return {"outcome": "warned", "structure": real["structure"]}
-    pairs = [(i, real["outputs"][i], got[i], ref_out[i]) for i in range(min(n_out, len(real["outputs"])))
-             if real["outputs"][i] is not None]
-    pairs += [(n_out + i, t, b[i], ref_in[i]) for i, t in real["inputs"].items()
-              if verdicts[n_out + i] is not None]
+    pairs = [
+        (i, real["outputs"][i], got[i], ref_out[i])
+        for i in range(min(n_out, len(real["outputs"])))
+        if real["outputs"][i] is not None
+    ]
+    pairs += [
+        (n_out + i, t, b[i], ref_in[i])
+        for i, t in real["inputs"].items()
+        if verdicts[n_out + i] is not None
+    ]
     worst = None
     for i, r, g, ref in pairs:
         v = verdicts[i]
@@ -348,23 +465,37 @@ def _against_eager_call(real: dict, got, b, ref_out, ref_in, verdicts, labels, n
     if worst is None:
         return {"outcome": "ok", "values": 0}
     ratio, i, diff, allowed, max_abs, v, close = worst
-    numbers = {"value": labels[i], "difference": numerics.sig(diff) if math.isfinite(diff) else "inf",
-               "allowed": numerics.sig(allowed), "max_abs_diff": numerics.sig(max_abs) if math.isfinite(max_abs) else "inf",
-               "max_abs_value": numerics.sig(v.scale), "values": len(pairs)}
+    numbers = {
+        "value": labels[i],
+        "difference": numerics.sig(diff) if math.isfinite(diff) else "inf",
+        "allowed": numerics.sig(allowed),
+        "max_abs_diff": numerics.sig(max_abs) if math.isfinite(max_abs) else "inf",
+        "max_abs_value": numerics.sig(v.scale),
+        "values": len(pairs),
+    }
     if close and diff > allowed:  # accepted elementwise, not by the RMS: say so
         numbers["elementwise_close"] = numerics.ELEMENTWISE_TOL
     if ratio <= 1:
         return {"outcome": "ok", **numbers}
-    text = (f"the frozen result's value {i} ({labels[i]}) differs from what "
-            f"the eager call returned at capture: relative RMS difference {diff:.3g} (allowed "
-            f"{allowed:.3g}, {ratio:.3g} x that), max |frozen - eager call| {max_abs:.3g} at values "
-            f"up to {v.scale:.3g}. The traced graph does not compute what eager computed: "
-            f"{numerics.EAGER_PATH}, or the function depends on state the capture does not see")
+    text = (
+        f"the frozen result's value {i} ({labels[i]}) differs from what "
+        f"the eager call returned at capture: relative RMS difference {diff:.3g} (allowed "
+        f"{allowed:.3g}, {ratio:.3g} x that), max |frozen - eager call| {max_abs:.3g} at values "
+        f"up to {v.scale:.3g}. The traced graph does not compute what eager computed: "
+        f"{numerics.EAGER_PATH}, or the function depends on state the capture does not see"
+    )
     if ratio <= numerics.EAGER_WARN_BAND or mode == "warn":
-        warn_at_caller(text + "; written anyway (options={'eager_check': 'refuse'} refuses)"
-                       if mode == "warn" else text + "; written anyway (within "
-                       f"{numerics.EAGER_WARN_BAND:g} x the allowed difference; "
-                       "options={'eager_check': 'off'} skips this check)", target=target)
+        warn_at_caller(
+            text + "; written anyway (options={'eager_check': 'refuse'} refuses)"
+            if mode == "warn"
+            else text + "; written anyway (within "
+            f"{numerics.EAGER_WARN_BAND:g} x the allowed difference; "
+            "options={'eager_check': 'off'} skips this check)",
+            target=target,
+        )
         return {"outcome": "warned", **numbers}
-    raise CaptureError(text + "; refusing to write the pair. Make eager and the trace take one "
-                       "path, or pass options={'eager_check': 'warn'} to keep the graph's result", target=target)
+    raise CaptureError(
+        text + "; refusing to write the pair. Make eager and the trace take one "
+        "path, or pass options={'eager_check': 'warn'} to keep the graph's result",
+        target=target,
+    )

@@ -51,15 +51,23 @@ def shipped_bytecode(sources: Mapping[str, bytes]) -> dict[str, bytes]:
             assert pyc is not None
             jobs.append((src, pyc, name))
         try:
-            done = subprocess.run([sys.executable, "-I", program_path("compile_pycs"), json.dumps(jobs)],
-                                  capture_output=True, text=True, timeout=600)
+            done = subprocess.run(
+                [sys.executable, "-I", program_path("compile_pycs"), json.dumps(jobs)],
+                capture_output=True,
+                text=True,
+                timeout=600,
+            )
         except (OSError, subprocess.TimeoutExpired) as e:
-            raise BuildError(f"Failed to byte-compile the source halves with {sys.executable}: {e}") from None
+            raise BuildError(
+                f"Failed to byte-compile the source halves with {sys.executable}: {e}"
+            ) from None
         if done.returncode != 0:
             last = (done.stderr.strip().splitlines() or ["(no message)"])[-1]
-            raise BuildError(f"Failed to byte-compile the source halves ({', '.join(sources)}): {last}. "
-                             "A source half that does not compile is a capture bug: please report it with "
-                             "the captured file (`python -m precompile_build capture`).")
+            raise BuildError(
+                f"Failed to byte-compile the source halves ({', '.join(sources)}): {last}. "
+                "A source half that does not compile is a capture bug: please report it with "
+                "the captured file (`python -m precompile_build capture`)."
+            )
         out = {}
         for _, pyc, _ in jobs:
             with open(pyc, "rb") as f:

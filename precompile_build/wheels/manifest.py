@@ -61,8 +61,12 @@ def assemble(package: str, results: Sequence[CaptureResult]) -> dict[str, bytes]
     files: dict[str, bytes] = {}
     targets: dict[str, manifest_format.Target] = {}
     for r in results:
-        entry: manifest_format.Target = {"required": r.required, "reason": r.reason, "variants": [],
-                                         "status": "ok" if r.status == "ok" else "failed"}
+        entry: manifest_format.Target = {
+            "required": r.required,
+            "reason": r.reason,
+            "variants": [],
+            "status": "ok" if r.status == "ok" else "failed",
+        }
         targets[r.name] = entry
         if r.status != "ok":
             continue
@@ -73,11 +77,17 @@ def assemble(package: str, results: Sequence[CaptureResult]) -> dict[str, bytes]
         fp = dict(r.info.fingerprint)
         # (the pair's engine and device: builder/pairs.py checked them)
         variant: manifest_format.Variant = {
-                   "id": variant_id(fp), "engine": cast(Engine, r.info.engine),
-                   "device": cast(Device, r.info.device), "fingerprint": fp, "code_hash": r.info.code_hash,
-                   "files": {"source": _file_entry(src_name, source),
-                             "cache": _file_entry(cache_name, cache)},
-                   "captured_at": _captured_at()}
+            "id": variant_id(fp),
+            "engine": cast(Engine, r.info.engine),
+            "device": cast(Device, r.info.device),
+            "fingerprint": fp,
+            "code_hash": r.info.code_hash,
+            "files": {
+                "source": _file_entry(src_name, source),
+                "cache": _file_entry(cache_name, cache),
+            },
+            "captured_at": _captured_at(),
+        }
         if r.info.meta.get("fallback"):  # target `fallback = "eager"`: why not frozen
             variant["fallback"] = cast(Fallback, dict(r.info.meta["fallback"]))
         meta = r.info.meta or {}
@@ -89,7 +99,9 @@ def assemble(package: str, results: Sequence[CaptureResult]) -> dict[str, bytes]
         if validation is not None:  # the numbers the capture was judged by (frozen engine)
             variant["validation"] = validation
         variant.update(arch_report.variant_fields(fp, r.info.meta, r.info.engine))  # type: ignore[typeddict-item]  # compiled_for, tuned_on, ...
-        if r.distributed is not None:  # `world-size`: how the ranks were captured (builder/ranks.py)
+        if (
+            r.distributed is not None
+        ):  # `world-size`: how the ranks were captured (builder/ranks.py)
             variant["distributed"] = dict(r.distributed)  # type: ignore[typeddict-unknown-key]
         if not reproducible:  # which GPU and how long vary from build to build
             variant["capture_device"] = r.device_index
@@ -100,8 +112,12 @@ def assemble(package: str, results: Sequence[CaptureResult]) -> dict[str, bytes]
             if r.capture_breakdown:  # its seconds per step
                 variant["capture_breakdown"] = dict(r.capture_breakdown)
         entry["variants"].append(variant)
-    doc: manifest_format.Manifest = {"format": manifest_format.FORMAT, "version": manifest_format.VERSION,
-                                     "package": package, "targets": targets}
+    doc: manifest_format.Manifest = {
+        "format": manifest_format.FORMAT,
+        "version": manifest_format.VERSION,
+        "package": package,
+        "targets": targets,
+    }
     shipped = shipped_bytecode({n: d for n, d in files.items() if n.endswith(".py")})
     files.update(shipped)
     tag = sys.implementation.cache_tag
@@ -114,15 +130,18 @@ def assemble(package: str, results: Sequence[CaptureResult]) -> dict[str, bytes]
     return files
 
 
-def mark_editable(files: Mapping[str, bytes], package_dir: Path,
-                  package_sha256: str) -> dict[str, bytes]:
+def mark_editable(
+    files: Mapping[str, bytes], package_dir: Path, package_sha256: str
+) -> dict[str, bytes]:
     """``files`` with the manifest's ``editable`` entry set: the source package
     directory (absolute) and its :func:`~precompile_runtime._digest.package_digest`
     at capture time. Only editable builds write it; the loader then compares the
     digest at load and serves no kernels of a changed source."""
     doc = manifest_format.parse(files[MANIFEST_NAME], where="assembled manifest")
-    doc["editable"] = {"package_dir": str(Path(package_dir).resolve()),
-                       "package_sha256": package_sha256}
+    doc["editable"] = {
+        "package_dir": str(Path(package_dir).resolve()),
+        "package_sha256": package_sha256,
+    }
     return {**files, MANIFEST_NAME: manifest_format.dumps(doc)}
 
 
@@ -172,6 +191,9 @@ def checks_count(assumed: dict, guards: dict | None = None) -> dict[str, int]:
     module and global hook entries, "globals": module-level values}``."""
     hooks = assumed.get("hooks") or {}
     counts = {"guards": len(guards["checks"])} if guards else {}
-    return {**counts, "attributes": sum(len(e[3]) for e in assumed.get("reads", ())),
-            "hooks": len(hooks.get("modules", ())) + len(hooks.get("global", ())),
-            "globals": len(assumed.get("globals", ()))}
+    return {
+        **counts,
+        "attributes": sum(len(e[3]) for e in assumed.get("reads", ())),
+        "hooks": len(hooks.get("modules", ())) + len(hooks.get("global", ())),
+        "globals": len(assumed.get("globals", ())),
+    }

@@ -31,11 +31,14 @@ from .rewrite import (
 
 def _split(path: Path, entries: Entries) -> dict[str, Any]:
     """Classify a wheel's entries: precompiled package and files, WHEEL, METADATA."""
-    manifests = [a for a in entries if a.endswith(f"/{PRECOMPILED}/manifest.json")
-                 and a.count("/") == 2]
+    manifests = [
+        a for a in entries if a.endswith(f"/{PRECOMPILED}/manifest.json") and a.count("/") == 2
+    ]
     if len(manifests) != 1:
-        raise BuildError(f"Failed to merge {path.name}: expected one "
-                         f"<package>/{PRECOMPILED}/manifest.json, found {len(manifests)}")
+        raise BuildError(
+            f"Failed to merge {path.name}: expected one "
+            f"<package>/{PRECOMPILED}/manifest.json, found {len(manifests)}"
+        )
     prefix = manifests[0][: -len("manifest.json")]
     dist_info = next(a.split("/")[0] for a in entries if a.endswith(".dist-info/WHEEL"))
     doc = manifest_format.parse(entries[manifests[0]][0], where=f"{path.name}: {manifests[0]}")
@@ -43,20 +46,23 @@ def _split(path: Path, entries: Entries) -> dict[str, Any]:
     meta_text = entries[f"{dist_info}/METADATA"][0].decode()
     head, sep, body = meta_text.partition("\n\n")  # headers end at the first blank line
     stripped = head.rstrip("\n")
-    sep, head = head[len(stripped):] + sep, stripped  # (no body: the final newline is kept)
+    sep, head = head[len(stripped) :] + sep, stripped  # (no body: the final newline is kept)
     meta_lines = head.split("\n")
     return {
-        "prefix": prefix, "doc": doc,
-        "files": {a[len(prefix):]: d for a, (d, _) in entries.items() if a.startswith(prefix)},
+        "prefix": prefix,
+        "doc": doc,
+        "files": {a[len(prefix) :]: d for a, (d, _) in entries.items() if a.startswith(prefix)},
         "tags": [ln[4:].strip() for ln in wheel_lines if ln.startswith("Tag:")],
-        "wheel_rest": [ln for ln in wheel_lines
-                       if not ln.startswith(("Tag:", "Root-Is-Purelib:"))],
+        "wheel_rest": [ln for ln in wheel_lines if not ln.startswith(("Tag:", "Root-Is-Purelib:"))],
         "torch_pins": sorted(ln for ln in meta_lines if requires_project(ln, "torch")),
         "meta_rest": [ln for ln in meta_lines if not requires_project(ln, "torch")],
         "meta_body": sep + body,  # the description: copied, never searched for headers
         "dist_info": dist_info,
-        "others": {a: e for a, e in entries.items() if not a.startswith(prefix)
-                   and a not in (f"{dist_info}/WHEEL", f"{dist_info}/METADATA")},
+        "others": {
+            a: e
+            for a, e in entries.items()
+            if not a.startswith(prefix) and a not in (f"{dist_info}/WHEEL", f"{dist_info}/METADATA")
+        },
     }
 
 
@@ -66,29 +72,39 @@ def _check_same(first: dict, other: dict, name: str) -> None:
         extra = sorted(set(first["others"]) ^ set(other["others"]))
         diffs.append("file lists differ (" + ", ".join(extra[:5]) + ")")
     else:
-        diffs += [f"{a} differs" for a in sorted(first["others"])
-                  if first["others"][a][0] != other["others"][a][0]]
+        diffs += [
+            f"{a} differs"
+            for a in sorted(first["others"])
+            if first["others"][a][0] != other["others"][a][0]
+        ]
     if first["wheel_rest"] != other["wheel_rest"]:
         diffs.append("WHEEL differs beyond its tags")
     if first["meta_rest"] != other["meta_rest"] or first["meta_body"] != other["meta_body"]:
         diffs.append("METADATA differs beyond the torch pin")
     if first["torch_pins"] != other["torch_pins"]:
-        diffs.append(f"torch pins differ ({first['torch_pins']} vs {other['torch_pins']}); "
-                     "a wheel can carry one pin: capture with one torch, or use "
-                     '`torch-pin = "none"`')
+        diffs.append(
+            f"torch pins differ ({first['torch_pins']} vs {other['torch_pins']}); "
+            "a wheel can carry one pin: capture with one torch, or use "
+            '`torch-pin = "none"`'
+        )
     if first["prefix"] != other["prefix"]:
         diffs.append(f"packages differ ({first['prefix']} vs {other['prefix']})")
     if diffs:
-        raise BuildError(f"Failed to merge {name}: it differs from the first wheel in "
-                         "more than its artifacts: " + "; ".join(diffs[:10]))
+        raise BuildError(
+            f"Failed to merge {name}: it differs from the first wheel in "
+            "more than its artifacts: " + "; ".join(diffs[:10])
+        )
 
 
 def _shipped_bytecode(files: dict[str, bytes], source: str, renamed: str) -> dict[str, bytes]:
     """The pycs a build shipped for the source half ``source`` (``NAME.<cache tag>.pyc``,
     wheels/bytecode.py), named for it as ``renamed``: each serves only the source's bytes."""
     stem, new_stem = source[:-3], renamed[:-3]
-    return {f"{new_stem}.{n[len(stem) + 1:]}": d for n, d in files.items()
-            if n.startswith(stem + ".") and n.endswith(".pyc") and n.count(".") == stem.count(".") + 2}
+    return {
+        f"{new_stem}.{n[len(stem) + 1 :]}": d
+        for n, d in files.items()
+        if n.startswith(stem + ".") and n.endswith(".pyc") and n.count(".") == stem.count(".") + 2
+    }
 
 
 def _merge_manifests(parts: Sequence[dict], names: Sequence[str]) -> tuple[dict, dict]:
@@ -101,26 +117,38 @@ def _merge_manifests(parts: Sequence[dict], names: Sequence[str]) -> tuple[dict,
     for part, wname in zip(parts, names):
         for tname, target in part["doc"]["targets"].items():
             merged = doc["targets"].setdefault(
-                tname, {"required": target.get("required", True), "status": "failed",
-                        "reason": target.get("reason"), "variants": []})
+                tname,
+                {
+                    "required": target.get("required", True),
+                    "status": "failed",
+                    "reason": target.get("reason"),
+                    "variants": [],
+                },
+            )
             for v in target.get("variants", []):
                 if any(o["id"] == v["id"] for o in merged["variants"]):
-                    raise BuildError(f"Failed to merge {wname}: target {tname!r} variant "
-                                     f"{v['id']} (same host fingerprint) is in two wheels")
+                    raise BuildError(
+                        f"Failed to merge {wname}: target {tname!r} variant "
+                        f"{v['id']} (same host fingerprint) is in two wheels"
+                    )
                 v = copy.deepcopy(v)
                 for role, ext in (("source", "py"), ("cache", "cache")):
                     entry = v["files"][role]
                     data = part["files"][entry["path"]]
                     if hashlib.sha256(data).hexdigest() != entry["sha256"]:
-                        raise BuildError(f"Failed to merge {wname}: {entry['path']} does "
-                                         "not match its manifest sha256")
+                        raise BuildError(
+                            f"Failed to merge {wname}: {entry['path']} does "
+                            "not match its manifest sha256"
+                        )
                     path = entry["path"]
                     if path in files and files[path] != data:
                         path = f"{tname}.{v['id']}.{ext}"
                     files[path] = data
                     if role == "source":
                         files.update(_shipped_bytecode(part["files"], entry["path"], path))
-                        for tag, pyc in (v.get("bytecode") or {}).items():  # named for the renamed source
+                        for tag, pyc in (
+                            v.get("bytecode") or {}
+                        ).items():  # named for the renamed source
                             pyc["path"] = f"{path[:-3]}.{tag}.pyc"
                     entry["path"] = path
                 merged["variants"].append(v)
@@ -128,13 +156,14 @@ def _merge_manifests(parts: Sequence[dict], names: Sequence[str]) -> tuple[dict,
     for t in doc["targets"].values():
         if t["status"] == "failed" and not t.get("reason"):
             t["reason"] = "failed on every host"
-    arch_report.mark_native_builds(doc)  # a native build of an architecture wins over a cross-compiled one
+    arch_report.mark_native_builds(
+        doc
+    )  # a native build of an architecture wins over a cross-compiled one
     files["manifest.json"] = manifest_format.dumps(doc)
     return doc, files
 
 
-def merge_wheels(wheels: Sequence[str | os.PathLike[str]],
-                 out_dir: str | os.PathLike[str]) -> Path:
+def merge_wheels(wheels: Sequence[str | os.PathLike[str]], out_dir: str | os.PathLike[str]) -> Path:
     """Combine ``wheels`` into one wheel in ``out_dir``.
 
     Args:
@@ -155,8 +184,10 @@ def merge_wheels(wheels: Sequence[str | os.PathLike[str]],
     key0 = (canonicalize_name(str(parsed[0]["name"])), parsed[0]["ver"])
     for p, pn in zip(paths[1:], parsed[1:]):
         if (canonicalize_name(str(pn["name"])), pn["ver"]) != key0:
-            raise BuildError(f"Failed to merge {p.name}: it is {pn['name']} {pn['ver']}, "
-                             f"not {parsed[0]['name']} {parsed[0]['ver']}")
+            raise BuildError(
+                f"Failed to merge {p.name}: it is {pn['name']} {pn['ver']}, "
+                f"not {parsed[0]['name']} {parsed[0]['ver']}"
+            )
     try:
         parts = [_split(p, read_wheel(p)) for p in paths]
     except manifest_format.ManifestError as e:
@@ -174,8 +205,9 @@ def merge_wheels(wheels: Sequence[str | os.PathLike[str]],
         from .platform_tags import wheel_tags
 
         native = next(t for t in tags if not t.endswith("-none-any"))
-        tags = wheel_tags({a: d for a, (d, _) in entries.items()},
-                          interpreter_abi=native.rsplit("-", 1)[0])
+        tags = wheel_tags(
+            {a: d for a, (d, _) in entries.items()}, interpreter_abi=native.rsplit("-", 1)[0]
+        )
     di = first["dist_info"]
     wheel_text = "\n".join(first["wheel_rest"] + ["Root-Is-Purelib: true"]) + "\n"
     entries[f"{di}/WHEEL"] = (patch_wheel_info(wheel_text, tags).encode(), 0o644)

@@ -33,14 +33,23 @@ from typing import Optional
 
 from packaging.tags import sys_tags
 
-__all__ = ["FLOOR", "TORCH_LIBS", "TagDecision", "decide_platform", "elf_needs", "kernel_files",
-           "wheel_tags"]
+__all__ = [
+    "FLOOR",
+    "TORCH_LIBS",
+    "TagDecision",
+    "decide_platform",
+    "elf_needs",
+    "kernel_files",
+    "wheel_tags",
+]
 
 # Libraries torch's own wheels ship or load (libtorch, c10, OpenMP, the CUDA runtime
 # and its libraries, the driver): present in any process that imported torch.
-TORCH_LIBS = re.compile(r"^lib(torch|c10|shm|gomp|iomp5|omp|cuda|cudart|nvrtc|cublas|cublasLt|"
-                        r"cudnn|cufft|curand|cusolver|cusparse|nccl|nvToolsExt|nvJitLink|"
-                        r"triton|amdhip64|hiprtc|rocblas|MIOpen)[\w.+-]*\.so(\.[\d.]+)?$")
+TORCH_LIBS = re.compile(
+    r"^lib(torch|c10|shm|gomp|iomp5|omp|cuda|cudart|nvrtc|cublas|cublasLt|"
+    r"cudnn|cufft|curand|cusolver|cusparse|nccl|nvToolsExt|nvJitLink|"
+    r"triton|amdhip64|hiprtc|rocblas|MIOpen)[\w.+-]*\.so(\.[\d.]+)?$"
+)
 
 # The oldest tag given: kernels that need nothing older (CUDA-only wheels: cubins need
 # no libc) still get manylinux_2_17 (manylinux2014), the oldest policy torch and
@@ -48,9 +57,15 @@ TORCH_LIBS = re.compile(r"^lib(torch|c10|shm|gomp|iomp5|omp|cuda|cudart|nvrtc|cu
 FLOOR = "manylinux_2_17"
 
 _ELF_MAGIC = b"\x7fELF"
-_MACHINES = {"x86_64": "EM_X86_64", "i686": "EM_386", "aarch64": "EM_AARCH64",
-             "ppc64le": "EM_PPC64", "s390x": "EM_S390", "armv7l": "EM_ARM",
-             "riscv64": "EM_RISCV"}
+_MACHINES = {
+    "x86_64": "EM_X86_64",
+    "i686": "EM_386",
+    "aarch64": "EM_AARCH64",
+    "ppc64le": "EM_PPC64",
+    "s390x": "EM_S390",
+    "armv7l": "EM_ARM",
+    "riscv64": "EM_RISCV",
+}
 
 
 @dataclass
@@ -88,7 +103,7 @@ def kernel_files(files: Mapping[str, bytes]) -> tuple[dict[str, bytes], list[str
         if data[:4] == _ELF_MAGIC:
             elves[name] = data
         elif name.endswith(".cache"):
-            if data[:len(MAGIC)] != MAGIC:
+            if data[: len(MAGIC)] != MAGIC:
                 opaque.append(name)
                 continue
             env = loads(data, what=name)
@@ -157,14 +172,17 @@ def decide_platform(elves: Mapping[str, bytes], opaque: Iterable[str] = ()) -> T
     plat = sysconfig.get_platform().replace("-", "_").replace(".", "_")
     if not plat.startswith("linux_"):
         return TagDecision([plat])
-    arch = plat[len("linux_"):]
+    arch = plat[len("linux_") :]
     try:
         from auditwheel.architecture import Architecture
         from auditwheel.libc import Libc
         from auditwheel.policy import WheelPolicies
     except ImportError as e:
-        return TagDecision([plat], f"auditwheel is not importable ({e}); install it "
-                           "(`pip install auditwheel`) for a manylinux tag")
+        return TagDecision(
+            [plat],
+            f"auditwheel is not importable ({e}); install it "
+            "(`pip install auditwheel`) for a manylinux tag",
+        )
     if any("musl" in t.platform for t in list(sys_tags())[:1]):
         return TagDecision([plat], "a musl libc host: musllinux tags are not decided here")
     try:
@@ -189,36 +207,52 @@ def decide_platform(elves: Mapping[str, bytes], opaque: Iterable[str] = ()) -> T
     shown = {k: sorted(v) for k, v in sorted(needs.items())}
     policy = policies.versioned_symbols_policy(needs)
     if policy.name == policies.linux.name:
-        return TagDecision([plat], "no manylinux policy allows the symbol versions the "
-                           f"kernels need ({shown})", shown)
+        return TagDecision(
+            [plat],
+            f"no manylinux policy allows the symbol versions the kernels need ({shown})",
+            shown,
+        )
     floor = [p for p in policies if p.name == f"{FLOOR}_{arch}"]
     if floor and floor[0].priority < policy.priority:
         policy = floor[0]
-    outside = sorted(lib for lib in libs if lib not in policy.whitelist
-                     and not TORCH_LIBS.match(lib) and "ld-linux" not in lib)
+    outside = sorted(
+        lib
+        for lib in libs
+        if lib not in policy.whitelist and not TORCH_LIBS.match(lib) and "ld-linux" not in lib
+    )
     if outside:
-        return TagDecision([plat], "the kernels link libraries that neither torch nor the "
-                           f"manylinux policy provides: {', '.join(outside)} (needed by "
-                           f"{', '.join(sorted(libs[outside[0]]))})", shown)
+        return TagDecision(
+            [plat],
+            "the kernels link libraries that neither torch nor the "
+            f"manylinux policy provides: {', '.join(outside)} (needed by "
+            f"{', '.join(sorted(libs[outside[0]]))})",
+            shown,
+        )
     opaque = sorted(opaque)
     if opaque:
         host = _host_glibc()
         if host is None:
-            return TagDecision([plat], f"{', '.join(opaque)}: not an envelope, so its "
-                               "kernels cannot be inspected, and this host's glibc is unknown",
-                               shown)
+            return TagDecision(
+                [plat],
+                f"{', '.join(opaque)}: not an envelope, so its "
+                "kernels cannot be inspected, and this host's glibc is unknown",
+                shown,
+            )
         mine = [p for p in policies if p.name == f"manylinux_{host[0]}_{host[1]}_{arch}"]
         if mine and mine[0].priority < policy.priority:
             policy = mine[0]
-        reason = (f"{', '.join(opaque)}: cannot be inspected (not an envelope, or "
-                  f"not a readable ELF file); tagged for this host's glibc "
-                  f"{host[0]}.{host[1]}, the newest any kernel compiled here can need")
+        reason = (
+            f"{', '.join(opaque)}: cannot be inspected (not an envelope, or "
+            f"not a readable ELF file); tagged for this host's glibc "
+            f"{host[0]}.{host[1]}, the newest any kernel compiled here can need"
+        )
         return TagDecision([policy.name, *policy.aliases], reason, shown)
     return TagDecision([policy.name, *policy.aliases], None, shown)
 
 
-def wheel_tags(files: Mapping[str, bytes], *, interpreter_abi: Optional[str] = None,
-               say=None) -> list[str]:
+def wheel_tags(
+    files: Mapping[str, bytes], *, interpreter_abi: Optional[str] = None, say=None
+) -> list[str]:
     """``cpXY-cpXY-<platform>`` tags for a wheel whose entries (and ``_precompiled/``
     files) are ``files``: one per platform of :func:`decide_platform`.
 

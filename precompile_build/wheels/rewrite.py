@@ -146,8 +146,10 @@ def build_requirements(variants: Iterable[Mapping], policy: str) -> list[str]:
     """
     versions = {v["fingerprint"].get("torch") for v in variants} - {None}
     if len(versions) > 1:
-        raise BuildError("Failed to pin torch: variants were captured with different "
-                         f"torch versions ({', '.join(sorted(versions))})")
+        raise BuildError(
+            "Failed to pin torch: variants were captured with different "
+            f"torch versions ({', '.join(sorted(versions))})"
+        )
     version = versions.pop() if versions else _installed_version("torch")
     pin = torch_requirement(version, policy)
     return [runtime_requirement()] + ([pin] if pin else [])
@@ -177,18 +179,25 @@ def written_requirements(wheel: Path, requires: Sequence[str]) -> list[str]:
     ``requires``, as :func:`patch_metadata` left them (the library's own line of a
     project kept or merged: ``torch==2.13.0,>=1.13``, a bare ``precompile-runtime``)."""
     with zipfile.ZipFile(wheel) as zf:
-        name = next(n for n in zf.namelist() if n.endswith(".dist-info/METADATA") and n.count("/") == 1)
+        name = next(
+            n for n in zf.namelist() if n.endswith(".dist-info/METADATA") and n.count("/") == 1
+        )
         head = zf.read(name).decode("utf-8").partition("\n\n")[0]
     names = {canonicalize_name(Requirement(r).name) for r in requires}
-    return [ln.split(":", 1)[1].strip() for ln in head.split("\n")
-            if any(requires_project(ln, n) for n in names)]
+    return [
+        ln.split(":", 1)[1].strip()
+        for ln in head.split("\n")
+        if any(requires_project(ln, n) for n in names)
+    ]
 
 
 def insert_requires(lines: list[str], new: Sequence[str]) -> list[str]:
     """Header ``lines`` with the ``Requires-Dist`` lines ``new`` after the last one
     there (after the last header when there is none)."""
-    idx = max((i for i, ln in enumerate(lines) if ln.startswith("Requires-Dist:")), default=len(lines) - 1)
-    return lines[:idx + 1] + list(new) + lines[idx + 1:]
+    idx = max(
+        (i for i, ln in enumerate(lines) if ln.startswith("Requires-Dist:")), default=len(lines) - 1
+    )
+    return lines[: idx + 1] + list(new) + lines[idx + 1 :]
 
 
 def patch_metadata(text: str, requires: Sequence[str]) -> str:
@@ -227,7 +236,8 @@ def patch_metadata(text: str, requires: Sequence[str]) -> str:
                 raise BuildError(
                     f"Failed to write the wheel's metadata: the artifacts need {r}, but "
                     f"`project.dependencies` requires {got}; widen that requirement or "
-                    "build with the torch it allows")
+                    "build with the torch it allows"
+                )
             got.specifier &= want.specifier
             lines[i] = f"Requires-Dist: {got}"
     return "\n".join(insert_requires(lines, new)) + sep + body
@@ -258,10 +268,16 @@ def wheel_name(parsed: Mapping[str, Optional[str]], tags: Sequence[str]) -> str:
     return f"{parsed['namever']}{build}-{compress_tags(tags)}.whl"
 
 
-def package_wheel(wheel_path: str | os.PathLike[str], out_dir: str | os.PathLike[str],
-                  package: str, files: Optional[Mapping[str, bytes]],
-                  requires: Sequence[str], *, native: bool,
-                  kernels: Optional[Mapping[str, bytes]] = None) -> Path:
+def package_wheel(
+    wheel_path: str | os.PathLike[str],
+    out_dir: str | os.PathLike[str],
+    package: str,
+    files: Optional[Mapping[str, bytes]],
+    requires: Sequence[str],
+    *,
+    native: bool,
+    kernels: Optional[Mapping[str, bytes]] = None,
+) -> Path:
     """Rewrite a wheel with `_precompiled/` files, requirements and tags.
 
     Args:
@@ -289,15 +305,22 @@ def package_wheel(wheel_path: str | os.PathLike[str], out_dir: str | os.PathLike
     entries = {a: e for a, e in entries.items() if not a.startswith(prefix)}
     for name, data in (files or {}).items():
         entries[prefix + name] = (data, 0o644)
-    dist_info = next((a.split("/")[0] for a in entries
-                      if a.endswith(".dist-info/WHEEL") and a.count("/") == 1), None)
+    dist_info = next(
+        (a.split("/")[0] for a in entries if a.endswith(".dist-info/WHEEL") and a.count("/") == 1),
+        None,
+    )
     if dist_info is None:
         raise BuildError(f"Failed to read wheel {wheel_path}: no .dist-info/WHEEL")
     meta_arc, wheel_arc = f"{dist_info}/METADATA", f"{dist_info}/WHEEL"
-    entries[meta_arc] = (patch_metadata(entries[meta_arc][0].decode(), requires).encode(),
-                         entries[meta_arc][1])
-    old_tags = [ln[4:].strip() for ln in entries[wheel_arc][0].decode().splitlines()
-                if ln.startswith("Tag:")]
+    entries[meta_arc] = (
+        patch_metadata(entries[meta_arc][0].decode(), requires).encode(),
+        entries[meta_arc][1],
+    )
+    old_tags = [
+        ln[4:].strip()
+        for ln in entries[wheel_arc][0].decode().splitlines()
+        if ln.startswith("Tag:")
+    ]
     if native:
         from .platform_tags import wheel_tags
 
@@ -306,8 +329,10 @@ def package_wheel(wheel_path: str | os.PathLike[str], out_dir: str | os.PathLike
         tags = wheel_tags(inspected)
     else:
         tags = old_tags
-    entries[wheel_arc] = (patch_wheel_info(entries[wheel_arc][0].decode(), tags).encode(),
-                          entries[wheel_arc][1])
+    entries[wheel_arc] = (
+        patch_wheel_info(entries[wheel_arc][0].decode(), tags).encode(),
+        entries[wheel_arc][1],
+    )
     out = write_wheel(out_dir, wheel_name(parsed, tags), entries)
     if out.resolve() != wheel_path.resolve() and wheel_path.exists():
         wheel_path.unlink()

@@ -46,13 +46,19 @@ REGENERATE = "python -m precompile_build.wheels.schema_snapshot"
 
 # snapshot name -> (module, root TypedDict, the module's file, for messages)
 FORMATS: dict[str, tuple[Any, type, str]] = {
-    "pair_metadata": (pair_format, pair_format.PairMetadata, "runtime/precompile_runtime/pair_format.py"),
+    "pair_metadata": (
+        pair_format,
+        pair_format.PairMetadata,
+        "runtime/precompile_runtime/pair_format.py",
+    ),
     "manifest": (manifest, manifest.Manifest, "runtime/precompile_runtime/manifest.py"),
 }
 
-RULE = ("a change a reader of the same version could misread takes a new VERSION (a key "
-        "removed, renamed or retyped, made required or optional, a required key added); "
-        "adding an optional key keeps it")
+RULE = (
+    "a change a reader of the same version could misread takes a new VERSION (a key "
+    "removed, renamed or retyped, made required or optional, a required key added); "
+    "adding an optional key keeps it"
+)
 
 _UNION_TYPE = getattr(types, "UnionType", None)  # `X | Y` (Python 3.10+)
 
@@ -72,8 +78,10 @@ def type_text(tp: Any, found: dict[str, type]) -> str:
     if _is_typeddict(tp):
         seen = found.setdefault(tp.__name__, tp)
         if seen is not tp:
-            raise TypeError(f"two TypedDicts named {tp.__name__!r} in one format: "
-                            f"{seen.__module__} and {tp.__module__}")
+            raise TypeError(
+                f"two TypedDicts named {tp.__name__!r} in one format: "
+                f"{seen.__module__} and {tp.__module__}"
+            )
         return str(tp.__name__)
     origin = get_origin(tp)
     if origin is Literal:
@@ -81,7 +89,11 @@ def type_text(tp: Any, found: dict[str, type]) -> str:
     if origin is Union or (_UNION_TYPE is not None and origin is _UNION_TYPE):
         members = sorted(type_text(a, found) for a in get_args(tp) if a is not type(None))
         if len(members) < len(get_args(tp)):  # None was one
-            return f"Optional[{members[0]}]" if len(members) == 1 else f"Union[{', '.join(members)}, None]"
+            return (
+                f"Optional[{members[0]}]"
+                if len(members) == 1
+                else f"Union[{', '.join(members)}, None]"
+            )
         return f"Union[{', '.join(members)}]"
     if origin is not None:
         texts = [type_text(a, found) for a in get_args(tp)]
@@ -116,18 +128,28 @@ def snapshot() -> dict[str, Any]:
     and :func:`schema`."""
     formats = {}
     for name, (module, root, _) in FORMATS.items():
-        formats[name] = {"module": module.__name__, "format": module.FORMAT, "version": module.VERSION,
-                         "root": root.__name__, "types": schema(root)}
-    return {"about": f"written by `{REGENERATE}`; when VERSION must move: its docstring",
-            "formats": formats}
+        formats[name] = {
+            "module": module.__name__,
+            "format": module.FORMAT,
+            "version": module.VERSION,
+            "root": root.__name__,
+            "types": schema(root),
+        }
+    return {
+        "about": f"written by `{REGENERATE}`; when VERSION must move: its docstring",
+        "formats": formats,
+    }
 
 
 def _renames(old: dict[str, Any], new: dict[str, Any]) -> dict[str, str]:
     """Old TypedDict name -> new name, for TypedDicts renamed with their keys unchanged."""
     gone = [n for n in old if n not in new]
     added = [n for n in new if n not in old]
-    return {o: next(a for a in added if new[a] == old[o]) for o in gone
-            if any(new[a] == old[o] for a in added)}
+    return {
+        o: next(a for a in added if new[a] == old[o])
+        for o in gone
+        if any(new[a] == old[o] for a in added)
+    }
 
 
 def changes(old: dict[str, Any], new: dict[str, Any]) -> tuple[list[str], list[str]]:
@@ -138,7 +160,9 @@ def changes(old: dict[str, Any], new: dict[str, Any]) -> tuple[list[str], list[s
     if old["format"] != new["format"]:
         incompatible.append(f"the format name changed: {old['format']!r} -> {new['format']!r}")
     renames = _renames(old["types"], new["types"])
-    compatible += [f"TypedDict {o} renamed {n}, its keys unchanged" for o, n in sorted(renames.items())]
+    compatible += [
+        f"TypedDict {o} renamed {n}, its keys unchanged" for o, n in sorted(renames.items())
+    ]
 
     def renamed(text: str) -> str:
         for o, n in renames.items():
@@ -177,10 +201,14 @@ def problems(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
             continue
         where = FORMATS[name][2] if name in FORMATS else now["module"]
         if now["version"] < before["version"]:
-            found.append(f"{name}: VERSION went down, {before['version']} -> {now['version']} ({where})")
+            found.append(
+                f"{name}: VERSION went down, {before['version']} -> {now['version']} ({where})"
+            )
         elif now["version"] == before["version"]:
             incompatible, _ = changes(before, now)
-            found += [f"{name} (VERSION {now['version']} in {where}): {line}" for line in incompatible]
+            found += [
+                f"{name} (VERSION {now['version']} in {where}): {line}" for line in incompatible
+            ]
     return found
 
 
@@ -196,7 +224,11 @@ def summary(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
             lines.append(f"{name}: VERSION {before['version']} -> {now['version']}")
         incompatible, compatible = changes(before, now)
         lines += [f"{name}: {line}" for line in incompatible + compatible]
-    lines += [f"{name}: no longer in the snapshot" for name in old["formats"] if name not in new["formats"]]
+    lines += [
+        f"{name}: no longer in the snapshot"
+        for name in old["formats"]
+        if name not in new["formats"]
+    ]
     return lines
 
 
@@ -204,14 +236,18 @@ def explain(old: dict[str, Any], new: dict[str, Any]) -> str:
     """Why snapshot ``old`` (the checked-in one) is not ``new`` (the tree's), and what to do."""
     found = problems(old, new)
     if found:
-        return ("the pair metadata or manifest changed incompatibly without a version change:\n  "
-                + "\n  ".join(found)
-                + f"\nRule: {RULE}. Move VERSION in the module named (for the pair metadata also "
-                "READS, the versions the runtime loads), then regenerate the snapshot: "
-                f"{REGENERATE}")
-    return ("tests/data/schema_snapshot.json is not the tree's schema (no version needs to move):\n  "
-            + "\n  ".join(summary(old, new) or ["(its other entries)"])
-            + f"\nRule: {RULE}. Regenerate it and commit it with the change: {REGENERATE}")
+        return (
+            "the pair metadata or manifest changed incompatibly without a version change:\n  "
+            + "\n  ".join(found)
+            + f"\nRule: {RULE}. Move VERSION in the module named (for the pair metadata also "
+            "READS, the versions the runtime loads), then regenerate the snapshot: "
+            f"{REGENERATE}"
+        )
+    return (
+        "tests/data/schema_snapshot.json is not the tree's schema (no version needs to move):\n  "
+        + "\n  ".join(summary(old, new) or ["(its other entries)"])
+        + f"\nRule: {RULE}. Regenerate it and commit it with the change: {REGENERATE}"
+    )
 
 
 def dumps(snap: dict[str, Any]) -> str:
@@ -234,11 +270,20 @@ def main(argv: list[str] | None = None) -> int:
     """The command (see the module's docstring) with ``argv`` (None: ``sys.argv[1:]``);
     returns its exit status: 0 written or up to date, 1 refused or (``--check``) not
     the tree's schema."""
-    parser = argparse.ArgumentParser(prog=REGENERATE, description=(
-        "Write the schema snapshot of the pair metadata and the manifest from the tree; "
-        f"refused where a format changed incompatibly without a version change ({RULE})."))
-    parser.add_argument("path", nargs="?", type=Path, default=SNAPSHOT,
-                        help=f"the snapshot file (default: {SNAPSHOT})")
+    parser = argparse.ArgumentParser(
+        prog=REGENERATE,
+        description=(
+            "Write the schema snapshot of the pair metadata and the manifest from the tree; "
+            f"refused where a format changed incompatibly without a version change ({RULE})."
+        ),
+    )
+    parser.add_argument(
+        "path",
+        nargs="?",
+        type=Path,
+        default=SNAPSHOT,
+        help=f"the snapshot file (default: {SNAPSHOT})",
+    )
     parser.add_argument("--check", action="store_true", help="compare only: exit 1 when it differs")
     args = parser.parse_args(argv)
     current = snapshot()
@@ -258,6 +303,7 @@ def main(argv: list[str] | None = None) -> int:
     _write(args.path, dumps(current))
     print("\n  ".join([f"{args.path}: written", *(summary(old, current) if old else [])]))
     return 0
+
 
 if __name__ == "__main__":
     sys.exit(main())

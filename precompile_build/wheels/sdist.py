@@ -46,8 +46,9 @@ def mark_dynamic(text: str) -> str:
                 continue
             if (major, minor) < (2, 2):
                 lines[i] = "Metadata-Version: 2.2"
-    idx = max((i for i, ln in enumerate(lines) if ln.startswith("Requires-Dist:")),
-              default=len(lines) - 1)
+    idx = max(
+        (i for i, ln in enumerate(lines) if ln.startswith("Requires-Dist:")), default=len(lines) - 1
+    )
     lines.insert(idx + 1, "Dynamic: Requires-Dist")
     return "\n".join(lines) + sep + body
 
@@ -60,8 +61,12 @@ def _normal_mode(info: tarfile.TarInfo) -> int:
 
 def _pkg_info(info: tarfile.TarInfo, data: bytes | None, base: str) -> bytes | None:
     parts = info.name.split("/")
-    if data is None or parts[-1] != "PKG-INFO" or parts[0] != base or not (
-            len(parts) == 2 or (len(parts) == 3 and parts[1].endswith(".egg-info"))):
+    if (
+        data is None
+        or parts[-1] != "PKG-INFO"
+        or parts[0] != base
+        or not (len(parts) == 2 or (len(parts) == 3 and parts[1].endswith(".egg-info")))
+    ):
         return data
     out = mark_dynamic(data.decode("utf-8")).encode("utf-8")
     info.size = len(out)
@@ -81,8 +86,9 @@ def _capture_files(settings: Settings) -> list[Path]:
     return sorted(found)
 
 
-def package_sdist(sdist_path: str | os.PathLike[str], out_dir: str | os.PathLike[str],
-                  settings: Settings) -> Path:
+def package_sdist(
+    sdist_path: str | os.PathLike[str], out_dir: str | os.PathLike[str], settings: Settings
+) -> Path:
     """Rewrite an sdist: add every configured capture script it lacks, and the Python
     modules beside each script (its folder's ``*.py``, not its subfolders), drop
     ``<package>/_precompiled/`` (artifacts of an editable build in the source tree).
@@ -104,14 +110,17 @@ def package_sdist(sdist_path: str | os.PathLike[str], out_dir: str | os.PathLike
     rel_pkg = settings.package_dir.relative_to(settings.root).as_posix()
     try:
         with tarfile.open(sdist_path, "r:gz") as src:
-            members = [(m, src.extractfile(m).read() if m.isfile() else None)  # type: ignore[union-attr]
-                       for m in src.getmembers()]
+            members = [
+                (m, src.extractfile(m).read() if m.isfile() else None)  # type: ignore[union-attr]
+                for m in src.getmembers()
+            ]
     except (OSError, tarfile.TarError) as e:
         raise BuildError(f"Failed to read sdist {sdist_path}: {e}") from None
     base = members[0][0].name.split("/")[0] if members else sdist_path.name[:-7]
     drop = f"{base}/{rel_pkg}/{PRECOMPILED}"
     kept: list[tuple[tarfile.TarInfo, Optional[bytes]]] = [
-        (m, d) for m, d in members if m.name != drop and not m.name.startswith(drop + "/")]
+        (m, d) for m, d in members if m.name != drop and not m.name.startswith(drop + "/")
+    ]
     for m, _ in kept:
         m.mode = _normal_mode(m)
     kept = [(m, _pkg_info(m, d, base)) for m, d in kept]
@@ -127,9 +136,11 @@ def package_sdist(sdist_path: str | os.PathLike[str], out_dir: str | os.PathLike
     out_dir.mkdir(parents=True, exist_ok=True)
     tmp = out_tempdir(out_dir)  # (sweeps the ones killed builds left there)
     try:
-        with open(tmp / sdist_path.name, "wb") as raw, \
-                gzip.GzipFile(filename="", mode="wb", fileobj=raw, mtime=_mtime()) as gz, \
-                tarfile.open(fileobj=gz, mode="w", format=tarfile.PAX_FORMAT) as dst:
+        with (
+            open(tmp / sdist_path.name, "wb") as raw,
+            gzip.GzipFile(filename="", mode="wb", fileobj=raw, mtime=_mtime()) as gz,
+            tarfile.open(fileobj=gz, mode="w", format=tarfile.PAX_FORMAT) as dst,
+        ):
             for info, blob in kept:
                 dst.addfile(info, io.BytesIO(blob) if blob is not None else None)
         os.replace(tmp / sdist_path.name, out_dir / sdist_path.name)

@@ -13,5 +13,7 @@ import precompile_build  # noqa: E402
 
 device = os.environ.get("PRECOMPILE_DEVICE", "cpu")
 model, args = benchmodels.build(sys.argv[1], device)
-with precompile_build.capture(benchmodels.forward, engine=os.environ.get("BENCH_ENGINE", "auto")) as f:
+with precompile_build.capture(
+    benchmodels.forward, engine=os.environ.get("BENCH_ENGINE", "auto")
+) as f:
     f(model, *args)

@@ -10,6 +10,7 @@ headers differ.
 
 (run with triton 3.6; the files are written next to this script).
 """
+
 import os
 import subprocess
 import sys
@@ -38,15 +39,23 @@ def ptxas(tool, ptx, target, out):
     with tempfile.TemporaryDirectory() as d:
         path = os.path.join(d, "k.ptx")
         with open(path, "w") as f:
-            f.write("\n".join(f".target {target}" if line.startswith(".target ") else line
-                              for line in ptx.splitlines()) + "\n")
+            f.write(
+                "\n".join(
+                    f".target {target}" if line.startswith(".target ") else line
+                    for line in ptx.splitlines()
+                )
+                + "\n"
+            )
         subprocess.run([tool, f"--gpu-name={target}", path, "-o", out], check=True)
 
 
 def main(cuda13_ptxas):
     for cc, other in ((80, None), (90, "sm_90"), (100, "sm_100"), (120, None)):
         for version, tool in ((None, None), ("13.0", cuda13_ptxas)):
-            for knob in ("TRITON_PTXAS_PATH", "TRITON_PTXAS_BLACKWELL_PATH"):  # read at each compile
+            for knob in (
+                "TRITON_PTXAS_PATH",
+                "TRITON_PTXAS_BLACKWELL_PATH",
+            ):  # read at each compile
                 os.environ.pop(knob, None)
                 if tool:
                     os.environ[knob] = tool
@@ -57,7 +66,12 @@ def main(cuda13_ptxas):
             with open(os.path.join(HERE, f"ptxas{version}-{target}.cubin"), "wb") as f:
                 f.write(asm["cubin"])
             if other:
-                ptxas(get_ptxas(cc).path, asm["ptx"], other, os.path.join(HERE, f"ptxas{version}-{other}.cubin"))
+                ptxas(
+                    get_ptxas(cc).path,
+                    asm["ptx"],
+                    other,
+                    os.path.join(HERE, f"ptxas{version}-{other}.cubin"),
+                )
 
 
 if __name__ == "__main__":

@@ -23,20 +23,36 @@ COMPILER = ("torch._inductor", "torch._dynamo", "triton")
 
 
 def _compiler_modules():
-    return {m for m in sys.modules if m in COMPILER or m.startswith(tuple(c + "." for c in COMPILER))}
+    return {
+        m for m in sys.modules if m in COMPILER or m.startswith(tuple(c + "." for c in COMPILER))
+    }
 
 
 def _diff(got, want, path="result"):
     """Largest absolute difference; raises AssertionError on another structure."""
     if isinstance(want, torch.Tensor):
         assert isinstance(got, torch.Tensor), f"{path}: {type(got).__name__}, eager gives a tensor"
-        assert got.shape == want.shape and got.dtype == want.dtype, f"{path}: {got.shape}/{got.dtype} vs {want.shape}/{want.dtype}"
+        assert got.shape == want.shape and got.dtype == want.dtype, (
+            f"{path}: {got.shape}/{got.dtype} vs {want.shape}/{want.dtype}"
+        )
         return (got.float() - want.float()).abs().max().item() if want.numel() else 0.0
-    assert type(got) is type(want), f"{path}: {type(got).__name__}, eager gives {type(want).__name__}"
+    assert type(got) is type(want), (
+        f"{path}: {type(got).__name__}, eager gives {type(want).__name__}"
+    )
     if dataclasses.is_dataclass(want) and hasattr(want, "keys"):  # a transformers ModelOutput
-        assert list(got.keys()) == list(want.keys()), f"{path}: keys {list(got.keys())} vs {list(want.keys())}"
-        return max([0.0] + [max(_diff(got[k], want[k], f"{path}[{k!r}]"), _diff(getattr(got, k), want[k], f"{path}.{k}"))
-                            for k in want.keys()])
+        assert list(got.keys()) == list(want.keys()), (
+            f"{path}: keys {list(got.keys())} vs {list(want.keys())}"
+        )
+        return max(
+            [0.0]
+            + [
+                max(
+                    _diff(got[k], want[k], f"{path}[{k!r}]"),
+                    _diff(getattr(got, k), want[k], f"{path}.{k}"),
+                )
+                for k in want.keys()
+            ]
+        )
     if isinstance(want, (tuple, list)):
         assert len(got) == len(want), path
         return max([0.0] + [_diff(g, w, f"{path}[{i}]") for i, (g, w) in enumerate(zip(got, want))])
@@ -102,10 +118,21 @@ def decode_check(device):
     model = modelzoo.build_llama().to(device)
     prompts = [modelzoo.prompt(device, 6, seed=3), modelzoo.prompt(device, 11, seed=4)]
     with torch.no_grad():
-        eager = [list(modelzoo.greedy(modelzoo.lm_step, modelzoo.lm_step, model,
-                                      modelzoo.static_cache(model, device), p)) for p in prompts]
-        eager_wrapper = modelzoo.wrapper_greedy(modelzoo.wrapper_step, modelzoo.export_wrapper(model, device),
-                                                prompts[0])
+        eager = [
+            list(
+                modelzoo.greedy(
+                    modelzoo.lm_step,
+                    modelzoo.lm_step,
+                    model,
+                    modelzoo.static_cache(model, device),
+                    p,
+                )
+            )
+            for p in prompts
+        ]
+        eager_wrapper = modelzoo.wrapper_greedy(
+            modelzoo.wrapper_step, modelzoo.export_wrapper(model, device), prompts[0]
+        )
     prefill = precompile_runtime.load_packaged("llama_prefill", package="modelzoo", strict=True)
     decode = precompile_runtime.load_packaged("llama_decode", package="modelzoo", strict=True)
     step = precompile_runtime.load_packaged("llama_wrapper_decode", package="modelzoo", strict=True)
@@ -118,10 +145,15 @@ def decode_check(device):
                 served[i].append(next(r))
         wrapper = modelzoo.export_wrapper(model, device)
         served_wrapper = modelzoo.wrapper_greedy(step, wrapper, prompts[0])
-    return {"eager": eager, "served": served, "eager_wrapper": eager_wrapper, "served_wrapper": served_wrapper,
-            "cache_lengths": [int(c.layers[0].cumulative_length) for c in caches],
-            "wrapper_buffer_is_cache": wrapper.key_cache_0 is wrapper.static_cache.layers[0].keys,
-            "wrapper_cache_written": bool(wrapper.key_cache_0.abs().sum() > 0)}
+    return {
+        "eager": eager,
+        "served": served,
+        "eager_wrapper": eager_wrapper,
+        "served_wrapper": served_wrapper,
+        "cache_lengths": [int(c.layers[0].cumulative_length) for c in caches],
+        "wrapper_buffer_is_cache": wrapper.key_cache_0 is wrapper.static_cache.layers[0].keys,
+        "wrapper_cache_written": bool(wrapper.key_cache_0.abs().sum() > 0),
+    }
 
 
 def main():

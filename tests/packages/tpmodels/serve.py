@@ -35,30 +35,47 @@ else:
         if "mlp" in names:
             served = load_packaged("mlp", package="tpmodels", strict=True)
             model, x = tpmodels.build_mlp(mesh), tpmodels.mlp_input()
-            result["mlp"] = {"max_diff": float((served(model, x) - tpmodels.mlp_call(model, x)).abs().max()),
-                             "kernels": served.uses_kernels}
+            result["mlp"] = {
+                "max_diff": float((served(model, x) - tpmodels.mlp_call(model, x)).abs().max()),
+                "kernels": served.uses_kernels,
+            }
         if "mlp2d" in names:  # rank 0's pair, on ranks whose tp groups are [0, 1] and [2, 3]
             served = load_packaged("mlp2d", package="tpmodels", strict=True)
             model, x = tpmodels.build_mlp(mesh), tpmodels.mlp_input()
-            result["mlp2d"] = {"max_diff": float((served(model, x) - tpmodels.mlp_call(model, x)).abs().max()),
-                               "tp_ranks": dist.get_process_group_ranks(mesh.get_group(0)),
-                               "groups": served.metadata["collectives"]}
+            result["mlp2d"] = {
+                "max_diff": float((served(model, x) - tpmodels.mlp_call(model, x)).abs().max()),
+                "tp_ranks": dist.get_process_group_ranks(mesh.get_group(0)),
+                "groups": served.metadata["collectives"],
+            }
         if "llama_forward" in names:
             served = load_packaged("llama_forward", package="tpmodels", strict=True)
             model, ids = tpmodels.build_llama(mesh), tpmodels.prompt()
             got, want = served(model, ids), tpmodels.forward(model, ids)
-            result["llama_forward"] = {"max_diff": float((got - want).abs().max()), "shape": list(got.shape),
-                                       "kernels": served.uses_kernels}
+            result["llama_forward"] = {
+                "max_diff": float((got - want).abs().max()),
+                "shape": list(got.shape),
+                "kernels": served.uses_kernels,
+            }
         if "llama_decode" in names:
             served = load_packaged("llama_decode", package="tpmodels", strict=True)
             model, ids = tpmodels.build_llama(mesh), tpmodels.prompt()
             cache = tpmodels.static_cache(model)
-            step = float((served(model, ids[:, :1], cache, torch.tensor([0]))
-                          - tpmodels.decode_step(model, ids[:, :1], tpmodels.static_cache(model),
-                                                 torch.tensor([0]))).abs().max())
-            result["llama_decode"] = {"step_max_diff": step, "tokens": tpmodels.greedy(served, model, ids),
-                                      "eager_tokens": tpmodels.greedy(tpmodels.decode_step, model, ids),
-                                      "kernels": served.uses_kernels}
+            step = float(
+                (
+                    served(model, ids[:, :1], cache, torch.tensor([0]))
+                    - tpmodels.decode_step(
+                        model, ids[:, :1], tpmodels.static_cache(model), torch.tensor([0])
+                    )
+                )
+                .abs()
+                .max()
+            )
+            result["llama_decode"] = {
+                "step_max_diff": step,
+                "tokens": tpmodels.greedy(served, model, ids),
+                "eager_tokens": tpmodels.greedy(tpmodels.decode_step, model, ids),
+                "kernels": served.uses_kernels,
+            }
 with open(f"{out}/rank{rank}.json", "w") as f:
     json.dump(result, f)
 dist.destroy_process_group()

@@ -8,7 +8,9 @@ import torch  # noqa: E402
 
 import precompile_build  # noqa: E402
 
-dev = os.environ.get("PRECOMPILE_DEVICE", "cpu")  # the target's device = "auto": cuda where there is one
+dev = os.environ.get(
+    "PRECOMPILE_DEVICE", "cpu"
+)  # the target's device = "auto": cuda where there is one
 
 ids, targets = fcases.attn_batch(3, 5, device=dev)
 for t in (ids, targets):  # batch in [2, 8], sequence length in [2, 16]

@@ -8,7 +8,9 @@ import torch  # noqa: E402
 
 import precompile_build  # noqa: E402
 
-dev = os.environ.get("PRECOMPILE_DEVICE", "cpu")  # the target's device = "auto": cuda where there is one
+dev = os.environ.get(
+    "PRECOMPILE_DEVICE", "cpu"
+)  # the target's device = "auto": cuda where there is one
 
 torch.manual_seed(2)
 with precompile_build.capture(fcases.mixed, engine="frozen") as f:

@@ -21,7 +21,11 @@ def device() -> str:
 
 def bn_model(seed: int = 0, device: str = "cpu") -> nn.Module:
     torch.manual_seed(seed)
-    return nn.Sequential(nn.Linear(16, 32), nn.BatchNorm1d(32), nn.ReLU(), nn.Linear(32, 4)).train().to(device)
+    return (
+        nn.Sequential(nn.Linear(16, 32), nn.BatchNorm1d(32), nn.ReLU(), nn.Linear(32, 4))
+        .train()
+        .to(device)
+    )
 
 
 def bn_step(model, x, scale: float):
@@ -66,7 +70,9 @@ def tied_forward(model, ids):
     loss = logits.logsumexp(-1).mean()
     loss.backward()
     model.steps.add_(1)
-    return Out(logits=logits.detach(), extra=None), Stats(loss=loss.detach(), steps=model.steps.clone())
+    return Out(logits=logits.detach(), extra=None), Stats(
+        loss=loss.detach(), steps=model.steps.clone()
+    )
 
 
 def example_ids(device: str = "cpu") -> torch.Tensor:
@@ -124,5 +130,8 @@ def attn_step(model, ids, targets):
 def attn_batch(batch: int, seq: int, seed: int = 0, device: str = "cpu"):
     """Token ids and targets, (batch, seq) int64 each."""
     g = torch.Generator().manual_seed(seed)
-    ids, targets = torch.randint(0, 32, (batch, seq), generator=g), torch.randint(0, 32, (batch, seq), generator=g)
+    ids, targets = (
+        torch.randint(0, 32, (batch, seq), generator=g),
+        torch.randint(0, 32, (batch, seq), generator=g),
+    )
     return ids.to(device), targets.to(device)

@@ -1,4 +1,5 @@
 """Capture one case of the model matrix: `python captures/capture.py CASE`."""
+
 import os
 import sys
 

@@ -1,4 +1,5 @@
 """Capture one decoding target of the model matrix: `python captures/decode.py NAME`."""
+
 import os
 import sys
 

@@ -27,6 +27,7 @@ def _seeded(build):
     def wrapped():
         torch.manual_seed(0)
         return build()
+
     return wrapped
 
 
@@ -35,8 +36,14 @@ def _seeded(build):
 def build_bert():
     from transformers import BertConfig, BertModel
 
-    cfg = BertConfig(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
-                     intermediate_size=64, max_position_embeddings=128)
+    cfg = BertConfig(
+        vocab_size=VOCAB,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=64,
+        max_position_embeddings=128,
+    )
     return BertModel(cfg, add_pooling_layer=False).eval()
 
 
@@ -45,8 +52,17 @@ def build_gpt2():
     from transformers import GPT2Config, GPT2LMHeadModel
 
     # dropout off: the test compares parameters after 3 steps with eager's exactly
-    cfg = GPT2Config(vocab_size=VOCAB, n_positions=64, n_embd=32, n_layer=2, n_head=2,
-                     resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, tie_word_embeddings=True)
+    cfg = GPT2Config(
+        vocab_size=VOCAB,
+        n_positions=64,
+        n_embd=32,
+        n_layer=2,
+        n_head=2,
+        resid_pdrop=0.0,
+        embd_pdrop=0.0,
+        attn_pdrop=0.0,
+        tie_word_embeddings=True,
+    )
     return GPT2LMHeadModel(cfg)
 
 
@@ -54,8 +70,15 @@ def build_gpt2():
 def build_llama():
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    cfg = LlamaConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
+    cfg = LlamaConfig(
+        vocab_size=VOCAB,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+    )
     return LlamaForCausalLM(cfg).eval()
 
 
@@ -63,9 +86,17 @@ def build_llama():
 def build_bart():
     from transformers import BartConfig, BartModel
 
-    cfg = BartConfig(vocab_size=VOCAB, d_model=32, encoder_layers=1, decoder_layers=1,
-                     encoder_attention_heads=2, decoder_attention_heads=2, encoder_ffn_dim=64,
-                     decoder_ffn_dim=64, max_position_embeddings=64)
+    cfg = BartConfig(
+        vocab_size=VOCAB,
+        d_model=32,
+        encoder_layers=1,
+        decoder_layers=1,
+        encoder_attention_heads=2,
+        decoder_attention_heads=2,
+        encoder_ffn_dim=64,
+        decoder_ffn_dim=64,
+        max_position_embeddings=64,
+    )
     return BartModel(cfg).eval()
 
 
@@ -73,8 +104,15 @@ def build_bart():
 def build_hf_vit():
     from transformers import ViTConfig, ViTModel
 
-    cfg = ViTConfig(image_size=32, patch_size=8, num_channels=3, hidden_size=32, num_hidden_layers=2,
-                    num_attention_heads=2, intermediate_size=64)
+    cfg = ViTConfig(
+        image_size=32,
+        patch_size=8,
+        num_channels=3,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=64,
+    )
     return ViTModel(cfg, add_pooling_layer=False).eval()
 
 
@@ -90,7 +128,9 @@ def build_resnet18():
 def build_timm_vit():
     import timm
 
-    return timm.create_model("vit_tiny_patch16_224", pretrained=False, img_size=32, num_classes=10).eval()
+    return timm.create_model(
+        "vit_tiny_patch16_224", pretrained=False, img_size=32, num_classes=10
+    ).eval()
 
 
 # ---- the captured functions -------------------------------------------------------------
@@ -137,7 +177,7 @@ def _tokens(device, batch=2, seq=16, padded=True):
     ids = torch.randint(0, VOCAB, (batch, seq), generator=g)
     mask = torch.ones(batch, seq, dtype=torch.long)
     if padded:
-        mask[-1, seq // 2:] = 0  # a padded row: the masks have zeros
+        mask[-1, seq // 2 :] = 0  # a padded row: the masks have zeros
     return ids.to(device), mask.to(device)
 
 
@@ -162,19 +202,37 @@ class Case:
 
 
 CASES: dict[str, Case] = {
-    "bert_embed": Case(build_bert, lambda d, seq=16: _tokens(d, seq=seq), mean_pooled,
-                       dynamic={0: {1: (8, 128)}, 1: {1: (8, 128)}},
-                       serve_sizes=[{"seq": 8}, {"seq": 40}, {"seq": 128}]),
+    "bert_embed": Case(
+        build_bert,
+        lambda d, seq=16: _tokens(d, seq=seq),
+        mean_pooled,
+        dynamic={0: {1: (8, 128)}, 1: {1: (8, 128)}},
+        serve_sizes=[{"seq": 8}, {"seq": 40}, {"seq": 128}],
+    ),
     "gpt2_forward": Case(build_gpt2, lambda d: _tokens(d), causal_lm),
-    "gpt2_train": Case(build_gpt2, lambda d: _tokens(d, padded=False)[:1], lm_train_step, train=True),
+    "gpt2_train": Case(
+        build_gpt2, lambda d: _tokens(d, padded=False)[:1], lm_train_step, train=True
+    ),
     "llama_forward": Case(build_llama, lambda d: _tokens(d), causal_lm),
-    "bart_forward": Case(build_bart, lambda d: (*_tokens(d), _tokens(d, seq=8, padded=False)[0]), seq2seq),
+    "bart_forward": Case(
+        build_bart, lambda d: (*_tokens(d), _tokens(d, seq=8, padded=False)[0]), seq2seq
+    ),
     "hf_vit": Case(build_hf_vit, lambda d: (_images(d, 2),), vit_hidden),
-    "resnet18_eval": Case(lambda: build_resnet18().eval(), lambda d, batch=4: (_images(d, batch),), classify,
-                          dynamic={0: {0: (2, 16)}}, serve_sizes=[{"batch": 2}, {"batch": 5}, {"batch": 16}],
-                          library="timm"),
-    "resnet18_train": Case(lambda: build_resnet18().train(), lambda d: (_images(d), _labels(d)),
-                           image_train_step, train=True, library="timm"),
+    "resnet18_eval": Case(
+        lambda: build_resnet18().eval(),
+        lambda d, batch=4: (_images(d, batch),),
+        classify,
+        dynamic={0: {0: (2, 16)}},
+        serve_sizes=[{"batch": 2}, {"batch": 5}, {"batch": 16}],
+        library="timm",
+    ),
+    "resnet18_train": Case(
+        lambda: build_resnet18().train(),
+        lambda d: (_images(d), _labels(d)),
+        image_train_step,
+        train=True,
+        library="timm",
+    ),
     "timm_vit": Case(build_timm_vit, lambda d: (_images(d, 2),), classify, library="timm"),
 }
 
@@ -191,8 +249,13 @@ def static_cache(model, device, batch=1):
 
     cfg = model.config
     cache = StaticCache(config=cfg, max_cache_len=MAX_CACHE)
-    cache.early_initialization(batch, cfg.num_key_value_heads, cfg.hidden_size // cfg.num_attention_heads,
-                               model.dtype, device)
+    cache.early_initialization(
+        batch,
+        cfg.num_key_value_heads,
+        cfg.hidden_size // cfg.num_attention_heads,
+        model.dtype,
+        device,
+    )
     return cache
 
 
@@ -208,8 +271,9 @@ def export_wrapper(model, device, batch=1):
     from transformers.integrations.executorch import TorchExportableModuleWithStaticCache
 
     model.generation_config.cache_implementation = "static"
-    return TorchExportableModuleWithStaticCache(model, batch_size=batch, max_cache_len=MAX_CACHE,
-                                                device=device)
+    return TorchExportableModuleWithStaticCache(
+        model, batch_size=batch, max_cache_len=MAX_CACHE, device=device
+    )
 
 
 def wrapper_step(wrapper, ids, pos):
@@ -232,7 +296,9 @@ def greedy(prefill, decode, model, cache, ids, steps=DECODE_STEPS):
     token = prefill(model, ids, cache, torch.arange(n, device=ids.device)).argmax(-1)
     for i in range(steps):
         yield int(token)
-        token = decode(model, token[:, None], cache, torch.tensor([n + i], device=ids.device)).argmax(-1)
+        token = decode(
+            model, token[:, None], cache, torch.tensor([n + i], device=ids.device)
+        ).argmax(-1)
 
 
 @torch.no_grad()
@@ -241,7 +307,7 @@ def wrapper_greedy(step, wrapper, ids, steps=DECODE_STEPS):
     one token at a time (how its own generate feeds it), then ``steps`` tokens."""
     dev = ids.device
     for i in range(ids.shape[1]):
-        logits = step(wrapper, ids[:, i:i + 1], torch.tensor([i], device=dev))
+        logits = step(wrapper, ids[:, i : i + 1], torch.tensor([i], device=dev))
     tokens = []
     for i in range(steps):
         token = logits[:, -1].argmax(-1)

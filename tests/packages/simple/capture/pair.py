@@ -14,13 +14,13 @@ import time
 
 from precompile_runtime.envelope import Envelope, dumps
 
-SOURCE = '''PRECOMPILE_METADATA = {{"format": "precompile-build.source", "version": 1,
+SOURCE = """PRECOMPILE_METADATA = {{"format": "precompile-build.source", "version": 1,
     "engine": {engine!r}, "target": {target!r}, "device": "cpu"}}
 
 
 def load(kernel_dir):
     return lambda x: x * {factor}
-'''
+"""
 
 p = argparse.ArgumentParser()
 p.add_argument("--mode", default="ok")
@@ -31,8 +31,9 @@ a = p.parse_args()
 target = os.environ["PRECOMPILE_TARGET"]
 src_path = os.environ["PRECOMPILE_ARTIFACT_PATH"]
 cache_path = os.environ["PRECOMPILE_CACHE_PATH"]
-print(f"fixture capture of {target} (mode {a.mode}) on {os.environ['PRECOMPILE_DEVICE']}",
-      flush=True)
+print(
+    f"fixture capture of {target} (mode {a.mode}) on {os.environ['PRECOMPILE_DEVICE']}", flush=True
+)
 if "FIXTURE_MARK" in os.environ:  # lets a test see that the script ran
     open(os.environ["FIXTURE_MARK"], "w").close()
 
@@ -41,6 +42,7 @@ if os.environ.get("PRECOMPILE_CUDA_GRAPHS") == "1" and os.environ["PRECOMPILE_DE
 if a.mode == "raise":
     raise RuntimeError("boom from capture script")
 if a.mode == "longerror":  # a long one-line error whose advice comes last (over a log line's cap)
+
     class CaptureError(Exception):
         pass
 
@@ -48,8 +50,11 @@ if a.mode == "longerror":  # a long one-line error whose advice comes last (over
 if a.mode == "exit":
     sys.exit(3)
 if a.mode == "faketrace":  # output that looks like a traceback, then a plain exit
-    print("Traceback (most recent call last):\n  File \"x.py\", line 1, in <module>\n"
-          "PrintedError: only printed", flush=True)
+    print(
+        'Traceback (most recent call last):\n  File "x.py", line 1, in <module>\n'
+        "PrintedError: only printed",
+        flush=True,
+    )
     sys.exit(3)
 if a.mode == "segv":
     os.kill(os.getpid(), 11)
@@ -67,12 +72,17 @@ if a.mode == "spam":
 if a.mode == "nothing":
     sys.exit(0)
 if a.mode == "pywarn":  # what precompile_build.capture prints for random.random() in fn
-    print(f"capture.py:9: PythonStateWarning: target {target!r}: the function drew from "
-          "random while it was captured; Python code runs once, at capture", file=sys.stderr)
+    print(
+        f"capture.py:9: PythonStateWarning: target {target!r}: the function drew from "
+        "random while it was captured; Python code runs once, at capture",
+        file=sys.stderr,
+    )
 if a.mode == "fallbackwarn":  # what precompile_build.capture prints where auto traced with make_fx
-    print(f"capture.py:9: TracerFallbackWarning: target {target!r}: torch.export failed (RuntimeError: "
-          "x); traced with make_fx, which specialises data-dependent branches to the example's path",
-          file=sys.stderr)
+    print(
+        f"capture.py:9: TracerFallbackWarning: target {target!r}: torch.export failed (RuntimeError: "
+        "x); traced with make_fx, which specialises data-dependent branches to the example's path",
+        file=sys.stderr,
+    )
 if a.sleep:
     print(f"sleeping {a.sleep} s", flush=True)
     time.sleep(a.sleep)
@@ -93,8 +103,7 @@ if "FIXTURE_KERNEL" in os.environ:  # a real ELF file, for the platform tag test
     with open(os.environ["FIXTURE_KERNEL"], "rb") as f:
         kernel = f.read()
 blobs = {"kernel.so": kernel} if engine == "frozen" else {}
-cache = dumps(Envelope(engine=engine, code_hash=code_hash, fingerprint=fp, meta={},
-                       blobs=blobs))
+cache = dumps(Envelope(engine=engine, code_hash=code_hash, fingerprint=fp, meta={}, blobs=blobs))
 if a.mode != "cache-only":
     with open(src_path, "wb") as f:
         f.write(source)

@@ -16,4 +16,3 @@ class TinyMLP(torch.nn.Module):
     @packaged("mlp")
     def forward(self, x):
         return torch.relu(self.fc(x)) * 2
-

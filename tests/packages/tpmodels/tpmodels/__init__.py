@@ -24,7 +24,9 @@ def init_world(dp: int = 1):
         dist.init_process_group()
     device = "cuda" if torch.cuda.is_available() and dist.get_backend() == "nccl" else "cpu"
     if dp > 1:
-        return init_device_mesh(device, (dp, dist.get_world_size() // dp), mesh_dim_names=("dp", "tp"))["tp"]
+        return init_device_mesh(
+            device, (dp, dist.get_world_size() // dp), mesh_dim_names=("dp", "tp")
+        )["tp"]
     return init_device_mesh(device, (dist.get_world_size(),), mesh_dim_names=("tp",))
 
 
@@ -60,16 +62,29 @@ def mlp_input():
 
 
 # ---- a tiny transformers Llama at TP = world size ----------------------------------
-LLAMA_PLAN = {"self_attn.q_proj": "colwise", "self_attn.k_proj": "colwise", "self_attn.v_proj": "colwise",
-              "self_attn.o_proj": "rowwise", "mlp.gate_proj": "colwise", "mlp.up_proj": "colwise",
-              "mlp.down_proj": "rowwise"}
+LLAMA_PLAN = {
+    "self_attn.q_proj": "colwise",
+    "self_attn.k_proj": "colwise",
+    "self_attn.v_proj": "colwise",
+    "self_attn.o_proj": "rowwise",
+    "mlp.gate_proj": "colwise",
+    "mlp.up_proj": "colwise",
+    "mlp.down_proj": "rowwise",
+}
 
 
 def llama_config():
     from transformers import LlamaConfig
 
-    return LlamaConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                       num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
+    return LlamaConfig(
+        vocab_size=VOCAB,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+    )
 
 
 def build_llama(mesh):
@@ -85,8 +100,11 @@ def build_llama(mesh):
     torch.manual_seed(0)
     model = LlamaForCausalLM(llama_config()).eval()
     styles = {"colwise": ColwiseParallel, "rowwise": RowwiseParallel}
-    plan = {f"model.layers.{i}.{name}": styles[style]()
-            for i in range(model.config.num_hidden_layers) for name, style in LLAMA_PLAN.items()}
+    plan = {
+        f"model.layers.{i}.{name}": styles[style]()
+        for i in range(model.config.num_hidden_layers)
+        for name, style in LLAMA_PLAN.items()
+    }
     return parallelize_module(model, mesh, plan)
 
 
@@ -96,8 +114,13 @@ def static_cache(model):
 
     cfg = model.config
     cache = StaticCache(config=cfg, max_cache_len=MAX_CACHE)
-    cache.early_initialization(1, cfg.num_key_value_heads // dist.get_world_size(),
-                               cfg.hidden_size // cfg.num_attention_heads, model.dtype, model.device)
+    cache.early_initialization(
+        1,
+        cfg.num_key_value_heads // dist.get_world_size(),
+        cfg.hidden_size // cfg.num_attention_heads,
+        model.dtype,
+        model.device,
+    )
     return cache
 
 
@@ -120,7 +143,7 @@ def greedy(step, model, ids, tokens=TOKENS):
     StaticCache: the prompt one token at a time, then ``tokens`` tokens."""
     cache = static_cache(model)
     for i in range(ids.shape[1]):
-        logits = step(model, ids[:, i:i + 1], cache, torch.tensor([i]))
+        logits = step(model, ids[:, i : i + 1], cache, torch.tensor([i]))
     out = []
     for i in range(tokens):
         token = logits.argmax(-1)
