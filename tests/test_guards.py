@@ -36,6 +36,10 @@ class Mode(enum.Enum):
     SHIFTED = 2
 
 
+def shift_by(y, amount=0.5):  # a module-level function whose default the trace reads
+    return y + amount
+
+
 def make_post(scale):
     def post(y):
         return y * scale
@@ -70,7 +74,7 @@ class Net(torch.nn.Module):
     def forward(self, x):
         y = self.helper(self.lin(x)) * self.cfg.temp * self.cfg.inner.mult
         y = y * type(self).SCALE * Consts.K * self.factor * self.np_scale
-        y = self.post(y)
+        y = shift_by(self.post(y))
         for g in self.cfg.gains:  # a list in a config: its length and items have no dict version
             y = y * g
         for _k, v in self.steps.items():
@@ -122,6 +126,22 @@ def _changes():
         ),
         ("a class attribute read as type(self).SCALE", lambda m: setattr(Net, "SCALE", 2.5)),
         ("a closure's cell", lambda m: setattr(m, "post", make_post(3.0))),
+        (
+            "a closure's cell rebound in place",
+            lambda m: setattr(m.post.__closure__[0], "cell_contents", 3.0),
+        ),
+        (
+            "a module-level function's default rebound in place",
+            lambda m: setattr(shift_by, "__defaults__", (1.5,)),
+        ),
+        (
+            "a helper method replaced on the class",
+            lambda m: setattr(Net, "helper", lambda self, y: y * 5.0),
+        ),
+        (
+            "a property replaced on the class",
+            lambda m: setattr(Net, "factor", property(lambda self: 3.0)),
+        ),
         ("an Enum", lambda m: setattr(m, "mode", Mode.SHIFTED)),
         ("a torch.dtype", lambda m: setattr(m, "dtype", torch.float64)),
         ("a numpy scalar", lambda m: setattr(m, "np_scale", np.float64(3.0))),
@@ -172,7 +192,12 @@ def _changes():
 def restored():
     """Put the module-level state these tests change back."""
     saved = (GAIN, dict(OFFSET), helpers.FACTOR, Consts.K, Net.SCALE, SLOPE_MODULE.negative_slope)
+    methods = {name: vars(Net)[name] for name in ("helper", "factor")}
+    defaults = shift_by.__defaults__
     yield
+    for name, value in methods.items():
+        setattr(Net, name, value)
+    shift_by.__defaults__ = defaults
     g = globals()
     g["GAIN"] = saved[0]
     OFFSET.clear()
@@ -550,6 +575,8 @@ def test_this_torch_guards_class_attributes_or_the_probe_says_it_does_not():
     if version == (2, 12):
         pytest.skip("not measured on torch 2.12")
     assert class_attributes.dynamo_guards_them(dynamo_guards.collect) == (version >= (2, 13))
+    # a called function's defaults: guarded from 2.13 (2.11 reads them as constants)
+    assert class_attributes.dynamo_guards_defaults(dynamo_guards.collect) == (version >= (2, 13))
 
 
 class _Layer:
@@ -761,3 +788,106 @@ def test_a_list_grown_after_a_served_call_is_named_with_its_length(tmp_path):
         m.cfg.gains.append(2.0)
         with pytest.raises(CallError, match=r"the length of m\.cfg\.gains was 2 at capture, now 3"):
             f(m, x)
+
+
+class _Rule:
+    """A request's helper whose methods the trace calls (Dynamo inlines them and guards
+    what they read, not which function each was)."""
+
+    def apply(self, y):
+        return y * 2.0
+
+    @staticmethod
+    def clip(y):
+        return y.clamp(-5.0, 5.0)
+
+    @classmethod
+    def offset(cls, y):
+        return y + 0.5
+
+
+class _MyRule(_Rule):
+    pass
+
+
+for _cls in (_Rule, _MyRule):  # arguments with no tensors: no pytree children
+    torch.utils._pytree.register_pytree_node(
+        _cls,
+        lambda obj: ([], None),
+        lambda _values, _context, cls=_cls: cls(),
+        serialized_type_name=f"test_guards.{_cls.__name__}",
+    )
+
+
+def ruled(x, rule):
+    return rule.offset(rule.clip(rule.apply(x)))
+
+
+def _method_changes():
+    return [
+        ("a base class's method replaced", _Rule, "apply", lambda self, y: y * 3.0),
+        ("a subclass defining the method", _MyRule, "apply", lambda self, y: y * 4.0),
+        ("a staticmethod replaced", _Rule, "clip", staticmethod(lambda y: y.clamp(-1.0, 1.0))),
+        ("a classmethod replaced", _Rule, "offset", classmethod(lambda cls, y: y - 0.5)),
+    ]
+
+
+@pytest.mark.parametrize("after_a_call", [False, True], ids=["fresh", "after-a-served-call"])
+@pytest.mark.parametrize(
+    "what,cls,name,new", _method_changes(), ids=[c[0] for c in _method_changes()]
+)
+def test_a_method_replaced_on_a_class_is_noticed(tmp_path, after_a_call, what, cls, name, new):
+    """A method the trace called, replaced on its class or shadowed by a subclass after
+    the capture, is a CallError naming it, never the captured method's answer (Dynamo
+    2.11 to 2.14 installs no guard on it: torch.compile serves the old one)."""
+    x, rule = torch.randn(2, 4) * 4, _MyRule()
+    f = _serve(tmp_path, ruled, x, rule)
+    if after_a_call:
+        torch.testing.assert_close(f(x, rule), ruled(x, rule))
+    had = name in vars(cls)
+    old = vars(cls).get(name)
+    setattr(cls, name, new)
+    try:
+        with pytest.raises(CallError, match=rf"type\(rule\)\S*{name}"):
+            f(x, rule)
+    finally:
+        if had:
+            setattr(cls, name, old)
+        else:
+            delattr(cls, name)
+    torch.testing.assert_close(f(x, rule), ruled(x, rule))  # set back: served again
+
+
+def test_a_closure_cell_of_a_function_in_a_list_rebound_in_place_is_checked(tmp_path):
+    """A function reached through a list item (met again by identity each call) whose
+    closure cell is rebound in place: its checks run per call, as nothing's version moves."""
+    m, x = torch.nn.Module(), torch.randn(2, 4)
+    m.posts = [make_post(2.0)]
+
+    def fn(m, x):
+        return m.posts[0](x)
+
+    f = _serve(tmp_path, fn, m, x)
+    torch.testing.assert_close(f(m, x), fn(m, x))
+    m.posts[0].__closure__[0].cell_contents = 5.0
+    with pytest.raises(CallError, match="was 2.0 at capture, now 5.0"):
+        f(m, x)
+
+
+def test_a_functions_code_assigned_after_a_served_call_is_noticed(tmp_path, restored):
+    """``f.__code__ = ...`` on a function the trace called moves no dict's version: the
+    pair compares the code object it met at the full check on every call."""
+    torch.manual_seed(0)
+    m, x = Net().eval(), torch.randn(2, 4)
+    f = _serve(tmp_path, call, m, x)
+    torch.testing.assert_close(f(m, x), m(x))
+    ns = f.__call__.__globals__
+    assert any(s[1] == "__code__" and "shift_by" in s[0] for s in ns["_GUARDS"]["slots"])
+    code = shift_by.__code__
+    shift_by.__code__ = (lambda y, amount=0.5: y - amount).__code__
+    try:
+        with pytest.raises(CallError, match="shift_by is another function"):
+            f(m, x)
+    finally:
+        shift_by.__code__ = code
+    torch.testing.assert_close(f(m, x), m(x))

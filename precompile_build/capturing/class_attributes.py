@@ -1,4 +1,8 @@
-"""Checks of the class attributes an older Dynamo reads without a guard.
+"""Checks of class-level and function-level state that Dynamo reads without a guard.
+
+Methods the trace called (:func:`called_methods`): Dynamo inlines them and guards what
+they read, never which function each was, on every torch this project supports.
+Function defaults on torch 2.11 (:func:`function_defaults`). And class attributes:
 
 torch 2.11's Dynamo reads a class attribute (``Consts.K``, ``type(self).SCALE``) as a
 constant and installs no guard on it: torch.compile itself then serves the stale
@@ -13,9 +17,10 @@ from __future__ import annotations
 
 import ast
 import functools
+import types
 from typing import Any, Callable
 
-from ..templates.guard_values import literal_type
+from ..templates.guard_values import code_fingerprint, code_of, literal_type
 from . import guard_sources
 
 
@@ -40,6 +45,56 @@ def dynamo_guards_them(collect: Callable[[Callable, tuple, dict], list]) -> bool
         for e in entries
         if e.guard_type in guard_sources.VALUE_KINDS
     )
+
+
+def _probe_scaled(y, by=2.0):
+    return y * by
+
+
+def _probe_defaults_fn(x):
+    return _probe_scaled(x)
+
+
+@functools.cache
+def dynamo_guards_defaults(collect: Callable[[Callable, tuple, dict], list]) -> bool:
+    """Whether this torch's Dynamo guards a called function's default it read (a guard
+    on ``_probe_scaled.__defaults__``; torch 2.11's reads it as a constant, unguarded),
+    asked through ``collect``; one probe compile per process."""
+    import torch
+
+    entries = collect(_probe_defaults_fn, (torch.ones(1),), {})
+    return any("__defaults__" in e.name for e in entries)
+
+
+def function_defaults(
+    found: list[list],
+    namespace: dict,
+    roots: guard_sources.Roots,
+    collect: Callable[[Callable, tuple, dict], list],
+) -> list[list]:
+    """On a torch whose Dynamo reads a called function's defaults unguarded
+    (:func:`dynamo_guards_defaults`), the checks of the defaults of each function
+    ``found`` checks by its code: ``expr.__defaults__`` and ``expr.__kwdefaults__``
+    against their values where these are literals, covered as the function's check
+    is. More than the trace read, never less; none on a torch that guards them."""
+    if dynamo_guards_defaults(collect):
+        return []
+    out: list[list] = []
+    for label, kind, expr, _expected, per_call, where, cover in found:
+        if kind != "code":
+            continue
+        try:
+            fn: Any = guard_sources.evaluate(expr, namespace, roots)
+        except Exception:  # noqa: BLE001 - a path that no longer resolves: nothing to add
+            continue
+        fn = getattr(fn, "__func__", fn)
+        for attr in ("__defaults__", "__kwdefaults__"):
+            value = getattr(fn, attr, None) if isinstance(fn, types.FunctionType) else None
+            if value is not None and literal_type(value) is not None:
+                out.append(
+                    [f"{label}.{attr}", "eq", f"{expr}.{attr}", value, per_call, where, cover]
+                )
+    return out
 
 
 def _user_class(cls: type) -> bool:
@@ -93,6 +148,59 @@ def checks(
                         f"{cls_label}.{name}", "eq", cls_expr, cls, name, value, where
                     )
                     or []
+                )
+    return out
+
+
+def called_methods(
+    found: list[list], namespace: dict, roots: guard_sources.Roots, traced: set[types.CodeType]
+) -> list[list]:
+    """The checks (dynamo_guards.py's shape) of the methods the trace called on the classes
+    that ``found`` checks (``class``) or reaches as an instance's class (``type``): each
+    method, property getter, static or class method of a user class whose code Dynamo
+    traced (``traced``: the tracing context's code objects) is checked by its code
+    where the class resolves it (``type(x).__mro__[k].__dict__['name']``), covered by
+    that class's dict version. Dynamo inlines such a method and guards what it read,
+    not which function it was: ``Cls.method = other`` after the capture would serve
+    the captured method's graph (torch.compile itself does, on torch 2.11 to 2.14)."""
+    out: list[list] = []
+    seen: set[type] = set()
+    for label, kind, expr, _expected, _per_call, where, _cover in found:
+        if kind not in ("class", "type"):
+            continue
+        cls_expr, cls_label = (
+            (expr, label) if kind == "class" else (f"type({expr})", f"type({label})")
+        )
+        try:
+            cls: Any = guard_sources.evaluate(cls_expr, namespace, roots)
+        except Exception:  # noqa: BLE001 - a path that no longer resolves: nothing to add
+            continue
+        if not isinstance(cls, type) or cls in seen:
+            continue
+        seen.add(cls)
+        resolved: set[str] = set()
+        for k, klass in enumerate(cls.__mro__):
+            for name, value in vars(klass).items():
+                if name in resolved:
+                    continue  # (shadowed by a class before: not what the call resolved)
+                resolved.add(name)
+                getter = isinstance(value, property)
+                if (
+                    not _user_class(klass)
+                    or code_of(value.fget if getter else value)[0] not in traced
+                ):
+                    continue
+                path = f"{cls_expr}.__mro__[{k}].__dict__[{name!r}]" + (".fget" if getter else "")
+                out.append(
+                    [
+                        f"{cls_label}.{name}",
+                        "code",
+                        path,
+                        code_fingerprint(value.fget if getter else value),
+                        False,
+                        where,
+                        f"_g_type_dict({cls_expr}.__mro__[{k}])",
+                    ]
                 )
     return out
 

@@ -29,10 +29,10 @@ def covering_dict(
     The nearest holder of the value on its path: a plain dict it is an item of, the
     ``__dict__`` of the object or module it is an attribute of, a class's dict. A
     function's defaults, closure cells and code on the way (a library function's
-    ``__defaults__``) count as held by the function's holder: rebound in place
-    (``nonlocal``, ``f.__defaults__ = ...``), they are seen at the next full check
-    (docs/assumed_state.md). The length or items of a list or set and the key order of
-    an OrderedDict have no version: per call.
+    ``__defaults__``) count as held by the function's holder; what can be rebound in
+    place on the way (``nonlocal``, ``f.__defaults__ = ...``) is compared by identity
+    per call besides (:func:`slots`). The length or items of a list or set and the key
+    order of an OrderedDict have no version: per call.
 
     ``by_identity`` is False where the path runs from a module argument, a module or a
     class through dicts only: the dict found at the full check is the one later calls
@@ -151,8 +151,8 @@ def _holder(
                 "fget",
             )
         ):
-            n = parent  # a function's internals: held where the function is (rebound in place: not
-            # seen until the next full check, docs/assumed_state.md; per call they cost 40 checks a decode step)
+            n = parent  # a function's internals: held where the function is (rebound in place:
+            # the slots compared per call, slots())
         else:
             return None
     if holder.startswith("_g_type_dict("):
@@ -187,6 +187,29 @@ def _holder(
     ):
         by_identity = True  # another argument: maybe another object next call
     return holder, by_identity
+
+
+# what can be rebound in place on a function (its defaults, code) or a closure cell,
+# moving no dict's version
+_SLOT_ATTRS = ("__defaults__", "__kwdefaults__", "__code__", "cell_contents")
+
+
+def slots(check: str, expr: str) -> list[tuple[str, str]]:
+    """``[(object expression, attribute)]`` on the path of ``expr`` that can be rebound
+    in place without moving a dict's version: a function's ``__defaults__``,
+    ``__kwdefaults__`` and ``__code__``, a closure cell's ``cell_contents`` (a
+    ``nonlocal`` assignment in a function sharing the cell); the code of a function a
+    ``code`` check compares. templates/guards.py keeps what each held at the full check
+    and compares it by identity per call (Dynamo checks these values on every call)."""
+    node = ast.parse(expr, mode="eval").body
+    out = [
+        (ast.unparse(n.value), n.attr)
+        for n in ast.walk(node)
+        if isinstance(n, ast.Attribute) and n.attr in _SLOT_ATTRS
+    ]
+    if check == "code" and not (isinstance(node, ast.Attribute) and node.attr == "__code__"):
+        out.append((expr, "__code__"))
+    return out
 
 
 def generic_getattr(node: ast.AST) -> bool:

@@ -98,9 +98,11 @@ def _user_line(guard) -> str:
     return f"{filename[len(root) :]}:{lineno}"
 
 
-def collect(fn: Callable, args: tuple, kwargs: dict) -> list:
+def collect(fn: Callable, args: tuple, kwargs: dict, traced: list | None = None) -> list:
     """The guard entries (torch's ``GuardFilterEntry``) Dynamo builds for
-    ``fn(*args, **kwargs)`` traced as one graph; the function does not run.
+    ``fn(*args, **kwargs)`` traced as one graph; the function does not run. ``traced``,
+    where given, is extended with the code objects Dynamo traced (the tracing context's
+    ``traced_code``: the function's, and each function and method it inlined).
 
     Raises:
         the exception Dynamo raised where it cannot trace the call in one graph
@@ -116,6 +118,9 @@ def collect(fn: Callable, args: tuple, kwargs: dict) -> list:
         raise _Collected
 
     def backend(gm, _example):
+        context = torch._guards.TracingContext.try_get()
+        if traced is not None and context is not None:
+            traced.extend(getattr(context, "traced_code", ()))
         return gm.forward
 
     compiled = torch.compile(fn, backend=backend, fullgraph=True, options={"guard_filter_fn": keep})
@@ -295,8 +300,9 @@ def guard_checks(fn: Callable, args: tuple, kwargs: dict, *, target: str) -> dic
         (bool), file:line, the expression of the dict whose version covers it or None]],
         "watched": [attribute names whose assignment moves the state epoch],
         "by_identity": [the covering expressions each call evaluates again and compares by
-        identity, dict_covers.covering_dict], "left": {guard kind: count} left to other
-        checks}``.
+        identity, dict_covers.covering_dict], "slots": [[object expression, attribute]]
+        compared by identity per call (dict_covers.slots), "left": {guard kind: count}
+        left to other checks}``.
     Raises:
         CaptureError: Dynamo cannot trace the call in one graph, or a guard has no
             check a pair can run (the message names the source and its line).
@@ -311,6 +317,7 @@ def guard_checks(fn: Callable, args: tuple, kwargs: dict, *, target: str) -> dic
             "checks": [],
             "watched": [],
             "by_identity": [],
+            "slots": [],
             "left": {},
         }
     free = set(getattr(getattr(inspect.unwrap(fn), "__code__", None), "co_freevars", ()))
@@ -322,9 +329,10 @@ def guard_checks(fn: Callable, args: tuple, kwargs: dict, *, target: str) -> dic
         )  # a bound method's or a module's own state: the pair's constant, as a closure
     fn_globals = guard_sources.globals_of(fn)
     names = set(fn_globals)  # Dynamo installs names of its own there while it traces
+    traced: list[types.CodeType] = []
     try:
         with _without_dynamic_marks(args, kwargs):
-            entries = collect(fn, args, kwargs)
+            entries = collect(fn, args, kwargs, traced)
     except Exception as e:  # noqa: BLE001 - Dynamo's refusal, named in the message
         first = str(e).split("\n")[0]
         if not _has_guard_filter():
@@ -432,6 +440,18 @@ def guard_checks(fn: Callable, args: tuple, kwargs: dict, *, target: str) -> dic
     checks = class_attributes.inherited_per_call(checks, namespace, roots)
     known = {(c[1], c[2]) for c in checks}
     checks += [
+        c
+        for c in class_attributes.called_methods(checks, namespace, roots, set(traced))
+        if (c[1], c[2]) not in known
+    ]
+    known = {(c[1], c[2]) for c in checks}
+    checks += [
+        c
+        for c in class_attributes.function_defaults(checks, namespace, roots, collect)
+        if (c[1], c[2]) not in known
+    ]
+    known = {(c[1], c[2]) for c in checks}
+    checks += [
         c for c in class_attributes.shadowing(checks, namespace, roots) if (c[1], c[2]) not in known
     ]
     dict_covers.keep_dict_covers(checks, namespace, roots)
@@ -442,6 +462,7 @@ def guard_checks(fn: Callable, args: tuple, kwargs: dict, *, target: str) -> dic
             "please report it)",
             target=target,
         )
+    slots = _slots(checks, by_identity, namespace, roots)
     return {
         "params": params_text,
         "wrapper": wrapper,
@@ -449,8 +470,33 @@ def guard_checks(fn: Callable, args: tuple, kwargs: dict, *, target: str) -> dic
         "checks": checks,
         "watched": sorted(watched),
         "by_identity": sorted({c[6] for c in checks if c[6] in by_identity}),
+        "slots": slots,
         "left": dict(sorted(left.items())),
     }
+
+
+def _slots(
+    checks: list[list], by_identity: set[str], namespace: dict, roots: guard_sources.Roots
+) -> list[list[str]]:
+    """``guards["slots"]``: the ``[object expression, attribute]`` pairs on the paths of
+    the checks a dict's version covers that can be rebound in place (dict_covers.slots),
+    each once. A check covered by a dict met again per call (by identity) whose path has
+    one runs per call instead (``checks`` is changed in place)."""
+    out: dict[tuple[str, str], None] = {}
+    for c in checks:
+        found = dict_covers.slots(c[1], c[2]) if c[6] is not None else []
+        if found and c[6] in by_identity:
+            c[4], c[6] = True, None
+            continue
+        for expr, attr in found:
+            try:
+                getattr(guard_sources.evaluate(expr, namespace, roots), attr)
+            except ValueError:  # an empty cell: compared as empty
+                pass
+            except Exception:  # noqa: BLE001 - none to compare (a Triton kernel's code is its .fn's)
+                continue
+            out[(expr, attr)] = None
+    return [list(k) for k in out]
 
 
 def kept_after(record: dict, fn: Callable, args: tuple, kwargs: dict) -> dict:
@@ -459,10 +505,12 @@ def kept_after(record: dict, fn: Callable, args: tuple, kwargs: dict) -> dict:
     namespace = _namespace(fn, args, kwargs, wrapper=record.get("wrapper", False))
     roots = guard_sources.resolver(record["roots"])
     out = [c for c in record["checks"] if not _fails(c, namespace, roots)]
+    on_paths = {s for c in out if c[6] is not None for s in dict_covers.slots(c[1], c[2])}
     return {
         **record,
         "checks": out,
         "by_identity": [e for e in record.get("by_identity", ()) if any(c[6] == e for c in out)],
+        "slots": [s for s in record.get("slots", ()) if tuple(s) in on_paths],
     }
 
 

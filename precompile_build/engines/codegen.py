@@ -232,6 +232,7 @@ def guards_code(guards: dict | None) -> str:
             ]
     out.append("\n".join(lines + ["    return out"]) + "\n")
     out.append(_watch_code(params, [e for e in covers if e in by_identity]))
+    out.append(_slots_code(params, (guards or {}).get("slots") or []))
     out.append(
         f"def _guard_bind({params}):\n    return dict(locals())\n"
         if params
@@ -264,6 +265,24 @@ def _watch_code(params: str, covers: list[str]) -> str:
         parts += [f"id(_d{i})", f"_DICT_VERSION(_d{i})"]
     lines += [
         f"        return ({', '.join(parts)},)",
+        "    except Exception:",
+        "        return None",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def _slots_code(params: str, slots: list) -> str:
+    """``_guards_slots(_R, <the function's parameters>)``: the objects of
+    ``guards["slots"]`` (a function whose defaults or code, a cell whose contents can be
+    rebound in place: capturing/dict_covers.py's slots), in order, or None where one
+    does not resolve (templates/guards.py compares what their attributes hold)."""
+    lines = [f"def _guards_slots(_R, {params}):" if params else "def _guards_slots(_R):"]
+    if not slots:
+        return "\n".join(lines + ["    return []"]) + "\n"
+    items = "".join(f"            {expr},\n" for expr, _attr in slots)
+    lines += [
+        "    try:",
+        "        return [\n" + items + "        ]",
         "    except Exception:",
         "        return None",
     ]

@@ -7,6 +7,9 @@
 #   "roots":  [["module", name] | ["qualname", module, qualname]]  what `_R[k]` is
 #   "checks": [[label, kind, expression, expected, per call, "file:line"], ...]
 #   "watched": attribute names whose assignment on a module moves the state epoch
+#   "slots":  [[object expression, attribute]]  what can be rebound in place on the path
+#             of a covered check (a function's __defaults__ or __code__, a closure cell's
+#             contents: capturing/dict_covers.py's slots), compared by identity per call
 # A call runs every check when its models are checked in full (a model seen first, the
 # state epoch moved, a hook registered anywhere, a covering dict written or met anew),
 # else the per-call ones: the values no dict's version stands for (a list's length and
@@ -33,6 +36,7 @@ if TYPE_CHECKING:
         _guards_call,
         _guards_dicts,
         _guards_full,
+        _guards_slots,
         _guards_watch,
         _state_epoch,
         _weakref,
@@ -46,8 +50,11 @@ _GUARDS: dict = dict(_META.get("guards") or {})
 _G_CHECKS = list(_GUARDS.get("checks") or ())
 _G_ROOTS: list = []  # resolved at the first call (resolve_roots imports the modules named)
 _G_WATCHES = bool(_GUARDS.get("by_identity"))
+_G_SLOT_ATTRS = [attr for _expr, attr in _GUARDS.get("slots") or ()]
+_G_EMPTY_CELL = object()  # what an empty closure cell holds, for the comparison
 # id(first model) -> ((epoch, hook registrations), [(dict, its version)], {`_guards_watch`
-# tuple: None}, weakrefs of the models) of the models' last full check: until one of
+# tuple: None}, weakrefs of the models, [(slot's object, attribute, what it held)]) of
+# the models' last full check: until one of
 # these moves, the checks the dicts' versions cover hold (any write to a dict moves its
 # version: `obj.__dict__[k] = v` too). The watch tuples of the last _G_WATCH_KEEP other
 # arguments that passed (a server's requests, each with its cache, interleaved) are kept.
@@ -72,7 +79,20 @@ def _models_stand(seen, now, modules):
     for d, v in seen[1]:  # (a loop calls dict_version faster than map does: bench/results)
         if _DICT_VERSION(d) != v:  # type: ignore[misc]
             return False
+    try:
+        for o, a, v in seen[4]:
+            if getattr(o, a) is not v:
+                return False
+    except ValueError:  # a cell emptied since
+        return False
     return True
+
+
+def _slot_value(o, attr):
+    try:
+        return getattr(o, attr)
+    except ValueError:  # an empty cell
+        return _G_EMPTY_CELL
 
 
 def _check_guards(args, kwargs, modules, full=False, kinds=None):
@@ -109,20 +129,28 @@ def _check_guards(args, kwargs, modules, full=False, kinds=None):
 
 
 def _snapshot(roots, args, kwargs):
-    """``(watch tuple, [(dict, its version)])`` of a call's covering dicts, or None where
-    one does not resolve or is no plain dict (each call then checks in full)."""
+    """``(watch tuple, [(dict, its version)], [(slot's object, attribute, what it holds)])``
+    of a call's covering dicts and slots, or None where one does not resolve or is no
+    plain dict (each call then checks in full)."""
     watch = _guards_watch(roots, *args, **kwargs) if _G_WATCHES else ()
     if watch is None or (_G_WATCHES and not _VERSIONS_UNIQUE):
         return None
     dicts = list({id(d): d for d in _guards_dicts(roots, *args, **kwargs)}.values())
     if not all(type(d) in (dict, _OrderedDict) for d in dicts):
         return None
-    return watch, [(d, _DICT_VERSION(d)) for d in dicts]  # type: ignore[misc]
+    objs = _guards_slots(roots, *args, **kwargs)
+    if objs is None:
+        return None
+    try:
+        slots = [(o, a, _slot_value(o, a)) for o, a in zip(objs, _G_SLOT_ATTRS)]
+    except Exception:  # noqa: BLE001 - an attribute that no longer exists: check in full
+        return None
+    return watch, [(d, _DICT_VERSION(d)) for d in dicts], slots  # type: ignore[misc]
 
 
 def _remember(key, now, modules, pre):
     """Keep what a later call compares to stand for this full check's (``_G_SEEN``)."""
-    watch, pairs = pre
+    watch, pairs, slots = pre
     seen = _G_SEEN.get(key)
     if seen is not None and _models_stand(seen, now, modules):  # another request's arguments
         watches = seen[2]
@@ -134,7 +162,7 @@ def _remember(key, now, modules, pre):
             pass
         return
     refs = [_weakref.ref(m, lambda _r, k=key: _G_SEEN.pop(k, None)) for m in modules]  # type: ignore[misc]
-    _G_SEEN[key] = (now, pairs, {watch: None}, refs)
+    _G_SEEN[key] = (now, pairs, {watch: None}, refs, slots)
 
 
 def _guard_error(i, roots, args, kwargs):
