@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import collections
 import enum
+import functools
 import sys
 import types
 
@@ -17,6 +18,7 @@ from _pairs import load_pair
 
 import precompile_build
 from precompile_build.errors import CaptureError
+from precompile_runtime import packaged
 from precompile_runtime.errors import CallError
 
 GAIN = 2.0
@@ -891,3 +893,50 @@ def test_a_functions_code_assigned_after_a_served_call_is_noticed(tmp_path, rest
     finally:
         shift_by.__code__ = code
     torch.testing.assert_close(f(m, x), m(x))
+
+
+class _Routed(torch.nn.Module):
+    """A library's model whose forward its package routes through a packaged target."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(4, 4)
+
+    def forward(self, x):
+        return torch.relu(self.lin(x)) * 2
+
+
+@pytest.mark.parametrize("after_a_call", [False, True], ids=["fresh", "after-a-served-call"])
+def test_a_forward_routed_through_packaged_is_the_function_as_written(
+    tmp_path, monkeypatch, after_a_call
+):
+    """``@packaged`` leaves a method as written in the capture process (PRECOMPILE_TARGET
+    set) and routes it when served: the pair checks the code the routing wrapper stands
+    for, so an installed wheel serves. Any other wrapper of that method (functools.wraps,
+    a changed result; or one wrapping the routing wrapper) is still a CallError."""
+    torch.manual_seed(0)
+    m, x = _Routed().eval(), torch.randn(2, 4)
+    written = _Routed.forward
+    f = _serve(tmp_path, call, m, x)
+    want = written(m, x)
+    if after_a_call:
+        torch.testing.assert_close(f(m, x), want)
+    monkeypatch.delenv("PRECOMPILE_TARGET", raising=False)
+    routed = packaged("routed_mlp", package="no_such_package")(written)
+    monkeypatch.setattr(_Routed, "forward", routed)
+    torch.testing.assert_close(f(m, x), want)
+
+    @functools.wraps(written)
+    def doubled(self, x):
+        return written(self, x) * 2
+
+    @functools.wraps(routed)
+    def around(self, x):
+        return routed(self, x) * 2
+
+    for other in (doubled, around):
+        monkeypatch.setattr(_Routed, "forward", other)
+        with pytest.raises(CallError, match=r"forward is another function"):
+            f(m, x)
+    monkeypatch.setattr(_Routed, "forward", routed)
+    torch.testing.assert_close(f(m, x), want)

@@ -54,8 +54,11 @@ def code_of(fn):
     """``(code object, wrappers)`` of a function, a method, a code object, or a Triton
     kernel (``triton.jit``'s JITFunction, ``triton.autotune``'s Autotuner: their
     Python function is ``.fn``); ``wrappers`` names the classes unwrapped on the way.
+    ``precompile_runtime.packaged``'s routing wrapper stands for the function it wraps.
     ``(None, "")`` for anything else."""
     f, wrappers = getattr(fn, "__func__", fn), ""
+    if f is not None and getattr(f, "__precompile_routed__", None) is f:
+        f = f.__wrapped__  # precompile_runtime.packaged's wrapper: the capture traced this
     for _ in range(3):  # an Autotuner of a JITFunction of a function
         if isinstance(f, _gtypes.CodeType):
             return f, wrappers

@@ -154,6 +154,10 @@ def packaged(
             return route(args, kwargs)
 
         call.route = route  # type: ignore[attr-defined]
+        # a pair's checks of the code its trace called see through this wrapper (the
+        # capture traced the function as written, above; served calls meet ``call``).
+        # Itself, not True: functools.wraps copies __dict__ into a wrapper of ``call``
+        call.__precompile_routed__ = call  # type: ignore[attr-defined]
         return call  # type: ignore[return-value]
 
     return decorate
