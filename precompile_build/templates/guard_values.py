@@ -57,8 +57,9 @@ def code_of(fn):
     ``precompile_runtime.packaged``'s routing wrapper stands for the function it wraps.
     ``(None, "")`` for anything else."""
     f, wrappers = getattr(fn, "__func__", fn), ""
-    if f is not None and getattr(f, "__precompile_routed__", None) is f:
-        f = f.__wrapped__  # precompile_runtime.packaged's wrapper: the capture traced this
+    routed = getattr(f, "__precompile_routed__", None)
+    if routed is not None and routed is f:
+        f = routed.__wrapped__  # precompile_runtime.packaged's wrapper: the capture traced this
     for _ in range(3):  # an Autotuner of a JITFunction of a function
         if isinstance(f, _gtypes.CodeType):
             return f, wrappers
