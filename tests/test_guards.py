@@ -532,11 +532,11 @@ def test_a_class_attribute_own_or_inherited_is_checked_after_a_served_call(
     2.11's Dynamo reads class attributes without a guard (torch.compile then serves the
     stale value): where the probe finds that, every plain attribute of the classes the
     guards reached is checked."""
-    from precompile_build.capturing import class_attributes, dynamo_guards
+    from precompile_build.capturing import class_attributes, dynamo_collect
 
     if not dynamo_guards_them:
         monkeypatch.setattr(class_attributes, "dynamo_guards_them", lambda collect: False)
-    elif not class_attributes.dynamo_guards_them(dynamo_guards.collect):
+    elif not class_attributes.dynamo_guards_them(dynamo_collect.collect):
         pytest.skip("this torch's Dynamo does not guard class attributes")
     m, x = _Derived(), torch.randn(3)
     f = _serve(tmp_path, call, m, x)
@@ -571,14 +571,14 @@ def test_a_class_attribute_own_or_inherited_is_checked_after_a_served_call(
 def test_this_torch_guards_class_attributes_or_the_probe_says_it_does_not():
     """The probe agrees with what Dynamo does: on a torch that guards them (2.13 and
     later) the supplement adds nothing."""
-    from precompile_build.capturing import class_attributes, dynamo_guards
+    from precompile_build.capturing import class_attributes, dynamo_collect
 
     version = tuple(int(p) for p in torch.__version__.split(".")[:2])
     if version == (2, 12):
         pytest.skip("not measured on torch 2.12")
-    assert class_attributes.dynamo_guards_them(dynamo_guards.collect) == (version >= (2, 13))
+    assert class_attributes.dynamo_guards_them(dynamo_collect.collect) == (version >= (2, 13))
     # a called function's defaults: guarded from 2.13 (2.11 reads them as constants)
-    assert class_attributes.dynamo_guards_defaults(dynamo_guards.collect) == (version >= (2, 13))
+    assert class_attributes.dynamo_guards_defaults(dynamo_collect.collect) == (version >= (2, 13))
 
 
 class _Layer:

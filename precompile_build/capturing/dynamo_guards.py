@@ -32,18 +32,15 @@ is checked, and the manifest and ``inspect`` say so).
 from __future__ import annotations
 
 import ast
-import contextlib
 import enum
 import inspect
-import os
 import re
-import sys
 import types
 from typing import Any, Callable
 
 from ..errors import CaptureError, warn_at_caller
 from ..templates.guard_values import code_fingerprint, code_of, literal_type
-from . import class_attributes, dict_covers, guard_sources
+from . import class_attributes, dict_covers, dynamo_collect, guard_sources
 
 LEFT_TO_OTHERS = {
     "TENSOR_MATCH": "tensors: the driver's dtype, device, shape, stride and requires_grad checks",
@@ -77,82 +74,6 @@ _CONTAINS = {
     "DICT_NOT_CONTAINS": False,
     "SET_NOT_CONTAINS": False,
 }
-
-
-class _Collected(Exception):
-    """Raised from the guard filter once Dynamo handed over the guards: nothing runs."""
-
-
-def _user_line(guard) -> str:
-    """``file:line`` of the code that read the guarded value, the file named from the
-    import root it was found under (``transformers/masking_utils.py``): the same on
-    every build host, so two builds of one project are byte-identical."""
-    stack: Any = getattr(guard, "user_stack", None) or getattr(guard, "stack", None)
-    try:
-        frame = stack[-1]
-        filename, lineno = frame.filename, frame.lineno
-    except (TypeError, IndexError, AttributeError):
-        return ""
-    roots = [os.path.join(os.path.abspath(p), "") for p in sys.path if p]
-    root = max((r for r in roots if filename.startswith(r)), key=len, default="")
-    return f"{filename[len(root) :]}:{lineno}"
-
-
-def collect(fn: Callable, args: tuple, kwargs: dict, traced: list | None = None) -> list:
-    """The guard entries (torch's ``GuardFilterEntry``) Dynamo builds for
-    ``fn(*args, **kwargs)`` traced as one graph; the function does not run. ``traced``,
-    where given, is extended with the code objects Dynamo traced (the tracing context's
-    ``traced_code``: the function's, and each function and method it inlined).
-
-    Raises:
-        the exception Dynamo raised where it cannot trace the call in one graph
-        (``torch._dynamo.exc.Unsupported`` and friends).
-    """
-    import torch
-    import torch._dynamo
-
-    box: list = []
-
-    def keep(entries):
-        box.extend(entries)
-        raise _Collected
-
-    def backend(gm, _example):
-        context = torch._guards.TracingContext.try_get()
-        if traced is not None and context is not None:
-            traced.extend(getattr(context, "traced_code", ()))
-        return gm.forward
-
-    compiled = torch.compile(fn, backend=backend, fullgraph=True, options={"guard_filter_fn": keep})
-    patch = torch._dynamo.config.patch(
-        capture_scalar_outputs=True, capture_dynamic_output_shape_ops=True, suppress_errors=False
-    )
-    try:
-        with patch, _quiet_dynamo():
-            compiled(*args, **kwargs)
-    except Exception as e:  # Dynamo wraps what the filter raised
-        if not box:
-            raise _root_cause(e) from None
-    return box
-
-
-@contextlib.contextmanager
-def _quiet_dynamo():
-    import logging
-
-    log = logging.getLogger("torch._dynamo")
-    level = log.level
-    log.setLevel(logging.CRITICAL)
-    try:
-        yield
-    finally:
-        log.setLevel(level)
-
-
-def _root_cause(e: BaseException) -> BaseException:
-    while e.__cause__ is not None and not isinstance(e, _Collected):
-        e = e.__cause__
-    return e
 
 
 def _class_id(cls: type) -> list[str]:
@@ -331,11 +252,11 @@ def guard_checks(fn: Callable, args: tuple, kwargs: dict, *, target: str) -> dic
     names = set(fn_globals)  # Dynamo installs names of its own there while it traces
     traced: list[types.CodeType] = []
     try:
-        with _without_dynamic_marks(args, kwargs):
-            entries = collect(fn, args, kwargs, traced)
+        with dynamo_collect.without_dynamic_marks(args, kwargs):
+            entries = dynamo_collect.collect(fn, args, kwargs, traced)
     except Exception as e:  # noqa: BLE001 - Dynamo's refusal, named in the message
         first = str(e).split("\n")[0]
-        if not _has_guard_filter():
+        if not dynamo_collect.has_guard_filter():
             warn_at_caller(
                 "this torch has no guard_filter_fn (torch.compile's guards cannot be read): "
                 "the Python state the call read is checked by the recorder only "
@@ -350,7 +271,7 @@ def guard_checks(fn: Callable, args: tuple, kwargs: dict, *, target: str) -> dic
             return None
         raise CaptureError(
             "torch.compile(fullgraph=True) cannot trace this function in one graph, so the Python "
-            f"values the trace read cannot all be checked per call: {_first_line(e)}. Make the "
+            f"values the trace read cannot all be checked per call: {dynamo_collect.first_line(e)}. Make the "
             "function traceable in one graph (the message names the line), or pass "
             'options={"guards": "recorded"} to check only what the recorder sees '
             "(docs/assumed_state.md)",
@@ -384,7 +305,7 @@ def guard_checks(fn: Callable, args: tuple, kwargs: dict, *, target: str) -> dic
         if kind in LEFT_TO_OTHERS or not name:
             left[kind] = left.get(kind, 0) + 1
             continue
-        where = _user_line(entry.orig_guard)
+        where = dynamo_collect.user_line(entry.orig_guard)
         kw = getattr(entry.orig_guard.create_fn, "keywords", None) or {}
         attr = kw.get("attr")
         if (
@@ -434,7 +355,7 @@ def guard_checks(fn: Callable, args: tuple, kwargs: dict, *, target: str) -> dic
     known = {(c[1], c[2]) for c in checks}
     checks += [
         c
-        for c in class_attributes.checks(checks, namespace, roots, collect)
+        for c in class_attributes.checks(checks, namespace, roots, dynamo_collect.collect)
         if (c[1], c[2]) not in known
     ]
     checks = class_attributes.inherited_per_call(checks, namespace, roots)
@@ -447,7 +368,9 @@ def guard_checks(fn: Callable, args: tuple, kwargs: dict, *, target: str) -> dic
     known = {(c[1], c[2]) for c in checks}
     checks += [
         c
-        for c in class_attributes.function_defaults(checks, namespace, roots, collect)
+        for c in class_attributes.function_defaults(
+            checks, namespace, roots, dynamo_collect.collect
+        )
         if (c[1], c[2]) not in known
     ]
     known = {(c[1], c[2]) for c in checks}
@@ -561,29 +484,6 @@ def _frame_locals(entries: list) -> set[str]:
     return out
 
 
-@contextlib.contextmanager
-def _without_dynamic_marks(args: tuple, kwargs: dict):
-    """The call's tensors without their ``mark_dynamic`` marks while Dynamo builds the
-    guards: the sizes are the dynamic dims' own checks (dynamic_dims.py), whose refusals
-    say more than Dynamo's constraint violations."""
-    import torch
-    from torch.utils import _pytree as pytree
-
-    saved = []
-    for t in pytree.tree_leaves((args, kwargs)):
-        if isinstance(t, torch.Tensor):
-            marks = {k: v for k, v in vars(t).items() if k.startswith("_dynamo_")}
-            for k in marks:
-                delattr(t, k)
-            saved.append((t, marks))
-    try:
-        yield
-    finally:
-        for t, marks in saved:
-            for k, v in marks.items():
-                setattr(t, k, v)
-
-
 def _namespace(fn: Callable, args: tuple, kwargs: dict, wrapper: bool = False) -> dict:
     """The function's parameters bound to the call's arguments, defaults applied; with
     ``wrapper``, the names of Dynamo's wrapper frame (``fn``, ``args``, ``kwargs``)."""
@@ -626,26 +526,3 @@ def _signature(fn: Callable, target: str) -> tuple[str, set[str]]:
         ):
             parts.append("/")
     return ", ".join(parts), names
-
-
-def _first_line(e: BaseException) -> str:
-    text = str(e).strip().splitlines()
-    first = text[0] if text else type(e).__name__
-    where = next((line.strip() for line in text if "File " in line or ", line " in line), "")
-    return first + (f" ({where})" if where else "")
-
-
-def _has_guard_filter() -> bool:
-    """Whether this torch hands guards to a ``guard_filter_fn`` (torch 2.8 and later)."""
-    import torch._dynamo.types
-
-    return hasattr(torch._dynamo.types, "GuardFilterEntry")
-
-
-def in_process_group() -> bool:
-    """True inside an initialised torch.distributed process group: a rank's call is
-    traced with its collectives by export or make_fx alone (its Python state is checked
-    by assumed_state.py's recording; docs/assumed_state.md)."""
-    import torch
-
-    return torch.distributed.is_available() and torch.distributed.is_initialized()

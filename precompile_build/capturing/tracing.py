@@ -48,6 +48,7 @@ from . import (
     custom_ops,
     dtensors,
     dynamic_dims,
+    dynamo_collect,
     dynamo_guards,
     grad_modes,
     graph_attrs,
@@ -271,7 +272,7 @@ def trace_call(
             target=target,
         )
     checked, refused = None, None  # the guards Dynamo builds for the call, before the trace runs it
-    if guards == "dynamo" and not lifted and not dynamo_guards.in_process_group():
+    if guards == "dynamo" and not lifted and not dynamo_collect.in_process_group():
         try:
             checked = dynamo_guards.guard_checks(fn, args, kwargs, target=target)
         except CaptureError as e:  # raised once the trace passed: a tracer's refusal says more
