@@ -142,7 +142,10 @@ def _snapshot(roots, args, kwargs):
     if objs is None:
         return None
     try:
-        slots = [(o, a, _slot_value(o, a)) for o, a in zip(objs, _G_SLOT_ATTRS)]
+        # one entry per (object, attribute): paths through several layers meet one function
+        slots = list(
+            {(id(o), a): (o, a, _slot_value(o, a)) for o, a in zip(objs, _G_SLOT_ATTRS)}.values()
+        )
     except Exception:  # noqa: BLE001 - an attribute that no longer exists: check in full
         return None
     return watch, [(d, _DICT_VERSION(d)) for d in dicts], slots  # type: ignore[misc]
