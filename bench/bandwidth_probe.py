@@ -1,5 +1,5 @@
 """What this GPU's memory streams at, against a Llama decode step's weight-read floor
-(issue 39, item 3: the 8B step at batch 1 under CUDA graphs <= 1.15x its floor).
+(the target: the 8B step at batch 1 under CUDA graphs <= 1.15x its floor).
 
     python bench/bandwidth_probe.py --size 8b --out /tmp/bandwidth_h200
     PYTHONPATH=bench python bench/bandwidth_probe.py --device cpu --size tiny --out /tmp/b   # a smoke run

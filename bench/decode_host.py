@@ -1,4 +1,4 @@
-"""Where the host time of one CUDA-graph decode step goes (issue 25).
+"""Where the host time of one CUDA-graph decode step goes.
 
 The decode step of bench/decode.py's model (``step(model, ids, StaticCache, pos)``,
 a Llama of about 1B parameters in bf16 on CUDA) is captured with the frozen engine and

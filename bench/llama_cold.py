@@ -1,4 +1,4 @@
-"""Cold starts at real size (issue 39, items 4 and 5): a Llama's capture time against
+"""Cold starts at real size: a Llama's capture time against
 torch.compile cold, and its first result from the wheel's pair against eager's.
 
     python bench/llama_cold.py --sizes 8b,1b --out bench/results/llama_cold_h200
@@ -26,7 +26,7 @@ of its workers, a fresh process with empty Inductor, Triton and precompile cache
    process run and dropped (the first process after a build is slower for every
    mechanism: files and the driver's caches are cold), then ``--first-runs`` rounds of
    ``load`` (``load_packaged`` under ``PRECOMPILE_NO_COMPILE=1``) and ``eager``, the
-   order alternating; their medians and ratio (issue 39: <= 0.9x). First result: from
+   order alternating; their medians and ratio (the target: <= 0.9x). First result: from
    "model and inputs exist" to the first synchronized result. Then one ``profile``
    process: where the load's and first call's seconds go (the JSON's ``profile``).
 

@@ -1,4 +1,4 @@
-"""Roofline bench (issue 39): every mechanism against the H200's floor, one process.
+"""Roofline bench: every mechanism against the H200's floor, one process.
 
     python bench/roofline.py --out bench/results/roofline_h200            # all rows (see --budget-s)
     python bench/roofline.py --rows prefill_1x128,prefill_8x512 --sizes 8b --out ...

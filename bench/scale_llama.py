@@ -1,4 +1,4 @@
-"""Real-size scale bench (issue 24): Llama-shaped bf16 models on one GPU.
+"""Real-size scale bench: Llama-shaped bf16 models on one GPU.
 
     python bench/scale.py --device cuda --llama --sizes 1b
     python bench/scale.py --device cuda --llama --sizes 8b --modes capture,load,eager

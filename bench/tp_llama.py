@@ -1,4 +1,4 @@
-"""Tensor-parallel Llama on one GPU (issue 40, item 5): a 70B-shaped rank built alone
+"""Tensor-parallel Llama on one GPU: a 70B-shaped rank built alone
 under the fake process group, and two gloo ranks served from one pair.
 
     python bench/tp_llama.py --out bench/results            # both parts, ends within --budget (530 s)

@@ -1,4 +1,4 @@
-"""The capture's trace step, three ways, in one process (issue 24, capture seconds).
+"""The capture's trace step, three ways, in one process (capture seconds).
 
     python bench/trace_speed.py                      # CPU: 16 layers, hidden 256, fp32
     python bench/trace_speed.py --device cuda --dtype bfloat16 --hidden 2048 --layers 16 \\

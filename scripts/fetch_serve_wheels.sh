@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Run where a package registry is reachable: the wheels the HTTP server of issue 38 needs
+# Run where a package registry is reachable: the wheels the HTTP server tests need
 # (fastapi, uvicorn and what they require, plus build), for the GPU host's Python 3.12 on
 # x86_64 and aarch64, into .whl/ (scripts/gpu_serving.sh installs from there with --no-index).
 set -euo pipefail

@@ -1,4 +1,4 @@
-"""What a trace assumed of Python state, checked by every served call (issue 37):
+"""What a trace assumed of Python state, checked by every served call:
 attributes the trace read (flags, dicts, a config's fields), the module hooks that ran,
 module-level values, and data-dependent decisions a tracer would freeze (refused).
 capturing/assumed_state.py records; templates/assumed_state.py checks."""

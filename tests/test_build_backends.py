@@ -1,5 +1,5 @@
 """`[tool.precompile] backend`: precompile_build.backend wrapping hatchling, flit-core,
-pdm-backend and scikit-build-core (issue 55), its hooks called in-process on the
+pdm-backend and scikit-build-core, its hooks called in-process on the
 fixture projects tests/packages/{hatch,flit,pdm,skb}pkg (scikit-build-core: a C++
 extension module beside the model) with the fixture capture script (no torch); the
 wrapped backend's failures. Real frontends and real captures: test_build_backends_slow.py."""

@@ -1,4 +1,4 @@
-"""Issue 55: the fixture projects of hatchling, flit-core, pdm-backend and
+"""The fixture projects of hatchling, flit-core, pdm-backend and
 scikit-build-core (tests/packages/{hatch,flit,pdm,skb}pkg, `[tool.precompile] backend`), each built by
 ``python -m build`` without isolation and isolated, with a real capture (the frozen
 engine, a tiny MLP on the CPU); the wheel installed into a fresh virtual environment

@@ -100,7 +100,7 @@ MISSES = {
     "cache-env": _edit_cache_env,
     "fingerprint": _edit_fingerprint,
 }
-# what the build line says changed (issue 38: was `no entry` for each)
+# what the build line says changed (was: `no entry` for each)
 SAID = {
     "script": "the script capture/pair.py",
     "package": "the package's files (simplepkg/helpers.py added)",
@@ -335,7 +335,7 @@ def test_cuda_targets_get_one_gpu_each(tmp_path, monkeypatch, capfd):
 
 def test_required_failure_lets_the_running_finish_and_reports_each(tmp_path, monkeypatch, capfd):
     """A failed required target fails the build, but the captures already running
-    finish and the summary shows each outcome (issue 17: a sibling showed "cancelled");
+    finish and the summary shows each outcome (was: a sibling showed "cancelled");
     the one that succeeded is in the capture cache, so the next build reuses it. With
     one slot, a target not yet started is not started."""
     pid_file = tmp_path / "child.pid"
@@ -539,7 +539,7 @@ def test_fingerprint_memo_on_disk(tmp_path, monkeypatch):
     capture_cache._fp_memo.clear()
 
 
-# -- issue 27 item 4: the entry covers what the capture imported ---------------------
+# -- the entry covers what the capture imported --------------------------------------
 
 _DEP_CAPTURE = """import torch
 import precompile_build
@@ -629,7 +629,7 @@ def test_a_capture_that_records_nothing_is_keyed_on_the_whole_environment(
     assert ran and "captured (why: imports changed: fixturedep not installed -> 1.0)" in err, err
 
 
-# -- issue 38 item 1: the record compared in the import context it was made in --------
+# -- the record compared in the import context it was made in -------------------------
 
 _OWN_CAPTURE = """import torch
 import precompile_build

@@ -1,6 +1,6 @@
 """`fallback = "eager"` on a target: a compiler (Inductor) crash falls back to the
 eager engine, visible in the build summary, the manifest and `inspect`; without it
-the capture fails with a message that names the option (issue 18, item 5)."""
+the capture fails with a message that names the option."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Publishable wheels (issue 16): no torch in the build, the build summary, honest
+"""Publishable wheels: no torch in the build, the build summary, honest
 metadata, the platform tag, editable installs that never go stale, file modes."""
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from precompile_build.errors import CaptureError
 
 pytestmark = pytest.mark.usefixtures("build_env")
 
-# -- issue 16 case 4: no torch where the build runs ---------------------------------
+# -- no torch where the build runs --------------------------------------------------
 
 
 def test_no_torch_in_the_build_is_a_clear_error(tmp_path, monkeypatch):
@@ -76,7 +76,7 @@ def test_summary_names_the_torch_the_artifacts_are_for(tmp_path, monkeypatch, ca
 
 
 def test_a_failed_build_names_no_torch_for_artifacts(tmp_path, monkeypatch, capfd):
-    """Issue 27 item 6: a failed build writes no artifacts, so it names no torch they
+    """A failed build writes no artifacts, so it names no torch they
     are for, also when another target of it captured fine."""
     from precompile_build.errors import CaptureError
 
@@ -111,7 +111,7 @@ def test_dynamic_dependencies_from_a_file_keep_the_users_and_add_ours(tmp_path, 
     assert "is static" not in capfd.readouterr().err
 
 
-# -- issue 16 case 1: metadata that tells the truth ---------------------------------
+# -- metadata that tells the truth --------------------------------------------------
 
 
 def _set_project(root, extra: str) -> None:
@@ -302,7 +302,7 @@ def test_uv_pip_install_into_a_fresh_venv_loads(tmp_path, what):
     assert out.strip().splitlines()[-1] == "42"
 
 
-# -- issue 16 case 2: a platform tag PyPI accepts ------------------------------------
+# -- a platform tag PyPI accepts -----------------------------------------------------
 
 KERNEL_CPP = r"""
 #include <string>
@@ -417,7 +417,7 @@ def test_twine_check_passes_on_a_built_wheel(tmp_path, monkeypatch):
     assert proc.returncode == 0 and "PASSED" in proc.stdout, proc.stdout + proc.stderr
 
 
-# -- issue 16 case 3: editable installs never serve stale kernels -------------------
+# -- editable installs never serve stale kernels ------------------------------------
 
 
 def test_editable_load_notices_a_changed_source(tmp_path, monkeypatch):
@@ -447,7 +447,7 @@ def test_editable_load_notices_a_changed_source(tmp_path, monkeypatch):
     assert unpacked == [1]
     (root / "simplepkg" / "model.py").write_text("ACT = 'gelu'\n")  # the user edits
     # the fixture's pair records no importable function: the old code's result is
-    # never served (issue 27 item 2; test_build_slow.py serves the current code)
+    # never served (test_build_slow.py serves the current code)
     with pytest.raises(
         StaleArtifactError,
         match=r"package 'simplepkg', target 'double': "
@@ -465,7 +465,7 @@ def test_editable_load_notices_a_changed_source(tmp_path, monkeypatch):
     assert "editable" not in manifest_of(whl)
 
 
-# -- issue 15 case 7: reproducible wheels under another umask -----------------------
+# -- reproducible wheels under another umask ----------------------------------------
 
 
 def test_same_wheel_and_sdist_under_another_umask(tmp_path, monkeypatch):
@@ -499,7 +499,7 @@ def test_same_wheel_and_sdist_under_another_umask(tmp_path, monkeypatch):
     assert out[0o022][0] == out[0o077][0]
 
 
-# -- issue 16 case 6: kernel size --------------------------------------------------
+# -- kernel size -------------------------------------------------------------------
 
 
 def test_strip_kernel_drops_debug_info_and_symtab_and_still_loads(tmp_path):

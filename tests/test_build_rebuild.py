@@ -1,4 +1,4 @@
-"""Issue 38 item 1: an unchanged rebuild reuses every capture, under each frontend.
+"""An unchanged rebuild reuses every capture, under each frontend.
 
 The capture imports the project's own package (whose metadata setuptools writes into
 the project root: the capture process sees simplepkg.egg-info, the build's process

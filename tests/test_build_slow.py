@@ -134,7 +134,7 @@ def test_pip_install_editable_loads_its_artifacts(tmp_path, mode):
     """`pip install -e`: the pairs land in the source package (an editable import
     resolves there) and load_packaged serves them from it. With
     ``editable_mode=strict`` the import resolves to setuptools' link tree under
-    build/, which gets them too (issue 15 case 5: was TargetNotFoundError)."""
+    build/, which gets them too (was: TargetNotFoundError)."""
     root = make_project(tmp_path)
     prefix = tmp_path / "prefix"
     extra = ["--config-settings", "editable_mode=strict"] if mode == "strict" else []
@@ -184,7 +184,7 @@ with precompile_build.capture(fn) as f:
 
 
 def test_an_edited_editable_install_serves_the_edited_code(tmp_path):
-    """Issue 27 item 2: `pip install -e .`, then an edit of the captured function:
+    """`pip install -e .`, then an edit of the captured function:
     load_packaged serves the edited code (called by the name the capture recorded),
     and refuses a target captured through a lambda; never the old graph's result."""
     toml = "".join(

@@ -1,4 +1,4 @@
-"""The capture cache is bounded (issue 57 item 6): `cache-max-size`, least recently used
+"""The capture cache is bounded: `cache-max-size`, least recently used
 entries evicted after each build with their `.lock` files (never this build's, never one
 another build holds), and its size in the build summary."""
 

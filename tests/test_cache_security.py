@@ -1,4 +1,4 @@
-"""Nobody else's bytes run (issue 56): a kernel cache directory, or an entry in it,
+"""Nobody else's bytes run: a kernel cache directory, or an entry in it,
 that another user could change is never used, and the kernels load from bytes this
 process wrote itself from the wheel's verified cache, so a file swapped after the
 check is never loaded. Each case: the safe path, a message, the call served right.

@@ -1,4 +1,4 @@
-"""The build's capture cache is code copied into wheels (issue 56): a cache directory
+"""The build's capture cache is code copied into wheels: a cache directory
 that another user could change is not used (the build line says why), and an entry
 written by another user, writable by others or a symlink is never reused (the capture
 runs again and replaces it). Each case: the safe path, a message, a right wheel.

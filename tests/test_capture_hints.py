@@ -1,4 +1,4 @@
-"""Issue 55 item 4: a capture script that fails for a set-up mistake says which: a
+"""A capture script that fails for a set-up mistake says which: a
 module the build environment lacks names `build-system.requires`; a file beside the
 script named like a module it imports (captures/numpy.py) names the shadowing."""
 

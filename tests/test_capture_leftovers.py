@@ -1,4 +1,4 @@
-"""A capture ends by its timeout whatever the script leaves behind (issue 57 item 3):
+"""A capture ends by its timeout whatever the script leaves behind:
 a process the script started in a new session, holding its output pipe, no longer
 blocks the build until it ends, and it is ended with the capture, the message (or
 the log, for a capture that succeeded) saying which."""

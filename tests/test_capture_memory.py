@@ -1,4 +1,4 @@
-"""A capture needs about the memory of the call it captures (issue 24).
+"""A capture needs about the memory of the call it captures.
 
 The frozen engine traces the call, compiles it and validates the kernels against an
 fp64 reference of the graph. Each of those steps once held whole copies of the

@@ -1,4 +1,4 @@
-"""What the capture says about the function itself (issue 27): an error the function
+"""What the capture says about the function itself: an error the function
 raises eagerly too is the function's, not a tracer's; Python state the call changes
 is warned about (PythonStateWarning), naming the object."""
 

@@ -1,4 +1,4 @@
-"""Peak memory per target (issue 24): the capture script's peak RSS (``wait4``) and,
+"""Peak memory per target: the capture script's peak RSS (``wait4``) and,
 for CUDA captures, the GPU peaks the capture records (process/stats.py), in the build
 line, the summary table, the manifest and ``inspect``."""
 

@@ -138,7 +138,7 @@ def test_a_failed_recording_runs_that_size_plainly_with_one_warning(tmp_path):
 def test_a_recording_that_runs_out_of_memory_records_at_the_next_call(tmp_path):
     """A recording that ran out of GPU memory (torch's OutOfMemoryError, or capture_end's
     error that replaced it) is undone and that call runs plainly, with no warning; the
-    size is not given up: its next call records (issue 38: was run plainly for good).
+    size is not given up: its next call records (was: run plainly for good).
     Real memory: tests/test_gpu_serve.py."""
     ns, graphs, runs = _graphs(tmp_path, lambda x: x * 2, torch.randn(3))
     record, left = graphs._capture, [2]

@@ -1,4 +1,4 @@
-"""torch.distributed inside a captured function (issue 18, item 6), in one spawn of
+"""torch.distributed inside a captured function, in one spawn of
 two processes on loopback (gloo on CPU; NCCL on a host with two GPUs):
 
 - functional collectives on the world group are captured and served (frozen engine);

@@ -156,7 +156,7 @@ def test_tinylm_wheel_frozen_engine(tmp_path):
         assert _bytecode._installed_bytecode(src, src.read_bytes(), None) is not None, target
     outs = [out]
     uv = Path(sys.executable).parent / "uv"
-    if uv.exists() or shutil.which("uv"):  # issue 16: uv installs precompile-runtime too
+    if uv.exists() or shutil.which("uv"):  # uv installs precompile-runtime too
         outs.append(_uv_install_and_demo(tmp_path, wheel))
     for o in outs:
         for target in ("forward", "train_step"):

@@ -1,4 +1,4 @@
-"""Faults during a build (issue 7): Ctrl-C, SIGKILL half-way through a pair, and
+"""Faults during a build: Ctrl-C, SIGKILL half-way through a pair, and
 reproducibility of real frozen-engine captures under SOURCE_DATE_EPOCH.
 
 Every build here runs in a subprocess (a real frontend or the CLI), so the signals

@@ -280,7 +280,7 @@ def test_fallback_without_kernels_gives_the_same_result(installed, tmp_path):
 
 @pytest.mark.slow  # the installed fixture builds with python -m build and pip
 def test_manifest_and_inspect_carry_the_validation_numbers(installed):
-    # issue 17: every target's variant records how its kernels were judged at capture
+    # every target's variant records how its kernels were judged at capture
     from precompile_build.wheels.inspect_cmd import format_report, inspect_report
 
     doc = json.loads((installed / "fcases" / "_precompiled" / "manifest.json").read_text())

@@ -1,4 +1,4 @@
-"""A capture that fails because the build's temp dir is full says so (issue 57 item 5):
+"""A capture that fails because the build's temp dir is full says so: the message
 was "exited with status 1 (empty log)". A real full TMPDIR needs a small file system
 of its own (root); here the log writes go to /dev/full (ENOSPC on every write) and the
 free-space probe reports what a full one does."""

@@ -1,4 +1,4 @@
-"""Property-based fuzzing of the three parsers that read untrusted input (issue 7).
+"""Property-based fuzzing of the three parsers that read untrusted input.
 
 - ``precompile_build.config.settings.settings_from_table``: a `[tool.precompile]` table as
   tomllib returns it (str keys; str, int, float, bool, datetime, array, table values).

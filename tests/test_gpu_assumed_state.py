@@ -1,4 +1,4 @@
-"""What a trace assumed of Python state, on CUDA with graphs on (issue 37): a frozen
+"""What a trace assumed of Python state, on CUDA with graphs on: a frozen
 CUDA pair replaying CUDA graphs refuses a call whose flags, dicts or hooks differ from
 the capture's, from several threads with a model each, and serves again once they are
 back. The CPU cases are tests/test_assumed_state.py. Skipped without CUDA."""

@@ -1,4 +1,4 @@
-"""On CUDA (issue 57 item 1): a frozen pair traced under the caller's no_grad is
+"""Grad modes on CUDA: a frozen pair traced under the caller's no_grad is
 refused with grad enabled (a parameter requires grad) and served under no_grad; a
 CUDA capture made without deterministic algorithms is refused under them."""
 

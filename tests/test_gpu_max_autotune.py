@@ -1,4 +1,4 @@
-"""max-autotune on the frozen engine, on CUDA (issue 39): Inductor's Triton templates
+"""max-autotune on the frozen engine, on CUDA: Inductor's Triton templates
 (mm/addmm, conv, flex attention) frozen as cubins with their tuned configs, extern
 choices (``bias_addmm``) as plain torch calls, combined with
 `cuda-graphs` and `cuda-archs`.

@@ -1,4 +1,4 @@
-"""A CUDA capture needs about the GPU memory of the call it captures (issue 24).
+"""A CUDA capture needs about the GPU memory of the call it captures.
 
 The frozen engine's capture records its GPU peak, its eager call's and each step's
 (capture_stats.cuda_peaks); the capture of a 537 MB bf16 stack must stay within 1.5x

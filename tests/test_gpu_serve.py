@@ -1,4 +1,4 @@
-"""Issue 38 item 3 on a GPU: a CUDA out-of-memory error in one call of a loaded function
+"""On a GPU: a CUDA out-of-memory error in one call of a loaded function
 leaves it usable for the next, CUDA graphs included.
 
 The loaded function (a frozen CUDA MLP, graphs on, every size recorded) is called with

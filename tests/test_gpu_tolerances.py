@@ -1,4 +1,4 @@
-"""Issue 27 item 3 on CUDA: a timm efficientnet_b0 training step (fp32, batch 4,
+"""The default tolerances on CUDA: a timm efficientnet_b0 training step (fp32, batch 4,
 32x32 images) captures with the frozen engine's default tolerances (torch's own:
 ``same(..., fp64_ref=...)`` with the suites' training tol), where it was refused
 for a BatchNorm running_var error 2.4 x eager's; a wrong kernel is still refused."""

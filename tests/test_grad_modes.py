@@ -1,4 +1,4 @@
-"""The caller's grad mode and deterministic algorithms, per served call (issue 57 item 1).
+"""The caller's grad mode and deterministic algorithms, per served call.
 
 A pair returns results without autograd history. A trace that ran under the caller's
 ``torch.no_grad()`` is refused when called with grad enabled where an input or

@@ -1,4 +1,4 @@
-"""What the host must support and what may change under a load (issue 15):
+"""What the host must support and what may change under a load:
 
 - the CPU instruction-set level the frozen CPU kernels were compiled for is a
   requirement checked against this host's CPU flags (a fake ``/proc/cpuinfo`` through
@@ -230,7 +230,7 @@ def test_noexec_kernel_dir_is_a_mismatch_with_advice(tmp_path, monkeypatch):
         load_packaged("fwd", package=p.name, strict=True)
     msg = str(ei.value)
     assert isinstance(ei.value, HostMismatchError)
-    # this process's own folder in the cache directory (issue 56), named by code_hash
+    # this process's own folder in the cache directory, named by code_hash
     assert f"the precompiled kernels unpacked in {tmp_path / 'kcache'}/.run-" in msg
     assert f"/{fingerprint_sha(UNMAPPABLE)} cannot be loaded" in msg
     assert "failed to map segment" in msg and "mounted noexec?" in msg

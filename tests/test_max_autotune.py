@@ -1,4 +1,4 @@
-"""max-autotune on the frozen engine (issue 39), on CPU: the target's `mode` key, the
+"""max-autotune on the frozen engine, on CPU: the target's `mode` key, the
 extern kernels Inductor's autotuning picks bound as plain torch calls, the C++ GEMM
 templates compiled into the pair's kernels, and a fastest choice that cannot be frozen
 replaced by the best-timed one that can, said in the build line.

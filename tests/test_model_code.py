@@ -1,4 +1,4 @@
-"""What model code does inside a captured function (issue 18): tensor constants the
+"""What model code does inside a captured function: tensor constants the
 trace makes, torch.cond, buffers reassigned in forward, the eager fallback option
 and torch.distributed. Each pair is captured here and loaded in this process
 (frozen kernels from the cache, or the eager engine's graph)."""

@@ -1,4 +1,4 @@
-"""One process, one version (issue 57 item 2): load_packaged keys what it loaded by the
+"""One process, one version: load_packaged keys what it loaded by the
 installed files it came from (the manifest's sha256, which covers every pair file),
 and a package whose manifest changed since this process first loaded from it (an
 upgrade in place, another install imported) is refused with PackageChangedError,

@@ -1,4 +1,4 @@
-"""The temp dir beside the output of a killed build (issue 57 item 6): a SIGKILL while
+"""The temp dir beside the output of a killed build: a SIGKILL while
 the wheel is written leaves ``<outdir>/.precompile-tmp-*/`` with a truncated wheel; the
 next build into that directory removes it (named after the pid of the build that made
 it: removed once that process is gone)."""

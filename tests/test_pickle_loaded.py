@@ -1,4 +1,4 @@
-"""A loaded function pickles as a reference to its package and target (issue 57 item 5):
+"""A loaded function pickles as a reference to its package and target:
 a multiprocessing or DataLoader argument is loaded again in the worker, where it was
 `AttributeError: Can't pickle local object '_make_call.<locals>.Runner'`."""
 

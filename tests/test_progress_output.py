@@ -1,4 +1,4 @@
-"""Issue 55 item 4, the build's output as a maintainer reads it in a log file."""
+"""The build's output as a maintainer reads it in a log file."""
 
 from __future__ import annotations
 

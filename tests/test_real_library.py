@@ -1,4 +1,4 @@
-"""Issue 55 items 2-3: a real library's own sdist, timm 1.0.31 (pdm-backend), given a
+"""A real library's own sdist, timm 1.0.31 (pdm-backend), given a
 target the way docs/existing-library.md says (its backend wrapped, a capture script of
 `VisionTransformer.forward` on timm's tiny `test_vit` with random weights, the method
 routed through the pair with `precompile_runtime.packaged`), built with ``python -m

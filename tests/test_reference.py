@@ -1,4 +1,4 @@
-"""The wide reference of validation (issue 24): it runs graphs whose views depend on
+"""The wide reference of validation: it runs graphs whose views depend on
 the strides the narrow dtype's kernel chose, and it widens the weights op by op.
 
 An 8B Llama on CUDA failed validation at a ``view`` of the attention output after

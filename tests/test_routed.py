@@ -1,4 +1,4 @@
-"""Issue 55 item 3: ``precompile_runtime.packaged``, a library's own function served by
+"""``precompile_runtime.packaged``: a library's own function served by
 its packaged pair where one serves this host and call, and by its own Python otherwise
 (quietly, or raising in strict mode). The real model, built and served through
 ``model(x)``: test_build_backends_slow.py."""

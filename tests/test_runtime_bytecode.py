@@ -199,7 +199,7 @@ def test_a_source_half_that_does_not_compile_fails_the_build_with_its_error():
     assert "bad.py" in msg and "SyntaxError" in msg and "report it" in msg, msg
 
 
-# ------------------------------------- the shipped pyc is covered by the manifest (issue 57 item 4)
+# ------------------------------------------------- the shipped pyc is covered by the manifest
 
 
 def _package_with_shipped_pyc(tmp_path, monkeypatch, listed=True):

@@ -242,7 +242,7 @@ def test_cache_root_not_writable_still_loads(pkg, tmp_path, monkeypatch):
 def test_corrupt_cache_entry_is_never_loaded(pkg, tmp_path):
     # a half-written entry of an earlier runtime (which shared one folder per code_hash
     # between processes): the kernels load from this process's own folder, written from
-    # the verified bytes (issue 56), so no such entry is read, reused or run
+    # the verified bytes, so no such entry is read, reused or run
     code_hash = pkg.manifest()["targets"]["fwd"]["variants"][0]["code_hash"]
     entry = tmp_path / "kcache" / code_hash
     (entry / "sub").mkdir(parents=True)

@@ -1,4 +1,4 @@
-"""Issue 38 items 2-3: a loaded function behind a real HTTP server (FastAPI on uvicorn,
+"""A loaded function behind a real HTTP server (FastAPI on uvicorn,
 example_project/tinylm/serve.py) on loopback, as servers call it.
 
 tinylm's ``forward`` is captured here with the frozen engine and loaded in this

@@ -1,4 +1,4 @@
-"""Helpers that one job shares with another (issue 28: one walk, one parse)."""
+"""Helpers that one job shares with another: one walk, one parse."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Target names are checked when the configuration is read (issue 57 item 5): a name
+"""Target names are checked when the configuration is read: a name
 that cannot name its files on every platform, or names a file Python gives a meaning,
 is a ConfigError before any capture runs (was: every capture ran, then "path traversal
 refused" for `tä`, "a capture bug: please report it" for 241 characters, and

@@ -1,4 +1,4 @@
-"""Tensor-parallel targets (issue 40) without transformers: a `world-size = 2` MLP
+"""Tensor-parallel targets without transformers: a `world-size = 2` MLP
 (parallelize_module, up colwise / down rowwise) built both ways on the CPU, `real`
 (two capture processes with gloo, each validated) and `fake` (rank 0 alone under the
 fake process group: compile-only), each wheel served by `torchrun --nproc_per_node 2`

@@ -1,4 +1,4 @@
-"""The frozen engine's default tolerances are torch's own (issue 27 item 3):
+"""The frozen engine's default tolerances are torch's own:
 ``torch._dynamo.utils.same(..., fp64_ref=...)`` with the dynamo benchmark suites'
 tol (1e-3 inference, 1e-2 training; floor tol / 10) and multipliers (2; 3 for
 bf16/fp16, fewer than 1000 elements, 4-D values over 1x1 maps)."""
@@ -27,7 +27,7 @@ def _running_var():
 
 
 def test_a_training_steps_value_within_torchs_training_tolerance_is_accepted():
-    """Issue 27's efficientnet_b0 step: running_var error 0.0014 against eager's
+    """A timm efficientnet_b0 training step: running_var error 0.0014 against eager's
     0.000583 (2.4 x): torch's suite accepts it (2 x 0.000583 + 1e-2 / 10), so does
     the capture of a training step; the same numbers in an inference value, whose
     floor is 1e-3 / 10, are refused."""

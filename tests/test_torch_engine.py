@@ -574,7 +574,7 @@ def test_runtime_module_does_not_import_torch():
 def test_newer_api_load_refuses_a_temp_folder_others_can_swap(fake_newer, tmp_path, monkeypatch):
     """Torch's path ``load`` reads the verified pair from a private temp folder; below
     a folder others can write without the sticky bit (TMPDIR there), they could swap it
-    before torch reads it: refused with the fix, torch's load never called (issue 56)."""
+    before torch reads it: refused with the fix, torch's load never called."""
     import tempfile
 
     src, cache = torch_engine.capture_pair(

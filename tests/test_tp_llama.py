@@ -1,4 +1,4 @@
-"""A tiny transformers Llama at TP = 2 (issue 40; the torch 2.14.1 venv, which has
+"""A tiny transformers Llama at TP = 2 (the torch 2.14.1 venv, which has
 transformers): q/k/v/gate/up colwise, o/down rowwise, captured by the build on the
 CPU with `distributed = real` (two ranks with gloo, each validated: the prompt's
 logits and a StaticCache decode step) and `fake` (rank 0 alone, compile-only: the

@@ -1,4 +1,4 @@
-"""How the frozen engine judges its kernels at capture (issue 17, issue 18 item 4).
+"""How the frozen engine judges its kernels at capture.
 
 The frozen wrapper's results are judged against an fp64 reference of the traced
 graph, with torch's rule (``same(..., fp64_ref=...)``): accepted when the error is
@@ -68,7 +68,7 @@ def _step(m, x):
 
 
 def test_bf16_rounding_of_another_kernel_choice_is_accepted_with_numbers():
-    # issue 17's second build: one output off by 0.0625 at values up to ~5 (relative
+    # a build seen to have one output off by 0.0625 at values up to ~5 (relative
     # norm ~0.004): the old elementwise check (atol = rtol = 5e-2) refused it by chance
     model, x = _mlp_bf16(), torch.randn(64, 64, dtype=torch.bfloat16) * 2
     traced = trace_call(lambda m, x: x + m(x), (model, x), {}, target="t")  # a residual stream
@@ -276,7 +276,7 @@ def _encode(m, x, mask):
 
 
 def test_eager_fast_path_that_differs_from_the_trace_is_refused(tmp_path):
-    # issue 18 item 4: in eval mode without grad, nn.TransformerEncoder's fast path
+    # in eval mode without grad, nn.TransformerEncoder's fast path
     # zero-fills the padded rows; the traced (slow) path computes values there
     enc, x = _encoder(), torch.randn(2, 5, 8)
     mask = torch.tensor([[False] * 5, [False, False, False, True, True]])

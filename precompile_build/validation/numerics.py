@@ -43,7 +43,7 @@ from ..config.capture_options import EAGER_CHECKS, option_problem  # noqa: F401 
 
 # torch's same() first accepts values elementwise close to eager (its default tol)
 ELEMENTWISE_TOL = 1e-4
-# the band of the eager-call comparison (issue 18): up to `EAGER_WARN_BAND` times the
+# the band of the eager-call comparison: up to `EAGER_WARN_BAND` times the
 # allowed difference it warns, beyond it refuses
 EAGER_WARN_BAND = 4.0
 _RANDOM_OPS = (
@@ -441,7 +441,7 @@ def eager_structure_message(structure: str) -> str:
 def judge_against_eager_call(
     real, frozen, ref, graph_verdict: Verdict
 ) -> tuple[float, float, float, bool]:
-    """The eager call's own output ``real`` vs ``frozen`` (issue 18): returns
+    """The eager call's own output ``real`` vs ``frozen``: returns
     ``(difference, allowed, max_abs, elementwise_close)``; ``difference`` is the
     relative RMS of ``frozen - real`` (mismatch fraction for integers), ``allowed`` is
     ``(multiple + 1) * eager_error + floor`` (the frozen error may be ``multiple *

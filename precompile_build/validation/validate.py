@@ -424,7 +424,7 @@ def _against_eager_call(
     target: str,
     options: dict,
 ) -> dict:
-    """Issue 18: the frozen results vs the eager call's own results on the example
+    """The frozen results vs the eager call's own results on the example
     inputs. Within the allowed difference: ok; up to numerics.EAGER_WARN_BAND times
     it: a warning; beyond: CaptureError (``options['eager_check']``: ``'warn'`` only
     warns, ``'off'`` skips). Returns the numbers."""
