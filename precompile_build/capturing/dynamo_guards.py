@@ -223,7 +223,8 @@ def guard_checks(fn: Callable, args: tuple, kwargs: dict, *, target: str) -> dic
         "by_identity": [the covering expressions each call evaluates again and compares by
         identity, dict_covers.covering_dict], "slots": [[object expression, attribute]]
         compared by identity per call (dict_covers.slots), "left": {guard kind: count}
-        left to other checks}``.
+        left to other checks}``; None where this torch cannot hand over its guards or
+        the call runs a backward (the recorder's checks alone: a warning says so).
     Raises:
         CaptureError: Dynamo cannot trace the call in one graph, or a guard has no
             check a pair can run (the message names the source and its line).
@@ -245,15 +246,52 @@ def guard_checks(fn: Callable, args: tuple, kwargs: dict, *, target: str) -> dic
     if isinstance(fn, types.MethodType) or (
         not isinstance(fn, types.FunctionType) and hasattr(fn, "forward")
     ):
-        free.add(
-            "self"
-        )  # a bound method's or a module's own state: the pair's constant, as a closure
+        free.add("self")  # a bound method's or a module's own state: the pair's constant
     fn_globals = guard_sources.globals_of(fn)
     names = set(fn_globals)  # Dynamo installs names of its own there while it traces
     traced: list[types.CodeType] = []
+    entries = _entries(fn, args, kwargs, traced, target)
+    if entries is None:
+        return None
+    roots = guard_sources.Roots(fn_globals, names)
+    namespace = _namespace(fn, args, kwargs)
+    wrapper = bool(_frame_locals(entries) - params - free)
+    if wrapper:  # Dynamo's frame is a wrapper's (fn, *args, **kwargs): a decorated function,
+        # a module's decorated forward; the callable itself is the pair's constant
+        params_text, params = "*args, **kwargs", {"args", "kwargs"}
+        free |= {"fn", "self", "func"}
+        namespace = _namespace(fn, args, kwargs, wrapper=True)
+    found = _Translated()
+    for entry in entries:
+        _translate(entry, found, roots, namespace, params, free, target)
+    checks = _with_supplements(found.checks, namespace, roots, traced)
+    dict_covers.keep_dict_covers(checks, namespace, roots)
+    failed = failing(checks, namespace, roots)
+    if failed:
+        raise CaptureError(
+            f"a guard does not hold on the capture's own state: {failed[0]} (a bug: "
+            "please report it)",
+            target=target,
+        )
+    slots = _slots(checks, found.by_identity, namespace, roots)
+    return {
+        "params": params_text,
+        "wrapper": wrapper,
+        "roots": roots.records,
+        "checks": checks,
+        "watched": sorted(found.watched),
+        "by_identity": sorted({c[6] for c in checks if c[6] in found.by_identity}),
+        "slots": slots,
+        "left": dict(sorted(found.left.items())),
+    }
+
+
+def _entries(fn: Callable, args: tuple, kwargs: dict, traced: list, target: str) -> list | None:
+    """Dynamo's guard entries for the call (dynamo_collect.collect), or None where the
+    recorder's checks must do (a warning says why)."""
     try:
         with dynamo_collect.without_dynamic_marks(args, kwargs):
-            entries = dynamo_collect.collect(fn, args, kwargs, traced)
+            return dynamo_collect.collect(fn, args, kwargs, traced)
     except Exception as e:  # noqa: BLE001 - Dynamo's refusal, named in the message
         first = str(e).split("\n")[0]
         if not dynamo_collect.has_guard_filter():
@@ -264,138 +302,113 @@ def guard_checks(fn: Callable, args: tuple, kwargs: dict, *, target: str) -> dic
                 target=target,
             )
             return None
-        if (
-            "backward" in first or "autograd" in first
-        ):  # a training step: Dynamo's graph has no backward
-            warn_recorder_only_for_backward(target)
+        if "backward" in first or "autograd" in first:  # a training step: no backward in
+            warn_recorder_only_for_backward(target)  # Dynamo's graph
             return None
         raise CaptureError(
-            "torch.compile(fullgraph=True) cannot trace this function in one graph, so the Python "
-            f"values the trace read cannot all be checked per call: {dynamo_collect.first_line(e)}. Make the "
-            "function traceable in one graph (the message names the line), or pass "
-            'options={"guards": "recorded"} to check only what the recorder sees '
-            "(docs/assumed_state.md)",
+            "torch.compile(fullgraph=True) cannot trace this function in one graph, so the "
+            "Python values the trace read cannot all be checked per call: "
+            f"{dynamo_collect.first_line(e)}. Make the function traceable in one graph (the "
+            'message names the line), or pass options={"guards": "recorded"} to check only '
+            "what the recorder sees (docs/assumed_state.md)",
             target=target,
         ) from None
-    roots = guard_sources.Roots(fn_globals, names)
-    namespace = _namespace(fn, args, kwargs)
-    wrapper = bool(_frame_locals(entries) - params - free)
-    if (
-        wrapper
-    ):  # Dynamo's frame is a wrapper's (fn, *args, **kwargs): a decorated function, a module's
-        params_text, params = (
-            "*args, **kwargs",
-            {"args", "kwargs"},
-        )  # decorated forward; the callable
-        free |= {"fn", "self", "func"}  # itself is the pair's constant
-        namespace = _namespace(fn, args, kwargs, wrapper=True)
-    checks: list[list] = []
-    left: dict[str, int] = {}
-    watched: set[str] = set()
-    seen: set[tuple] = set()
-    by_identity: set[str] = set()  # the covers a call evaluates again (dict_covers.covering_dict)
-    for entry in entries:
-        kind = entry.guard_type
-        name = entry.name
-        if kind == "TENSOR_MATCH" and name.startswith("___from_numpy(") and name.endswith(")"):
-            kind, name = (
-                "NUMPY_VALUE",
-                name[len("___from_numpy(") : -1],
-            )  # Dynamo's graph input, our constant
-        if kind in LEFT_TO_OTHERS or not name:
-            left[kind] = left.get(kind, 0) + 1
-            continue
-        where = dynamo_collect.user_line(entry.orig_guard)
-        kw = getattr(entry.orig_guard.create_fn, "keywords", None) or {}
-        attr = kw.get("attr")
-        if (
-            kind == "HASATTR" and attr is None
-        ):  # torch <= 2.12 names the attribute itself: base.attr
-            split = re.match(r"^(.*)[.]([A-Za-z0-9_]+)$", name)
-            if split:
-                name, attr = split.group(1, 2)
-        try:
-            rewritten = guard_sources.rewrite(name, roots, params, free)
-            if rewritten is None:
-                continue
-            expr, label = rewritten
-            value = guard_sources.evaluate(expr, namespace, roots)
-            if guard_sources.through_torch(
-                expr, namespace, roots
-            ) or guard_sources.module_bookkeeping(expr, namespace, roots, kind):
-                left["torch's own classes"] = left.get("torch's own classes", 0) + 1
-                continue
-            check, expected = _check_for(kind, value, entry.orig_guard, attr)
-        except (ValueError, KeyError, SyntaxError) as err:
-            raise CaptureError(
-                f"the trace relies on {name} ({kind}{', read at ' + where if where else ''}), and "
-                f"{err}. Pass it as an argument, or make it a plain value (bool, int, float, str, "
-                "None, a tuple of them, a torch.dtype), then capture again",
-                target=target,
-            ) from None
-        key = (check, expr, repr(expected))
-        if key in seen:
-            continue
-        seen.add(key)
-        if check == "absent":
-            watched.add(expected)
-        if check == "hasattr":
-            watched.add(expected[0])
-        if check == "class" and expr.endswith(".__class__"):
-            watched.add("__class__")
-        base = guard_sources.base_of(expr, namespace, roots)
-        epoch = _epoch_covered(check, value, base, expr)
-        found = (
-            None if epoch else dict_covers.covering_dict(check, expr, value, base, namespace, roots)
-        )
-        cover = found[0] if found else None
-        if found and found[1]:
-            by_identity.add(found[0])
-        checks.append([label, check, expr, expected, not epoch and cover is None, where, cover])
-    known = {(c[1], c[2]) for c in checks}
-    checks += [
-        c
-        for c in class_attributes.checks(checks, namespace, roots, dynamo_collect.collect)
-        if (c[1], c[2]) not in known
-    ]
-    checks = class_attributes.inherited_per_call(checks, namespace, roots)
-    known = {(c[1], c[2]) for c in checks}
-    checks += [
-        c
-        for c in class_attributes.called_methods(checks, namespace, roots, set(traced))
-        if (c[1], c[2]) not in known
-    ]
-    known = {(c[1], c[2]) for c in checks}
-    checks += [
-        c
-        for c in class_attributes.function_defaults(
-            checks, namespace, roots, dynamo_collect.collect
-        )
-        if (c[1], c[2]) not in known
-    ]
-    known = {(c[1], c[2]) for c in checks}
-    checks += [
-        c for c in class_attributes.shadowing(checks, namespace, roots) if (c[1], c[2]) not in known
-    ]
-    dict_covers.keep_dict_covers(checks, namespace, roots)
-    failed = failing(checks, namespace, roots)
-    if failed:
+
+
+class _Translated:
+    """What the guard entries translate to, gathered entry by entry."""
+
+    def __init__(self) -> None:
+        self.checks: list[list] = []
+        self.left: dict[str, int] = {}  # guard kind -> how many other checks cover
+        self.watched: set[str] = set()
+        self.seen: set[tuple] = set()
+        self.by_identity: set[str] = set()  # covers a call evaluates again (covering_dict)
+
+
+def _translate(
+    entry: Any,
+    out: _Translated,
+    roots: guard_sources.Roots,
+    namespace: dict,
+    params: set[str],
+    free: set[str],
+    target: str,
+) -> None:
+    """Add the check of one guard entry to ``out`` (or count it as left to others).
+
+    Raises:
+        CaptureError: the guard has no check a pair can run.
+    """
+    kind = entry.guard_type
+    name = entry.name
+    if kind == "TENSOR_MATCH" and name.startswith("___from_numpy(") and name.endswith(")"):
+        kind, name = "NUMPY_VALUE", name[len("___from_numpy(") : -1]  # Dynamo's input, our constant
+    if kind in LEFT_TO_OTHERS or not name:
+        out.left[kind] = out.left.get(kind, 0) + 1
+        return
+    where = dynamo_collect.user_line(entry.orig_guard)
+    kw = getattr(entry.orig_guard.create_fn, "keywords", None) or {}
+    attr = kw.get("attr")
+    if kind == "HASATTR" and attr is None:  # torch <= 2.12 names the attribute itself: base.attr
+        split = re.match(r"^(.*)[.]([A-Za-z0-9_]+)$", name)
+        if split:
+            name, attr = split.group(1, 2)
+    try:
+        rewritten = guard_sources.rewrite(name, roots, params, free)
+        if rewritten is None:
+            return
+        expr, label = rewritten
+        value = guard_sources.evaluate(expr, namespace, roots)
+        if guard_sources.through_torch(expr, namespace, roots) or guard_sources.module_bookkeeping(
+            expr, namespace, roots, kind
+        ):
+            out.left["torch's own classes"] = out.left.get("torch's own classes", 0) + 1
+            return
+        check, expected = _check_for(kind, value, entry.orig_guard, attr)
+    except (ValueError, KeyError, SyntaxError) as err:
         raise CaptureError(
-            f"a guard does not hold on the capture's own state: {failed[0]} (a bug: "
-            "please report it)",
+            f"the trace relies on {name} ({kind}{', read at ' + where if where else ''}), and "
+            f"{err}. Pass it as an argument, or make it a plain value (bool, int, float, str, "
+            "None, a tuple of them, a torch.dtype), then capture again",
             target=target,
-        )
-    slots = _slots(checks, by_identity, namespace, roots)
-    return {
-        "params": params_text,
-        "wrapper": wrapper,
-        "roots": roots.records,
-        "checks": checks,
-        "watched": sorted(watched),
-        "by_identity": sorted({c[6] for c in checks if c[6] in by_identity}),
-        "slots": slots,
-        "left": dict(sorted(left.items())),
-    }
+        ) from None
+    key = (check, expr, repr(expected))
+    if key in out.seen:
+        return
+    out.seen.add(key)
+    if check == "absent":
+        out.watched.add(expected)
+    if check == "hasattr":
+        out.watched.add(expected[0])
+    if check == "class" and expr.endswith(".__class__"):
+        out.watched.add("__class__")
+    base = guard_sources.base_of(expr, namespace, roots)
+    epoch = _epoch_covered(check, value, base, expr)
+    found = None if epoch else dict_covers.covering_dict(check, expr, value, base, namespace, roots)
+    cover = found[0] if found else None
+    if found and found[1]:
+        out.by_identity.add(found[0])
+    out.checks.append([label, check, expr, expected, not epoch and cover is None, where, cover])
+
+
+def _with_supplements(
+    checks: list[list], namespace: dict, roots: guard_sources.Roots, traced: list
+) -> list[list]:
+    """``checks`` and what class_attributes.py adds where Dynamo guards less than a pair
+    needs (class attributes on older torch, the methods the trace called, defaults,
+    shadowing), each check once."""
+
+    def adding(more: list[list]) -> None:
+        known = {(c[1], c[2]) for c in checks}
+        checks.extend(c for c in more if (c[1], c[2]) not in known)
+
+    adding(class_attributes.checks(checks, namespace, roots, dynamo_collect.collect))
+    checks = class_attributes.inherited_per_call(checks, namespace, roots)
+    adding(class_attributes.called_methods(checks, namespace, roots, set(traced)))
+    adding(class_attributes.function_defaults(checks, namespace, roots, dynamo_collect.collect))
+    adding(class_attributes.shadowing(checks, namespace, roots))
+    return checks
 
 
 def _slots(
