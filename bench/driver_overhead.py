@@ -52,6 +52,7 @@ BLOCKS = [
     ("precompile_build/templates/state_values.py", "# ---- plain Python values and hooks"),
     ("precompile_build/templates/call_args.py", "# ---- the calling convention: arguments"),
     (DRIVER, "# ---- driver: the calling convention"),
+    ("precompile_build/templates/dynamic_sizes.py", "# ---- dynamic dims: symbols bound"),
     ("precompile_build/templates/assumed_state.py", "# ---- the Python state the trace assumed"),
 ]
 # where a revision before the layout by stage (c264384) kept each block

@@ -161,6 +161,7 @@ def render(metadata: PairMetadata, graph_code: str, wrapper_code: str | None) ->
     parts.append(_template("op_libraries.py"))  # imports the libraries of the custom ops it calls
     parts.append(_template("distributed.py"))  # the world, its groups, DTensor shards
     parts.append(_template("driver.py"))
+    parts.append(_template("dynamic_sizes.py"))  # the check of dynamic dims the driver calls
     parts.append(_template("grad_modes.py"))  # the caller's grad mode and deterministic algorithms
     parts.append(_template("assumed_state.py"))  # what the trace assumed, checked per call
     parts.append(_template("guards.py"))  # the guards Dynamo built, checked per call

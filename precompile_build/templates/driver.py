@@ -2,6 +2,7 @@
 # This block is copied verbatim into every source half written by the `frozen` and
 # `eager` engines (precompile_build/engines/codegen.py). It needs only torch and the
 # stdlib, and reads PRECOMPILE_METADATA, _graph, module_settings (module_settings.py),
+# the dynamic dims' check (dynamic_sizes.py),
 # the calling convention's _flatten_call/_rebuild and constants (call_args.py), the
 # world's checks (distributed.py) and (frozen) _make_call, defined in the same file.
 # stand-ins: names the rest of the source half defines (codegen.py drops this block)
@@ -13,6 +14,7 @@ if TYPE_CHECKING:
     from .source_names import (
         _DIST,
         _DTENSORS,
+        _DYN,
         _G_CHECKS,
         _GLOBALS,
         _GRAPH_SELF,
@@ -31,6 +33,7 @@ if TYPE_CHECKING:
         _assumed_full,
         _assumed_same,
         _check_dist,
+        _check_dynamic,
         _check_globals,
         _check_guards,
         _check_modes,
@@ -55,7 +58,6 @@ if TYPE_CHECKING:
     )
 # end stand-ins
 
-import math as _math
 import operator as _operator
 import sys as _sys
 import weakref as _weakref
@@ -150,95 +152,6 @@ def _check_tensor(t, spec, what, check_shape=True):
             "pass what was captured, or capture again with these (torch._dynamo.mark_dynamic "
             "lets a dim vary)"
         )
-
-
-# ---- dynamic dims: symbols bound from the call's sizes, then ranges and guards ----
-_DYN = _META.get("dynamic")
-_EVAL_SCOPE = {
-    "__builtins__": {},
-    "math": _math,
-    "torch": torch,
-    "max": max,
-    "min": min,
-    "abs": abs,
-}
-_CODE: dict = {}  # expression text -> code object
-
-
-def _eval(expr, sizes):
-    if isinstance(expr, int):
-        return expr
-    code = _CODE.get(expr)
-    if code is None:
-        code = _CODE[expr] = compile(expr, "<shape expression>", "eval")
-    return eval(code, _EVAL_SCOPE, sizes)
-
-
-def _fmt_shape(shape):
-    """A captured shape for messages: static dims as numbers, dynamic ones as their
-    range (``[2, 2..64]``; ``1..inf`` when unbounded)."""
-    dims = []
-    for w in shape:
-        if isinstance(w, str):
-            lo, hi = _DYN["symbols"][w]  # type: ignore[index]  # (a str dim: _DYN is set)
-            w = f"{lo}..{'inf' if hi is None else hi}"
-        dims.append(str(w))
-    return "[" + ", ".join(dims) + "]"
-
-
-def _check_dynamic(leaves):
-    """Check the user tensors ``leaves`` ([(tensor, path)]) of a capture with dynamic
-    dims: dtype/device, static dims exact, marked dims bound to their symbols (a
-    symbol seen twice must have one size), then ranges, the capture's guards and,
-    for frozen kernels, the strides at these sizes. Raises CallError."""
-    sizes: dict = {}
-    where: dict = {}
-    for (t, path), spec in zip(leaves, _META["tensor_inputs"]):
-        _check_tensor(t, spec, path, check_shape=False)
-        shape = spec["shape"]
-        bad = t.dim() != len(shape) or any(
-            not isinstance(w, str) and g != w for g, w in zip(t.shape, shape)
-        )
-        for d, (g, w) in enumerate(zip(t.shape, shape)):
-            if bad or not isinstance(w, str):
-                continue
-            if w in sizes and sizes[w] != g:
-                raise CallError(
-                    f"target {_META['target']!r}, {path} dim {d}: size {g}, but {where[w]} has "
-                    f"size {sizes[w]} and the capture requires them equal"
-                )
-            sizes[w] = g
-            where.setdefault(w, f"{path} dim {d}")
-        if bad:
-            raise CallError(
-                f"target {_META['target']!r}, {path}: shape {list(t.shape)} (captured "
-                f"{_fmt_shape(shape)}). "
-                "Only the dims marked dynamic at capture may change size: pass what was "
-                "captured, or capture again with these dims marked"
-            )
-    for name, n in sizes.items():  # in argument order
-        lo, hi = _DYN["symbols"][name]  # type: ignore[index]  # (called when _DYN is set)
-        if n < lo or (hi is not None and n > hi):
-            raise CallError(
-                f"target {_META['target']!r}, {where[name]}: size {n} is outside the range "
-                f"[{lo}, {'inf' if hi is None else hi}] it was captured for; pass a size in "
-                "range, or capture again with a wider mark_dynamic(..., min=, max=)"
-            )
-    for guard in _DYN["guards"]:  # type: ignore[index]
-        if not _eval(guard, sizes):
-            named = ", ".join(f"{s} = {n} ({where[s]})" for s, n in sizes.items())
-            raise CallError(
-                f"target {_META['target']!r}: the sizes {named} break the condition "
-                f"{guard!r} that the captured code relies on; pass sizes that satisfy it"
-            )
-    if _META["engine"] == "frozen":
-        for (t, path), spec in zip(leaves, _META["tensor_inputs"]):
-            want = [_eval(e, sizes) for e in spec["stride"]]
-            if not _same_strides(t, want):
-                raise CallError(
-                    f"target {_META['target']!r}, {path}: stride {list(t.stride())} (the captured "
-                    f"layout at these sizes is {want}; {_layout_hint(want, t.shape)})"
-                )
 
 
 # ---- per-call checks, cached -------------------------------------------------------

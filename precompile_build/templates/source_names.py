@@ -102,7 +102,19 @@ def _use_mesh(params: Any) -> None: ...
 
 # driver.py
 _RUNS_BACKWARD: bool
+
+
+def _check_tensor(t: Any, spec: Any, what: str, check_shape: bool = True) -> None: ...
+def _same_strides(t: Any, want: list[int]) -> bool: ...
+def _layout_hint(want: list[int], shape: Any) -> str: ...
+
+
+# dynamic_sizes.py
 _DYN: Any
+
+
+def _check_dynamic(leaves: list[Any]) -> None: ...
+
 
 # grad_modes.py
 _MODES_CHECKED: bool
