@@ -140,6 +140,34 @@ def _named_tensor(module, name: str):
     return module._parameters[leaf] if leaf in module._parameters else module._buffers[leaf]
 
 
+@dataclass
+class _FlatCall:
+    """The call flattened for the trace (:func:`_flatten_call`): what the steps of
+    :func:`trace_call` share. ``params`` are the lifted tensors, ``user_tensors`` the
+    tensor arguments; the graph's inputs are ``params + user_tensors``."""
+
+    arg_names: list[str]
+    in_spec: Any  # the arguments' pytree spec
+    in_kinds: list  # per leaf: ["module", i], ["tensor", i] or ["const", value]
+    leaf_paths: list[str]
+    in_text: str  # the spec as the pair records it, and its types
+    in_types: Any
+    modules: list  # the nn.Module arguments
+    user_tensors: list
+    paths: list[str]  # the tensor arguments' paths
+    names: list[str]  # the lifted tensors' names (m<i>.path)
+    params: list  # the lifted tensors (a DTensor's local shard)
+    wants_grad: list[bool]  # a parameter whose gradient the call may compute
+    requires_grad: list[bool]
+    lifted: list  # the DTensors lifted as local shards (dtensors.lift)
+    settings_before: list  # each module's settings as the trace sees them
+    held: Any  # plain references to the inputs (aliases.find_aliases)
+
+    @property
+    def n_params(self) -> int:
+        return len(self.params)
+
+
 def trace_call(
     fn: Callable,
     args: tuple,
@@ -172,13 +200,59 @@ def trace_call(
             or (``guards="dynamo"``) a call Dynamo cannot trace in one graph or a guard no
             check of a pair can run (dynamo_guards.py).
     """
-    import torch
-    from torch.utils import _pytree as pytree
-
     try:
         tracer = tracers.check_tracer(tracer)
     except ValueError as e:
         raise CaptureError(str(e), target=target) from None
+    call = _flatten_call(fn, args, kwargs, target)
+    out_box: dict = {}
+    flat_fn = _flat_function(fn, call, out_box, target)
+    # the caller's tensors where the trace may read them as they are; after the trace,
+    # copies of those the graph may write (the real call runs next and writes them)
+    example = sharing.example_inputs(call.params + call.user_tensors)
+    marks = [dynamic_dims.marked_dims(t) for t in call.user_tensors]
+    if any(dynamic_dims.marked_dims(p) for p in call.params):
+        warn_at_caller(
+            "a parameter/buffer is marked dynamic; parameters keep their captured sizes, "
+            "the mark is ignored",
+            target=target,
+        )
+    checked, refused = None, None  # the guards Dynamo builds for the call, before the trace runs it
+    if guards == "dynamo" and not call.lifted and not dynamo_guards.in_process_group():
+        try:
+            checked = dynamo_guards.guard_checks(fn, args, kwargs, target=target)
+        except CaptureError as e:  # raised once the trace passed: a tracer's refusal says more
+            refused = e
+    hooks = assumed_state.hooks_record(call.modules)  # what the call runs, before it runs
+    globals_before = assumed_state.global_values(fn, args, kwargs)
+    reads = assumed_state.Recorder(call.modules)  # the plain values the trace reads
+    traced = _trace(flat_fn, example, call, marks, target, tracer, out_box, reads)
+    if refused is not None:
+        if not out_box.get("grad_indices"):
+            raise refused
+        # a training step whose forward broke Dynamo's graph first (a library's logging
+        # call): Dynamo's one graph would hold no backward anyway, as above
+        dynamo_guards.warn_recorder_only_for_backward(target)
+    return _traced_call(
+        fn,
+        args,
+        kwargs,
+        target,
+        call,
+        traced,
+        example,
+        out_box,
+        checked,
+        (reads, hooks, globals_before),
+    )
+
+
+def _flatten_call(fn: Callable, args: tuple, kwargs: dict, target: str) -> _FlatCall:
+    """The call's arguments through pytree, its modules' tensors lifted (a sharded
+    model's DTensors as their local shards); CaptureError for an argument the pair
+    cannot take (a data-parallel wrapper, a DTensor argument, an unsupported type)."""
+    import torch
+
     arg_names = _arg_names(fn, len(args))
     if "transformers.cache_utils" in sys.modules:  # its StaticCache: an argument like any other
         pytree_types.register_cache_types()
@@ -197,10 +271,36 @@ def trace_call(
     params, lifted = dtensors.lift(params)  # a sharded model's DTensors: their local shards
     dtensors.refuse_dtensor_arguments(user_tensors, paths, target)
     settings_before = [module_setting_items(m) for m in modules]  # as the trace sees them
-    n_params = len(params)
-    # plain references to the inputs (a cache object that holds the module's buffers)
-    held = aliases.find_aliases(modules, params + user_tensors)
-    out_box: dict = {}
+    return _FlatCall(
+        arg_names=arg_names,
+        in_spec=in_spec,
+        in_kinds=in_kinds,
+        leaf_paths=leaf_paths,
+        in_text=in_text,
+        in_types=in_types,
+        modules=modules,
+        user_tensors=user_tensors,
+        paths=paths,
+        names=names,
+        params=params,
+        wants_grad=wants_grad,
+        requires_grad=requires_grad,
+        lifted=lifted,
+        settings_before=settings_before,
+        # plain references to the inputs (a cache object that holds the module's buffers)
+        held=aliases.find_aliases(modules, params + user_tensors),
+    )
+
+
+def _flat_function(fn: Callable, call: _FlatCall, out_box: dict, target: str) -> Callable:
+    """``fn`` over flat tensors (the lifted tensors, then the tensor arguments), the
+    function the tracer traces: it returns the flat results, then the gradients the
+    call computed, then the buffers it reassigned, and writes into ``out_box`` what
+    the trace learnt (the result's spec and kinds, the gradients' indexes, ...)."""
+    import torch
+    from torch.utils import _pytree as pytree
+
+    modules, n_params, in_kinds = call.modules, call.n_params, call.in_kinds
 
     def rebuild_args(flat_user):
         it, mods = iter(flat_user), iter(modules)
@@ -208,7 +308,7 @@ def trace_call(
             next(mods) if k[0] == "module" else next(it) if k[0] == "tensor" else k[1]
             for k in in_kinds
         ]
-        return pytree.tree_unflatten(values, in_spec)
+        return pytree.tree_unflatten(values, call.in_spec)
 
     def flat_fn(*flat):
         if torch.compiler.is_dynamo_compiling():
@@ -218,7 +318,7 @@ def trace_call(
         else:
             leaves = [
                 t.detach().requires_grad_(True) if g else t
-                for t, g in zip(flat[:n_params], wants_grad)
+                for t, g in zip(flat[:n_params], call.wants_grad)
             ]
         call_args, call_kwargs = rebuild_args(flat[n_params:])
         watched = (
@@ -227,16 +327,22 @@ def trace_call(
             else grad_modes.watch_body(out_box, fn)
         )  # the body's own no_grad (grad_modes.py)
         with (
-            _reparametrize(modules, names, dtensors.wrap(leaves, lifted)),
-            aliases.repointed(held, [*leaves, *flat[n_params:]]),
+            _reparametrize(modules, call.names, dtensors.wrap(leaves, call.lifted)),
+            aliases.repointed(call.held, [*leaves, *flat[n_params:]]),
         ):
             with watched:
                 result = fn(*call_args, **call_kwargs)
-            reassigned = graph_attrs.reassigned_buffers(modules, names, leaves, target)
+            reassigned = graph_attrs.reassigned_buffers(modules, call.names, leaves, target)
         out_box["reassigned"] = [i for i, _ in reassigned]
         if not torch.compiler.is_dynamo_compiling():
             out_box["changed"] = pytree_io.changed_argument(
-                call_args, call_kwargs, in_spec, flat[n_params:], in_kinds, leaf_paths, arg_names
+                call_args,
+                call_kwargs,
+                call.in_spec,
+                flat[n_params:],
+                in_kinds,
+                call.leaf_paths,
+                call.arg_names,
             )
         res_leaves, out_box["spec"] = pytree_io.flatten_result(result)
         dtensors.refuse_dtensor_result(res_leaves, target)
@@ -245,7 +351,7 @@ def trace_call(
         # compiled graph; return a fresh tensor so every output owns its storage.
         outs = [o.detach().clone() if o._base is not None else o.detach() for o in outs]
         grads, grad_indices = [], []
-        for i, (leaf, g) in enumerate(zip(leaves, wants_grad)):
+        for i, (leaf, g) in enumerate(zip(leaves, call.wants_grad)):
             if g and leaf.grad is not None:
                 grads.append(leaf.grad)
                 grad_indices.append(i)
@@ -260,81 +366,121 @@ def trace_call(
             ),
         )
 
-    # the caller's tensors where the trace may read them as they are; after the trace,
-    # copies of those the graph may write (the real call runs next and writes them)
-    example = sharing.example_inputs(params + user_tensors)
-    marks = [dynamic_dims.marked_dims(t) for t in user_tensors]
-    if any(dynamic_dims.marked_dims(p) for p in params):
-        warn_at_caller(
-            "a parameter/buffer is marked dynamic; parameters keep their captured sizes, "
-            "the mark is ignored",
-            target=target,
-        )
-    checked, refused = None, None  # the guards Dynamo builds for the call, before the trace runs it
-    if guards == "dynamo" and not lifted and not dynamo_guards.in_process_group():
-        try:
-            checked = dynamo_guards.guard_checks(fn, args, kwargs, target=target)
-        except CaptureError as e:  # raised once the trace passed: a tracer's refusal says more
-            refused = e
-    hooks = assumed_state.hooks_record(modules)  # what the call runs, before it runs
-    globals_before = assumed_state.global_values(fn, args, kwargs)
-    reads = assumed_state.Recorder(modules)  # the plain values the trace reads
+    return flat_fn
+
+
+def _trace(flat_fn, example, call: _FlatCall, marks, target, tracer, out_box: dict, reads):
+    """tracers.trace of ``flat_fn`` on ``example`` (a library's data-dependent sizes
+    from 0: unbacked.py); its CaptureError named for ``target``."""
     try:
         with unbacked.sizes_from_zero():  # a library's data-dependent sizes from 0 (unbacked.py)
-            traced = tracers.trace(
+            return tracers.trace(
                 flat_fn,
                 example,
-                n_params=n_params,
+                n_params=call.n_params,
                 marks=marks,
-                paths=paths,
+                paths=call.paths,
                 target=target,
                 tracer=tracer,
                 ran_backward=lambda: bool(out_box.get("grad_indices")),
                 watching=reads.watching,
-                sharded=bool(lifted),
+                sharded=bool(call.lifted),
             )
     except CaptureError as e:
         if e.target is not None:
             raise
         raise e.for_target(target) from None
-    if refused is not None:
-        if not out_box.get("grad_indices"):
-            raise refused
-        # a training step whose forward broke Dynamo's graph first (a library's logging
-        # call): Dynamo's one graph would hold no backward anyway, as above
-        dynamo_guards.warn_recorder_only_for_backward(target)
+
+
+def _traced_call(
+    fn, args, kwargs, target, call: _FlatCall, traced, example, out_box, checked, assumed
+) -> TracedCall:
+    """The :class:`TracedCall` of a finished trace: its checks of what the call
+    changed and returned, then the calling convention the pair records. ``assumed``:
+    assumed_state's ``(reads, hooks, globals_before)``."""
     gm, symbolic = traced.graph_module, traced.symbolic
     if out_box.get("changed"):
         raise CaptureError(out_box["changed"], target=target)
     labels = [
-        p for p, k in zip(leaf_paths, in_kinds) if k[0] == "module"
+        p for p, k in zip(call.leaf_paths, call.in_kinds) if k[0] == "module"
     ]  # (m<i>.path -> model.path)
-    tensor_labels = [_tensor_label(n, labels) for n in names]
-    dtensors.refuse_backward(out_box["grad_indices"], lifted, tensor_labels, target)
+    tensor_labels = [_tensor_label(n, labels) for n in call.names]
+    dtensors.refuse_backward(out_box["grad_indices"], call.lifted, tensor_labels, target)
     try:
         out_text, out_types = pytree_io.dump_spec(out_box["spec"], "the result")
     except CaptureError as e:
         raise e.for_target(target) from None
-    example = sharing.own_written(example, params + user_tensors, sharing.written_inputs(gm))
-    constants = graph_attrs.check_graph_attrs(gm, target, roots=(fn, *modules), symbolic=symbolic)
+    sources = call.params + call.user_tensors
+    example = sharing.own_written(example, sources, sharing.written_inputs(gm))
+    constants = graph_attrs.check_graph_attrs(
+        gm, target, roots=(fn, *call.modules), symbolic=symbolic
+    )
+    metadata = _call_convention(
+        fn,
+        args,
+        kwargs,
+        target,
+        call,
+        traced,
+        example,
+        out_box,
+        (out_text, out_types),
+        constants,
+        assumed,
+    )
+    if checked is not None:  # less the values the function itself changed
+        metadata["guards"] = dynamo_guards.kept_after(checked, fn, args, kwargs)
+    return TracedCall(
+        graph_module=gm,
+        example_inputs=example + constants,
+        metadata=metadata,
+        symbolic=symbolic,
+        sources=sources,
+        tensor_labels=tensor_labels,
+        outline=pytree_io.outline(
+            out_box["spec"],
+            [type(k[1]).__name__ if k[0] == "const" else "Tensor" for k in out_box["kinds"]],
+        ),
+    )
 
+
+def _call_convention(
+    fn,
+    args,
+    kwargs,
+    target,
+    call: _FlatCall,
+    traced,
+    example,
+    out_box,
+    out_spec,
+    constants,
+    assumed,
+) -> CallConvention:
+    """The calling convention a pair records (the engine adds engine and kernels:
+    codegen.pair_metadata). ``out_spec``: the result's spec text and types."""
+    import torch
+
+    gm, modules, n_params = traced.graph_module, call.modules, call.n_params
+    (out_text, out_types), (reads, hooks, globals_before) = out_spec, assumed
+    sources = call.params + call.user_tensors
     # public attributes the trace changed (a counter in forward) are state, not settings
-    state = [_changed(b, module_setting_items(m)) for b, m in zip(settings_before, modules)]
-    metadata: CallConvention = {  # the engine adds engine and kernels (codegen.pair_metadata)
+    state = [_changed(b, module_setting_items(m)) for b, m in zip(call.settings_before, modules)]
+    return {
         "target": target,
         "inputs": {
-            "spec": in_text,
-            "leaves": in_kinds,
-            "types": in_types,
+            "spec": call.in_text,
+            "leaves": call.in_kinds,
+            "types": call.in_types,
             "num_args": len(args),
             "kwarg_names": list(kwargs),  # the driver's fast path: each argument a leaf
             "positional_leaves": not kwargs
             and all(isinstance(a, (torch.Tensor, torch.nn.Module)) for a in args),
         },
-        "param_names": names,
-        "params": [_tensor_spec(t, g) for t, g in zip(example, requires_grad)],
+        "param_names": call.names,
+        "params": [_tensor_spec(t, g) for t, g in zip(example, call.requires_grad)],
         "tensor_inputs": [
-            _tensor_spec(t, u.requires_grad) for t, u in zip(example[n_params:], user_tensors)
+            _tensor_spec(t, u.requires_grad) for t, u in zip(example[n_params:], call.user_tensors)
         ],
         "outputs": {
             "spec": out_text,
@@ -344,35 +490,23 @@ def trace_call(
         },
         "num_user_outputs": out_box["num_user_outputs"],
         "grad_param_indices": out_box["grad_indices"],
-        "device": _device_of(params + user_tensors),
+        "device": _device_of(sources),
         "training": [[bool(s.training) for s in submodules(m)] for m in modules],
         "module_settings": [module_settings(m, s) for m, s in zip(modules, state)],
         "module_state": [sorted(s) for s in state],  # attributes the function changes
-        "arg_names": arg_names,
+        "arg_names": call.arg_names,
         "mutated_inputs": _mutated_inputs(gm),
         "tracer": traced.tracer,
-        "collectives": collectives.canonical_groups(gm, target, meshes=[d.mesh for d in lifted]),
+        "collectives": collectives.canonical_groups(
+            gm, target, meshes=[d.mesh for d in call.lifted]
+        ),
         "op_libraries": custom_ops.op_libraries(gm),  # custom ops' modules, imported at load
-        "dtensors": [d.record() for d in lifted],  # mesh and placements per sharded parameter
+        "dtensors": [d.record() for d in call.lifted],  # mesh and placements per sharded parameter
         "constants": graph_attrs.constant_specs(constants),  # trace-made: passed after the inputs
         "reassigned_buffers": out_box["reassigned"],  # outputs after the gradients
-        "ambient": _ambient_state(_device_of(params + user_tensors), gm, out_box),
+        "ambient": _ambient_state(_device_of(sources), gm, out_box),
         "assumed": assumed_state.metadata(reads, hooks, globals_before, fn, args, kwargs),
     }
-    if checked is not None:  # less the values the function itself changed
-        metadata["guards"] = dynamo_guards.kept_after(checked, fn, args, kwargs)
-    return TracedCall(
-        graph_module=gm,
-        example_inputs=example + constants,
-        metadata=metadata,
-        symbolic=symbolic,
-        sources=params + user_tensors,
-        tensor_labels=tensor_labels,
-        outline=pytree_io.outline(
-            out_box["spec"],
-            [type(k[1]).__name__ if k[0] == "const" else "Tensor" for k in out_box["kinds"]],
-        ),
-    )
 
 
 def run_real_call(traced: TracedCall, real_call: Callable[[], Any]) -> dict:
