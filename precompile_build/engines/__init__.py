@@ -13,7 +13,8 @@ the project supports.
 
 - ``frozen.py``: Inductor's kernels frozen into the pair (``triton_freeze.py`` takes a
   CUDA kernel's cubin and launch, ``cross_arch.py`` and its worker ``cross_compile.py``
-  compile them for the other `cuda-archs`, ``kernel_size.py`` strips CPU kernels);
+  compile them for the other `cuda-archs`, ``cubins.py`` reads a cubin's target,
+  ``kernel_size.py`` strips CPU kernels);
 - ``torch_engine.py``: ``torch.compiler.precompile``'s own pair;
 - ``eager.py``: the captured ATen graph, no kernels;
 - ``codegen.py``: the source half of a frozen or eager pair, from the graph, Inductor's
