@@ -247,7 +247,7 @@ def global_values(fn: Callable, args: tuple, kwargs: dict) -> dict[tuple[str, st
     out: dict[tuple[str, str], tuple] = {}
     try:
         functions = python_state.reached(fn, args, kwargs)
-    except Exception:  # an object that cannot be walked: nothing recorded, as python_state
+    except Exception:  # noqa: BLE001 - an object that cannot be walked: nothing recorded, as python_state
         return out
     for f in functions:
         module = f.__globals__.get("__name__")

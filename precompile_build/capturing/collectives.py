@@ -190,7 +190,7 @@ def _register(name: str, pg) -> None:
 
     try:
         C._unregister_process_group(name)  # type: ignore[arg-type]
-    except Exception:  # not registered yet
+    except Exception:  # noqa: BLE001 - not registered yet
         pass
     C._register_process_group(name, pg)  # type: ignore[arg-type]
 

@@ -90,7 +90,7 @@ def defining_modules(qualname: str, files: dict[str, str] | None = None) -> list
     files = _modules_by_file() if files is None else files
     try:
         dump = torch._C._dispatch_dump(qualname)
-    except Exception:  # (an op this torch cannot describe: looked up by its library below)
+    except Exception:  # noqa: BLE001 - (an op this torch cannot describe: looked up by its library below)
         dump = ""
     found: list[str] = []
     for where in _REGISTERED_AT.findall(dump):

@@ -142,7 +142,7 @@ def _is_script_object(value) -> bool:
 def _script_object_error(target: str, name: str, value) -> CaptureError:
     try:
         qualname = value._type().qualified_name()
-    except Exception:  # a FakeScriptObject or an older torch
+    except Exception:  # noqa: BLE001 - a FakeScriptObject or an older torch
         qualname = type(value).__name__
     if "c10d" in qualname or "ProcessGroup" in qualname:
         return CaptureError(

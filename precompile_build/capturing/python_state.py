@@ -45,7 +45,7 @@ _library_roots: tuple[str, ...] | None = None
 
 
 def _library_dirs() -> tuple[str, ...]:
-    global _library_roots
+    global _library_roots  # noqa: PLW0603 - a process-wide cache, computed once
     if _library_roots is None:
         paths = sysconfig.get_paths()
         roots = {paths[k] for k in ("stdlib", "platstdlib", "purelib", "platlib") if k in paths}
@@ -228,7 +228,7 @@ _internals: frozenset[str] | None = None
 
 
 def _module_internals() -> frozenset[str]:
-    global _internals
+    global _internals  # noqa: PLW0603 - a process-wide cache, computed once
     if _internals is None:
         import torch
 
@@ -243,7 +243,7 @@ def snapshot(fn: Callable, args: tuple, kwargs: dict) -> dict:
     something odd) gives an empty snapshot, so the check is skipped, never the capture."""
     try:
         return _snapshot(fn, args, kwargs)
-    except Exception:
+    except Exception:  # noqa: BLE001 - never raises: the check is skipped, never the capture
         return {}
 
 
@@ -358,7 +358,7 @@ def changes(before: dict, after: dict) -> list[str]:
     for key, text in out:
         try:
             line = _line_of(functions, key)
-        except Exception:  # bytecode this Python cannot list: the change without its line
+        except Exception:  # noqa: BLE001 - bytecode this Python cannot list: the change without its line
             line = ""
         result.append(text + (f" (at {line})" if line else ""))
     return list(dict.fromkeys(result))

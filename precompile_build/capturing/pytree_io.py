@@ -282,7 +282,7 @@ def outline(spec, leaf_types: list[str]) -> tuple[str, str]:
     key = f"{spec} with leaves ({', '.join(leaf_types)})"
     try:
         text = repr(pytree.tree_unflatten([_Shown(t) for t in leaf_types], spec))
-    except Exception:  # a class whose unflatten or repr wants real values
+    except Exception:  # noqa: BLE001 - a class whose unflatten or repr wants real values
         text = key
     return key, text
 
@@ -398,7 +398,7 @@ def _child_keys(spec) -> list[str]:
         node = pytree.tree_unflatten([0] * spec.num_leaves, spec)
         entries, _ = pytree.SUPPORTED_NODES[spec.type].flatten_with_keys_fn(node)  # type: ignore[misc]
         return [pytree.keystr((k,)) for k, _ in entries]
-    except Exception:  # no keys known for this type: positions
+    except Exception:  # noqa: BLE001 - no keys known for this type: positions
         return [f"[{i}]" for i in range(spec.num_children)]
 
 

@@ -19,6 +19,6 @@ def python_rng_states() -> dict[str, bytes]:
     if np is not None:
         try:
             states["numpy.random"] = pickle.dumps(np.random.get_state())
-        except Exception:  # an unusual numpy: nothing to watch
+        except Exception:  # noqa: BLE001 - an unusual numpy: nothing to watch
             pass
     return states

@@ -57,7 +57,7 @@ def example_inputs(tensors: list) -> list:
 def _storage_key(t):
     try:
         return (t.device, t.untyped_storage().data_ptr())
-    except Exception:  # no storage (a tensor subclass): never shared
+    except Exception:  # noqa: BLE001 - no storage (a tensor subclass): never shared
         return id(t)
 
 

@@ -194,7 +194,7 @@ def _strict_for_data_dependent(e: BaseException, strict: Callable[[], Traced]) -
     failures only (:func:`_is_data_dependent`)."""
     try:
         return strict()
-    except Exception:  # (non-strict's error is the one reported)
+    except Exception:  # noqa: BLE001 - (non-strict's error is the one reported)
         return None
 
 
@@ -445,7 +445,7 @@ _OWN_DIRS = None
 def _culprit(exc: BaseException) -> str:
     """``file:line: code`` of the innermost frame outside torch, this package and the
     standard library: the model or library line that broke the trace ("" if none)."""
-    global _OWN_DIRS
+    global _OWN_DIRS  # noqa: PLW0603 - a process-wide cache, computed once
     import sysconfig
 
     import torch

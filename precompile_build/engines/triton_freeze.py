@@ -127,7 +127,7 @@ def recording(in_process: bool = False) -> Iterator[None]:
             launchers (and so what is frozen) are still made here, from the workers'
             compile results.
     """
-    global _depth
+    global _depth  # noqa: PLW0603 - the patch's nesting depth, process-wide under _lock
     import torch._inductor.config as config
     from torch._inductor.runtime import triton_heuristics as th
 

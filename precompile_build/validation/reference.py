@@ -86,7 +86,7 @@ def _concrete_layout(val):
         return None
     try:
         shape, stride = tuple(val.shape), tuple(val.stride())
-    except Exception:  # a sparse or otherwise strideless value
+    except Exception:  # noqa: BLE001 - a sparse or otherwise strideless value
         return None
     if all(type(s) is int for s in shape + stride):
         return shape, stride

@@ -393,7 +393,7 @@ def _reference(traced: TracedCall, inputs: list, target: str, what: str, written
             return reference.reference_run(
                 traced.graph_module, inputs, traced.metadata["device"], dtype, written=written
             )
-        except Exception as e:  # the graph ran in its own dtypes: the widening broke it
+        except Exception as e:  # noqa: BLE001 - the graph ran in its own dtypes: the widening broke it
             memory = memory or reference._is_oom(e)
             errors.append(f"{type(e).__name__}: {e}")
     if memory:
