@@ -12,9 +12,13 @@ per call.
 from __future__ import annotations
 
 import ast
+import collections
 import types
 from typing import Any
 
+import torch
+
+from ..templates.guard_values import _g_type_dict
 from . import guard_sources
 
 
@@ -58,10 +62,6 @@ def covering_dict(
 def _holder(
     check: str, expr: str, value: Any, namespace: dict, roots: guard_sources.Roots
 ) -> tuple[str, bool] | None:
-    import collections
-
-    import torch
-
     plain = (dict, collections.OrderedDict)
     node = ast.parse(expr, mode="eval").body
     if (
@@ -226,8 +226,6 @@ def generic_getattr(node: ast.AST) -> bool:
 
 def keep_dict_covers(checks: list, namespace: dict, roots: guard_sources.Roots) -> None:
     """A check whose covering expression gives no plain dict here runs per call instead."""
-    from ..templates.guard_values import _g_type_dict
-
     ok: dict[str, bool] = {}
     for c in checks:
         if c[6] is None:

@@ -26,10 +26,14 @@ Dimensions marked with ``torch._dynamo.mark_dynamic`` stay symbolic instead
 from __future__ import annotations
 
 import contextlib
+import inspect
 import re
 import sys
 from dataclasses import dataclass, field
 from typing import Any, Callable
+
+import torch
+from torch.utils import _pytree as pytree
 
 from precompile_runtime.pair_format import Ambient, CallConvention, Device, TensorSpec
 
@@ -57,6 +61,7 @@ from . import (
     unbacked,
 )
 from .layouts import example_clone  # noqa: F401  (re-exported for the engines)
+from .rng_state import python_rng_states
 
 
 @dataclass
@@ -101,8 +106,6 @@ def _reparametrize(modules, names, tensors):
     ``with`` blocks, no ExitStack: TorchDynamo, the strict tracer, follows these). A
     tensor registered in two module arguments is lifted once (under the first) and
     swapped in both."""
-    import contextlib
-
     from torch.nn.utils import stateless
 
     lifted = {}
@@ -251,8 +254,6 @@ def _flatten_call(fn: Callable, args: tuple, kwargs: dict, target: str) -> _Flat
     """The call's arguments through pytree, its modules' tensors lifted (a sharded
     model's DTensors as their local shards); CaptureError for an argument the pair
     cannot take (a data-parallel wrapper, a DTensor argument, an unsupported type)."""
-    import torch
-
     arg_names = _arg_names(fn, len(args))
     if "transformers.cache_utils" in sys.modules:  # its StaticCache: an argument like any other
         pytree_types.register_cache_types()
@@ -297,9 +298,6 @@ def _flat_function(fn: Callable, call: _FlatCall, out_box: dict, target: str) ->
     function the tracer traces: it returns the flat results, then the gradients the
     call computed, then the buffers it reassigned, and writes into ``out_box`` what
     the trace learnt (the result's spec and kinds, the gradients' indexes, ...)."""
-    import torch
-    from torch.utils import _pytree as pytree
-
     modules, n_params, in_kinds = call.modules, call.n_params, call.in_kinds
 
     def rebuild_args(flat_user):
@@ -459,8 +457,6 @@ def _call_convention(
 ) -> CallConvention:
     """The calling convention a pair records (the engine adds engine and kernels:
     codegen.pair_metadata). ``out_spec``: the result's spec text and types."""
-    import torch
-
     gm, modules, n_params = traced.graph_module, call.modules, call.n_params
     (out_text, out_types), (reads, hooks, globals_before) = out_spec, assumed
     sources = call.params + call.user_tensors
@@ -526,8 +522,6 @@ def run_real_call(traced: TracedCall, real_call: Callable[[], Any]) -> dict:
     Raises:
         whatever the call raises.
     """
-    from .rng_state import python_rng_states
-
     sources = traced.sources or []
     grad_at = traced.metadata["grad_param_indices"]
     before = {
@@ -570,8 +564,6 @@ def run_real_call(traced: TracedCall, real_call: Callable[[], Any]) -> dict:
 
 def _mutated_inputs(gm) -> list[int]:
     """Positions of the flat inputs the graph writes to (buffers, in-place arguments)."""
-    import torch
-
     inputs = [n for n in gm.graph.nodes if n.op == "placeholder"]
     written = set()
     for n in gm.graph.nodes:
@@ -590,8 +582,6 @@ def _ambient_state(device: str, gm, body: dict) -> Ambient:
     global-state guard does), grad mode and deterministic algorithms (``body``: what
     :func:`grad_modes.watch_body` saw the function's body do; grad_modes.py). The driver
     compares them on every call."""
-    import torch
-
     autocast = {}
     if torch.is_autocast_enabled(device):
         autocast[device] = str(torch.get_autocast_dtype(device))
@@ -608,8 +598,6 @@ def _ambient_state(device: str, gm, body: dict) -> Ambient:
 
 def _uses_default_dtype(gm) -> bool:
     """A factory op of the graph (no tensor argument) was called without a dtype."""
-    import torch
-
     for n in gm.graph.nodes:
         if n.op != "call_function" or not isinstance(n.target, torch._ops.OpOverload):
             continue
@@ -644,8 +632,6 @@ def _tensor_label(name: str, labels: list[str]) -> str:
 
 def _arg_names(fn, n: int) -> list[str]:
     """Names of fn's first ``n`` positional parameters, for messages (may be empty)."""
-    import inspect
-
     try:
         params = list(inspect.signature(fn).parameters.values())
     except (TypeError, ValueError):

@@ -35,6 +35,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import inspect
+import math
 import os
 import pickle
 import subprocess
@@ -47,8 +48,10 @@ from typing import Any
 from precompile_runtime.pair_format import Kernel, PairMetadata
 
 from ..config import capture_env
-from ..errors import CaptureError
+from ..config.compile_keys import parse_cuda_archs
+from ..errors import CaptureError, ConfigError
 from .cubins import cubin_arch, cubin_target, sm_name  # noqa: F401 - cubin_arch: re-exported
+from .triton_freeze import _CODE, _RESULT, _static_kernel_class
 
 # Most shared memory one block may use (the opt-in maximum, bytes): CUDA C
 # Programming Guide, "Technical Specifications per Compute Capability".
@@ -112,9 +115,6 @@ def requested(options: dict, target: str) -> tuple[str, ...]:
     """The architectures ``options["cuda_archs"]`` lists (a list or a comma-separated
     string, as compile_keys.parse_cuda_archs reads them); () when absent.
     Raises CaptureError for a value that is not one (the message names the option)."""
-    from ..config.compile_keys import parse_cuda_archs
-    from ..errors import ConfigError
-
     value = options.get("cuda_archs")
     if value is None or value == "" or value == []:
         return ()
@@ -162,8 +162,6 @@ def _recording_hooks() -> Iterator[None]:
         yield
         return
     from torch._inductor.runtime import triton_heuristics as th
-
-    from .triton_freeze import _static_kernel_class
 
     static_cls = _static_kernel_class()
     orig_compile = triton.compile
@@ -235,8 +233,6 @@ def _from_compile_meta(autotuner, result) -> tuple[Any, dict, dict, dict, dict] 
 def _candidate(autotuner, launcher) -> dict | None:
     """What the worker needs to compile ``launcher``'s configuration again, or None
     when it was not recorded."""
-    from .triton_freeze import _CODE, _RESULT
-
     result = getattr(launcher, _RESULT, None)
     kernel = getattr(result, "kernel", None)
     try:
@@ -275,8 +271,6 @@ def candidates(autotuner) -> list[dict]:
     """The configurations of ``autotuner``'s kernel a cross compile may use, in the
     order to try: the one autotuning chose, then the others by their time on the
     build GPU (fastest first), each with its ``seconds`` (None: not timed)."""
-    import math
-
     winner = autotuner.launchers[0]
     try:
         timings = _timings.get(autotuner) or {}

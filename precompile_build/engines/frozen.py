@@ -25,19 +25,31 @@ from __future__ import annotations
 import ast
 import contextlib
 import hashlib
+import platform
 import re
 from typing import Callable
 
+import torch
+
 from precompile_runtime.envelope import Envelope, dumps
+from precompile_runtime.fingerprint import ISA_REQUIRES, cpu_flags, host_fingerprint
 from precompile_runtime.pair_format import Kernel
 
 from ..capturing import dynamic_dims, sharing, unbacked
 from ..capturing.tracing import TracedCall, run_real_call, trace_call
+from ..config.choices import MODES
 from ..errors import CaptureError, CompilerFailed, torch_warnings_shown
-from ..process.stats import record_tuning, timed
+from ..process.stats import cuda_peaks, record_tuning, timed
 from ..process.world import fake_reason
 from ..validation.validate import validate
 from . import autotune, codegen, cross_arch, extern_calls
+from .kernel_size import strip_kernel
+from .triton_freeze import (
+    freeze_triton_kernel,
+    has_user_kernels,
+    start_compile_workers,
+)
+from .triton_freeze import recording as freeze_recording  # cubins + launch code per kernel
 
 # Names Inductor's wrapper imports from the compiler stack, and what replaces them.
 _SHIMS = {
@@ -75,16 +87,12 @@ def capture_pair(
             frozen wrapper's results differ from the captured graph's (judged against
             an fp64 reference, see numerics.py) or from the eager call's beyond rounding.
     """
-    from ..process.stats import cuda_peaks
-
     with cuda_peaks(device):  # the GPU peaks, per step too, for the build's report
         return _capture(fn, args, kwargs, target, device, options, real_call)
 
 
 def _capture(fn, args, kwargs, target: str, device: str, options: dict, real_call):
     if device == "cuda" and not cross_arch.requested(options, target):
-        from .triton_freeze import start_compile_workers
-
         start_compile_workers()  # Inductor's compile workers start while the call is traced
     with timed("trace"):
         traced = trace_call(
@@ -175,9 +183,6 @@ def _recording(traced: TracedCall, options: dict, target: str) -> tuple[Callable
     keep = cross_arch.recording if cross else contextlib.nullcontext
     if traced.metadata["device"] != "cuda":
         return contextlib.nullcontext, keep
-    from .triton_freeze import has_user_kernels
-    from .triton_freeze import recording as freeze_recording  # cubins + launch code per kernel
-
     in_process = cross or has_user_kernels(traced.graph_module)
 
     def recording():
@@ -193,8 +198,6 @@ def _run_inductor(
     Returns autotune.tuning()'s report; CompilerFailed when either raises.
     ``contexts``: the two recording contexts' factories (:func:`_recording`) and the
     CPU's pinned -march, entered in that order."""
-    import torch
-
     recording, keep, pin_march = contexts
     dynamic = traced.symbolic is not None
     try:
@@ -284,8 +287,6 @@ def _frozen_source(
     """The wrapper ``module``'s kernels frozen into blobs, its code rewritten to load
     them, the source half rendered with the validation's numbers in its metadata:
     ``(source_bytes, blobs, fingerprint)``."""
-    from precompile_runtime.fingerprint import host_fingerprint
-
     with open(str(module.__file__), encoding="utf-8") as f:
         wrapper_src = f.read()
     defined = [n for n in map(_kernel_definition, ast.parse(wrapper_src).body) if n]
@@ -337,8 +338,6 @@ def mode_options(mode: str | None, target: str | None = None) -> dict:
     Raises:
         CaptureError: another value (capture() refuses it before the call runs).
     """
-    from ..config.choices import MODES
-
     if mode in (None, "default"):
         return {}
     if mode not in MODES:
@@ -371,8 +370,6 @@ def _standalone_options(graph_module, device: str, user: dict) -> dict:
     Returns:
         ``{"config_patches": {...}}``, or ``{}``.
     """
-    import torch
-
     name = "triton.autotune_at_compile_time"
     if name in user:
         return {"config_patches": {name: user[name]}}
@@ -387,8 +384,6 @@ def _standalone_options(graph_module, device: str, user: dict) -> dict:
 
 def _branches(graph_module) -> bool:
     """Whether the graph, or a subgraph of it, calls ``torch.cond`` or ``while_loop``."""
-    import torch
-
     ops = {
         op
         for op in (getattr(torch.ops.higher_order, n, None) for n in ("cond", "while_loop"))
@@ -438,11 +433,7 @@ def _cpu_target():
         kernels are compiled for the build host's CPU (``-march=native``): then every
         vector extension flag of this CPU is required.
     """
-    import platform
-
     from torch._inductor import config, cpu_vec_isa
-
-    from precompile_runtime.fingerprint import ISA_REQUIRES, cpu_flags
 
     isa = cpu_vec_isa.pick_vec_isa()
     words = str(isa).split() or ["none"]
@@ -470,8 +461,6 @@ def _freeze_kernels(module, names: list[str], target: str) -> tuple[list[Kernel]
     """Read the binary of each kernel the wrapper defines (``names``: the targets of
     its ``async_compile.*`` assignments, now bound to loaded kernels); CPU kernels
     are stored stripped (:func:`precompile_build.engines.kernel_size.strip_kernel`)."""
-    from .kernel_size import strip_kernel
-
     kernels: list[Kernel] = []
     blobs: dict[str, bytes] = {}
     for name in sorted(names):
@@ -489,8 +478,6 @@ def _freeze_kernels(module, names: list[str], target: str) -> tuple[list[Kernel]
             "TritonTemplateCaller",
             "StaticallyLaunchedCudaKernel",
         ) or hasattr(value, "launchers"):
-            from .triton_freeze import freeze_triton_kernel
-
             entry, files = freeze_triton_kernel(name, value, target)
             kernels.append(entry)
             blobs.update(files)

@@ -10,14 +10,19 @@ the weights; each result is dropped as soon as it is judged.
 
 from __future__ import annotations
 
+import math
 import os
+import tempfile
 from dataclasses import dataclass
+
+import torch
 
 from ..capturing import dynamic_dims, sharing
 from ..capturing.tracing import TracedCall
 from ..errors import CaptureError, warn_at_caller
 from ..process.stats import timed
-from . import ties
+from . import numerics, reference, ties
+from .numerics import sig
 
 
 def validate(
@@ -38,10 +43,6 @@ def validate(
     Raises:
         CaptureError: a value is refused; the message gives the numbers.
     """
-    import tempfile
-
-    from . import numerics
-
     problem = numerics.option_problem(options, "validation_multiple")
     if problem:
         raise CaptureError(f"{problem}", target=target)
@@ -155,8 +156,6 @@ def compare(
     shared and checked to come back unchanged); judge outputs, gradients and inputs
     written in place (numerics.judge); on the example inputs also the eager call's
     results ``real``. Returns this case's numbers; raises CaptureError on a refusal."""
-    import torch
-
     example = inputs is traced.example_inputs
     case = _Case(
         traced,
@@ -216,8 +215,6 @@ def _run_graph_and_frozen(case: _Case, call, a: list, b: list) -> tuple:
     """The graph on ``a`` and the frozen wrapper on ``b``, each from the seed
     :data:`_SEED` (inside compare's no_grad and forked RNG): ``(want, got)``.
     CaptureError when either fails or they return different numbers of values."""
-    import torch
-
     torch.manual_seed(_SEED)
     try:
         with timed("validate_graph"):
@@ -266,8 +263,6 @@ def _judge_values(
     """Judge each ``(graph, frozen, reference)`` value: the outputs, then the inputs
     after the call. Returns a numerics.Verdict per value (None for one not judged) and
     the index of the worst (the largest ratio), or None; CaptureError on a refusal."""
-    import torch
-
     mutated = set(case.traced.metadata["mutated_inputs"])
     ref_name = info["reference"] + (
         f" (ops without {info['reference']} kernels: {', '.join(info['fallback_ops'])})"
@@ -305,8 +300,6 @@ def _judge_value(case: _Case, i: int, n_out: int, w, g, r, multiple) -> tuple:
     """numerics.judge of value ``i``, with the ``validation_multiple`` option applied
     and, for a pick (an integer result such as a next token), ties.judge_pick's
     verdict: ``(verdict, picked)`` (picked: None where it was not judged as a pick)."""
-    from . import numerics
-
     traced = case.traced
     v = numerics.judge(w, g, r, training=bool(traced.metadata["grad_param_indices"]))
     if multiple is not None and v.problem and v.problem.startswith("error beyond"):
@@ -344,8 +337,6 @@ def _judge_value(case: _Case, i: int, n_out: int, w, g, r, multiple) -> tuple:
 def _refusal(case: _Case, v, picked, i: int, label: str, ref_name: str) -> CaptureError:
     """The CaptureError for value ``i`` (``label``) whose verdict ``v`` has a problem:
     the numbers, and what to change (a larger multiple, another engine, the ranges)."""
-    import math
-
     numbers = v.describe().format(ref=ref_name) if math.isfinite(v.frozen_error) else ""
     need = _suggest(v)
     if picked is not None:  # a multiple of a mismatch fraction says nothing of a pick
@@ -383,10 +374,6 @@ def _reference(traced: TracedCall, inputs: list, target: str, what: str, written
     Where neither fits in memory (reference.py widens one op at a time and moves to
     the CPU, so only an op larger than the host can hold), ``(None, None, info)``:
     the caller judges the values against the graph run instead."""
-    import torch
-
-    from . import reference
-
     errors, memory = [], False
     for dtype in (None, torch.float32):
         try:
@@ -427,8 +414,6 @@ def _without_reference(want, got, labels, target: str, what: str) -> dict:
     memory): each floating value elementwise within its dtype's tolerance
     (``_NO_REFERENCE_TOL``, else 1e-4), others equal. Returns the case's numbers;
     raises CaptureError on the first value outside."""
-    import torch
-
     worst = (0.0, None)
     for i, (w, g) in enumerate(zip(want, got)):
         if g.shape != w.shape or g.dtype != w.dtype:
@@ -451,8 +436,6 @@ def _without_reference(want, got, labels, target: str, what: str) -> dict:
             )
         if diff >= worst[0]:
             worst = (diff, labels[i])
-    from .numerics import sig
-
     return {
         "case": what,
         "values": len(want),
@@ -462,8 +445,6 @@ def _without_reference(want, got, labels, target: str, what: str) -> dict:
 
 def _suggest(v) -> float:
     """A multiple that would accept ``v`` (rounded up to a readable number)."""
-    import math
-
     need = (v.frozen_error - v.floor) / v.eager_error if v.eager_error > 0 else math.inf
     if not math.isfinite(need):
         return float("inf")
@@ -487,10 +468,6 @@ def _against_eager_call(
     inputs. Within the allowed difference: ok; up to numerics.EAGER_WARN_BAND times
     it: a warning; beyond: CaptureError (``options['eager_check']``: ``'warn'`` only
     warns, ``'off'`` skips). Returns the numbers."""
-    import math
-
-    from . import numerics
-
     mode = numerics.eager_check_mode(options, target)
     if mode == "off":
         return {"outcome": "off"}
