@@ -88,25 +88,27 @@ class Capture:
         ``box["result"]`` holds its result once it returned."""
         with _torch_rng_kept(device):  # the trace and checks draw too: not the user's RNG
             try:
-                mod, extra = engines.get(engine), {}
-                if getattr(
-                    mod, "JUDGES_EAGER_CALL", False
-                ):  # the engine compares with the real call
+                mod = engines.get(engine)
+                real_call = None
+                if engines.judges_eager_call(mod):  # the engine compares with the real call
 
                     def real_call():
                         box["ran"] = True  # (also when it raises: it must not run again)
                         return box.setdefault("result", self._fn(*args, **kwargs))
 
-                    extra["real_call"] = real_call
-                self._pair = mod.capture_pair(
-                    self._fn,
-                    args,
-                    kwargs,
-                    target=self.target,
-                    device=device,
-                    options=options,
-                    **extra,
-                )
+                    self._pair = mod.capture_pair(
+                        self._fn,
+                        args,
+                        kwargs,
+                        target=self.target,
+                        device=device,
+                        options=options,
+                        real_call=real_call,
+                    )
+                else:
+                    self._pair = mod.capture_pair(
+                        self._fn, args, kwargs, target=self.target, device=device, options=options
+                    )
             except CompilerFailed as e:
                 if self.fallback != "eager":
                     raise
@@ -124,7 +126,7 @@ class Capture:
                     target=self.target,
                     device=device,
                     options=dict(options, fallback_reason=reason),
-                    real_call=extra.get("real_call"),
+                    real_call=real_call,
                     traced=e.traced,
                     real=e.real,
                 )

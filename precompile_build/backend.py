@@ -55,7 +55,7 @@ def __getattr__(name: str) -> Any:
 
     try:
         target: Any = for_project().load()
-    except Exception:
+    except Exception:  # noqa: BLE001 - any failure of the project's backend: setuptools' hooks say why
         import setuptools.build_meta
 
         target = setuptools.build_meta

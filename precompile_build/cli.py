@@ -122,7 +122,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     except KeyboardInterrupt:
         print("error: interrupted", file=sys.stderr)
         return 1
-    except Exception as e:  # one line, no traceback
+    except Exception as e:  # noqa: BLE001 - one line, no traceback
         msg = str(e).strip() or type(e).__name__
         print(f"error: {msg}", file=sys.stderr)
         return 1

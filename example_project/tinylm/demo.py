@@ -179,7 +179,7 @@ def run_demo(
             fn = load(name)
             load_s = time.perf_counter() - t0
             err, bad = _compare(check.run(fn, device), device)
-        except Exception as e:  # one broken target must not hide the others
+        except Exception as e:  # noqa: BLE001 - one broken target must not hide the others
             out(f"{name:<16} engine={engine:<8} ERROR {type(e).__name__}: {e}")
             failed += 1
             continue

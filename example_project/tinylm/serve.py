@@ -168,7 +168,7 @@ def create_app(forward: Callable[..., torch.Tensor], models: Models, *, device: 
         try:
             state = torch.load(req.path, map_location=device, weights_only=True)
             return {"version": models.reload(state, assign=req.assign).version}
-        except Exception as e:  # no file, not a state dict, keys or shapes that do not fit
+        except Exception as e:  # noqa: BLE001 - no file, not a state dict, keys or shapes that do not fit
             raise HTTPException(
                 422,
                 {

@@ -114,7 +114,7 @@ def _inspect_torch(source: bytes, cache: bytes, what: str) -> PairInfo:
         info = inspect_torch_pair(source, cache)
     except CaptureError:
         raise
-    except Exception as e:  # a torch-format parse error
+    except Exception as e:  # noqa: BLE001 - a torch-format parse error
         raise CaptureError(
             f"Failed to validate {what}: not a recognised pair format ({type(e).__name__}: {e})"
         ) from None

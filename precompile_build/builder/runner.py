@@ -133,7 +133,7 @@ def gpu_ids() -> list[str]:
 
 
 def _gpu_count() -> int:
-    global _cuda_cache
+    global _cuda_cache  # noqa: PLW0603 - a process-wide cache, probed once
     if _cuda_cache is None:
         _cuda_cache = _probe_cuda()
     return _cuda_cache

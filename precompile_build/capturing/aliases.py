@@ -25,6 +25,8 @@ import types
 from dataclasses import dataclass
 from typing import Any
 
+import torch
+
 _SKIP = frozenset(
     {
         "_parameters",
@@ -60,8 +62,6 @@ def find_aliases(
     """The plain references to ``sources`` (the flat inputs: lifted parameters/buffers,
     then the tensor arguments) reachable from the nn.Modules ``modules`` through their
     non-registered attributes, ``max_depth`` steps into lists, dicts and objects."""
-    import torch
-
     by_id = {id(t): i for i, t in enumerate(sources)}
     by_storage: dict[int, int] = {}
     for i, t in enumerate(sources):

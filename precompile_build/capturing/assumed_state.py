@@ -40,8 +40,11 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import types
 from collections.abc import Iterator
 from typing import Any, Callable
+
+import torch
 
 from precompile_runtime.pair_format import AssumedState
 
@@ -52,8 +55,6 @@ _NOT_SET = object()
 
 
 def _internals() -> frozenset[str]:
-    import torch
-
     # nn.Module's own bookkeeping (parameters, hooks, the train flag, its class-level
     # flags) and dunder names
     flags = {
@@ -96,10 +97,6 @@ def _hook_holders(module) -> Iterator[tuple[str, Any]]:
     own: a callable object (not a function) or a bound method's ``self`` that is not a
     module (a module's attributes are recorded as a module's). The step is
     ``"<hook dict>[<position>]"``, which templates/assumed_state.py resolves alike."""
-    import types
-
-    import torch
-
     for _kind, attr in HOOK_KINDS:
         for k, hook in enumerate((module.__dict__.get(attr) or {}).values()):
             holder = hook.__self__ if isinstance(hook, types.MethodType) else hook
@@ -113,8 +110,6 @@ def _hook_holders(module) -> Iterator[tuple[str, Any]]:
 
 def _plain_object(v: Any) -> bool:
     """An instance of a Python class whose attributes a trace may read (a config)."""
-    import torch
-
     d = getattr(v, "__dict__", None)
     return (
         isinstance(d, dict)
@@ -175,8 +170,6 @@ class Recorder:
         class with a Python ``__getattribute__``; its strict export re-runs the function
         eagerly, under this block). A class whose ``__getattribute__`` cannot be set (a C
         type) is not recorded."""
-        import torch
-
         if not self.where:
             yield
             return
@@ -247,7 +240,7 @@ def global_values(fn: Callable, args: tuple, kwargs: dict) -> dict[tuple[str, st
     out: dict[tuple[str, str], tuple] = {}
     try:
         functions = python_state.reached(fn, args, kwargs)
-    except Exception:  # an object that cannot be walked: nothing recorded, as python_state
+    except Exception:  # noqa: BLE001 - an object that cannot be walked: nothing recorded, as python_state
         return out
     for f in functions:
         module = f.__globals__.get("__name__")

@@ -18,10 +18,13 @@ lowering errors then name the ATen node without the user's line.
 from __future__ import annotations
 
 import contextlib
+import importlib
 import inspect
 import os
 import traceback
 from typing import Any, Callable
+
+import torch
 
 from ..errors import CaptureError
 
@@ -44,8 +47,6 @@ def aten_program(flat_fn: Callable, args: tuple, *, dynamic_shapes: Any, strict:
         the one pass failed too, but for a backward inside the call, which fails in
         autograd's ``backward`` in the one pass (:func:`raised_in_backward`).
     """
-    import torch
-
     module = _flat_module(flat_fn, torch.is_grad_enabled())
     one_pass = _one_pass_export()
     with _no_stack_traces():
@@ -71,8 +72,6 @@ def raised_in_backward(exc: BaseException) -> bool:
     pass keeps functional composite ops whole, which have no backward there, so a
     backward through one fails inside the trace instead of producing the parameter
     gradients by which tracers.py knows a training step."""
-    import torch
-
     autograd = os.path.join(os.path.dirname(os.path.abspath(torch.__file__)), "autograd") + os.sep
     seen = set()
     e: BaseException | None = exc
@@ -93,7 +92,6 @@ def _flat_module(flat_fn: Callable, grad_enabled: bool):
     trace runs under ``no_grad``, where code reading ``torch.is_grad_enabled()`` (the
     fast path of ``nn.MultiheadAttention``) would take another path than the user's
     call, and a backward inside would not be seen as one."""
-    import torch
 
     class FlatCall(torch.nn.Module):
         def forward(self, *flat):
@@ -126,8 +124,6 @@ def _one_pass_export() -> Callable | None:
     names are private to torch.export, so each is looked up and its signature checked;
     any missing or changed one selects the public two passes.
     """
-    import importlib
-
     try:
         _export, override, split = (
             getattr(importlib.import_module(m), name) for m, name in _ENTRY_POINTS
@@ -194,7 +190,6 @@ def flat_graph(ep, target: str):
         CaptureError: the program lifts an input or returns an output of a kind a
             flat function has not (parameters, buffers, gradients).
     """
-    import torch
     from torch.export.graph_signature import InputKind, OutputKind
 
     gm, sig = ep.graph_module, ep.graph_signature

@@ -20,6 +20,8 @@ import functools
 import types
 from typing import Any, Callable
 
+import torch
+
 from ..templates.guard_values import code_fingerprint, code_of, literal_type
 from . import guard_sources
 
@@ -37,8 +39,6 @@ def dynamo_guards_them(collect: Callable[[Callable, tuple, dict], list]) -> bool
     """Whether this torch's Dynamo guards a class attribute it read (a ``CONSTANT_MATCH``
     or ``EQUALS_MATCH`` on ``_Probe.K``), asked through ``collect`` (dynamo_guards.py's:
     the guard entries of a call); one probe compile per process."""
-    import torch
-
     entries = collect(_probe_fn, (torch.ones(1),), {})
     return any(
         e.name.endswith("_Probe'].K") or e.name.endswith("_Probe.K")
@@ -60,8 +60,6 @@ def dynamo_guards_defaults(collect: Callable[[Callable, tuple, dict], list]) -> 
     """Whether this torch's Dynamo guards a called function's default it read (a guard
     on ``_probe_scaled.__defaults__``; torch 2.11's reads it as a constant, unguarded),
     asked through ``collect``; one probe compile per process."""
-    import torch
-
     entries = collect(_probe_defaults_fn, (torch.ones(1),), {})
     return any("__defaults__" in e.name for e in entries)
 

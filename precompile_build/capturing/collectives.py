@@ -28,9 +28,13 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any, cast
 
+import torch
+
 from precompile_runtime.pair_format import Collectives
 
 from ..errors import CaptureError
+from ..process.world import backend_name
+from .dtensors import mesh_record
 
 PREFIX = "precompile:ranks="
 MESH_PREFIX = "precompile:mesh="
@@ -39,8 +43,6 @@ _NAMESPACES = ("_c10d_functional", "_c10d_functional_autograd")
 
 def _group_args(node) -> list[tuple[int, str]]:
     """``[(position, name)]`` of the group-name arguments of a functional collective."""
-    import torch
-
     target = node.target
     if node.op != "call_function" or not isinstance(target, torch._ops.OpOverload):
         return []
@@ -126,7 +128,6 @@ def canonical_groups(gm, target: str, meshes: Iterable[Any] = ()) -> Collectives
         CaptureError: a collective names a group this process cannot resolve, or
             one whose ranks c10d does not know (:func:`group_ranks`).
     """
-    import torch
     import torch.distributed as dist
     from torch.distributed import distributed_c10d as c10d
 
@@ -173,12 +174,8 @@ def canonical_groups(gm, target: str, meshes: Iterable[Any] = ()) -> Collectives
             mod.recompile()
     if not groups and not mesh_groups and mesh is None:
         return None
-    from ..process.world import backend_name
-
     out: dict = {"world_size": dist.get_world_size(), "groups": groups, "backend": backend_name()}
     if mesh is not None:  # a sharded model: its shards are for this mesh, collectives or not
-        from .dtensors import mesh_record
-
         out["mesh"] = mesh_record(mesh)
     if mesh_groups:
         out["mesh_groups"] = mesh_groups
@@ -190,7 +187,7 @@ def _register(name: str, pg) -> None:
 
     try:
         C._unregister_process_group(name)  # type: ignore[arg-type]
-    except Exception:  # not registered yet
+    except Exception:  # noqa: BLE001 - not registered yet
         pass
     C._register_process_group(name, pg)  # type: ignore[arg-type]
 
@@ -202,8 +199,6 @@ def refuse_data_parallel(fn, modules: Iterable[Any], target: str) -> None:
     Raises:
         CaptureError: naming the wrapper and what to capture instead.
     """
-    import torch
-
     if not (torch.distributed.is_available()):
         return
     from torch.nn.parallel import DistributedDataParallel

@@ -22,6 +22,8 @@ import os
 import re
 import sys
 
+import torch
+
 from precompile_runtime.pair_format import OpLibrary
 
 # torch's own namespaces that every graph uses: not looked up
@@ -34,8 +36,6 @@ SCRIPT = "__main__"
 
 
 def _graph_ops(graph_module) -> list:
-    import torch
-
     ops = {}
     for gm in graph_module.modules():
         if not isinstance(gm, torch.fx.GraphModule):
@@ -76,8 +76,6 @@ def _package_of(path: str, files: dict[str, str]) -> str | None:
 def defining_modules(qualname: str, files: dict[str, str] | None = None) -> list[str]:
     """The modules whose import registers the op ``qualname`` (``"ns::name"``), or []
     where torch itself registers it (see the module docstring for the order)."""
-    import torch
-
     ns = qualname.partition("::")[0]
     if ns in sys.modules and "." not in ns and ns != "torch":
         return [ns]
@@ -90,7 +88,7 @@ def defining_modules(qualname: str, files: dict[str, str] | None = None) -> list
     files = _modules_by_file() if files is None else files
     try:
         dump = torch._C._dispatch_dump(qualname)
-    except Exception:  # (an op this torch cannot describe: looked up by its library below)
+    except Exception:  # noqa: BLE001 - (an op this torch cannot describe: looked up by its library below)
         dump = ""
     found: list[str] = []
     for where in _REGISTERED_AT.findall(dump):

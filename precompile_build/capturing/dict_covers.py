@@ -12,9 +12,13 @@ per call.
 from __future__ import annotations
 
 import ast
+import collections
 import types
 from typing import Any
 
+import torch
+
+from ..templates.guard_values import _g_type_dict
 from . import guard_sources
 
 
@@ -55,43 +59,65 @@ def covering_dict(
     return found
 
 
+_PLAIN = (dict, collections.OrderedDict)
+_CONTENTS = ("len", "keys", "contains", "empty")  # checks of a container's contents
+
+
 def _holder(
     check: str, expr: str, value: Any, namespace: dict, roots: guard_sources.Roots
 ) -> tuple[str, bool] | None:
-    import collections
-
-    import torch
-
-    plain = (dict, collections.OrderedDict)
+    """:func:`covering_dict` before its ``type`` rule: the holder of ``expr``'s value
+    (:func:`_own_holder`, else the nearest one on its path: :func:`_holder_above`) and
+    whether it is compared by identity (:func:`_by_identity`), or None."""
     node = ast.parse(expr, mode="eval").body
     if (
-        check in ("len", "keys", "contains", "empty")
-        and type(value) not in (*plain, tuple)
+        check in _CONTENTS
+        and type(value) not in (*_PLAIN, tuple)
         and type(value).__name__ != "mappingproxy"
     ):
         return None  # a list's or a set's contents move no version
     if check == "keys" and isinstance(value, collections.OrderedDict):
         return None  # (move_to_end reorders it and moves no version)
-    if check in ("len", "keys", "contains", "empty") and type(value) in plain:
-        holder: str | None = expr
-    elif (
-        check in ("len", "keys", "contains", "empty")
+    holder = _own_holder(check, expr, value, node)
+    if holder is None:
+        holder = _holder_above(node, value, namespace, roots)
+    if holder is None:
+        return None
+    if holder.startswith("_g_type_dict("):
+        return holder, False  # a class: protected by the type check of whatever reached it
+    by_identity = _by_identity(holder, namespace, roots)
+    return None if by_identity is None else (holder, by_identity)
+
+
+def _own_holder(check: str, expr: str, value: Any, node: ast.expr) -> str | None:
+    """The dict a check of ``value`` itself reads: a plain dict's (or a class's
+    mappingproxy's) contents, the ``__dict__`` an attribute's absence is checked in."""
+    if check in _CONTENTS and type(value) in _PLAIN:
+        return expr
+    if (
+        check in _CONTENTS
         and type(value).__name__ == "mappingproxy"
         and isinstance(node, ast.Attribute)
         and node.attr == "__dict__"
     ):
-        holder = f"_g_type_dict({ast.unparse(node.value)})"  # a class's own names (type(m).__mro__[1].__dict__)
-    elif check in ("absent", "hasattr"):
-        holder = (
+        return f"_g_type_dict({ast.unparse(node.value)})"  # a class's own names (type(m).__mro__[1].__dict__)
+    if check in ("absent", "hasattr"):
+        return (
             f"({expr}).__dict__"
             if isinstance(getattr(value, "__dict__", None), dict) and not isinstance(value, type)
             else None
         )
-    else:
-        holder = None
-    by_identity = False
+    return None
+
+
+def _holder_above(
+    node: ast.expr, value: Any, namespace: dict, roots: guard_sources.Roots
+) -> str | None:
+    """The nearest dict on the path of ``node`` that holds its value: walked up from
+    the expression past ``type(x)`` and a function's internals; None where a part on
+    the way is no value of its own or no dict holds it."""
     n = node
-    while holder is None:
+    while True:
         if isinstance(n, ast.Call) and len(n.args) == 1:  # type(x): the class, not a holder
             n = n.args[0]
             continue
@@ -105,12 +131,10 @@ def _holder(
             except Exception:  # noqa: BLE001 - a part that is no value of its own
                 return None
             if attr == "__dict__" and type(value) is dict:
-                holder = ast.unparse(n)  # (the object's dict itself)
-                break
+                return ast.unparse(n)  # (the object's dict itself)
             if not (isinstance(getattr(p, "__dict__", None), dict) and attr in p.__dict__):
                 return None
-            holder = f"object.__getattribute__({ast.unparse(parent)}, '__dict__')"
-            break
+            return f"object.__getattribute__({ast.unparse(parent)}, '__dict__')"
         if not isinstance(n, (ast.Attribute, ast.Subscript)):
             return None
         parent = n.value
@@ -121,22 +145,22 @@ def _holder(
         if isinstance(p, type):
             if isinstance(n, ast.Attribute) and n.attr not in vars(p):
                 return None  # inherited: a base's dict holds it, and the class's own may shadow it
-            holder = f"_g_type_dict({ast.unparse(parent)})"
-        elif isinstance(n, ast.Subscript) and type(p) in plain:
-            holder = ast.unparse(parent)
-        elif (
+            return f"_g_type_dict({ast.unparse(parent)})"
+        if isinstance(n, ast.Subscript) and type(p) in _PLAIN:
+            return ast.unparse(parent)
+        if (
             isinstance(n, ast.Subscript)
             and type(p).__name__ == "mappingproxy"
             and isinstance(parent, ast.Attribute)
         ):
-            holder = f"_g_type_dict({ast.unparse(parent.value)})"
-        elif (
+            return f"_g_type_dict({ast.unparse(parent.value)})"
+        if (
             isinstance(n, ast.Attribute)
             and isinstance(getattr(p, "__dict__", None), dict)
             and n.attr in p.__dict__
         ):
-            holder = f"({ast.unparse(parent)}).__dict__"
-        elif (
+            return f"({ast.unparse(parent)}).__dict__"
+        if not (
             isinstance(
                 p, (tuple, types.CellType, types.FunctionType, types.MethodType, types.CodeType)
             )
@@ -151,12 +175,16 @@ def _holder(
                 "fget",
             )
         ):
-            n = parent  # a function's internals: held where the function is (rebound in place:
-            # the slots compared per call, slots())
-        else:
             return None
-    if holder.startswith("_g_type_dict("):
-        return holder, False  # a class: protected by the type check of whatever reached it
+        n = parent  # a function's internals: held where the function is (rebound in place:
+        # the slots compared per call, slots())
+
+
+def _by_identity(holder: str, namespace: dict, roots: guard_sources.Roots) -> bool | None:
+    """Whether each call evaluates ``holder`` again and compares the dict's identity:
+    a list on its path, or a path from another argument than a module; None where a
+    container on the way cannot be evaluated (the check runs per call)."""
+    by_identity = False
     for part in ast.walk(ast.parse(holder, mode="eval").body):  # a list on the way: by identity
         if isinstance(part, ast.Subscript) and not (
             isinstance(part.value, ast.Name) and part.value.id == "_R"
@@ -166,7 +194,7 @@ def _holder(
             except Exception:  # noqa: BLE001 - unresolvable: per call
                 return None
             if (
-                type(container) not in (*plain, tuple)
+                type(container) not in (*_PLAIN, tuple)
                 and type(container).__name__ != "mappingproxy"
                 and not isinstance(container, types.ModuleType)
             ):
@@ -186,7 +214,7 @@ def _holder(
         and not isinstance(namespace.get(root.id), torch.nn.Module)
     ):
         by_identity = True  # another argument: maybe another object next call
-    return holder, by_identity
+    return by_identity
 
 
 # what can be rebound in place on a function (its defaults, code) or a closure cell,
@@ -226,8 +254,6 @@ def generic_getattr(node: ast.AST) -> bool:
 
 def keep_dict_covers(checks: list, namespace: dict, roots: guard_sources.Roots) -> None:
     """A check whose covering expression gives no plain dict here runs per call instead."""
-    from ..templates.guard_values import _g_type_dict
-
     ok: dict[str, bool] = {}
     for c in checks:
         if c[6] is None:

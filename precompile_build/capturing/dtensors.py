@@ -23,8 +23,11 @@ would not give the DTensors' ``.grad`` their shards' gradients).
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
 from typing import Any
+
+import torch
 
 from ..errors import CaptureError
 
@@ -52,8 +55,6 @@ class Lifted:
 
 
 def _dtensor_type():
-    import sys
-
     module = sys.modules.get("torch.distributed.tensor")  # never imported: no DTensor exists
     return getattr(module, "DTensor", None) if module is not None else None
 
@@ -94,7 +95,6 @@ def wrap(leaves: list, lifted: list[Lifted]) -> list:
     as a DTensor of its mesh, placements and global shape (no communication)."""
     if not lifted:
         return leaves
-    import torch
     from torch.distributed.tensor import DTensor
 
     out = list(leaves)

@@ -29,12 +29,16 @@ ranges and guards, and refuses a call that breaks one with a CallError.
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import math
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 from unittest import mock
+
+import torch
 
 from precompile_runtime.pair_format import Dim, Dynamic
 
@@ -166,9 +170,6 @@ def compile_context(graph_module):
     Inductor's FX graph cache and AOTAutograd's cache are off: they key their guards
     on SymInt *arguments*, ours are tensor sizes, so a cache hit would skip the guards
     the compiler added (a pair would claim sizes its code does not hold for)."""
-    import contextlib
-
-    import torch
     from torch._inductor import config
 
     unbacked.show_fake_mode(graph_module)
@@ -214,7 +215,6 @@ def finish(sym: SymbolicTrace, target: str) -> tuple[Dynamic, list[dict[str, lis
             condition over it excludes sizes of that range.
     """
     import sympy
-    import torch
     from torch.utils._sympy.numbers import int_oo
 
     env, pexpr = sym.shape_env, _printer()
@@ -379,10 +379,6 @@ def describe(sizes: dict[str, int], shapes: Sequence[Mapping[str, Any]], paths: 
 def eval_expr(expr: str | int, sizes: dict[str, int]):
     """Evaluate a printed shape expression / guard with the symbols bound to ``sizes``
     (the same evaluation the driver does at call time)."""
-    import math
-
-    import torch
-
     if isinstance(expr, int):
         return expr
     scope = {"__builtins__": {}, "math": math, "torch": torch, "max": max, "min": min, "abs": abs}
@@ -393,8 +389,6 @@ def resized(t, spec: Mapping[str, Any], sizes: dict[str, int]):
     """A tensor like example ``t`` at the sizes ``sizes`` (values repeated or cut along
     each dim, so integer inputs such as token ids stay valid), with the strides the
     capture expects."""
-    import torch
-
     shape = [eval_expr(e, sizes) for e in spec["shape"]]
     stride = [eval_expr(e, sizes) for e in spec["stride"]]
     data = t

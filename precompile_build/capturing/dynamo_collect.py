@@ -65,7 +65,7 @@ def collect(fn: Callable, args: tuple, kwargs: dict, traced: list | None = None)
     try:
         with patch, _quiet_dynamo():
             compiled(*args, **kwargs)
-    except Exception as e:  # Dynamo wraps what the filter raised
+    except Exception as e:  # noqa: BLE001 - Dynamo wraps whatever the guard filter raised
         if not box:
             raise _root_cause(e) from None
     return box

@@ -80,31 +80,25 @@ def _class_id(cls: type) -> list[str]:
     return [cls.__module__, cls.__qualname__]
 
 
+_IDENTITY_KINDS = (
+    "CLASS_MATCH",
+    "ID_MATCH",
+    "MODULE_MATCH",
+    "NN_MODULE",
+    "CLOSURE_MATCH",
+    "FUNCTION_MATCH",
+)
+
+
 def _check_for(kind: str, value: Any, guard, attr: str | None = None) -> tuple[str, Any]:
     """``(check kind, expected)`` for a guard of ``kind`` on ``value`` (the value the
     expression has at capture; ``attr``: a HASATTR guard's attribute name). Raises
     ValueError where a pair cannot check it."""
-    import torch
-
     kw = getattr(guard.create_fn, "keywords", None) or {}
     if kind in guard_sources.VALUE_KINDS or (
         kind in ("ID_MATCH",) and (value is None or type(value) is bool)
     ):
-        if isinstance(value, enum.Enum):
-            return "enum", [*_class_id(type(value)), value.name]
-        if isinstance(value, torch.dtype):
-            return "dtype", str(value)
-        if isinstance(value, torch.device):
-            return "device", str(value)
-        if isinstance(value, types.CodeType):
-            return "code", code_fingerprint(value)
-        if isinstance(value, (set, frozenset)) and all(literal_type(x) is not None for x in value):
-            return "set", [type(value).__name__, sorted(value, key=repr)]
-        if literal_type(value) is None:
-            raise ValueError(
-                f"its value is a {type(value).__qualname__}, which a pair cannot record"
-            )
-        return "eq", value
+        return _value_check(value)
     if kind == "NUMPY_VALUE":
         import numpy as np
 
@@ -118,36 +112,8 @@ def _check_for(kind: str, value: Any, guard, attr: str | None = None) -> tuple[s
         return "notnone", None
     if kind == "TYPE_MATCH":
         return "type", _class_id(type(value))
-    if kind in (
-        "CLASS_MATCH",
-        "ID_MATCH",
-        "MODULE_MATCH",
-        "NN_MODULE",
-        "CLOSURE_MATCH",
-        "FUNCTION_MATCH",
-    ):
-        if isinstance(value, types.ModuleType):
-            return "module", value.__name__
-        if isinstance(value, type):
-            return "class", _class_id(value)
-        if isinstance(value, enum.Enum):
-            return "enum", [*_class_id(type(value)), value.name]
-        if isinstance(value, (types.FunctionType, types.MethodType)):
-            return "code", code_fingerprint(value)
-        if isinstance(value, (types.BuiltinFunctionType, types.BuiltinMethodType)):
-            return "builtin", [getattr(value, "__module__", None) or "", value.__qualname__]
-        if isinstance(value, torch.dtype):
-            return "dtype", str(value)
-        if isinstance(value, torch.device):
-            return "device", str(value)
-        if isinstance(value, torch.nn.Module) or kind == "NN_MODULE":
-            return "type", _class_id(type(value))
-        if code_of(value)[0] is not None:  # a user Triton kernel (triton.jit, triton.autotune)
-            return "code", code_fingerprint(value)
-        raise ValueError(
-            f"it relies on the identity of a {type(value).__qualname__}, which cannot be "
-            "compared across processes"
-        )
+    if kind in _IDENTITY_KINDS:
+        return _identity_check(kind, value)
     if kind == "HASATTR":
         if attr is None:
             raise ValueError("its attribute name could not be read from the guard")
@@ -165,13 +131,60 @@ def _check_for(kind: str, value: Any, guard, attr: str | None = None) -> tuple[s
         key = kw.get("key")
         if literal_type(key) is None:
             raise ValueError(f"its key is a {type(key).__qualname__}, which a pair cannot record")
-        return "contains", [
-            key,
-            _CONTAINS[kind] != bool(kw.get("invert")),
-        ]  # (torch <= 2.12: invert=)
+        return "contains", [key, _CONTAINS[kind] != bool(kw.get("invert"))]  # (<= 2.12: invert=)
     if kind == "EMPTY_NN_MODULE_HOOKS_DICT":
         return "empty", None
     raise ValueError(f"a {kind} guard has no check a pair can run")
+
+
+def _value_check(value: Any) -> tuple[str, Any]:
+    """The check of a guard on a value (EQUALS_MATCH and its kin): compared with what it
+    was, as a literal, an Enum member, a dtype, a device, a code fingerprint or a set."""
+    import torch
+
+    if isinstance(value, enum.Enum):
+        return "enum", [*_class_id(type(value)), value.name]
+    if isinstance(value, torch.dtype):
+        return "dtype", str(value)
+    if isinstance(value, torch.device):
+        return "device", str(value)
+    if isinstance(value, types.CodeType):
+        return "code", code_fingerprint(value)
+    if isinstance(value, (set, frozenset)) and all(literal_type(x) is not None for x in value):
+        return "set", [type(value).__name__, sorted(value, key=repr)]
+    if literal_type(value) is None:
+        raise ValueError(f"its value is a {type(value).__qualname__}, which a pair cannot record")
+    return "eq", value
+
+
+def _identity_check(kind: str, value: Any) -> tuple[str, Any]:
+    """The structural check that stands for an identity guard (an object's identity
+    cannot be compared across processes): a module by name, a class by module and
+    qualname, a function by its code's fingerprint, a Module by its class."""
+    import torch
+
+    if isinstance(value, types.ModuleType):
+        return "module", value.__name__
+    if isinstance(value, type):
+        return "class", _class_id(value)
+    if isinstance(value, enum.Enum):
+        return "enum", [*_class_id(type(value)), value.name]
+    if isinstance(value, (types.FunctionType, types.MethodType)):
+        return "code", code_fingerprint(value)
+    if isinstance(value, (types.BuiltinFunctionType, types.BuiltinMethodType)):
+        return "builtin", [getattr(value, "__module__", None) or "", value.__qualname__]
+    if isinstance(value, torch.dtype):
+        return "dtype", str(value)
+    if isinstance(value, torch.device):
+        return "device", str(value)
+    if isinstance(value, torch.nn.Module) or kind == "NN_MODULE":
+        return "type", _class_id(type(value))
+    if code_of(value)[0] is not None:  # a user Triton kernel (triton.jit, triton.autotune)
+        return "code", code_fingerprint(value)
+    raise ValueError(
+        f"it relies on the identity of a {type(value).__qualname__}, which cannot be "
+        "compared across processes"
+    )
 
 
 def _epoch_covered(check: str, value: Any, base: Any, expr: str) -> bool:

@@ -28,17 +28,15 @@ from contextlib import contextmanager
 from types import FrameType
 from typing import Any
 
+import torch
+
 
 def _torch_dir() -> str:
-    import torch
-
     return os.path.dirname(os.path.abspath(torch.__file__)) + os.sep
 
 
 def _own_code(fn: Any) -> Any:
     """The code object of the captured function's own body (unwrapped; a module's forward)."""
-    import torch
-
     target = fn.forward if isinstance(fn, torch.nn.Module) else fn
     target = inspect.unwrap(getattr(target, "__func__", target))
     return getattr(target, "__code__", None)
@@ -78,8 +76,6 @@ def watch_body(box: dict, fn: Any) -> Iterator[None]:
     Yields:
         nothing; torch's grad-mode entry points are watched until the block ends.
     """
-    import torch
-
     torch_dir, own = _torch_dir(), _own_code(fn)
     set_grad, inference = torch._C._set_grad_enabled, torch._C._InferenceMode
 
@@ -112,7 +108,5 @@ def modes(box: dict) -> tuple[bool, bool]:
         call with an input or parameter that requires grad is refused); deterministic
         is True where ``torch.use_deterministic_algorithms(True)`` was on.
     """
-    import torch
-
     grad_off = not torch.is_grad_enabled() and not box.get("sets_grad_off")
     return grad_off, torch.are_deterministic_algorithms_enabled()

@@ -29,9 +29,12 @@ module's buffer, as eager does.
 from __future__ import annotations
 
 import base64
+import functools
 import types
 from collections.abc import Iterable
 from typing import Any
+
+import torch
 
 from precompile_runtime.pair_format import ConstantSpec
 
@@ -57,10 +60,6 @@ def reachable_tensors(
     attributes and the items of lists, tuples, dicts and sets, ``max_depth`` steps
     deep (the submodules of an nn.Module at any depth). Python modules, classes and
     builtins are not walked."""
-    import functools
-
-    import torch
-
     found: dict[int, str] = {}
     seen: set[int] = set()
     todo = [(r, getattr(r, "__qualname__", type(r).__name__), 0) for r in roots]
@@ -132,8 +131,6 @@ def reachable_tensors(
 
 
 def _is_script_object(value) -> bool:
-    import torch
-
     fake = getattr(getattr(torch, "_library", None), "fake_class_registry", None)
     fake_type = getattr(fake, "FakeScriptObject", ())
     return isinstance(value, (torch.ScriptObject, *((fake_type,) if fake_type else ())))
@@ -142,7 +139,7 @@ def _is_script_object(value) -> bool:
 def _script_object_error(target: str, name: str, value) -> CaptureError:
     try:
         qualname = value._type().qualified_name()
-    except Exception:  # a FakeScriptObject or an older torch
+    except Exception:  # noqa: BLE001 - a FakeScriptObject or an older torch
         qualname = type(value).__name__
     if "c10d" in qualname or "ProcessGroup" in qualname:
         return CaptureError(
@@ -180,8 +177,6 @@ def check_graph_attrs(gm, target: str, *, roots: Iterable[Any] = (), symbolic=No
             ProcessGroup: use functional collectives), or a tensor constant inside a
             subgraph.
     """
-    import torch
-
     _check_subgraphs(gm, target)
     user = None
     constants, nodes = [], []
@@ -234,8 +229,6 @@ def check_graph_attrs(gm, target: str, *, roots: Iterable[Any] = (), symbolic=No
 
 def _check_subgraphs(gm, target: str) -> None:
     """A subgraph's own attributes may only be subgraphs (its tensors are not lifted)."""
-    import torch
-
     for name, sub in gm.named_modules():
         if sub is gm or not isinstance(sub, torch.fx.GraphModule):
             continue
@@ -296,8 +289,6 @@ def constant_specs(constants: list) -> list[ConstantSpec]:
     Raises:
         RuntimeError: (torch) a tensor that has no byte view (sparse, quantized).
     """
-    import torch
-
     out: list[ConstantSpec] = []
     for t in constants:
         flat = t.detach().to("cpu").clone().contiguous()
@@ -336,8 +327,6 @@ def reassigned_buffers(
         CaptureError: the new value is no tensor, or has another shape or dtype (the
             loaded function copies it into the buffer the caller passes).
     """
-    import torch
-
     out = []
     for index, (name, leaf) in enumerate(zip(names, leaves)):
         i, _, local = name.partition(".")

@@ -20,6 +20,11 @@ import re
 import types
 from typing import Any, Callable
 
+import torch
+
+from ..templates import guard_values
+from ..templates.guard_values import resolve_roots
+
 VALUE_KINDS = {
     "CONSTANT_MATCH",
     "EQUALS_MATCH",
@@ -194,8 +199,6 @@ def readable(label: str) -> str:
 
 
 def helpers() -> dict:
-    from ..templates import guard_values
-
     return {v: getattr(guard_values, v) for v in _HELPERS.values()}
 
 
@@ -203,8 +206,6 @@ def module_bookkeeping(expr: str, namespace: dict, roots: Roots, kind: str) -> b
     """True for a value guard on nn.Module's own bookkeeping (``_non_persistent_buffers_set``,
     ``_state_dict_hooks``): its parameters, buffers and submodules are the driver's
     checks, and its hook dicts are checked by their own guards."""
-    import torch
-
     last = re.search(r"\.(\w+)$", expr)
     if kind not in VALUE_KINDS or not last or last.group(1) not in module_internals():
         return False
@@ -212,8 +213,6 @@ def module_bookkeeping(expr: str, namespace: dict, roots: Roots, kind: str) -> b
 
 
 def module_internals() -> frozenset[str]:
-    import torch
-
     return frozenset(vars(torch.nn.Module()))
 
 
@@ -260,8 +259,6 @@ def evaluate(expr: str, namespace: dict, roots: Roots) -> Any:
 
 
 def resolver(records: list) -> Callable[[], list]:
-    from ..templates.guard_values import resolve_roots
-
     return lambda: resolve_roots(records)
 
 

@@ -3,14 +3,14 @@ for. Shared by the tracer (tracing.py) and the dynamic-dims checks (dynamic_dims
 
 from __future__ import annotations
 
+import torch
+
 
 def example_clone(t):
     """A detached copy in the layout the pair is compiled (and its calls checked) for:
     canonical strides for a contiguous example (torch leaves a size-1 dim's stride
     arbitrary), the example's own strides otherwise (a slice with gaps, channels-last),
     contiguous where the example overlaps itself (an expand)."""
-    import torch
-
     t = t.detach()
     if t.is_contiguous() or memory_layout(t) == "overlapping":
         return t.clone(memory_format=torch.contiguous_format)

@@ -29,12 +29,17 @@ from __future__ import annotations
 
 import collections
 import dis
+import functools
 import os
 import sys
 import sysconfig
 import types
 from collections.abc import Iterator
 from typing import Any, Callable
+
+import torch
+
+from ..templates.state_values import HOOK_KINDS
 
 MAX_FUNCTIONS = 64
 """How many functions a snapshot follows from the captured one (bounds its cost)."""
@@ -45,7 +50,7 @@ _library_roots: tuple[str, ...] | None = None
 
 
 def _library_dirs() -> tuple[str, ...]:
-    global _library_roots
+    global _library_roots  # noqa: PLW0603 - a process-wide cache, computed once
     if _library_roots is None:
         paths = sysconfig.get_paths()
         roots = {paths[k] for k in ("stdlib", "platstdlib", "purelib", "platlib") if k in paths}
@@ -95,8 +100,6 @@ def _skipped(v: Any) -> bool:
     """Values whose state is not the capture's to judge here: modules, functions,
     classes (their code is followed instead), tensors and nn.Modules (the capture's
     own inputs)."""
-    import torch
-
     return isinstance(
         v,
         (
@@ -129,10 +132,6 @@ def _codes(code: types.CodeType) -> Iterator[types.CodeType]:
 
 def _callee(v: Any) -> Any:
     """The function that calling ``v`` runs, where it is a plain Python one."""
-    import functools
-
-    import torch
-
     if isinstance(v, functools.partial):
         v = v.func
     if isinstance(v, types.MethodType):
@@ -149,10 +148,6 @@ def reached(fn: Callable, args: tuple, kwargs: dict) -> list[types.FunctionType]
     closure, breadth first, at most :data:`MAX_FUNCTIONS`; plus the ``forward`` of
     user-code module classes among the arguments and the user-code hooks registered on
     those modules or globally (a call runs them too)."""
-    import torch
-
-    from ..templates.state_values import HOOK_KINDS
-
     start = [_callee(fn)]
     hook_dicts = [
         getattr(torch.nn.modules.module, f"_global{attr}", None) or {} for _, attr in HOOK_KINDS
@@ -200,8 +195,6 @@ def _cell(c: Any) -> Any:
 def _record(out: dict, key: tuple, what: str, v: Any) -> None:
     """``out[key] = (what, token)``, and for a plain object or a user module one more
     entry per ``__dict__`` item."""
-    import torch
-
     if v is _EMPTY or (not isinstance(v, torch.nn.Module) and _skipped(v)):
         return
     if isinstance(v, torch.nn.Module):
@@ -228,10 +221,8 @@ _internals: frozenset[str] | None = None
 
 
 def _module_internals() -> frozenset[str]:
-    global _internals
+    global _internals  # noqa: PLW0603 - a process-wide cache, computed once
     if _internals is None:
-        import torch
-
         _internals = frozenset(vars(torch.nn.Module()))
     return _internals
 
@@ -243,13 +234,11 @@ def snapshot(fn: Callable, args: tuple, kwargs: dict) -> dict:
     something odd) gives an empty snapshot, so the check is skipped, never the capture."""
     try:
         return _snapshot(fn, args, kwargs)
-    except Exception:
+    except Exception:  # noqa: BLE001 - never raises: the check is skipped, never the capture
         return {}
 
 
 def _snapshot(fn: Callable, args: tuple, kwargs: dict) -> dict:
-    import torch
-
     out: dict = {}
     functions = reached(fn, args, kwargs)
     for f in functions:
@@ -358,7 +347,7 @@ def changes(before: dict, after: dict) -> list[str]:
     for key, text in out:
         try:
             line = _line_of(functions, key)
-        except Exception:  # bytecode this Python cannot list: the change without its line
+        except Exception:  # noqa: BLE001 - bytecode this Python cannot list: the change without its line
             line = ""
         result.append(text + (f" (at {line})" if line else ""))
     return list(dict.fromkeys(result))

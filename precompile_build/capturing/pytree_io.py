@@ -25,7 +25,11 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
+import torch
+from torch.utils import _pytree as pytree
+
 from ..errors import CaptureError
+from ..templates import pytree_types
 
 _LITERALS = (int, float, bool, str, type(None))
 DATACLASSES: set = set()  # result dataclasses registered with pytree here (the driver does too)
@@ -60,8 +64,6 @@ def arg_paths(args: tuple, kwargs: dict, arg_names: list[str]) -> list[tuple[str
     Raises:
         CaptureError: a registered class refused its value (an uninitialized cache).
     """
-    from torch.utils import _pytree as pytree
-
     tops = [
         (f"argument {arg_names[i]!r}" if arg_names else f"args[{i}]", a) for i, a in enumerate(args)
     ]
@@ -87,8 +89,6 @@ def arg_paths(args: tuple, kwargs: dict, arg_names: list[str]) -> list[tuple[str
 
 
 def _result_path(kp) -> str:
-    from torch.utils import _pytree as pytree
-
     return "the result" if not kp else f"the result's part result{pytree.keystr(kp)}"
 
 
@@ -141,9 +141,6 @@ def flatten_inputs(args: tuple, kwargs: dict, arg_names: list[str]):
         CaptureError: a leaf of another type (a plain object, a class not registered
             with pytree), naming its path and what to do.
     """
-    import torch
-    from torch.utils import _pytree as pytree
-
     with_paths = arg_paths(args, kwargs, arg_names)
     spec = pytree.tree_structure((tuple(args), dict(kwargs)))
     leaves: list[Any] = []
@@ -186,7 +183,6 @@ def _registered_by_its_library(tp) -> bool:
     process would have transformers' flattening (non-None fields) where the pair
     recorded ours. Returns whether ``tp`` is registered now."""
     import torch.compiler as tc
-    from torch.utils import _pytree as pytree
 
     generic = sys.modules.get("transformers.utils.generic")
     base, register = (
@@ -218,9 +214,6 @@ def flatten_result(result):
         CaptureError: a leaf that is no tensor or int/float/bool/str/None (a Python
             number computed from a tensor, an unregistered class), naming it.
     """
-    import torch
-    from torch.utils import _pytree as pytree
-
     leaves, spec = pytree.tree_flatten(result)
     while not torch.compiler.is_dynamo_compiling():  # (Dynamo would not follow a registration)
         plain = {type(v) for v in leaves if dataclasses.is_dataclass(v) and not isinstance(v, type)}
@@ -277,20 +270,16 @@ def outline(spec, leaf_types: list[str]) -> tuple[str, str]:
     type name, ``Tensor`` for tensors); ``text`` is the result's ``repr`` with each leaf
     shown as its type: ``(Tensor, Tensor)``, ``[Tensor, int]``, ``Out(logits=Tensor,
     loss=NoneType)``."""
-    from torch.utils import _pytree as pytree
-
     key = f"{spec} with leaves ({', '.join(leaf_types)})"
     try:
         text = repr(pytree.tree_unflatten([_Shown(t) for t in leaf_types], spec))
-    except Exception:  # a class whose unflatten or repr wants real values
+    except Exception:  # noqa: BLE001 - a class whose unflatten or repr wants real values
         text = key
     return key, text
 
 
 def leaf_types(leaves: list) -> list[str]:
     """The type names :func:`outline` takes, of real values."""
-    import torch
-
     return ["Tensor" if isinstance(v, torch.Tensor) else type(v).__name__ for v in leaves]
 
 
@@ -312,10 +301,6 @@ def dump_spec(spec, what: str) -> tuple[str, list[list[str]]]:
         CaptureError: a registered class without a ``serialized_type_name``, or whose
             context pytree cannot write as JSON.
     """
-    from torch.utils import _pytree as pytree
-
-    from ..templates import pytree_types
-
     types: list[list[str]] = []
     seen: set = set()
     stack = [spec]
@@ -368,8 +353,6 @@ def result_leaves(leaves: list, flat_inputs: list) -> tuple[list, list]:
     """Split the result's leaves: ``(kinds, tensors)``, per leaf ``["tensor", k]`` (the
     k-th graph output), ``["input", j]`` (the j-th flat input, returned as it is) or
     ``["const", value]``; ``tensors`` the graph outputs in order."""
-    import torch
-
     kinds: list[list[Any]] = []
     tensors: list[Any] = []
     for v in leaves:
@@ -392,13 +375,11 @@ _DICTS = (dict, collections.OrderedDict, collections.defaultdict)
 
 def _child_keys(spec) -> list[str]:
     """The key text of each child of a TreeSpec node (``[0]``, ``['a']``, ``.field``)."""
-    from torch.utils import _pytree as pytree
-
     try:
         node = pytree.tree_unflatten([0] * spec.num_leaves, spec)
         entries, _ = pytree.SUPPORTED_NODES[spec.type].flatten_with_keys_fn(node)  # type: ignore[misc]
         return [pytree.keystr((k,)) for k, _ in entries]
-    except Exception:  # no keys known for this type: positions
+    except Exception:  # noqa: BLE001 - no keys known for this type: positions
         return [f"[{i}]" for i in range(spec.num_children)]
 
 
@@ -476,8 +457,6 @@ def changed_argument(
     runs no Python, so such a change would not reach the caller's object; in-place
     writes to its tensors do. The text names the argument's path and what changed
     (``arg_names``: the function's positional parameter names, for the path)."""
-    from torch.utils import _pytree as pytree
-
     leaves, after = pytree.tree_flatten((tuple(args), dict(kwargs)))
     if after != spec:
         where, plain = _where_changed(spec, after, list(arg_names))

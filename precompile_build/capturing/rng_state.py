@@ -5,20 +5,19 @@ pair (engines/frozen.py skips that check)."""
 
 from __future__ import annotations
 
+import pickle
+import random
 import sys
 
 
 def python_rng_states() -> dict[str, bytes]:
     """The global RNG states of Python's ``random`` and (when imported) numpy's
     legacy ``numpy.random``, as bytes to compare."""
-    import pickle
-    import random
-
     states = {"random": pickle.dumps(random.getstate())}
     np = sys.modules.get("numpy")
     if np is not None:
         try:
             states["numpy.random"] = pickle.dumps(np.random.get_state())
-        except Exception:  # an unusual numpy: nothing to watch
+        except Exception:  # noqa: BLE001 - an unusual numpy: nothing to watch
             pass
     return states

@@ -13,6 +13,10 @@ from __future__ import annotations
 
 import operator
 
+import torch
+
+from .layouts import example_clone, memory_layout
+
 # ops that write their running-stat arguments without an alias annotation in their
 # schema (`native_batch_norm(Tensor? running_mean, ...)` updates it in training)
 _HIDDEN_WRITERS = (
@@ -30,10 +34,6 @@ def example_input(t, shared_storage: bool = False):
     """``t`` itself (detached) where it already has the layout the pair is compiled
     for (:func:`.layouts.example_clone`'s strides), is 16-byte aligned and shares no
     memory with another input (``shared_storage``); else that clone."""
-    import torch
-
-    from .layouts import example_clone, memory_layout
-
     t = t.detach()
     if shared_storage or t.layout != torch.strided or memory_layout(t) == "overlapping":
         return example_clone(t)
@@ -57,7 +57,7 @@ def example_inputs(tensors: list) -> list:
 def _storage_key(t):
     try:
         return (t.device, t.untyped_storage().data_ptr())
-    except Exception:  # no storage (a tensor subclass): never shared
+    except Exception:  # noqa: BLE001 - no storage (a tensor subclass): never shared
         return id(t)
 
 
@@ -67,8 +67,6 @@ def written_inputs(gm) -> set[int]:
     e.g. ``copy_`` of a mutated buffer), the running stats of a batch norm (written
     without one), and, to be safe, every input a call that is no ATen op reads
     (a higher-order op, a user kernel)."""
-    import torch
-
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
     written = set()
     for i, p in enumerate(placeholders):
@@ -100,8 +98,6 @@ def writes(node, value) -> bool:
     """True when ``node``, an fx node, is an ATen op call that may write the ``value``
     it reads: an alias annotation ``Tensor(a!)`` on the argument (positional, keyword or
     in a list), or an op that writes without one (a batch norm's running stats)."""
-    import torch
-
     if node.op != "call_function" or not isinstance(node.target, torch._ops.OpOverload):
         return False
     schema = node.target._schema
@@ -120,8 +116,6 @@ def writes(node, value) -> bool:
 def own_written(example: list, sources: list, written) -> list:
     """``example`` (from :func:`example_inputs` of ``sources``) with a clone in place of
     each shared input in ``written``: the call that runs next may write the caller's."""
-    from .layouts import example_clone
-
     return [
         example_clone(t) if i in written and _storage_key(t) == _storage_key(sources[i]) else t
         for i, t in enumerate(example)
@@ -132,8 +126,6 @@ def run_inputs(inputs: list, written) -> list:
     """The inputs for one run of a graph or its compiled code: a clone
     (:func:`.layouts.example_clone`) of each input in ``written``, the others as they
     are (the run only reads them)."""
-    from .layouts import example_clone
-
     return [example_clone(t) if i in written else t for i, t in enumerate(inputs)]
 
 
@@ -145,8 +137,6 @@ def checksum(t) -> int:
     torch has it, else the sum of the bits read as integers): the same before and
     after a run that left ``t`` alone, different (but for an improbable collision)
     after one that wrote to it. Reads ``t`` in place, no copy."""
-    import torch
-
     t = t.detach()
     if t.numel() == 0:
         return 0

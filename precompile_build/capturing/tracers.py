@@ -37,9 +37,13 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+import sys
+import sysconfig
 import traceback
 from dataclasses import dataclass
 from typing import Any, Callable
+
+import torch
 
 from ..config.choices import TRACERS, Tracer, check_tracer  # noqa: F401 - check_tracer re-exported
 from ..errors import CaptureError, TracerFallbackWarning, torch_warnings_shown, warn_at_caller
@@ -194,7 +198,7 @@ def _strict_for_data_dependent(e: BaseException, strict: Callable[[], Traced]) -
     failures only (:func:`_is_data_dependent`)."""
     try:
         return strict()
-    except Exception:  # (non-strict's error is the one reported)
+    except Exception:  # noqa: BLE001 - (non-strict's error is the one reported)
         return None
 
 
@@ -246,7 +250,6 @@ def _values_refused(target: str):
     (``x.numpy()``, ``np.asarray(x)``, ``x.tolist()``) raise CaptureError, since they
     bypass the dispatcher and the graph would hold the example's values for every
     input (torch.export turns them into symbols or fails; make_fx cannot see them)."""
-    import torch
 
     def refusing(name):
         def read(self, *args, **kwargs):
@@ -278,11 +281,6 @@ def _values_refused(target: str):
 
 def _user_frame() -> str:
     """``file:line`` of the innermost frame outside torch and this package."""
-    import os
-    import sys
-
-    import torch
-
     skip = (
         os.path.dirname(torch.__file__),
         os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
@@ -299,8 +297,6 @@ def _user_frame() -> str:
 def _data_dependent_ops(gm) -> list[str]:
     """The ops of a graph whose output sizes come from the data (``nonzero``, a boolean
     mask's ``index``, ``unique``, ...: torch tags them ``dynamic_output_shape``)."""
-    import torch
-
     out = []
     for n in gm.graph.nodes:
         if n.op != "call_function" or not isinstance(n.target, torch._ops.OpOverload):
@@ -327,7 +323,6 @@ def _refuse_frozen_decisions(flat_fn, example, target: str) -> None:
     once more on fake tensors whose data-dependent sizes are unbacked symbols (static
     shapes otherwise), as torch.export does: a decision on one raises, a size passed
     on shows as a symbol with users. Raises CaptureError in either case."""
-    import torch
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.fx.experimental.proxy_tensor import make_fx
     from torch.fx.experimental.symbolic_shapes import ShapeEnv, free_unbacked_symbols
@@ -390,7 +385,6 @@ def _is_data_dependent(e: BaseException) -> bool:
 
 @torch_warnings_shown()
 def _export(flat_fn, example, n_params, marks, paths, target, strict: bool, watching) -> Traced:
-    import torch
     from torch.export import Dim
 
     for t, dims, path in zip(example[n_params:], marks, paths):
@@ -445,11 +439,7 @@ _OWN_DIRS = None
 def _culprit(exc: BaseException) -> str:
     """``file:line: code`` of the innermost frame outside torch, this package and the
     standard library: the model or library line that broke the trace ("" if none)."""
-    global _OWN_DIRS
-    import sysconfig
-
-    import torch
-
+    global _OWN_DIRS  # noqa: PLW0603 - a process-wide cache, computed once
     if _OWN_DIRS is None:
         here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
         _OWN_DIRS = (

@@ -1,7 +1,7 @@
 """Capture one call as a flat ATen graph with a recorded calling convention.
 
 ``trace_call(fn, args, kwargs)`` traces (tracers.py: torch.export by default, make_fx
-for a training step) a flat function of tensors:
+for a training step) a flat function of tensors (flat_call.py):
 
     flat inputs  = lifted parameters and buffers of every nn.Module argument
                    (tied tensors, and tensors shared by two modules, collapsed by
@@ -25,24 +25,21 @@ Dimensions marked with ``torch._dynamo.mark_dynamic`` stay symbolic instead
 
 from __future__ import annotations
 
-import contextlib
 import re
-import sys
 from dataclasses import dataclass, field
 from typing import Any, Callable
+
+import torch
 
 from precompile_runtime.pair_format import Ambient, CallConvention, Device, TensorSpec
 
 from ..errors import CaptureError, warn_at_caller
-from ..templates import pytree_types
 from ..templates.module_settings import (
     module_setting_items,
     module_settings,
-    module_tensors,
     submodules,
 )
 from . import (
-    aliases,
     assumed_state,
     collectives,
     custom_ops,
@@ -57,7 +54,9 @@ from . import (
     tracers,
     unbacked,
 )
+from .flat_call import FlatCall, flat_function, flatten_call
 from .layouts import example_clone  # noqa: F401  (re-exported for the engines)
+from .rng_state import python_rng_states
 
 
 @dataclass
@@ -97,50 +96,6 @@ def _tensor_spec(t, requires_grad: bool) -> TensorSpec:
     }
 
 
-def _reparametrize(modules, names, tensors):
-    """One context that swaps every module's parameters/buffers for ``tensors`` (nested
-    ``with`` blocks, no ExitStack: TorchDynamo, the strict tracer, follows these). A
-    tensor registered in two module arguments is lifted once (under the first) and
-    swapped in both."""
-    import contextlib
-
-    from torch.nn.utils import stateless
-
-    lifted = {}
-    for name, t in zip(names, tensors):
-        i, _, local = name.partition(".")
-        lifted[id(_named_tensor(modules[int(i[1:])], local))] = t
-    per_module: list[dict] = []
-    for mod in modules:
-        own = {}
-        for kind in (mod.named_parameters, mod.named_buffers):
-            for local, t in kind(remove_duplicate=False):
-                if t is not None and id(t) in lifted:
-                    own[local] = lifted[id(t)]
-        per_module.append(own)
-
-    @contextlib.contextmanager
-    def nested(i):
-        if i == len(modules):
-            yield
-            return
-        # tie_weights: a tied tensor is one input, seen under every name it has
-        with (
-            stateless._reparametrize_module(modules[i], per_module[i], tie_weights=True),
-            nested(i + 1),
-        ):
-            yield
-
-    return nested(0)
-
-
-def _named_tensor(module, name: str):
-    *path, leaf = name.split(".")
-    for part in path:
-        module = getattr(module, part)
-    return module._parameters[leaf] if leaf in module._parameters else module._buffers[leaf]
-
-
 def trace_call(
     fn: Callable,
     args: tuple,
@@ -173,169 +128,163 @@ def trace_call(
             or (``guards="dynamo"``) a call Dynamo cannot trace in one graph or a guard no
             check of a pair can run (dynamo_guards.py).
     """
-    import torch
-    from torch.utils import _pytree as pytree
-
     try:
         tracer = tracers.check_tracer(tracer)
     except ValueError as e:
         raise CaptureError(str(e), target=target) from None
-    arg_names = _arg_names(fn, len(args))
-    if "transformers.cache_utils" in sys.modules:  # its StaticCache: an argument like any other
-        pytree_types.register_cache_types()
-    try:
-        leaves, in_spec, in_kinds, leaf_paths = pytree_io.flatten_inputs(args, kwargs, arg_names)
-        in_text, in_types = pytree_io.dump_spec(in_spec, "an argument")
-    except CaptureError as e:
-        raise e.for_target(target) from None
-    modules = [v for v, k in zip(leaves, in_kinds) if k[0] == "module"]
-    user_tensors = [v for v, k in zip(leaves, in_kinds) if k[0] == "tensor"]
-    paths = [p for p, k in zip(leaf_paths, in_kinds) if k[0] == "tensor"]
-    collectives.refuse_data_parallel(fn, modules, target)
-    names, params = module_tensors(modules)  # the driver's walk (module_settings.py)
-    wants_grad = [isinstance(p, torch.nn.Parameter) and p.requires_grad for p in params]
-    requires_grad = [p.requires_grad for p in params]
-    params, lifted = dtensors.lift(params)  # a sharded model's DTensors: their local shards
-    dtensors.refuse_dtensor_arguments(user_tensors, paths, target)
-    settings_before = [module_setting_items(m) for m in modules]  # as the trace sees them
-    n_params = len(params)
-    # plain references to the inputs (a cache object that holds the module's buffers)
-    held = aliases.find_aliases(modules, params + user_tensors)
+    call = flatten_call(fn, args, kwargs, target)
     out_box: dict = {}
-
-    def rebuild_args(flat_user):
-        it, mods = iter(flat_user), iter(modules)
-        values = [
-            next(mods) if k[0] == "module" else next(it) if k[0] == "tensor" else k[1]
-            for k in in_kinds
-        ]
-        return pytree.tree_unflatten(values, in_spec)
-
-    def flat_fn(*flat):
-        if torch.compiler.is_dynamo_compiling():
-            # export-strict: Dynamo (torch 2.11) refuses requires_grad_(); its graphs are
-            # forward-only (a backward inside fails there), so the inputs serve as leaves
-            leaves = list(flat[:n_params])
-        else:
-            leaves = [
-                t.detach().requires_grad_(True) if g else t
-                for t, g in zip(flat[:n_params], wants_grad)
-            ]
-        call_args, call_kwargs = rebuild_args(flat[n_params:])
-        watched = (
-            contextlib.nullcontext()
-            if torch.compiler.is_dynamo_compiling()
-            else grad_modes.watch_body(out_box, fn)
-        )  # the body's own no_grad (grad_modes.py)
-        with (
-            _reparametrize(modules, names, dtensors.wrap(leaves, lifted)),
-            aliases.repointed(held, [*leaves, *flat[n_params:]]),
-        ):
-            with watched:
-                result = fn(*call_args, **call_kwargs)
-            reassigned = graph_attrs.reassigned_buffers(modules, names, leaves, target)
-        out_box["reassigned"] = [i for i, _ in reassigned]
-        if not torch.compiler.is_dynamo_compiling():
-            out_box["changed"] = pytree_io.changed_argument(
-                call_args, call_kwargs, in_spec, flat[n_params:], in_kinds, leaf_paths, arg_names
-            )
-        res_leaves, out_box["spec"] = pytree_io.flatten_result(result)
-        dtensors.refuse_dtensor_result(res_leaves, target)
-        out_box["kinds"], outs = pytree_io.result_leaves(res_leaves, [*leaves, *flat[n_params:]])
-        # A returned view would alias an input or an intermediate buffer of the
-        # compiled graph; return a fresh tensor so every output owns its storage.
-        outs = [o.detach().clone() if o._base is not None else o.detach() for o in outs]
-        grads, grad_indices = [], []
-        for i, (leaf, g) in enumerate(zip(leaves, wants_grad)):
-            if g and leaf.grad is not None:
-                grads.append(leaf.grad)
-                grad_indices.append(i)
-        out_box["grad_indices"] = grad_indices
-        out_box["num_user_outputs"] = len(outs)
-        return (
-            *outs,
-            *grads,
-            *(
-                new.detach().clone() if new._base is not None else new.detach()
-                for _, new in reassigned
-            ),
-        )
-
+    flat_fn = flat_function(fn, call, out_box, target)
     # the caller's tensors where the trace may read them as they are; after the trace,
     # copies of those the graph may write (the real call runs next and writes them)
-    example = sharing.example_inputs(params + user_tensors)
-    marks = [dynamic_dims.marked_dims(t) for t in user_tensors]
-    if any(dynamic_dims.marked_dims(p) for p in params):
+    example = sharing.example_inputs(call.params + call.user_tensors)
+    marks = [dynamic_dims.marked_dims(t) for t in call.user_tensors]
+    if any(dynamic_dims.marked_dims(p) for p in call.params):
         warn_at_caller(
             "a parameter/buffer is marked dynamic; parameters keep their captured sizes, "
             "the mark is ignored",
             target=target,
         )
     checked, refused = None, None  # the guards Dynamo builds for the call, before the trace runs it
-    if guards == "dynamo" and not lifted and not dynamo_collect.in_process_group():
+    if guards == "dynamo" and not call.lifted and not dynamo_collect.in_process_group():
         try:
             checked = dynamo_guards.guard_checks(fn, args, kwargs, target=target)
         except CaptureError as e:  # raised once the trace passed: a tracer's refusal says more
             refused = e
-    hooks = assumed_state.hooks_record(modules)  # what the call runs, before it runs
+    hooks = assumed_state.hooks_record(call.modules)  # what the call runs, before it runs
     globals_before = assumed_state.global_values(fn, args, kwargs)
-    reads = assumed_state.Recorder(modules)  # the plain values the trace reads
-    try:
-        with unbacked.sizes_from_zero():  # a library's data-dependent sizes from 0 (unbacked.py)
-            traced = tracers.trace(
-                flat_fn,
-                example,
-                n_params=n_params,
-                marks=marks,
-                paths=paths,
-                target=target,
-                tracer=tracer,
-                ran_backward=lambda: bool(out_box.get("grad_indices")),
-                watching=reads.watching,
-                sharded=bool(lifted),
-            )
-    except CaptureError as e:
-        if e.target is not None:
-            raise
-        raise e.for_target(target) from None
+    reads = assumed_state.Recorder(call.modules)  # the plain values the trace reads
+    traced = _trace(flat_fn, example, call, marks, target, tracer, out_box, reads)
     if refused is not None:
         if not out_box.get("grad_indices"):
             raise refused
         # a training step whose forward broke Dynamo's graph first (a library's logging
         # call): Dynamo's one graph would hold no backward anyway, as above
         dynamo_guards.warn_recorder_only_for_backward(target)
+    return _traced_call(
+        fn,
+        args,
+        kwargs,
+        target,
+        call,
+        traced,
+        example,
+        out_box,
+        checked,
+        (reads, hooks, globals_before),
+    )
+
+
+def _trace(flat_fn, example, call: FlatCall, marks, target, tracer, out_box: dict, reads):
+    """tracers.trace of ``flat_fn`` on ``example`` (a library's data-dependent sizes
+    from 0: unbacked.py); its CaptureError named for ``target``."""
+    try:
+        with unbacked.sizes_from_zero():  # a library's data-dependent sizes from 0 (unbacked.py)
+            return tracers.trace(
+                flat_fn,
+                example,
+                n_params=call.n_params,
+                marks=marks,
+                paths=call.paths,
+                target=target,
+                tracer=tracer,
+                ran_backward=lambda: bool(out_box.get("grad_indices")),
+                watching=reads.watching,
+                sharded=bool(call.lifted),
+            )
+    except CaptureError as e:
+        if e.target is not None:
+            raise
+        raise e.for_target(target) from None
+
+
+def _traced_call(
+    fn, args, kwargs, target, call: FlatCall, traced, example, out_box, checked, assumed
+) -> TracedCall:
+    """The :class:`TracedCall` of a finished trace: its checks of what the call
+    changed and returned, then the calling convention the pair records. ``assumed``:
+    assumed_state's ``(reads, hooks, globals_before)``."""
     gm, symbolic = traced.graph_module, traced.symbolic
     if out_box.get("changed"):
         raise CaptureError(out_box["changed"], target=target)
     labels = [
-        p for p, k in zip(leaf_paths, in_kinds) if k[0] == "module"
+        p for p, k in zip(call.leaf_paths, call.in_kinds) if k[0] == "module"
     ]  # (m<i>.path -> model.path)
-    tensor_labels = [_tensor_label(n, labels) for n in names]
-    dtensors.refuse_backward(out_box["grad_indices"], lifted, tensor_labels, target)
+    tensor_labels = [_tensor_label(n, labels) for n in call.names]
+    dtensors.refuse_backward(out_box["grad_indices"], call.lifted, tensor_labels, target)
     try:
         out_text, out_types = pytree_io.dump_spec(out_box["spec"], "the result")
     except CaptureError as e:
         raise e.for_target(target) from None
-    example = sharing.own_written(example, params + user_tensors, sharing.written_inputs(gm))
-    constants = graph_attrs.check_graph_attrs(gm, target, roots=(fn, *modules), symbolic=symbolic)
+    sources = call.params + call.user_tensors
+    example = sharing.own_written(example, sources, sharing.written_inputs(gm))
+    constants = graph_attrs.check_graph_attrs(
+        gm, target, roots=(fn, *call.modules), symbolic=symbolic
+    )
+    metadata = _call_convention(
+        fn,
+        args,
+        kwargs,
+        target,
+        call,
+        traced,
+        example,
+        out_box,
+        (out_text, out_types),
+        constants,
+        assumed,
+    )
+    if checked is not None:  # less the values the function itself changed
+        metadata["guards"] = dynamo_guards.kept_after(checked, fn, args, kwargs)
+    return TracedCall(
+        graph_module=gm,
+        example_inputs=example + constants,
+        metadata=metadata,
+        symbolic=symbolic,
+        sources=sources,
+        tensor_labels=tensor_labels,
+        outline=pytree_io.outline(
+            out_box["spec"],
+            [type(k[1]).__name__ if k[0] == "const" else "Tensor" for k in out_box["kinds"]],
+        ),
+    )
 
+
+def _call_convention(
+    fn,
+    args,
+    kwargs,
+    target,
+    call: FlatCall,
+    traced,
+    example,
+    out_box,
+    out_spec,
+    constants,
+    assumed,
+) -> CallConvention:
+    """The calling convention a pair records (the engine adds engine and kernels:
+    codegen.pair_metadata). ``out_spec``: the result's spec text and types."""
+    gm, modules, n_params = traced.graph_module, call.modules, call.n_params
+    (out_text, out_types), (reads, hooks, globals_before) = out_spec, assumed
+    sources = call.params + call.user_tensors
     # public attributes the trace changed (a counter in forward) are state, not settings
-    state = [_changed(b, module_setting_items(m)) for b, m in zip(settings_before, modules)]
-    metadata: CallConvention = {  # the engine adds engine and kernels (codegen.pair_metadata)
+    state = [_changed(b, module_setting_items(m)) for b, m in zip(call.settings_before, modules)]
+    return {
         "target": target,
         "inputs": {
-            "spec": in_text,
-            "leaves": in_kinds,
-            "types": in_types,
+            "spec": call.in_text,
+            "leaves": call.in_kinds,
+            "types": call.in_types,
             "num_args": len(args),
             "kwarg_names": list(kwargs),  # the driver's fast path: each argument a leaf
             "positional_leaves": not kwargs
             and all(isinstance(a, (torch.Tensor, torch.nn.Module)) for a in args),
         },
-        "param_names": names,
-        "params": [_tensor_spec(t, g) for t, g in zip(example, requires_grad)],
+        "param_names": call.names,
+        "params": [_tensor_spec(t, g) for t, g in zip(example, call.requires_grad)],
         "tensor_inputs": [
-            _tensor_spec(t, u.requires_grad) for t, u in zip(example[n_params:], user_tensors)
+            _tensor_spec(t, u.requires_grad) for t, u in zip(example[n_params:], call.user_tensors)
         ],
         "outputs": {
             "spec": out_text,
@@ -345,35 +294,23 @@ def trace_call(
         },
         "num_user_outputs": out_box["num_user_outputs"],
         "grad_param_indices": out_box["grad_indices"],
-        "device": _device_of(params + user_tensors),
+        "device": _device_of(sources),
         "training": [[bool(s.training) for s in submodules(m)] for m in modules],
         "module_settings": [module_settings(m, s) for m, s in zip(modules, state)],
         "module_state": [sorted(s) for s in state],  # attributes the function changes
-        "arg_names": arg_names,
+        "arg_names": call.arg_names,
         "mutated_inputs": _mutated_inputs(gm),
         "tracer": traced.tracer,
-        "collectives": collectives.canonical_groups(gm, target, meshes=[d.mesh for d in lifted]),
+        "collectives": collectives.canonical_groups(
+            gm, target, meshes=[d.mesh for d in call.lifted]
+        ),
         "op_libraries": custom_ops.op_libraries(gm),  # custom ops' modules, imported at load
-        "dtensors": [d.record() for d in lifted],  # mesh and placements per sharded parameter
+        "dtensors": [d.record() for d in call.lifted],  # mesh and placements per sharded parameter
         "constants": graph_attrs.constant_specs(constants),  # trace-made: passed after the inputs
         "reassigned_buffers": out_box["reassigned"],  # outputs after the gradients
-        "ambient": _ambient_state(_device_of(params + user_tensors), gm, out_box),
+        "ambient": _ambient_state(_device_of(sources), gm, out_box),
         "assumed": assumed_state.metadata(reads, hooks, globals_before, fn, args, kwargs),
     }
-    if checked is not None:  # less the values the function itself changed
-        metadata["guards"] = dynamo_guards.kept_after(checked, fn, args, kwargs)
-    return TracedCall(
-        graph_module=gm,
-        example_inputs=example + constants,
-        metadata=metadata,
-        symbolic=symbolic,
-        sources=params + user_tensors,
-        tensor_labels=tensor_labels,
-        outline=pytree_io.outline(
-            out_box["spec"],
-            [type(k[1]).__name__ if k[0] == "const" else "Tensor" for k in out_box["kinds"]],
-        ),
-    )
 
 
 def run_real_call(traced: TracedCall, real_call: Callable[[], Any]) -> dict:
@@ -393,8 +330,6 @@ def run_real_call(traced: TracedCall, real_call: Callable[[], Any]) -> dict:
     Raises:
         whatever the call raises.
     """
-    from .rng_state import python_rng_states
-
     sources = traced.sources or []
     grad_at = traced.metadata["grad_param_indices"]
     before = {
@@ -437,8 +372,6 @@ def run_real_call(traced: TracedCall, real_call: Callable[[], Any]) -> dict:
 
 def _mutated_inputs(gm) -> list[int]:
     """Positions of the flat inputs the graph writes to (buffers, in-place arguments)."""
-    import torch
-
     inputs = [n for n in gm.graph.nodes if n.op == "placeholder"]
     written = set()
     for n in gm.graph.nodes:
@@ -457,8 +390,6 @@ def _ambient_state(device: str, gm, body: dict) -> Ambient:
     global-state guard does), grad mode and deterministic algorithms (``body``: what
     :func:`grad_modes.watch_body` saw the function's body do; grad_modes.py). The driver
     compares them on every call."""
-    import torch
-
     autocast = {}
     if torch.is_autocast_enabled(device):
         autocast[device] = str(torch.get_autocast_dtype(device))
@@ -475,8 +406,6 @@ def _ambient_state(device: str, gm, body: dict) -> Ambient:
 
 def _uses_default_dtype(gm) -> bool:
     """A factory op of the graph (no tensor argument) was called without a dtype."""
-    import torch
-
     for n in gm.graph.nodes:
         if n.op != "call_function" or not isinstance(n.target, torch._ops.OpOverload):
             continue
@@ -507,18 +436,6 @@ def _tensor_label(name: str, labels: list[str]) -> str:
         return name
     whole = re.fullmatch(r"argument '([^']+)'", labels[i])  # (pytree_io.arg_paths' text)
     return f"{whole.group(1)}.{rest}" if whole else f"{rest} of {labels[i]}"
-
-
-def _arg_names(fn, n: int) -> list[str]:
-    """Names of fn's first ``n`` positional parameters, for messages (may be empty)."""
-    import inspect
-
-    try:
-        params = list(inspect.signature(fn).parameters.values())
-    except (TypeError, ValueError):
-        return []
-    names = [p.name for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
-    return names[:n] if len(names) >= n else []
 
 
 def _device_of(tensors) -> Device:

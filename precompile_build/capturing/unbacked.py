@@ -41,14 +41,15 @@ graphs, whose replays have the recorded sizes, are refused for it (driver.py).
 from __future__ import annotations
 
 import contextlib
+import sys
 from typing import Any
+
+import torch
 
 from precompile_runtime.pair_format import DataDependent
 
 
 def _graphs(graph_module) -> list:
-    import torch
-
     return [m for m in graph_module.modules() if isinstance(m, torch.fx.GraphModule)]
 
 
@@ -98,10 +99,6 @@ def explicit_slice_bounds(graph_module) -> int:
 
     Returns: the number of slices changed (the graph is recompiled when it is not 0).
     """
-    import sys
-
-    import torch
-
     slice_op = torch.ops.aten.slice.Tensor
     defaults = {2: 0, 3: sys.maxsize, 4: 1}  # (self, dim, start, end, step)
     changed = 0
@@ -134,8 +131,6 @@ def show_fake_mode(graph_module) -> None:
     ``standalone_compile(dynamic_shapes="from_graph")`` finds the graph's fake mode on
     the output nodes' ``example_value`` (Dynamo's key); torch.export and make_fx write
     ``val``. Without it, it compiles in a new fake mode (with a new ShapeEnv)."""
-    import torch
-
     output = [n for n in graph_module.graph.nodes if n.op == "output"][-1]
     for node in output.args[0]:
         if isinstance(node, torch.fx.Node) and "val" in node.meta:
@@ -143,8 +138,6 @@ def show_fake_mode(graph_module) -> None:
 
 
 def _size_text(size) -> Any:
-    import torch
-
     if isinstance(size, torch.SymInt):
         return str(size.node.expr)
     return int(size)

@@ -31,9 +31,14 @@ import re
 import textwrap
 from pathlib import Path
 
+import torch
+
+from precompile_runtime import _arch_rules
 from precompile_runtime.pair_format import FORMAT as SOURCE_FORMAT
 from precompile_runtime.pair_format import VERSION as SOURCE_VERSION
 from precompile_runtime.pair_format import CallConvention, Kernel, PairMetadata, SourceEngine
+
+from ..templates.guard_values import guard_condition
 
 _TEMPLATES = Path(__file__).parent.parent / "templates"
 # A template's imports of the names other blocks define (source_names.py), for linters
@@ -50,8 +55,6 @@ def triton_launcher_code() -> str:
     """The source half's frozen Triton kernels: the runtime's rules for which binary a
     device runs (precompile_runtime/_arch_rules.py, the same file arch_select builds
     on, so the two cannot disagree) and the launcher (triton_launcher.py)."""
-    from precompile_runtime import _arch_rules
-
     rules = Path(_arch_rules.__file__).read_text(encoding="utf-8")
     return rules.rstrip("\n") + "\n\n\n" + _template("triton_launcher.py")
 
@@ -66,8 +69,6 @@ def _forward_code(graph_module) -> str:
 def _subgraph_attrs(graph_module, prefix: str, classes: list[str]) -> list[str]:
     """``name = _Graph_x()`` lines for each subgraph child of ``graph_module`` (the
     branches of torch.cond, ...), appending each child's class to ``classes``."""
-    import torch
-
     lines = []
     for name, child in graph_module.named_children():
         if isinstance(child, torch.fx.GraphModule):
@@ -192,8 +193,6 @@ def guards_code(guards: dict | None) -> str:
     ``_guard_bind`` binds a call's arguments to
     the parameters' names (for the message of a failed check). A check that starts
     from a module this process cannot import holds (templates/guard_values.py)."""
-    from ..templates.guard_values import guard_condition
-
     params = (guards or {}).get("params")
     params = params if params is not None else "*args, **kwargs"
     checks = (guards or {}).get("checks") or []

@@ -9,10 +9,14 @@ from __future__ import annotations
 
 import hashlib
 
+import torch
+
 from precompile_runtime.envelope import Envelope, dumps
+from precompile_runtime.fingerprint import host_fingerprint
 
 from ..capturing import sharing
 from ..capturing.tracing import TracedCall, run_real_call, trace_call
+from ..validation import numerics
 from . import codegen
 
 JUDGES_EAGER_CALL = True  # api.py hands capture_pair the real call (real_call=)
@@ -50,8 +54,6 @@ def capture_pair(
             graph computes something else than the real call (a branch eager took and
             the trace did not).
     """
-    from precompile_runtime.fingerprint import host_fingerprint
-
     if traced is None:
         traced = trace_call(
             fn,
@@ -87,10 +89,6 @@ def _judge_by_eager_call(traced: TracedCall, real: dict, target: str, options: d
     numerics.eager_check_skipped); the comparison is this engine's own: the graph and
     the call run the same ATen ops, so rounding is all that may differ (the frozen
     engine judges its kernels against an fp64 reference instead)."""
-    import torch
-
-    from ..validation import numerics
-
     mode = numerics.eager_check_mode(options, target)
     if mode == "off" or numerics.eager_check_skipped(traced.graph_module, real):
         return

@@ -31,6 +31,8 @@ import types
 from dataclasses import dataclass
 from typing import Any
 
+import torch
+
 from ..errors import CaptureError
 
 _COMPILER = ("torch._inductor", "torch._dynamo")
@@ -65,8 +67,6 @@ def bind(name: str, impl: Any) -> Binding:
             outside the compiler stack, or a plain Python function whose only module
             global is ``torch`` (its message says which).
     """
-    import torch
-
     if impl is None:
         raise Unbindable("Inductor has no extern kernel of that name")
     if isinstance(impl, (torch._ops.OpOverload, torch._ops.OpOverloadPacket)):
@@ -139,8 +139,6 @@ def _describe(impl: Any) -> str:
 
 def _torch_path(impl: Any) -> str | None:
     """``torch.X`` (or ``torch.nn.functional.X``...) when that is ``impl`` itself."""
-    import torch
-
     name = getattr(impl, "__name__", None)
     if not isinstance(name, str) or not name.isidentifier():
         return None
@@ -158,8 +156,6 @@ def _operator(op: Any) -> str:
     process has it: by torch's C++ library or by a module outside the compiler stack
     (the registration's file, from the dispatcher's record of it).
     Raises Unbindable for one that torch._inductor / torch._dynamo register."""
-    import torch
-
     qualified = (
         op._qualified_op_name if hasattr(op, "_qualified_op_name") else op.name().split(".")[0]
     )
@@ -187,8 +183,6 @@ def _copied_function(fn: types.FunctionType, new_name: str) -> str:
     """``fn``'s source as ``def new_name(...)``: no docstring, no annotations, no
     decorators. Raises Unbindable unless the function reads no module global but
     ``torch`` (the torch module itself), has no closure and literal defaults."""
-    import torch
-
     where = _describe(fn)
     if fn.__closure__:
         raise Unbindable(f"{where} is a closure")

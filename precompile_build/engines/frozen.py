@@ -25,18 +25,31 @@ from __future__ import annotations
 import ast
 import contextlib
 import hashlib
+import platform
 import re
+from typing import Callable
+
+import torch
 
 from precompile_runtime.envelope import Envelope, dumps
+from precompile_runtime.fingerprint import ISA_REQUIRES, cpu_flags, host_fingerprint
 from precompile_runtime.pair_format import Kernel
 
 from ..capturing import dynamic_dims, sharing, unbacked
 from ..capturing.tracing import TracedCall, run_real_call, trace_call
+from ..config.choices import MODES
 from ..errors import CaptureError, CompilerFailed, torch_warnings_shown
-from ..process.stats import record_tuning, timed
+from ..process.stats import cuda_peaks, record_tuning, timed
 from ..process.world import fake_reason
 from ..validation.validate import validate
 from . import autotune, codegen, cross_arch, extern_calls
+from .kernel_size import strip_kernel
+from .triton_freeze import (
+    freeze_triton_kernel,
+    has_user_kernels,
+    start_compile_workers,
+)
+from .triton_freeze import recording as freeze_recording  # cubins + launch code per kernel
 
 # Names Inductor's wrapper imports from the compiler stack, and what replaces them.
 _SHIMS = {
@@ -74,16 +87,12 @@ def capture_pair(
             frozen wrapper's results differ from the captured graph's (judged against
             an fp64 reference, see numerics.py) or from the eager call's beyond rounding.
     """
-    from ..process.stats import cuda_peaks
-
     with cuda_peaks(device):  # the GPU peaks, per step too, for the build's report
         return _capture(fn, args, kwargs, target, device, options, real_call)
 
 
 def _capture(fn, args, kwargs, target: str, device: str, options: dict, real_call):
     if device == "cuda" and not cross_arch.requested(options, target):
-        from .triton_freeze import start_compile_workers
-
         start_compile_workers()  # Inductor's compile workers start while the call is traced
     with timed("trace"):
         traced = trace_call(
@@ -132,26 +141,13 @@ def _capture(fn, args, kwargs, target: str, device: str, options: dict, real_cal
 
 
 def _compile(traced: TracedCall, target: str, options: dict, real: dict | None = None):
-    import torch
+    """Inductor's compile of the traced graph, its kernels frozen into blobs and the
+    source half rendered and validated: ``(source, blobs, fingerprint)``.
+    CompilerFailed where Inductor fails (``fallback = "eager"`` applies)."""
     from torch._inductor.codecache import PyCodeCache
 
-    from precompile_runtime.fingerprint import host_fingerprint
-
     before = {id(m) for m in PyCodeCache.modules}
-    # `cuda-archs`: keep what compiling the kernels again for other GPUs needs (its
-    # hooks must see every triton.compile: kernels compile in this process then)
-    cross = traced.metadata["device"] == "cuda" and bool(cross_arch.requested(options, target))
-    keep = cross_arch.recording if cross else contextlib.nullcontext
-    if traced.metadata["device"] == "cuda":
-        from .triton_freeze import has_user_kernels
-        from .triton_freeze import recording as freeze_recording  # cubins + launch code per kernel
-
-        in_process = cross or has_user_kernels(traced.graph_module)
-
-        def recording():
-            return freeze_recording(in_process=in_process)
-    else:
-        recording = contextlib.nullcontext
+    recording, keep = _recording(traced, options, target)
     # dynamic dims: compile against the trace's ShapeEnv and fake inputs, so that
     # Inductor compiles for exactly the marked symbols (real inputs would be
     # refakeified with every dim a new symbol); sizes the data decides (unbacked.py):
@@ -171,6 +167,39 @@ def _compile(traced: TracedCall, target: str, options: dict, real: dict | None =
     # `mode = "max-autotune"` is torch.compile's mode of that name without Inductor's own
     # CUDA graphs (the target's `cuda-graphs` are the frozen engine's), under the user's settings
     user = {**mode_options(options.get("mode"), target), **(options.get("inductor") or {})}
+    tuned = _run_inductor(traced, target, user, inputs, from_graph, (recording, keep, pin_march))
+    record_tuning(tuned)  # its seconds, and the choices replaced, for the build line
+    traced.finish_dynamic(target)  # after the compile: Inductor's guards count too
+    module = _new_wrapper(before, target)
+    return _frozen_source(traced, module, target, options, real, cpu_isa, data_dependent)
+
+
+def _recording(traced: TracedCall, options: dict, target: str) -> tuple[Callable, Callable]:
+    """The two contexts the compile runs in on CUDA: triton_freeze's recording of
+    cubins and launch code per kernel, and (`cuda-archs`) cross_arch's of what
+    compiling the kernels again for other GPUs needs (its hooks must see every
+    triton.compile: kernels compile in this process then). Elsewhere neither."""
+    cross = traced.metadata["device"] == "cuda" and bool(cross_arch.requested(options, target))
+    keep = cross_arch.recording if cross else contextlib.nullcontext
+    if traced.metadata["device"] != "cuda":
+        return contextlib.nullcontext, keep
+    in_process = cross or has_user_kernels(traced.graph_module)
+
+    def recording():
+        return freeze_recording(in_process=in_process)
+
+    return recording, keep
+
+
+def _run_inductor(
+    traced: TracedCall, target: str, user: dict, inputs, from_graph: bool, contexts: tuple
+):
+    """Inductor's standalone_compile of the graph on ``inputs``, then its first run.
+    Returns autotune.tuning()'s report; CompilerFailed when either raises.
+    ``contexts``: the two recording contexts' factories (:func:`_recording`) and the
+    CPU's pinned -march, entered in that order."""
+    recording, keep, pin_march = contexts
+    dynamic = traced.symbolic is not None
     try:
         # the user's Inductor settings are config names (capture_options.py checks them and
         # refuses the ones pinned here): patched around the compile and the first run (its
@@ -222,8 +251,14 @@ def _compile(traced: TracedCall, target: str, options: dict, real: dict | None =
             f"[tool.precompile.targets.{target}] table to fall back when this happens",
             target=target,
         ) from e
-    record_tuning(tuned)  # its seconds, and the choices replaced, for the build line
-    traced.finish_dynamic(target)  # after the compile: Inductor's guards count too
+    return tuned
+
+
+def _new_wrapper(before: set[int], target: str):
+    """The graph's wrapper module, the one Inductor loaded last of those not in
+    ``before`` (PyCodeCache's modules before the compile); CompilerFailed if none."""
+    from torch._inductor.codecache import PyCodeCache
+
     # the graph's wrapper is the module Inductor loads last: max-autotune's subgraph
     # choices compile benchmark graphs of their own (codegen/subgraph.py) while the
     # graph is lowered, before its wrapper is generated, and where Inductor does not drop
@@ -237,7 +272,21 @@ def _compile(traced: TracedCall, target: str, options: dict, real: dict | None =
             f"[tool.precompile.targets.{target}] table",
             target=target,
         )
-    module = wrappers[-1]
+    return wrappers[-1]
+
+
+def _frozen_source(
+    traced: TracedCall,
+    module,
+    target: str,
+    options: dict,
+    real: dict | None,
+    cpu_isa,
+    data_dependent,
+):
+    """The wrapper ``module``'s kernels frozen into blobs, its code rewritten to load
+    them, the source half rendered with the validation's numbers in its metadata:
+    ``(source_bytes, blobs, fingerprint)``."""
     with open(str(module.__file__), encoding="utf-8") as f:
         wrapper_src = f.read()
     defined = [n for n in map(_kernel_definition, ast.parse(wrapper_src).body) if n]
@@ -289,8 +338,6 @@ def mode_options(mode: str | None, target: str | None = None) -> dict:
     Raises:
         CaptureError: another value (capture() refuses it before the call runs).
     """
-    from ..config.choices import MODES
-
     if mode in (None, "default"):
         return {}
     if mode not in MODES:
@@ -323,8 +370,6 @@ def _standalone_options(graph_module, device: str, user: dict) -> dict:
     Returns:
         ``{"config_patches": {...}}``, or ``{}``.
     """
-    import torch
-
     name = "triton.autotune_at_compile_time"
     if name in user:
         return {"config_patches": {name: user[name]}}
@@ -339,8 +384,6 @@ def _standalone_options(graph_module, device: str, user: dict) -> dict:
 
 def _branches(graph_module) -> bool:
     """Whether the graph, or a subgraph of it, calls ``torch.cond`` or ``while_loop``."""
-    import torch
-
     ops = {
         op
         for op in (getattr(torch.ops.higher_order, n, None) for n in ("cond", "while_loop"))
@@ -390,11 +433,7 @@ def _cpu_target():
         kernels are compiled for the build host's CPU (``-march=native``): then every
         vector extension flag of this CPU is required.
     """
-    import platform
-
     from torch._inductor import config, cpu_vec_isa
-
-    from precompile_runtime.fingerprint import ISA_REQUIRES, cpu_flags
 
     isa = cpu_vec_isa.pick_vec_isa()
     words = str(isa).split() or ["none"]
@@ -422,8 +461,6 @@ def _freeze_kernels(module, names: list[str], target: str) -> tuple[list[Kernel]
     """Read the binary of each kernel the wrapper defines (``names``: the targets of
     its ``async_compile.*`` assignments, now bound to loaded kernels); CPU kernels
     are stored stripped (:func:`precompile_build.engines.kernel_size.strip_kernel`)."""
-    from .kernel_size import strip_kernel
-
     kernels: list[Kernel] = []
     blobs: dict[str, bytes] = {}
     for name in sorted(names):
@@ -441,8 +478,6 @@ def _freeze_kernels(module, names: list[str], target: str) -> tuple[list[Kernel]
             "TritonTemplateCaller",
             "StaticallyLaunchedCudaKernel",
         ) or hasattr(value, "launchers"):
-            from .triton_freeze import freeze_triton_kernel
-
             entry, files = freeze_triton_kernel(name, value, target)
             kernels.append(entry)
             blobs.update(files)

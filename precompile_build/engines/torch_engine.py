@@ -362,7 +362,7 @@ def _cpu_isa() -> str | None:
         import torch.backends.cpu
 
         isa = str(torch.backends.cpu.get_cpu_capability()).strip().lower()
-    except Exception:
+    except Exception:  # noqa: BLE001 - a torch without the query: no ISA recorded
         return None
     return None if isa in ("", "default", "none") else isa
 

@@ -29,9 +29,12 @@ import builtins
 import contextlib
 import hashlib
 import logging
+import os
 import threading
 from collections.abc import Iterator
 from typing import Any
+
+import torch
 
 from precompile_runtime.pair_format import Kernel
 
@@ -127,7 +130,7 @@ def recording(in_process: bool = False) -> Iterator[None]:
             launchers (and so what is frozen) are still made here, from the workers'
             compile results.
     """
-    global _depth
+    global _depth  # noqa: PLW0603 - the patch's nesting depth, process-wide under _lock
     import torch._inductor.config as config
     from torch._inductor.runtime import triton_heuristics as th
 
@@ -219,8 +222,6 @@ def _clones_fit(autotuner, args, kwargs) -> bool:
     a slower config can win (docs/internals.md, "Frozen CUDA kernels", has the case).
     A capture can afford one clone at a time.
     """
-    import torch
-
     names = getattr(autotuner, "mutated_arg_names", None) or ()
     mutated = [a for n, a in zip(autotuner.fn.arg_names, args) if n in names]
     mutated += [a for n, a in kwargs.items() if n in names]
@@ -250,8 +251,6 @@ _bypass_handler = _BypassHandler(logging.INFO)
 
 def _triton_cache_cubin(result, kernel, launcher) -> bytes | None:
     """Fallback: the cubin Triton wrote to its cache (``launcher.cache_hash``)."""
-    import os
-
     cache_hash = getattr(launcher, "cache_hash", None)
     if not cache_hash:
         return None
@@ -303,8 +302,6 @@ def freeze_triton_kernel(name: str, autotuner: Any, target: str) -> tuple[Kernel
             Triton's own launcher), autotuning did not settle, or the launcher was
             not recorded.
     """
-    import torch
-
     where = f"Triton kernel {name!r}"
     if torch.version.hip:
         raise CaptureError(

@@ -138,7 +138,7 @@ def _dist_location(dist: Any) -> Optional[str]:
     """The folder a distribution's metadata lies in (the sys.path entry), or None."""
     try:
         return os.path.realpath(str(dist.locate_file("")))
-    except Exception:  # a distribution of an odd finder: no location
+    except Exception:  # noqa: BLE001 - a distribution of an odd finder: no location
         return None
 
 
@@ -179,7 +179,7 @@ def record(
         top = name.partition(".")[0]
         try:
             path = getattr(module, "__file__", None)
-        except Exception:  # a lazy module that fails on attribute access: no file
+        except Exception:  # noqa: BLE001 - a lazy module that fails on attribute access: no file
             path = None
         real = os.path.realpath(path) if isinstance(path, str) else None
         in_project = real is not None and _under(real, root) and not real.startswith(skipped)
@@ -236,7 +236,7 @@ def _not_inputs() -> tuple[str, ...]:
             if utils is not None
             else os.environ.get("TORCHINDUCTOR_CACHE_DIR", "")
         )
-    except Exception:  # no cache dir: nothing of Inductor's was loaded from one
+    except Exception:  # noqa: BLE001 - no cache dir: nothing of Inductor's was loaded from one
         pass
     dirs += [
         os.environ.get("TRITON_CACHE_DIR", ""),
@@ -269,7 +269,7 @@ def _editable(dist: Any) -> bool:
     uv write for ``pip install -e``: ``{"dir_info": {"editable": true}}``)."""
     try:
         info = json.loads(dist.read_text("direct_url.json") or "null")
-    except Exception:  # unreadable or not JSON: an ordinary install
+    except Exception:  # noqa: BLE001 - unreadable or not JSON: an ordinary install
         return False
     return (
         isinstance(info, dict)
@@ -325,7 +325,7 @@ def write_record(*, environment: bool = False) -> None:
     try:
         doc = environment_record() if environment else record()
         Path(path).write_text(json.dumps(doc, sort_keys=True), encoding="utf-8")
-    except Exception:  # an odd module or distribution: the whole environment instead
+    except Exception:  # noqa: BLE001 - an odd module or distribution: the whole environment instead
         pass
 
 

@@ -118,7 +118,7 @@ def capture_began() -> None:
     begins; only the first capture of the script's own process records (not a rank or
     worker it started). Nothing outside a build (no variable, or not ``"<time> <pid>"``),
     nor when the clock went back (a negative setup)."""
-    global _began
+    global _began  # noqa: PLW0603 - once per process: only its first capture records (tests reset it)
     if _began:
         return
     _began = True
@@ -185,7 +185,7 @@ def cuda_peaks(device: str) -> Iterator[dict]:
     during the :func:`timed` step ``eager_call``, when there was one) and ``steps``
     (``{step: peak bytes}`` of the :func:`timed` steps inside), which are also
     :func:`record`-ed. Resets torch.cuda's peak memory statistics."""
-    global _gpu
+    global _gpu  # noqa: PLW0603 - the capture's peaks, one per process, for timed() to read
     box: dict[str, Any] = {}
     if device != "cuda" or _gpu is not None:
         yield box

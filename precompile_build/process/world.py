@@ -99,7 +99,7 @@ def backend_name() -> Optional[str]:
         if name == "undefined":  # one backend per device type
             name = str(dist.get_backend_config())
         return name
-    except Exception:  # pragma: no cover - a backend without a name
+    except Exception:  # noqa: BLE001 - a backend without a name  # pragma: no cover
         return None
 
 

@@ -42,7 +42,7 @@ def _record() -> None:
         from precompile_build.process.imported import write_record
 
         write_record(environment=True)
-    except Exception:  # the build keys the entry on its own view of the environment
+    except Exception:  # noqa: BLE001 - the build keys the entry on its own view of the environment
         pass
 
 

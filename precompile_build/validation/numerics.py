@@ -39,7 +39,11 @@ import math
 from dataclasses import dataclass
 from typing import Any, Optional
 
+import torch
+
 from ..config.capture_options import EAGER_CHECKS, option_problem  # noqa: F401 - the engines' checks, re-exported
+from ..errors import CaptureError, warn_at_caller
+from ..process.world import fake_reason
 
 # torch's same() first accepts values elementwise close to eager (its default tol)
 ELEMENTWISE_TOL = 1e-4
@@ -192,8 +196,6 @@ def multiple_for(dtype, numel: int, shape: tuple[int, ...] | None = None) -> flo
     known, ``shape``: :data:`MULTIPLE_LOW_PRECISION` for bf16/fp16,
     :data:`MULTIPLE_SMALL` for fewer than :data:`SMALL_NUMEL` elements or a 4-D value
     whose last two dims are 1 (``same()``'s 1x1 rule), else :data:`MULTIPLE`."""
-    import torch
-
     if dtype in (torch.bfloat16, torch.float16):
         return MULTIPLE_LOW_PRECISION
     one_by_one = shape is not None and len(shape) == 4 and shape[-1] == shape[-2] == 1
@@ -206,14 +208,10 @@ def floor_for(dtype, training: bool) -> float:
     at least ``dtype``'s unit roundoff (half its machine epsilon). torch adds it to
     absolute RMS errors; here errors are relative to the values' RMS, so for values
     of RMS below 1 this floor is the stricter one."""
-    import torch
-
     return max(torch.finfo(dtype).eps / 2, (TOL_TRAINING if training else TOL_INFERENCE) / 10)
 
 
 def _error(x, ref, mask, denom) -> float:
-    import torch
-
     if not x.is_floating_point():
         return float((x != ref).double().mean()) if x.numel() else 0.0
     if mask is not None and not bool(mask.all()):
@@ -243,8 +241,6 @@ def judge(eager, frozen, ref, *, training: bool = False) -> Verdict:
     Raises:
         nothing of its own (a tensor op's error only for inputs that are no tensors).
     """
-    import torch
-
     if frozen.shape != eager.shape or frozen.dtype != eager.dtype:
         return Verdict(
             0.0,
@@ -340,8 +336,6 @@ def _stats(a, b, ref) -> dict:
     ``b_err_sq`` (of ``a - ref``, ``b - ref``), ``ref_absmax``, ``max_abs`` (largest
     ``|b - a|`` where ``b`` is finite too) and ``new_bad`` (elements finite in ``a``
     but not in ``b``; where there are, ``b_err_sq`` is not meaningful)."""
-    import torch
-
     out = dict.fromkeys(("ref_sq", "a_sq", "a_err_sq", "b_err_sq", "ref_absmax", "max_abs"), 0.0)
     out["n"] = out["new_bad"] = 0
     f64 = torch.float64
@@ -368,8 +362,6 @@ def _stats(a, b, ref) -> dict:
 
 def _allclose(a, b) -> bool:
     """``torch.allclose(a, b)`` at :data:`ELEMENTWISE_TOL`, NaNs equal, piece by piece."""
-    import torch
-
     return all(
         bool(torch.allclose(pa, pb, atol=ELEMENTWISE_TOL, rtol=ELEMENTWISE_TOL, equal_nan=True))
         for pa, pb in _pieces(a, b)
@@ -379,8 +371,6 @@ def _allclose(a, b) -> bool:
 def eager_check_mode(options: dict, target: str) -> str:
     """``options["eager_check"]`` (default ``"refuse"``), validated: one of
     :data:`EAGER_CHECKS`. Raises CaptureError naming the target and the values."""
-    from ..errors import CaptureError
-
     problem = option_problem(options, "eager_check")
     if problem:
         raise CaptureError(f"{problem}", target=target)
@@ -397,8 +387,6 @@ def eager_check_skipped(gm, real: dict) -> Optional[str]:
         return "the function draws random numbers"
     if real.get("python_rng"):  # the capture warns that the value is frozen (PythonStateWarning)
         return "the function draws from Python's random state"
-    from ..process.world import fake_reason
-
     return fake_reason()  # collectives of the fake process group return no data
 
 
@@ -407,8 +395,6 @@ def warn_or_refuse(text: str, mode: str, target: str) -> None:
     (:func:`eager_check_mode`): ``"warn"`` warns at the user's line that the pair is
     written anyway; otherwise raises CaptureError saying nothing is written and how to
     keep the graph's result."""
-    from ..errors import CaptureError, warn_at_caller
-
     if mode == "warn":
         warn_at_caller(
             text + "; written anyway (options={'eager_check': 'refuse'} refuses)", target=target
@@ -448,8 +434,6 @@ def judge_against_eager_call(
     eager_error + floor`` and the eager call's own error is about eager_error);
     ``elementwise_close``: every element within ELEMENTWISE_TOL (absolute and
     relative) of the eager call's, which the caller accepts whatever the RMS says."""
-    import torch
-
     if real.shape != frozen.shape or real.dtype != frozen.dtype:
         return math.inf, 0.0, math.inf, False
     ref = ref.to(real.device)

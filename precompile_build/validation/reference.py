@@ -34,6 +34,12 @@ import operator
 import weakref
 from typing import Any
 
+import torch
+from torch.utils._pytree import tree_leaves, tree_map
+
+from ..capturing.layouts import memory_layout
+from ..capturing.sharing import written_inputs
+
 BLOCK_BYTES = 256 << 20
 """The largest wide copy of one matrix product's weight the reference makes at once:
 larger ones are widened and multiplied by blocks of output columns."""
@@ -43,36 +49,26 @@ def _gather_table(target):
     """The position of the table an op copies elements of (``embedding``,
     ``index_select``), else None: a wide run gathers from the narrow table and widens
     the result, the same values."""
-    import torch
-
     aten = torch.ops.aten
     return {aten.embedding.default: 0, aten.index_select.default: 0}.get(target)
 
 
 def reference_dtype(device_type: str):
     """fp64 where the device has it, else fp32 (MPS)."""
-    import torch
-
     return torch.float32 if device_type == "mps" else torch.float64
 
 
 def _float_dtype(d) -> bool:
-    import torch
-
     return isinstance(d, torch.dtype) and d.is_floating_point
 
 
 def _widen(x, dtype):
-    import torch
-
     if isinstance(x, torch.Tensor) and x.is_floating_point() and x.dtype != dtype:
         return x.to(dtype)
     return x
 
 
 def _is_oom(e: BaseException) -> bool:
-    import torch
-
     return isinstance(e, (torch.OutOfMemoryError, MemoryError)) or (
         isinstance(e, RuntimeError) and "can't allocate memory" in str(e)
     )  # CPU allocator
@@ -80,13 +76,11 @@ def _is_oom(e: BaseException) -> bool:
 
 def _concrete_layout(val):
     """``(shape, strides)`` of a traced value when both are plain ints, else None."""
-    import torch
-
     if not isinstance(val, torch.Tensor):
         return None
     try:
         shape, stride = tuple(val.shape), tuple(val.stride())
-    except Exception:  # a sparse or otherwise strideless value
+    except Exception:  # noqa: BLE001 - a sparse or otherwise strideless value
         return None
     if all(type(s) is int for s in shape + stride):
         return shape, stride
@@ -96,16 +90,12 @@ def _concrete_layout(val):
 def _restrided(out, val):
     """``out`` laid out as the narrow run laid out ``val`` (same shape, strides taken
     from it), a copy; ``out`` itself where they already agree or cannot be compared."""
-    import torch
-
     layout = _concrete_layout(val)
     if not isinstance(out, torch.Tensor) or layout is None or out.layout != torch.strided:
         return out
     shape, stride = layout
     if tuple(out.shape) != shape or tuple(out.stride()) == stride or out.numel() <= 1:
         return out
-    from ..capturing.layouts import memory_layout
-
     if memory_layout(val) == "overlapping":
         return out
     return torch.empty_strided(shape, stride, dtype=out.dtype, device=out.device).copy_(out)
@@ -113,8 +103,6 @@ def _restrided(out, val):
 
 def _returns_alias(target) -> bool:
     """True when the op's result may share memory with an argument (a view)."""
-    import torch
-
     if not isinstance(target, torch._ops.OpOverload):
         return target is not operator.getitem
     return any(r.alias_info is not None for r in target._schema.returns)
@@ -161,8 +149,6 @@ class _Reference:
     def _fetch(self, x):
         """An argument as the wide run reads it: the caller's tensors widened (a
         temporary), on the CPU once the run spilled there."""
-        import torch
-
         if not isinstance(x, torch.Tensor):
             if self.spilled and isinstance(x, torch.device) and x.type == "cuda":
                 return torch.device("cpu")
@@ -174,9 +160,6 @@ class _Reference:
 
     def _spill(self, interp) -> None:
         """Every value the run holds on a CUDA device -> the CPU (they are freed there)."""
-        import torch
-        from torch.utils._pytree import tree_map
-
         slots = {id(t): i for i, t in enumerate(self.owned)}
 
         def move(x):
@@ -196,9 +179,6 @@ class _Reference:
         """True for a view op (``detach``, ``t``, ``permute``, ``view``, ``split``...)
         of the caller's tensors alone: it runs on them (no copy), its results are
         widened where an op computes with them."""
-        import torch
-        from torch.utils._pytree import tree_leaves
-
         if (
             not isinstance(target, torch._ops.OpOverload)
             or not target._schema.returns
@@ -212,9 +192,6 @@ class _Reference:
         return self.narrow.get(id(x)) is x
 
     def _call(self, interp, node, target, args, kwargs):
-        import torch
-        from torch.utils._pytree import tree_leaves, tree_map
-
         if self._views_of_narrow(target, args, kwargs):
             out = target(*args, **kwargs)
             self.narrow.update({id(x): x for x in tree_leaves(out) if isinstance(x, torch.Tensor)})
@@ -247,8 +224,6 @@ class _Reference:
         """The position of the argument an op reads narrow: the table of a gather
         (:func:`_gather_table`) that is the caller's tensor, or a large weight
         (:meth:`_large_weight`); else None."""
-        import torch
-
         at = _gather_table(target)
         if (
             at is not None
@@ -274,8 +249,6 @@ class _Reference:
         """The position of the weight of a matrix product (``mm``'s or ``addmm``'s right
         operand, ``linear``'s weight) when it is the caller's tensor and its wide copy
         would exceed :data:`BLOCK_BYTES`; else None."""
-        import torch
-
         aten = torch.ops.aten
         at = {aten.mm.default: 1, aten.addmm.default: 2, aten.linear.default: 1}.get(target)
         if at is None or kwargs or len(args) <= at:
@@ -295,8 +268,6 @@ class _Reference:
         blocks of output columns, each block of the weight widened on its own: the
         wide copy of an 8B model's 4 GiB fp64 output projection is never whole. Each
         output element is the same fp64 dot product. None for other ops."""
-        import torch
-
         at = self._large_weight(target, args, kwargs)
         if at is None:
             return None
@@ -338,18 +309,13 @@ class _Reference:
 
     @staticmethod
     def _on_cuda(args, kwargs) -> bool:
-        import torch
-        from torch.utils._pytree import tree_leaves
-
         return any(
             isinstance(x, torch.Tensor) and x.device.type == "cuda"
             for x in tree_leaves((args, kwargs))
         ) or "cuda" in str(kwargs.get("device", ""))
 
     def _run(self, node, target, args, kwargs):
-        import torch
         from torch.fx.node import map_arg
-        from torch.utils._pytree import tree_map
 
         wide_args, wide_kwargs = self._map_dtypes(target, args, kwargs)
         try:
@@ -416,10 +382,6 @@ def reference_run(
         whatever the graph raises on these inputs; torch.OutOfMemoryError (or
         MemoryError) when even the CPU cannot hold what one op needs.
     """
-    import torch
-
-    from ..capturing.sharing import written_inputs
-
     dtype = dtype or reference_dtype(device_type)
     written = written_inputs(gm) if written is None else set(written)
     run_inputs = [

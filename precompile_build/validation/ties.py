@@ -23,6 +23,12 @@ from __future__ import annotations
 import operator
 from typing import Any, Optional
 
+import torch
+
+from ..capturing.sharing import run_inputs
+from . import reference
+from .numerics import has_random_ops, multiple_for
+
 # ops that hand their input's elements on in the same flat order
 _ORDER_KEEPING = {
     "view",
@@ -101,8 +107,6 @@ def _pick(node) -> Optional[tuple[Any, Any, int, float]]:
 def _holds_indices(node) -> bool:
     """The node's result keeps every index exactly: int32 or int64 (a cast to int8 or
     bf16 wraps or rounds them); unknown without the trace's ``meta["val"]``."""
-    import torch
-
     val = node.meta.get("val")
     return isinstance(val, torch.Tensor) and val.dtype in (torch.int32, torch.int64)
 
@@ -162,12 +166,6 @@ def judge_pick(
     Raises:
         nothing of its own: a graph that fails to run here counts as refused.
     """
-    import torch
-
-    from ..capturing.sharing import run_inputs
-    from .numerics import has_random_ops, multiple_for
-    from .reference import reference_run
-
     pick = _pick(_source_node(gm, value_index, n_out))
     if (
         pick is None
@@ -190,7 +188,7 @@ def judge_pick(
     try:
         with torch.no_grad():
             eager_vals = sub(*run_inputs(inputs, written))[0]
-            ref_vals = reference_run(sub, inputs, device, written=written)[0][0]
+            ref_vals = reference.reference_run(sub, inputs, device, written=written)[0][0]
     except Exception:  # noqa: BLE001 - no measure of the rounding: refused
         return refused
     if (

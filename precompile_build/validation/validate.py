@@ -10,13 +10,19 @@ the weights; each result is dropped as soon as it is judged.
 
 from __future__ import annotations
 
+import math
 import os
+import tempfile
+from dataclasses import dataclass
+
+import torch
 
 from ..capturing import dynamic_dims, sharing
 from ..capturing.tracing import TracedCall
 from ..errors import CaptureError, warn_at_caller
 from ..process.stats import timed
-from . import ties
+from . import numerics, reference, ties
+from .numerics import sig
 
 
 def validate(
@@ -37,10 +43,6 @@ def validate(
     Raises:
         CaptureError: a value is refused; the message gives the numbers.
     """
-    import tempfile
-
-    from . import numerics
-
     problem = numerics.option_problem(options, "validation_multiple")
     if problem:
         raise CaptureError(f"{problem}", target=target)
@@ -127,6 +129,19 @@ def _labels(traced: TracedCall, n_values: int) -> list[str]:
     return labels
 
 
+@dataclass
+class _Case:
+    """What the steps of :func:`compare` share about the case they judge."""
+
+    traced: TracedCall
+    inputs: list
+    what: str
+    target: str
+    example: bool  # the example inputs (else other sizes of dynamic dims)
+    fix: str  # what to change when the frozen code fails on this case
+    written: set  # the indexes of the inputs the graph may write (sharing.written_inputs)
+
+
 def compare(
     call,
     traced: TracedCall,
@@ -141,68 +156,30 @@ def compare(
     shared and checked to come back unchanged); judge outputs, gradients and inputs
     written in place (numerics.judge); on the example inputs also the eager call's
     results ``real``. Returns this case's numbers; raises CaptureError on a refusal."""
-    import math
-
-    import torch
-
-    from . import numerics
-
     example = inputs is traced.example_inputs
-    fix = (
-        (
-            "this torch's Inductor output needs something the frozen engine does not "
-            "provide. Use engine='eager' (or 'torch')"
-        )
-        if example
-        else _OTHER_SIZES
+    case = _Case(
+        traced,
+        inputs,
+        what,
+        target,
+        example,
+        _FAILED_FIX if example else _OTHER_SIZES,
+        sharing.written_inputs(traced.graph_module),
     )
-    written = sharing.written_inputs(traced.graph_module)
     # the shared inputs: a digest now, another after the runs (no copy of the weights)
-    digests = {i: sharing.checksum(t) for i, t in enumerate(inputs) if i not in written}
-    a = sharing.run_inputs(inputs, written)
-    b = sharing.run_inputs(inputs, written)
+    digests = {i: sharing.checksum(t) for i, t in enumerate(inputs) if i not in case.written}
+    a = sharing.run_inputs(inputs, case.written)
+    b = sharing.run_inputs(inputs, case.written)
     cuda = sorted({t.device.index or 0 for t in inputs if t.device.type == "cuda"})
     # both runs draw from one RNG state (random ops), the caller's state is kept
     with torch.no_grad(), torch.random.fork_rng(devices=cuda):
-        torch.manual_seed(_SEED)
-        try:
-            with timed("validate_graph"):
-                want = traced.graph_module(*a)
-        except Exception as e:  # only at sizes other than the example's
-            raise CaptureError(
-                f"the captured function itself fails at {what} "
-                f"({type(e).__name__}: {e}); declare ranges that exclude these sizes (min=, max=)",
-                target=target,
-            ) from e
-        torch.manual_seed(_SEED)
-        try:
-            with timed("validate_frozen"):
-                got = call(list(b))
-        except Exception as e:
-            raise CaptureError(
-                f"the frozen wrapper failed on {what} ({type(e).__name__}: {e}); {fix}",
-                target=target,
-            ) from e
-        if len(want) != len(got):
-            raise CaptureError(
-                f"the frozen wrapper returns {len(got)} outputs, the graph "
-                f"{len(want)}; refusing to write a pair that computes something else",
-                target=target,
-            )
+        want, got = _run_graph_and_frozen(case, call, a, b)
         labels = _labels(traced, len(want) + len(inputs))
-        for i, d in digests.items():
-            if sharing.checksum(inputs[i]) != d:
-                raise CaptureError(
-                    f"the frozen kernels wrote to {labels[len(want) + i]}, which "
-                    f"the traced graph leaves alone, on {what} (the run shares it with your model: "
-                    f"this process's copy is changed); refusing to write a pair that computes "
-                    f"something else; {fix}",
-                    target=target,
-                )
+        _check_shared_unchanged(case, digests, labels, len(want))
         with timed("validate_reference"):
-            ref_out, ref_in, info = _reference(traced, inputs, target, what, written)
+            ref_out, ref_in, info = _reference(traced, inputs, target, what, case.written)
     if ref_out is None:  # outputs and the inputs the graph writes (caches, running stats)
-        idx = sorted(written)
+        idx = sorted(case.written)
         return {
             **_without_reference(
                 list(want) + [a[i] for i in idx],
@@ -213,109 +190,182 @@ def compare(
             ),
             **info,
         }
-    mutated = set(traced.metadata["mutated_inputs"])
     values = list(zip(want, got, ref_out)) + list(zip(a, b, ref_in))
+    verdicts, worst = _judge_values(
+        case, values, len(want), labels, info, options.get("validation_multiple")
+    )
+    result: dict = {"case": what, "values": sum(v is not None for v in verdicts), **info}
+    if worst is not None:
+        result["worst"] = {"value": labels[worst], **verdicts[worst].numbers()}
+    if real is not None:
+        result["eager_call"] = _against_eager_call(
+            real, got, b, ref_out, ref_in, verdicts, labels, len(want), traced, target, options
+        )
+    return result
+
+
+# what to change when the frozen wrapper fails or writes on the example inputs
+_FAILED_FIX = (
+    "this torch's Inductor output needs something the frozen engine does not "
+    "provide. Use engine='eager' (or 'torch')"
+)
+
+
+def _run_graph_and_frozen(case: _Case, call, a: list, b: list) -> tuple:
+    """The graph on ``a`` and the frozen wrapper on ``b``, each from the seed
+    :data:`_SEED` (inside compare's no_grad and forked RNG): ``(want, got)``.
+    CaptureError when either fails or they return different numbers of values."""
+    torch.manual_seed(_SEED)
+    try:
+        with timed("validate_graph"):
+            want = case.traced.graph_module(*a)
+    except Exception as e:  # only at sizes other than the example's
+        raise CaptureError(
+            f"the captured function itself fails at {case.what} "
+            f"({type(e).__name__}: {e}); declare ranges that exclude these sizes (min=, max=)",
+            target=case.target,
+        ) from e
+    torch.manual_seed(_SEED)
+    try:
+        with timed("validate_frozen"):
+            got = call(list(b))
+    except Exception as e:
+        raise CaptureError(
+            f"the frozen wrapper failed on {case.what} ({type(e).__name__}: {e}); {case.fix}",
+            target=case.target,
+        ) from e
+    if len(want) != len(got):
+        raise CaptureError(
+            f"the frozen wrapper returns {len(got)} outputs, the graph "
+            f"{len(want)}; refusing to write a pair that computes something else",
+            target=case.target,
+        )
+    return want, got
+
+
+def _check_shared_unchanged(case: _Case, digests: dict, labels: list[str], n_out: int) -> None:
+    """CaptureError when an input both runs shared (one the graph leaves alone) came
+    back with another digest: the frozen kernels wrote to the caller's tensor."""
+    for i, d in digests.items():
+        if sharing.checksum(case.inputs[i]) != d:
+            raise CaptureError(
+                f"the frozen kernels wrote to {labels[n_out + i]}, which "
+                f"the traced graph leaves alone, on {case.what} (the run shares it with your model: "
+                f"this process's copy is changed); refusing to write a pair that computes "
+                f"something else; {case.fix}",
+                target=case.target,
+            )
+
+
+def _judge_values(
+    case: _Case, values: list, n_out: int, labels: list[str], info: dict, multiple
+) -> tuple[list, int | None]:
+    """Judge each ``(graph, frozen, reference)`` value: the outputs, then the inputs
+    after the call. Returns a numerics.Verdict per value (None for one not judged) and
+    the index of the worst (the largest ratio), or None; CaptureError on a refusal."""
+    mutated = set(case.traced.metadata["mutated_inputs"])
     ref_name = info["reference"] + (
         f" (ops without {info['reference']} kernels: {', '.join(info['fallback_ops'])})"
         if info["fallback_ops"]
         else ""
     )
-    multiple = options.get("validation_multiple")
     worst = None
     verdicts: list = []  # a numerics.Verdict per value, None for one not judged
     for i, (w, g, r) in enumerate(values):
-        if i >= len(want) and i - len(want) not in written:
-            verdicts.append(None)  # shared: the digests above found it unchanged
+        if i >= n_out and i - n_out not in case.written:
+            verdicts.append(None)  # shared: the digests found it unchanged
             continue
-        if (
-            i >= len(want)
-            and i - len(want) not in mutated
-            and torch.equal(w, inputs[i - len(want)])
-        ):
+        if i >= n_out and i - n_out not in mutated and torch.equal(w, case.inputs[i - n_out]):
             # an input the graph leaves alone (one it writes through an op without an
             # alias annotation, e.g. native_batch_norm's running stats, is judged below)
             if not torch.equal(w, g):
                 raise CaptureError(
                     f"the frozen kernels wrote to {labels[i]}, which the traced "
-                    f"graph leaves alone, on {what}; refusing to write a pair that computes "
-                    f"something else; {fix}",
-                    target=target,
+                    f"graph leaves alone, on {case.what}; refusing to write a pair that computes "
+                    f"something else; {case.fix}",
+                    target=case.target,
                 )
             verdicts.append(None)
             continue
-        v = numerics.judge(w, g, r, training=bool(traced.metadata["grad_param_indices"]))
-        if multiple is not None and v.problem and v.problem.startswith("error beyond"):
-            v.multiple = float(multiple)
-            v.problem = None if v.frozen_error <= v.allowed else v.problem
-        picked = None
-        if (
-            not w.is_floating_point()
-            and (v.problem is None or v.problem.startswith("error beyond"))
-            and v.frozen_error > 0
-        ):
-            # a pick (a next token) is judged element by element, not by a mismatch
-            # fraction: eager's, the reference's, or a tie within rounding (ties.py)
-            picked = ties.judge_pick(
-                traced.graph_module,
-                i,
-                len(want),
-                inputs,
-                written,
-                traced.metadata["device"],
-                w,
-                g,
-                r,
-                float(multiple) if multiple is not None else None,
-            )
-            if picked is not None and picked["accepted"]:
-                v.problem = None
-                v.floor = max(v.floor, v.frozen_error - v.multiple * v.eager_error)
-                v.near_ties = picked if picked["flips"] else None
-            elif picked is not None:
-                v.problem = v.problem or "picks beyond rounding"
+        v, picked = _judge_value(case, i, n_out, w, g, r, multiple)
         verdicts.append(v)
         if v.problem:
-            numbers = v.describe().format(ref=ref_name) if math.isfinite(v.frozen_error) else ""
-            need = _suggest(v)
-            if picked is not None:  # a multiple of a mismatch fraction says nothing of a pick
-                why = (
-                    f"their candidates do not tie within {picked['multiple']:g} x eager's rounding of "
-                    "their difference"
-                    if "multiple" in picked
-                    else "no rounding measures them (an infinite, exactly computed or random candidate)"
-                )
-                suggestion = (
-                    _PICK_FIX.format(n=picked["flips"], why=why) if example else _OTHER_SIZES
-                )
-            elif not math.isfinite(need):
-                suggestion = fix
-            elif need <= _MAX_SUGGESTED:
-                suggestion = _NUMERIC_FIX.format(m=need)
-            else:
-                suggestion = (
-                    f"that is {v.frozen_error / max(v.eager_error, 1e-300):.3g} x eager's error, far "
-                    "past rounding: the compiled code computes something else. Capture with "
-                    "engine='eager' (the graph, no kernels) or engine='torch', and report the kernel"
-                )
-            raise CaptureError(
-                f"the frozen kernels' value {i} ({labels[i]}) differs from the "
-                f"traced graph on {what}; {v.problem}"
-                + (f": {numbers}" if numbers else "")
-                + "; refusing to write a pair that computes something else"
-                + ("" if example else f"; {_OTHER_SIZES}")
-                + ("" if not example else f"; {suggestion}"),
-                target=target,
-            )
+            raise _refusal(case, v, picked, i, labels[i], ref_name)
         if worst is None or v.ratio > verdicts[worst].ratio:
             worst = i
-    case: dict = {"case": what, "values": sum(v is not None for v in verdicts), **info}
-    if worst is not None:
-        case["worst"] = {"value": labels[worst], **verdicts[worst].numbers()}
-    if real is not None:
-        case["eager_call"] = _against_eager_call(
-            real, got, b, ref_out, ref_in, verdicts, labels, len(want), traced, target, options
+    return verdicts, worst
+
+
+def _judge_value(case: _Case, i: int, n_out: int, w, g, r, multiple) -> tuple:
+    """numerics.judge of value ``i``, with the ``validation_multiple`` option applied
+    and, for a pick (an integer result such as a next token), ties.judge_pick's
+    verdict: ``(verdict, picked)`` (picked: None where it was not judged as a pick)."""
+    traced = case.traced
+    v = numerics.judge(w, g, r, training=bool(traced.metadata["grad_param_indices"]))
+    if multiple is not None and v.problem and v.problem.startswith("error beyond"):
+        v.multiple = float(multiple)
+        v.problem = None if v.frozen_error <= v.allowed else v.problem
+    picked = None
+    if (
+        not w.is_floating_point()
+        and (v.problem is None or v.problem.startswith("error beyond"))
+        and v.frozen_error > 0
+    ):
+        # a pick (a next token) is judged element by element, not by a mismatch
+        # fraction: eager's, the reference's, or a tie within rounding (ties.py)
+        picked = ties.judge_pick(
+            traced.graph_module,
+            i,
+            n_out,
+            case.inputs,
+            case.written,
+            traced.metadata["device"],
+            w,
+            g,
+            r,
+            float(multiple) if multiple is not None else None,
         )
-    return case
+        if picked is not None and picked["accepted"]:
+            v.problem = None
+            v.floor = max(v.floor, v.frozen_error - v.multiple * v.eager_error)
+            v.near_ties = picked if picked["flips"] else None
+        elif picked is not None:
+            v.problem = v.problem or "picks beyond rounding"
+    return v, picked
+
+
+def _refusal(case: _Case, v, picked, i: int, label: str, ref_name: str) -> CaptureError:
+    """The CaptureError for value ``i`` (``label``) whose verdict ``v`` has a problem:
+    the numbers, and what to change (a larger multiple, another engine, the ranges)."""
+    numbers = v.describe().format(ref=ref_name) if math.isfinite(v.frozen_error) else ""
+    need = _suggest(v)
+    if picked is not None:  # a multiple of a mismatch fraction says nothing of a pick
+        why = (
+            f"their candidates do not tie within {picked['multiple']:g} x eager's rounding of "
+            "their difference"
+            if "multiple" in picked
+            else "no rounding measures them (an infinite, exactly computed or random candidate)"
+        )
+        suggestion = _PICK_FIX.format(n=picked["flips"], why=why) if case.example else _OTHER_SIZES
+    elif not math.isfinite(need):
+        suggestion = case.fix
+    elif need <= _MAX_SUGGESTED:
+        suggestion = _NUMERIC_FIX.format(m=need)
+    else:
+        suggestion = (
+            f"that is {v.frozen_error / max(v.eager_error, 1e-300):.3g} x eager's error, far "
+            "past rounding: the compiled code computes something else. Capture with "
+            "engine='eager' (the graph, no kernels) or engine='torch', and report the kernel"
+        )
+    return CaptureError(
+        f"the frozen kernels' value {i} ({label}) differs from the "
+        f"traced graph on {case.what}; {v.problem}"
+        + (f": {numbers}" if numbers else "")
+        + "; refusing to write a pair that computes something else"
+        + ("" if case.example else f"; {_OTHER_SIZES}")
+        + ("" if not case.example else f"; {suggestion}"),
+        target=case.target,
+    )
 
 
 def _reference(traced: TracedCall, inputs: list, target: str, what: str, written):
@@ -324,17 +374,13 @@ def _reference(traced: TracedCall, inputs: list, target: str, what: str, written
     Where neither fits in memory (reference.py widens one op at a time and moves to
     the CPU, so only an op larger than the host can hold), ``(None, None, info)``:
     the caller judges the values against the graph run instead."""
-    import torch
-
-    from . import reference
-
     errors, memory = [], False
     for dtype in (None, torch.float32):
         try:
             return reference.reference_run(
                 traced.graph_module, inputs, traced.metadata["device"], dtype, written=written
             )
-        except Exception as e:  # the graph ran in its own dtypes: the widening broke it
+        except Exception as e:  # noqa: BLE001 - the graph ran in its own dtypes: the widening broke it
             memory = memory or reference._is_oom(e)
             errors.append(f"{type(e).__name__}: {e}")
     if memory:
@@ -368,8 +414,6 @@ def _without_reference(want, got, labels, target: str, what: str) -> dict:
     memory): each floating value elementwise within its dtype's tolerance
     (``_NO_REFERENCE_TOL``, else 1e-4), others equal. Returns the case's numbers;
     raises CaptureError on the first value outside."""
-    import torch
-
     worst = (0.0, None)
     for i, (w, g) in enumerate(zip(want, got)):
         if g.shape != w.shape or g.dtype != w.dtype:
@@ -392,8 +436,6 @@ def _without_reference(want, got, labels, target: str, what: str) -> dict:
             )
         if diff >= worst[0]:
             worst = (diff, labels[i])
-    from .numerics import sig
-
     return {
         "case": what,
         "values": len(want),
@@ -403,8 +445,6 @@ def _without_reference(want, got, labels, target: str, what: str) -> dict:
 
 def _suggest(v) -> float:
     """A multiple that would accept ``v`` (rounded up to a readable number)."""
-    import math
-
     need = (v.frozen_error - v.floor) / v.eager_error if v.eager_error > 0 else math.inf
     if not math.isfinite(need):
         return float("inf")
@@ -428,10 +468,6 @@ def _against_eager_call(
     inputs. Within the allowed difference: ok; up to numerics.EAGER_WARN_BAND times
     it: a warning; beyond: CaptureError (``options['eager_check']``: ``'warn'`` only
     warns, ``'off'`` skips). Returns the numbers."""
-    import math
-
-    from . import numerics
-
     mode = numerics.eager_check_mode(options, target)
     if mode == "off":
         return {"outcome": "off"}

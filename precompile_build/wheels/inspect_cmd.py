@@ -56,7 +56,7 @@ def _host(device_type: str, cache: dict) -> Optional[dict]:
     if device_type not in cache:
         try:
             cache[device_type] = fpmod.host_fingerprint(device_type)
-        except Exception:  # no torch here: nothing can match
+        except Exception:  # noqa: BLE001 - no torch here: nothing can match
             cache[device_type] = None
     return cache[device_type]
 

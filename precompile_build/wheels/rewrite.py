@@ -46,7 +46,7 @@ def read_wheel(path: str | os.PathLike[str]) -> Entries:
                 mode = (info.external_attr >> 16) & 0o7777 or None
                 out[info.filename] = (data, mode)
             return out
-    except Exception as e:  # WheelError, BadZipFile, OSError, a bad RECORD line
+    except Exception as e:  # noqa: BLE001 - WheelError, BadZipFile, OSError, a bad RECORD line
         raise BuildError(f"Failed to read wheel {os.fspath(path)}: {e}") from None
 
 
