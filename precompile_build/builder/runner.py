@@ -31,8 +31,8 @@ from . import arch_report, cache_bound, capture_cache, ranks
 from .hints import hints
 from .pairs import PairInfo, read_source_metadata
 from .progress import Progress, human_size, summary
+from .results import CaptureResult, SummaryRow
 from .script import (
-    CANCELLED,
     LOG_TAIL_LINES,
     check_pair,
     error_line,
@@ -59,51 +59,6 @@ __all__ = [
 
 class CaptureWarning(UserWarning):
     """An optional target was left out of the wheel."""
-
-
-@dataclass
-class CaptureResult:
-    """Outcome of one target."""
-
-    name: str
-    status: str
-    """`ok` or `failed` (an optional target left out; `reason` says why)."""
-    required: bool
-    device: str
-    """Resolved device: `cpu` or `cuda`."""
-    seconds: float = 0.0
-    """Wall seconds this build spent on the target (a reused pair: the lookup)."""
-    reason: Optional[str] = None
-    source_path: Optional[Path] = None
-    cache_path: Optional[Path] = None
-    info: Optional[PairInfo] = None
-    device_index: Optional[Union[int, str]] = None
-    """The ``CUDA_VISIBLE_DEVICES`` entry the capture ran on (an int when numeric);
-    None for CPU captures. A reused pair keeps the one it was captured on."""
-    origin: str = "captured"
-    """`captured` (the script ran in this build) or `reused` (from the capture cache)."""
-    why: Optional[str] = None
-    """Why it was captured: `no entry`, `changed since the last capture (key …): the
-    script …` (:func:`.capture_cache.what_changed`), `imports changed: ...`,
-    `entry corrupt: ...`, `cache off`, ..."""
-    cache_key: Optional[str] = None
-    """The capture cache key (sha256 hex); None with the cache off."""
-    capture_seconds: Optional[float] = None
-    """Seconds the capture itself took (for a reused pair, when it was captured)."""
-    peak_memory: Optional[dict] = None
-    """The capture's peaks in bytes (:func:`.capture_stats.read`: ``host_bytes``, and for
-    CUDA captures of the frozen engine ``gpu_bytes`` and ``eager_gpu_bytes``); None
-    for a reused pair or where nothing was measured."""
-    capture_breakdown: Optional[dict] = None
-    """Seconds per step (:data:`.capture_stats.STEPS`: the script's setup before its
-    capture, then the frozen engine's trace, eager call, compile, first run, validate);
-    None where not measured."""
-    log_path: Optional[Path] = None
-    """A left-out target's whole log, kept after the build (as for a failed required
-    target: ``<tmp>/precompile-build-logs/NAME-<pid>.log``); None when it has none."""
-    distributed: Optional[dict] = None
-    """A `world-size` target's record (:func:`.ranks.record`: world size, mesh, `real`
-    or `fake`, backend, ranks captured, validated); None for other targets."""
 
 
 _cuda_cache: Optional[int] = None
@@ -392,25 +347,25 @@ def _capture(
     run_start = time.monotonic()
     info = None
     try:
-        reason, src, cache, log_path, (peaks, breakdown) = run_script(
-            b.settings, target, device, gpu, b.work, b.verbose, b.abort, world
-        )
-        if reason is not None and reason != CANCELLED:
+        run = run_script(b.settings, target, device, gpu, b.work, b.verbose, b.abort, world)
+        src, cache, log_path = run.source, run.cache, run.log
+        peaks, breakdown = run.peaks, run.breakdown
+        reason = run.reason
+        if run.outcome == "failed":
             error = error_line(log_path)  # the script's exception: CaptureError: ...
-            if error:
-                reason += f": {error}"
+            reason = f"{run.reason}: {error}" if error else str(run.reason)
             reason += hints(error, target.script)  # a missing module, a file shadowing one
-        if reason is None:
-            reason, info = check_pair(src, cache)
-        if reason is None and world is not None:
-            reason = _check_world(b, target, world, src, info)
-        if reason is not None and reason != CANCELLED and required:
+        elif run.outcome == "ok":
+            info, reason = check_pair(src, cache)
+            if reason is None and world is not None:
+                reason = _check_world(b, target, world, src, info)
+        if run.outcome != "cancelled" and reason is not None and required:
             b.stop_new.set()  # before the slot is free: no other target starts now
     finally:
         b.slots.release(device, gpu)
         b.progress.finished(target.name)
     seconds = time.monotonic() - run_start
-    if reason == CANCELLED:
+    if run.outcome == "cancelled":
         raise _Cancelled(target.name, started=True)
     if reason is not None:
         return _fail_or_skip(b, target, required, where, reason, log_path, seconds)
@@ -476,9 +431,9 @@ def _check_world(
     rank0 = (src.read_bytes(), info.meta)
     for rank in range(1, world.processes):
         r_src, r_cache = rank_pair(b.work, target, rank)
-        reason, _ = check_pair(r_src, r_cache)
-        if reason is not None:
-            return f"rank {rank} {reason}"
+        checked = check_pair(r_src, r_cache)
+        if not checked.ok:
+            return f"rank {rank} {checked.reason}"
         data = r_src.read_bytes()
         reason = ranks.rank_difference(
             rank0, (data, read_source_metadata(data, what=str(r_src))), rank
@@ -697,36 +652,17 @@ def _for_device(
     return target
 
 
-def _row(name: str, device: Optional[str], out: Any) -> tuple:
+def _row(name: str, device: Optional[str], out: Union[CaptureResult, BaseException]) -> SummaryRow:
     if isinstance(out, _Cancelled):
-        return (
-            name,
-            device or "-",
-            "cancelled" if out.started else "not started",
-            None,
-            None,
-            None,
-        )
+        return SummaryRow(name, device or "-", "cancelled" if out.started else "not started")
     if isinstance(out, BaseException):
-        return (
-            name,
-            device or "-",
-            "failed",
-            out.seconds if isinstance(out, ScriptFailed) else None,
-            None,
-            None,
-        )
+        seconds = out.seconds if isinstance(out, ScriptFailed) else None
+        return SummaryRow(name, device or "-", "failed", seconds)
     where = out.device
     if out.device == "cuda" and out.device_index is not None:
         where = f"cuda:{out.device_index}"
-    size = None
-    if out.status == "ok":
-        size = out.source_path.stat().st_size + out.cache_path.stat().st_size
-    return (
-        name,
-        where,
-        out.origin if out.status == "ok" else "left out",
-        out.seconds,
-        size,
-        out.peak_memory,
-    )
+    if out.status != "ok":
+        return SummaryRow(name, where, "left out", out.seconds, None, out.peak_memory)
+    assert out.source_path is not None and out.cache_path is not None
+    size = out.source_path.stat().st_size + out.cache_path.stat().st_size
+    return SummaryRow(name, where, out.origin, out.seconds, size, out.peak_memory)

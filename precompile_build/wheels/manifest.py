@@ -19,7 +19,7 @@ from precompile_runtime.fingerprint import variant_id
 from precompile_runtime.pair_format import Device, Engine, Fallback
 
 from ..builder import arch_report
-from ..builder.runner import CaptureResult
+from ..builder.results import CaptureResult
 from .bytecode import shipped_bytecode
 
 MANIFEST_NAME = "manifest.json"
