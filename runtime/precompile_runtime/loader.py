@@ -504,25 +504,25 @@ def _raise_if_changed(
             again()
             changed = True
         except PrecompileLoadError as e:
-            changed = str(e) != str(error)
+            changed = _fields(e) != _fields(error)
     if changed:
         raise PackageChangedError(
             f"{ctx}: the installed files changed while they were being loaded (a pip install "
             f"of the package running at the same time?); nothing from them ran. Retry once "
             f"the installation has finished (in a new process if the package was upgraded). "
-            f"What was seen: {_what_was_seen(ctx, error)}"
+            f"What was seen: {_what_was_seen(error)}"
         ) from None
 
 
-def _what_was_seen(ctx: str, error: PrecompileLoadError) -> str:
-    """The finding of ``error`` and where, without its context and its advice (which
-    assumes the files stay as they are); for an error made of one text (the manifest
-    reader's), that text less the ``ctx`` prefix and what follows its first ``"; "``."""
-    if error.context is not None or error.where is not None or error.advice is not None:
-        return ": ".join(p for p in (error.where, error.finding) if p)
-    text = error.finding
-    text = text[len(ctx) + 2 :] if text.startswith(ctx + ": ") else text
-    return text.split("; ")[0]
+def _fields(error: PrecompileLoadError) -> tuple[object, ...]:
+    """What identifies a load error's finding: its type and fields (not its text)."""
+    return (type(error), error.finding, error.context, error.where, error.advice)
+
+
+def _what_was_seen(error: PrecompileLoadError) -> str:
+    """The finding of ``error`` and where, from its fields, without its context and its
+    advice (which assumes the files stay as they are)."""
+    return ": ".join(p for p in (error.where, error.finding) if p)
 
 
 def _package_data(package: str) -> Any:
