@@ -1,10 +1,12 @@
 """Run the capture scripts of a build, side by side, reusing cached captures.
 
-Per selected target: resolve its device; with the capture cache on, compute its
-key and, under the key's file lock, reuse a verified entry or run the script
-(:mod:`.script`) in a device slot (:mod:`.slots`), validate the pair and store it.
-Status lines, live progress and the summary table go to stderr (:mod:`.progress`).
-Results come back in config order, whatever order the captures finished in.
+Per selected target: resolve its device; then, on a thread of its own,
+:func:`.target_run.run_one`: with the capture cache on, its key and, under the key's
+file lock, a verified entry reused or the script run (:mod:`.capture_run`, :mod:`.script`)
+in a device slot (:mod:`.slots`), its pair validated and stored. What the targets share
+is a :class:`.build_state.BuildState`. Status lines, live progress and the summary table
+go to stderr (:mod:`.progress`). Results come back in config order, whatever order the
+captures finished in.
 """
 
 from __future__ import annotations
@@ -14,36 +16,21 @@ import os
 import shutil
 import subprocess
 import sys
-import threading
-import time
 import warnings
 from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor
 from concurrent.futures import wait as wait_all
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional, Union, cast
 
 from ..config.settings import Settings, TargetSettings
 from ..errors import CaptureError, ScriptFailed
-from ..process import stats as capture_stats
 from ..programs import path as program_path
-from . import arch_report, cache_bound, capture_cache, ranks
-from .hints import hints
-from .pairs import PairInfo, read_source_metadata
-from .progress import Progress, human_size, summary
+from . import cache_bound
+from .build_state import BuildState, Cancelled, plan_cache
+from .progress import Progress, summary
 from .results import CaptureResult, SummaryRow
-from .script import (
-    LOG_TAIL_LINES,
-    check_pair,
-    error_line,
-    imports_changes,
-    log_file,
-    log_tail,
-    rank_pair,
-    run_script,
-    stats_file,
-)
 from .slots import Slots
+from .target_run import run_one
 
 __all__ = [
     "CaptureResult",
@@ -124,387 +111,6 @@ def resolve_device(device: str) -> Optional[str]:
     if device == "cuda" and not cuda_available():
         return None
     return device
-
-
-def _index(gpu: Optional[str]) -> Optional[Union[int, str]]:
-    return int(gpu) if gpu is not None and gpu.isdigit() else gpu
-
-
-def _sizes(r: CaptureResult) -> str:
-    assert r.source_path is not None and r.cache_path is not None and r.info is not None
-    fallback = (r.info.meta.get("fallback") or {}).get("reason")
-    return (
-        f"{r.info.engine}"
-        + (f" (fallback: {fallback})" if fallback else "")
-        + f"; source {human_size(r.source_path.stat().st_size)}, "
-        f"cache {human_size(r.cache_path.stat().st_size)}" + arch_report.build_line(r.info.meta)
-    )  # `cuda-archs`: what was left out and why
-
-
-class _Cancelled(Exception):
-    """The build stopped before this target ran (another required target failed: it is
-    not started) or while it ran (Ctrl-C: it was killed); it has no result."""
-
-    def __init__(self, name: str, started: bool = False):
-        super().__init__(name)
-        self.started = started
-
-
-@dataclass
-class _Build:
-    """What the targets of one build share."""
-
-    settings: Settings
-    work: Path
-    verbose: bool
-    slots: Slots
-    progress: Progress
-    gpus: list = field(default_factory=list)
-    """The usable GPUs' CUDA_VISIBLE_DEVICES entries (a world's real ranks need one each)."""
-    abort: threading.Event = field(default_factory=threading.Event)
-    """Set on Ctrl-C: running scripts are killed."""
-    stop_new: threading.Event = field(default_factory=threading.Event)
-    """Set when a required target failed (and on abort): targets still waiting for a
-    slot or a cache lock are not started; running captures finish and are reported."""
-    cache_root: Optional[Path] = None
-    """None: the cache is off for this build (``cache_off`` says why)."""
-    cache_off: str = "cache off"
-    fingerprints: dict = field(default_factory=dict)
-    package_sha256: str = ""
-    package_files: dict = field(default_factory=dict)
-    """The package's files and their sha256s (what ``package_sha256`` covers)."""
-    used_keys: set = field(default_factory=set)
-    """The capture cache entries this build looked up (kept by cache_bound.py)."""
-
-
-def _plan_cache(b: _Build, devices: set) -> None:
-    """Turn the cache on for this build when the settings want it and the host
-    fingerprint and package digest can be computed (else say why not)."""
-    if not b.settings.cache or not devices:
-        return
-    try:  # cache_root is set last: a half-planned cache stays off
-        root = capture_cache.cache_root(b.settings)
-        capture_cache.check_root(root)  # a cache others can write is code in every wheel
-        b.fingerprints = capture_cache.host_fingerprints(devices, memo_dir=root)
-        b.package_files = capture_cache.package_files(b.settings.package_dir)
-        b.package_sha256 = capture_cache.digest_of(b.package_files)
-        b.cache_root = root
-    except (CaptureError, OSError, ValueError, subprocess.SubprocessError) as e:
-        b.cache_off = f"cache off: {e}".replace("\n", " ")
-        b.progress.say(f"precompile: capture cache unavailable for this build ({e})")
-
-
-def _run_one(b: _Build, target: TargetSettings, device: Optional[str]) -> CaptureResult:
-    required = target.required or b.settings.strict
-    if device is None:
-        reason = 'needs CUDA (device = "cuda") but this build host has no CUDA GPU'
-        if required:
-            reason += (
-                "; build on a GPU host, or set `required = false` to leave it "
-                "out of wheels built elsewhere"
-            )
-        return _fail_or_skip(b, target, required, "cuda", reason, None, 0.0)
-    start = time.monotonic()
-    world, problem = ranks.plan(target, device, b.settings.distributed, len(b.gpus))
-    if problem is not None:
-        return _fail_or_skip(b, target, required, device, problem, None, 0.0)
-    if b.cache_root is None:
-        return _capture(b, target, device, b.cache_off, None, start, world)
-    root = b.cache_root
-    try:
-        components = capture_cache.key_components(
-            b.settings, target, device, b.fingerprints[device], b.package_sha256
-        )
-        if world is not None:  # how the ranks ran changes what the wheel records
-            components["world"] = {
-                "size": world.size,
-                "mesh": [list(d) for d in world.mesh],
-                "mode": world.mode,
-            }
-        key = capture_cache.cache_key(components)
-        b.used_keys.add(key)
-        lock = capture_cache.lock(root, key)
-        if not _acquire(b, target, lock):
-            raise _Cancelled(target.name)
-    except OSError as e:
-        return _capture(b, target, device, f"cache unavailable: {e}", None, start, world)
-    try:
-        found = capture_cache.fetch(  # the imports record: checked where the capture ran
-            root,
-            key,
-            target.name,
-            b.work / "reused" / target.name,
-            changes=lambda recorded: imports_changes(b.settings, target, device, recorded),
-        )
-        if found.meta is not None:
-            cache_bound.used(root, key)  # least recently used entries go first
-            return _reused(b, target, device, key, found.meta, start, world)
-        why = found.why
-        if found.miss == "no entry":  # say what changed since the target's last capture, if any
-            why = (
-                capture_cache.what_changed(root, components, b.settings.package, b.package_files)
-                or why
-            )
-        if found.miss == "entry corrupt":
-            b.progress.say(
-                f"precompile: {target.name}: discarded cache entry {key[:12]}…: {found.detail}"
-            )
-        result = _capture(b, target, device, why, key, start, world)
-        if result.status == "ok":
-            try:
-                capture_cache.store(
-                    root,
-                    key,
-                    target.name,
-                    result.source_path,  # type: ignore[arg-type]
-                    result.cache_path,  # type: ignore[arg-type]
-                    result.info,  # type: ignore[arg-type]
-                    seconds=result.capture_seconds or 0.0,
-                    capture_device=result.device_index,
-                    components=components,
-                    project_root=b.settings.root,
-                    package=b.settings.package,
-                    package_files=b.package_files,
-                )
-            except OSError as e:
-                b.progress.say(
-                    f"precompile: {target.name}: could not write the capture "
-                    f"cache entry in {root}: {e}"
-                )
-        return result
-    finally:
-        lock.release()
-
-
-def _acquire(b: _Build, target: TargetSettings, lock: Any) -> bool:
-    """Take the entry lock; say so when another build holds it. False on abort."""
-    import filelock
-
-    told = False
-    while not b.stop_new.is_set():
-        try:
-            lock.acquire(timeout=0 if not told else 0.5)
-            return True
-        except filelock.Timeout:
-            if not told:
-                b.progress.say(
-                    f"precompile: {target.name}: waiting for another build "
-                    f"capturing the same inputs (lock {lock.lock_file})"
-                )
-                told = True
-    return False
-
-
-def _reused(
-    b: _Build,
-    target: TargetSettings,
-    device: str,
-    key: str,
-    meta: dict,
-    start: float,
-    world: Optional[ranks.WorldPlan] = None,
-) -> CaptureResult:
-    reused = b.work / "reused" / target.name
-    r = CaptureResult(
-        target.name,
-        "ok",
-        target.required,
-        device,
-        seconds=time.monotonic() - start,
-        source_path=reused / f"{target.name}.py",
-        cache_path=reused / f"{target.name}.cache",
-        info=meta["info"],
-        device_index=meta.get("capture_device"),
-        origin="reused",
-        cache_key=key,
-        capture_seconds=meta.get("capture_seconds"),
-        distributed=ranks.record(world, meta["info"].meta) if world is not None else None,
-    )
-    b.progress.say(
-        f"precompile: {target.name}: ok on {device} in {r.seconds:.1f} s "
-        f"({_sizes(r)}), reused (key {key[:12]}…)"
-    )
-    return r
-
-
-def _capture(
-    b: _Build,
-    target: TargetSettings,
-    device: str,
-    why: str,
-    key: Optional[str],
-    start: float,
-    world: Optional[ranks.WorldPlan] = None,
-) -> CaptureResult:
-    """Run the script in a device slot (a world's real ranks on the CUDA: a GPU each)
-    and validate its pair (and the other ranks')."""
-    required = target.required or b.settings.strict
-    ok, gpu = b.slots.acquire(device, b.stop_new, count=world.processes if world is not None else 1)
-    if not ok:
-        raise _Cancelled(target.name)
-    where = device if gpu is None else f"cuda:{gpu}"
-    b.progress.started(target.name, where, log_file(b.work, target))
-    run_start = time.monotonic()
-    info = None
-    try:
-        run = run_script(b.settings, target, device, gpu, b.work, b.verbose, b.abort, world)
-        src, cache, log_path = run.source, run.cache, run.log
-        peaks, breakdown = run.peaks, run.breakdown
-        reason = run.reason
-        if run.outcome == "failed":
-            error = error_line(log_path)  # the script's exception: CaptureError: ...
-            reason = f"{run.reason}: {error}" if error else str(run.reason)
-            reason += hints(error, target.script)  # a missing module, a file shadowing one
-        elif run.outcome == "ok":
-            info, reason = check_pair(src, cache)
-            if reason is None and world is not None:
-                reason = _check_world(b, target, world, src, info)
-        if run.outcome != "cancelled" and reason is not None and required:
-            b.stop_new.set()  # before the slot is free: no other target starts now
-    finally:
-        b.slots.release(device, gpu)
-        b.progress.finished(target.name)
-    seconds = time.monotonic() - run_start
-    if run.outcome == "cancelled":
-        raise _Cancelled(target.name, started=True)
-    if reason is not None:
-        return _fail_or_skip(b, target, required, where, reason, log_path, seconds)
-    r = CaptureResult(
-        target.name,
-        "ok",
-        target.required,
-        device,
-        seconds=time.monotonic() - start,
-        source_path=src,
-        cache_path=cache,
-        info=info,
-        device_index=_index(gpu),
-        origin="captured",
-        why=why,
-        cache_key=key,
-        capture_seconds=seconds,
-        peak_memory=peaks,
-        capture_breakdown=breakdown,
-        distributed=ranks.record(world, info.meta) if world is not None and info else None,
-    )
-    measured = "".join(
-        f"; {m}"
-        for m in (
-            capture_stats.describe_breakdown(breakdown),
-            capture_stats.describe(peaks, human_size),
-        )
-        if m
-    )
-    b.progress.say(
-        f"precompile: {target.name}: ok on {where} in {seconds:.1f} s "
-        f"({_sizes(r)}{measured}), captured (why: {why})"
-    )
-    for line in _capture_warnings(log_path):  # the log is in a temp dir: say them here
-        b.progress.say(f"precompile: {target.name}: warning: {line}")
-    if (
-        log_path is not None
-    ):  # max-autotune's fastest choices that could not be frozen (engines/autotune.py)
-        for line in capture_stats.replaced_choices(stats_file(log_path)):
-            b.progress.say(f"precompile: {target.name}: max-autotune: {line}")
-    if r.distributed is not None:
-        b.progress.say(
-            f"precompile: {target.name}: {ranks.describe(r.distributed)} ({world.why})"  # type: ignore
-            + (
-                ""
-                if (info.meta.get("collectives") if info else None)
-                else "; note: the captured call has no DTensor parameter and runs no collective, "
-                "so the pair does not depend on the world"
-            )
-        )
-    return r
-
-
-def _check_world(
-    b: _Build, target: TargetSettings, world: ranks.WorldPlan, src: Path, info: Optional[PairInfo]
-) -> Optional[str]:
-    """Rank 0's pair was captured in the declared world, and (real) every other
-    rank's pair computes what it does; returns the failure reason, or None."""
-    assert info is not None
-    problem = ranks.world_problem(info.meta, world)
-    if problem is not None:
-        return problem
-    rank0 = (src.read_bytes(), info.meta)
-    for rank in range(1, world.processes):
-        r_src, r_cache = rank_pair(b.work, target, rank)
-        checked = check_pair(r_src, r_cache)
-        if not checked.ok:
-            return f"rank {rank} {checked.reason}"
-        data = r_src.read_bytes()
-        reason = ranks.rank_difference(
-            rank0, (data, read_source_metadata(data, what=str(r_src))), rank
-        )
-        if reason is not None:
-            return reason
-    return None
-
-
-def _capture_warnings(log_path: Optional[Path]) -> list[str]:
-    """The capture API's warnings that a script printed to its log (PythonStateWarning:
-    Python randomness frozen into the pair; TracerFallbackWarning: ``auto`` traced with
-    make_fx), each once."""
-    try:
-        text = Path(log_path).read_text(encoding="utf-8", errors="replace") if log_path else ""
-    except OSError:
-        return []
-    found = [
-        ln.split(f"{cat}: ", 1)[1].strip()
-        for ln in text.splitlines()
-        for cat in ("PythonStateWarning", "TracerFallbackWarning")
-        if f"{cat}: " in ln
-    ]
-    return list(dict.fromkeys(found))
-
-
-def _fail_or_skip(
-    b: _Build,
-    target: TargetSettings,
-    required: bool,
-    device: str,
-    reason: str,
-    log_path: Optional[Path],
-    seconds: float,
-) -> CaptureResult:
-    if required:
-        tail = ""
-        if log_path is not None:
-            kept: Optional[Path] = _keep_log(log_path, target.name)
-            tail = f"\nlast {LOG_TAIL_LINES} lines of its log (whole log: {kept}):\n" + log_tail(
-                log_path
-            )
-        raise ScriptFailed(reason, target=target.name, log_tail=tail, seconds=seconds)
-    kept = _keep_log(log_path, target.name) if log_path is not None else None
-    b.progress.say(
-        f"precompile: {target.name}: left out ({reason}"
-        + (f"; whole log: {kept})" if kept else ")")
-    )
-    return CaptureResult(
-        target.name,
-        "failed",
-        False,
-        device.split(":")[0],
-        seconds=seconds,
-        reason=reason,
-        log_path=kept,
-    )
-
-
-def _keep_log(log_path: Path, name: str) -> Path:
-    """Copy a failed capture's log out of the build's temp dir (removed when the build
-    ends) to ``<tmp>/precompile-build-logs/NAME-<pid>.log``; returns where it is."""
-    import tempfile
-
-    dest = Path(tempfile.gettempdir()) / "precompile-build-logs" / f"{name}-{os.getpid()}.log"
-    try:
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(log_path, dest)
-    except OSError:
-        return log_path
-    return dest
 
 
 def require_torch() -> None:
@@ -591,13 +197,13 @@ def run_captures(
     devices = {n: resolve_device(settings.targets[n].device) for n in names}
     gpus = gpu_ids() if "cuda" in devices.values() else []
     with Progress(live=False if verbose else None) as progress:
-        b = _Build(settings, work, verbose, Slots(settings.jobs, gpus), progress, gpus)
+        b = BuildState(settings, work, verbose, Slots(settings.jobs, gpus), progress, gpus)
         targets = {n: _for_device(settings.targets[n], devices[n], progress) for n in names}
-        _plan_cache(b, {d for d in devices.values() if d})
+        plan_cache(b, {d for d in devices.values() if d})
         with ThreadPoolExecutor(
             max_workers=max(1, len(names)), thread_name_prefix="precompile-capture"
         ) as pool:
-            futures = {n: pool.submit(_run_one, b, targets[n], devices[n]) for n in names}
+            futures = {n: pool.submit(run_one, b, targets[n], devices[n]) for n in names}
             try:
                 pending = set(futures.values())
                 while pending:
@@ -621,7 +227,7 @@ def run_captures(
         ):  # a failed build has none
             progress.say(line)
     for n in names:
-        if isinstance(outcomes[n], BaseException) and not isinstance(outcomes[n], _Cancelled):
+        if isinstance(outcomes[n], BaseException) and not isinstance(outcomes[n], Cancelled):
             raise outcomes[n]  # type: ignore[misc]
     results = cast("list[CaptureResult]", [outcomes[n] for n in names])  # the failures raised above
     for r in results:
@@ -653,7 +259,7 @@ def _for_device(
 
 
 def _row(name: str, device: Optional[str], out: Union[CaptureResult, BaseException]) -> SummaryRow:
-    if isinstance(out, _Cancelled):
+    if isinstance(out, Cancelled):
         return SummaryRow(name, device or "-", "cancelled" if out.started else "not started")
     if isinstance(out, BaseException):
         seconds = out.seconds if isinstance(out, ScriptFailed) else None
