@@ -36,7 +36,7 @@ def as_bool(value: Any, key: str) -> bool:
     )
 
 
-def _repeated(raw_key: str, key: str, values: list) -> Any:
+def _repeated(raw_key: str, key: str, values: list[Any]) -> Any:
     """The value of a config setting given several times (``-C K=a -C K=b`` reaches
     the backend as ``{K: ["a", "b"]}``): the union for a list-valued key
     (:data:`LIST_OVERRIDES`), the one value for a scalar key given with one value.
