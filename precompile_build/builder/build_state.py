@@ -12,7 +12,7 @@ import subprocess
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
 from ..config.settings import Settings
 from ..errors import CaptureError
@@ -41,7 +41,7 @@ class BuildState:
     verbose: bool
     slots: Slots
     progress: Progress
-    gpus: list = field(default_factory=list)
+    gpus: list[str] = field(default_factory=list)
     """The usable GPUs' CUDA_VISIBLE_DEVICES entries (a world's real ranks need one each)."""
     abort: threading.Event = field(default_factory=threading.Event)
     """Set on Ctrl-C: running scripts are killed."""
@@ -51,15 +51,15 @@ class BuildState:
     cache_root: Optional[Path] = None
     """None: the cache is off for this build (``cache_off`` says why)."""
     cache_off: str = "cache off"
-    fingerprints: dict = field(default_factory=dict)
+    fingerprints: dict[str, Any] = field(default_factory=dict)
     package_sha256: str = ""
-    package_files: dict = field(default_factory=dict)
+    package_files: dict[str, str] = field(default_factory=dict)
     """The package's files and their sha256s (what ``package_sha256`` covers)."""
-    used_keys: set = field(default_factory=set)
+    used_keys: set[str] = field(default_factory=set)
     """The capture cache entries this build looked up (kept by cache_bound.py)."""
 
 
-def plan_cache(b: BuildState, devices: set) -> None:
+def plan_cache(b: BuildState, devices: set[str]) -> None:
     """Turn the cache on for this build when the settings want it and the host
     fingerprint and package digest can be computed (else say why not)."""
     if not b.settings.cache or not devices:

@@ -43,7 +43,7 @@ def what_changed(
     None when there is no such entry or nothing readable differs.
     Reads every entry's entry.json (only on a miss: a capture follows)."""
     target = components.get("target", {})
-    best: Optional[dict] = None
+    best: Optional[dict[str, Any]] = None
     try:
         listing = list(root.iterdir())
     except OSError:

@@ -117,10 +117,10 @@ def package_digest(package_dir: Path) -> str:
     return digest(package_dir)
 
 
-_fp_memo: dict[tuple, dict[str, Any]] = {}
+_fp_memo: dict[tuple[Any, ...], dict[str, Any]] = {}
 
 
-def _memo_key(devices: tuple) -> str:
+def _memo_key(devices: tuple[str, ...]) -> str:
     """What determines the host fingerprints, read without importing torch: the
     interpreter, the installed torch/triton versions (package metadata), the GPUs as
     nvidia-smi lists them, and the fingerprint code itself."""
@@ -291,7 +291,7 @@ class Lookup(NamedTuple):
     """What :func:`fetch` found: ``meta`` on a hit; else the kind of miss and its detail
     (what the build line shows: ``why``)."""
 
-    meta: Optional[dict]
+    meta: Optional[dict[str, Any]]
     miss: Optional[Miss] = None
     detail: str = ""
 
@@ -306,7 +306,7 @@ def fetch(
     key: str,
     name: str,
     dest: Path,
-    changes: Optional[Callable[[dict], list[str]]] = None,
+    changes: Optional[Callable[[dict[str, Any]], list[str]]] = None,
 ) -> Lookup:
     """Copy entry ``key`` of target ``name`` to ``dest/NAME.{py,cache}`` and verify it.
 

@@ -20,7 +20,7 @@ import threading
 import time
 import uuid
 from pathlib import Path
-from typing import IO, NamedTuple, Optional
+from typing import IO, Any, NamedTuple, Optional
 
 from ..config import capture_env
 from ..config.settings import Settings, TargetSettings
@@ -103,7 +103,7 @@ def error_line(log_path: Path) -> Optional[str]:
     return line if len(line) <= _ERROR_CAP else line[:_ERROR_CAP] + " [...]"
 
 
-def _kill_group(proc: subprocess.Popen) -> None:
+def _kill_group(proc: subprocess.Popen[bytes]) -> None:
     """End the script and every process it started in its session."""
     for sig, grace in ((signal.SIGTERM, _KILL_GRACE), (signal.SIGKILL, None)):
         try:
@@ -208,7 +208,7 @@ def script_env(
     return env
 
 
-def wait(proc: subprocess.Popen, timeout: float, abort: threading.Event) -> Ended:
+def wait(proc: subprocess.Popen[bytes], timeout: float, abort: threading.Event) -> Ended:
     """Wait for the script at most ``timeout`` seconds; returns how it ended (``ok`` for
     exit status 0, ``cancelled`` on ``abort``, else ``failed`` and why). Kills the script's process group on timeout, ``abort`` or
     an exception."""
@@ -232,7 +232,7 @@ def wait(proc: subprocess.Popen, timeout: float, abort: threading.Event) -> Ende
     return _failed(_exit_reason(rc)) if rc != 0 else _OK
 
 
-def _wait_once(proc: subprocess.Popen, timeout: float) -> int:
+def _wait_once(proc: subprocess.Popen[bytes], timeout: float) -> int:
     """``proc.wait(timeout)``, reaping with ``os.wait4`` where there is one, so that the
     script's peak RSS (``ru_maxrss``) is kept as ``proc.peak_rss_bytes``."""
     if not hasattr(os, "wait4"):
@@ -322,16 +322,16 @@ def _run_ranks(
     settings: Settings,
     target: TargetSettings,
     work: Path,
-    env: dict,
+    env: dict[str, str],
     log_path: Path,
     verbose: bool,
     abort: threading.Event,
     world: Optional[WorldPlan],
-) -> tuple[Ended, int, list]:
+) -> tuple[Ended, int, list[tuple[subprocess.Popen[bytes], threading.Thread, Path]]]:
     """Start the script once per rank of ``world`` (once when None) and wait for all:
     ``(how it ended, index of the rank that failed first, [(process, pump, log path)])``."""
     port = ranks.free_port() if world is not None else 0
-    procs: list[tuple[subprocess.Popen, threading.Thread, Path]] = []
+    procs: list[tuple[subprocess.Popen[bytes], threading.Thread, Path]] = []
     try:
         for rank in range(world.processes if world is not None else 1):
             r_env, r_log, echo = env, log_path, target.name if verbose else None
@@ -401,8 +401,12 @@ def rank_pair(work: Path, target: TargetSettings, rank: int) -> tuple[Path, Path
 
 
 def _start(
-    settings: Settings, target: TargetSettings, env: dict, log_path: Path, echo: Optional[str]
-) -> tuple[subprocess.Popen, threading.Thread, Path]:
+    settings: Settings,
+    target: TargetSettings,
+    env: dict[str, str],
+    log_path: Path,
+    echo: Optional[str],
+) -> tuple[subprocess.Popen[bytes], threading.Thread, Path]:
     """Start the script (its own session) with its output pumped to ``log_path``."""
     result_file(log_path).unlink(missing_ok=True)
     cmd = [
@@ -441,7 +445,7 @@ def _start(
 
 
 def wait_all(
-    procs: list[subprocess.Popen], timeout: float, abort: threading.Event
+    procs: list[subprocess.Popen[bytes]], timeout: float, abort: threading.Event
 ) -> tuple[Ended, int]:
     """:func:`wait` for several processes (the ranks of a world): returns ``(how it
     ended, index)`` of the first to fail (the others are killed: they would wait for it
@@ -485,7 +489,7 @@ def wait_all(
 
 
 def imports_changes(
-    settings: Settings, target: TargetSettings, device: str, recorded: dict
+    settings: Settings, target: TargetSettings, device: str, recorded: dict[str, Any]
 ) -> list[str]:
     """What changed since a capture of ``target`` recorded ``recorded`` (its imports:
     :mod:`~precompile_build.process.imported`), asked in a process started as the

@@ -124,7 +124,7 @@ def _reused(
     target: TargetSettings,
     device: str,
     key: str,
-    meta: dict,
+    meta: dict[str, Any],
     start: float,
     world: Optional[ranks.WorldPlan] = None,
 ) -> CaptureResult:

@@ -184,7 +184,7 @@ def write_dir_atomic(dest: str | os.PathLike[str], files: Mapping[str, bytes]) -
     return dest
 
 
-def checks_count(assumed: dict, guards: dict | None = None) -> dict[str, int]:
+def checks_count(assumed: dict[str, Any], guards: dict[str, Any] | None = None) -> dict[str, int]:
     """How much Python state a call of the pair checks, from its ``assumed`` and
     ``guards`` metadata: ``{"guards": checks of the guards Dynamo built (absent where the
     capture used the recorder only), "attributes": recorded attribute reads, "hooks":

@@ -27,9 +27,9 @@ import io
 import re
 import sys
 import sysconfig
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Any, Optional
 
 from packaging.tags import sys_tags
 
@@ -72,10 +72,10 @@ _MACHINES = {
 class TagDecision:
     """The platform part of the tags, and why (``reason`` None: a policy fitted)."""
 
-    platforms: list
+    platforms: list[str]
     """e.g. ``["manylinux_2_17_x86_64", "manylinux2014_x86_64"]`` or ``["linux_x86_64"]``."""
     reason: Optional[str] = None
-    needs: dict = field(default_factory=dict)
+    needs: dict[str, Any] = field(default_factory=dict)
     """What the inspected files need: ``{library: sorted symbol versions}``."""
 
 
@@ -115,7 +115,7 @@ def kernel_files(files: Mapping[str, bytes]) -> tuple[dict[str, bytes], list[str
     return elves, opaque
 
 
-def elf_needs(data: bytes, arch: str) -> Optional[tuple[list[str], dict[str, set]]]:
+def elf_needs(data: bytes, arch: str) -> Optional[tuple[list[str], dict[str, set[str]]]]:
     """``(DT_NEEDED libraries, {library: {symbol versions}})`` of one ELF file, or
     None for an ELF of another machine (a CUDA cubin). Raises ValueError for a file
     that cannot be parsed."""
@@ -132,7 +132,7 @@ def elf_needs(data: bytes, arch: str) -> Optional[tuple[list[str], dict[str, set
         for section in elf.iter_sections():
             if isinstance(section, DynamicSection):
                 needed += [t.needed for t in section.iter_tags() if t.entry.d_tag == "DT_NEEDED"]  # type: ignore[attr-defined]
-        versions: dict[str, set] = {}
+        versions: dict[str, set[str]] = {}
         for lib, ver in elf_find_versioned_symbols(elf):
             versions.setdefault(lib, set()).add(ver)
         return needed, versions
@@ -189,8 +189,8 @@ def decide_platform(elves: Mapping[str, bytes], opaque: Iterable[str] = ()) -> T
         policies = WheelPolicies(libc=Libc.GLIBC, arch=Architecture(arch))
     except (ValueError, KeyError, TypeError) as e:  # TypeError: an auditwheel before 6.2
         return TagDecision([plat], f"auditwheel has no policies for {arch} here ({e})")
-    needs: dict[str, set] = {}
-    libs: dict[str, set] = {}
+    needs: dict[str, set[str]] = {}
+    libs: dict[str, set[str]] = {}
     opaque = list(opaque)
     for name, data in elves.items():
         try:
@@ -251,7 +251,10 @@ def decide_platform(elves: Mapping[str, bytes], opaque: Iterable[str] = ()) -> T
 
 
 def wheel_tags(
-    files: Mapping[str, bytes], *, interpreter_abi: Optional[str] = None, say=None
+    files: Mapping[str, bytes],
+    *,
+    interpreter_abi: Optional[str] = None,
+    say: Optional[Callable[[str], None]] = None,
 ) -> list[str]:
     """``cpXY-cpXY-<platform>`` tags for a wheel whose entries (and ``_precompiled/``
     files) are ``files``: one per platform of :func:`decide_platform`.
