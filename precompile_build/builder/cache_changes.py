@@ -29,20 +29,11 @@ _COMPONENT_NAMES = {
 }
 
 
-def what_changed(
-    root: Path,
-    components: Mapping[str, Any],
-    package: Optional[str] = None,
-    package_files: Optional[Mapping[str, str]] = None,
-) -> Optional[str]:
-    """What differs between ``components`` and the newest entry in ``root`` of the same
-    target (name, script, device) of package ``package``: ``"the script
-    capture/pair.py"``, ``"the package's files (simplepkg/helpers.py changed)"``,
-    ``"the target's args"``, ``"the cache-env variables (FIXTURE_KNOB)"`` (names,
-    never values), joined after ``"changed since the last capture (key 1a2b3c4d5e6f…): "``;
-    None when there is no such entry or nothing readable differs.
-    Reads every entry's entry.json (only on a miss: a capture follows)."""
-    target = components.get("target", {})
+def _newest_entry(
+    root: Path, target: Mapping[str, Any], package: Optional[str]
+) -> Optional[dict[str, Any]]:
+    """entry.json of the newest entry in ``root`` of the same target (name, script,
+    device) of ``package``, or None."""
     best: Optional[dict[str, Any]] = None
     try:
         listing = list(root.iterdir())
@@ -63,6 +54,72 @@ def what_changed(
             continue
         if best is None or meta.get("created_ns", 0) > best.get("created_ns", 0):
             best = meta
+    return best
+
+
+def _detail(
+    k: str,
+    best: Mapping[str, Any],
+    components: Mapping[str, Any],
+    package: Optional[str],
+    package_files: Optional[Mapping[str, str]],
+) -> str:
+    """What to say after component ``k``'s name: the script's path, the package files
+    that changed, the target keys or cache-env names that differ (names, never values)."""
+    old = best["components"]
+    target = components.get("target", {})
+    what = ""
+    if k == "script_sha256":
+        what += f" {target.get('script')}"
+    elif (
+        k == "package_sha256"
+        and isinstance(best.get("package_files"), dict)
+        and package_files is not None
+    ):
+        was, now = best["package_files"], package_files
+        pre = f"{package}/" if package else ""
+        files = (
+            [f"{pre}{f} changed" for f in sorted(now) if f in was and was[f] != now[f]]
+            + [f"{pre}{f} added" for f in sorted(now) if f not in was]
+            + [f"{pre}{f} removed" for f in sorted(was) if f not in now]
+        )
+        if files:
+            what += (
+                " ("
+                + ", ".join(files[:3])
+                + (f" and {len(files) - 3} more" if len(files) > 3 else "")
+                + ")"
+            )
+    elif k == "target" and isinstance(old.get(k), dict):
+        keys = sorted(n for n in set(old[k]) | set(target) if old[k].get(n) != target.get(n))
+        what += " " + ", ".join(keys)
+    elif k == "cache_env" and isinstance(old.get(k), dict):
+        now_env = components.get(k) or {}
+        what += (
+            " ("
+            + ", ".join(
+                sorted(n for n in set(old[k]) | set(now_env) if old[k].get(n) != now_env.get(n))
+            )
+            + ")"
+        )
+    return what
+
+
+def what_changed(
+    root: Path,
+    components: Mapping[str, Any],
+    package: Optional[str] = None,
+    package_files: Optional[Mapping[str, str]] = None,
+) -> Optional[str]:
+    """What differs between ``components`` and the newest entry in ``root`` of the same
+    target (name, script, device) of package ``package``: ``"the script
+    capture/pair.py"``, ``"the package's files (simplepkg/helpers.py changed)"``,
+    ``"the target's args"``, ``"the cache-env variables (FIXTURE_KNOB)"`` (names,
+    never values), joined after ``"changed since the last capture (key 1a2b3c4d5e6f…): "``;
+    None when there is no such entry or nothing readable differs.
+    Reads every entry's entry.json (only on a miss: a capture follows)."""
+    target = components.get("target", {})
+    best = _newest_entry(root, target, package)
     if best is None:
         return None
     old = best["components"]
@@ -75,40 +132,7 @@ def what_changed(
     ):
         if old.get(k) == components.get(k):
             continue
-        what = _COMPONENT_NAMES.get(k, k)
-        if k == "script_sha256":
-            what += f" {target.get('script')}"
-        elif (
-            k == "package_sha256"
-            and isinstance(best.get("package_files"), dict)
-            and package_files is not None
-        ):
-            was, now = best["package_files"], package_files
-            pre = f"{package}/" if package else ""
-            files = (
-                [f"{pre}{f} changed" for f in sorted(now) if f in was and was[f] != now[f]]
-                + [f"{pre}{f} added" for f in sorted(now) if f not in was]
-                + [f"{pre}{f} removed" for f in sorted(was) if f not in now]
-            )
-            if files:
-                what += (
-                    " ("
-                    + ", ".join(files[:3])
-                    + (f" and {len(files) - 3} more" if len(files) > 3 else "")
-                    + ")"
-                )
-        elif k == "target" and isinstance(old.get(k), dict):
-            keys = sorted(n for n in set(old[k]) | set(target) if old[k].get(n) != target.get(n))
-            what += " " + ", ".join(keys)
-        elif k == "cache_env" and isinstance(old.get(k), dict):
-            now_env = components.get(k) or {}
-            what += (
-                " ("
-                + ", ".join(
-                    sorted(n for n in set(old[k]) | set(now_env) if old[k].get(n) != now_env.get(n))
-                )
-                + ")"
-            )
+        what = _COMPONENT_NAMES.get(k, k) + _detail(k, best, components, package, package_files)
         if what not in parts:
             parts.append(what)
     if not parts:

@@ -109,36 +109,49 @@ def capture(
         capture_breakdown=breakdown,
         distributed=ranks.record(world, info.meta) if world is not None and info else None,
     )
+    _say_captured(b, target, r, where, log_path, world)
+    return r
+
+
+def _say_captured(
+    b: BuildState,
+    target: TargetSettings,
+    r: CaptureResult,
+    where: str,
+    log_path: Path,
+    world: Optional[ranks.WorldPlan],
+) -> None:
+    """The build's lines for a pair captured in this build: the target's line (sizes,
+    what was measured, why it was captured), the capture's warnings, max-autotune's
+    choices that could not be frozen, a world's record."""
     measured = "".join(
         f"; {m}"
         for m in (
-            capture_stats.describe_breakdown(breakdown),
-            capture_stats.describe(peaks, human_size),
+            capture_stats.describe_breakdown(r.capture_breakdown),
+            capture_stats.describe(r.peak_memory, human_size),
         )
         if m
     )
     b.progress.say(
-        f"precompile: {target.name}: ok on {where} in {seconds:.1f} s "
-        f"({pair_sizes(r)}{measured}), captured (why: {why})"
+        f"precompile: {target.name}: ok on {where} in {r.capture_seconds or 0.0:.1f} s "
+        f"({pair_sizes(r)}{measured}), captured (why: {r.why})"
     )
     for line in _capture_warnings(log_path):  # the log is in a temp dir: say them here
         b.progress.say(f"precompile: {target.name}: warning: {line}")
-    if (
-        log_path is not None
-    ):  # max-autotune's fastest choices that could not be frozen (engines/autotune.py)
-        for line in capture_stats.replaced_choices(stats_file(log_path)):
-            b.progress.say(f"precompile: {target.name}: max-autotune: {line}")
-    if r.distributed is not None:
+    # max-autotune's fastest choices that could not be frozen (engines/autotune.py)
+    for line in capture_stats.replaced_choices(stats_file(log_path)):
+        b.progress.say(f"precompile: {target.name}: max-autotune: {line}")
+    if r.distributed is not None and world is not None:
+        collectives = r.info.meta.get("collectives") if r.info is not None else None
         b.progress.say(
-            f"precompile: {target.name}: {ranks.describe(r.distributed)} ({world.why})"  # type: ignore
+            f"precompile: {target.name}: {ranks.describe(r.distributed)} ({world.why})"
             + (
                 ""
-                if (info.meta.get("collectives") if info else None)
+                if collectives
                 else "; note: the captured call has no DTensor parameter and runs no collective, "
                 "so the pair does not depend on the world"
             )
         )
-    return r
 
 
 def _check_world(

@@ -256,17 +256,8 @@ def _finite(x: float) -> bool:
         return False
 
 
-def _parse_target(name: Any, raw: Any, root: Path) -> TargetSettings:
-    key = f"{PREFIX}.targets.{name}"
-    bad = target_names.problem(name)
-    if bad is not None:
-        raise fail(f"target name {name!r} in `{key}` {bad}")
-    if not isinstance(raw, dict):
-        raise fail(f"`{key}` must be a table, not {type_name(raw)}")
-    _check_keys(raw, TARGET_KEYS, key)
-    if "script" not in raw:
-        raise fail(f"`{key}.script` is required (path of the capture script)")
-    script_rel = raw["script"]
+def _script(script_rel: Any, key: str, root: Path) -> tuple[str, Path]:
+    """`script` as written and as a resolved path: a file inside the project root."""
     if not isinstance(script_rel, str) or not script_rel or "\0" in script_rel:
         raise fail(f"`{key}.script` must be a non-empty string without NUL characters")
     try:
@@ -281,13 +272,11 @@ def _parse_target(name: Any, raw: Any, root: Path) -> TargetSettings:
         )
     if not is_file:
         raise fail(f"`{key}.script` = {script_rel!r}: no such file {script}")
-    args = raw.get("args", [])
-    if not isinstance(args, list) or not all(isinstance(a, str) and "\0" not in a for a in args):
-        raise fail(f"`{key}.args` must be an array of strings without NUL characters")
-    device = raw.get("device", "auto")
-    if device not in DEVICES:
-        raise fail(f"`{key}.device` must be one of {', '.join(map(repr, DEVICES))}, not {device!r}")
-    timeout = raw.get("timeout", DEFAULT_TIMEOUT)
+    return script_rel, script
+
+
+def _timeout(timeout: Any, key: str) -> float:
+    """`timeout` in seconds: a positive finite number (not a bool)."""
     if (
         isinstance(timeout, bool)
         or not isinstance(timeout, (int, float))
@@ -295,7 +284,11 @@ def _parse_target(name: Any, raw: Any, root: Path) -> TargetSettings:
         or timeout <= 0
     ):
         raise fail(f"`{key}.timeout` must be a positive number of seconds, not {timeout!r}")
-    env = raw.get("env", {})
+    return float(timeout)
+
+
+def _env(env: Any, key: str) -> dict[str, str]:
+    """`env`: a table of strings keyed by environment variable names."""
     if not isinstance(env, dict) or not all(
         isinstance(k, str) and _ENV_NAME.match(k) and isinstance(v, str) and "\0" not in v
         for k, v in env.items()
@@ -305,10 +298,11 @@ def _parse_target(name: Any, raw: Any, root: Path) -> TargetSettings:
             "variable names (letters, digits, underscores) and whose values have "
             "no NUL characters"
         )
-    required = raw.get("required", True)
-    if not isinstance(required, bool):
-        raise fail(f"`{key}.required` must be a boolean, not {type_name(required)}")
-    cache_env = raw.get("cache-env", [])
+    return dict(env)
+
+
+def _cache_env(cache_env: Any, key: str) -> tuple[str, ...]:
+    """`cache-env`: environment variable names, each once, in their order."""
     if not isinstance(cache_env, list) or not all(
         isinstance(n, str) and _ENV_NAME.match(n) for n in cache_env
     ):
@@ -316,6 +310,32 @@ def _parse_target(name: Any, raw: Any, root: Path) -> TargetSettings:
             f"`{key}.cache-env` must be an array of environment variable names "
             "(letters, digits, underscores; not starting with a digit)"
         )
+    return tuple(dict.fromkeys(cache_env))
+
+
+def _parse_target(name: Any, raw: Any, root: Path) -> TargetSettings:
+    key = f"{PREFIX}.targets.{name}"
+    bad = target_names.problem(name)
+    if bad is not None:
+        raise fail(f"target name {name!r} in `{key}` {bad}")
+    if not isinstance(raw, dict):
+        raise fail(f"`{key}` must be a table, not {type_name(raw)}")
+    _check_keys(raw, TARGET_KEYS, key)
+    if "script" not in raw:
+        raise fail(f"`{key}.script` is required (path of the capture script)")
+    script_rel, script = _script(raw["script"], key, root)
+    args = raw.get("args", [])
+    if not isinstance(args, list) or not all(isinstance(a, str) and "\0" not in a for a in args):
+        raise fail(f"`{key}.args` must be an array of strings without NUL characters")
+    device = raw.get("device", "auto")
+    if device not in DEVICES:
+        raise fail(f"`{key}.device` must be one of {', '.join(map(repr, DEVICES))}, not {device!r}")
+    timeout = _timeout(raw.get("timeout", DEFAULT_TIMEOUT), key)
+    env = _env(raw.get("env", {}), key)
+    required = raw.get("required", True)
+    if not isinstance(required, bool):
+        raise fail(f"`{key}.required` must be a boolean, not {type_name(required)}")
+    cache_env = _cache_env(raw.get("cache-env", []), key)
     fallback = raw.get("fallback", "none")
     if fallback not in FALLBACKS:
         raise fail(
@@ -350,10 +370,10 @@ def _parse_target(name: Any, raw: Any, root: Path) -> TargetSettings:
         script_rel=script_rel,
         args=tuple(args),
         device=device,
-        timeout=float(timeout),
-        env=dict(env),
+        timeout=timeout,
+        env=env,
         required=required,
-        cache_env=tuple(dict.fromkeys(cache_env)),
+        cache_env=cache_env,
         fallback=fallback,
         tracer=tracer,
         cuda_graphs=cuda_graphs,

@@ -189,21 +189,8 @@ def decide_platform(elves: Mapping[str, bytes], opaque: Iterable[str] = ()) -> T
         policies = WheelPolicies(libc=Libc.GLIBC, arch=Architecture(arch))
     except (ValueError, KeyError, TypeError) as e:  # TypeError: an auditwheel before 6.2
         return TagDecision([plat], f"auditwheel has no policies for {arch} here ({e})")
-    needs: dict[str, set[str]] = {}
-    libs: dict[str, set[str]] = {}
-    opaque = list(opaque)
-    for name, data in elves.items():
-        try:
-            got = elf_needs(data, arch)
-        except ValueError:
-            opaque.append(name)
-            continue
-        if got is None:
-            continue
-        for lib in got[0]:
-            libs.setdefault(lib, set()).add(name)
-        for lib, vers in got[1].items():
-            needs.setdefault(lib, set()).update(vers)
+    needs, libs, unread = _all_needs(elves, arch)
+    opaque = [*opaque, *unread]
     shown = {k: sorted(v) for k, v in sorted(needs.items())}
     policy = policies.versioned_symbols_policy(needs)
     if policy.name == policies.linux.name:
@@ -228,26 +215,61 @@ def decide_platform(elves: Mapping[str, bytes], opaque: Iterable[str] = ()) -> T
             f"{', '.join(sorted(libs[outside[0]]))})",
             shown,
         )
-    opaque = sorted(opaque)
     if opaque:
-        host = _host_glibc()
-        if host is None:
-            return TagDecision(
-                [plat],
-                f"{', '.join(opaque)}: not an envelope, so its "
-                "kernels cannot be inspected, and this host's glibc is unknown",
-                shown,
-            )
-        mine = [p for p in policies if p.name == f"manylinux_{host[0]}_{host[1]}_{arch}"]
-        if mine and mine[0].priority < policy.priority:
-            policy = mine[0]
-        reason = (
-            f"{', '.join(opaque)}: cannot be inspected (not an envelope, or "
-            f"not a readable ELF file); tagged for this host's glibc "
-            f"{host[0]}.{host[1]}, the newest any kernel compiled here can need"
-        )
-        return TagDecision([policy.name, *policy.aliases], reason, shown)
+        return _for_host_glibc(sorted(opaque), plat, arch, policies, policy, shown)
     return TagDecision([policy.name, *policy.aliases], None, shown)
+
+
+def _all_needs(
+    elves: Mapping[str, bytes], arch: str
+) -> tuple[dict[str, set[str]], dict[str, set[str]], list[str]]:
+    """``(symbol versions needed per library, the files that link each library, the
+    files that cannot be read as ELF)`` of ``elves``."""
+    needs: dict[str, set[str]] = {}
+    libs: dict[str, set[str]] = {}
+    unread: list[str] = []
+    for name, data in elves.items():
+        try:
+            got = elf_needs(data, arch)
+        except ValueError:
+            unread.append(name)
+            continue
+        if got is None:
+            continue
+        for lib in got[0]:
+            libs.setdefault(lib, set()).add(name)
+        for lib, vers in got[1].items():
+            needs.setdefault(lib, set()).update(vers)
+    return needs, libs, unread
+
+
+def _for_host_glibc(
+    opaque: list[str],
+    plat: str,
+    arch: str,
+    policies: Any,
+    policy: Any,
+    shown: dict[str, list[str]],
+) -> TagDecision:
+    """The decision where some kernels cannot be inspected: the policy of this host's
+    glibc (the newest any kernel compiled here can need), when newer than ``policy``."""
+    host = _host_glibc()
+    if host is None:
+        return TagDecision(
+            [plat],
+            f"{', '.join(opaque)}: not an envelope, so its "
+            "kernels cannot be inspected, and this host's glibc is unknown",
+            shown,
+        )
+    mine = [p for p in policies if p.name == f"manylinux_{host[0]}_{host[1]}_{arch}"]
+    if mine and mine[0].priority < policy.priority:
+        policy = mine[0]
+    reason = (
+        f"{', '.join(opaque)}: cannot be inspected (not an envelope, or "
+        f"not a readable ELF file); tagged for this host's glibc "
+        f"{host[0]}.{host[1]}, the newest any kernel compiled here can need"
+    )
+    return TagDecision([policy.name, *policy.aliases], reason, shown)
 
 
 def wheel_tags(
