@@ -19,6 +19,14 @@ __all__ = ["run_one"]
 
 
 def run_one(b: BuildState, target: TargetSettings, device: Optional[str]) -> CaptureResult:
+    """Capture (or reuse) ``target`` on ``device`` (None: `cuda` on a host without CUDA).
+
+    Returns:
+        its :class:`~.results.CaptureResult` (``failed``: an optional target left out).
+    Raises:
+        ScriptFailed: a required target failed.
+        Cancelled: the build stopped before or while it ran.
+    """
     required = target.required or b.settings.strict
     if device is None:
         reason = 'needs CUDA (device = "cuda") but this build host has no CUDA GPU'
