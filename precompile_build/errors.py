@@ -91,7 +91,7 @@ class CompilerFailed(CaptureError):
 
 
 class ScriptFailed(CaptureError):
-    """A capture script run by the backend failed (runner.py): ``Capture of target
+    """A capture script run by the backend failed (builder/capture_run.py): ``Capture of target
     'NAME' failed: REASON``, then the tail of its log.
 
     Args:
@@ -127,7 +127,7 @@ class BuildError(PrecompileBuildError):
 class TracerFallbackWarning(UserWarning):
     """``tracer = "auto"`` traced the call with make_fx because torch.export failed:
     make_fx specialises data-dependent branches to the example's path. The build's
-    line for the target says it (builder/runner.py), not only the capture log."""
+    line for the target says it (builder/capture_run.py), not only the capture log."""
 
 
 class PythonStateWarning(UserWarning):

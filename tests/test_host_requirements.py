@@ -419,16 +419,19 @@ def test_a_zipped_package_without_data_is_not_called_a_race(tmp_path, monkeypatc
 
 
 def test_what_was_seen_keeps_the_finding_not_the_context_or_advice():
-    from precompile_runtime import loader
+    from precompile_runtime._pair_files import what_was_seen
     from precompile_runtime.errors import ManifestError
 
     ctx = "package 'pkg', target 'fwd'"
-    whole = ManifestError(
-        f"{ctx}: _precompiled/manifest.json: manifest format version 99; upgrade precompile-runtime"
-    )  # the manifest reader's one text
-    assert (
-        loader._what_was_seen(ctx, whole)
-        == "_precompiled/manifest.json: manifest format version 99"
+    manifest = ManifestError(
+        "manifest format version 99 is newer than this precompile-runtime reads (1)",
+        context=ctx,
+        where="_precompiled/manifest.json",
+        advice="upgrade precompile-runtime",
+    )  # as the manifest reader raises it: fields, not one text
+    assert what_was_seen(manifest) == (
+        "_precompiled/manifest.json: manifest format version 99 is newer than this "
+        "precompile-runtime reads (1)"
     )
     fields = IntegrityError(
         "sha256 check failed",
@@ -436,4 +439,4 @@ def test_what_was_seen_keeps_the_finding_not_the_context_or_advice():
         where="_precompiled/fwd.py",
         advice="reinstall the package",
     )
-    assert loader._what_was_seen(ctx, fields) == "_precompiled/fwd.py: sha256 check failed"
+    assert what_was_seen(fields) == "_precompiled/fwd.py: sha256 check failed"

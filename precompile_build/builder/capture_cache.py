@@ -1,14 +1,15 @@
 """Capture cache: reuse an artifact pair whose inputs have not changed.
 
 An entry is ``<cache dir>/<key>/{NAME.py, NAME.cache, entry.json}``; ``key`` is the
-sha256 of :func:`key_components` (capture script bytes, the package's importable
-source, the target's config, the values of the environment variables it declares,
-the host fingerprint, the versions of precompile-build and precompile-runtime).
+sha256 of :func:`~.cache_keys.key_components` (capture script bytes, the package's
+importable source, the target's config, the values of the environment variables it
+declares, the host fingerprint, the versions of precompile-build and precompile-runtime).
 What the capture imported is known only after it ran: the entry records it
 (:mod:`precompile_build.process.imported`: the distributions and versions, and the files of
 other imported modules, in the capture process's import context) and :func:`fetch`
 reuses the entry only while they are installed as recorded, looked up in that context.
-A miss says what changed since the target's previous entry (:func:`what_changed`).
+A miss says what changed since the target's previous entry
+(:func:`~.cache_changes.what_changed`).
 Entries are written into a temp directory and renamed into place, under a per-key
 file lock (``<key>.lock``) that a build holds from lookup to store, so a second
 build of the same target waits and then reuses. An entry is verified (sizes,
@@ -19,7 +20,6 @@ The cache is an optimisation: failing to write it never fails a build.
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import json
 import os
@@ -37,16 +37,47 @@ import filelock
 from precompile_runtime._digest import sha256_file  # one file hash for both sides
 from precompile_runtime.envelope import write_atomic
 
-from ..config import capture_env
-from ..config.settings import Settings, TargetSettings, default_cache_dir
+from ..config.cache_settings import default_cache_dir
+from ..config.settings import Settings
 from ..errors import BuildError, CaptureError
 from ..process import imported
 from ..programs import path as program_path
+from .cache_changes import what_changed
+from .cache_keys import (
+    CAPTURE_ENV,
+    ENTRY_FORMAT,
+    ENTRY_JSON,
+    ENTRY_VERSION,
+    cache_key,
+    key_components,
+)
 from .pairs import PairInfo, inspect_pair
 
-ENTRY_FORMAT = "precompile-build.capture-cache"
-ENTRY_VERSION = 3  # 2: entries record what the capture imported; 3: in its import context
-ENTRY_JSON = "entry.json"
+__all__ = [
+    "CAPTURE_ENV",
+    "ENTRY_FORMAT",
+    "ENTRY_JSON",
+    "ENTRY_VERSION",
+    "TAG_NAME",
+    "Lookup",
+    "Miss",
+    "UntrustedCacheError",
+    "cache_key",
+    "cache_root",
+    "check_root",
+    "clean",
+    "digest_of",
+    "discard",
+    "fetch",
+    "host_fingerprints",
+    "key_components",
+    "lock",
+    "package_digest",
+    "package_files",
+    "store",
+    "what_changed",
+]
+
 TAG_NAME = "CACHEDIR.TAG"
 _TAG = (
     b"Signature: 8a477f597d28d172789f06886806bc55\n"
@@ -86,10 +117,10 @@ def package_digest(package_dir: Path) -> str:
     return digest(package_dir)
 
 
-_fp_memo: dict[tuple, dict[str, Any]] = {}
+_fp_memo: dict[tuple[Any, ...], dict[str, Any]] = {}
 
 
-def _memo_key(devices: tuple) -> str:
+def _memo_key(devices: tuple[str, ...]) -> str:
     """What determines the host fingerprints, read without importing torch: the
     interpreter, the installed torch/triton versions (package metadata), the GPUs as
     nvidia-smi lists them, and the fingerprint code itself."""
@@ -192,78 +223,6 @@ def host_fingerprints(devices: Iterable[str], memo_dir: Optional[Path] = None) -
     return _fp_memo[memo]
 
 
-# Variables every capture reads (precompile_build.config.choices.resolve): always in the key.
-CAPTURE_ENV = (capture_env.ENGINE, capture_env.TRACER)
-
-
-def key_components(
-    settings: Settings, target: TargetSettings, device: str, fingerprint: Any, package_sha256: str
-) -> dict[str, Any]:
-    """Everything a capture's output depends on, as a JSON-able dict.
-
-    ``timeout`` and ``required`` are left out (they change no artifact). The
-    declared ``env`` table is part of the target config; ``cache-env`` names and
-    :data:`CAPTURE_ENV` are looked up in ``os.environ``, unset as None.
-
-    Args:
-        device: ``"cpu"`` or ``"cuda"``.
-        fingerprint: :func:`host_fingerprints`'s value for ``device``.
-        package_sha256: :func:`package_digest` of the project's package.
-    Raises:
-        OSError: the script or the tool's own files cannot be read (the runner then
-            builds without the cache).
-    """
-    import precompile_runtime
-    from precompile_runtime.fingerprint import cpu_flags
-
-    from .._version import __version__
-
-    return {
-        "format": ENTRY_FORMAT,
-        "version": ENTRY_VERSION,
-        "precompile_build": __version__,
-        "precompile_runtime": precompile_runtime.__version__,
-        # the engines write their own code into every pair: a changed engine recaptures
-        "tool_code_sha256": _tool_code_sha256(),
-        "script_sha256": sha256_file(target.script),
-        "package_sha256": package_sha256,
-        "target": {
-            "name": target.name,
-            "script": target.script_rel,
-            "args": list(target.args),
-            "device": device,
-            "env": dict(sorted(target.env.items())),
-            "fallback": target.fallback,
-            "tracer": target.tracer,
-            "cuda_graphs": target.cuda_graphs,
-            "cuda_archs": list(target.cuda_archs),
-            "mode": target.mode,
-        },
-        "cache_env": {n: os.environ.get(n) for n in sorted({*target.cache_env, *CAPTURE_ENV})},
-        "fingerprint": fingerprint,
-        "cpu_flags": hashlib.sha256(" ".join(sorted(cpu_flags())).encode()).hexdigest(),
-    }
-
-
-@functools.cache
-def _tool_code_sha256() -> str:
-    """sha256 over the source files of precompile_build and precompile_runtime."""
-    import precompile_runtime
-
-    from .._version import __file__ as build_init
-
-    h = hashlib.sha256()
-    for pkg in (Path(build_init).parent, Path(precompile_runtime.__file__).parent):
-        for f in sorted(pkg.rglob("*.py")):
-            h.update(f.relative_to(pkg).as_posix().encode() + b"\0" + f.read_bytes())
-    return h.hexdigest()
-
-
-def cache_key(components: Mapping[str, Any]) -> str:
-    """sha256 hex of the canonical JSON of :func:`key_components`."""
-    return hashlib.sha256(json.dumps(components, sort_keys=True).encode()).hexdigest()
-
-
 def lock(root: Path, key: str) -> filelock.FileLock:
     """The file lock of entry ``key`` (``<root>/<key>.lock``; creates ``root``, raising
     OSError when it cannot)."""
@@ -332,7 +291,7 @@ class Lookup(NamedTuple):
     """What :func:`fetch` found: ``meta`` on a hit; else the kind of miss and its detail
     (what the build line shows: ``why``)."""
 
-    meta: Optional[dict]
+    meta: Optional[dict[str, Any]]
     miss: Optional[Miss] = None
     detail: str = ""
 
@@ -347,7 +306,7 @@ def fetch(
     key: str,
     name: str,
     dest: Path,
-    changes: Optional[Callable[[dict], list[str]]] = None,
+    changes: Optional[Callable[[dict[str, Any]], list[str]]] = None,
 ) -> Lookup:
     """Copy entry ``key`` of target ``name`` to ``dest/NAME.{py,cache}`` and verify it.
 
@@ -487,110 +446,6 @@ def store(
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-
-
-_COMPONENT_NAMES = {
-    "script_sha256": "the script",
-    "package_sha256": "the package's files",
-    "target": "the target's",
-    "cache_env": "the cache-env variables",
-    "fingerprint": "the host fingerprint",
-    "cpu_flags": "the CPU flags",
-    "tool_code_sha256": "precompile-build's code",
-    "precompile_build": "precompile-build's version",
-    "precompile_runtime": "precompile-runtime's version",
-    "format": "the entry format",
-    "version": "the entry format",
-}
-
-
-def what_changed(
-    root: Path,
-    components: Mapping[str, Any],
-    package: Optional[str] = None,
-    package_files: Optional[Mapping[str, str]] = None,
-) -> Optional[str]:
-    """What differs between ``components`` and the newest entry in ``root`` of the same
-    target (name, script, device) of package ``package``: ``"the script
-    capture/pair.py"``, ``"the package's files (simplepkg/helpers.py changed)"``,
-    ``"the target's args"``, ``"the cache-env variables (FIXTURE_KNOB)"`` (names,
-    never values), joined after ``"changed since the last capture (key 1a2b3c4d5e6f…): "``;
-    None when there is no such entry or nothing readable differs.
-    Reads every entry's entry.json (only on a miss: a capture follows)."""
-    target = components.get("target", {})
-    best: Optional[dict] = None
-    try:
-        listing = list(root.iterdir())
-    except OSError:
-        return None
-    for d in listing:
-        try:
-            meta = json.loads((d / ENTRY_JSON).read_text(encoding="utf-8"))
-            old_target = meta["components"]["target"]
-            if (
-                old_target["name"],
-                old_target["script"],
-                old_target["device"],
-                meta.get("package"),
-            ) != (target.get("name"), target.get("script"), target.get("device"), package):
-                continue
-        except (OSError, ValueError, KeyError, TypeError):
-            continue
-        if best is None or meta.get("created_ns", 0) > best.get("created_ns", 0):
-            best = meta
-    if best is None:
-        return None
-    old = best["components"]
-    parts = []
-    for k in sorted(
-        set(old) | set(components),
-        key=lambda k: (
-            list(_COMPONENT_NAMES).index(k) if k in _COMPONENT_NAMES else len(_COMPONENT_NAMES)
-        ),
-    ):
-        if old.get(k) == components.get(k):
-            continue
-        what = _COMPONENT_NAMES.get(k, k)
-        if k == "script_sha256":
-            what += f" {target.get('script')}"
-        elif (
-            k == "package_sha256"
-            and isinstance(best.get("package_files"), dict)
-            and package_files is not None
-        ):
-            was, now = best["package_files"], package_files
-            pre = f"{package}/" if package else ""
-            files = (
-                [f"{pre}{f} changed" for f in sorted(now) if f in was and was[f] != now[f]]
-                + [f"{pre}{f} added" for f in sorted(now) if f not in was]
-                + [f"{pre}{f} removed" for f in sorted(was) if f not in now]
-            )
-            if files:
-                what += (
-                    " ("
-                    + ", ".join(files[:3])
-                    + (f" and {len(files) - 3} more" if len(files) > 3 else "")
-                    + ")"
-                )
-        elif k == "target" and isinstance(old.get(k), dict):
-            keys = sorted(n for n in set(old[k]) | set(target) if old[k].get(n) != target.get(n))
-            what += " " + ", ".join(keys)
-        elif k == "cache_env" and isinstance(old.get(k), dict):
-            now_env = components.get(k) or {}
-            what += (
-                " ("
-                + ", ".join(
-                    sorted(n for n in set(old[k]) | set(now_env) if old[k].get(n) != now_env.get(n))
-                )
-                + ")"
-            )
-        if what not in parts:
-            parts.append(what)
-    if not parts:
-        return None
-    return f"changed since the last capture (key {str(best.get('key', '?'))[:12]}…): " + ", ".join(
-        parts
-    )
 
 
 def discard(entry_dir: Path) -> None:

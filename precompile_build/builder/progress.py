@@ -19,6 +19,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import IO, Optional
 
+from .results import SummaryRow
+
 INTERVAL = 5.0  # seconds between checks for a status line without a terminal
 MAX_GAP = 120.0  # most seconds between two status lines of a target without a terminal
 TTY_INTERVAL = 1.0  # seconds between redraws on a terminal
@@ -172,9 +174,9 @@ def _terminal_width() -> int:
         return 100
 
 
-def summary(rows: Sequence[tuple]) -> str:
-    """The end-of-build table: one row ``(target, device, result, seconds, bytes,
-    peak_memory)`` per target (``peak_memory``: :func:`.capture_stats.read`'s dict, host
+def summary(rows: Sequence[SummaryRow]) -> str:
+    """The end-of-build table: one :class:`~.results.SummaryRow` ``(target, device,
+    result, seconds, bytes, peak_memory)`` per target (``peak_memory``: :func:`.capture_stats.read`'s dict, host
     then GPU; may be left off); seconds/bytes/peaks None print as ``-``; a last line says
     what the seconds count (more than a target's own line: the slot, cache and checks)."""
     from ..process.stats import short

@@ -85,7 +85,8 @@ def free_port() -> int:
     """A TCP port free on the loopback interface now (for MASTER_PORT)."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+        port: int = s.getsockname()[1]
+        return port
 
 
 def rank_env(env: Mapping[str, str], world: WorldPlan, rank: int, port: int) -> dict[str, str]:

@@ -20,7 +20,7 @@ import threading
 import time
 import uuid
 from pathlib import Path
-from typing import IO, Optional
+from typing import IO, Any, NamedTuple, Optional
 
 from ..config import capture_env
 from ..config.settings import Settings, TargetSettings
@@ -30,15 +30,30 @@ from ..process import stats as capture_stats
 from ..process.world import MODE_ENV, WORLD_ENV
 from ..programs import path as program_path
 from . import leftovers, ranks
-from .pairs import PairInfo, inspect_pair
+from .pairs import inspect_pair
 from .ranks import WorldPlan
+from .results import Outcome, PairCheck, ScriptRun
 
 LOG_TAIL_LINES = 40
 _TAIL_BYTES = 64 * 1024
 _LINE_CAP = 400  # characters per shown log line
 _KILL_GRACE = 5.0  # seconds between SIGTERM and SIGKILL
-CANCELLED = "cancelled"
-"""Failure reason of a script stopped because the build was stopped."""
+
+
+class Ended(NamedTuple):
+    """How waiting for a script's process (or a world's) ended: ``outcome`` decides,
+    ``reason`` (a failure's) is only shown."""
+
+    outcome: Outcome
+    reason: Optional[str] = None
+
+
+_OK = Ended("ok")
+_CANCELLED = Ended("cancelled")
+
+
+def _failed(reason: str) -> Ended:
+    return Ended("failed", reason)
 
 
 def log_tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:
@@ -88,7 +103,7 @@ def error_line(log_path: Path) -> Optional[str]:
     return line if len(line) <= _ERROR_CAP else line[:_ERROR_CAP] + " [...]"
 
 
-def _kill_group(proc: subprocess.Popen) -> None:
+def _kill_group(proc: subprocess.Popen[bytes]) -> None:
     """End the script and every process it started in its session."""
     for sig, grace in ((signal.SIGTERM, _KILL_GRACE), (signal.SIGKILL, None)):
         try:
@@ -193,9 +208,9 @@ def script_env(
     return env
 
 
-def wait(proc: subprocess.Popen, timeout: float, abort: threading.Event) -> Optional[str]:
-    """Wait for the script at most ``timeout`` seconds; returns the failure reason, or
-    None for exit status 0. Kills the script's process group on timeout, ``abort`` or
+def wait(proc: subprocess.Popen[bytes], timeout: float, abort: threading.Event) -> Ended:
+    """Wait for the script at most ``timeout`` seconds; returns how it ended (``ok`` for
+    exit status 0, ``cancelled`` on ``abort``, else ``failed`` and why). Kills the script's process group on timeout, ``abort`` or
     an exception."""
     deadline = time.monotonic() + timeout
     try:
@@ -206,18 +221,18 @@ def wait(proc: subprocess.Popen, timeout: float, abort: threading.Event) -> Opti
             except subprocess.TimeoutExpired:
                 if abort.is_set():
                     _kill_group(proc)
-                    return CANCELLED
+                    return _CANCELLED
                 if time.monotonic() >= deadline:
                     _kill_group(proc)
-                    return f"timed out after {timeout:g} s (process group killed)"
+                    return _failed(f"timed out after {timeout:g} s (process group killed)")
     except BaseException:  # Ctrl-C: end the script's tree, then re-raise
         _kill_group(proc)
         raise
     _kill_group(proc)  # leftovers the script started in the background
-    return _exit_reason(rc) if rc != 0 else None
+    return _failed(_exit_reason(rc)) if rc != 0 else _OK
 
 
-def _wait_once(proc: subprocess.Popen, timeout: float) -> int:
+def _wait_once(proc: subprocess.Popen[bytes], timeout: float) -> int:
     """``proc.wait(timeout)``, reaping with ``os.wait4`` where there is one, so that the
     script's peak RSS (``ru_maxrss``) is kept as ``proc.peak_rss_bytes``."""
     if not hasattr(os, "wait4"):
@@ -243,7 +258,7 @@ def run_script(
     verbose: bool,
     abort: threading.Event,
     world: Optional[WorldPlan] = None,
-) -> tuple[Optional[str], Path, Path, Path, tuple[Optional[dict], Optional[dict]]]:
+) -> ScriptRun:
     """Run one target's script (see the module docstring).
 
     Args:
@@ -255,16 +270,16 @@ def run_script(
         work: the build's temp directory; the pair goes to ``work/pairs/NAME/``.
         verbose: also stream the output to stderr, lines prefixed ``[NAME]``
             (``[NAME rank 1]`` for the other ranks).
-        abort: set by the build to stop the script (reason :data:`CANCELLED`).
+        abort: set by the build to stop the script (outcome ``cancelled``).
         world: a world-size target's plan (ranks.py): ``real`` runs the script once
             per rank with torchrun's environment (rank ``r > 0`` writing its pair to
             ``work/pairs/NAME/rank<r>/`` and its log to ``NAME.rank<r>.log``); the
             first rank that fails ends the others. ``fake``: rank 0 alone.
     Returns:
-        (failure reason or None, source path, cache path, log path (of the rank that
-        failed first, else rank 0's), what the capture measured: rank 0's
-        :func:`.capture_stats.read` ``(peaks, breakdown)``). A reason from another
-        rank than 0 begins ``rank R``.
+        a :class:`~.results.ScriptRun`: the outcome and a failure's reason, the source
+        and cache paths, the log path (of the rank that failed first, else rank 0's),
+        what the capture measured (rank 0's :func:`.capture_stats.read`: peaks,
+        breakdown). A reason from another rank than 0 begins ``rank R``.
     Raises:
         OSError: the pair or log directory cannot be created, or the interpreter
             cannot be started.
@@ -284,30 +299,20 @@ def run_script(
         time.time()
     )  # + the script's pid (programs/run_script.py): capture_began
     for attempt in range(2):
-        reason, failed, procs = _run_ranks(
+        ended, failed, procs = _run_ranks(
             settings, target, work, env, log_path, verbose, abort, world
         )
-        if (
-            attempt
-            or world is None
-            or world.processes == 1
-            or reason is None
-            or reason == CANCELLED
-        ):
+        if attempt or world is None or world.processes == 1 or ended.outcome != "failed":
             break
         # MASTER_PORT was free when chosen and taken before rank 0 bound it (another
         # process on this host): a new port, once
         if not any(_PORT_TAKEN in log_tail(r_log, 60) for _, _, r_log in procs):
             break
+    reason = ended.reason
     if failed:
         reason, log_path = f"rank {failed} {reason}", procs[failed][2]
-    return (
-        reason,
-        src,
-        cache,
-        log_path,
-        capture_stats.read(stats, getattr(procs[0][0], "peak_rss_bytes", None)),
-    )
+    peaks, breakdown = capture_stats.read(stats, getattr(procs[0][0], "peak_rss_bytes", None))
+    return ScriptRun(ended.outcome, reason, src, cache, log_path, peaks, breakdown)
 
 
 _PORT_TAKEN = "EADDRINUSE"  # c10d's TCPStore, when the MASTER_PORT is in use
@@ -317,16 +322,16 @@ def _run_ranks(
     settings: Settings,
     target: TargetSettings,
     work: Path,
-    env: dict,
+    env: dict[str, str],
     log_path: Path,
     verbose: bool,
     abort: threading.Event,
     world: Optional[WorldPlan],
-) -> tuple[Optional[str], int, list]:
+) -> tuple[Ended, int, list[tuple[subprocess.Popen[bytes], threading.Thread, Path]]]:
     """Start the script once per rank of ``world`` (once when None) and wait for all:
-    ``(reason, index of the rank that failed first, [(process, pump, log path)])``."""
+    ``(how it ended, index of the rank that failed first, [(process, pump, log path)])``."""
     port = ranks.free_port() if world is not None else 0
-    procs: list[tuple[subprocess.Popen, threading.Thread, Path]] = []
+    procs: list[tuple[subprocess.Popen[bytes], threading.Thread, Path]] = []
     try:
         for rank in range(world.processes if world is not None else 1):
             r_env, r_log, echo = env, log_path, target.name if verbose else None
@@ -346,28 +351,29 @@ def _run_ranks(
                 r_env.pop(capture_stats.STATS_ENV, None)  # the report is rank 0's
                 echo = f"{target.name} rank {rank}" if verbose else None
             procs.append(_start(settings, target, r_env, r_log, echo))
-        reason, failed = wait_all([p for p, _, _ in procs], target.timeout, abort)
+        ended, failed = wait_all([p for p, _, _ in procs], target.timeout, abort)
     finally:
         for proc, _, _ in procs:
             if proc.returncode is None:
                 _kill_group(proc)
         # what it started in other sessions (a daemon holding the output pipe open)
-        ended = leftovers.end(env[capture_env.CAPTURE_ID]) if procs else []
+        left = leftovers.end(env[capture_env.CAPTURE_ID]) if procs else []
         for proc, pump, _ in procs:
             pump.join(timeout=10)
             if not pump.is_alive():  # (a close would wait for a read that a holder keeps open)
                 proc.stdout.close()  # type: ignore[union-attr]
-    if reason is not None and reason != CANCELLED:
+    reason = ended.reason
+    if ended.outcome == "failed":
         full = _no_space(work)
         if full:
             reason = f"{reason}; {full}"
-    if ended:
-        if reason is None:  # served, but said in its log
+    if left:
+        if ended.outcome == "ok":  # served, but said in its log
             with open(log_path, "ab") as log:
-                log.write(f"precompile-build: the script {leftovers.said(ended)}\n".encode())
+                log.write(f"precompile-build: the script {leftovers.said(left)}\n".encode())
         else:
-            reason = f"{reason}; {leftovers.said(ended)}"
-    return reason, failed, procs
+            reason = f"{reason or ended.outcome}; {leftovers.said(left)}"
+    return Ended(ended.outcome, reason), failed, procs
 
 
 _LOW_SPACE = 16 * 2**20  # bytes free below which a failed capture is said to have run out of room
@@ -395,8 +401,12 @@ def rank_pair(work: Path, target: TargetSettings, rank: int) -> tuple[Path, Path
 
 
 def _start(
-    settings: Settings, target: TargetSettings, env: dict, log_path: Path, echo: Optional[str]
-) -> tuple[subprocess.Popen, threading.Thread, Path]:
+    settings: Settings,
+    target: TargetSettings,
+    env: dict[str, str],
+    log_path: Path,
+    echo: Optional[str],
+) -> tuple[subprocess.Popen[bytes], threading.Thread, Path]:
     """Start the script (its own session) with its output pumped to ``log_path``."""
     result_file(log_path).unlink(missing_ok=True)
     cmd = [
@@ -435,11 +445,11 @@ def _start(
 
 
 def wait_all(
-    procs: list[subprocess.Popen], timeout: float, abort: threading.Event
-) -> tuple[Optional[str], int]:
-    """:func:`wait` for several processes (the ranks of a world): returns ``(reason,
-    index)`` of the first to fail (its reason; the others are killed: they would wait
-    for it in a collective), or ``(None, 0)`` when all exit 0."""
+    procs: list[subprocess.Popen[bytes]], timeout: float, abort: threading.Event
+) -> tuple[Ended, int]:
+    """:func:`wait` for several processes (the ranks of a world): returns ``(how it
+    ended, index)`` of the first to fail (the others are killed: they would wait for it
+    in a collective), or ``(ok, 0)`` when all exit 0."""
     if len(procs) == 1:
         return wait(procs[0], timeout, abort), 0
     deadline = time.monotonic() + timeout
@@ -461,25 +471,25 @@ def wait_all(
             if failed:
                 for other in procs:
                     _kill_group(other)
-                return _exit_reason(failed[0][1]), failed[0][0]
+                return _failed(_exit_reason(failed[0][1])), failed[0][0]
             time.sleep(0.05)
             if abort.is_set() or time.monotonic() >= deadline:
                 for proc in procs:
                     _kill_group(proc)
                 return (
-                    CANCELLED
+                    _CANCELLED
                     if abort.is_set()
-                    else f"timed out after {timeout:g} s (process groups killed)"
+                    else _failed(f"timed out after {timeout:g} s (process groups killed)")
                 ), 0
     except BaseException:
         for proc in procs:
             _kill_group(proc)
         raise
-    return None, 0
+    return _OK, 0
 
 
 def imports_changes(
-    settings: Settings, target: TargetSettings, device: str, recorded: dict
+    settings: Settings, target: TargetSettings, device: str, recorded: dict[str, Any]
 ) -> list[str]:
     """What changed since a capture of ``target`` recorded ``recorded`` (its imports:
     :mod:`~precompile_build.process.imported`), asked in a process started as the
@@ -520,18 +530,19 @@ def log_file(work: Path, target: TargetSettings) -> Path:
     return work / "logs" / f"{target.name}.log"
 
 
-def check_pair(src: Path, cache: Path) -> tuple[Optional[str], Optional[PairInfo]]:
-    """(failure reason, None) or (None, PairInfo) for what a script that exited 0 wrote."""
+def check_pair(src: Path, cache: Path) -> PairCheck:
+    """What a script that exited 0 wrote: its :class:`~.pairs.PairInfo`, or why it is unusable."""
     have = [p.name for p in (src, cache) if p.is_file()]
     if not have:
-        return (
+        return PairCheck(
+            None,
             "exited 0 but wrote neither half of the pair; did the script run a "
-            f"capture with {capture_env.ARTIFACT_PATH} / {capture_env.CACHE_PATH}?"
-        ), None
+            f"capture with {capture_env.ARTIFACT_PATH} / {capture_env.CACHE_PATH}?",
+        )
     if len(have) == 1:
         missing = cache.name if have[0] == src.name else src.name
-        return f"wrote only {have[0]}, not {missing}: half a pair is unusable", None
+        return PairCheck(None, f"wrote only {have[0]}, not {missing}: half a pair is unusable")
     try:
-        return None, inspect_pair(src, cache)
+        return PairCheck(inspect_pair(src, cache))
     except CaptureError as e:
-        return f"wrote an invalid pair: {e}", None
+        return PairCheck(None, f"wrote an invalid pair: {e}")

@@ -78,14 +78,14 @@ VARIABLES = (
         ENGINE,
         'an engine name: what `engine="auto"` resolves to',
         "the user's environment (the build passes it on; it is part of the capture cache's key)",
-        "config/choices.py, config/capture_options.py, builder/capture_cache.py",
+        "config/choices.py, config/capture_options.py, builder/cache_keys.py",
     ),
     Variable(
         TRACER,
         "a tracer name: `capture(tracer=)`'s default",
         "the build: the target's `tracer` key when set, else the user's environment "
         "(part of the capture cache's key)",
-        "capturing/tracers.py, config/capture_options.py, builder/capture_cache.py",
+        "capturing/tracers.py, config/capture_options.py, builder/cache_keys.py",
     ),
     Variable(
         FALLBACK,

@@ -13,6 +13,23 @@ from precompile_runtime.pair_format import ENGINES, Device, Engine, Tracer  # no
 
 from . import capture_env
 
+__all__ = [
+    "ENGINES",
+    "FALLBACKS",
+    "MODES",
+    "TRACERS",
+    "Device",
+    "DeviceChoice",
+    "Engine",
+    "EngineChoice",
+    "Fallback",
+    "Tracer",
+    "TracerChoice",
+    "check_tracer",
+    "resolve",
+    "torch_has_precompile",
+]
+
 EngineChoice = Literal["auto", Engine]
 """``capture(engine=)``: an engine, or ``auto`` (:func:`resolve`)."""
 Fallback = Literal["none", "eager"]

@@ -93,7 +93,7 @@ def parse_distributed(table: Mapping[str, Any], overrides: Mapping[str, tuple[An
             f"collectives; fake: rank 0 alone, compile-only), not {value!r}"
         )
         raise invalid(where, msg)
-    return value
+    return str(value)
 
 
 def mesh_text(mesh: tuple[tuple[str, int], ...]) -> str:

@@ -21,11 +21,20 @@ from typing import Any, Optional
 
 from ..errors import ConfigError
 from . import target_names
+from .cache_settings import (
+    DEFAULT_CACHE_MAX_SIZE,
+    default_cache_dir,
+    parse_cache_dir,
+    parse_cache_max_size,
+    resolve_cache_dir,
+)
 from .choices import FALLBACKS, TRACERS, DeviceChoice, Fallback, TracerChoice
 from .compile_keys import parse_cuda_archs, parse_mode
 from .fields import PROJECT_KEYS
 from .fields import TARGET_KEYS as TARGET_TABLE_KEYS
 from .messages import PREFIX, fail, invalid, type_name
+from .overrides import LIST_OVERRIDES, OVERRIDES, as_bool, collect_overrides, select_targets
+from .package_dir import find_package
 from .parallel import parse_distributed, parse_world
 from .wrapped import parse_backend
 
@@ -38,22 +47,6 @@ DEVICES = ("cuda", "cpu", "auto")  # DeviceChoice (choices.py), in the order mes
 TORCH_PINS = ("exact", "minor", "none")
 DEFAULT_TIMEOUT = 3600.0  # seconds
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-DEFAULT_CACHE_MAX_SIZE = 10 * 2**30  # bytes: `cache-max-size`'s default
-_NOT_PACKAGES = {
-    "tests",
-    "test",
-    "testing",
-    "docs",
-    "doc",
-    "examples",
-    "example",
-    "bench",
-    "benchmarks",
-    "build",
-    "dist",
-    "scripts",
-    "capture",
-}
 
 
 @dataclass(frozen=True)
@@ -184,12 +177,29 @@ class Settings:
 
 # Keys of the tables, kebab-case as written in TOML, and the overrides (config setting
 # `precompile.KEY` / environment variable): from the one table, config/fields.py.
+__all__ = [
+    "DEFAULT_CACHE_MAX_SIZE",
+    "DEFAULT_TIMEOUT",
+    "DEVICES",
+    "LIST_OVERRIDES",
+    "OVERRIDES",
+    "TARGET_KEYS",
+    "TOP_KEYS",
+    "TORCH_PINS",
+    "Settings",
+    "TargetSettings",
+    "collect_overrides",
+    "default_cache_dir",
+    "find_package",
+    "load_settings",
+    "read_pyproject",
+    "resolve_cache_dir",
+    "select_targets",
+    "settings_from_table",
+]
+
 TOP_KEYS = tuple(k.key for k in PROJECT_KEYS if k.toml)
 TARGET_KEYS = tuple(k.key for k in TARGET_TABLE_KEYS)
-OVERRIDES = {k.key: k.env for k in PROJECT_KEYS if k.env}
-# Override keys that take a list: repeating them (`-C precompile.targets=a -C
-# precompile.targets=b`) selects the union; any other key given twice must agree.
-LIST_OVERRIDES = ("targets", "cuda-archs")
 
 
 def _check_keys(table: Mapping[str, Any], allowed: tuple[str, ...], prefix: str) -> None:
@@ -246,17 +256,8 @@ def _finite(x: float) -> bool:
         return False
 
 
-def _parse_target(name: Any, raw: Any, root: Path) -> TargetSettings:
-    key = f"{PREFIX}.targets.{name}"
-    bad = target_names.problem(name)
-    if bad is not None:
-        raise fail(f"target name {name!r} in `{key}` {bad}")
-    if not isinstance(raw, dict):
-        raise fail(f"`{key}` must be a table, not {type_name(raw)}")
-    _check_keys(raw, TARGET_KEYS, key)
-    if "script" not in raw:
-        raise fail(f"`{key}.script` is required (path of the capture script)")
-    script_rel = raw["script"]
+def _script(script_rel: Any, key: str, root: Path) -> tuple[str, Path]:
+    """`script` as written and as a resolved path: a file inside the project root."""
     if not isinstance(script_rel, str) or not script_rel or "\0" in script_rel:
         raise fail(f"`{key}.script` must be a non-empty string without NUL characters")
     try:
@@ -271,13 +272,11 @@ def _parse_target(name: Any, raw: Any, root: Path) -> TargetSettings:
         )
     if not is_file:
         raise fail(f"`{key}.script` = {script_rel!r}: no such file {script}")
-    args = raw.get("args", [])
-    if not isinstance(args, list) or not all(isinstance(a, str) and "\0" not in a for a in args):
-        raise fail(f"`{key}.args` must be an array of strings without NUL characters")
-    device = raw.get("device", "auto")
-    if device not in DEVICES:
-        raise fail(f"`{key}.device` must be one of {', '.join(map(repr, DEVICES))}, not {device!r}")
-    timeout = raw.get("timeout", DEFAULT_TIMEOUT)
+    return script_rel, script
+
+
+def _timeout(timeout: Any, key: str) -> float:
+    """`timeout` in seconds: a positive finite number (not a bool)."""
     if (
         isinstance(timeout, bool)
         or not isinstance(timeout, (int, float))
@@ -285,7 +284,11 @@ def _parse_target(name: Any, raw: Any, root: Path) -> TargetSettings:
         or timeout <= 0
     ):
         raise fail(f"`{key}.timeout` must be a positive number of seconds, not {timeout!r}")
-    env = raw.get("env", {})
+    return float(timeout)
+
+
+def _env(env: Any, key: str) -> dict[str, str]:
+    """`env`: a table of strings keyed by environment variable names."""
     if not isinstance(env, dict) or not all(
         isinstance(k, str) and _ENV_NAME.match(k) and isinstance(v, str) and "\0" not in v
         for k, v in env.items()
@@ -295,10 +298,11 @@ def _parse_target(name: Any, raw: Any, root: Path) -> TargetSettings:
             "variable names (letters, digits, underscores) and whose values have "
             "no NUL characters"
         )
-    required = raw.get("required", True)
-    if not isinstance(required, bool):
-        raise fail(f"`{key}.required` must be a boolean, not {type_name(required)}")
-    cache_env = raw.get("cache-env", [])
+    return dict(env)
+
+
+def _cache_env(cache_env: Any, key: str) -> tuple[str, ...]:
+    """`cache-env`: environment variable names, each once, in their order."""
     if not isinstance(cache_env, list) or not all(
         isinstance(n, str) and _ENV_NAME.match(n) for n in cache_env
     ):
@@ -306,6 +310,32 @@ def _parse_target(name: Any, raw: Any, root: Path) -> TargetSettings:
             f"`{key}.cache-env` must be an array of environment variable names "
             "(letters, digits, underscores; not starting with a digit)"
         )
+    return tuple(dict.fromkeys(cache_env))
+
+
+def _parse_target(name: Any, raw: Any, root: Path) -> TargetSettings:
+    key = f"{PREFIX}.targets.{name}"
+    bad = target_names.problem(name)
+    if bad is not None:
+        raise fail(f"target name {name!r} in `{key}` {bad}")
+    if not isinstance(raw, dict):
+        raise fail(f"`{key}` must be a table, not {type_name(raw)}")
+    _check_keys(raw, TARGET_KEYS, key)
+    if "script" not in raw:
+        raise fail(f"`{key}.script` is required (path of the capture script)")
+    script_rel, script = _script(raw["script"], key, root)
+    args = raw.get("args", [])
+    if not isinstance(args, list) or not all(isinstance(a, str) and "\0" not in a for a in args):
+        raise fail(f"`{key}.args` must be an array of strings without NUL characters")
+    device = raw.get("device", "auto")
+    if device not in DEVICES:
+        raise fail(f"`{key}.device` must be one of {', '.join(map(repr, DEVICES))}, not {device!r}")
+    timeout = _timeout(raw.get("timeout", DEFAULT_TIMEOUT), key)
+    env = _env(raw.get("env", {}), key)
+    required = raw.get("required", True)
+    if not isinstance(required, bool):
+        raise fail(f"`{key}.required` must be a boolean, not {type_name(required)}")
+    cache_env = _cache_env(raw.get("cache-env", []), key)
     fallback = raw.get("fallback", "none")
     if fallback not in FALLBACKS:
         raise fail(
@@ -340,10 +370,10 @@ def _parse_target(name: Any, raw: Any, root: Path) -> TargetSettings:
         script_rel=script_rel,
         args=tuple(args),
         device=device,
-        timeout=float(timeout),
-        env=dict(env),
+        timeout=timeout,
+        env=env,
         required=required,
-        cache_env=tuple(dict.fromkeys(cache_env)),
+        cache_env=cache_env,
         fallback=fallback,
         tracer=tracer,
         cuda_graphs=cuda_graphs,
@@ -352,137 +382,6 @@ def _parse_target(name: Any, raw: Any, root: Path) -> TargetSettings:
         mesh=mesh,
         cuda_archs=cuda_archs,  # type: ignore[arg-type]  # None: not set here
     )
-
-
-def find_package(root: Path, name: str | None) -> tuple[str, Path]:
-    """Locate the import package that receives `_precompiled/`.
-
-    Args:
-        root: project root.
-        name: the configured `package`, or None to infer it.
-    Returns:
-        (package name, its source directory). Looks in ``root`` and ``root/src``
-        for a directory with ``__init__.py``.
-    Raises:
-        ConfigError: not found, or (when inferring) none or several candidates.
-    """
-    bases = [root, root / "src"]
-    if name is not None:
-        if not isinstance(name, str) or not name.isidentifier():
-            raise fail(f"`{PREFIX}.package` must be an import package name, not {name!r}")
-        for base in bases:
-            try:
-                if (base / name / "__init__.py").is_file():
-                    return name, base / name
-            except OSError as e:  # name too long
-                raise fail(f"`{PREFIX}.package` = {name!r} is not a usable name ({e})") from None
-        raise fail(
-            f"`{PREFIX}.package` = {name!r} is not in the distribution "
-            f"(no {name}/__init__.py in {root} or {root / 'src'})"
-        )
-    found = sorted(
-        {
-            (d.name, d)
-            for base in bases
-            if base.is_dir()
-            for d in base.iterdir()
-            if d.is_dir()
-            and d.name.isidentifier()
-            and d.name not in _NOT_PACKAGES
-            and not d.name.startswith("_")
-            and (d / "__init__.py").is_file()
-        }
-    )
-    if len(found) != 1:
-        what = (
-            "no import package"
-            if not found
-            else ("several import packages (" + ", ".join(n for n, _ in found) + ")")
-        )
-        raise fail(
-            f"found {what} in {root} or {root / 'src'}; set "
-            f"`{PREFIX}.package` to the one that receives `_precompiled/`"
-        )
-    return found[0]
-
-
-def _as_bool(value: Any, key: str) -> bool:
-    if isinstance(value, bool):
-        return value
-    text = str(value).strip().lower()
-    if text in ("1", "true", "yes", "on"):
-        return True
-    if text in ("0", "false", "no", "off", ""):
-        return False
-    raise ConfigError(
-        f"Failed to read override {key}: {value!r} is not a boolean "
-        "(use true/false, 1/0, yes/no, on/off)"
-    )
-
-
-def default_cache_dir() -> Path:
-    """The per-user capture cache: ``platformdirs.user_cache_dir("precompile-build")``
-    (``~/.cache/precompile-build`` on Linux)."""
-    import platformdirs
-
-    return Path(platformdirs.user_cache_dir("precompile-build"))
-
-
-def _cache_dir(
-    table: Mapping[str, Any], overrides: Mapping[str, tuple[Any, str]], root: Path
-) -> Optional[Path]:
-    value, where = table.get("cache-dir"), f"`{PREFIX}.cache-dir`"
-    if "cache-dir" in overrides:
-        value, where = overrides["cache-dir"]
-    if value is None:
-        return None
-    if not isinstance(value, str) or not value.strip() or "\x00" in value:
-        raise invalid(where, f"must be a non-empty directory path, not {value!r}")
-    return resolve_cache_dir(value, root)
-
-
-def resolve_cache_dir(value: str, base: Path) -> Path:
-    """A `cache-dir` value as a path: ``~`` expanded, a relative path taken from
-    ``base`` (the project root for the build)."""
-    path = Path(os.path.expanduser(value))
-    return path if path.is_absolute() else base / path
-
-
-_SIZE_UNITS = {
-    "": 1,
-    "b": 1,
-    "kb": 10**3,
-    "mb": 10**6,
-    "gb": 10**9,
-    "tb": 10**12,
-    "kib": 2**10,
-    "mib": 2**20,
-    "gib": 2**30,
-    "tib": 2**40,
-}
-
-
-def _cache_max_size(
-    table: Mapping[str, Any], overrides: Mapping[str, tuple[Any, str]]
-) -> Optional[int]:
-    """`cache-max-size` in bytes (None: no bound)."""
-    value, where = table.get("cache-max-size", DEFAULT_CACHE_MAX_SIZE), f"`{PREFIX}.cache-max-size`"
-    if "cache-max-size" in overrides:
-        value, where = overrides["cache-max-size"]
-    if isinstance(value, str):
-        text = value.strip().lower()
-        if text == "none":
-            return None
-        m = re.fullmatch(r"([0-9]{1,15}(?:\.[0-9]{1,6})?)\s*([a-z]*)", text)
-        if m and m.group(2) in _SIZE_UNITS:
-            value = int(float(m.group(1)) * _SIZE_UNITS[m.group(2)])
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise invalid(
-            where,
-            'must be a size ("10GiB", "512MB", bytes as a positive integer) '
-            f'or "none" (no bound), not {value!r}',
-        )
-    return value
 
 
 def _jobs(table: Mapping[str, Any], overrides: Mapping[str, tuple[Any, str]]) -> Optional[int]:
@@ -540,97 +439,6 @@ def _resolve_mode(
         name: dataclasses.replace(t, mode=forced or t.mode or project)
         for name, t in targets.items()
     }
-
-
-def _repeated(raw_key: str, key: str, values: list) -> Any:
-    """The value of a config setting given several times (``-C K=a -C K=b`` reaches
-    the backend as ``{K: ["a", "b"]}``): the union for a list-valued key
-    (:data:`LIST_OVERRIDES`), the one value for a scalar key given with one value.
-
-    Raises:
-        ConfigError: no value, or a scalar key given different values.
-    """
-    if not values:
-        raise ConfigError(f"Failed to read config settings: `{raw_key}` has no value")
-    if key in LIST_OVERRIDES:  # each value may itself be a comma-separated list
-        return ",".join(str(v) for v in values)
-    if len({str(v) for v in values}) > 1:
-        raise ConfigError(
-            f"Failed to read config settings: `{raw_key}` was given {len(values)} times "
-            f"({', '.join(map(repr, values))}) but takes one value; pass it once"
-        )
-    return values[0]
-
-
-def collect_overrides(
-    config_settings: Mapping[str, Any] | None, environ: Mapping[str, str] | None = None
-) -> dict[str, tuple[Any, str]]:
-    """Overrides by key, each as ``(raw value, where it came from)``.
-
-    Environment variables win over config settings. Config settings keys outside
-    the ``precompile.`` prefix are left to setuptools.
-
-    Raises:
-        ConfigError: an unknown ``precompile.*`` key (with a suggestion), or both
-            `skip` and `targets` set by the same source (conflicting).
-    """
-    environ = os.environ if environ is None else environ
-    out: dict[str, tuple[Any, str]] = {}
-    by_source: dict[str, set[str]] = {}
-    for raw_key, value in (config_settings or {}).items():
-        if not str(raw_key).startswith("precompile."):
-            continue
-        key = str(raw_key)[len("precompile.") :]
-        if key not in OVERRIDES:
-            close = difflib.get_close_matches(key, list(OVERRIDES), n=1)
-            hint = (
-                f"; did you mean `precompile.{close[0]}`?"
-                if close
-                else ("; valid keys: " + ", ".join(f"precompile.{k}" for k in OVERRIDES))
-            )
-            raise ConfigError(f"Failed to read config settings: unknown key `{raw_key}`{hint}")
-        if isinstance(value, list):  # pip and build pass a repeated -C key as a list
-            value = _repeated(str(raw_key), key, value)
-        out[key] = (value, f"config setting `{raw_key}`")
-        by_source.setdefault("config settings", set()).add(key)
-    for key, var in OVERRIDES.items():
-        if var in environ:
-            out[key] = (environ[var], f"environment variable {var}")
-            by_source.setdefault("environment", set()).add(key)
-    for source, keys in by_source.items():
-        if {"skip", "targets"} <= keys and _as_bool(out["skip"][0], out["skip"][1]):
-            raise ConfigError(
-                f"Failed to read overrides: conflicting {source}: "
-                "`skip` is true and `targets` selects targets; set one"
-            )
-    return out
-
-
-def select_targets(targets: Mapping[str, Any], value: str, where: str) -> tuple[str, ...]:
-    """The targets a comma-separated selection ``value`` names, in pyproject order.
-
-    Args:
-        targets: the declared targets, by name.
-        value: ``"a,b"``.
-        where: what gave it, for messages (``config setting `precompile.targets```,
-            ``environment variable PRECOMPILE_TARGETS``, ``--targets``).
-    Raises:
-        ConfigError: it selects no target, or names one that is not declared (with
-            the closest declared name).
-    """
-    names = [n.strip() for n in value.split(",") if n.strip()]
-    if not names:
-        raise ConfigError(
-            f"Failed to read {where}: it selects no target; use skip to build without captures"
-        )
-    for n in names:
-        if n not in targets:
-            close = difflib.get_close_matches(n, list(targets), n=1)
-            hint = f"; did you mean {close[0]!r}?" if close else ""
-            raise ConfigError(
-                f"Failed to read {where}: no target {n!r} in `{PREFIX}.targets`{hint}"
-            )
-    return tuple(n for n in targets if n in names)
 
 
 def load_settings(
@@ -694,16 +502,16 @@ def settings_from_table(
     if torch_pin not in TORCH_PINS:
         raise fail(f"{where} must be one of {', '.join(map(repr, TORCH_PINS))}, not {torch_pin!r}")
     flags = {
-        k: _as_bool(overrides[k][0], overrides[k][1]) if k in overrides else False
+        k: as_bool(overrides[k][0], overrides[k][1]) if k in overrides else False
         for k in ("skip", "strict", "verbose")
     }
     cache = table.get("cache", True)
     if not isinstance(cache, bool):
         raise fail(f"`{PREFIX}.cache` must be a boolean, not {type_name(cache)}")
     if "cache" in overrides:
-        cache = _as_bool(overrides["cache"][0], overrides["cache"][1])
-    cache_dir, jobs = _cache_dir(table, overrides, root), _jobs(table, overrides)
-    cache_max_size = _cache_max_size(table, overrides)
+        cache = as_bool(overrides["cache"][0], overrides["cache"][1])
+    cache_dir, jobs = parse_cache_dir(table, overrides, root), _jobs(table, overrides)
+    cache_max_size = parse_cache_max_size(table, overrides)
     targets = _resolve_cuda_archs(table, targets, overrides)
     targets = _resolve_mode(table, targets, overrides)
     selected = tuple(targets)

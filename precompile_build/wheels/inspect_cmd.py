@@ -52,7 +52,7 @@ def _find_manifest(where: str) -> tuple[str, bytes]:
     )
 
 
-def _host(device_type: str, cache: dict) -> Optional[dict]:
+def _host(device_type: str, cache: dict[str, Optional[dict[str, Any]]]) -> Optional[dict[str, Any]]:
     if device_type not in cache:
         try:
             cache[device_type] = fpmod.host_fingerprint(device_type)
@@ -62,7 +62,7 @@ def _host(device_type: str, cache: dict) -> Optional[dict]:
 
 
 def inspect_report(
-    where: str, host: Optional[Callable[[str], Optional[dict]]] = None
+    where: str, host: Optional[Callable[[str], Optional[dict[str, Any]]]] = None
 ) -> dict[str, Any]:
     """A JSON-ready description of the artifacts at ``where``.
 
@@ -90,7 +90,7 @@ def inspect_report(
     """
     source, data = _find_manifest(where)
     doc = manifest_format.parse(data, where=source)
-    cache: dict = {}
+    cache: dict[str, Optional[dict[str, Any]]] = {}
     host = host or (lambda d: _host(d, cache))
     targets = {}
     for name, t in doc["targets"].items():
@@ -205,7 +205,7 @@ def format_report(report: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def _validation_lines(val: Optional[dict]) -> list[str]:
+def _validation_lines(val: Optional[dict[str, Any]]) -> list[str]:
     """The capture's validation numbers (frozen engine), one line per case checked."""
     if not val:
         return []

@@ -19,7 +19,7 @@ from precompile_runtime.fingerprint import variant_id
 from precompile_runtime.pair_format import Device, Engine, Fallback
 
 from ..builder import arch_report
-from ..builder.runner import CaptureResult
+from ..builder.results import CaptureResult
 from .bytecode import shipped_bytecode
 
 MANIFEST_NAME = "manifest.json"
@@ -74,44 +74,7 @@ def assemble(package: str, results: Sequence[CaptureResult]) -> dict[str, bytes]
         source, cache = r.source_path.read_bytes(), r.cache_path.read_bytes()
         src_name, cache_name = f"{r.name}.py", f"{r.name}.cache"
         files[src_name], files[cache_name] = source, cache
-        fp = dict(r.info.fingerprint)
-        # (the pair's engine and device: builder/pairs.py checked them)
-        variant: manifest_format.Variant = {
-            "id": variant_id(fp),
-            "engine": cast(Engine, r.info.engine),
-            "device": cast(Device, r.info.device),
-            "fingerprint": fp,
-            "code_hash": r.info.code_hash,
-            "files": {
-                "source": _file_entry(src_name, source),
-                "cache": _file_entry(cache_name, cache),
-            },
-            "captured_at": _captured_at(),
-        }
-        if r.info.meta.get("fallback"):  # target `fallback = "eager"`: why not frozen
-            variant["fallback"] = cast(Fallback, dict(r.info.meta["fallback"]))
-        meta = r.info.meta or {}
-        if meta.get("tracer"):  # frozen and eager pairs: export, export-strict or make_fx
-            variant["tracer"] = meta["tracer"]
-        if "assumed" in meta:  # the Python state a call checks (capturing/assumed_state.py)
-            variant["checks"] = checks_count(meta["assumed"], meta.get("guards"))
-        validation = meta.get("validation")
-        if validation is not None:  # the numbers the capture was judged by (frozen engine)
-            variant["validation"] = validation
-        variant.update(arch_report.variant_fields(fp, r.info.meta, r.info.engine))  # type: ignore[typeddict-item]  # compiled_for, tuned_on, ...
-        if (
-            r.distributed is not None
-        ):  # `world-size`: how the ranks were captured (builder/ranks.py)
-            variant["distributed"] = dict(r.distributed)  # type: ignore[typeddict-unknown-key]
-        if not reproducible:  # which GPU and how long vary from build to build
-            variant["capture_device"] = r.device_index
-            seconds = r.capture_seconds if r.capture_seconds is not None else r.seconds
-            variant["capture_seconds"] = round(seconds, 1)
-            if r.peak_memory:  # what the capture held at most (process/stats.py), in bytes
-                variant["peak_memory"] = dict(r.peak_memory)
-            if r.capture_breakdown:  # its seconds per step
-                variant["capture_breakdown"] = dict(r.capture_breakdown)
-        entry["variants"].append(variant)
+        entry["variants"].append(_variant(r, source, cache, reproducible))
     doc: manifest_format.Manifest = {
         "format": manifest_format.FORMAT,
         "version": manifest_format.VERSION,
@@ -128,6 +91,51 @@ def assemble(package: str, results: Sequence[CaptureResult]) -> dict[str, bytes]
                 v["bytecode"] = {tag: _file_entry(pyc, shipped[pyc])}
     files[MANIFEST_NAME] = manifest_format.dumps(doc)
     return files
+
+
+def _variant(
+    r: CaptureResult, source: bytes, cache: bytes, reproducible: bool
+) -> manifest_format.Variant:
+    """The manifest's variant of an ``ok`` result whose pair is ``source``/``cache``
+    (the build-to-build fields left out when ``reproducible``)."""
+    assert r.info is not None
+    src_name, cache_name = f"{r.name}.py", f"{r.name}.cache"
+    fp = dict(r.info.fingerprint)
+    # (the pair's engine and device: builder/pairs.py checked them)
+    variant: manifest_format.Variant = {
+        "id": variant_id(fp),
+        "engine": cast(Engine, r.info.engine),
+        "device": cast(Device, r.info.device),
+        "fingerprint": fp,
+        "code_hash": r.info.code_hash,
+        "files": {
+            "source": _file_entry(src_name, source),
+            "cache": _file_entry(cache_name, cache),
+        },
+        "captured_at": _captured_at(),
+    }
+    if r.info.meta.get("fallback"):  # target `fallback = "eager"`: why not frozen
+        variant["fallback"] = cast(Fallback, dict(r.info.meta["fallback"]))
+    meta = r.info.meta or {}
+    if meta.get("tracer"):  # frozen and eager pairs: export, export-strict or make_fx
+        variant["tracer"] = meta["tracer"]
+    if "assumed" in meta:  # the Python state a call checks (capturing/assumed_state.py)
+        variant["checks"] = checks_count(meta["assumed"], meta.get("guards"))
+    validation = meta.get("validation")
+    if validation is not None:  # the numbers the capture was judged by (frozen engine)
+        variant["validation"] = validation
+    variant.update(arch_report.variant_fields(fp, r.info.meta, r.info.engine))  # type: ignore[typeddict-item]  # compiled_for, tuned_on, ...
+    if r.distributed is not None:  # `world-size`: how the ranks were captured (builder/ranks.py)
+        variant["distributed"] = dict(r.distributed)  # type: ignore[typeddict-unknown-key]
+    if not reproducible:  # which GPU and how long vary from build to build
+        variant["capture_device"] = r.device_index
+        seconds = r.capture_seconds if r.capture_seconds is not None else r.seconds
+        variant["capture_seconds"] = round(seconds, 1)
+        if r.peak_memory:  # what the capture held at most (process/stats.py), in bytes
+            variant["peak_memory"] = dict(r.peak_memory)
+        if r.capture_breakdown:  # its seconds per step
+            variant["capture_breakdown"] = dict(r.capture_breakdown)
+    return variant
 
 
 def mark_editable(
@@ -184,7 +192,7 @@ def write_dir_atomic(dest: str | os.PathLike[str], files: Mapping[str, bytes]) -
     return dest
 
 
-def checks_count(assumed: dict, guards: dict | None = None) -> dict[str, int]:
+def checks_count(assumed: dict[str, Any], guards: dict[str, Any] | None = None) -> dict[str, int]:
     """How much Python state a call of the pair checks, from its ``assumed`` and
     ``guards`` metadata: ``{"guards": checks of the guards Dynamo built (absent where the
     capture used the recorder only), "attributes": recorded attribute reads, "hooks":

@@ -66,7 +66,7 @@ def _split(path: Path, entries: Entries) -> dict[str, Any]:
     }
 
 
-def _check_same(first: dict, other: dict, name: str) -> None:
+def _check_same(first: dict[str, Any], other: dict[str, Any], name: str) -> None:
     diffs = []
     if set(first["others"]) != set(other["others"]):
         extra = sorted(set(first["others"]) ^ set(other["others"]))
@@ -107,7 +107,9 @@ def _shipped_bytecode(files: dict[str, bytes], source: str, renamed: str) -> dic
     }
 
 
-def _merge_manifests(parts: Sequence[dict], names: Sequence[str]) -> tuple[dict, dict]:
+def _merge_manifests(
+    parts: Sequence[dict[str, Any]], names: Sequence[str]
+) -> tuple[dict[str, Any], dict[str, Any]]:
     """One manifest with all variants; colliding file names get ``.<variant id>``; each
     source half keeps the bytecode its build shipped beside it."""
     doc = copy.deepcopy(parts[0]["doc"])

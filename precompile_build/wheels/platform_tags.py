@@ -27,9 +27,9 @@ import io
 import re
 import sys
 import sysconfig
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Any, Optional
 
 from packaging.tags import sys_tags
 
@@ -72,10 +72,10 @@ _MACHINES = {
 class TagDecision:
     """The platform part of the tags, and why (``reason`` None: a policy fitted)."""
 
-    platforms: list
+    platforms: list[str]
     """e.g. ``["manylinux_2_17_x86_64", "manylinux2014_x86_64"]`` or ``["linux_x86_64"]``."""
     reason: Optional[str] = None
-    needs: dict = field(default_factory=dict)
+    needs: dict[str, Any] = field(default_factory=dict)
     """What the inspected files need: ``{library: sorted symbol versions}``."""
 
 
@@ -115,7 +115,7 @@ def kernel_files(files: Mapping[str, bytes]) -> tuple[dict[str, bytes], list[str
     return elves, opaque
 
 
-def elf_needs(data: bytes, arch: str) -> Optional[tuple[list[str], dict[str, set]]]:
+def elf_needs(data: bytes, arch: str) -> Optional[tuple[list[str], dict[str, set[str]]]]:
     """``(DT_NEEDED libraries, {library: {symbol versions}})`` of one ELF file, or
     None for an ELF of another machine (a CUDA cubin). Raises ValueError for a file
     that cannot be parsed."""
@@ -132,7 +132,7 @@ def elf_needs(data: bytes, arch: str) -> Optional[tuple[list[str], dict[str, set
         for section in elf.iter_sections():
             if isinstance(section, DynamicSection):
                 needed += [t.needed for t in section.iter_tags() if t.entry.d_tag == "DT_NEEDED"]  # type: ignore[attr-defined]
-        versions: dict[str, set] = {}
+        versions: dict[str, set[str]] = {}
         for lib, ver in elf_find_versioned_symbols(elf):
             versions.setdefault(lib, set()).add(ver)
         return needed, versions
@@ -189,21 +189,8 @@ def decide_platform(elves: Mapping[str, bytes], opaque: Iterable[str] = ()) -> T
         policies = WheelPolicies(libc=Libc.GLIBC, arch=Architecture(arch))
     except (ValueError, KeyError, TypeError) as e:  # TypeError: an auditwheel before 6.2
         return TagDecision([plat], f"auditwheel has no policies for {arch} here ({e})")
-    needs: dict[str, set] = {}
-    libs: dict[str, set] = {}
-    opaque = list(opaque)
-    for name, data in elves.items():
-        try:
-            got = elf_needs(data, arch)
-        except ValueError:
-            opaque.append(name)
-            continue
-        if got is None:
-            continue
-        for lib in got[0]:
-            libs.setdefault(lib, set()).add(name)
-        for lib, vers in got[1].items():
-            needs.setdefault(lib, set()).update(vers)
+    needs, libs, unread = _all_needs(elves, arch)
+    opaque = [*opaque, *unread]
     shown = {k: sorted(v) for k, v in sorted(needs.items())}
     policy = policies.versioned_symbols_policy(needs)
     if policy.name == policies.linux.name:
@@ -228,30 +215,68 @@ def decide_platform(elves: Mapping[str, bytes], opaque: Iterable[str] = ()) -> T
             f"{', '.join(sorted(libs[outside[0]]))})",
             shown,
         )
-    opaque = sorted(opaque)
     if opaque:
-        host = _host_glibc()
-        if host is None:
-            return TagDecision(
-                [plat],
-                f"{', '.join(opaque)}: not an envelope, so its "
-                "kernels cannot be inspected, and this host's glibc is unknown",
-                shown,
-            )
-        mine = [p for p in policies if p.name == f"manylinux_{host[0]}_{host[1]}_{arch}"]
-        if mine and mine[0].priority < policy.priority:
-            policy = mine[0]
-        reason = (
-            f"{', '.join(opaque)}: cannot be inspected (not an envelope, or "
-            f"not a readable ELF file); tagged for this host's glibc "
-            f"{host[0]}.{host[1]}, the newest any kernel compiled here can need"
-        )
-        return TagDecision([policy.name, *policy.aliases], reason, shown)
+        return _for_host_glibc(sorted(opaque), plat, arch, policies, policy, shown)
     return TagDecision([policy.name, *policy.aliases], None, shown)
 
 
+def _all_needs(
+    elves: Mapping[str, bytes], arch: str
+) -> tuple[dict[str, set[str]], dict[str, set[str]], list[str]]:
+    """``(symbol versions needed per library, the files that link each library, the
+    files that cannot be read as ELF)`` of ``elves``."""
+    needs: dict[str, set[str]] = {}
+    libs: dict[str, set[str]] = {}
+    unread: list[str] = []
+    for name, data in elves.items():
+        try:
+            got = elf_needs(data, arch)
+        except ValueError:
+            unread.append(name)
+            continue
+        if got is None:
+            continue
+        for lib in got[0]:
+            libs.setdefault(lib, set()).add(name)
+        for lib, vers in got[1].items():
+            needs.setdefault(lib, set()).update(vers)
+    return needs, libs, unread
+
+
+def _for_host_glibc(
+    opaque: list[str],
+    plat: str,
+    arch: str,
+    policies: Any,
+    policy: Any,
+    shown: dict[str, list[str]],
+) -> TagDecision:
+    """The decision where some kernels cannot be inspected: the policy of this host's
+    glibc (the newest any kernel compiled here can need), when newer than ``policy``."""
+    host = _host_glibc()
+    if host is None:
+        return TagDecision(
+            [plat],
+            f"{', '.join(opaque)}: not an envelope, so its "
+            "kernels cannot be inspected, and this host's glibc is unknown",
+            shown,
+        )
+    mine = [p for p in policies if p.name == f"manylinux_{host[0]}_{host[1]}_{arch}"]
+    if mine and mine[0].priority < policy.priority:
+        policy = mine[0]
+    reason = (
+        f"{', '.join(opaque)}: cannot be inspected (not an envelope, or "
+        f"not a readable ELF file); tagged for this host's glibc "
+        f"{host[0]}.{host[1]}, the newest any kernel compiled here can need"
+    )
+    return TagDecision([policy.name, *policy.aliases], reason, shown)
+
+
 def wheel_tags(
-    files: Mapping[str, bytes], *, interpreter_abi: Optional[str] = None, say=None
+    files: Mapping[str, bytes],
+    *,
+    interpreter_abi: Optional[str] = None,
+    say: Optional[Callable[[str], None]] = None,
 ) -> list[str]:
     """``cpXY-cpXY-<platform>`` tags for a wheel whose entries (and ``_precompiled/``
     files) are ``files``: one per platform of :func:`decide_platform`.

@@ -13,7 +13,7 @@ import shutil
 import zipfile
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
 from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name
@@ -26,7 +26,7 @@ from ..errors import BuildError
 NATIVE_ENGINES = ("frozen", "torch")
 PRECOMPILED = "_precompiled"
 
-Entries = dict  # arcname -> (bytes, unix mode bits or None)
+Entries = dict[str, tuple[bytes, Optional[int]]]  # arcname -> (bytes, unix mode bits or None)
 
 
 def read_wheel(path: str | os.PathLike[str]) -> Entries:
@@ -55,7 +55,8 @@ def parse_name(path: str | os.PathLike[str]) -> dict[str, Optional[str]]:
     m = WHEEL_INFO_RE.match(os.path.basename(path))
     if m is None:
         raise BuildError(f"Failed to read wheel {os.fspath(path)}: not a wheel file name")
-    return m.groupdict()
+    parts: dict[str, Optional[str]] = m.groupdict()
+    return parts
 
 
 def normal_mode(mode: Optional[int]) -> int:
@@ -138,7 +139,7 @@ def torch_requirement(torch_version: Optional[str], policy: str) -> Optional[str
     return f"torch>={v.major}.{v.minor},<{v.major}.{v.minor + 1}"
 
 
-def build_requirements(variants: Iterable[Mapping], policy: str) -> list[str]:
+def build_requirements(variants: Iterable[Mapping[str, Any]], policy: str) -> list[str]:
     """Requirements the wheel gains: precompile-runtime, then the torch pin.
 
     The torch version is the one recorded in the variants' fingerprints, else the

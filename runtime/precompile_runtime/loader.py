@@ -27,14 +27,12 @@ directory of this process (``tempfile.mkdtemp``, removed at exit).
 
 from __future__ import annotations
 
-import linecache
 import os
 import sys
 import threading
-import types
 import warnings
 from importlib import resources
-from typing import Any
+from typing import Any, NamedTuple
 
 from . import _bytecode, _installed, _stale
 from . import arch_select as _arch_select
@@ -44,6 +42,14 @@ from . import manifest as _manifest
 from . import pair_format as _pair_format
 from ._env import env_flag
 from ._guard import install_if_env
+from ._pair_files import (
+    DATA_DIR,
+    exec_source,
+    raise_if_changed,
+    raise_if_package_gone,
+    read_pair,
+    shown_dir,
+)
 from .errors import (
     CacheDirNotExecutableError,
     HostMismatchError,
@@ -63,7 +69,6 @@ from .kernel_cache import unpack as _unpack
 __all__ = ["load_packaged", "cache_root"]
 
 STRICT_ENV = "PRECOMPILE_STRICT"
-DATA_DIR = "_precompiled"
 _NO_FALLBACK = " Strict mode (strict=True or PRECOMPILE_STRICT=1): no fallback."
 
 # (package, name, manifest sha256) -> _Loaded ; one lock per key so distinct targets load
@@ -292,15 +297,52 @@ def _caller_package(frame: Any) -> str:
 def _load(
     package: str, name: str, strict: bool, installed: tuple[str, str] | None = None
 ) -> _Loaded:
+    """Steps 1-4 of the module docstring for target ``name`` of ``package``."""
     ctx = f"package {package!r}, target {name!r}"
     data = _package_data(package)
+    raw, doc = _read_manifest(package, data, ctx, installed)
+    variants = _variants(doc, name, ctx)
+    hosts: dict[str, dict[str, Any]] = {}
+    chosen, reports = _select(variants, hosts)
+    text, stale, refusal = _refusal(ctx, doc, variants, chosen, reports)
+    if strict and refusal is not None:
+        raise refusal[0](refusal[1])
+    # PTX only: a compile at load (checked for the kernels that will serve: not a stale pair's)
+    if refusal is None and chosen is not None and chosen.get("device") == "cuda":
+        _arch_select.check_jit_at_load(ctx, chosen, hosts["cuda"].get("compute_capability"), strict)
+    variant = chosen if chosen is not None else variants[0]
+    try:
+        source, cache, code_hash = read_pair(data, ctx, variant)
+    except IntegrityError as e:  # files replaced by a reinstall after the manifest was read?
+        raise_if_changed(ctx, data, raw, e, again=lambda: read_pair(data, ctx, variant))
+        raise
+    if stale is not None:  # the pair is the old code's: the current code or nothing
+        current, note = _stale.current_code(stale, cache)
+        warnings.warn(note, StaleArtifactWarning, stacklevel=3)
+        return _Loaded(current, None, "", refusal)
+    if variant["engine"] == "torch":
+        from . import torch_pairs  # lazy: imports torch
+
+        value = torch_pairs.load_torch_pair(source, cache, fallback=refusal is not None, where=ctx)
+        return _Loaded(
+            value, text, "torch's own load of the source without the compiled cache", refusal
+        )
+    pair = _Pair(package, name, ctx, data, raw, variant, source, cache, code_hash)
+    return _load_source(pair, strict, text, refusal)
+
+
+def _read_manifest(
+    package: str, data: Any, ctx: str, installed: tuple[str, str] | None
+) -> tuple[bytes, dict[str, Any]]:
+    """Step 1: the manifest's bytes and its parsed document, checked to be the one
+    :func:`load_packaged` saw (``installed``) and this process serves."""
     manifest_file = data / "manifest.json"
     try:
-        raw = manifest_file.read_bytes()
+        raw: bytes = manifest_file.read_bytes()
     except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
-        _raise_if_package_gone(package)
+        raise_if_package_gone(package)
         raise TargetNotFoundError(
-            f"package {package!r} has no {DATA_DIR}/manifest.json in {_shown_dir(package, data)} "
+            f"package {package!r} has no {DATA_DIR}/manifest.json in {shown_dir(package, data)} "
             "(is this the installed package? a source checkout on sys.path shadows it): it "
             "was built without precompiled targets (or with the captures skipped)",
             advice="rebuild the wheel with the precompile-build backend",
@@ -323,9 +365,14 @@ def _load(
             raw, where=f"{DATA_DIR}/manifest.json", context=f"package {package!r}"
         )
     except ManifestError as e:  # a manifest half-written by a reinstall?
-        _raise_if_changed(f"package {package!r}", data, raw, e)
+        raise_if_changed(f"package {package!r}", data, raw, e)
         raise
+    return raw, doc
 
+
+def _variants(doc: dict[str, Any], name: str, ctx: str) -> list[dict[str, Any]]:
+    """The variants of target ``name`` (step 2's candidates); raises
+    TargetNotFoundError where the manifest has none to offer."""
     targets = doc["targets"]
     target = targets.get(name)
     if target is None:
@@ -347,9 +394,19 @@ def _load(
         raise TargetNotFoundError(
             "the manifest lists no variants of it", context=ctx, advice="rebuild the wheel"
         )
+    return variants
 
-    hosts: dict[str, dict[str, Any]] = {}
-    chosen, reports = _select(variants, hosts)
+
+def _refusal(
+    ctx: str,
+    doc: dict[str, Any],
+    variants: list[dict[str, Any]],
+    chosen: dict[str, Any] | None,
+    reports: list[list[str]],
+) -> tuple[str | None, str | None, tuple[type[PrecompileLoadError], str] | None]:
+    """``(mismatch text, stale text, refusal)``: why the chosen variant cannot serve as
+    built (no variant matches this host, or an editable install's source changed), and
+    the error strict mode raises instead of the fallback; all None when it can."""
     text = stale = None
     refusal: tuple[type[PrecompileLoadError], str] | None = (
         None  # what strict mode raises instead of a fallback
@@ -361,89 +418,108 @@ def _load(
         stale = _stale.stale_text(ctx, doc)
         if stale is not None:
             refusal = (StaleArtifactError, f"{stale}. {_stale.REINSTALL}{_NO_FALLBACK}")
-    if strict and refusal is not None:
-        raise refusal[0](refusal[1])
-    # PTX only: a compile at load (checked for the kernels that will serve: not a stale pair's)
-    if refusal is None and chosen is not None and chosen.get("device") == "cuda":
-        _arch_select.check_jit_at_load(ctx, chosen, hosts["cuda"].get("compute_capability"), strict)
-    variant = chosen if chosen is not None else variants[0]
-    fallback = refusal is not None
+    return text, stale, refusal
 
-    try:
-        source, cache, code_hash = _read_pair(data, ctx, variant)
-    except IntegrityError as e:  # files replaced by a reinstall after the manifest was read?
-        _raise_if_changed(ctx, data, raw, e, again=lambda: _read_pair(data, ctx, variant))
-        raise
-    if stale is not None:  # the pair is the old code's: the current code or nothing
-        current, note = _stale.current_code(stale, cache)
-        warnings.warn(note, StaleArtifactWarning, stacklevel=3)
-        return _Loaded(current, None, "", refusal)
-    engine = variant["engine"]
-    if engine == "torch":
-        from . import torch_pairs  # lazy: imports torch
 
-        value = torch_pairs.load_torch_pair(source, cache, fallback=fallback, where=ctx)
-        return _Loaded(
-            value, text, "torch's own load of the source without the compiled cache", refusal
+class _Pair(NamedTuple):
+    """A verified pair of a ``frozen`` or ``eager`` variant, with where it came from."""
+
+    package: str
+    name: str
+    ctx: str
+    data: Any
+    raw: bytes
+    """The manifest's bytes this load read."""
+    variant: dict[str, Any]
+    source: bytes
+    cache: bytes
+    code_hash: str
+
+
+def _load_source(
+    pair: _Pair,
+    strict: bool,
+    text: str | None,
+    refusal: tuple[type[PrecompileLoadError], str] | None,
+) -> _Loaded:
+    """Step 4 for the ``frozen`` and ``eager`` engines: the cache's envelope checked
+    against the source, the kernels unpacked (frozen, not a fallback), the source half
+    run and its ``load(kernel_dir)`` called."""
+    package, name, ctx, data, _, variant, source, _, code_hash = pair
+    env = _checked_envelope(pair)
+    kernel_dir = None
+    if refusal is None and variant["engine"] == "frozen":
+        kernel_dir = _unpack(ctx, code_hash, env)
+    rel = variant["files"]["source"]["path"]
+    where = f"{ctx}: {DATA_DIR}/{rel}"
+    module = exec_source(
+        package,
+        name,
+        rel,
+        source,
+        data / rel,
+        lambda meta: _pair_format.check_version(meta, where=where),
+        _bytecode.shipped_bytes(data, variant, ctx),
+    )
+    _pair_format.check_version(getattr(module, "PRECOMPILE_METADATA", None), where=where)
+    load = getattr(module, "load", None)
+    if not callable(load):
+        raise PrecompileLoadError(
+            "the source half defines no load(kernel_dir) function",
+            context=ctx,
+            where=f"{DATA_DIR}/{rel}",
         )
-    else:
-        cache_name = f"{DATA_DIR}/{variant['files']['cache']['path']}"
-        try:
-            # _read_pair verified the whole file's sha256 against the manifest: header
-            # and blobs, these very bytes; the blobs' own sha256s are not hashed again
-            env = _envelope.loads(cache, what=cache_name, context=ctx, check_blobs=False)
-            if env.code_hash != code_hash:
-                raise IntegrityError(
-                    f"code_hash check failed: the cache belongs to a source with sha256 {env.code_hash}, "
-                    f"but {DATA_DIR}/{variant['files']['source']['path']} has {code_hash}",
-                    advice="the pair was mixed up or tampered with, rebuild the wheel",
-                    context=ctx,
-                    where=cache_name,
-                )
-        except IntegrityError as e:
-            _raise_if_changed(ctx, data, raw, e)
+    runs_instead = "the captured graph from the source file, without precompiled kernels"
+    try:
+        value = load(kernel_dir)
+    except ImportError as e:  # dlopen refused the kernels: a noexec file system
+        if kernel_dir is None or not _cannot_map(kernel_dir, e):
             raise
-        if env.engine != engine:
+        text = _noexec_text(ctx, kernel_dir, e)
+        if strict:
+            raise CacheDirNotExecutableError(text + _NO_FALLBACK) from None
+        return _Loaded(
+            load(None), text, runs_instead, (CacheDirNotExecutableError, text + _NO_FALLBACK)
+        )
+    return _Loaded(value, text, runs_instead, refusal)
+
+
+def _checked_envelope(pair: _Pair) -> _envelope.Envelope:
+    """The cache half's envelope, checked to belong to the source half (code_hash) and
+    to the manifest's engine; a failure that a concurrent reinstall explains raises
+    PackageChangedError."""
+    ctx, data, raw, variant, cache, code_hash = (
+        pair.ctx,
+        pair.data,
+        pair.raw,
+        pair.variant,
+        pair.cache,
+        pair.code_hash,
+    )
+    engine = variant["engine"]
+    cache_name = f"{DATA_DIR}/{variant['files']['cache']['path']}"
+    try:
+        # read_pair verified the whole file's sha256 against the manifest: header
+        # and blobs, these very bytes; the blobs' own sha256s are not hashed again
+        env = _envelope.loads(cache, what=cache_name, context=ctx, check_blobs=False)
+        if env.code_hash != code_hash:
             raise IntegrityError(
-                f"engine check failed: the cache says {env.engine!r}, the manifest says {engine!r}",
+                f"code_hash check failed: the cache belongs to a source with sha256 {env.code_hash}, "
+                f"but {DATA_DIR}/{variant['files']['source']['path']} has {code_hash}",
+                advice="the pair was mixed up or tampered with, rebuild the wheel",
                 context=ctx,
                 where=cache_name,
             )
-        kernel_dir = None
-        if not fallback and engine == "frozen":
-            kernel_dir = _unpack(ctx, code_hash, env)
-        rel = variant["files"]["source"]["path"]
-        where = f"{ctx}: {DATA_DIR}/{rel}"
-        module = _exec_source(
-            package,
-            name,
-            rel,
-            source,
-            data / rel,
-            lambda meta: _pair_format.check_version(meta, where=where),
-            _bytecode.shipped_bytes(data, variant, ctx),
+    except IntegrityError as e:
+        raise_if_changed(ctx, data, raw, e)
+        raise
+    if env.engine != engine:
+        raise IntegrityError(
+            f"engine check failed: the cache says {env.engine!r}, the manifest says {engine!r}",
+            context=ctx,
+            where=cache_name,
         )
-        _pair_format.check_version(getattr(module, "PRECOMPILE_METADATA", None), where=where)
-        load = getattr(module, "load", None)
-        if not callable(load):
-            raise PrecompileLoadError(
-                "the source half defines no load(kernel_dir) function",
-                context=ctx,
-                where=f"{DATA_DIR}/{rel}",
-            )
-        runs_instead = "the captured graph from the source file, without precompiled kernels"
-        try:
-            value = load(kernel_dir)
-        except ImportError as e:  # dlopen refused the kernels: a noexec file system
-            if kernel_dir is None or not _cannot_map(kernel_dir, e):
-                raise
-            text = _noexec_text(ctx, kernel_dir, e)
-            if strict:
-                raise CacheDirNotExecutableError(text + _NO_FALLBACK) from None
-            return _Loaded(
-                load(None), text, runs_instead, (CacheDirNotExecutableError, text + _NO_FALLBACK)
-            )
-        return _Loaded(value, text, runs_instead, refusal)
+    return env
 
 
 def _cannot_map(kernel_dir: str, e: ImportError) -> bool:
@@ -463,66 +539,6 @@ def _noexec_text(ctx: str, kernel_dir: str, e: ImportError) -> str:
         f"Set {CACHE_ENV} to a directory on a file system mounted with exec (e.g. under "
         "your home directory) to use them."
     )
-
-
-def _shown_dir(package: str, data: Any) -> str:
-    """The folder searched for ``_precompiled/``: the package's ``__file__`` folder."""
-    path = getattr(sys.modules.get(package), "__file__", None)
-    return os.path.dirname(path) if path else str(data.parent) if hasattr(data, "parent") else "?"
-
-
-def _raise_if_package_gone(package: str) -> None:
-    """An imported package whose files are gone is being uninstalled or reinstalled."""
-    from importlib.machinery import SourceFileLoader, SourcelessFileLoader
-
-    module = sys.modules.get(package)
-    path = getattr(module, "__file__", None)
-    on_disk = isinstance(
-        getattr(module, "__loader__", None), (SourceFileLoader, SourcelessFileLoader)
-    )
-    if path and on_disk and not os.path.exists(path):  # (a zip's __file__ is no path)
-        raise PackageChangedError(
-            f"package {package!r}: its installed files are gone ({path} no longer exists) "
-            "while its precompiled targets were being loaded: it is being uninstalled or "
-            "reinstalled. Retry once the installation has finished (in a new process if "
-            "the package was upgraded)"
-        )
-
-
-def _raise_if_changed(
-    ctx: str, data: Any, raw: bytes, error: PrecompileLoadError, again: Any = None
-) -> None:
-    """Raise :class:`PackageChangedError` when the installed files changed while they
-    were being loaded: the manifest now differs from ``raw`` (what this load read),
-    or ``again`` (re-reading the pair) no longer fails the same way."""
-    try:
-        changed = (data / "manifest.json").read_bytes() != raw
-    except OSError:
-        changed = True  # it was there a moment ago
-    if not changed and again is not None:
-        try:
-            again()
-            changed = True
-        except PrecompileLoadError as e:
-            changed = str(e) != str(error)
-    if changed:
-        raise PackageChangedError(
-            f"{ctx}: the installed files changed while they were being loaded (a pip install "
-            f"of the package running at the same time?); nothing from them ran. Retry once "
-            f"the installation has finished (in a new process if the package was upgraded). "
-            f"What was seen: {_what_was_seen(ctx, error)}"
-        ) from None
-
-
-def _what_was_seen(ctx: str, error: PrecompileLoadError) -> str:
-    """The finding of ``error`` and where, without its context and its advice (which
-    assumes the files stay as they are); for an error made of one text (the manifest
-    reader's), that text less the ``ctx`` prefix and what follows its first ``"; "``."""
-    if error.context is not None or error.where is not None or error.advice is not None:
-        return ": ".join(p for p in (error.where, error.finding) if p)
-    text = error.finding
-    text = text[len(ctx) + 2 :] if text.startswith(ctx + ": ") else text
-    return text.split("; ")[0]
 
 
 def _package_data(package: str) -> Any:
@@ -578,86 +594,3 @@ def _mismatch_text(ctx: str, variants: list[dict[str, Any]], reports: list[list[
         "such a variant with `python -m precompile_build merge`."
     )
     return "\n".join(lines)
-
-
-def _read_pair(data: Any, ctx: str, variant: dict[str, Any]) -> tuple[bytes, bytes, str]:
-    """(source, cache, sha256 of the source = its code_hash), both files checked
-    against the manifest's size, sha256 and code_hash."""
-    out, digests = [], []
-    for role in ("source", "cache"):
-        entry = variant["files"][role]
-        rel = entry["path"]
-        if not _manifest.safe_file_name(rel):  # parse() refuses these; belt and braces
-            raise ManifestError(
-                f"{role} path {rel!r} leaves {DATA_DIR}/ (path traversal refused)", context=ctx
-            )
-        shown = f"{DATA_DIR}/{rel}"
-        try:
-            blob = (data / rel).read_bytes()
-        except (FileNotFoundError, NotADirectoryError, IsADirectoryError, KeyError):
-            raise IntegrityError(
-                "existence check failed: the manifest lists it, the package does not have it",
-                advice="reinstall the package",
-                context=ctx,
-                where=shown,
-            ) from None
-        except OSError as e:
-            raise IntegrityError(f"cannot be read ({e})", context=ctx, where=shown) from None
-        if len(blob) != entry["size"]:
-            raise IntegrityError(
-                f"size check failed: the manifest says {entry['size']} bytes, the file has {len(blob)}",
-                advice="the file is truncated or was replaced, reinstall the package",
-                context=ctx,
-                where=shown,
-            )
-        digest = _envelope.sha256_hex(blob)
-        if digest != entry["sha256"]:
-            raise IntegrityError(
-                f"sha256 check failed: the manifest says {entry['sha256']}, the file has {digest}",
-                advice="the file was modified, reinstall the package",
-                context=ctx,
-                where=shown,
-            )
-        out.append(blob)
-        digests.append(digest)
-    (source, cache), src_hash = out, digests[0]
-    if variant["code_hash"] != src_hash:
-        raise IntegrityError(
-            f"code_hash check failed: the manifest records code_hash {variant['code_hash']}, the source "
-            f"has {src_hash}",
-            context=ctx,
-            where=f"{DATA_DIR}/{variant['files']['source']['path']}",
-        )
-    return source, cache, src_hash
-
-
-def _exec_source(
-    package: str,
-    name: str,
-    rel: str,
-    source: bytes,
-    path: Any,
-    check_format: Any = None,
-    shipped: bytes | None = None,
-) -> types.ModuleType:
-    """Run a verified source half as the module ``precompile_runtime.pairs.PACKAGE.NAME``.
-    Where it raises after defining ``PRECOMPILE_METADATA``, ``check_format(meta)`` runs
-    first: a pair of another format version fails with PairFormatError, not with the
-    error its unreadable metadata caused. ``shipped``: the verified bytes of the pyc the
-    build shipped beside it (_bytecode.shipped_bytes), or None."""
-    filename = f"{package}/{DATA_DIR}/{rel}"
-    modname = f"precompile_runtime.pairs.{package}.{name}"
-    code = _bytecode.source_code(path, source, filename, shipped)
-    module = types.ModuleType(modname)
-    module.__file__ = filename
-    text = source.decode("utf-8", errors="replace")
-    linecache.cache[filename] = (len(text), None, text.splitlines(True), filename)
-    sys.modules[modname] = module  # dataclasses, pickle, fx look modules up by name
-    try:
-        exec(code, module.__dict__)
-    except BaseException:
-        sys.modules.pop(modname, None)
-        if check_format is not None and "PRECOMPILE_METADATA" in module.__dict__:
-            check_format(module.__dict__["PRECOMPILE_METADATA"])
-        raise
-    return module
