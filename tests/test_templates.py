@@ -24,6 +24,7 @@ WITH_STAND_INS = [
     "cuda_graphs.py",
     "distributed.py",
     "driver.py",
+    "dynamic_sizes.py",
     "grad_modes.py",
     "guards.py",
     "kernel_loader.py",
