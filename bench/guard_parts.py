@@ -1,0 +1,100 @@
+"""Where a served call's guard check spends its time, on a transformers decode pair (CPU).
+
+One decode pair (``bench/driver_overhead.py``'s ``lm_step`` with a StaticCache, or the
+export wrapper) is captured twice, with the guards and with ``options={"guards":
+"recorded"}``, and served with a kernel call that returns a ready tensor. Printed: how
+many of 200 calls took the full check (the fast path must hold: 1), the whole call of
+each pair (interleaved rounds), and the parts of the guards' fast path timed alone
+(templates/guards.py): the covering dicts' versions and the slots (`_models_stand`), the
+watch tuple of the non-module arguments (`_guards_watch`), the checks run per call
+(`_guards_call`), with the number of dicts and slots.
+
+    PYTHONPATH=$PWD:$PWD/runtime python bench/guard_parts.py --layers 2 --kind cache
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import driver_overhead as D  # noqa: E402  (this folder's bench, beside this file)
+
+
+def _ns(fn, calls: int = 20000, rounds: int = 5) -> float:
+    """Median ns per call of ``fn()`` over ``rounds`` rounds of ``calls`` calls."""
+    times = []
+    for _ in range(rounds):
+        t0 = time.perf_counter_ns()
+        for _ in range(calls):
+            fn()
+        times.append((time.perf_counter_ns() - t0) / calls)
+    return statistics.median(times)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--layers", type=int, default=2)
+    ap.add_argument("--kind", choices=["cache", "wrapper"], default="cache")
+    ap.add_argument("--calls", type=int, default=2000)
+    a = ap.parse_args()
+    tmp = Path(tempfile.mkdtemp())
+    _step, make = D._decode_case(a.kind, a.layers)
+    fn, args = D._serve(D._decode_source(a.kind, a.layers, tmp), None, "g", make)
+    recorded = D._decode_source(a.kind, a.layers, tmp, {"guards": "recorded"})
+    fnr, argsr = D._serve(recorded, None, "r", make)
+    ns = fn.__call__.__globals__
+    full = ns["_guards_full"]
+    count = [0]
+
+    def counting(*args, **kwargs):
+        count[0] += 1
+        return full(*args, **kwargs)
+
+    ns["_guards_full"] = counting
+    with torch.no_grad():
+        for _ in range(200):
+            fn(*args)
+    ns["_guards_full"] = full
+    print(f"decode {a.kind} {a.layers}L: full checks in 200 calls: {count[0]}")
+    with_guards, without = [], []
+    for _ in range(3):
+        with_guards.append(D._time(fn, args, a.calls))
+        without.append(D._time(fnr, argsr, a.calls))
+    g, r = statistics.median(with_guards), statistics.median(without)
+    print(f"call: guards {g / 1000:.1f} us, recorded {r / 1000:.1f} us, +{(g - r) / 1000:.1f} us")
+    seen = next(iter(ns["_G_SEEN"].values()))
+    roots = ns["_G_ROOTS"][0]
+    version = ns["_DICT_VERSION"]
+    pairs, slots = seen[1], seen[4]
+
+    def dicts_part():
+        for d, v in pairs:
+            if version(d) != v:
+                return False
+        return True
+
+    def slots_part():
+        for o, attr, v in slots:
+            if getattr(o, attr) is not v:
+                return False
+        return True
+
+    parts = [
+        (f"{len(pairs)} covering dicts' versions", dicts_part),
+        (f"{len(slots)} slots", slots_part),
+        ("the watch tuple", lambda: ns["_guards_watch"](roots, *args)),
+        ("the per-call checks", lambda: ns["_guards_call"](roots, *args)),
+    ]
+    for label, part in parts:
+        print(f"  {label}: {_ns(part) / 1000:.2f} us")
+
+
+if __name__ == "__main__":
+    main()
