@@ -96,3 +96,46 @@ def test_leftovers_are_found_by_their_token_only(tmp_path):
     finally:
         other.kill()
         other.wait()
+
+
+@pytest.mark.parametrize("leaves_daemon", [True, False])
+def test_a_cancelled_script_stays_cancelled_whatever_it_left_running(tmp_path, leaves_daemon):
+    """The build stops a running script (Ctrl-C: ``abort``): its run is ``cancelled``
+    (the summary says so and no failure is raised for it), also when the script left a
+    process in another session, which is ended and said in the reason; the outcome is
+    read from the run's field, never from the reason's words."""
+    import threading
+
+    from precompile_build.builder.script import run_script
+    from precompile_build.config.settings import load_settings
+
+    root, pid_file = _project(tmp_path, "hang")
+    toml = root / "pyproject.toml"
+    toml.write_text(toml.read_text().replace("timeout = 3", "timeout = 60"))  # no timeout
+    if not leaves_daemon:
+        (root / "capture" / "daemon.py").write_text(
+            "import sys, time\nopen(sys.argv[1], 'w').write('0')\ntime.sleep(150)\n"
+        )
+    settings = load_settings(root, {"precompile.cache": "off"})
+    target = settings.targets["double"]
+    abort, done = threading.Event(), threading.Event()
+
+    def stop_once_started():  # the script wrote its pid file: its daemon runs
+        while not done.is_set() and not pid_file.exists():
+            time.sleep(0.05)
+        abort.set()
+
+    stopper = threading.Thread(target=stop_once_started, daemon=True)
+    stopper.start()
+    try:
+        run = run_script(settings, target, "cpu", None, tmp_path / "work", False, abort)
+    finally:
+        done.set()
+        stopper.join()
+    assert run.outcome == "cancelled", run
+    if leaves_daemon:
+        daemon = int(pid_file.read_text())
+        assert "ended what it left running in other sessions" in (run.reason or ""), run.reason
+        assert _gone(daemon), f"the daemon {daemon} the script started is still alive"
+    else:
+        assert run.reason is None, run.reason
