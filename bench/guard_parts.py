@@ -7,7 +7,9 @@ many of 200 calls took the full check (the fast path must hold: 1), the whole ca
 each pair (interleaved rounds), and the parts of the guards' fast path timed alone
 (templates/guards.py): the covering dicts' versions and the slots (`_models_stand`), the
 watch tuple of the non-module arguments (`_guards_watch`), the checks run per call
-(`_guards_call`), with the number of dicts and slots.
+(`_guards_call`), with the number of dicts and slots, then the whole `_check_guards`
+alone, and the guards' pair called with `_check_guards` left out (it should cost what
+the recorded pair does: the difference is the guard check).
 
     PYTHONPATH=$PWD:$PWD/runtime python bench/guard_parts.py --layers 2 --kind cache
 """
@@ -18,24 +20,13 @@ import argparse
 import statistics
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import driver_overhead as D  # noqa: E402  (this folder's bench, beside this file)
-
-
-def _ns(fn, calls: int = 20000, rounds: int = 5) -> float:
-    """Median ns per call of ``fn()`` over ``rounds`` rounds of ``calls`` calls."""
-    times = []
-    for _ in range(rounds):
-        t0 = time.perf_counter_ns()
-        for _ in range(calls):
-            fn()
-        times.append((time.perf_counter_ns() - t0) / calls)
-    return statistics.median(times)
+import driver_overhead as D  # noqa: E402  (this folder's benches, beside this file)
+from dict_versions import _ns  # noqa: E402
 
 
 def main() -> None:
@@ -92,8 +83,17 @@ def main() -> None:
         ("the watch tuple", lambda: ns["_guards_watch"](roots, *args)),
         ("the per-call checks", lambda: ns["_guards_call"](roots, *args)),
     ]
+    modules = [args[0]]
+    parts.append(
+        ("the whole guard check (_check_guards)", lambda: ns["_check_guards"](args, {}, modules))
+    )
     for label, part in parts:
-        print(f"  {label}: {_ns(part) / 1000:.2f} us")
+        print(f"  {label}: {_ns(part, 20000, 5) / 1000:.2f} us")
+    check = ns["_check_guards"]
+    ns["_check_guards"] = lambda *a, **k: None  # the same pair, its guard check left out
+    bare = statistics.median(D._time(fn, args, a.calls) for _ in range(3))
+    ns["_check_guards"] = check
+    print(f"call without the guard check: {bare / 1000:.1f} us (recorded: {r / 1000:.1f} us)")
 
 
 if __name__ == "__main__":
