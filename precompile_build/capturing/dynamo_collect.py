@@ -21,7 +21,8 @@ class _Collected(Exception):
 def user_line(guard) -> str:
     """``file:line`` of the code that read the guarded value, the file named from the
     import root it was found under (``transformers/masking_utils.py``): the same on
-    every build host, so two builds of one project are byte-identical."""
+    every build host, so two builds of one project are byte-identical; "" where the
+    guard carries no stack."""
     stack: Any = getattr(guard, "user_stack", None) or getattr(guard, "stack", None)
     try:
         frame = stack[-1]
@@ -114,6 +115,8 @@ def without_dynamic_marks(args: tuple, kwargs: dict):
 
 
 def first_line(e: BaseException) -> str:
+    """The first line of Dynamo's refusal ``e`` for a capture's message, with the
+    ``File ..., line N`` of the user code it names where its text has one."""
     text = str(e).strip().splitlines()
     first = text[0] if text else type(e).__name__
     where = next((line.strip() for line in text if "File " in line or ", line " in line), "")
