@@ -940,3 +940,37 @@ def test_a_forward_routed_through_packaged_is_the_function_as_written(
             f(m, x)
     monkeypatch.setattr(_Routed, "forward", routed)
     torch.testing.assert_close(f(m, x), want)
+
+
+def test_threads_serving_several_models_each_answer_for_their_own_state(tmp_path, restored):
+    """As a server calls a pair: several threads, several models of one class with their
+    own weights, interleaved. Each call equals eager for the model it is given; once one
+    model's config changes, its calls raise while the others still serve."""
+    import threading
+
+    torch.manual_seed(0)
+    models = [Net().eval() for _ in range(3)]
+    x = torch.randn(2, 4)
+    f = _serve(tmp_path, call, models[0], x)
+    want = [m(x) for m in models]
+    errors: list = []
+
+    def serve(k):
+        try:
+            for i in range(30):
+                j = (i + k) % len(models)
+                torch.testing.assert_close(f(models[j], x), want[j])
+        except Exception as e:  # reported to the assert below
+            errors.append(e)
+
+    threads = [threading.Thread(target=serve, args=(k,)) for k in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    models[1].cfg.temp = 0.9
+    with pytest.raises(CallError, match="temp"):
+        f(models[1], x)
+    torch.testing.assert_close(f(models[0], x), want[0])
+    torch.testing.assert_close(f(models[2], x), want[2])
