@@ -5,11 +5,12 @@ export wrapper) is captured twice, with the guards and with ``options={"guards":
 "recorded"}``, and served with a kernel call that returns a ready tensor. Printed: how
 many of 200 calls took the full check (the fast path must hold: 1), the whole call of
 each pair (interleaved rounds), and the parts of the guards' fast path timed alone
-(templates/guards.py): the covering dicts' versions and the slots (`_models_stand`), the
-watch tuple of the non-module arguments (`_guards_watch`), the checks run per call
-(`_guards_call`), with the number of dicts and slots, then the whole `_check_guards`
-alone, and the guards' pair called with `_check_guards` left out (it should cost what
-the recorded pair does: the difference is the guard check).
+(templates/guards.py): the covering dicts' versions and the slots (`_models_stand`:
+those compared per call, the closure cells where the audit hook watches code and
+defaults, and every one), the watch tuple of the non-module arguments
+(`_guards_watch`), the checks run per call (`_guards_call`), then the whole
+`_check_guards` alone, and the guards' pair called with `_check_guards` left out (it
+should cost what the recorded pair does: the difference is the guard check).
 
     PYTHONPATH=$PWD:$PWD/runtime python bench/guard_parts.py --layers 2 --kind cache
 """
@@ -71,7 +72,15 @@ def main() -> None:
                 return False
         return True
 
-    def slots_part():
+    objs = ns["_guards_slots"](roots, *args)
+    every = list(
+        {
+            (id(o), at): (o, at, ns["_slot_value"](o, at))
+            for o, at in zip(objs, ns["_G_SLOT_ATTRS"])
+        }.values()
+    )
+
+    def slots_part(slots=slots):
         for o, attr, v in slots:
             if getattr(o, attr) is not v:
                 return False
@@ -79,7 +88,8 @@ def main() -> None:
 
     parts = [
         (f"{len(pairs)} covering dicts' versions", dicts_part),
-        (f"{len(slots)} slots", slots_part),
+        (f"{len(slots)} slots compared per call", slots_part),
+        (f"{len(every)} slots, every kind (no audit hook)", lambda: slots_part(every)),
         ("the watch tuple", lambda: ns["_guards_watch"](roots, *args)),
         ("the per-call checks", lambda: ns["_guards_call"](roots, *args)),
     ]

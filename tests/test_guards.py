@@ -8,8 +8,10 @@ from __future__ import annotations
 import collections
 import enum
 import functools
+import subprocess
 import sys
 import types
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -893,6 +895,80 @@ def test_a_functions_code_assigned_after_a_served_call_is_noticed(tmp_path, rest
     finally:
         shift_by.__code__ = code
     torch.testing.assert_close(f(m, x), m(x))
+
+
+def _kw_shift(y, *, amount=0.5):  # a keyword-only default the trace reads
+    return y + amount
+
+
+@pytest.mark.parametrize(
+    "rebind",
+    [
+        ("__kwdefaults__", lambda: setattr(_kw_shift, "__kwdefaults__", {"amount": 2.0})),
+        ("deleted", lambda: setattr(_kw_shift, "__kwdefaults__", None)),
+    ],
+    ids=["assigned", "deleted"],
+)
+def test_code_and_defaults_are_watched_by_the_audit_hook_and_cells_per_call(tmp_path, rebind):
+    """A function's ``__code__``/``__defaults__``/``__kwdefaults__`` writes raise CPython's
+    audit event, which moves the state epoch: the fast path compares only the closure
+    cells, and a keyword-only default assigned (or deleted) after a served call is still
+    noticed."""
+    m, x = torch.nn.Module(), torch.randn(2, 4)
+    m.post = make_post(2.0)
+
+    def fn(m, x):
+        return m.post(_kw_shift(x))
+
+    saved = _kw_shift.__kwdefaults__
+    f = _serve(tmp_path, fn, m, x)
+    torch.testing.assert_close(f(m, x), fn(m, x))
+    ns = f.__call__.__globals__
+    kinds = {attr for _expr, attr in ns["_GUARDS"]["slots"]}
+    assert {"__kwdefaults__", "cell_contents"} <= kinds
+    assert ns["_G_AUDITED"] == [True]
+    (seen,) = [s for k, s in ns["_G_SEEN"].items() if k == id(m)]
+    assert {attr for _o, attr, _v in seen[4]} == {"cell_contents"}  # compared per call
+    try:
+        rebind[1]()
+        with pytest.raises(CallError, match="amount"):
+            f(m, x)
+    finally:
+        _kw_shift.__kwdefaults__ = saved
+    torch.testing.assert_close(f(m, x), fn(m, x))
+
+
+def test_where_the_audit_hook_is_refused_every_slot_is_compared_per_call(tmp_path):
+    """A process whose own audit hook refuses new ones (RuntimeError on
+    ``sys.addaudithook``): the pair compares code and defaults per call instead."""
+    script = f"""
+import subprocess
+import sys
+def refuse(event, args):
+    if event == "sys.addaudithook":
+        raise RuntimeError("no more hooks")
+sys.addaudithook(refuse)
+sys.path.insert(0, {str(Path(__file__).parent)!r})
+import pathlib, torch
+import test_guards as T
+m, x = T.Net().eval(), torch.randn(2, 4)
+f = T._serve(pathlib.Path({str(tmp_path)!r}), T.call, m, x)
+torch.testing.assert_close(f(m, x), m(x))
+ns = f.__call__.__globals__
+assert ns["_G_AUDITED"] == [], ns["_G_AUDITED"]
+(seen,) = ns["_G_SEEN"].values()
+assert "__code__" in {{attr for _o, attr, _v in seen[4]}}
+T.shift_by.__code__ = (lambda y, amount=0.5: y - amount).__code__
+try:
+    f(m, x)
+except T.CallError as e:
+    assert "shift_by is another function" in str(e), e
+    print("NOTICED")
+"""
+    out = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=300
+    )
+    assert out.returncode == 0 and "NOTICED" in out.stdout, out.stdout + out.stderr
 
 
 class _Routed(torch.nn.Module):

@@ -44,6 +44,7 @@ if TYPE_CHECKING:
     )
 # end stand-ins
 
+import sys as _sys
 from collections import OrderedDict as _OrderedDict
 
 _GUARDS: dict = dict(_META.get("guards") or {})
@@ -67,6 +68,44 @@ _DICT_VERSION = getattr(
 # `_guards_watch` compares dicts by id and version, which names one dict's state only while
 # versions are unique across dicts (CPython's global counter; a fresh dict takes the next)
 _VERSIONS_UNIQUE = _DICT_VERSION is not None and len({_DICT_VERSION({}) for _ in range(2)}) == 2
+# A function's code and defaults are rebound through setters that raise CPython's
+# `object.__setattr__` audit event (`object.__delattr__` for `f.__defaults__ = None` or a
+# `del`: Objects/funcobject.c); a closure cell's contents raise none. With the audit hook
+# in place (`_audit_code_writes`), such a write moves the state epoch, so only the cells
+# are compared per call (bench/results/driver_overhead_guards_cpu.md).
+_G_AUDITED_SLOTS = frozenset(("__code__", "__defaults__", "__kwdefaults__"))
+_G_AUDITED: list = []  # [True] once this process's hook moves the epoch on those writes
+
+
+def _audit_code_writes(box):
+    """Install, once per process, the audit hook that moves the state epoch ``box`` when
+    a function's ``__code__``, ``__defaults__`` or ``__kwdefaults__`` is assigned or
+    deleted; return whether a write now moves it (False where another hook refused this
+    one: every slot is then compared per call). An audit hook cannot be removed: it
+    costs a Python call per audit event in the process (an ``open``, an import,
+    ``sys._getframe``) that compares the event's name and returns."""
+    M = torch.nn.modules.module
+    installed = getattr(M, "_precompile_code_audit", None)  # (box, probe, probe's writes)
+    if installed is None or installed[0] is not box:
+
+        def probe():
+            pass
+
+        events, hits = ("object.__setattr__", "object.__delattr__"), [0]
+
+        def _on_audit(event, args, _box=box, _watched=_G_AUDITED_SLOTS, _events=events):
+            if event in _events and len(args) > 1 and args[1] in _watched:
+                if args[0] is probe:  # (the probe's write tells the hook runs: no state moved)
+                    hits[0] += 1
+                else:
+                    _box[0] += 1
+
+        _sys.addaudithook(_on_audit)  # (an existing hook may refuse it, silently)
+        installed = M._precompile_code_audit = (box, probe, hits)  # type: ignore[attr-defined]
+    _box, probe, hits = installed
+    before = hits[0]
+    probe.__defaults__ = ()
+    return hits[0] != before
 
 
 def _models_stand(seen, now, modules):
@@ -103,6 +142,8 @@ def _check_guards(args, kwargs, modules, full=False, kinds=None):
         box = _state_epoch()
         torch.nn.modules.module._precompile_watched.update(_GUARDS.get("watched") or ())  # type: ignore[attr-defined]
         _G_EPOCH.append(box)
+        if _audit_code_writes(box):
+            _G_AUDITED.append(True)
     roots = _G_ROOTS[0]
     key = id(modules[0]) if modules else 0
     now = (_G_EPOCH[0][0], _HANDLES.next_id)
@@ -144,7 +185,11 @@ def _snapshot(roots, args, kwargs):
     try:
         # one entry per (object, attribute): paths through several layers meet one function
         slots = list(
-            {(id(o), a): (o, a, _slot_value(o, a)) for o, a in zip(objs, _G_SLOT_ATTRS)}.values()
+            {
+                (id(o), a): (o, a, _slot_value(o, a))
+                for o, a in zip(objs, _G_SLOT_ATTRS)
+                if not (_G_AUDITED and a in _G_AUDITED_SLOTS)
+            }.values()
         )
     except Exception:  # noqa: BLE001 - an attribute that no longer exists: check in full
         return None
