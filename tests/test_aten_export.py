@@ -224,6 +224,8 @@ def _step_autograd_grad(model, x):
     return loss.detach(), g
 
 
+# expected: the case runs a backward, which Dynamo does not trace
+@pytest.mark.filterwarnings("ignore:.*the function runs a backward:UserWarning")
 @pytest.mark.parametrize(
     "step", [_step_backward, _step_autograd_grad], ids=["backward", "autograd.grad"]
 )

@@ -61,6 +61,8 @@ def test_fallback_values_are_checked(tmp_path):
         load_settings(root)
 
 
+# expected: the case changes Python state while it is captured
+@pytest.mark.filterwarnings("ignore::precompile_build.errors.PythonStateWarning")
 def test_the_fallback_judges_the_frozen_engines_trace_by_the_one_real_call(tmp_path, monkeypatch):
     """The eager fallback serves the trace the frozen engine made and judges it by the
     real call that already ran (before, it traced again after the real call, ran no

@@ -154,6 +154,8 @@ def test_both_tracers_failing_are_both_named(tmp_path):
     assert "tracing_mode" not in msg and len(msg.split("The tracers said")[0]) < 700, msg
 
 
+# expected: the case runs a backward, which Dynamo does not trace
+@pytest.mark.filterwarnings("ignore:.*the function runs a backward:UserWarning")
 def test_training_step_is_traced_with_make_fx(tmp_path):
     torch.manual_seed(0)
     model = torch.nn.Linear(4, 2)
@@ -299,6 +301,8 @@ class CountingDoubler(torch.nn.Module):
         return x * 2, self.calls  # a Python number that differs between trace and call
 
 
+# expected: the case changes Python state while it is captured
+@pytest.mark.filterwarnings("ignore::precompile_build.errors.PythonStateWarning")
 @pytest.mark.parametrize("engine", ["eager", "frozen"])
 def test_another_structure_from_the_eager_call_is_refused(tmp_path, engine):
     """The eager call returning another structure than the trace (here a tuple where the
@@ -460,6 +464,8 @@ def test_options_tracer_and_tracer_must_agree(tmp_path, monkeypatch):
     assert _tracer_of(src) == "make_fx"
 
 
+# expected: the case changes Python state while it is captured
+@pytest.mark.filterwarnings("ignore::precompile_build.errors.PythonStateWarning")
 @pytest.mark.parametrize(
     "kw, env, why",
     [

@@ -22,6 +22,7 @@ import importlib
 import inspect
 import os
 import traceback
+import warnings
 from typing import Any, Callable
 
 import torch
@@ -215,7 +216,10 @@ def flat_graph(ep, target: str):
         )
         counts[kind] += 1
         setattr(gm, attr, ep.constants[spec.target])
-        with graph.inserting_before(node):
+        # a constant is a plain attribute, as torch.export's own unlifting leaves it; fx warns
+        # that it is no parameter, buffer or submodule, which tells the user nothing to do
+        with graph.inserting_before(node), warnings.catch_warnings():
+            warnings.filterwarnings("ignore", "Attempted to insert a get_attr Node", UserWarning)
             new = graph.get_attr(attr)
         new.meta.update(node.meta)
         node.replace_all_uses_with(new)
