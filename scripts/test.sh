@@ -59,7 +59,7 @@ TORCH_SPEC=torch==2.14.1 make_venv .venv-torch214 "${deps[@]}" torchvision==0.29
   tests/test_aten_export.py tests/test_example_project.py tests/test_llm_decode.py tests/test_decode_fast_path.py tests/test_models.py \
   tests/test_assumed_state.py tests/test_data_dependent.py tests/test_results_and_arguments.py \
   tests/test_max_autotune.py::test_an_extern_choice_is_a_plain_torch_call_served_without_the_compiler \
-  tests/test_tp_llama.py tests/test_real_library.py tests/test_guards.py "$@"
+  tests/test_tp_llama.py tests/test_real_library.py tests/test_guards.py tests/test_guards_state_reads.py "$@"
 
 echo "== the guards under torch 2.11 (the GPU host's torch: its Dynamo guards no class attribute)"
 # capturing/class_attributes.py checks them there; tests/test_guards.py runs its probe and
@@ -67,4 +67,4 @@ echo "== the guards under torch 2.11 (the GPU host's torch: its Dynamo guards no
 TORCH_SPEC=torch==2.11.0 make_venv .venv-torch211 \
   pytest==9.0.3 hypothesis==6.155.2 packaging==26.2 filelock==4.3.1 numpy  # (torch 2.11 caps setuptools)
 .venv-torch211/bin/python -m pip install -q --no-warn-conflicts -e ./runtime -e .
-.venv-torch211/bin/python -m pytest -q -p no:cacheprovider tests/test_guards.py "$@"
+.venv-torch211/bin/python -m pytest -q -p no:cacheprovider tests/test_guards.py tests/test_guards_state_reads.py "$@"

@@ -17,13 +17,14 @@ from __future__ import annotations
 
 import ast
 import functools
+import inspect
 import types
 from typing import Any, Callable
 
 import torch
 
 from ..templates.guard_values import code_fingerprint, code_of, literal_type
-from . import guard_sources
+from . import dict_covers, guard_sources
 
 
 class _Probe:
@@ -326,3 +327,85 @@ def _mro_item(node: ast.AST) -> tuple[str, int, str] | None:
     ):
         return None
     return ast.unparse(mro.value.value), mro.slice.value, node.slice.value
+
+
+def add_instance_shadowing(
+    checks: list[list],
+    by_identity: set[str],
+    watched: set[str],
+    namespace: dict,
+    roots: guard_sources.Roots,
+) -> None:
+    """Add to ``checks`` that no class attribute the trace read is shadowed on its
+    instance (:func:`instance_shadowing`), covered by the instance dict's version as an
+    attribute's absence is (dict_covers.covering_dict); the covers a call evaluates
+    again go to ``by_identity``, the names to ``watched`` (dynamo_guards.guard_checks)."""
+    known = {(c[1], c[2]) for c in checks}
+    for label, obj_expr, name, where in instance_shadowing(checks, namespace, roots):
+        expr = f"({name!r} in ({obj_expr}).__dict__)"
+        if ("eq", expr) in known:
+            continue
+        obj = guard_sources.evaluate(obj_expr, namespace, roots)
+        cover = dict_covers.covering_dict("absent", obj_expr, obj, None, namespace, roots)
+        if cover and cover[1]:
+            by_identity.add(cover[0])
+        watched.add(name)  # (a plain setattr on a module moves the epoch)
+        checks.append([label, "eq", expr, False, cover is None, where, cover[0] if cover else None])
+
+
+def instance_shadowing(
+    checks: list[list], namespace: dict, roots: guard_sources.Roots
+) -> list[tuple[str, str, str, str]]:
+    """For each check that reads a class attribute of an instance's class (Dynamo's
+    ``type(x).__dict__['name']`` or ``type(x).__mro__[k].__dict__['name']``) that an
+    entry of the instance's own ``__dict__`` would shadow (no data descriptor such as a
+    property), ``(label, instance expression, name, file:line)``: the pair checks that
+    ``name`` stays out of the instance's dict (``x.__dict__['name'] = v`` or
+    ``object.__setattr__(x, 'name', v)`` would shadow it), each once."""
+    out: list[tuple[str, str, str, str]] = []
+    seen: set[tuple[str, str]] = set()
+    for label, _kind, expr, _expected, _per_call, where, *_cover in checks:
+        for node in ast.walk(ast.parse(expr, mode="eval").body):
+            found = _instance_class_item(node)
+            if found is None or found in seen:
+                continue
+            seen.add(found)
+            obj_expr, name = found
+            try:
+                obj = guard_sources.evaluate(obj_expr, namespace, roots)
+            except Exception:  # noqa: BLE001 - a path that is no value: nothing to add
+                continue
+            if isinstance(obj, type) or type(getattr(obj, "__dict__", None)) is not dict:
+                continue  # a class (its own dict is checked), or no instance dict (slots)
+            attr = inspect.getattr_static(type(obj), name, None)
+            if hasattr(type(attr), "__set__") or name in obj.__dict__:
+                continue  # a data descriptor wins over the instance dict; already shadowed
+            out.append((f"{label}: no {name} of its own on the instance", obj_expr, name, where))
+    return out
+
+
+def _instance_class_item(node: ast.AST) -> tuple[str, str] | None:
+    """``(x, name)`` of ``type(x).__dict__['name']`` or ``type(x).__mro__[k].__dict__['name']``."""
+    if not (
+        isinstance(node, ast.Subscript)
+        and isinstance(node.slice, ast.Constant)
+        and isinstance(node.slice.value, str)
+        and isinstance(node.value, ast.Attribute)
+        and node.value.attr == "__dict__"
+    ):
+        return None
+    cls = node.value.value
+    if (
+        isinstance(cls, ast.Subscript)
+        and isinstance(cls.value, ast.Attribute)
+        and cls.value.attr == "__mro__"
+    ):
+        cls = cls.value.value
+    if not (
+        isinstance(cls, ast.Call)
+        and isinstance(cls.func, ast.Name)
+        and cls.func.id == "type"
+        and len(cls.args) == 1
+    ):
+        return None
+    return ast.unparse(cls.args[0]), node.slice.value

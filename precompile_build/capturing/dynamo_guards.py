@@ -40,7 +40,7 @@ from typing import Any, Callable
 
 from ..errors import CaptureError, warn_at_caller
 from ..templates.guard_values import code_fingerprint, code_of, literal_type
-from . import class_attributes, dict_covers, dynamo_collect, guard_sources
+from . import class_attributes, dict_covers, dynamo_collect, graph_attrs, guard_sources
 
 LEFT_TO_OTHERS = {
     "TENSOR_MATCH": "tensors: the driver's dtype, device, shape, stride and requires_grad checks",
@@ -206,12 +206,24 @@ def _epoch_covered(check: str, value: Any, base: Any, expr: str) -> bool:
     ):
         return True
     if check in ("type", "class") and isinstance(value, torch.nn.Module):
-        return True
+        # a registered submodule (replaced through the registration hooks) or an argument;
+        # one in a plain dict, a list or a global is not: its holder's version covers it
+        return re.fullmatch(r"\w+", expr) is not None or _registered_in(base, expr)
     if check == "class" and expr.endswith(".__class__") and isinstance(base, torch.nn.Module):
         return True  # (`__class__` is watched: assigning it moves the epoch)
     if check == "absent" and isinstance(value, torch.nn.Module):
         return True
     return check == "module"
+
+
+def _registered_in(base: Any, expr: str) -> bool:
+    """Whether ``expr`` reads a submodule in ``base._modules`` (``m.sub``, ``m._modules['sub']``)."""
+    import torch
+
+    step = re.search(r"(?:\._modules\[['\"]([^'\"]+)['\"]\]|\.(\w+))$", expr)
+    if not isinstance(base, torch.nn.Module) or step is None:
+        return False
+    return (step.group(1) or step.group(2)) in base._modules
 
 
 def warn_recorder_only_for_backward(target: str | None) -> None:
@@ -275,9 +287,13 @@ def guard_checks(fn: Callable, args: tuple, kwargs: dict, *, target: str) -> dic
         free |= {"fn", "self", "func"}
         namespace = _namespace(fn, args, kwargs, wrapper=True)
     found = _Translated()
+    found.inputs = graph_attrs.input_tensors(args, kwargs)
     for entry in entries:
         _translate(entry, found, roots, namespace, params, free, target)
     checks = _with_supplements(found.checks, namespace, roots, traced)
+    class_attributes.add_instance_shadowing(
+        checks, found.by_identity, found.watched, namespace, roots
+    )
     dict_covers.keep_dict_covers(checks, namespace, roots)
     failed = failing(checks, namespace, roots)
     if failed:
@@ -337,6 +353,35 @@ class _Translated:
         self.watched: set[str] = set()
         self.seen: set[tuple] = set()
         self.by_identity: set[str] = set()  # covers a call evaluates again (covering_dict)
+        self.inputs: set[int] = set()  # ids of the tensors the pair takes per call
+
+
+def _not_an_input(entry: Any, out: _Translated, roots, namespace, params, free, target) -> None:
+    """Refuse a tensor Dynamo guarded that no served call passes (a global, a plain tensor
+    attribute, a global module's parameter): its values at capture would be built in."""
+    import torch
+
+    try:
+        rewritten = guard_sources.rewrite(entry.name, roots, params, free)
+        if rewritten is None:  # (the pair's own: a module captured as the function)
+            return
+        expr, label = rewritten
+        value = guard_sources.evaluate(expr, namespace, roots)
+    except Exception:  # noqa: BLE001 - a path that is no value of its own: left to the driver
+        return
+    if (
+        isinstance(value, torch.Tensor)
+        and id(value) not in out.inputs
+        and graph_attrs.memory_key(value) not in out.inputs
+    ):
+        where = dynamo_collect.user_line(entry.orig_guard)
+        raise CaptureError(
+            f"the function reads the tensor {label}{', at ' + where if where else ''}, which is "
+            "not an input (a global, a closed-over tensor or an attribute that is no registered "
+            "parameter or buffer): its values at capture would be built into the pair. Register "
+            "it on the module (register_buffer) or pass it as an argument",
+            target=target,
+        )
 
 
 def _translate(
@@ -357,6 +402,8 @@ def _translate(
     name = entry.name
     if kind == "TENSOR_MATCH" and name.startswith("___from_numpy(") and name.endswith(")"):
         kind, name = "NUMPY_VALUE", name[len("___from_numpy(") : -1]  # Dynamo's input, our constant
+    if kind == "TENSOR_MATCH" and name:
+        _not_an_input(entry, out, roots, namespace, params, free, target)
     if kind in LEFT_TO_OTHERS or not name:
         out.left[kind] = out.left.get(kind, 0) + 1
         return

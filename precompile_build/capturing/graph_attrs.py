@@ -35,6 +35,7 @@ from collections.abc import Iterable
 from typing import Any
 
 import torch
+from torch.utils import _pytree
 
 from precompile_runtime.pair_format import ConstantSpec
 
@@ -49,6 +50,41 @@ def _attr(gm, target: str):
     for part in target.split("."):
         obj = getattr(obj, part)
     return obj
+
+
+def memory_key(t: torch.Tensor) -> int | None:
+    """A key for the memory ``t`` views (its storage's address, negated so that it
+    cannot be taken for an ``id``), or None (no storage: a fake or meta tensor, or none
+    allocated)."""
+    try:
+        ptr = t.untyped_storage().data_ptr()
+    except (RuntimeError, NotImplementedError):
+        return None
+    return -ptr if ptr else None
+
+
+def _own_state(fn: Any) -> set[int]:
+    """The memory keys of the parameters and buffers of a module captured as the
+    function itself (or a bound method's module): its state is the pair's, by design."""
+    module = fn if isinstance(fn, torch.nn.Module) else getattr(fn, "__self__", None)
+    if not isinstance(module, torch.nn.Module):
+        return set()
+    keys = (memory_key(t) for t in (*module.parameters(), *module.buffers()))
+    return {k for k in keys if k is not None}
+
+
+def input_tensors(args: tuple, kwargs: dict) -> set[int]:
+    """The ids of the tensors a served call passes (the arguments' pytree leaves and
+    the parameters and buffers of the module arguments, at any depth), and the memory
+    keys of what they view (memory_key)."""
+    tensors: list = []
+    for leaf in _pytree.tree_leaves((args, kwargs)):
+        if isinstance(leaf, torch.Tensor):
+            tensors.append(leaf)
+        elif isinstance(leaf, torch.nn.Module):
+            tensors += [*leaf.parameters(), *leaf.buffers()]
+    keys = {memory_key(t) for t in tensors}  # (a view of one is one of them)
+    return {id(t) for t in tensors} | {k for k in keys if k is not None}
 
 
 def reachable_tensors(
@@ -72,6 +108,9 @@ def reachable_tensors(
         seen.add(id(obj))
         if isinstance(obj, torch.Tensor):
             found.setdefault(id(obj), where)
+            memory = memory_key(obj)
+            if memory is not None:  # (a tracer may hand back a detached alias of it)
+                found.setdefault(memory, where)
             continue
         if depth >= max_depth:
             continue
@@ -178,7 +217,7 @@ def check_graph_attrs(gm, target: str, *, roots: Iterable[Any] = (), symbolic=No
             subgraph.
     """
     _check_subgraphs(gm, target)
-    user = None
+    user, own = None, set()
     constants, nodes = [], []
     for node in list(gm.graph.nodes):
         if node.op != "get_attr":
@@ -201,6 +240,7 @@ def check_graph_attrs(gm, target: str, *, roots: Iterable[Any] = (), symbolic=No
         if not made_here:
             if user is None:
                 user = reachable_tensors(roots)
+                own = _own_state(next(iter(roots), None))
             if any(
                 sharing.writes(u, node) for u in node.users
             ):  # a trace-made constant is copied first
@@ -210,10 +250,14 @@ def check_graph_attrs(gm, target: str, *, roots: Iterable[Any] = (), symbolic=No
                     "Register it on the module (register_buffer) or pass it as an argument",
                     target=target,
                 )
-            if id(value) in user:
+            memory = memory_key(value)
+            where = user.get(id(value)) or (
+                None if memory is None or memory in own else user.get(memory)
+            )
+            if where is not None:
                 raise CaptureError(
                     "the function reads a tensor that is not an input "
-                    f"({user[id(value)]}, traced as {node.target}): a closed-over tensor or an "
+                    f"({where}, traced as {node.target}): a closed-over tensor or an "
                     "attribute that is not a registered parameter/buffer. Register it on the "
                     "module (register_buffer) or pass it as an argument",
                     target=target,

@@ -259,7 +259,24 @@ def _state_epoch():
         _HANDLES.remove = _bumping(_HANDLES.remove, box)  # type: ignore[method-assign]
         _watch_class(torch.nn.Module)
     M._precompile_watched.update(_WATCHED)  # type: ignore[attr-defined]
+    register = torch.nn.Module.register_parameter
+    if not getattr(register, "_precompile_bumps_none", False):
+        torch.nn.Module.register_parameter = _none_bumping(register, box)  # type: ignore[method-assign]
     return box
+
+
+def _none_bumping(orig, box):
+    """``register_parameter`` that moves the epoch when a parameter is set to None
+    (``lin.bias = None``): torch calls no registration hook for None."""
+
+    def register_parameter(self, name, param, _orig=orig, _tracing=_TRACING):
+        _orig(self, name, param)
+        if param is None and not _tracing():
+            box[0] += 1
+
+    register_parameter.__doc__, register_parameter.__wrapped__ = orig.__doc__, orig  # type: ignore[attr-defined]
+    register_parameter._precompile_bumps_none = True  # type: ignore[attr-defined]
+    return register_parameter
 
 
 # True while torch.compile's tracer (dynamo: a capture's too) runs the caller: the

@@ -1,0 +1,148 @@
+"""Guards: state a trace reads that moves no version or epoch by itself.
+
+Each case is served fresh and after a served call (the fast path between full checks):
+a parameter set to None, a class attribute shadowed on its instance, a module kept in a
+plain dict and replaced, and tensors that no call passes (a global tensor, a plain tensor
+attribute, a global module's parameters), which the capture refuses.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from _pairs import load_pair
+
+import precompile_build
+from precompile_build.errors import CaptureError
+from precompile_runtime.errors import CallError
+
+GLOBAL_SCALE = torch.tensor(2.0)  # a module-level tensor the function reads
+GLOBAL_LIN = torch.nn.Linear(4, 4)  # a module-level module with parameters
+
+
+def _serve(tmp_path, fn, *args):
+    paths = {"artifact_path": tmp_path / "t.py", "cache_path": tmp_path / "t.cache"}
+    with precompile_build.capture(fn, engine="eager", target="t", **paths) as f:
+        f(*args)
+    return load_pair(paths["artifact_path"], paths["cache_path"])
+
+
+def call(m, x):
+    return m(x)
+
+
+class Scaled(torch.nn.Module):
+    K = 2.0  # a class attribute read through the instance
+
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(4, 4)
+        self.acts = {"act": torch.nn.LeakyReLU(0.1)}  # a module in a plain dict
+        self.cfg = {"inner": {"act": torch.nn.GELU()}}  # one two dicts deep
+
+    def scale(self, y):
+        return y * self.K
+
+    def forward(self, x):
+        y = self.scale(self.lin(x))
+        return self.cfg["inner"]["act"](self.acts["act"](y))
+
+
+def _changes():
+    return [
+        ("a parameter set to None", lambda m: setattr(m.lin, "bias", None)),
+        ("register_parameter(name, None)", lambda m: m.lin.register_parameter("bias", None)),
+        ("a class attribute shadowed through __dict__", lambda m: m.__dict__.__setitem__("K", 5.0)),
+        (
+            "a class attribute shadowed through object.__setattr__",
+            lambda m: object.__setattr__(m, "K", 5.0),
+        ),
+        (
+            "a method shadowed on the instance through __dict__",
+            lambda m: m.__dict__.__setitem__("scale", lambda y: y * 7.0),
+        ),
+        ("a module in a plain dict replaced", lambda m: m.acts.__setitem__("act", torch.nn.Tanh())),
+        (
+            "a module in a plain dict replaced by one of its class, other settings",
+            lambda m: m.acts.__setitem__("act", torch.nn.LeakyReLU(0.7)),
+        ),
+        (
+            "a module two dicts deep replaced",
+            lambda m: m.cfg["inner"].__setitem__("act", torch.nn.ReLU()),
+        ),
+    ]
+
+
+@pytest.mark.parametrize("after_a_call", [False, True], ids=["fresh", "after-a-served-call"])
+@pytest.mark.parametrize("what,change", _changes(), ids=[c[0] for c in _changes()])
+def test_a_change_that_moves_no_epoch_is_still_noticed(tmp_path, what, change, after_a_call):
+    torch.manual_seed(0)
+    m, x = Scaled().eval(), torch.randn(2, 4)
+    f = _serve(tmp_path, call, m, x)
+    if after_a_call:
+        torch.testing.assert_close(f(m, x), m(x))
+    change(m)
+    with pytest.raises(CallError):
+        got = f(m, x)
+        pytest.fail(f"{what}: served {got} where eager gives {m(x)}")
+
+
+class PlainTensorAttribute(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(4, 4)
+        self.s = torch.tensor(2.0)  # no buffer: not passed per call
+
+    def forward(self, x):
+        return self.lin(x) * self.s.item()
+
+
+def _global_item(m, x):
+    return m(x) * GLOBAL_SCALE.item()
+
+
+def _global_float(m, x):
+    return m(x) * float(GLOBAL_SCALE)
+
+
+def _global_module(m, x):
+    return GLOBAL_LIN(m(x))
+
+
+@pytest.mark.parametrize(
+    "fn,model,named",
+    [
+        (call, PlainTensorAttribute, r"m\.s\b"),
+        (_global_item, lambda: torch.nn.Linear(4, 4), "GLOBAL_SCALE"),
+        (_global_float, lambda: torch.nn.Linear(4, 4), "GLOBAL_SCALE"),
+        (_global_module, lambda: torch.nn.Linear(4, 4), "GLOBAL_LIN"),
+    ],
+    ids=["item of a plain attribute", "item of a global", "float of a global", "global module"],
+)
+def test_a_tensor_no_call_passes_is_refused_at_capture(tmp_path, fn, model, named):
+    """Its values at capture would be built into the pair: a later in-place change or a
+    rebinding would be served stale, so the capture names it instead."""
+    m, x = model(), torch.randn(2, 4)
+    with pytest.raises(CaptureError, match=rf"(?s){named}.*not an input.*register_buffer"):
+        _serve(tmp_path, fn, m, x)
+    assert not (tmp_path / "t.py").exists()  # nothing half-written
+
+
+def test_a_buffer_read_by_item_still_serves_each_value(tmp_path):
+    """The sibling that must keep working: a registered buffer is an input, so its value
+    is read per call, never refused."""
+
+    class WithBuffer(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = torch.nn.Linear(4, 4)
+            self.register_buffer("s", torch.tensor(2.0))
+
+        def forward(self, x):
+            return self.lin(x) * self.s
+
+    m, x = WithBuffer(), torch.randn(2, 4)
+    f = _serve(tmp_path, call, m, x)
+    torch.testing.assert_close(f(m, x), m(x))
+    m.s.fill_(5.0)
+    torch.testing.assert_close(f(m, x), m(x))
