@@ -89,7 +89,8 @@ def main() -> None:
     parts = [
         (f"{len(pairs)} covering dicts' versions", dicts_part),
         (f"{len(slots)} slots compared per call", slots_part),
-        (f"{len(every)} slots, every kind (no audit hook)", lambda: slots_part(every)),
+        # (read here with the hook in place: each `__code__` read is an audit event)
+        (f"{len(every)} slots, every kind, hook in place", lambda: slots_part(every)),
         ("the watch tuple", lambda: ns["_guards_watch"](roots, *args)),
         ("the per-call checks", lambda: ns["_guards_call"](roots, *args)),
     ]
