@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import time
+from pathlib import Path
 
 import pytest
 from _build_helpers import (
@@ -129,7 +130,7 @@ def test_optional_failure_is_left_out(tmp_path, monkeypatch, mode):
         ) in warning, warning
     if mode != "cuda":
         log = warning.split("(whole log: ")[1].rstrip(")")
-        assert "fixture capture of bad" in open(log).read(), log
+        assert "fixture capture of bad" in Path(log).read_text(), log
     else:
         assert "whole log" not in warning, warning  # it never ran: no log
     assert [n for n in wheel_names(whl) if "_precompiled" in n] == sorted(

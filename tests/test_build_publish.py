@@ -548,7 +548,8 @@ def test_kernels_that_need_no_libc_get_the_floor_tag():
     """CUDA-only variants (cubins are ELF files for another machine): manylinux_2_17."""
     from precompile_build.wheels.platform_tags import decide_platform
 
-    cubin = bytearray(open(sys.executable, "rb").read(64))
+    with open(sys.executable, "rb") as f:
+        cubin = bytearray(f.read(64))
     cubin[18:20] = (190).to_bytes(2, "little")  # e_machine EM_CUDA
     d = decide_platform({"k.cache!triton/k.cubin": bytes(cubin)})
     assert d.reason is None and d.needs == {}

@@ -6,6 +6,7 @@ from __future__ import annotations
 import importlib.util
 import os
 import py_compile
+from pathlib import Path
 
 import pytest
 
@@ -91,7 +92,7 @@ def test_a_timestamp_pyc_of_another_mtime_or_size_is_stale(tmp_path, monkeypatch
 def test_a_damaged_pyc_falls_back_to_compiling(tmp_path, monkeypatch, damage):
     path = _half(tmp_path)
     pyc = importlib.util.cache_from_source(str(path))
-    data = open(pyc, "rb").read()
+    data = Path(pyc).read_bytes()
     data = {
         "truncated": data[:20],
         "other magic": b"\0\0\r\n" + data[4:],
