@@ -288,6 +288,7 @@ def guard_checks(fn: Callable, args: tuple, kwargs: dict, *, target: str) -> dic
         namespace = _namespace(fn, args, kwargs, wrapper=True)
     found = _Translated()
     found.inputs = graph_attrs.input_tensors(args, kwargs)
+    found.roots = (fn, *graph_attrs.module_arguments(args, kwargs))
     for entry in entries:
         _translate(entry, found, roots, namespace, params, free, target)
     checks = _with_supplements(found.checks, namespace, roots, traced)
@@ -354,6 +355,7 @@ class _Translated:
         self.seen: set[tuple] = set()
         self.by_identity: set[str] = set()  # covers a call evaluates again (covering_dict)
         self.inputs: set[int] = set()  # ids of the tensors the pair takes per call
+        self.roots: tuple = ()  # the function and its module arguments (their tensors' names)
 
 
 def _not_an_input(entry: Any, out: _Translated, roots, namespace, params, free, target) -> None:
@@ -375,11 +377,14 @@ def _not_an_input(entry: Any, out: _Translated, roots, namespace, params, free, 
         and graph_attrs.memory_key(value) not in out.inputs
     ):
         where = dynamo_collect.user_line(entry.orig_guard)
+        names = graph_attrs.reachable_tensors(out.roots)  # (named as graph_attrs names them)
+        named = names.get(id(value)) or names.get(graph_attrs.memory_key(value) or 0) or label
         raise CaptureError(
-            f"the function reads the tensor {label}{', at ' + where if where else ''}, which is "
-            "not an input (a global, a closed-over tensor or an attribute that is no registered "
-            "parameter or buffer): its values at capture would be built into the pair. Register "
-            "it on the module (register_buffer) or pass it as an argument",
+            f"the function reads a tensor that is not an input ({named}"
+            f"{', read at ' + where if where else ''}): a global, a closed-over tensor or an "
+            "attribute that is not a registered parameter/buffer, whose values at capture "
+            "would be built into the pair. Register it on the module (register_buffer) or "
+            "pass it as an argument",
             target=target,
         )
 

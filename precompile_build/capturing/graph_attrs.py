@@ -73,6 +73,11 @@ def _own_state(fn: Any) -> set[int]:
     return {k for k in keys if k is not None}
 
 
+def module_arguments(args: tuple, kwargs: dict) -> list[torch.nn.Module]:
+    """The nn.Module leaves of a call's arguments."""
+    return [m for m in _pytree.tree_leaves((args, kwargs)) if isinstance(m, torch.nn.Module)]
+
+
 def input_tensors(args: tuple, kwargs: dict) -> set[int]:
     """The ids of the tensors a served call passes (the arguments' pytree leaves and
     the parameters and buffers of the module arguments, at any depth), and the memory
