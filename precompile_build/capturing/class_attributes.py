@@ -307,8 +307,8 @@ def shadowing(checks: list[list], namespace: dict, roots: guard_sources.Roots) -
     return out
 
 
-def _mro_item(node: ast.AST) -> tuple[str, int, str] | None:
-    """``(class expression, k, name)`` of ``CLS.__mro__[k].__dict__['name']``, else None."""
+def _dict_item(node: ast.AST) -> tuple[ast.expr, str] | None:
+    """``(OWNER, 'name')`` of ``OWNER.__dict__['name']``, else None."""
     if not (
         isinstance(node, ast.Subscript)
         and isinstance(node.slice, ast.Constant)
@@ -317,7 +317,15 @@ def _mro_item(node: ast.AST) -> tuple[str, int, str] | None:
         and node.value.attr == "__dict__"
     ):
         return None
-    mro = node.value.value
+    return node.value.value, node.slice.value
+
+
+def _mro_item(node: ast.AST) -> tuple[str, int, str] | None:
+    """``(class expression, k, name)`` of ``CLS.__mro__[k].__dict__['name']``, else None."""
+    found = _dict_item(node)
+    if found is None:
+        return None
+    mro, name = found
     if not (
         isinstance(mro, ast.Subscript)
         and isinstance(mro.slice, ast.Constant)
@@ -326,7 +334,7 @@ def _mro_item(node: ast.AST) -> tuple[str, int, str] | None:
         and mro.value.attr == "__mro__"
     ):
         return None
-    return ast.unparse(mro.value.value), mro.slice.value, node.slice.value
+    return ast.unparse(mro.value.value), mro.slice.value, name
 
 
 def add_instance_shadowing(
@@ -386,15 +394,10 @@ def instance_shadowing(
 
 def _instance_class_item(node: ast.AST) -> tuple[str, str] | None:
     """``(x, name)`` of ``type(x).__dict__['name']`` or ``type(x).__mro__[k].__dict__['name']``."""
-    if not (
-        isinstance(node, ast.Subscript)
-        and isinstance(node.slice, ast.Constant)
-        and isinstance(node.slice.value, str)
-        and isinstance(node.value, ast.Attribute)
-        and node.value.attr == "__dict__"
-    ):
+    found = _dict_item(node)
+    if found is None:
         return None
-    cls = node.value.value
+    cls, name = found
     if (
         isinstance(cls, ast.Subscript)
         and isinstance(cls.value, ast.Attribute)
@@ -408,4 +411,4 @@ def _instance_class_item(node: ast.AST) -> tuple[str, str] | None:
         and len(cls.args) == 1
     ):
         return None
-    return ast.unparse(cls.args[0]), node.slice.value
+    return ast.unparse(cls.args[0]), name
