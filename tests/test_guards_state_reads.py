@@ -146,3 +146,68 @@ def test_a_buffer_read_by_item_still_serves_each_value(tmp_path):
     torch.testing.assert_close(f(m, x), m(x))
     m.s.fill_(5.0)
     torch.testing.assert_close(f(m, x), m(x))
+
+
+class ReadsAbsent(torch.nn.Module):
+    """Reads two attributes absent at capture, with a default (transformers' way)."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(4, 4)
+
+    def forward(self, x):
+        y = self.lin(x) * getattr(self, "mult", 1.0)
+        return y * 3 if hasattr(self.lin, "boost") else y
+
+
+# a registry written directly is named either way: as the attribute now present, or (the
+# structure check) as a parameter or buffer the capture did not lift
+_MORE_STATE = "|has 3 parameters/buffers, the capture lifted 2"
+_ABSENT_CHANGES = [
+    # (what, (a class (None: the model's own) or the registry's owner, attribute, value), message)
+    ("set on torch's nn.Module", (torch.nn.Module, "mult", 5.0), r"m\.mult was absent"),
+    (
+        "set on a submodule's torch class",
+        (torch.nn.Linear, "boost", 1),
+        r"m\.lin\.boost was absent",
+    ),
+    ("set on the model's own class", (None, "mult", 5.0), r"m\.mult was absent"),
+    (
+        "a buffer written into _buffers",
+        ("m", "_buffers", "mult"),
+        r"m\.mult was absent" + _MORE_STATE,
+    ),
+    (
+        "a parameter written into a submodule's _parameters",
+        ("m.lin", "_parameters", "boost"),
+        r"m\.lin\.boost was absent" + _MORE_STATE,
+    ),
+]
+
+
+@pytest.mark.parametrize("after_a_call", [False, True], ids=["fresh", "after-a-served-call"])
+@pytest.mark.parametrize(
+    "change,named", [c[1:] for c in _ABSENT_CHANGES], ids=[c[0] for c in _ABSENT_CHANGES]
+)
+def test_an_absent_attribute_made_present_anywhere_is_noticed(
+    tmp_path, monkeypatch, change, named, after_a_call
+):
+    """``hasattr`` and ``getattr(x, name, default)`` of an attribute absent at capture
+    depend on every class of the instance's MRO (torch's own too) and, for a module, on
+    its parameter, buffer and submodule dicts: each made present raises, fresh and after
+    a served call (whose fast path checks only what moved)."""
+    torch.manual_seed(0)
+    m, x = ReadsAbsent().eval(), torch.randn(2, 4)
+    f = _serve(tmp_path, call, m, x)
+    if after_a_call:
+        torch.testing.assert_close(f(m, x), m(x))
+    owner, attr, value = change
+    if isinstance(owner, str):  # a registry written directly: no registration hook runs
+        holder = m if owner == "m" else m.lin
+        getattr(holder, attr)[value] = torch.nn.Parameter(torch.tensor(5.0))
+    else:
+        monkeypatch.setattr(owner or ReadsAbsent, attr, value, raising=False)
+    assert not torch.equal(m(x), m.lin(x))  # eager follows the change
+    with pytest.raises(CallError, match=named):
+        got = f(m, x)
+        pytest.fail(f"served {got} where eager gives {m(x)}")

@@ -361,6 +361,56 @@ def add_instance_shadowing(
         checks.append([label, "eq", expr, False, cover is None, where, cover[0] if cover else None])
 
 
+def add_absence_checks(
+    checks: list[list],
+    by_identity: set[str],
+    namespace: dict,
+    roots: guard_sources.Roots,
+) -> None:
+    """Add to ``checks`` what an attribute's absence (Dynamo's ``hasattr(x, 'name')`` that
+    was False) rests on besides the instance's dict, each covered by a dict's version so
+    that none runs per call: that no class of ``type(x).__mro__`` defines ``name`` (torch's
+    own classes too: ``nn.Module.name = v`` makes it present), and for an ``nn.Module``,
+    that ``name`` is in none of its ``_parameters``, ``_buffers``, ``_modules`` (what
+    ``Module.__getattr__`` looks in; a direct ``m._buffers['name'] = t`` registers
+    nothing). Covers a call evaluates again go to ``by_identity``."""
+    known = {(c[1], c[2]) for c in checks}
+    for label, kind, expr, expected, _per_call, where, _cover in list(checks):
+        if kind != "hasattr" or expected[1] is not False:
+            continue
+        name = expected[0]
+        try:
+            obj = guard_sources.evaluate(expr, namespace, roots)
+        except Exception:  # noqa: BLE001 - a path that is no value: nothing to add
+            continue
+        if isinstance(obj, type):
+            continue  # (a class's absence: its own metaclass chain, left to Dynamo's guard)
+        holders: list[tuple[str, str | None]] = [
+            (f"type({expr}).__mro__[{j}].__dict__", f"_g_type_dict(type({expr}).__mro__[{j}])")
+            for j, klass in enumerate(type(obj).__mro__)
+            if not klass.__flags__ & _IMMUTABLE_TYPE  # (object, builtins: cannot change)
+        ]
+        if isinstance(obj, torch.nn.Module):
+            holders += [(f"({expr}).{d}", None) for d in ("_parameters", "_buffers", "_modules")]
+        for holder, cover in holders:
+            check = f"({name!r} in {holder})"
+            if ("eq", check) in known:
+                continue
+            known.add(("eq", check))
+            if cover is None:
+                value = guard_sources.evaluate(holder, namespace, roots)
+                found = dict_covers.covering_dict("contains", holder, value, obj, namespace, roots)
+                if found and found[1]:
+                    by_identity.add(found[0])
+                cover = found[0] if found else None
+            checks.append(
+                [f"{label}: no {name} in {holder}", "eq", check, False, cover is None, where, cover]
+            )
+
+
+_IMMUTABLE_TYPE = 1 << 8  # Py_TPFLAGS_IMMUTABLETYPE (CPython's Include/object.h)
+
+
 def instance_shadowing(
     checks: list[list], namespace: dict, roots: guard_sources.Roots
 ) -> list[tuple[str, str, str, str]]:

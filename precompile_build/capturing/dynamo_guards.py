@@ -295,6 +295,7 @@ def guard_checks(fn: Callable, args: tuple, kwargs: dict, *, target: str) -> dic
     class_attributes.add_instance_shadowing(
         checks, found.by_identity, found.watched, namespace, roots
     )
+    class_attributes.add_absence_checks(checks, found.by_identity, namespace, roots)
     dict_covers.keep_dict_covers(checks, namespace, roots)
     failed = failing(checks, namespace, roots)
     if failed:
