@@ -23,6 +23,7 @@ import sys
 import textwrap
 import threading
 import weakref
+from contextlib import ExitStack, closing
 from pathlib import Path
 from urllib.parse import urlparse
 
@@ -124,15 +125,15 @@ def test_sixteen_clients_and_two_reloads_get_eager_s_answers(served):
             conn.close()
 
     def reloader(url: str) -> None:
-        conn = _connect(url)
-        for (_mark, event), (version, assign) in zip(
-            sorted(marks.items()), ((1, False), (2, True))
-        ):
-            event.wait(120)
-            status, reply = _post(conn, "/reload", {"path": str(files[version]), "assign": assign})
-            if (status, reply) != (200, {"version": version}):
-                errors.append(("reload", status, reply))
-        conn.close()
+        with closing(_connect(url)) as conn:
+            for (_mark, event), (version, assign) in zip(
+                sorted(marks.items()), ((1, False), (2, True))
+            ):
+                event.wait(120)
+                body = {"path": str(files[version]), "assign": assign}
+                status, reply = _post(conn, "/reload", body)
+                if (status, reply) != (200, {"version": version}):
+                    errors.append(("reload", status, reply))
 
     with no_compilation(), running(create_app(fn, models)) as url:
         threads = [threading.Thread(target=client, args=(c, url)) for c in range(N_CLIENTS)]
@@ -206,17 +207,17 @@ def test_bad_inputs_get_a_clear_4xx_and_the_server_goes_on(served):
     stop = threading.Event()
 
     def client(url: str) -> None:
-        conn = _connect(url)
-        while not stop.is_set():
-            good.append(_post(conn, "/forward", {"ids": inputs[1].tolist()}))
-        conn.close()
+        with closing(_connect(url)) as conn:
+            while not stop.is_set():
+                good.append(_post(conn, "/forward", {"ids": inputs[1].tolist()}))
 
     x = inputs[0]
-    with running(create_app(forward, models)) as url:
+    with ExitStack() as stack:
+        url = stack.enter_context(running(create_app(forward, models)))
         threads = [threading.Thread(target=client, args=(url,)) for _ in range(4)]
         for t in threads:
             t.start()
-        conn = _connect(url)
+        conn = stack.enter_context(closing(_connect(url)))
         cases = [
             ({"ids": torch.cat([x, x[:, :1]], 1).tolist()}, 422, "CallError", "shape"),
             ({"ids": x.tolist(), "dtype": "int32"}, 422, "CallError", "int32"),
