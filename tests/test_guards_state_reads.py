@@ -8,8 +8,12 @@ attribute, a global module's parameters), which the capture refuses.
 
 from __future__ import annotations
 
+import functools
+import re
+
 import pytest
 import torch
+import torch.nn.functional as F
 from _pairs import load_pair
 
 import precompile_build
@@ -211,3 +215,129 @@ def test_an_absent_attribute_made_present_anywhere_is_noticed(
     with pytest.raises(CallError, match=named):
         got = f(m, x)
         pytest.fail(f"served {got} where eager gives {m(x)}")
+
+
+class Config:
+    def __init__(self):
+        self.k = 2.0
+
+
+class UsesTorchFunctions(torch.nn.Module):
+    """Reads torch functions off torch's modules, as model code does."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(4, 4)
+        self.act = torch.nn.Hardtanh()
+        self.cfg = Config()
+
+    def forward(self, x):
+        return self.act(F.silu(torch.sigmoid(self.lin(x))) * self.cfg.k - 1)
+
+
+class Hardtanh2(torch.nn.Hardtanh):
+    def forward(self, x):
+        return super().forward(x) * 2
+
+
+class WithK5(Config):
+    k = property(lambda self: 5.0)  # (the instance's own k is then ignored)
+
+
+class UsesTorchFunctions2(UsesTorchFunctions):
+    def forward(self, x):
+        return super().forward(x) + 1
+
+
+def _wrapped_sigmoid():
+    original = torch.sigmoid
+
+    @functools.wraps(original)
+    def sigmoid(t):
+        return original(t) * 2
+
+    return sigmoid
+
+
+_REPLACED = [
+    ("F.silu replaced", lambda m, mp: mp.setattr(F, "silu", F.relu), "silu"),
+    ("torch.sigmoid replaced", lambda m, mp: mp.setattr(torch, "sigmoid", torch.tanh), "sigmoid"),
+    (
+        "torch.sigmoid wrapped with functools.wraps",
+        lambda m, mp: mp.setattr(torch, "sigmoid", _wrapped_sigmoid()),
+        "sigmoid",
+    ),
+    (
+        "the model's class swapped through object.__setattr__",
+        lambda m, mp: object.__setattr__(m, "__class__", UsesTorchFunctions2),
+        "m was a",
+    ),
+    (
+        "a submodule's class swapped through object.__setattr__",
+        lambda m, mp: object.__setattr__(m.act, "__class__", Hardtanh2),
+        "m.act was a",
+    ),
+    (
+        "a config's class swapped",
+        lambda m, mp: setattr(m.cfg, "__class__", WithK5),
+        "m.cfg was a",
+    ),
+]
+
+
+@pytest.mark.parametrize("after_a_call", [False, True], ids=["fresh", "after-a-served-call"])
+@pytest.mark.parametrize("change,named", [c[1:] for c in _REPLACED], ids=[c[0] for c in _REPLACED])
+def test_a_torch_function_or_a_class_replaced_is_noticed(
+    tmp_path, monkeypatch, change, named, after_a_call
+):
+    """A torch function the trace called, replaced on its module (the graph holds the
+    original's ops), and a class swapped on an object the checks reach (``__class__``
+    assignment moves no dict's version: the audit hook moves the epoch) raise, fresh and
+    after a served call, naming what changed."""
+    torch.manual_seed(0)
+    m, x = UsesTorchFunctions().eval(), torch.randn(2, 4)
+    f = _serve(tmp_path, call, m, x)
+    if after_a_call:
+        torch.testing.assert_close(f(m, x), m(x))
+    before = m(x)
+    change(m, monkeypatch)
+    assert not torch.allclose(m(x), before)  # eager follows the change
+    with pytest.raises(CallError, match=named):
+        got = f(m, x)
+        pytest.fail(f"served {got} where eager gives {m(x)}")
+
+
+class Stacked(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.layers = torch.nn.ModuleList([torch.nn.Linear(4, 4), torch.nn.Tanh()])
+        self.heads = torch.nn.ModuleDict({"a": torch.nn.Linear(4, 4), "b": torch.nn.Sigmoid()})
+
+    def forward(self, x):
+        for layer in self.layers:
+            x = layer(x)
+        for head in self.heads.values():
+            x = head(x)
+        return x
+
+
+@pytest.mark.parametrize("after_a_call", [False, True], ids=["fresh", "after-a-served-call"])
+@pytest.mark.parametrize(
+    "change",
+    [
+        lambda m: m.layers.insert(0, torch.nn.Tanh()),
+        lambda m: m.heads.pop("b"),
+    ],
+    ids=["a ModuleList grown", "a ModuleDict popped"],
+)
+def test_a_submodule_added_or_removed_is_named_as_such(tmp_path, change, after_a_call):
+    """Not as a train/eval mode change (the per-submodule flags no longer line up)."""
+    m, x = Stacked().eval(), torch.randn(2, 4)
+    f = _serve(tmp_path, call, m, x)
+    if after_a_call:
+        torch.testing.assert_close(f(m, x), m(x))
+    change(m)
+    with pytest.raises(CallError) as raised:
+        f(m, x)
+    assert "train/eval" not in str(raised.value)
+    assert re.search(r"submodules|layers|heads", str(raised.value)), raised.value

@@ -410,7 +410,8 @@ def _translate(
         kind, name = "NUMPY_VALUE", name[len("___from_numpy(") : -1]  # Dynamo's input, our constant
     if kind == "TENSOR_MATCH" and name:
         _not_an_input(entry, out, roots, namespace, params, free, target)
-    if kind in LEFT_TO_OTHERS or not name:
+    torch_fn = guard_sources.torch_function(name, kind, roots)
+    if (kind in LEFT_TO_OTHERS and not torch_fn) or not name:
         out.left[kind] = out.left.get(kind, 0) + 1
         return
     where = dynamo_collect.user_line(entry.orig_guard)
@@ -421,17 +422,24 @@ def _translate(
         if split:
             name, attr = split.group(1, 2)
     try:
-        rewritten = guard_sources.rewrite(name, roots, params, free)
+        rewritten = torch_fn[:2] if torch_fn else guard_sources.rewrite(name, roots, params, free)
         if rewritten is None:
             return
         expr, label = rewritten
         value = guard_sources.evaluate(expr, namespace, roots)
-        if guard_sources.through_torch(expr, namespace, roots) or guard_sources.module_bookkeeping(
-            expr, namespace, roots, kind
-        ):
+        if torch_fn:  # (a torch function read off its module: named, not hashed)
+            expr, check, expected = (
+                torch_fn[2],
+                "eq",
+                guard_sources.evaluate(torch_fn[2], namespace, roots),
+            )
+        elif guard_sources.through_torch(
+            expr, namespace, roots
+        ) or guard_sources.module_bookkeeping(expr, namespace, roots, kind):
             out.left["torch's own classes"] = out.left.get("torch's own classes", 0) + 1
             return
-        check, expected = _check_for(kind, value, entry.orig_guard, attr)
+        else:
+            check, expected = _check_for(kind, value, entry.orig_guard, attr)
     except (ValueError, KeyError, SyntaxError) as err:
         raise CaptureError(
             f"the trace relies on {name} ({kind}{', read at ' + where if where else ''}), and "
@@ -452,6 +460,8 @@ def _translate(
     base = guard_sources.base_of(expr, namespace, roots)
     epoch = _epoch_covered(check, value, base, expr)
     found = None if epoch else dict_covers.covering_dict(check, expr, value, base, namespace, roots)
+    if torch_fn:  # (its module's dict holds it)
+        found = (f"{torch_fn[0].rpartition('.')[0]}.__dict__", False)
     cover = found[0] if found else None
     if found and found[1]:
         out.by_identity.add(found[0])

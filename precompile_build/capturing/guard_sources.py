@@ -191,6 +191,38 @@ def rewrite(
 _MODULE_DICTS = re.compile(r"\._(?:modules|parameters|buffers)\[(['\"])([^'\"]+)\1\]")
 
 
+_TORCH_FUNCTION = re.compile(r"^G\[['\"](\w+)['\"]\]\.(\w+)$")
+_FUNCTION_KINDS = ("CLOSURE_MATCH", "FUNCTION_MATCH", "BUILTIN_MATCH", "ID_MATCH")
+
+
+def torch_function(name: str, kind: str, roots: Roots) -> tuple[str, str, str] | None:
+    """``(expression, label, check)`` for Dynamo's identity guard on a function read as an
+    attribute of one of torch's modules (``G['F'].silu``, ``G['torch'].sigmoid``), which
+    :func:`rewrite` drops with the module; None for any other guard. The check compares
+    what names the function (its type, module, qualname and code name: a replacement,
+    even one made with ``functools.wraps``, differs) rather than its code's hash, which
+    moves between torch releases; the module's dict version covers it per call, as
+    Dynamo's guard catches ``F.silu = other``."""
+    found = _TORCH_FUNCTION.match(name)
+    if kind not in _FUNCTION_KINDS or found is None:
+        return None
+    key, attr = found.groups()
+    if key.startswith("__import_"):
+        module = key[len("__import_") :].replace("_dot_", ".") if _TORCH_ROOT.match(key) else ""
+    else:
+        value = roots.fn_globals.get(key)
+        module = value.__name__ if isinstance(value, types.ModuleType) else ""
+    if not (module == "torch" or module.startswith("torch.")):
+        return None
+    expr = f"_R[{roots._root(['module', module], module)}].{attr}"
+    check = (
+        f"[type({expr}).__name__, getattr({expr}, '__module__', None), "
+        f"getattr({expr}, '__qualname__', None), "
+        f"getattr(getattr({expr}, '__code__', None), 'co_name', None)]"
+    )
+    return expr, f"{module}.{attr}", check
+
+
 def readable(label: str) -> str:
     """``m._modules['layers']._modules['0']`` as ``m.layers[0]``: the model's own names."""
     return _MODULE_DICTS.sub(

@@ -179,6 +179,12 @@ def _check_training(modules):
     """Dropout and batch norm were traced in the captured train/eval mode."""
     for i, (mod, want) in enumerate(zip(modules, _META.get("training", []))):
         got = list(map(_TRAINING, submodules(mod)))
+        if len(got) != len(want):  # (a ModuleList grown, a ModuleDict popped)
+            raise CallError(
+                f"target {_META['target']!r}: {_arg_label(i)} has {len(got)} submodules, the "
+                f"captured model had {len(want)}: a submodule was added or removed since; "
+                "pass a model of the captured structure, or capture again"
+            )
         if got != want:
             if all(want):
                 fix = "call model.train()"

@@ -74,26 +74,32 @@ _VERSIONS_UNIQUE = _DICT_VERSION is not None and len({_DICT_VERSION({}) for _ in
 # in place (`_audit_code_writes`), such a write moves the state epoch, so only the cells
 # are compared per call (bench/results/driver_overhead_guards_cpu.md).
 _G_AUDITED_SLOTS = frozenset(("__code__", "__defaults__", "__kwdefaults__"))
+# `x.__class__ = C` raises it too (Objects/typeobject.c), through object.__setattr__ as well:
+# a class swapped on any object the checks reached moves the epoch (a type check covered
+# by a dict's version would not see it)
+_G_AUDITED_NAMES = _G_AUDITED_SLOTS | {"__class__"}
 _G_AUDITED: list = []  # [True] once this process's hook moves the epoch on those writes
 
 
 def _audit_code_writes(box):
     """Install, once per process, the audit hook that moves the state epoch ``box`` when
-    a function's ``__code__``, ``__defaults__`` or ``__kwdefaults__`` is assigned or
-    deleted; return whether a write now moves it (False where another hook refused this
+    a function's ``__code__``, ``__defaults__`` or ``__kwdefaults__`` or an object's
+    ``__class__`` is assigned or deleted; return whether a write now moves it (False where another hook refused this
     one: every slot is then compared per call). An audit hook cannot be removed: it
     costs a Python call per audit event in the process (an ``open``, an import,
     ``sys._getframe``) that compares the event's name and returns."""
     M = torch.nn.modules.module
-    installed = getattr(M, "_precompile_code_audit", None)  # (box, probe, probe's writes)
-    if installed is None or installed[0] is not box:
+    # (box, probe, probe's writes, names watched): a pair of another version may have
+    # installed one that watches fewer names
+    installed = getattr(M, "_precompile_code_audit", None)
+    if installed is None or installed[0] is not box or installed[3:] != (_G_AUDITED_NAMES,):
 
         def probe():
             pass
 
         events, hits = ("object.__setattr__", "object.__delattr__"), [0]
 
-        def _on_audit(event, args, _box=box, _watched=_G_AUDITED_SLOTS, _events=events):
+        def _on_audit(event, args, _box=box, _watched=_G_AUDITED_NAMES, _events=events):
             if event in _events and len(args) > 1 and args[1] in _watched:
                 if args[0] is probe:  # (the probe's write tells the hook runs: no state moved)
                     hits[0] += 1
@@ -101,8 +107,9 @@ def _audit_code_writes(box):
                     _box[0] += 1
 
         _sys.addaudithook(_on_audit)  # (an existing hook may refuse it, silently)
-        installed = M._precompile_code_audit = (box, probe, hits)  # type: ignore[attr-defined]
-    _box, probe, hits = installed
+        installed = (box, probe, hits, _G_AUDITED_NAMES)
+        M._precompile_code_audit = installed  # type: ignore[attr-defined]
+    _box, probe, hits, _names = installed
     before = hits[0]
     probe.__defaults__ = ()
     return hits[0] != before
