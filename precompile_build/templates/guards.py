@@ -84,8 +84,9 @@ _G_AUDITED: list = []  # [True] once this process's hook moves the epoch on thos
 def _audit_code_writes(box):
     """Install, once per process, the audit hook that moves the state epoch ``box`` when
     a function's ``__code__``, ``__defaults__`` or ``__kwdefaults__`` or an object's
-    ``__class__`` is assigned or deleted; return whether a write now moves it (False where another hook refused this
-    one: every slot is then compared per call). An audit hook cannot be removed: it
+    ``__class__`` is assigned or deleted; return whether a write now moves it (False
+    where another hook refused this one: every slot is then compared per call, and a
+    class swapped is seen at the next full check). An audit hook cannot be removed: it
     costs a Python call per audit event in the process (an ``open``, an import,
     ``sys._getframe``) that compares the event's name and returns."""
     M = torch.nn.modules.module
