@@ -341,3 +341,22 @@ def test_a_submodule_added_or_removed_is_named_as_such(tmp_path, change, after_a
         f(m, x)
     assert "train/eval" not in str(raised.value)
     assert re.search(r"submodules|layers|heads", str(raised.value)), raised.value
+
+
+def test_triton_s_own_functions_are_the_compiler_stack_s_not_checked(tmp_path, monkeypatch):
+    """Dynamo guards ``triton.cdiv`` (a global of the function's module) down to its code;
+    like torch's own internals, the pair assumes the Triton it was validated on, so no
+    root of its checks names a Triton module (resolving one would import Triton in the
+    serving process)."""
+    pytest.importorskip("triton")
+    (tmp_path / "uses_triton.py").write_text(
+        "import triton\n\n\ndef f(x):\n    return x * triton.cdiv(7, 2)\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    import uses_triton
+
+    x = torch.randn(3)
+    f = _serve(tmp_path, uses_triton.f, x)
+    roots = f.__call__.__globals__["_GUARDS"].get("roots") or []
+    assert not [r for r in roots if "triton" in str(r)], roots
+    torch.testing.assert_close(f(x), uses_triton.f(x))

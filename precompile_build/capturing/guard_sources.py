@@ -41,7 +41,14 @@ _HELPERS = {
     "___namedtuple_fields": "_g_namedtuple_fields",
 }
 BUILTINS = {"type", "dict", "list", "len", "getattr", "tuple", "id", "str", "int", "object"}
-_TORCH_ROOT = re.compile(r"^__import_torch(_dot_|$)")
+# torch and Triton: the compiler stack a pair assumes as validated (Dynamo's guards on
+# their internals, `triton.cdiv`'s code, would make the serving process import Triton)
+_TORCH_ROOT = re.compile(r"^__import_(?:torch|triton)(_dot_|$)")
+
+
+def compiler_stack(module: str) -> bool:
+    """Whether ``module`` is torch's or Triton's (or one of their submodules)."""
+    return module.split(".")[0] in ("torch", "triton")
 
 
 class Roots:
@@ -85,7 +92,7 @@ class Roots:
             return f"_R[{self._root(['module', mod], mod)}]"
         value = self.fn_globals.get(name)
         if isinstance(value, types.ModuleType):
-            if value.__name__ == "torch" or value.__name__.startswith("torch."):
+            if compiler_stack(value.__name__):
                 return None
             return f"_R[{self._root(['module', value.__name__], value.__name__)}]"
         if self.module != "__main__" and isinstance(self.module, str):
@@ -156,7 +163,7 @@ def rewrite(
                 and isinstance(node.args[0].value, str)
             ):
                 mod = node.args[0].value
-                if mod == "torch" or mod.startswith("torch."):
+                if compiler_stack(mod):
                     dropped = True
                     return node
                 return ast.copy_location(
@@ -277,7 +284,7 @@ def through_torch(expr: str, namespace: dict, roots: Roots) -> bool:
             if isinstance(v, type)
             else ""
         )
-        if name == "torch" or name.startswith("torch."):
+        if compiler_stack(name):
             return True
     return False
 
