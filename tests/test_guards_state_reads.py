@@ -360,3 +360,24 @@ def test_triton_s_own_functions_are_the_compiler_stack_s_not_checked(tmp_path, m
     roots = f.__call__.__globals__["_GUARDS"].get("roots") or []
     assert not [r for r in roots if "triton" in str(r)], roots
     torch.testing.assert_close(f(x), uses_triton.f(x))
+
+
+@pytest.mark.parametrize("after_a_call", [False, True], ids=["fresh", "after-a-served-call"])
+def test_a_torch_function_read_through_torch_nn_is_checked_too(tmp_path, monkeypatch, after_a_call):
+    """Code that names ``torch.nn.functional.softsign`` in full (no ``F`` alias in its
+    module: Dynamo's guard is on ``G['torch'].nn.functional.softsign``) is checked on the
+    module that holds the function."""
+    (tmp_path / "full_path.py").write_text(
+        "import torch\n\n\ndef f(x):\n    return torch.nn.functional.softsign(x) * 2\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    import full_path
+
+    x = torch.randn(3)
+    f = _serve(tmp_path, full_path.f, x)
+    if after_a_call:
+        torch.testing.assert_close(f(x), full_path.f(x))
+    monkeypatch.setattr(F, "softsign", F.tanhshrink)
+    with pytest.raises(CallError, match=r"torch\.nn\.functional\.softsign was"):
+        got = f(x)
+        pytest.fail(f"served {got} where eager gives {full_path.f(x)}")

@@ -17,6 +17,7 @@ from __future__ import annotations
 import ast
 import inspect
 import re
+import sys
 import types
 from typing import Any, Callable
 
@@ -43,7 +44,7 @@ _HELPERS = {
 BUILTINS = {"type", "dict", "list", "len", "getattr", "tuple", "id", "str", "int", "object"}
 # torch and Triton: the compiler stack a pair assumes as validated (Dynamo's guards on
 # their internals, `triton.cdiv`'s code, would make the serving process import Triton)
-_TORCH_ROOT = re.compile(r"^__import_(?:torch|triton)(_dot_|$)")
+_COMPILER_ROOT = re.compile(r"^__import_(?:torch|triton)(_dot_|$)")
 
 
 def compiler_stack(module: str) -> bool:
@@ -86,7 +87,7 @@ class Roots:
         if not name.startswith("__import_") and name not in self.names:
             return None  # a constant Dynamo installed in the module for its graph
         if name.startswith("__import_"):
-            if _TORCH_ROOT.match(name):
+            if _COMPILER_ROOT.match(name):
                 return None
             mod = name[len("__import_") :].replace("_dot_", ".")
             return f"_R[{self._root(['module', mod], mod)}]"
@@ -198,29 +199,37 @@ def rewrite(
 _MODULE_DICTS = re.compile(r"\._(?:modules|parameters|buffers)\[(['\"])([^'\"]+)\1\]")
 
 
-_TORCH_FUNCTION = re.compile(r"^G\[['\"](\w+)['\"]\]\.(\w+)$")
+_TORCH_FUNCTION = re.compile(r"^G\[['\"](\w+)['\"]\]((?:\.\w+)+)$")
 _FUNCTION_KINDS = ("CLOSURE_MATCH", "FUNCTION_MATCH", "BUILTIN_MATCH", "ID_MATCH")
 
 
 def torch_function(name: str, kind: str, roots: Roots) -> tuple[str, str, str] | None:
     """``(expression, label, check)`` for Dynamo's identity guard on a function read as an
-    attribute of one of torch's modules (``G['F'].silu``, ``G['torch'].sigmoid``), which
-    :func:`rewrite` drops with the module; None for any other guard. The check compares
-    what names the function (its type, module, qualname and code name: a replacement,
-    even one made with ``functools.wraps``, differs) rather than its code's hash, which
-    moves between torch releases; the module's dict version covers it per call, as
-    Dynamo's guard catches ``F.silu = other``."""
+    attribute of one of torch's modules (``G['F'].silu``, ``G['torch'].sigmoid``,
+    ``G['torch'].nn.functional.silu``), which :func:`rewrite` drops with the module; None
+    for any other guard. The check compares what names the function (its type, module,
+    qualname and code name: a replacement, even one made with ``functools.wraps``,
+    differs) rather than its code's hash, which moves between torch releases; the dict of
+    the module that holds it covers it per call, as Dynamo's guard catches
+    ``F.silu = other``."""
     found = _TORCH_FUNCTION.match(name)
     if kind not in _FUNCTION_KINDS or found is None:
         return None
-    key, attr = found.groups()
+    key, path = found.group(1), found.group(2)[1:].split(".")
     if key.startswith("__import_"):
-        module = key[len("__import_") :].replace("_dot_", ".") if _TORCH_ROOT.match(key) else ""
+        module = key[len("__import_") :].replace("_dot_", ".") if _COMPILER_ROOT.match(key) else ""
+        holder = sys.modules.get(module)
     else:
-        value = roots.fn_globals.get(key)
-        module = value.__name__ if isinstance(value, types.ModuleType) else ""
-    if not (module == "torch" or module.startswith("torch.")):
+        holder = roots.fn_globals.get(key)
+    for attr in path[:-1]:  # (torch.nn.functional.silu: the module that holds silu)
+        holder = getattr(holder, attr, None)
+    if (
+        not isinstance(holder, types.ModuleType)
+        or sys.modules.get(holder.__name__) is not holder  # (torch.ops.aten: no importable module)
+        or not (holder.__name__ == "torch" or holder.__name__.startswith("torch."))
+    ):
         return None
+    module, attr = holder.__name__, path[-1]
     expr = f"_R[{roots._root(['module', module], module)}].{attr}"
     check = (
         f"[type({expr}).__name__, getattr({expr}, '__module__', None), "
