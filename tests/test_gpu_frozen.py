@@ -5,9 +5,11 @@ fresh subprocess whose Inductor and Triton cache directories are empty and whose
 serving guard is on (``PRECOMPILE_NO_COMPILE=1``: ``triton.compiler.compile`` and
 Inductor's compile raise). The child runs the artifact on every visible GPU (cuda:0,
 and cuda:1 where there are two), compares with eager results computed here, and
-reports every module of torch._inductor / torch._dynamo / triton that was executed
-(an import hook counts them; with none, ``triton.compiler.compile`` cannot have run)
-and whether anything was written to the compile caches.
+reports every module of torch._inductor / torch._dynamo / triton that the load
+executed (an import hook counts them; with none, ``triton.compiler.compile`` cannot have
+run) and whether anything was written to the compile caches. A pair whose guards read
+a user Triton kernel's module is served after that module is imported, as a server
+that calls the library does: what that import brings (triton itself) is not the load's.
 """
 
 from __future__ import annotations
@@ -126,12 +128,18 @@ class _Counter(importlib.abc.MetaPathFinder):
                     return spec
         return None
 
+spec = json.loads(sys.argv[1])
+# the captured function's own module, imported as a server that calls its library does
+# (its guards are checked there; it may import triton itself): what it loads is not the load's
+import importlib
+for name in spec.get("imports", ()):
+    importlib.import_module(name)
+before = set(sys.modules)
 sys.meta_path.insert(0, _Counter())
 import torch
 import precompile_runtime  # PRECOMPILE_NO_COMPILE=1: the serving guard is on
 from precompile_runtime import envelope
 
-spec = json.loads(sys.argv[1])
 src = open(spec["source"], "rb").read()
 env = envelope.loads(open(spec["cache"], "rb").read())
 assert env.engine == "frozen" and env.code_hash == envelope.sha256_hex(src)
@@ -199,7 +207,9 @@ def files(d):
     return sorted(os.path.join(r, f) for r, _, fs in os.walk(d) for f in fs)
 
 report["forbidden_loaded"] = loaded
-report["forbidden_modules"] = sorted(m for m in sys.modules if m == "triton" or m.startswith(FORBIDDEN))
+report["forbidden_modules"] = sorted(
+    m for m in set(sys.modules) - before if m == "triton" or m.startswith(FORBIDDEN)
+)
 report["cache_files"] = files(os.environ["TORCHINDUCTOR_CACHE_DIR"]) + files(os.environ["TRITON_CACHE_DIR"])
 print("REPORT " + json.dumps(report))
 '''
@@ -239,8 +249,9 @@ def _metadata(text):
     raise AssertionError("no PRECOMPILE_METADATA")
 
 
-def _serve(tmp_path, case, source, cache, data):
-    """Load and run the pair in a fresh process; return its report."""
+def _serve(tmp_path, case, source, cache, data, imports=()):
+    """Load and run the pair in a fresh process, after importing the modules named in
+    ``imports`` (the captured function's, which its guards read); return its report."""
     data_path = tmp_path / f"{case}-data.pt"
     torch.save(data, data_path)
     devices = [f"cuda:{i}" for i in range(min(torch.cuda.device_count(), 2))]
@@ -250,6 +261,7 @@ def _serve(tmp_path, case, source, cache, data):
         "data": str(data_path),
         "case": case,
         "devices": devices,
+        "imports": list(imports),
     }
     env = dict(os.environ)
     for var in ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR"):
@@ -258,7 +270,7 @@ def _serve(tmp_path, case, source, cache, data):
         env[var] = str(d)
     env["PRECOMPILE_NO_COMPILE"] = "1"
     env["PYTHONPATH"] = os.pathsep.join(
-        [REPO, os.path.join(REPO, "runtime"), env.get("PYTHONPATH", "")]
+        [REPO, os.path.join(REPO, "runtime"), os.path.dirname(__file__), env.get("PYTHONPATH", "")]
     )
     proc = subprocess.run(
         [sys.executable, "-c", _CHILD, json.dumps(spec)],
@@ -368,6 +380,7 @@ def test_kernels_compile_in_inductors_worker_pool(tmp_path, monkeypatch, user_ke
         source,
         cache,
         {"args": [x.cpu(), y.cpu()], "out": fn(x, y).cpu(), "tol": 1e-5},
+        imports=[fn.__module__] if user_kernel else [],
     )
 
 
@@ -389,7 +402,8 @@ _FRESH_POOL_CHILD = textwrap.dedent("""
 
     x, y = torch.randn(37, 997, device="cuda"), torch.randn(37, 997, device="cuda")
     with precompile_build.capture(fn, artifact_path=sys.argv[1] + ".py", cache_path=sys.argv[1] + ".cache",
-                                  engine="frozen", target="fresh") as f:
+                                  engine="frozen", target="fresh",
+                                  options={"guards": "recorded"}) as f:  # (time.sleep: no one graph)
         f(x, y)
     print("CALLS " + json.dumps([len(calls), woken[0]]))
 """)
@@ -449,6 +463,7 @@ def test_user_triton_kernel(tmp_path, fn):
         source,
         cache,
         {"args": [x.cpu(), y.cpu()], "out": want.cpu(), "tol": 1e-5},
+        imports=[fn.__module__],
     )
 
 
