@@ -161,6 +161,7 @@ def render(metadata: PairMetadata, graph_code: str, wrapper_code: str | None) ->
     parts.append(_template("call_args.py"))  # its arguments and results, through pytree
     parts.append(_template("op_libraries.py"))  # imports the libraries of the custom ops it calls
     parts.append(_template("distributed.py"))  # the world, its groups, DTensor shards
+    parts.append(_template("dict_watch.py"))  # a write to a watched dict moves the epoch
     parts.append(_template("driver.py"))
     parts.append(_template("dynamic_sizes.py"))  # the check of dynamic dims the driver calls
     parts.append(_template("grad_modes.py"))  # the caller's grad mode and deterministic algorithms

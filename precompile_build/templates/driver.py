@@ -52,9 +52,11 @@ if TYPE_CHECKING:
         _state_epoch,
         _tensor_paths,
         _use_mesh,
+        dict_watcher,
         module_settings,
         module_tensors,
         submodules,
+        watch_models,
     )
 # end stand-ins
 
@@ -165,14 +167,16 @@ def _check_tensor(t, spec, what, check_shape=True):
 # dict lookup per model argument and those comparisons, whatever the model's size.
 # Not seen (documented): ``p.data = ...``, ``requires_grad_()`` on a parameter, a
 # Python setting the trace did not read changed on a model already checked
-# (``_check_settings`` runs with the full check), writes through ``obj.__dict__`` or
-# ``object.__setattr__``; CUDA graphs still compare every parameter's address before
+# (``_check_settings`` runs with the full check), and before Python 3.12 writes through
+# ``obj.__dict__``, ``object.__setattr__`` or a registry (on 3.12+ each model's dicts are
+# watched: dict_watch.py); CUDA graphs still compare every parameter's address before
 # each replay.
 _FAST: dict = {}  # id(first model) -> (weakref, epoch, lifted tensors, [weakref of each model],
 #   the values compared between full checks, the hook registration count: assumed_state.py)
 _TRAINING = _operator.attrgetter("training")
 
 _EPOCH = None  # the epoch box: installed at the first call that passes a model, not at load
+_WATCHER: list = []  # [dict_watcher()] from then: None where the interpreter has none
 
 
 def _check_training(modules):
@@ -274,8 +278,10 @@ def _cached_params(modules):
     if not modules:
         return _NO_PARAMS
     if _EPOCH is None:
+        _WATCHER.append(dict_watcher())
         _EPOCH = _state_epoch()
-    epoch = _EPOCH[0]
+    watcher = _WATCHER[0]
+    epoch = _EPOCH[0] if watcher is None else _EPOCH[0] + watcher[0]()  # (both only grow)
     entry = _FAST.get(id(modules[0]))
     if (
         entry is not None
@@ -286,6 +292,8 @@ def _cached_params(modules):
     ):
         return entry[2]
     hook_id = _HANDLES.next_id  # (assumed_state.py) read before the check, as the epoch
+    if watcher is not None:  # (before the check reads them: a write since moves the epoch)
+        watch_models(watcher[1], modules)
     params, watch = _full_params(modules)
     key = id(modules[0])
     ref = _weakref.ref(modules[0], lambda _r, k=key: _FAST.pop(k, None))  # type: ignore[misc]

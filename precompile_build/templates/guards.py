@@ -14,9 +14,9 @@
 # state epoch moved, a hook registered anywhere, a covering dict written or met anew),
 # else the per-call ones: the values no dict's version stands for (a list's length and
 # items). A dict reached from the models through dicts only is kept from the full check
-# and its version compared; one reached from another argument or through a list item
-# is met again by `_guards_watch` and compared by identity, version and its object's
-# class (capturing/dict_covers.py).
+# and its version compared (Python 3.12+: watched instead, dict_watch.py); one reached
+# from another argument or through a list item is met again by `_guards_watch` and
+# compared by identity, version and its object's class (capturing/dict_covers.py).
 # stand-ins: names the rest of the source half defines (codegen.py drops this block)
 from typing import TYPE_CHECKING
 
@@ -40,6 +40,7 @@ if TYPE_CHECKING:
         _guards_watch,
         _state_epoch,
         _weakref,
+        dict_watcher,
         resolve_roots,
     )
 # end stand-ins
@@ -53,9 +54,9 @@ _G_ROOTS: list = []  # resolved at the first call (resolve_roots imports the mod
 _G_WATCHES = bool(_GUARDS.get("by_identity"))
 _G_SLOT_ATTRS = [attr for _expr, attr in _GUARDS.get("slots") or ()]
 _G_EMPTY_CELL = object()  # what an empty closure cell holds, for the comparison
-# id(first model) -> ((epoch, hook registrations), [(dict, its version)], {`_guards_watch`
-# tuple: None}, weakrefs of the models, [(slot's object, attribute, what it held)]) of
-# the models' last full check: until one of
+# id(first model) -> ((epoch, hook registrations, tick), [(dict, its version)],
+# {`_guards_watch` tuple: None}, weakrefs of the models, [(slot's object, attribute, what
+# it held)], whether the dicts are watched) of the models' last full check: until one of
 # these moves, the checks the dicts' versions cover hold (any write to a dict moves its
 # version: `obj.__dict__[k] = v` too). The watch tuples of the last _G_WATCH_KEEP other
 # arguments that passed (a server's requests, each with its cache, interleaved) are kept.
@@ -68,6 +69,9 @@ _DICT_VERSION = getattr(
 # `_guards_watch` compares dicts by id and version, which names one dict's state only while
 # versions are unique across dicts (CPython's global counter; a fresh dict takes the next)
 _VERSIONS_UNIQUE = _DICT_VERSION is not None and len({_DICT_VERSION({}) for _ in range(2)}) == 2
+# Python 3.12+: the full check watches each covering dict (dict_watch.py), and a call
+# reads the watcher's tick in place of every dict's version
+_G_TICK: list = []  # [dict_watcher()] where the interpreter has one: (tick(), watch(dict))
 # A function's code and defaults are rebound through setters that raise CPython's
 # `object.__setattr__` audit event (`object.__delattr__` for `f.__defaults__ = None` or a
 # `del`: Objects/funcobject.c); a closure cell's contents raise none. With the audit hook
@@ -123,9 +127,10 @@ def _models_stand(seen, now, modules):
     for r, m in zip(refs, modules):
         if r() is not m:
             return False
-    for d, v in seen[1]:  # (a loop calls dict_version faster than map does: bench/results)
-        if _DICT_VERSION(d) != v:  # type: ignore[misc]
-            return False
+    if not seen[5]:  # (watched: a write would have moved the tick, which `now` holds)
+        for d, v in seen[1]:  # (a loop calls dict_version faster than map does: bench/results)
+            if _DICT_VERSION(d) != v:  # type: ignore[misc]
+                return False
     try:
         for o, a, v in seen[4]:
             if getattr(o, a) is not v:
@@ -152,9 +157,13 @@ def _check_guards(args, kwargs, modules, full=False, kinds=None):
         _G_EPOCH.append(box)
         if _audit_code_writes(box):
             _G_AUDITED.append(True)
+        watcher = dict_watcher()
+        if watcher is not None:
+            _G_TICK.append(watcher)
     roots = _G_ROOTS[0]
     key = id(modules[0]) if modules else 0
-    now = (_G_EPOCH[0][0], _HANDLES.next_id)
+    # (read before the full check watches the dicts: a write between is seen by the checks)
+    now = (_G_EPOCH[0][0], _HANDLES.next_id, _G_TICK[0][0]() if _G_TICK else 0)
     seen = _G_SEEN.get(key) if _DICT_VERSION is not None else None
     try:
         full = (
@@ -178,14 +187,26 @@ def _check_guards(args, kwargs, modules, full=False, kinds=None):
 
 
 def _snapshot(roots, args, kwargs):
-    """``(watch tuple, [(dict, its version)], [(slot's object, attribute, what it holds)])``
-    of a call's covering dicts and slots, or None where one does not resolve or is no
+    """``(watch tuple, [(dict, its version)], [(slot's object, attribute, what it holds)],
+    watched)`` of a call's covering dicts and slots (``watched``: each dict is watched,
+    and the tick stands for their versions), or None where one does not resolve or is no
     plain dict (each call then checks in full)."""
-    watch = _guards_watch(roots, *args, **kwargs) if _G_WATCHES else ()
-    if watch is None or (_G_WATCHES and not _VERSIONS_UNIQUE):
+    if _G_WATCHES and not _VERSIONS_UNIQUE:
         return None
     dicts = list({id(d): d for d in _guards_dicts(roots, *args, **kwargs)}.values())
     if not all(type(d) in (dict, _OrderedDict) for d in dicts):
+        return None
+    # watched before any version is read (the watch tuple's too): watching sets a bit of
+    # the dict's version
+    watched = bool(_G_TICK)
+    if watched:
+        try:
+            for d in dicts:
+                _G_TICK[0][1](d)
+        except Exception:  # noqa: BLE001 - a dict the interpreter would not watch: versions
+            watched = False
+    watch = _guards_watch(roots, *args, **kwargs) if _G_WATCHES else ()
+    if watch is None:
         return None
     objs = _guards_slots(roots, *args, **kwargs)
     if objs is None:
@@ -201,12 +222,12 @@ def _snapshot(roots, args, kwargs):
         )
     except Exception:  # noqa: BLE001 - an attribute that no longer exists: check in full
         return None
-    return watch, [(d, _DICT_VERSION(d)) for d in dicts], slots  # type: ignore[misc]
+    return watch, [(d, _DICT_VERSION(d)) for d in dicts], slots, watched  # type: ignore[misc]
 
 
 def _remember(key, now, modules, pre):
     """Keep what a later call compares to stand for this full check's (``_G_SEEN``)."""
-    watch, pairs, slots = pre
+    watch, pairs, slots, watched = pre
     seen = _G_SEEN.get(key)
     if seen is not None and _models_stand(seen, now, modules):  # another request's arguments
         watches = seen[2]
@@ -218,7 +239,7 @@ def _remember(key, now, modules, pre):
             pass
         return
     refs = [_weakref.ref(m, lambda _r, k=key: _G_SEEN.pop(k, None)) for m in modules]  # type: ignore[misc]
-    _G_SEEN[key] = (now, pairs, {watch: None}, refs, slots)
+    _G_SEEN[key] = (now, pairs, {watch: None}, refs, slots, watched)
 
 
 def _guard_error(i, roots, args, kwargs):

@@ -20,6 +20,7 @@ import torch  # noqa: F401 - codegen.py's `import torch` at the top of the file
 from precompile_runtime.errors import CallError  # noqa: F401 - driver.py (or its fallback)
 from precompile_runtime.pair_format import PairMetadata
 
+from .dict_watch import dict_watcher, watch_models  # noqa: F401 - dict_watch.py, copied in
 from .module_settings import module_settings, module_tensors, submodules  # noqa: F401 - copied in
 from .pytree_types import register_cache_types  # noqa: F401 - pytree_types.py, copied in
 from .state_values import (  # noqa: F401 - state_values.py, copied in
