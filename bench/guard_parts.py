@@ -5,7 +5,8 @@ export wrapper) is captured twice, with the guards and with ``options={"guards":
 "recorded"}``, and served with a kernel call that returns a ready tensor. Printed: how
 many of 200 calls took the full check (the fast path must hold: 1), the whole call of
 each pair (interleaved rounds), and the parts of the guards' fast path timed alone
-(templates/guards.py): the covering dicts' versions and the slots (`_models_stand`:
+(templates/guards.py): the covering dicts' versions (on Python 3.12+, where they are watched,
+the one tick read in their place) and the slots (`_models_stand`:
 those compared per call, the closure cells where the audit hook watches code and
 defaults, and every one), the watch tuple of the non-module arguments
 (`_guards_watch`), the checks run per call (`_guards_call`), then the whole
@@ -86,8 +87,15 @@ def main() -> None:
                 return False
         return True
 
+    watched = seen[5]  # (Python 3.12+: a call reads the tick's version, not each dict's)
+    tick = ns["_G_TICK"][0][0] if watched else None
     parts = [
-        (f"{len(pairs)} covering dicts' versions", dicts_part),
+        (
+            f"{len(pairs)} covering dicts' versions"
+            + (" (watched: not read per call)" if watched else ""),
+            dicts_part,
+        ),
+        *([("the tick, read per call in their place", tick)] if watched else []),
         (f"{len(slots)} slots compared per call", slots_part),
         # (read here with the hook in place: each `__code__` read is an audit event)
         (f"{len(every)} slots, every kind, hook in place", lambda: slots_part(every)),
