@@ -65,7 +65,7 @@ _CHILD = textwrap.dedent(
             cb = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_int, *[ctypes.c_void_p] * 3)(lambda *a: 0)
             try:
                 ctypes.PYFUNCTYPE(ctypes.c_int, type(cb))(("PyDict_AddWatcher", ctypes.pythonapi))(cb)
-            except ValueError:
+            except (RuntimeError, ValueError):  # (3.12: RuntimeError, "no more dict watcher IDs")
                 break
             keep.append(cb)
             taken += 1

@@ -56,7 +56,7 @@ def dict_watcher():
     api = ctypes.pythonapi
     try:
         wid = ctypes.PYFUNCTYPE(ctypes.c_int, type(callback))(("PyDict_AddWatcher", api))(callback)
-    except Exception:  # noqa: BLE001 - every watcher id taken (ValueError): versions, per call
+    except Exception:  # noqa: BLE001 - every watcher id taken (RuntimeError): versions, per call
         return None
     watch = ctypes.PYFUNCTYPE(ctypes.c_int, ctypes.c_int, ctypes.py_object)(("PyDict_Watch", api))
     # the callback outlives every dict: cleared before the interpreter's teardown frees
