@@ -65,7 +65,10 @@ def main() -> None:
     seen = next(iter(ns["_G_SEEN"].values()))
     roots = ns["_G_ROOTS"][0]
     version = ns["_DICT_VERSION"]
-    pairs, slots = seen[1], seen[4]
+    slots = seen[4]
+    # (where they are watched the pair keeps no version: read them here, for the row)
+    dicts = list({id(d): d for d in ns["_guards_dicts"](roots, *args)}.values())
+    pairs = seen[1] or [(d, version(d)) for d in dicts]
 
     def dicts_part():
         for d, v in pairs:

@@ -152,6 +152,10 @@ def _holder_above(
             isinstance(n, ast.Subscript)
             and type(p).__name__ == "mappingproxy"
             and isinstance(parent, ast.Attribute)
+            and parent.attr == "__dict__"  # (a class's; any other proxy's dict is no class's)
+            and isinstance(
+                guard_sources.evaluate(ast.unparse(parent.value), namespace, roots), type
+            )
         ):
             return f"_g_type_dict({ast.unparse(parent.value)})"
         if (

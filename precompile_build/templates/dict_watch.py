@@ -36,11 +36,20 @@ def dict_watcher():
         or version is None
     ):
         return None
-    import atexit
+    import builtins
     import ctypes
     import functools
     import types
 
+    # the C print and partial (a process that replaced builtins.print, as distributed
+    # training scripts do to silence other ranks, would run a Python frame, or nothing)
+    out = builtins.print
+    if not (
+        isinstance(out, types.BuiltinFunctionType)
+        and out.__self__ is builtins
+        and isinstance(functools.partial.__call__, types.WrapperDescriptorType)
+    ):
+        return None
     tick: dict = {}
     before = version(tick)
     tick["w"] = ""
@@ -51,7 +60,7 @@ def dict_watcher():
     sink = types.SimpleNamespace(write=functools.partial(tick.__setitem__, "w"))
     arg = ctypes.c_void_p
     callback = ctypes.CFUNCTYPE(ctypes.c_bool, ctypes.c_int, arg, arg, arg)(
-        functools.partial(print, file=sink, sep="", end="")
+        functools.partial(out, file=sink, sep="", end="")
     )
     api = ctypes.pythonapi
     try:
@@ -59,11 +68,8 @@ def dict_watcher():
     except Exception:  # noqa: BLE001 - every watcher id taken (RuntimeError): versions, per call
         return None
     watch = ctypes.PYFUNCTYPE(ctypes.c_int, ctypes.c_int, ctypes.py_object)(("PyDict_Watch", api))
-    # the callback outlives every dict: cleared before the interpreter's teardown frees
-    # the modules' dicts, and never freed (a write during the teardown meets no freed code)
-    atexit.register(
-        ctypes.PYFUNCTYPE(ctypes.c_int, ctypes.c_int)(("PyDict_ClearWatcher", api)), wid
-    )
+    # never freed, never cleared: a write during the interpreter's teardown meets live
+    # code, and a call made then (an atexit handler, a daemon thread) still sees writes
     api.Py_IncRef(ctypes.py_object(callback))
     installed = (functools.partial(version, tick), functools.partial(watch, wid))
     M._precompile_dict_watch = installed  # type: ignore[attr-defined]

@@ -54,9 +54,10 @@ _G_ROOTS: list = []  # resolved at the first call (resolve_roots imports the mod
 _G_WATCHES = bool(_GUARDS.get("by_identity"))
 _G_SLOT_ATTRS = [attr for _expr, attr in _GUARDS.get("slots") or ()]
 _G_EMPTY_CELL = object()  # what an empty closure cell holds, for the comparison
-# id(first model) -> ((epoch, hook registrations, tick), [(dict, its version)],
-# {`_guards_watch` tuple: None}, weakrefs of the models, [(slot's object, attribute, what
-# it held)], whether the dicts are watched) of the models' last full check: until one of
+# id(first model) -> ((epoch, hook registrations, tick), [(dict, its version)] (none where
+# they are watched), {`_guards_watch` tuple: None}, weakrefs of the models, [(slot's
+# object, attribute, what it held)], whether the dicts are watched) of the models' last
+# full check: until one of
 # these moves, the checks the dicts' versions cover hold (any write to a dict moves its
 # version: `obj.__dict__[k] = v` too). The watch tuples of the last _G_WATCH_KEEP other
 # arguments that passed (a server's requests, each with its cache, interleaved) are kept.
@@ -222,7 +223,10 @@ def _snapshot(roots, args, kwargs):
         )
     except Exception:  # noqa: BLE001 - an attribute that no longer exists: check in full
         return None
-    return watch, [(d, _DICT_VERSION(d)) for d in dicts], slots, watched  # type: ignore[misc]
+    # (watched, none is kept: a dict replaced whole, `obj.__dict__ = {...}`, is then freed,
+    # which the watcher announces as a write)
+    pairs = [] if watched else [(d, _DICT_VERSION(d)) for d in dicts]  # type: ignore[misc]
+    return watch, pairs, slots, watched
 
 
 def _remember(key, now, modules, pre):
