@@ -211,6 +211,19 @@ def test_a_mapping_proxy_held_by_a_module_is_checked_by_its_own_contents(tmp_pat
             f(m, x)
 
 
+def test_a_modules_dict_assigned_whole_after_a_served_call_is_noticed(tmp_path):
+    """``m.__dict__ = d`` through ``nn.Module.__setattr__`` moves the state epoch (on every
+    Python: the assignment writes no dict)."""
+    torch.manual_seed(0)
+    m, x = _Tables().eval(), torch.randn(2, 4)
+    f = _serve(tmp_path, call, m, x)
+    with torch.no_grad():
+        torch.testing.assert_close(f(m, x), m(x))
+        m.__dict__ = dict(m.__dict__, mode=2)
+        with pytest.raises(CallError, match="mode"):
+            f(m, x)
+
+
 def _replacements():
     """(what, the whole ``__dict__`` of an object the call reads replaced, what the
     error names)."""

@@ -43,7 +43,10 @@ _READS = [
 ]
 _HOOKS = _ASSUMED.get("hooks") or {"modules": [], "global": []}
 _GLOBALS = [(m, n, state_decoded(k, v)) for m, n, k, v in _ASSUMED.get("globals", ())]
-_WATCHED = frozenset([a for _i, _p, _c, attrs in _READS for a, _v in attrs] + ["training"])
+# (`m.__dict__ = d` writes no dict: the assignment itself moves the epoch)
+_WATCHED = frozenset(
+    [a for _i, _p, _c, attrs in _READS for a, _v in attrs] + ["training", "__dict__"]
+)
 _HANDLES = torch.utils.hooks.RemovableHandle
 _MISSING = object()
 
