@@ -1,5 +1,5 @@
 """Between full checks, a served call learns that no covering dict was written from one
-tick (Python 3.12+: CPython's dict watchers, templates/guards.py's ``_dict_watcher``)
+tick (Python 3.12+: CPython's dict watchers, templates/dict_watch.py)
 or from each dict's version (Python 3.11, or where the interpreter gives no watcher).
 Either way a write made after a served call is noticed; these tests run on both (the
 GPU host's Python is 3.12, this host's 3.11)."""
@@ -290,3 +290,37 @@ def test_a_write_made_while_the_process_exits_is_noticed(tmp_path):
         [sys.executable, "-c", script], capture_output=True, text=True, timeout=300
     )
     assert out.returncode == 0 and "NOTICED" in out.stdout, out.stdout + out.stderr
+
+
+def test_a_first_call_interrupted_while_it_sets_up_leaves_the_next_call_whole(tmp_path):
+    """A KeyboardInterrupt while the first call sets the guards up (resolving roots,
+    installing the hooks and the watcher) leaves nothing half set: the next call sets
+    up again, serves, and notices a later write."""
+    m, x = Net().eval(), torch.randn(2, 4)
+    f = _serve(tmp_path, call, m, x)  # (loaded, not called yet)
+    ns = f.__call__.__globals__
+    real, calls = ns["_state_epoch"], []
+
+    def interrupted():  # the guards' setup's first call is interrupted
+        if sys._getframe(1).f_code.co_name == "_check_guards" and not calls:
+            calls.append(1)
+            raise KeyboardInterrupt
+        return real()
+
+    ns["_state_epoch"] = interrupted
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            f(m, x)
+        assert ns["_G_ROOTS"] == []
+    finally:
+        ns["_state_epoch"] = real
+    torch.testing.assert_close(f(m, x), m(x))
+    assert len(ns["_G_EPOCH"]) == 1 and len(ns["_G_ROOTS"]) == 1
+    assert len(ns["_G_TICK"]) == int(WATCHERS)
+    saved = m.cfg.__dict__["temp"]
+    m.cfg.__dict__["temp"] = 2.0
+    try:
+        with pytest.raises(CallError, match="temp"):
+            f(m, x)
+    finally:
+        m.cfg.__dict__["temp"] = saved

@@ -152,15 +152,15 @@ def _check_guards(args, kwargs, modules, full=False, kinds=None):
     """Run the guards' checks on a call; raise CallError naming the first that fails
     (with ``kinds``, only where that check is of one of these kinds)."""
     if not _G_ROOTS:
-        _G_ROOTS.append(resolve_roots(_GUARDS.get("roots") or ()))
+        resolved = resolve_roots(_GUARDS.get("roots") or ())
         box = _state_epoch()
         torch.nn.modules.module._precompile_watched.update(_GUARDS.get("watched") or ())  # type: ignore[attr-defined]
-        _G_EPOCH.append(box)
-        if _audit_code_writes(box):
-            _G_AUDITED.append(True)
+        audited = _audit_code_writes(box)
         watcher = dict_watcher()
-        if watcher is not None:
-            _G_TICK.append(watcher)
+        _G_EPOCH[:] = [box]
+        _G_AUDITED[:] = [True] if audited else []
+        _G_TICK[:] = [] if watcher is None else [watcher]
+        _G_ROOTS.append(resolved)  # last: a call interrupted before it sets up again
     roots = _G_ROOTS[0]
     key = id(modules[0]) if modules else 0
     # (read before the full check watches the dicts: a write between is seen by the checks)
